@@ -1,0 +1,142 @@
+// SM100 NVFP4 x NVFP4 GEMM, the path of CUTLASS example 72a/72b: GemmUniversalAdapter over the
+// block-scaled collective builders. One instantiation per generated translation unit.
+#pragma once
+
+#include <type_traits>
+
+#include "blockscaled_gemm/kernel_abi.h"
+#include "cute/tensor.hpp"
+#include "cutlass/cutlass.h"
+#include "cutlass/detail/sm100_blockscaled_layout.hpp"
+#include "cutlass/epilogue/collective/collective_builder.hpp"
+#include "cutlass/gemm/collective/collective_builder.hpp"
+#include "cutlass/gemm/device/gemm_universal_adapter.h"
+#include "cutlass/gemm/dispatch_policy.hpp"
+#include "cutlass/gemm/kernel/gemm_universal.hpp"
+#include "cutlass/util/packed_stride.hpp"
+
+namespace bsg::sm100 {
+
+using namespace cute;
+
+// Guards the product promise: every config must resolve to the block-scaled UMMA mainloop.
+template <class T>
+struct IsBlockScaledMainloop : std::false_type {};
+template <int S, int SS, int AS, class C>
+struct IsBlockScaledMainloop<cutlass::gemm::MainloopSm100TmaUmmaWarpSpecializedBlockScaled<S, SS, AS, C>>
+    : std::true_type {};
+
+template <int Sms, int TileM, int TileN, int TileK, int ClusterM, int ClusterN, class ElementD>
+struct Gemm {
+  static_assert(Sms == 1 || Sms == 2, "1-SM or 2-SM UMMA");
+  using ElementAB = cutlass::nv_float4_t<cutlass::float_e2m1_t>;
+  using ElementC = ElementD;
+  using LayoutA = cutlass::layout::RowMajor;     // A is M x K, K contiguous
+  using LayoutB = cutlass::layout::ColumnMajor;  // B is stored N x K, K contiguous
+  using LayoutCD = cutlass::layout::RowMajor;
+  static constexpr int kAlignAB = 32;  // 16 bytes of e2m1
+  static constexpr int kAlignCD = 128 / cutlass::sizeof_bits<ElementD>::value;
+  using Acc = float;
+  using MmaTile = Shape<Int<TileM>, Int<TileN>, Int<TileK>>;
+  using Cluster = Shape<Int<ClusterM>, Int<ClusterN>, _1>;
+  using MainloopSchedule =
+      std::conditional_t<Sms == 2, cutlass::gemm::KernelTmaWarpSpecialized2SmNvf4Sm100,
+                         cutlass::gemm::KernelTmaWarpSpecialized1SmNvf4Sm100>;
+  using EpilogueSchedule = std::conditional_t<Sms == 2, cutlass::epilogue::TmaWarpSpecialized2Sm,
+                                              cutlass::epilogue::TmaWarpSpecialized1Sm>;
+
+  using Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
+      cutlass::arch::Sm100, cutlass::arch::OpClassBlockScaledTensorOp, MmaTile, Cluster,
+      cutlass::epilogue::collective::EpilogueTileAuto, Acc, Acc, ElementC, LayoutCD, kAlignCD,
+      ElementD, LayoutCD, kAlignCD, EpilogueSchedule>::CollectiveOp;
+
+  using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
+      cutlass::arch::Sm100, cutlass::arch::OpClassBlockScaledTensorOp, ElementAB, LayoutA,
+      kAlignAB, ElementAB, LayoutB, kAlignAB, Acc, MmaTile, Cluster,
+      cutlass::gemm::collective::StageCountAutoCarveout<
+          static_cast<int>(sizeof(typename Epilogue::SharedStorage))>,
+      MainloopSchedule>::CollectiveOp;
+  static_assert(IsBlockScaledMainloop<typename Mainloop::DispatchPolicy>::value,
+                "mainloop must be MainloopSm100TmaUmmaWarpSpecializedBlockScaled");
+
+  using Kernel =
+      cutlass::gemm::kernel::GemmUniversal<Shape<int, int, int, int>, Mainloop, Epilogue, void>;
+  using Adapter = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
+  using SfConfig = typename Mainloop::Sm1xxBlkScaledConfig;
+  static_assert(SfConfig::SFVecSize == 16, "NVFP4: one scale per 16 elements");
+
+  static typename Adapter::Arguments arguments(const KernelArgs& p) {
+    using StrideA = typename Kernel::StrideA;
+    using StrideB = typename Kernel::StrideB;
+    using StrideC = typename Kernel::StrideC;
+    using StrideD = typename Kernel::StrideD;
+    auto shape = make_shape(p.m, p.n, p.k, p.l);
+    typename Adapter::Arguments args{
+        p.l > 1 ? cutlass::gemm::GemmUniversalMode::kBatched : cutlass::gemm::GemmUniversalMode::kGemm,
+        {p.m, p.n, p.k, p.l},
+        {static_cast<const typename ElementAB::DataType*>(p.a),
+         cutlass::make_cute_packed_stride(StrideA{}, {p.m, p.k, p.l}),
+         static_cast<const typename ElementAB::DataType*>(p.b),
+         cutlass::make_cute_packed_stride(StrideB{}, {p.n, p.k, p.l}),
+         static_cast<const typename ElementAB::ScaleFactorType*>(p.sfa),
+         SfConfig::tile_atom_to_shape_SFA(shape),
+         static_cast<const typename ElementAB::ScaleFactorType*>(p.sfb),
+         SfConfig::tile_atom_to_shape_SFB(shape)},
+        {{p.alpha, p.beta},
+         static_cast<const ElementC*>(p.c),
+         cutlass::make_cute_packed_stride(StrideC{}, {p.m, p.n, p.l}),
+         static_cast<ElementD*>(p.d),
+         cutlass::make_cute_packed_stride(StrideD{}, {p.m, p.n, p.l})}};
+    args.hw_info.device_id = p.device_id;
+    args.hw_info.sm_count = p.sm_count;
+    return args;
+  }
+
+  static bool can_implement(const KernelArgs& p) {
+    return Adapter::can_implement(arguments(p)) == cutlass::Status::kSuccess;
+  }
+
+  static size_t workspace_size(const KernelArgs& p) {
+    return Adapter::get_workspace_size(arguments(p));
+  }
+
+  static KernelStatus run(const KernelArgs& p) {
+    Adapter gemm;
+    auto args = arguments(p);
+    auto stream = static_cast<cudaStream_t>(p.stream);
+    cutlass::Status st = gemm.can_implement(args);
+    if (st == cutlass::Status::kSuccess) st = gemm.initialize(args, p.workspace, stream);
+    if (st == cutlass::Status::kSuccess) st = gemm.run(stream);
+    return KernelStatus{static_cast<int32_t>(st), static_cast<int32_t>(cudaGetLastError())};
+  }
+
+  static int64_t sf_offsets(int32_t m, int32_t n, int32_t k, int32_t l, SfOperand which,
+                            int64_t* out, size_t len) {
+    auto shape = make_shape(m, n, k, l);
+    int32_t rows = which == SfOperand::A ? m : n;
+    int32_t sf_cols = k / int32_t(SfConfig::SFVecSize);
+    if (len != size_t(rows) * size_t(sf_cols) * size_t(l)) return -1;
+    auto fill = [&](auto layout) {
+      size_t i = 0;
+      for (int32_t b = 0; b < l; ++b)
+        for (int32_t s = 0; s < sf_cols; ++s)
+          for (int32_t r = 0; r < rows; ++r)
+            out[i++] = int64_t(layout(make_coord(r, s * int32_t(SfConfig::SFVecSize), b)));
+      return int64_t(cosize(filter_zeros(layout)));
+    };
+    return which == SfOperand::A ? fill(SfConfig::tile_atom_to_shape_SFA(shape))
+                                 : fill(SfConfig::tile_atom_to_shape_SFB(shape));
+  }
+
+  static KernelEntry entry() {
+    return KernelEntry{&run, &workspace_size, &can_implement, &sf_offsets};
+  }
+};
+
+}  // namespace bsg::sm100
+
+// Used by the generated translation units: defines the exported entry of one instantiation.
+#define BSG_SM100_KERNEL(fn, sms, tm, tn, tk, cm, cn, out_type)                               \
+  bsg::KernelEntry fn() {                                                                      \
+    return bsg::sm100::Gemm<sms, tm, tn, tk, cm, cn, out_type>::entry();                       \
+  }

@@ -1,0 +1,172 @@
+//! The one error type of the crate: each variant names the bad value and the rule it broke.
+
+use crate::{Config, OutType};
+
+/// Errors of validation, of the device and of the kernels.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// A problem dimension is zero or does not fit the kernels' 32-bit extents.
+    #[error("{dim} = {value}: must be at least 1 and at most {max}")]
+    Dimension {
+        /// "M", "N", "K" or "L".
+        dim: &'static str,
+        /// The value given.
+        value: usize,
+        /// The largest allowed value.
+        max: usize,
+    },
+    /// K is not a multiple of what the data layout needs.
+    #[error("K = {k}: must be a multiple of {multiple} ({why})")]
+    KMultiple {
+        /// The K given.
+        k: usize,
+        /// The required multiple.
+        multiple: usize,
+        /// Why.
+        why: &'static str,
+    },
+    /// N is not a multiple of what 16-byte rows of C and D need.
+    #[error("N = {n}: must be a multiple of {multiple} for {out} output (rows of C and D are moved in 16-byte units)")]
+    NMultiple {
+        /// The N given.
+        n: usize,
+        /// The required multiple.
+        multiple: usize,
+        /// The output type.
+        out: OutType,
+    },
+    /// A buffer's element count does not match the problem.
+    #[error("{name}: holds {got} elements, the problem needs exactly {want} ({rule})")]
+    BufferLength {
+        /// "A", "SFA", "B", "SFB", "C", "D" or a host vector.
+        name: &'static str,
+        /// Elements in the buffer.
+        got: usize,
+        /// Elements the problem needs.
+        want: usize,
+        /// How `want` is computed.
+        rule: &'static str,
+    },
+    /// A device buffer does not start on a 16-byte boundary (TMA needs it).
+    #[error("{name}: device address {addr:#x} is not 16-byte aligned")]
+    Misaligned {
+        /// Which buffer.
+        name: &'static str,
+        /// Its device address.
+        addr: u64,
+    },
+    /// alpha or beta is NaN or infinite.
+    #[error("{name} = {value}: must be finite")]
+    NonFiniteScalar {
+        /// "alpha" or "beta".
+        name: &'static str,
+        /// The value.
+        value: f32,
+    },
+    /// beta is nonzero but no C was given.
+    #[error("beta = {beta}: a nonzero beta needs a C matrix (pass C, or beta = 0)")]
+    BetaWithoutC {
+        /// The beta given.
+        beta: f32,
+    },
+    /// The buffers and the GEMM's stream are on different devices.
+    #[error("{name}: buffer is on device {buffer_device}, the GEMM's stream on device {gemm_device}")]
+    WrongDevice {
+        /// Which buffer.
+        name: &'static str,
+        /// Ordinal of the buffer's context.
+        buffer_device: usize,
+        /// Ordinal of the GEMM's context.
+        gemm_device: usize,
+    },
+    /// The forced config needs another GPU architecture than the device has.
+    #[error("config {config} needs compute capability {need}, device {ordinal} is {major}.{minor}: nothing was launched")]
+    ArchMismatch {
+        /// The config asked for.
+        config: Config,
+        /// e.g. "10.0 (sm_100a)".
+        need: &'static str,
+        /// Device ordinal.
+        ordinal: usize,
+        /// Device major version.
+        major: i32,
+        /// Device minor version.
+        minor: i32,
+    },
+    /// No config of this build runs on the device.
+    #[error("no kernel in this build runs on compute capability {major}.{minor} (device {ordinal}); supported: {supported}")]
+    UnsupportedDevice {
+        /// Device ordinal.
+        ordinal: usize,
+        /// Device major version.
+        major: i32,
+        /// Device minor version.
+        minor: i32,
+        /// What this build supports.
+        supported: &'static str,
+    },
+    /// The (config, output) kernel was left out of this build (BSG_ARCHS).
+    #[error("config {config} with {out} output is not compiled into this build (see BSG_ARCHS)")]
+    NotBuilt {
+        /// The config.
+        config: Config,
+        /// The output type.
+        out: OutType,
+    },
+    /// CUTLASS `can_implement` refused arguments that passed our validation.
+    #[error("CUTLASS can_implement refused {config} for M={m} N={n} K={k} L={l}")]
+    CannotImplement {
+        /// The config.
+        config: Config,
+        /// M.
+        m: usize,
+        /// N.
+        n: usize,
+        /// K.
+        k: usize,
+        /// L.
+        l: usize,
+    },
+    /// CUTLASS returned a status other than success.
+    #[error("CUTLASS returned {name} (status {code})")]
+    Cutlass {
+        /// `cutlass::Status` as an integer.
+        code: i32,
+        /// Its name from `cutlassGetStatusString`.
+        name: String,
+    },
+    /// The CUDA runtime reported an error after a launch.
+    #[error("CUDA runtime error {name} ({code})")]
+    CudaRuntime {
+        /// `cudaError_t` as an integer.
+        code: i32,
+        /// Its name from `cudaGetErrorName`.
+        name: String,
+    },
+    /// A CUDA driver call through cudarc failed.
+    #[error("CUDA driver: {0}")]
+    Driver(#[from] cudarc::driver::DriverError),
+    /// libcuda could not be loaded: no NVIDIA driver on this machine.
+    #[error("no NVIDIA driver: libcuda could not be loaded")]
+    NoDriver,
+    /// Host-side data that breaks a format rule.
+    #[error("{what}: {detail}")]
+    InvalidData {
+        /// What was checked.
+        what: &'static str,
+        /// The bad value and the rule.
+        detail: String,
+    },
+    /// A non-finite input to the quantizer.
+    #[error("input element {index} is {value}: the quantizer needs finite values")]
+    NonFiniteInput {
+        /// Flat index of the element.
+        index: usize,
+        /// Its value.
+        value: f32,
+    },
+}
+
+/// The crate's result type.
+pub type Result<T, E = Error> = std::result::Result<T, E>;

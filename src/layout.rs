@@ -1,0 +1,161 @@
+//! The scale-factor layout of CUTLASS SM100/SM120, cuBLAS and PyTorch `to_blocked` (SPEC.md §3).
+//!
+//! Scales of an R x S matrix (S = K/16) are stored in 512-byte tiles of 128 rows x 4 scale
+//! columns; R is padded to a multiple of 128 and S to a multiple of 4, K-blocks innermost.
+//! Padding bytes exist in memory and are zero: the kernels read them, and 0 * NaN would poison
+//! valid outputs.
+
+/// Elements of K that share one scale (NVFP4 vector size).
+pub const SF_VEC: usize = 16;
+/// Rows of one scale tile.
+pub const SF_TILE_ROWS: usize = 128;
+/// Scale columns of one scale tile.
+pub const SF_TILE_COLS: usize = 4;
+/// Bytes of one scale tile.
+pub const SF_TILE_BYTES: usize = SF_TILE_ROWS * SF_TILE_COLS;
+
+/// Rows padded to the tile: `ceil(rows / 128) * 128`.
+pub const fn padded_rows(rows: usize) -> usize {
+    rows.div_ceil(SF_TILE_ROWS) * SF_TILE_ROWS
+}
+
+/// Scale columns padded to the tile: `ceil(cols / 4) * 4`.
+pub const fn padded_sf_cols(sf_cols: usize) -> usize {
+    sf_cols.div_ceil(SF_TILE_COLS) * SF_TILE_COLS
+}
+
+/// Scale columns of a K extent: `k / 16` (K is a multiple of 16 wherever scales exist).
+pub const fn sf_cols(k: usize) -> usize {
+    k / SF_VEC
+}
+
+/// Bytes of one batch's scales for `rows` x `k`: `padded_rows * padded_sf_cols`.
+pub const fn sf_batch_bytes(rows: usize, k: usize) -> usize {
+    padded_rows(rows) * padded_sf_cols(sf_cols(k))
+}
+
+/// Bytes of all `batch` scale buffers for `rows` x `k`.
+pub const fn sf_bytes(rows: usize, k: usize, batch: usize) -> usize {
+    sf_batch_bytes(rows, k) * batch
+}
+
+/// Byte offset of scale (row `r`, scale column `s`) within one batch, for a matrix whose padded
+/// scale-column count is `sp` (a multiple of 4). Batch `l` adds `l * sf_batch_bytes(..)`.
+pub const fn sf_offset(r: usize, s: usize, sp: usize) -> usize {
+    (r / 128) * (sp / 4) * 512 + (s / 4) * 512 + (r % 32) * 16 + ((r % 128) / 32) * 4 + (s % 4)
+}
+
+/// Byte offset of the scale of element (batch `l`, row `r`, K index `k_elem`) in a buffer for
+/// `rows` x `k`.
+pub const fn sf_offset_elem(l: usize, r: usize, k_elem: usize, rows: usize, k: usize) -> usize {
+    l * sf_batch_bytes(rows, k) + sf_offset(r, k_elem / SF_VEC, padded_sf_cols(sf_cols(k)))
+}
+
+/// Converts row-major scales `(batch, rows, sf_cols)` into the tiled layout, zero padding.
+///
+/// # Panics
+/// If `src.len() != batch * rows * sf_cols`.
+pub fn to_tiled(src: &[u8], rows: usize, sf_cols: usize, batch: usize) -> Vec<u8> {
+    assert_eq!(src.len(), batch * rows * sf_cols, "to_tiled: source length");
+    let sp = padded_sf_cols(sf_cols);
+    let per = padded_rows(rows) * sp;
+    let mut out = vec![0u8; per * batch];
+    for l in 0..batch {
+        for r in 0..rows {
+            for s in 0..sf_cols {
+                out[l * per + sf_offset(r, s, sp)] = src[(l * rows + r) * sf_cols + s];
+            }
+        }
+    }
+    out
+}
+
+/// Converts tiled scales back to row-major `(batch, rows, sf_cols)`, dropping the padding.
+///
+/// # Panics
+/// If `tiled.len() != batch * padded_rows(rows) * padded_sf_cols(sf_cols)`.
+pub fn from_tiled(tiled: &[u8], rows: usize, sf_cols: usize, batch: usize) -> Vec<u8> {
+    let sp = padded_sf_cols(sf_cols);
+    let per = padded_rows(rows) * sp;
+    assert_eq!(tiled.len(), per * batch, "from_tiled: tiled length");
+    let mut out = vec![0u8; batch * rows * sf_cols];
+    for l in 0..batch {
+        for r in 0..rows {
+            for s in 0..sf_cols {
+                out[(l * rows + r) * sf_cols + s] = tiled[l * per + sf_offset(r, s, sp)];
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The contest's `sfa_permuted` view: a tensor of shape (32, 4, rest_m, 4, rest_k, L) whose
+    /// memory order is (rest_m, rest_k, 32, 4, 4) per batch, batch outermost.
+    fn contest_view_offset(i32_: usize, i4: usize, rm: usize, j4: usize, rk: usize, l: usize,
+                           rest_m: usize, rest_k: usize) -> usize {
+        let per_batch = rest_m * rest_k * 512;
+        l * per_batch + rm * rest_k * 512 + rk * 512 + i32_ * 16 + i4 * 4 + j4
+    }
+
+    #[test]
+    fn tiled_equals_contest_view() {
+        let (rows, k, batch) = (300, 16 * 11, 2);
+        let (rest_m, rest_k) = (padded_rows(rows) / 128, padded_sf_cols(sf_cols(k)) / 4);
+        for l in 0..batch {
+            for r in 0..rows {
+                for s in 0..sf_cols(k) {
+                    let (i32_, i4, rm) = (r % 32, (r % 128) / 32, r / 128);
+                    let (j4, rk) = (s % 4, s / 4);
+                    assert_eq!(
+                        sf_offset_elem(l, r, s * 16, rows, k),
+                        contest_view_offset(i32_, i4, rm, j4, rk, l, rest_m, rest_k)
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn torch_to_blocked_equivalence() {
+        // PyTorch: view(R/128,128,S/4,4).permute(0,2,1,3).reshape(-1,4,32,4).transpose(1,2)
+        // Within a (128 x 4) block, element (i, j) goes to (i % 32) * 16 + (i / 32) * 4 + j.
+        let (rows, s) = (256, 8);
+        let sp = padded_sf_cols(s);
+        let mut seen = vec![false; padded_rows(rows) * sp];
+        for r in 0..rows {
+            for c in 0..s {
+                let (rb, cb, i, j) = (r / 128, c / 4, r % 128, c % 4);
+                let want = (rb * (sp / 4) + cb) * 512 + (i % 32) * 16 + (i / 32) * 4 + j;
+                assert_eq!(sf_offset(r, c, sp), want);
+                assert!(!seen[want], "offset {want} hit twice");
+                seen[want] = true;
+            }
+        }
+        assert!(seen.iter().all(|&x| x), "layout is a bijection on full tiles");
+    }
+
+    #[test]
+    fn round_trip_odd_shapes() {
+        for &(rows, cols, batch) in &[(1, 1, 1), (127, 3, 2), (129, 5, 1), (33, 4, 3), (256, 8, 1), (1000, 17, 2)] {
+            let src: Vec<u8> = (0..rows * cols * batch).map(|i| (i * 7 + 3) as u8 | 1).collect();
+            let tiled = to_tiled(&src, rows, cols, batch);
+            assert_eq!(tiled.len(), batch * padded_rows(rows) * padded_sf_cols(cols));
+            assert_eq!(from_tiled(&tiled, rows, cols, batch), src);
+            // Exactly the padding is zero (every source byte is odd, so nonzero).
+            let nonzero = tiled.iter().filter(|&&b| b != 0).count();
+            assert_eq!(nonzero, src.len());
+        }
+    }
+
+    #[test]
+    fn sizes() {
+        assert_eq!(sf_batch_bytes(128, 256), 128 * 16);
+        assert_eq!(sf_batch_bytes(1, 32), 128 * 4);
+        assert_eq!(sf_batch_bytes(129, 80), 256 * 8);
+        assert_eq!(sf_bytes(129, 80, 3), 3 * 256 * 8);
+    }
+}

@@ -1,0 +1,232 @@
+//! The exact CPU reference of SPEC.md §1: every product exact, the K sum exact, one rounding.
+//!
+//! Each product `a * sfa * b * sfb` is a multiple of 2^-20 (e2m1 values are multiples of 1/2,
+//! ue4m3 values multiples of 2^-9), so the reference sums integers: e2m1 values times 2 as `i8`,
+//! 16-element block dots as `i32`, block dot times the two scales times 2^9 each as `i64`,
+//! and the K sum in `i128`. The only roundings are converting that exact sum to f64 (exact below
+//! 2^53 * 2^-20) and the epilogue `alpha * sum + beta * C`, evaluated in f64 and rounded once to
+//! the output type. NaN scales (0x7F) make their dot products NaN, as on the GPU.
+
+use rayon::prelude::*;
+
+use crate::error::Result;
+use crate::formats::{e4m3_to_f32, OutputElement, E4M3_NAN};
+use crate::layout::{padded_sf_cols, sf_batch_bytes, sf_offset, SF_VEC};
+use crate::problem::{check_len, Problem};
+use crate::Error;
+
+/// e2m1 code -> value * 2, as i8.
+const E2M1_X2: [i8; 16] = [0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12];
+
+/// Rows of one operand decoded for the integer kernel.
+struct Decoded {
+    /// values * 2, (rows, k)
+    vals: Vec<i8>,
+    /// scales * 2^9 as integers, (rows, k/16); NaN scales are marked in `nan_rows`.
+    scales: Vec<i64>,
+    /// Rows with at least one NaN scale (they take the slow path).
+    nan_rows: Vec<bool>,
+    /// Scale values as f64, only for NaN rows' slow path, (rows, k/16).
+    scales_f: Vec<f64>,
+}
+
+fn decode(data: &[u8], sf: &[u8], rows: usize, k: usize, l: usize, row_range: std::ops::Range<usize>) -> Decoded {
+    let kb = k / SF_VEC;
+    let sp = padded_sf_cols(kb);
+    let sf_base = l * sf_batch_bytes(rows, k);
+    let n = row_range.len();
+    let mut vals = vec![0i8; n * k];
+    let mut scales = vec![0i64; n * kb];
+    let mut scales_f = vec![0f64; n * kb];
+    let mut nan_rows = vec![false; n];
+    for (i, r) in row_range.enumerate() {
+        let row = &data[(l * rows + r) * k / 2..][..k / 2];
+        for (j, &byte) in row.iter().enumerate() {
+            vals[i * k + 2 * j] = E2M1_X2[(byte & 0xF) as usize];
+            vals[i * k + 2 * j + 1] = E2M1_X2[(byte >> 4) as usize];
+        }
+        for s in 0..kb {
+            let byte = sf[sf_base + sf_offset(r, s, sp)];
+            let v = e4m3_to_f32(byte) as f64;
+            if byte & 0x7F == E4M3_NAN {
+                nan_rows[i] = true;
+            } else {
+                scales[i * kb + s] = (v * 512.0) as i64; // exact: multiples of 2^-9
+            }
+            scales_f[i * kb + s] = v;
+        }
+    }
+    Decoded { vals, scales, nan_rows, scales_f }
+}
+
+#[inline]
+fn block_dot(a: &[i8], b: &[i8]) -> i32 {
+    a.iter().zip(b).map(|(&x, &y)| x as i32 * y as i32).sum()
+}
+
+/// The exact block-scaled dot of row `i` of `a` and row `j` of `b`, as a multiple of 2^-20.
+#[inline]
+fn exact_dot(a: &Decoded, i: usize, b: &Decoded, j: usize, k: usize) -> f64 {
+    let kb = k / SF_VEC;
+    let av = &a.vals[i * k..][..k];
+    let bv = &b.vals[j * k..][..k];
+    if a.nan_rows[i] || b.nan_rows[j] {
+        // Slow path with NaN propagation (0 * NaN is NaN, as in the MMA's per-block scaling).
+        let mut acc = 0f64;
+        for s in 0..kb {
+            let d = block_dot(&av[s * 16..][..16], &bv[s * 16..][..16]) as f64 / 4.0;
+            acc += d * a.scales_f[i * kb + s] * b.scales_f[j * kb + s];
+        }
+        return acc;
+    }
+    let asf = &a.scales[i * kb..][..kb];
+    let bsf = &b.scales[j * kb..][..kb];
+    let mut total: i128 = 0;
+    // |block dot| <= 2304 and each scale <= 448 * 2^9, so a term is below 2^47 and 2^15 terms
+    // fit an i64 before they are flushed into the i128 total.
+    for chunk in (0..kb).step_by(1 << 15) {
+        let end = (chunk + (1 << 15)).min(kb);
+        let mut acc: i64 = 0;
+        for s in chunk..end {
+            let d = block_dot(&av[s * 16..][..16], &bv[s * 16..][..16]) as i64;
+            acc += d * (asf[s] * bsf[s]);
+        }
+        total += acc as i128;
+    }
+    total as f64 * (1.0 / (1u64 << 20) as f64)
+}
+
+/// Reference GEMM on raw buffers laid out as the kernels take them: `a` is (L, M, K/2) packed
+/// bytes, `sfa` the tiled scales of A (SPEC.md §3), `b` and `sfb` likewise for (L, N, K/2),
+/// `c` (L, M, N) row-major when given. K must be a multiple of 16. C is read only when
+/// beta != 0 (the kernels do not load it otherwise).
+pub fn gemm<T: OutputElement>(p: &Problem, a: &[u8], sfa: &[u8], b: &[u8], sfb: &[u8], c: Option<&[T]>) -> Result<Vec<T>> {
+    for (dim, value) in [("M", p.m), ("N", p.n), ("K", p.k), ("L", p.l)] {
+        if value == 0 {
+            return Err(Error::Dimension { dim, value, max: usize::MAX });
+        }
+    }
+    if p.k % SF_VEC != 0 {
+        return Err(Error::KMultiple { k: p.k, multiple: SF_VEC, why: "one scale per 16 elements of K" });
+    }
+    check_len("A", a.len(), p.a_bytes(), "L * M * K / 2 packed bytes")?;
+    check_len("SFA", sfa.len(), p.sfa_bytes(), "tiled scale bytes of A")?;
+    check_len("B", b.len(), p.b_bytes(), "L * N * K / 2 packed bytes")?;
+    check_len("SFB", sfb.len(), p.sfb_bytes(), "tiled scale bytes of B")?;
+    if let Some(c) = c {
+        check_len("C", c.len(), p.cd_elems(), "L * M * N elements")?;
+    }
+    if p.beta != 0.0 && c.is_none() {
+        return Err(Error::BetaWithoutC { beta: p.beta });
+    }
+    const TILE_M: usize = 8;
+    let (m, n, k) = (p.m, p.n, p.k);
+    let (alpha, beta) = (p.alpha as f64, p.beta as f64);
+    let mut out = vec![T::from_f64(0.0); p.cd_elems()];
+    for l in 0..p.l {
+        let bd = decode(b, sfb, n, k, l, 0..n);
+        let out_l = &mut out[l * m * n..][..m * n];
+        out_l.par_chunks_mut(TILE_M * n).enumerate().for_each(|(t, rows_out)| {
+            let r0 = t * TILE_M;
+            let rows = rows_out.len() / n;
+            let ad = decode(a, sfa, m, k, l, r0..r0 + rows);
+            for j in 0..n {
+                for i in 0..rows {
+                    let s = exact_dot(&ad, i, &bd, j, k);
+                    let mut v = alpha * s;
+                    if beta != 0.0 {
+                        let cv = c.expect("checked above")[(l * m + r0 + i) * n + j];
+                        v += beta * cv.to_f64();
+                    }
+                    rows_out[i * n + j] = T::from_f64(v);
+                }
+            }
+        });
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::formats::{e2m1_from_f32, e2m1_to_f32, e4m3_from_f32};
+    use crate::layout::to_tiled;
+    use half::f16;
+
+    /// Builds raw operands from f32 values that are exactly e2m1 and row-major f32 scales.
+    fn raw(vals: &[f32], scales: &[f32], rows: usize, k: usize) -> (Vec<u8>, Vec<u8>) {
+        let codes: Vec<u8> = vals.iter().map(|&v| e2m1_from_f32(v)).collect();
+        for (c, v) in codes.iter().zip(vals) {
+            assert_eq!(e2m1_to_f32(*c), *v, "test value must be exact e2m1");
+        }
+        let sf: Vec<u8> = scales.iter().map(|&s| e4m3_from_f32(s)).collect();
+        (crate::formats::pack_e2m1_slice(&codes), to_tiled(&sf, rows, k / 16, 1))
+    }
+
+    #[test]
+    fn hand_worked_1x1x32() {
+        // a = [1, 2, 0, ...] (block 0) and [6, ...] (block 1); b = [3, 0.5, ...], [-4, ...]
+        let mut av = vec![0f32; 32];
+        let mut bv = vec![0f32; 32];
+        av[0] = 1.0;
+        av[1] = 2.0;
+        av[16] = 6.0;
+        bv[0] = 3.0;
+        bv[1] = 0.5;
+        bv[16] = -4.0;
+        let (a, sfa) = raw(&av, &[2.0, 0.5], 1, 32);
+        let (b, sfb) = raw(&bv, &[0.25, 448.0], 1, 32);
+        // block 0: (1*3 + 2*0.5) * 2 * 0.25 = 2; block 1: 6 * -4 * 0.5 * 448 = -5376
+        let p = Problem::new(1, 1, 32);
+        let d: Vec<f32> = gemm(&p, &a, &sfa, &b, &sfb, None).unwrap();
+        assert_eq!(d, vec![2.0 - 5376.0]);
+        let p = p.scalars(0.5, 2.0);
+        let d: Vec<f32> = gemm(&p, &a, &sfa, &b, &sfb, Some(&[10.0f32])).unwrap();
+        assert_eq!(d, vec![0.5 * (2.0 - 5376.0) + 20.0]);
+    }
+
+    #[test]
+    fn single_rounding_to_f16() {
+        // sum = 2048 + 1 + 2^-9 in exact arithmetic; f16 spacing at 2048 is 2, so 2049 + tiny
+        // rounds up to 2050. Summing in f16 or f32-then-f16 with a tie at 2049 would not.
+        let k = 48;
+        let mut av = vec![0f32; k];
+        let mut bv = vec![0f32; k];
+        av[0] = 4.0; bv[0] = 4.0; // block 0: 16 * 128 = 2048
+        av[16] = 1.0; bv[16] = 1.0; // block 1: 1 * 1
+        av[32] = 0.5; bv[32] = 0.5; // block 2: 0.25 * 2^-7 = 2^-9
+        let (a, sfa) = raw(&av, &[128.0, 1.0, 2f32.powi(-7)], 1, k);
+        let (b, sfb) = raw(&bv, &[1.0, 1.0, 1.0], 1, k);
+        let d: Vec<f16> = gemm(&Problem::new(1, 1, k), &a, &sfa, &b, &sfb, None).unwrap();
+        assert_eq!(d[0].to_f64(), 2050.0);
+    }
+
+    #[test]
+    fn nan_scale_propagates_even_with_zero_data() {
+        let av = vec![0f32; 16];
+        let (a, mut sfa) = raw(&av, &[1.0], 1, 16);
+        let (b, sfb) = raw(&av, &[1.0], 1, 16);
+        sfa[0] = 0x7F;
+        let d: Vec<f32> = gemm(&Problem::new(1, 1, 16), &a, &sfa, &b, &sfb, None).unwrap();
+        assert!(d[0].is_nan());
+    }
+
+    #[test]
+    fn beta_zero_never_reads_c() {
+        let av = vec![1f32; 16];
+        let (a, sfa) = raw(&av, &[1.0], 1, 16);
+        let d: Vec<f32> = gemm(&Problem::new(1, 1, 16), &a, &sfa, &a, &sfa, Some(&[f32::NAN])).unwrap();
+        assert_eq!(d[0], 16.0);
+    }
+
+    #[test]
+    fn length_errors_name_the_buffer() {
+        let p = Problem::new(2, 2, 32);
+        let e = gemm::<f32>(&p, &[0; 31], &[0; 512], &[0; 32], &[0; 512], None).unwrap_err();
+        assert!(e.to_string().contains("A: holds 31 elements, the problem needs exactly 32"), "{e}");
+        let e = gemm::<f32>(&p, &[0; 32], &[0; 511], &[0; 32], &[0; 512], None).unwrap_err();
+        assert!(e.to_string().starts_with("SFA"), "{e}");
+        let e = gemm::<f32>(&Problem::new(2, 2, 24), &[0; 24], &[0; 512], &[0; 24], &[0; 512], None).unwrap_err();
+        assert!(e.to_string().contains("multiple of 16"), "{e}");
+    }
+}

@@ -1,0 +1,119 @@
+#!/usr/bin/env python3
+"""Fetch the pinned CUDA toolchain and CUTLASS headers from PyPI into third_party/.
+
+Reads third_party/pins.txt (name, version, sha256), downloads each wheel with pip into a wheel
+cache outside the checkout, verifies its sha256, and unpacks:
+  third_party/cuda/nvidia/cu13/{bin,include,lib,nvvm}   nvcc 13.0, cudart, cuobjdump, nvdisasm
+  third_party/cutlass/{include,tools,examples}           CUTLASS 4.2.0 (cutlass_library/source)
+A stamp file records the pins, so a second run does nothing. Standard library only.
+"""
+import hashlib
+import os
+import shutil
+import stat
+import subprocess
+import sys
+import tempfile
+import zipfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+PINS = os.path.join(HERE, "pins.txt")
+STAMP = os.path.join(HERE, ".stamp")
+CUDA_DIR = os.path.join(HERE, "cuda")
+CUTLASS_DIR = os.path.join(HERE, "cutlass")
+PLATFORMS = ["manylinux2014_x86_64", "manylinux_2_17_x86_64", "manylinux_2_12_x86_64",
+             "manylinux2010_x86_64", "manylinux_2_27_x86_64", "manylinux_2_28_x86_64"]
+
+
+def wheel_cache():
+    base = os.environ.get("BSG_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"),
+        "blockscaled-gemm")
+    path = os.path.join(base, "wheels")
+    os.makedirs(path, exist_ok=True)
+    return path
+
+
+def read_pins():
+    pins = []
+    with open(PINS) as f:
+        for line in f:
+            line = line.split("#", 1)[0].strip()
+            if line:
+                name, version, sha = line.split()
+                pins.append((name, version, sha))
+    return pins
+
+
+def sha256(path):
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def find_wheel(cache, name, version, sha):
+    prefix = name.replace("-", "_") + "-" + version + "-"
+    for fn in sorted(os.listdir(cache)):
+        if fn.startswith(prefix) and fn.endswith(".whl"):
+            path = os.path.join(cache, fn)
+            if sha256(path) == sha:
+                return path
+            os.remove(path)  # a partial or tampered file: fetch it again
+    return None
+
+
+def download(cache, name, version, sha):
+    path = find_wheel(cache, name, version, sha)
+    if path:
+        return path
+    cmd = [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps",
+           "--only-binary=:all:", "--python-version", "3.11", "-d", cache,
+           f"{name}=={version}"]
+    for p in PLATFORMS:
+        cmd += ["--platform", p]
+    print(f"fetch.py: downloading {name}=={version}", file=sys.stderr)
+    subprocess.run(cmd, check=True)
+    path = find_wheel(cache, name, version, sha)
+    if not path:
+        sys.exit(f"fetch.py: {name}=={version}: no wheel with sha256 {sha} (checksum mismatch?)")
+    return path
+
+
+def extract(whl, dest):
+    with zipfile.ZipFile(whl) as z:
+        for info in z.infolist():
+            out = z.extract(info, dest)
+            mode = (info.external_attr >> 16) & 0o777
+            if mode:
+                os.chmod(out, mode)
+
+
+def main():
+    pins = read_pins()
+    stamp = "\n".join(f"{n} {v} {s}" for n, v, s in pins)
+    if os.path.exists(STAMP) and open(STAMP).read() == stamp:
+        return
+    cache = wheel_cache()
+    wheels = [(n, download(cache, n, v, s)) for n, v, s in pins]
+    for d in (CUDA_DIR, CUTLASS_DIR):
+        shutil.rmtree(d, ignore_errors=True)
+    with tempfile.TemporaryDirectory(dir=HERE) as tmp:
+        for name, whl in wheels:
+            extract(whl, tmp)
+        shutil.move(os.path.join(tmp, "nvidia"), os.path.join(CUDA_DIR, "nvidia"))
+        shutil.move(os.path.join(tmp, "cutlass_library", "source"), CUTLASS_DIR)
+    bins = [os.path.join(CUDA_DIR, "nvidia", "cu13", d) for d in ("bin", "nvvm/bin")]
+    for d in bins:  # some wheels do not record the executable bit
+        for root, _, files in os.walk(d):
+            for f in files:
+                p = os.path.join(root, f)
+                os.chmod(p, os.stat(p).st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
+    with open(STAMP, "w") as f:
+        f.write(stamp)
+    print("fetch.py: toolchain ready in third_party/", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
