@@ -1,15 +1,28 @@
 //! NVFP4 block-scaled GEMM for NVIDIA GPUs.
+//!
+//! - [`BlockScaledGemm`]: the GEMM on a cudarc stream, CUTLASS's SM100 block-scaled kernels
+//!   underneath (the path of CUTLASS example 72a/72b), every argument checked before the FFI line.
+//! - [`reference`], [`reference_gemm`]: the exact CPU reference every result is compared with.
+//! - [`formats`], [`layout`], [`Nvfp4Matrix`]: NVFP4 values, the 128x4 tiled scale layout, host
+//!   tensors, generators and a ModelOpt-style quantizer.
+//!
+//! Layers, bottom up: `ffi` (cxx bridge, unsafe), [`cutlass_host`] (host-side CUTLASS queries),
+//! [`gemm`] (the safe API).
 pub mod compare;
+mod config;
+pub mod cutlass_host;
 mod error;
+mod ffi;
 pub mod formats;
+pub mod gemm;
 pub mod layout;
 mod matrix;
 mod problem;
 pub mod reference;
 
+pub use config::{select as select_config, Config, ConfigInfo};
 pub use error::{Error, Result};
 pub use formats::OutputElement;
+pub use gemm::{BlockScaledGemm, Nvfp4Operand};
 pub use matrix::{reference_gemm, Nvfp4Matrix, SplitMix64};
 pub use problem::{OutType, Problem};
-/// Placeholder until the config table lands.
-pub type Config = u32;

@@ -45,3 +45,7 @@ struct KernelEntry {
 };
 
 }  // namespace bsg
+
+// Names for status codes (cpp/status.cu).
+const char* bsg_cutlass_status_name(int32_t code);
+const char* bsg_cuda_error_name(int32_t code);

@@ -1,0 +1,21 @@
+// Declarations of the functions the cxx bridge (src/ffi.rs) calls. Host C++ only.
+#pragma once
+#include <cstdint>
+
+#include "rust/cxx.h"
+
+namespace bsg {
+
+struct LaunchArgs;
+struct LaunchStatus;
+
+bool kernel_built(uint32_t config, uint32_t out);
+bool can_implement(uint32_t config, uint32_t out, const LaunchArgs& args);
+size_t workspace_size(uint32_t config, uint32_t out, const LaunchArgs& args);
+LaunchStatus launch(uint32_t config, uint32_t out, const LaunchArgs& args);
+int64_t sf_offsets(uint32_t config, uint32_t out, int32_t m, int32_t n, int32_t k, int32_t l, bool operand_b,
+                   rust::Slice<int64_t> offsets);
+rust::String cutlass_status_name(int32_t code);
+rust::String cuda_error_name(int32_t code);
+
+}  // namespace bsg

@@ -1,0 +1,13 @@
+// Host helpers that need CUDA and CUTLASS headers, kept out of the host-compiled bridge.
+#include <cuda_runtime_api.h>
+
+#include "blockscaled_gemm/kernel_abi.h"
+#include "cutlass/cutlass.h"
+
+const char* bsg_cutlass_status_name(int32_t code) {
+  return cutlass::cutlassGetStatusString(static_cast<cutlass::Status>(code));
+}
+
+const char* bsg_cuda_error_name(int32_t code) {
+  return cudaGetErrorName(static_cast<cudaError_t>(code));
+}

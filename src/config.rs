@@ -1,0 +1,144 @@
+//! Kernel configurations (generated from `cpp/configs.def`) and how one is chosen for a problem.
+
+use crate::problem::{OutType, Problem};
+
+include!(concat!(env!("OUT_DIR"), "/configs.rs"));
+
+/// The facts of one configuration, as `cpp/configs.def` states them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ConfigInfo {
+    /// Row in the table (the C++ index).
+    pub index: u32,
+    /// The name in the table, also the Rust variant name.
+    pub name: &'static str,
+    /// GPU architecture: 100 is SM100 (B200/GB200, compute capability 10.0, `sm_100a`).
+    pub arch: u32,
+    /// SMs per MMA: 1, or 2 for the 2-SM UMMA.
+    pub sms: u32,
+    /// Tile M x N x K (for 2-SM configs, the tile of the SM pair).
+    pub tile: [u32; 3],
+    /// Cluster M x N.
+    pub cluster: [u32; 2],
+    /// Output types the table builds for this architecture.
+    pub outputs: &'static [OutType],
+}
+
+impl std::fmt::Display for Config {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.info().name)
+    }
+}
+
+impl Config {
+    /// Looks a configuration up by its table name, ignoring case.
+    pub fn from_name(name: &str) -> Option<Config> {
+        Config::ALL.iter().copied().find(|c| c.info().name.eq_ignore_ascii_case(name))
+    }
+
+    /// Whether this build holds the kernel for this config and output (see `BSG_ARCHS`).
+    pub fn is_built(self, out: OutType) -> bool {
+        crate::ffi::bridge::kernel_built(self.info().index, out.index())
+    }
+
+    /// The compute capability this config's machine code runs on.
+    pub const fn compute_capability(self) -> (i32, i32) {
+        match self.info().arch {
+            100 => (10, 0),
+            _ => (0, 0),
+        }
+    }
+
+    /// "10.0 (sm_100a)" and the like, for messages.
+    pub const fn arch_label(self) -> &'static str {
+        match self.info().arch {
+            100 => "10.0 (sm_100a)",
+            _ => "unknown",
+        }
+    }
+
+    /// SMs the launch occupies for a problem: tiles times SMs per tile.
+    pub fn sms_used(self, p: &Problem) -> usize {
+        let i = self.info();
+        p.m.div_ceil(i.tile[0] as usize) * p.n.div_ceil(i.tile[1] as usize) * p.l * i.sms as usize
+    }
+}
+
+/// Shapes of SPEC.md §4 with a chosen SM100 config. Chosen by tile counts on a 148-SM B200, not
+/// measured (no SM100 machine here): M = 128 takes 128x64 tiles so N/64 CTAs fill more SMs;
+/// M = 256 takes the 2-SM 256x128 tile (one MMA covers both rows of tiles); large M and N take
+/// the 2-SM 256x256 tile.
+const SM100_SHAPES: &[((usize, usize, usize), Config)] = &[
+    ((128, 7168, 16384), Config::Sm100_1Sm_128x64x256),
+    ((128, 4096, 7168), Config::Sm100_1Sm_128x64x256),
+    ((128, 7168, 2048), Config::Sm100_1Sm_128x64x256),
+    ((128, 256, 256), Config::Sm100_1Sm_128x64x256),
+    ((128, 1536, 7168), Config::Sm100_1Sm_128x64x256),
+    ((128, 3072, 1536), Config::Sm100_1Sm_128x64x256),
+    ((256, 7168, 256), Config::Sm100_2Sm_256x128x256),
+    ((256, 7168, 2048), Config::Sm100_2Sm_256x128x256),
+    ((2304, 4608, 7168), Config::Sm100_2Sm_256x256x256),
+    ((384, 7168, 2304), Config::Sm100_1Sm_128x256x256),
+    ((512, 512, 7168), Config::Sm100_1Sm_128x64x256),
+    ((512, 4096, 512), Config::Sm100_2Sm_256x128x256),
+    ((512, 1536, 7168), Config::Sm100_1Sm_128x64x256),
+];
+
+/// Picks a configuration of architecture `arch` for `p`, among those `available` says are
+/// built: the explicit entry of the shape table if it has one, else the largest tile that still
+/// gives every SM a tile (`sm_count`), else the config that occupies the most SMs (ties: the
+/// least padded work). `None` when no config of that architecture is available.
+pub fn select(arch: u32, p: &Problem, sm_count: usize, available: impl Fn(Config) -> bool) -> Option<Config> {
+    let candidates: Vec<Config> = Config::ALL.iter().copied().filter(|c| c.info().arch == arch && available(*c)).collect();
+    if arch == 100 {
+        if let Some((_, c)) = SM100_SHAPES.iter().find(|(s, c)| *s == (p.m, p.n, p.k) && candidates.contains(c)) {
+            return Some(*c);
+        }
+    }
+    let area = |c: &Config| c.info().tile[0] as usize * c.info().tile[1] as usize;
+    let padded = |c: &Config| {
+        let t = c.info().tile;
+        p.m.div_ceil(t[0] as usize) * t[0] as usize * p.n.div_ceil(t[1] as usize) * t[1] as usize
+    };
+    let filling = candidates.iter().filter(|c| c.sms_used(p) >= sm_count).max_by_key(|c| (area(c), std::cmp::Reverse(padded(c))));
+    filling.or_else(|| candidates.iter().max_by_key(|c| (c.sms_used(p), std::cmp::Reverse(padded(c))))).copied()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn table_facts() {
+        assert!(Config::ALL.len() >= 5);
+        for (i, c) in Config::ALL.iter().enumerate() {
+            let info = c.info();
+            assert_eq!(info.index as usize, i);
+            assert_eq!(Config::from_name(&info.name.to_uppercase()), Some(*c));
+            assert!(info.sms == 1 || info.sms == 2);
+            if info.sms == 2 {
+                assert_eq!(info.cluster[0] % 2, 0, "{c}: 2-SM configs need an even cluster M");
+                assert_eq!(info.tile[0], 256);
+            } else {
+                assert_eq!(info.tile[0], 128);
+            }
+            assert_eq!(info.tile[2], 256, "{c}: the SM100 NVFP4 MMA K tile is 256");
+        }
+        assert_eq!(Config::from_name("nope"), None);
+    }
+
+    #[test]
+    fn shape_table_and_general_rule() {
+        let all = |_| true;
+        assert_eq!(select(100, &Problem::new(128, 7168, 16384), 148, all), Some(Config::Sm100_1Sm_128x64x256));
+        assert_eq!(select(100, &Problem::new(2304, 4608, 7168), 148, all), Some(Config::Sm100_2Sm_256x256x256));
+        // Large square: the largest tile fills 148 SMs.
+        assert_eq!(select(100, &Problem::new(8192, 8192, 8192), 148, all), Some(Config::Sm100_2Sm_256x256x256));
+        // Small: nothing fills the GPU, the smallest tile occupies the most SMs.
+        assert_eq!(select(100, &Problem::new(128, 1024, 1024), 148, all), Some(Config::Sm100_1Sm_128x64x256));
+        // Only what is built is chosen; another architecture has none.
+        let no_narrow = |c| c != Config::Sm100_1Sm_128x64x256;
+        assert_ne!(select(100, &Problem::new(128, 7168, 16384), 148, no_narrow), Some(Config::Sm100_1Sm_128x64x256));
+        assert_eq!(select(90, &Problem::new(128, 128, 128), 132, all), None);
+        assert_eq!(select(100, &Problem::new(128, 128, 128), 148, |_| false), None);
+    }
+}
