@@ -73,7 +73,7 @@ pub const fn unpack_e2m1(byte: u8) -> (u8, u8) {
 /// # Panics
 /// If `codes.len()` is odd: NVFP4 rows always hold an even number of values.
 pub fn pack_e2m1_slice(codes: &[u8]) -> Vec<u8> {
-    assert!(codes.len() % 2 == 0, "pack_e2m1_slice: odd number of codes ({})", codes.len());
+    assert!(codes.len().is_multiple_of(2), "pack_e2m1_slice: odd number of codes ({})", codes.len());
     codes.chunks_exact(2).map(|p| pack_e2m1(p[0], p[1])).collect()
 }
 

@@ -95,6 +95,7 @@ mod tests {
 
     /// The contest's `sfa_permuted` view: a tensor of shape (32, 4, rest_m, 4, rest_k, L) whose
     /// memory order is (rest_m, rest_k, 32, 4, 4) per batch, batch outermost.
+    #[allow(clippy::too_many_arguments)]
     fn contest_view_offset(i32_: usize, i4: usize, rm: usize, j4: usize, rk: usize, l: usize,
                            rest_m: usize, rest_k: usize) -> usize {
         let per_batch = rest_m * rest_k * 512;

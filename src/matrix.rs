@@ -166,6 +166,27 @@ impl Nvfp4Matrix {
         Self::quantize_f32(&values.iter().map(|v| v.to_f32()).collect::<Vec<_>>(), rows, k, batch)
     }
 
+    /// A matrix of the given rows (in that order) of every batch, with their scales; for
+    /// checking a sample of a large result against the reference.
+    ///
+    /// # Panics
+    /// If a row index is out of range or `rows` is empty.
+    pub fn select_rows(&self, rows: &[usize]) -> Nvfp4Matrix {
+        assert!(!rows.is_empty(), "select_rows: no rows");
+        let kb = sf_cols(self.k);
+        let mut data = Vec::with_capacity(self.batch * rows.len() * self.k / 2);
+        let mut sf = Vec::with_capacity(self.batch * rows.len() * kb);
+        for l in 0..self.batch {
+            for &r in rows {
+                assert!(r < self.rows, "select_rows: row {r} of {}", self.rows);
+                data.extend_from_slice(&self.data[(l * self.rows + r) * self.k / 2..][..self.k / 2]);
+                sf.extend((0..kb).map(|s| self.scale(l, r, s)));
+            }
+        }
+        let scales = crate::layout::to_tiled(&sf, rows.len(), kb, self.batch);
+        Nvfp4Matrix { rows: rows.len(), k: self.k, batch: self.batch, data, scales, global_scale: self.global_scale }
+    }
+
     /// All values as f32, (batch, rows, k) row-major: `e2m1 * scale * global_scale`.
     pub fn dequantize(&self) -> Vec<f32> {
         let g = self.global_scale.unwrap_or(1.0);
@@ -188,7 +209,7 @@ impl Nvfp4Matrix {
     /// The e2m1 code of element (l, r, k).
     pub fn code(&self, l: usize, r: usize, kk: usize) -> u8 {
         let byte = self.data[((l * self.rows + r) * self.k + kk) / 2];
-        if kk % 2 == 0 { byte & 0xF } else { byte >> 4 }
+        if kk.is_multiple_of(2) { byte & 0xF } else { byte >> 4 }
     }
 
     /// The scale byte of (l, r, scale column s).
@@ -236,7 +257,7 @@ fn check_shape(rows: usize, k: usize, batch: usize) -> Result<()> {
             return Err(Error::Dimension { dim, value, max: usize::MAX });
         }
     }
-    if k % SF_VEC != 0 {
+    if !k.is_multiple_of(SF_VEC) {
         return Err(Error::KMultiple { k, multiple: SF_VEC, why: "one scale per 16 elements of K" });
     }
     Ok(())
@@ -278,6 +299,19 @@ mod tests {
         assert!(e.to_string().contains("padding"), "{e}");
         let e = Nvfp4Matrix::from_parts(3, 32, 1, vec![0; 48], vec![0; 512], Some(f32::INFINITY)).unwrap_err();
         assert!(e.to_string().contains("global scale"), "{e}");
+    }
+
+    #[test]
+    fn select_rows_keeps_values_and_scales() {
+        let m = Nvfp4Matrix::random_realistic(300, 64, 2, 4).unwrap();
+        let s = m.select_rows(&[299, 0, 130]);
+        for l in 0..2 {
+            for (i, &r) in [299, 0, 130].iter().enumerate() {
+                for kk in 0..64 {
+                    assert_eq!(s.value(l, i, kk).to_bits(), m.value(l, r, kk).to_bits());
+                }
+            }
+        }
     }
 
     #[test]

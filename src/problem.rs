@@ -118,10 +118,10 @@ impl Problem {
                 return Err(Error::Dimension { dim, value, max });
             }
         }
-        if self.k % 32 != 0 {
+        if !self.k.is_multiple_of(32) {
             return Err(Error::KMultiple { k: self.k, multiple: 32, why: "rows of packed A and B must be whole 16-byte units" });
         }
-        if self.n % out.n_multiple() != 0 {
+        if !self.n.is_multiple_of(out.n_multiple()) {
             return Err(Error::NMultiple { n: self.n, multiple: out.n_multiple(), out });
         }
         // Every byte count must fit in usize (and the kernels' 64-bit strides).
@@ -152,7 +152,7 @@ pub(crate) fn check_len(name: &'static str, got: usize, want: usize, rule: &'sta
 
 /// Checks a device address for 16-byte alignment.
 pub(crate) fn check_align(name: &'static str, addr: u64) -> Result<()> {
-    if addr % 16 != 0 {
+    if !addr.is_multiple_of(16) {
         return Err(Error::Misaligned { name, addr });
     }
     Ok(())

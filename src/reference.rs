@@ -106,7 +106,7 @@ pub fn gemm<T: OutputElement>(p: &Problem, a: &[u8], sfa: &[u8], b: &[u8], sfb: 
             return Err(Error::Dimension { dim, value, max: usize::MAX });
         }
     }
-    if p.k % SF_VEC != 0 {
+    if !p.k.is_multiple_of(SF_VEC) {
         return Err(Error::KMultiple { k: p.k, multiple: SF_VEC, why: "one scale per 16 elements of K" });
     }
     check_len("A", a.len(), p.a_bytes(), "L * M * K / 2 packed bytes")?;

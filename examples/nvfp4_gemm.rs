@@ -1,0 +1,422 @@
+//! NVFP4 x NVFP4 GEMM in the spirit of CUTLASS example 72b: runs `D = alpha * A·Bᵀ + beta * C`
+//! on the GPU through `BlockScaledGemm`, verifies it against the exact CPU reference, and prints
+//! the time, TFLOP/s and GB/s. `--device cpu` computes with the reference alone.
+//!
+//! Exit codes: 0 passed, 1 verification failed or the GPU run failed, 2 bad input, 3 no GPU
+//! this build can run on.
+//!
+//! Input files (`--input`, safetensors): `a` and `b` hold packed e2m1 values, dtype U8 with shape
+//! [M, K/2] or [L, M, K/2] (batch outermost, the contest's memory order), or dtype F4 (PyTorch
+//! `float4_e2m1fn_x2`) with shape [M, K] or [L, M, K]; `sfa` and `sfb` hold ue4m3 scale bytes
+//! (F8_E4M3 or U8) in the tiled storage order of SPEC.md §3, flat, or labelled with the
+//! contest's permuted shape (32, 4, rest, 4, rest_k, L) or its storage shape
+//! (L, rest, rest_k, 32, 4, 4): in every case the bytes are read in storage order; `c`, when
+//! present, has D's shape ([M, N] or [L, M, N]) and dtype.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Instant;
+
+use blockscaled_gemm::compare::{compare, Comparison};
+use blockscaled_gemm::layout::{padded_rows, padded_sf_cols, sf_bytes, sf_cols};
+use blockscaled_gemm::{reference_gemm, BlockScaledGemm, Config, Error, Nvfp4Matrix, Nvfp4Operand, OutType, OutputElement, Problem, SplitMix64};
+use clap::{Parser, ValueEnum};
+use cudarc::driver::{CudaContext, DeviceRepr};
+use half::{bf16, f16};
+use safetensors::{Dtype, SafeTensors};
+
+#[derive(Parser, Debug)]
+#[command(name = "nvfp4_gemm", about = "NVFP4 block-scaled GEMM (CUTLASS 72b style), verified against the exact CPU reference")]
+struct Cli {
+    /// Rows of A and D.
+    #[arg(long, default_value_t = 1024)]
+    m: usize,
+    /// Rows of B, columns of D.
+    #[arg(long, default_value_t = 1024)]
+    n: usize,
+    /// Reduction extent (multiple of 32 on the GPU, of 16 on the CPU).
+    #[arg(long, default_value_t = 1024)]
+    k: usize,
+    /// Batch count.
+    #[arg(long, default_value_t = 1)]
+    l: usize,
+    /// D = alpha * A·Bᵀ + beta * C.
+    #[arg(long, default_value_t = 1.0, allow_negative_numbers = true)]
+    alpha: f32,
+    /// Scale of C (a generated C when the input has none).
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
+    beta: f32,
+    /// Timed iterations (GPU).
+    #[arg(long, default_value_t = 10)]
+    iterations: usize,
+    /// Untimed warm-up iterations (GPU).
+    #[arg(long, default_value_t = 3)]
+    warmup: usize,
+    /// Seed of the generated data.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Kernel config: auto, or a name from the config table.
+    #[arg(long, default_value = "auto")]
+    config: String,
+    /// Output type of D.
+    #[arg(long, value_enum, default_value_t = OutArg::F16)]
+    out: OutArg,
+    /// Where to compute.
+    #[arg(long, value_enum, default_value_t = DeviceArg::Gpu)]
+    device: DeviceArg,
+    /// Generated data: contest (random bytes, scales 0..3) or realistic (quantized Gaussian).
+    #[arg(long, value_enum, default_value_t = DataArg::Contest)]
+    data: DataArg,
+    /// Read a, b, sfa, sfb (and c) from this safetensors file; M, N, K, L come from the shapes.
+    #[arg(long)]
+    input: Option<PathBuf>,
+    /// Write d (and the generated inputs) to this safetensors file.
+    #[arg(long)]
+    save: Option<PathBuf>,
+    /// Print one JSON line with the result instead of the report.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum OutArg {
+    F16,
+    Bf16,
+    F32,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, ValueEnum)]
+enum DeviceArg {
+    Gpu,
+    Cpu,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum DataArg {
+    Contest,
+    Realistic,
+}
+
+/// An exit with its code and one line for stderr.
+struct Exit(u8, String);
+
+impl From<Error> for Exit {
+    fn from(e: Error) -> Self {
+        let code = match e {
+            Error::ArchMismatch { .. } | Error::UnsupportedDevice { .. } | Error::NoDriver => 3,
+            Error::Cutlass { .. } | Error::CudaRuntime { .. } | Error::Driver(_) | Error::CannotImplement { .. } => 1,
+            _ => 2,
+        };
+        Exit(code, e.to_string())
+    }
+}
+
+fn bad(msg: impl Into<String>) -> Exit {
+    Exit(2, msg.into())
+}
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(c) => c,
+        Err(e) if !e.use_stderr() => {
+            print!("{e}"); // --help, --version
+            return ExitCode::SUCCESS;
+        }
+        Err(e) => {
+            let text = e.to_string();
+            eprintln!("{}", text.lines().next().unwrap_or("invalid arguments"));
+            return ExitCode::from(2);
+        }
+    };
+    let result = match cli.out {
+        OutArg::F16 => run::<f16>(&cli),
+        OutArg::Bf16 => run::<bf16>(&cli),
+        OutArg::F32 => run::<f32>(&cli),
+    };
+    match result {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::from(1),
+        Err(Exit(code, msg)) => {
+            eprintln!("error: {msg}");
+            ExitCode::from(code)
+        }
+    }
+}
+
+/// Inputs of one run.
+struct Inputs<T> {
+    a: Nvfp4Matrix,
+    b: Nvfp4Matrix,
+    c: Option<Vec<T>>,
+    generated: bool,
+}
+
+fn run<T: OutputElement + DeviceRepr + safetensors_dtype::HasDtype>(cli: &Cli) -> Result<bool, Exit> {
+    let config = match cli.config.as_str() {
+        "auto" => None,
+        name => Some(Config::from_name(name).ok_or_else(|| {
+            let names: Vec<&str> = Config::ALL.iter().map(|c| c.info().name).collect();
+            bad(format!("--config {name}: not auto or one of {}", names.join(", ")))
+        })?),
+    };
+    let inputs = match &cli.input {
+        Some(path) => load::<T>(path, cli.beta)?,
+        None => generate::<T>(cli)?,
+    };
+    let (a, b) = (&inputs.a, &inputs.b);
+    let p = Problem::new(a.rows(), b.rows(), a.k()).batch(a.batch()).scalars(cli.alpha, cli.beta);
+    if !p.k.is_multiple_of(32) {
+        // The kernels' rule; the CPU path keeps it so both accept the same files.
+        return Err(bad(format!("K = {}: must be a multiple of 32 (rows of packed A and B are whole 16-byte units)", p.k)));
+    }
+    if cli.device == DeviceArg::Cpu {
+        let t = Instant::now();
+        let d: Vec<T> = reference_gemm(a, b, p.alpha, p.beta, inputs.c.as_deref())?;
+        let secs = t.elapsed().as_secs_f64();
+        save(cli, &inputs, &p, &d)?;
+        report(cli, &p, "cpu", "reference", None, secs * 1e3, p.flops() / secs / 1e12, traffic::<T>(&p) / secs / 1e9);
+        return Ok(true);
+    }
+    if !BlockScaledGemm::driver_present() {
+        return Err(Exit(3, "no NVIDIA driver found: the GPU path needs a B200/GB200 (compute capability 10.0, sm_100a) with its driver; --device cpu runs the CPU reference".into()));
+    }
+    if CudaContext::device_count().map_err(Error::from)? < 1 {
+        return Err(Exit(3, "no CUDA device found: the GPU path needs a B200/GB200 (compute capability 10.0); --device cpu runs the CPU reference".into()));
+    }
+    let stream = CudaContext::new(0).map_err(Error::from)?.default_stream();
+    let gemm = BlockScaledGemm::new(stream.clone())?;
+    p.validate(T::OUT, inputs.c.is_some())?;
+    let up = |v: &[u8]| stream.clone_htod(v).map_err(Error::from);
+    let (av, asf, bv, bsf) = (up(a.data())?, up(a.scales())?, up(b.data())?, up(b.scales())?);
+    let c_dev = inputs.c.as_ref().map(|c| stream.clone_htod(c)).transpose().map_err(Error::from)?;
+    // Poisoned D: an element the kernel does not write fails verification.
+    let mut d = stream.clone_htod(&vec![T::from_f64(f64::NAN); p.cd_elems()]).map_err(Error::from)?;
+    let launch = |d: &mut cudarc::driver::CudaSlice<T>| -> Result<Config, Error> {
+        let (oa, ob) = (Nvfp4Operand::new(&av, &asf), Nvfp4Operand::new(&bv, &bsf));
+        match &c_dev {
+            Some(c) => gemm.gemm_with_c(&p, oa, ob, c, d, config),
+            None => gemm.gemm(&p, oa, ob, d, config),
+        }
+    };
+    let ran = launch(&mut d)?;
+    let got = stream.clone_dtoh(&d).map_err(Error::from)?;
+    let (cmp, checked) = verify(&inputs, &p, &got)?;
+    for _ in 0..cli.warmup {
+        launch(&mut d)?;
+    }
+    let start = stream.record_event(None).map_err(Error::from)?;
+    for _ in 0..cli.iterations.max(1) {
+        launch(&mut d)?;
+    }
+    let end = stream.record_event(None).map_err(Error::from)?;
+    end.synchronize().map_err(Error::from)?;
+    let ms = start.elapsed_ms(&end).map_err(Error::from)? as f64 / cli.iterations.max(1) as f64;
+    save(cli, &inputs, &p, &got)?;
+    report(cli, &p, "gpu", &ran.to_string(), Some((&cmp, checked)), ms, p.flops() / ms / 1e9, traffic::<T>(&p) / ms / 1e6);
+    Ok(cmp.passed())
+}
+
+/// Verifies the GPU result against the reference: every element when M*N*K*L is at most 2^33
+/// multiply-adds (about 2 s of reference on 2 cores), otherwise every column of R rows spread
+/// evenly over M (first and last included), with R chosen to keep the reference under 2^33.
+fn verify<T: OutputElement>(inputs: &Inputs<T>, p: &Problem, got: &[T]) -> Result<(Comparison, usize), Exit> {
+    const BUDGET: usize = 1 << 33;
+    let (m, n) = (p.m, p.n);
+    let rows: Vec<usize> = if m * n * p.k * p.l <= BUDGET {
+        (0..m).collect()
+    } else {
+        let r = (BUDGET / (n * p.k * p.l)).clamp(2, m);
+        let mut v: Vec<usize> = (0..r).map(|i| i * (m - 1) / (r - 1)).collect();
+        v.dedup();
+        v
+    };
+    let a = if rows.len() == m { inputs.a.clone() } else { inputs.a.select_rows(&rows) };
+    let c_rows = inputs.c.as_ref().map(|c| pick_rows(c, &rows, m, n, p.l));
+    let want: Vec<T> = reference_gemm(&a, &inputs.b, p.alpha, p.beta, c_rows.as_deref())?;
+    let got_rows = pick_rows(got, &rows, m, n, p.l);
+    Ok((compare(&got_rows, &want, 1e-3, 1e-3), want.len()))
+}
+
+fn pick_rows<T: Copy>(x: &[T], rows: &[usize], m: usize, n: usize, l: usize) -> Vec<T> {
+    (0..l).flat_map(|b| rows.iter().flat_map(move |&r| x[(b * m + r) * n..][..n].iter().copied())).collect()
+}
+
+/// Bytes a GEMM must move at least: A, B, scales, C when read, D.
+fn traffic<T>(p: &Problem) -> f64 {
+    let cd = p.cd_elems() * std::mem::size_of::<T>();
+    (p.a_bytes() + p.b_bytes() + p.sfa_bytes() + p.sfb_bytes() + cd + if p.beta != 0.0 { cd } else { 0 }) as f64
+}
+
+#[allow(clippy::too_many_arguments)]
+fn report(cli: &Cli, p: &Problem, device: &str, config: &str, check: Option<(&Comparison, usize)>, ms: f64, tflops: f64, gbps: f64) {
+    let out = cli.out_type();
+    if cli.json {
+        let (passed, bad, max_abs, checked) = match check {
+            Some((c, n)) => (c.passed().to_string(), c.bad.to_string(), format!("{:e}", c.max_abs), n.to_string()),
+            None => ("null".into(), "null".into(), "null".into(), "0".into()),
+        };
+        println!("{{\"m\":{},\"n\":{},\"k\":{},\"l\":{},\"alpha\":{},\"beta\":{},\"out\":\"{out}\",\"device\":\"{device}\",\"config\":\"{config}\",\"passed\":{passed},\"bad\":{bad},\"max_abs\":{max_abs},\"checked\":{checked},\"avg_ms\":{ms:.6},\"tflops\":{tflops:.4},\"gbps\":{gbps:.3}}}",
+            p.m, p.n, p.k, p.l, p.alpha, p.beta);
+        return;
+    }
+    println!("  Problem: {}x{}x{} L={} alpha={} beta={} out={out}", p.m, p.n, p.k, p.l, p.alpha, p.beta);
+    println!("  Device: {device}, config: {config}");
+    match check {
+        Some((c, n)) => println!("  Disposition: {} ({n} elements checked against the exact reference: {c})", if c.passed() { "Passed" } else { "Failed" }),
+        None => println!("  Disposition: computed by the CPU reference (nothing to verify)"),
+    }
+    println!("  Avg runtime: {ms:.4} ms");
+    println!("  TFLOP/s: {tflops:.3}");
+    println!("  GB/s: {gbps:.2}");
+}
+
+impl Cli {
+    fn out_type(&self) -> OutType {
+        match self.out {
+            OutArg::F16 => OutType::F16,
+            OutArg::Bf16 => OutType::Bf16,
+            OutArg::F32 => OutType::F32,
+        }
+    }
+}
+
+fn generate<T: OutputElement>(cli: &Cli) -> Result<Inputs<T>, Exit> {
+    let (m, n, k, l) = (cli.m, cli.n, cli.k, cli.l);
+    if k % 32 != 0 {
+        return Err(bad(format!("K = {k}: must be a multiple of 32 (rows of packed A and B are whole 16-byte units)")));
+    }
+    let (a, b) = match cli.data {
+        DataArg::Contest => (Nvfp4Matrix::random_contest(m, k, l, cli.seed)?, Nvfp4Matrix::random_contest(n, k, l, cli.seed + 1)?),
+        DataArg::Realistic => {
+            let gauss = |rows: usize, seed: u64| {
+                let mut rng = SplitMix64::new(seed);
+                let x: Vec<f32> = (0..l * rows * k).map(|_| rng.normal() as f32).collect();
+                Nvfp4Matrix::quantize_f32(&x, rows, k, l)
+            };
+            (gauss(m, cli.seed)?, gauss(n, cli.seed + 1)?)
+        }
+    };
+    let c = (cli.beta != 0.0).then(|| {
+        let mut rng = SplitMix64::new(cli.seed + 2);
+        (0..l * m * n).map(|_| T::from_f64(rng.below(17) as f64 - 8.0)).collect()
+    });
+    Ok(Inputs { a, b, c, generated: true })
+}
+
+fn load<T: OutputElement + safetensors_dtype::HasDtype>(path: &PathBuf, beta: f32) -> Result<Inputs<T>, Exit> {
+    let bytes = std::fs::read(path).map_err(|e| bad(format!("{}: cannot read: {e}", path.display())))?;
+    let st = SafeTensors::deserialize(&bytes).map_err(|e| bad(format!("{}: not a safetensors file: {e}", path.display())))?;
+    let get = |name: &str| st.tensor(name).map_err(|_| bad(format!("{}: no tensor `{name}`", path.display())));
+    let (a, b) = (get("a")?, get("b")?);
+    let (la, ma, ka) = fp4_shape("a", &a)?;
+    let (lb, nb, kb) = fp4_shape("b", &b)?;
+    if (la, ka) != (lb, kb) {
+        return Err(bad(format!("a is [L={la}, M={ma}, K={ka}] and b is [L={lb}, N={nb}, K={kb}]: L and K must agree")));
+    }
+    if ka % 16 != 0 {
+        return Err(bad(format!("K = {ka}: must be a multiple of 16 (one scale per 16 values)")));
+    }
+    let sfa = scales("sfa", &get("sfa")?, ma, ka, la)?;
+    let sfb = scales("sfb", &get("sfb")?, nb, ka, la)?;
+    let am = Nvfp4Matrix::from_parts(ma, ka, la, a.data().to_vec(), sfa, None)?;
+    let bm = Nvfp4Matrix::from_parts(nb, ka, la, b.data().to_vec(), sfb, None)?;
+    let c = match st.tensor("c") {
+        Ok(c) => {
+            let want: Vec<usize> = if la == 1 && c.shape().len() == 2 { vec![ma, nb] } else { vec![la, ma, nb] };
+            if c.dtype() != T::DTYPE || c.shape() != want.as_slice() {
+                return Err(bad(format!("c: {:?} {:?}, expected {:?} {:?} (D's dtype and shape)", c.dtype(), c.shape(), T::DTYPE, want)));
+            }
+            Some(T::decode(c.data()))
+        }
+        Err(_) if beta != 0.0 => return Err(bad(format!("beta = {beta} but {} has no tensor `c`", path.display()))),
+        Err(_) => None,
+    };
+    Ok(Inputs { a: am, b: bm, c, generated: false })
+}
+
+/// (L, rows, K) of a packed operand.
+fn fp4_shape(name: &str, t: &safetensors::tensor::TensorView<'_>) -> Result<(usize, usize, usize), Exit> {
+    let per_byte = match t.dtype() {
+        Dtype::U8 => 2,
+        Dtype::F4 => 1,
+        other => return Err(bad(format!("{name}: dtype {other:?}, expected U8 (packed e2m1 pairs) or F4"))),
+    };
+    let s = t.shape();
+    let (l, rows, last) = match s {
+        [r, c] => (1, *r, *c),
+        [l, r, c] => (*l, *r, *c),
+        _ => return Err(bad(format!("{name}: shape {s:?}, expected [rows, K/2] or [L, rows, K/2] (U8), [rows, K] or [L, rows, K] (F4)"))),
+    };
+    if l == 0 || rows == 0 || last == 0 {
+        return Err(bad(format!("{name}: shape {s:?} has an empty dimension")));
+    }
+    Ok((l, rows, last * per_byte))
+}
+
+/// Tiled scale bytes of an operand with `rows` x `k`, batch `l`, from a flat or 6-D tensor.
+fn scales(name: &str, t: &safetensors::tensor::TensorView<'_>, rows: usize, k: usize, l: usize) -> Result<Vec<u8>, Exit> {
+    if !matches!(t.dtype(), Dtype::U8 | Dtype::F8_E4M3) {
+        return Err(bad(format!("{name}: dtype {:?}, expected F8_E4M3 or U8", t.dtype())));
+    }
+    let (rest, rest_k) = (padded_rows(rows) / 128, padded_sf_cols(sf_cols(k)) / 4);
+    let want = sf_bytes(rows, k, l);
+    let s = t.shape();
+    let ok = match s {
+        [x] => *x == want,
+        [32, 4, r, 4, rk, ll] | [ll, r, rk, 32, 4, 4] => (*r, *rk, *ll) == (rest, rest_k, l),
+        _ => false,
+    };
+    if !ok {
+        return Err(bad(format!("{name}: shape {s:?}, expected [{want}] or (32, 4, {rest}, 4, {rest_k}, {l}) or ({l}, {rest}, {rest_k}, 32, 4, 4) for {rows} rows, K = {k}, L = {l}")));
+    }
+    Ok(t.data().to_vec())
+}
+
+fn save<T: OutputElement + safetensors_dtype::HasDtype>(cli: &Cli, inputs: &Inputs<T>, p: &Problem, d: &[T]) -> Result<(), Exit> {
+    let Some(path) = &cli.save else { return Ok(()) };
+    let shape = |rows: usize, cols: usize| if p.l == 1 { vec![rows, cols] } else { vec![p.l, rows, cols] };
+    let mut tensors: Vec<(String, Dtype, Vec<usize>, Vec<u8>)> = vec![("d".into(), T::DTYPE, shape(p.m, p.n), T::encode(d))];
+    if inputs.generated {
+        let (a, b) = (&inputs.a, &inputs.b);
+        tensors.push(("a".into(), Dtype::U8, shape(p.m, p.k / 2), a.data().to_vec()));
+        tensors.push(("b".into(), Dtype::U8, shape(p.n, p.k / 2), b.data().to_vec()));
+        tensors.push(("sfa".into(), Dtype::F8_E4M3, vec![a.scales().len()], a.scales().to_vec()));
+        tensors.push(("sfb".into(), Dtype::F8_E4M3, vec![b.scales().len()], b.scales().to_vec()));
+        if let Some(c) = &inputs.c {
+            tensors.push(("c".into(), T::DTYPE, shape(p.m, p.n), T::encode(c)));
+        }
+    }
+    let views: Vec<(String, safetensors::tensor::TensorView<'_>)> = tensors.iter()
+        .map(|(n, dt, s, bytes)| (n.clone(), safetensors::tensor::TensorView::new(*dt, s.clone(), bytes).expect("consistent tensor")))
+        .collect();
+    let bytes = safetensors::serialize(views, None).map_err(|e| bad(format!("{}: cannot serialize: {e}", path.display())))?;
+    std::fs::write(path, bytes).map_err(|e| bad(format!("{}: cannot write: {e}", path.display())))
+}
+
+/// safetensors dtypes and little-endian bytes of the output types.
+mod safetensors_dtype {
+    use super::*;
+
+    pub trait HasDtype: Sized {
+        const DTYPE: Dtype;
+        fn encode(v: &[Self]) -> Vec<u8>;
+        fn decode(b: &[u8]) -> Vec<Self>;
+    }
+
+    macro_rules! has_dtype {
+        ($t:ty, $d:expr, $n:expr, $to:expr, $from:expr) => {
+            impl HasDtype for $t {
+                const DTYPE: Dtype = $d;
+                fn encode(v: &[Self]) -> Vec<u8> {
+                    v.iter().flat_map(|x| $to(*x)).collect()
+                }
+                fn decode(b: &[u8]) -> Vec<Self> {
+                    b.chunks_exact($n).map(|c| $from(c.try_into().unwrap())).collect()
+                }
+            }
+        };
+    }
+    has_dtype!(f16, Dtype::F16, 2, |x: f16| x.to_le_bytes(), f16::from_le_bytes);
+    has_dtype!(bf16, Dtype::BF16, 2, |x: bf16| x.to_le_bytes(), bf16::from_le_bytes);
+    has_dtype!(f32, Dtype::F32, 4, |x: f32| x.to_le_bytes(), f32::from_le_bytes);
+}

@@ -1,0 +1,206 @@
+//! The example binary as users run it: options, safetensors in and out, every error exit, and
+#![allow(clippy::too_many_arguments, clippy::type_complexity)]
+//! `--device cpu` against answers computed here from the file bytes, independently of the crate.
+use safetensors::tensor::TensorView;
+use safetensors::{Dtype, SafeTensors};
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+fn exe() -> PathBuf {
+    // target/<profile>/deps/example_cli-<hash> -> target/<profile>/examples/nvfp4_gemm
+    static BUILT: std::sync::Once = std::sync::Once::new();
+    let deps = std::env::current_exe().unwrap().parent().unwrap().to_path_buf();
+    let path = deps.parent().unwrap().join("examples").join("nvfp4_gemm");
+    BUILT.call_once(|| {
+        // `cargo test` builds examples; `cargo test --test example_cli` alone does not.
+        if !path.exists() {
+            let st = Command::new(env!("CARGO")).args(["build", "--example", "nvfp4_gemm"]).current_dir(env!("CARGO_MANIFEST_DIR")).status().unwrap();
+            assert!(st.success(), "building the example failed");
+        }
+    });
+    path
+}
+
+fn run(args: &[&str]) -> Output {
+    Command::new(exe()).args(args).output().expect("run the example (cargo test builds it)")
+}
+
+fn code(o: &Output) -> i32 {
+    o.status.code().unwrap_or(-1)
+}
+
+fn stderr_one_line(o: &Output) -> String {
+    let e = String::from_utf8_lossy(&o.stderr).to_string();
+    assert_eq!(e.trim_end().lines().count(), 1, "expected one line on stderr, got {e:?}");
+    e
+}
+
+fn tmp(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("bsg-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir.join(name)
+}
+
+fn write(path: &PathBuf, tensors: &[(&str, Dtype, Vec<usize>, Vec<u8>)]) {
+    let views: Vec<(String, TensorView<'_>)> = tensors.iter().map(|(n, d, s, b)| (n.to_string(), TensorView::new(*d, s.clone(), b).unwrap())).collect();
+    std::fs::write(path, safetensors::serialize(views, None).unwrap()).unwrap();
+}
+
+/// e2m1 and e4m3 decoded by table and bit formula, and the SPEC.md §3 offset, written out here.
+fn e2m1(c: u8) -> f64 {
+    [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0][(c & 7) as usize] * if c & 8 != 0 { -1.0 } else { 1.0 }
+}
+fn e4m3(b: u8) -> f64 {
+    let (e, m) = ((b >> 3) & 15, (b & 7) as f64);
+    if e == 0 { m * 2f64.powi(-9) } else { (1.0 + m / 8.0) * 2f64.powi(e as i32 - 7) }
+}
+fn sf_off(r: usize, s: usize, sp: usize) -> usize {
+    (r / 128) * (sp / 4) * 512 + (s / 4) * 512 + (r % 32) * 16 + ((r % 128) / 32) * 4 + (s % 4)
+}
+
+/// D from the bytes of a file, in f64: alpha * sum a*sfa*b*sfb + beta * c.
+fn independent(st: &SafeTensors, m: usize, n: usize, k: usize, l: usize, alpha: f64, beta: f64) -> Vec<f64> {
+    let (a, b) = (st.tensor("a").unwrap(), st.tensor("b").unwrap());
+    let (sfa, sfb) = (st.tensor("sfa").unwrap(), st.tensor("sfb").unwrap());
+    let c = st.tensor("c").ok().map(|c| c.data().chunks_exact(2).map(|x| half::f16::from_le_bytes([x[0], x[1]]).to_f64()).collect::<Vec<_>>());
+    let sp = (k / 16).div_ceil(4) * 4;
+    let (pa, pb) = (m.div_ceil(128) * 128 * sp, n.div_ceil(128) * 128 * sp);
+    let val = |data: &[u8], sf: &[u8], per: usize, rows: usize, li: usize, r: usize, kk: usize| {
+        let byte = data[((li * rows + r) * k + kk) / 2];
+        e2m1(if kk.is_multiple_of(2) { byte & 15 } else { byte >> 4 }) * e4m3(sf[li * per + sf_off(r, kk / 16, sp)])
+    };
+    let mut d = vec![0.0; l * m * n];
+    for li in 0..l {
+        for i in 0..m {
+            for j in 0..n {
+                let s: f64 = (0..k).map(|kk| val(a.data(), sfa.data(), pa, m, li, i, kk) * val(b.data(), sfb.data(), pb, n, li, j, kk)).sum();
+                let cv = c.as_ref().map_or(0.0, |c| c[(li * m + i) * n + j]);
+                d[(li * m + i) * n + j] = alpha * s + if beta != 0.0 { beta * cv } else { 0.0 };
+            }
+        }
+    }
+    d
+}
+
+fn f16s(t: &TensorView<'_>) -> Vec<f64> {
+    t.data().chunks_exact(2).map(|x| half::f16::from_le_bytes([x[0], x[1]]).to_f64()).collect()
+}
+
+#[test]
+fn options_parse_and_bad_values_exit_2() {
+    let o = run(&["--help"]);
+    assert_eq!(code(&o), 0);
+    assert!(String::from_utf8_lossy(&o.stdout).contains("--device"));
+    for args in [&["--bogus"][..], &["--out", "f64"], &["--m", "x"], &["--device", "tpu"], &["--config", "nope", "--device", "cpu"], &["--k", "48", "--device", "cpu"], &["--input", "/nonexistent.safetensors", "--device", "cpu"]] {
+        let o = run(args);
+        assert_eq!(code(&o), 2, "{args:?}: {}", String::from_utf8_lossy(&o.stderr));
+        let e = stderr_one_line(&o);
+        assert!(!e.contains("panicked"), "{args:?}: {e}");
+    }
+    assert!(String::from_utf8_lossy(&run(&["--k", "48", "--device", "cpu"]).stderr).contains("K = 48: must be a multiple of 32"));
+}
+
+#[test]
+fn no_gpu_exits_3_naming_the_hardware() {
+    if blockscaled_gemm::BlockScaledGemm::driver_present() {
+        println!("SKIPPED no_gpu_exits_3_naming_the_hardware: this machine has an NVIDIA driver");
+        return;
+    }
+    let o = run(&["--m", "128", "--n", "128", "--k", "64"]);
+    assert_eq!(code(&o), 3);
+    assert!(stderr_one_line(&o).contains("compute capability"));
+}
+
+#[test]
+fn generated_round_trip_matches_independent_math() {
+    // L = 2, alpha != 1, beta with a generated C, M and N not multiples of 128.
+    let (m, n, k, l) = (130, 72, 96, 2);
+    let f1 = tmp("gen.safetensors");
+    let o = run(&["--device", "cpu", "--m", &m.to_string(), "--n", &n.to_string(), "--k", &k.to_string(), "--l", "2", "--alpha", "0.75", "--beta", "-1.5", "--seed", "9", "--save", f1.to_str().unwrap(), "--json"]);
+    assert_eq!(code(&o), 0, "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(String::from_utf8_lossy(&o.stdout).starts_with("{\"m\":130,"));
+    let bytes = std::fs::read(&f1).unwrap();
+    let st = SafeTensors::deserialize(&bytes).unwrap();
+    assert_eq!(st.tensor("a").unwrap().shape(), &[l, m, k / 2]);
+    assert_eq!(st.tensor("d").unwrap().shape(), &[l, m, n]);
+    let want = independent(&st, m, n, k, l, 0.75, -1.5);
+    let got = f16s(&st.tensor("d").unwrap());
+    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+        assert_eq!(*g, half::f16::from_f64(*w).to_f64(), "element {i}: got {g}, exact {w}");
+    }
+    // Reading the file back reproduces d.
+    let f2 = tmp("again.safetensors");
+    let o = run(&["--device", "cpu", "--input", f1.to_str().unwrap(), "--alpha", "0.75", "--beta", "-1.5", "--save", f2.to_str().unwrap()]);
+    assert_eq!(code(&o), 0, "{}", String::from_utf8_lossy(&o.stderr));
+    let bytes2 = std::fs::read(&f2).unwrap();
+    let st2 = SafeTensors::deserialize(&bytes2).unwrap();
+    assert_eq!(st2.tensor("d").unwrap().data(), st.tensor("d").unwrap().data());
+    assert!(st2.tensor("a").is_err(), "inputs are saved only when generated");
+}
+
+#[test]
+fn hand_made_file_with_a_worked_answer() {
+    // M = 2, N = 1, K = 32. Row 0 of A: 1.0 everywhere (code 2), scales 2 and 0.5. Row 1: -6
+    // (code 15) in element 0 only, scale 448. B: 0.5 everywhere (code 1), scales 1 and 4.
+    // D[0] = 16*1*2*0.5*1 + 16*1*0.5*0.5*4 = 16 + 16 = 32; D[1] = -6*448*0.5*1 = -1344.
+    let (m, n, k) = (2usize, 1usize, 32usize);
+    let mut a = vec![0x22u8; 16];
+    a.extend(std::iter::once(0x0Fu8).chain(std::iter::repeat_n(0, 15)));
+    let b = vec![0x11u8; 16];
+    let mut sfa = vec![0u8; 512];
+    let mut sfb = vec![0u8; 512];
+    sfa[sf_off(0, 0, 4)] = 0x40; // 2.0
+    sfa[sf_off(0, 1, 4)] = 0x30; // 0.5
+    sfa[sf_off(1, 0, 4)] = 0x7E; // 448
+    sfb[sf_off(0, 0, 4)] = 0x38; // 1.0
+    sfb[sf_off(0, 1, 4)] = 0x48; // 4.0
+    let f = tmp("hand.safetensors");
+    write(&f, &[("a", Dtype::U8, vec![m, k / 2], a), ("b", Dtype::U8, vec![n, k / 2], b), ("sfa", Dtype::F8_E4M3, vec![512], sfa), ("sfb", Dtype::U8, vec![32, 4, 1, 4, 1, 1], sfb)]);
+    let out = tmp("hand-d.safetensors");
+    let o = run(&["--device", "cpu", "--input", f.to_str().unwrap(), "--out", "f32", "--save", out.to_str().unwrap()]);
+    assert_eq!(code(&o), 0, "{}", String::from_utf8_lossy(&o.stderr));
+    let bytes = std::fs::read(&out).unwrap();
+    let st = SafeTensors::deserialize(&bytes).unwrap();
+    let d = st.tensor("d").unwrap();
+    assert_eq!(d.dtype(), Dtype::F32);
+    assert_eq!(d.shape(), &[2, 1]);
+    let v: Vec<f32> = d.data().chunks_exact(4).map(|x| f32::from_le_bytes(x.try_into().unwrap())).collect();
+    assert_eq!(v, vec![32.0, -1344.0]);
+}
+
+#[test]
+fn bad_files_exit_2_with_one_line() {
+    let k = 64;
+    let good = |name: &str| -> (&'static str, Dtype, Vec<usize>, Vec<u8>) {
+        match name {
+            "a" => ("a", Dtype::U8, vec![4, k / 2], vec![0x22; 4 * k / 2]),
+            "b" => ("b", Dtype::U8, vec![8, k / 2], vec![0x11; 8 * k / 2]),
+            "sfa" => ("sfa", Dtype::U8, vec![512], vec![0x38; 512]),
+            _ => ("sfb", Dtype::U8, vec![512], vec![0x38; 512]),
+        }
+    };
+    let cases: Vec<(&str, Vec<(&str, Dtype, Vec<usize>, Vec<u8>)>, &str)> = vec![
+        ("missing sfb", vec![good("a"), good("b"), good("sfa")], "no tensor `sfb`"),
+        ("wrong dtype", vec![("a", Dtype::F32, vec![4, k / 8], vec![0; 4 * k / 2]), good("b"), good("sfa"), good("sfb")], "a: dtype F32"),
+        ("wrong rank", vec![("a", Dtype::U8, vec![4 * k / 2], vec![0; 4 * k / 2]), good("b"), good("sfa"), good("sfb")], "a: shape"),
+        ("K disagrees", vec![good("a"), ("b", Dtype::U8, vec![8, k], vec![0; 8 * k]), good("sfa"), good("sfb")], "L and K must agree"),
+        ("scale size", vec![good("a"), good("b"), ("sfa", Dtype::U8, vec![511], vec![0; 511]), good("sfb")], "sfa: shape [511]"),
+        ("K not /32", vec![("a", Dtype::U8, vec![4, 24], vec![0; 96]), ("b", Dtype::U8, vec![8, 24], vec![0; 192]), good("sfa"), good("sfb")], "K = 48"),
+        ("c shape", vec![good("a"), good("b"), good("sfa"), good("sfb"), ("c", Dtype::F16, vec![4, 4], vec![0; 32])], "c: F16 [4, 4]"),
+        ("negative scale", vec![good("a"), good("b"), ("sfa", Dtype::U8, vec![512], vec![0x80; 512]), good("sfb")], "sign bit"),
+    ];
+    for (what, tensors, msg) in cases {
+        let f = tmp(&format!("bad-{}.safetensors", what.replace([' ', '/'], "-")));
+        write(&f, &tensors);
+        let beta = if tensors.iter().any(|t| t.0 == "c") { "1" } else { "0" };
+        let o = run(&["--device", "cpu", "--input", f.to_str().unwrap(), "--beta", beta]);
+        assert_eq!(code(&o), 2, "{what}: {}", String::from_utf8_lossy(&o.stderr));
+        let e = stderr_one_line(&o);
+        assert!(e.contains(msg), "{what}: {e}");
+    }
+    let junk = tmp("junk.safetensors");
+    std::fs::write(&junk, b"not a safetensors file").unwrap();
+    let o = run(&["--device", "cpu", "--input", junk.to_str().unwrap()]);
+    assert_eq!(code(&o), 2);
+    assert!(stderr_one_line(&o).contains("not a safetensors file"));
+}
