@@ -1,6 +1,6 @@
 //! The example binary as users run it: options, safetensors in and out, every error exit, and
-#![allow(clippy::too_many_arguments, clippy::type_complexity)]
 //! `--device cpu` against answers computed here from the file bytes, independently of the crate.
+#![allow(clippy::too_many_arguments, clippy::type_complexity)]
 use safetensors::tensor::TensorView;
 use safetensors::{Dtype, SafeTensors};
 use std::path::PathBuf;

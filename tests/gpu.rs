@@ -1,6 +1,6 @@
 //! GPU integration tests, with their own harness (`harness = false`) so that a test without a
-#![allow(clippy::too_many_arguments, clippy::type_complexity)]
 //! suitable device is counted as skipped, with its reason, never as passed.
+#![allow(clippy::too_many_arguments, clippy::type_complexity)]
 use blockscaled_gemm::compare::compare;
 use blockscaled_gemm::{reference_gemm, BlockScaledGemm, Config, Error, Nvfp4Matrix, Nvfp4Operand, OutType, OutputElement, Problem};
 use cudarc::driver::CudaContext;
