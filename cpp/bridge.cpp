@@ -39,7 +39,8 @@ const KernelEntry* find(uint32_t config, uint32_t out) {
 KernelArgs convert(const LaunchArgs& a) {
   auto ptr = [](uint64_t p) { return reinterpret_cast<void*>(static_cast<uintptr_t>(p)); };
   return KernelArgs{a.m, a.n, a.k, a.l, ptr(a.a), ptr(a.sfa), ptr(a.b), ptr(a.sfb), ptr(a.c), ptr(a.d),
-                    a.alpha, a.beta, ptr(a.workspace), a.workspace_bytes, ptr(a.stream), a.device_id, a.sm_count};
+                    a.alpha, a.beta, ptr(a.workspace), a.workspace_bytes, ptr(a.stream), a.device_id, a.sm_count,
+                    a.split_k};
 }
 
 }  // namespace

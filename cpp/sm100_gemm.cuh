@@ -93,6 +93,7 @@ struct Gemm {
   }
 
   static bool can_implement(const KernelArgs& p) {
+    if (p.split_k != 1) return false;  // CUTLASS's own schedulers; no split-K here
     return Adapter::can_implement(arguments(p)) == cutlass::Status::kSuccess;
   }
 

@@ -11,7 +11,8 @@ pub struct ConfigInfo {
     pub index: u32,
     /// The name in the table, also the Rust variant name.
     pub name: &'static str,
-    /// GPU architecture: 100 is SM100 (B200/GB200, compute capability 10.0, `sm_100a`).
+    /// GPU architecture: 100 is SM100 (B200/GB200, compute capability 10.0, `sm_100a`), 90 is
+    /// SM90 (H100/H200, 9.0, `sm_90a`).
     pub arch: u32,
     /// SMs per MMA: 1, or 2 for the 2-SM UMMA.
     pub sms: u32,
@@ -44,6 +45,7 @@ impl Config {
     pub const fn compute_capability(self) -> (i32, i32) {
         match self.info().arch {
             100 => (10, 0),
+            90 => (9, 0),
             _ => (0, 0),
         }
     }
@@ -52,6 +54,7 @@ impl Config {
     pub const fn arch_label(self) -> &'static str {
         match self.info().arch {
             100 => "10.0 (sm_100a)",
+            90 => "9.0 (sm_90a)",
             _ => "unknown",
         }
     }
@@ -83,6 +86,24 @@ const SM100_SHAPES: &[((usize, usize, usize), Config)] = &[
     ((512, 1536, 7168), Config::Sm100_1Sm_128x64x256),
 ];
 
+/// K ranges the SM90 kernel splits `p` into (1 elsewhere): enough to give every resident CTA
+/// slot (`sm_count` x CTAs per SM) work when the output has few tiles, keeping at least 4
+/// k-tiles of 64 per range, at most 16 ranges.
+pub fn split_k(config: Config, p: &Problem, sm_count: usize) -> u32 {
+    let i = config.info();
+    if i.arch != 90 {
+        return 1;
+    }
+    let tiles = p.m.div_ceil(i.tile[0] as usize) * p.n.div_ceil(i.tile[1] as usize) * p.l;
+    let per_sm = if i.tile[1] >= 256 { 1 } else { 2 };
+    let slots = sm_count * per_sm;
+    if tiles * 2 >= slots {
+        return 1;
+    }
+    let k_tiles = p.k.div_ceil(i.tile[2] as usize);
+    (slots / tiles).min(k_tiles / 4).clamp(1, 16) as u32
+}
+
 /// Picks a configuration of architecture `arch` for `p`, among those `available` says are
 /// built: the explicit entry of the shape table if it has one, else the largest tile that still
 /// gives every SM a tile (`sm_count`), else the config that occupies the most SMs (ties: the
@@ -92,6 +113,17 @@ pub fn select(arch: u32, p: &Problem, sm_count: usize, available: impl Fn(Config
     if arch == 100 {
         if let Some((_, c)) = SM100_SHAPES.iter().find(|(s, c)| *s == (p.m, p.n, p.k) && candidates.contains(c)) {
             return Some(*c);
+        }
+    }
+    if arch == 90 {
+        // Split-K fills the GPU for small outputs, so the choice is about tile efficiency: the
+        // 128x256 tile (one CTA per SM) once it alone fills the SMs, else 128x128.
+        let wide = Config::Sm90_128x256x64;
+        if candidates.contains(&wide) && wide.sms_used(p) >= sm_count {
+            return Some(wide);
+        }
+        if candidates.contains(&Config::Sm90_128x128x64) {
+            return Some(Config::Sm90_128x128x64);
         }
     }
     let area = |c: &Config| c.info().tile[0] as usize * c.info().tile[1] as usize;
@@ -121,9 +153,25 @@ mod tests {
             } else {
                 assert_eq!(info.tile[0], 128);
             }
-            assert_eq!(info.tile[2], 256, "{c}: the SM100 NVFP4 MMA K tile is 256");
+            let k_tile = if info.arch == 100 { 256 } else { 64 };
+            assert_eq!(info.tile[2], k_tile, "{c}: K tile");
         }
         assert_eq!(Config::from_name("nope"), None);
+    }
+
+    #[test]
+    fn split_k_fills_the_gpu_only_when_needed() {
+        let c = Config::Sm90_128x128x64;
+        assert_eq!(split_k(c, &Problem::new(128, 7168, 16384), 132), 4); // 56 tiles, 264 slots
+        assert_eq!(split_k(c, &Problem::new(128, 4096, 7168), 132), 8); // 32 tiles
+        assert_eq!(split_k(c, &Problem::new(128, 7168, 2048), 132), 4);
+        assert_eq!(split_k(c, &Problem::new(128, 256, 256), 132), 1); // only 4 k-tiles
+        assert_eq!(split_k(c, &Problem::new(2048, 2048, 2048), 132), 1); // 256 tiles
+        assert_eq!(split_k(Config::Sm100_1Sm_128x64x256, &Problem::new(128, 4096, 7168), 148), 1);
+        for &(m, n, k) in &[(1, 8, 32), (128, 8, 64 * 200), (4096, 8, 32)] {
+            let s = split_k(c, &Problem::new(m, n, k), 132) as usize;
+            assert!(s >= 1 && s <= k.div_ceil(64), "{m}x{n}x{k}: {s}");
+        }
     }
 
     #[test]
@@ -138,7 +186,9 @@ mod tests {
         // Only what is built is chosen; another architecture has none.
         let no_narrow = |c| c != Config::Sm100_1Sm_128x64x256;
         assert_ne!(select(100, &Problem::new(128, 7168, 16384), 148, no_narrow), Some(Config::Sm100_1Sm_128x64x256));
-        assert_eq!(select(90, &Problem::new(128, 128, 128), 132, all), None);
+        assert_eq!(select(90, &Problem::new(128, 7168, 16384), 132, all), Some(Config::Sm90_128x128x64));
+        assert_eq!(select(90, &Problem::new(8192, 8192, 8192), 132, all), Some(Config::Sm90_128x256x64));
+        assert_eq!(select(80, &Problem::new(128, 128, 128), 132, all), None);
         assert_eq!(select(100, &Problem::new(128, 128, 128), 148, |_| false), None);
     }
 }

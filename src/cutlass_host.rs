@@ -27,6 +27,7 @@ fn args(p: &Problem) -> bridge::LaunchArgs {
         stream: 0,
         device_id: 0,
         sm_count: 1,
+        split_k: 1,
     }
 }
 

@@ -23,6 +23,7 @@ pub(crate) mod bridge {
         stream: u64,
         device_id: i32,
         sm_count: i32,
+        split_k: i32,
     }
 
     /// `cutlass::Status` (-1: kernel not in this build) and `cudaError_t` as integers.

@@ -28,6 +28,9 @@ impl<'a, V, S> Nvfp4Operand<'a, V, S> {
     }
 }
 
+/// The GPUs this crate's kernels run on, for messages.
+pub const SUPPORTED: &str = "compute capability 10.0 (B200, GB200: sm_100a) and 9.0 (H100, H200: sm_90a)";
+
 /// The facts of a device that choose and check a kernel.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct DeviceFacts {
@@ -84,7 +87,7 @@ pub fn plan(p: &Problem, out: OutType, lens: &BufferLens, device: &DeviceFacts, 
             c
         }
         None => {
-            let unsupported = || Error::UnsupportedDevice { ordinal: device.ordinal, major, minor, supported: "compute capability 10.0 (B200, GB200: sm_100a)" };
+            let unsupported = || Error::UnsupportedDevice { ordinal: device.ordinal, major, minor, supported: SUPPORTED };
             let arch = device.arch().ok_or_else(unsupported)?;
             config::select(arch, p, device.sm_count, |c| built(c, out)).ok_or_else(unsupported)?
         }
@@ -126,6 +129,7 @@ pub struct BlockScaledGemm {
     stream: Arc<CudaStream>,
     device: DeviceFacts,
     workspace: Mutex<Option<CudaSlice<u8>>>,
+    split_k: Option<u32>,
 }
 
 impl BlockScaledGemm {
@@ -135,7 +139,15 @@ impl BlockScaledGemm {
         let cc = ctx.compute_capability()?;
         let sm_count = ctx.attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?;
         let device = DeviceFacts { ordinal: ctx.ordinal(), compute_capability: cc, sm_count: sm_count.max(1) as usize };
-        Ok(BlockScaledGemm { stream, device, workspace: Mutex::new(None) })
+        Ok(BlockScaledGemm { stream, device, workspace: Mutex::new(None), split_k: None })
+    }
+
+    /// Forces the number of K ranges of the SM90 kernels (`None`: the heuristic of
+    /// [`crate::config_split_k`]). Values above the problem's k-tiles (K / 64) are refused by
+    /// [`Self::gemm`]; SM100 configs ignore it (CUTLASS schedules them).
+    pub fn with_split_k(mut self, split_k: Option<u32>) -> Self {
+        self.split_k = split_k;
+        self
     }
 
     /// Whether libcuda can be loaded here; check before any other call on a machine that may
@@ -179,6 +191,18 @@ impl BlockScaledGemm {
         TV: PackedFp4, TS: ScaleByte, TO: OutputElement,
     {
         self.run(p, a, b, Some(c), d, config)
+    }
+
+    fn split_k_for(&self, config: Config, p: &Problem) -> Result<u32> {
+        if config.info().arch != 90 {
+            return Ok(1);
+        }
+        let k_tiles = p.k.div_ceil(config.info().tile[2] as usize);
+        match self.split_k {
+            None => Ok(config::split_k(config, p, self.device.sm_count)),
+            Some(s) if s >= 1 && s as usize <= k_tiles && s <= 65535 => Ok(s),
+            Some(s) => Err(Error::InvalidData { what: "split_k", detail: format!("{s}: must be in 1..={} (K / 64 rounded up, at most 65535)", k_tiles.min(65535)) }),
+        }
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -226,6 +250,7 @@ impl BlockScaledGemm {
             workspace: 0, workspace_bytes: 0,
             stream: stream.cu_stream() as u64,
             device_id: ordinal as i32, sm_count: self.device.sm_count as i32,
+            split_k: self.split_k_for(config, p)? as i32,
         };
         let (index, out_index) = (config.info().index, out.index());
         if !bridge::can_implement(index, out_index, &args) {

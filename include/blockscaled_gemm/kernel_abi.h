@@ -21,6 +21,7 @@ struct KernelArgs {
   void* stream;     // cudaStream_t / CUstream
   int32_t device_id;
   int32_t sm_count;
+  int32_t split_k;  // K ranges reduced in the workspace (SM90 kernels; 1 for CUTLASS SM100)
 };
 
 // CUTLASS status (cutlass::Status as int) and CUDA runtime error (cudaError_t as int).

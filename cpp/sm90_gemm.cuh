@@ -1,0 +1,418 @@
+// Exact NVFP4 x NVFP4 GEMM for Hopper (SM90), which has no FP4 tensor cores.
+//
+// Why a collective of our own: CUTLASS 4.2's SM90 mixed-input mainloop takes one narrow operand
+// only and needs group_size % TileK == 0 with TileK >= 64, so NVFP4's 16-element scale groups on
+// both operands are out of its reach (SPEC.md §7).
+//
+// Exactness: a * sf (e2m1 x ue4m3) has at most 6 significant bits and lies in [2^-10, 2688], so it
+// is exact in FP16; FP16 x FP16 products are exact in the FP32 accumulator. Each CTA brings packed
+// FP4 tiles and their scales into shared memory with cp.async (a ring of kRawStages), decodes them
+// on chip into FP16 tiles in the GMMA 128B-swizzled layout, and two warpgroups run wgmma
+// (CuTe's SM90 GMMA atoms) on them: the operands are never written out dequantized.
+//
+// Decode: the e2m1 nibble s|e1 e0 m, re-placed as the e4m3 byte s<<7 | (e1 e0 m)<<2, is exactly
+// value * 2^-6 (subnormal codes too), so one cvt.rn.f16x2.e4m3x2 and one multiply by sf * 2^6
+// (at most 448 * 64 = 28672, an FP16 number) give a * sf.
+//
+// Split-K: K is cut into `split_k` ranges (grid.y); each CTA stores its FP32 partial tile in the
+// workspace, and the last CTA of a tile to arrive (per-tile counter) sums the partials in split
+// order, so results do not depend on which CTA finishes last, and writes D.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <atomic>
+#include <climits>
+#include <cstdint>
+
+#include "blockscaled_gemm/kernel_abi.h"
+#include "cute/arch/mma_sm90.hpp"
+#include "cute/atom/mma_atom.hpp"
+#include "cute/atom/mma_traits_sm90_gmma.hpp"
+#include "cute/tensor.hpp"
+#include "cutlass/arch/barrier.h"
+#include "cutlass/cutlass.h"
+
+namespace bsg::sm90 {
+
+using namespace cute;
+
+constexpr int kBM = 128;         // rows of A per CTA: two warpgroups of 64
+constexpr int kBK = 64;          // K per stage: one 128-byte swizzle row of FP16, one scale tile column block
+constexpr int kThreads = 256;
+constexpr int kRawStages = 4;    // cp.async ring depth for packed FP4 and scales
+
+struct Params {
+  int32_t m, n, k, l, split_k;
+  const uint8_t* a;
+  const uint8_t* sfa;
+  const uint8_t* b;
+  const uint8_t* sfb;
+  const void* c;
+  void* d;
+  float alpha, beta;
+  uint32_t* counters;  // one per output tile, zero between launches
+  float* partials;     // [split][tile][acc / 4][thread] float4
+};
+
+template <int BN>
+struct Tile {
+  static_assert(BN == 64 || BN == 128 || BN == 256, "tile N");
+  static constexpr int kSfChunksB = (BN + 127) / 128;
+  // Raw stage: A rows x 32 bytes, B rows x 32 bytes, one 512-byte scale chunk for A, 1-2 for B.
+  static constexpr int kRawA = kBM * 32;
+  static constexpr int kRawB = BN * 32;
+  static constexpr int kRawBytes = kRawA + kRawB + 512 + 512 * kSfChunksB;
+  using SmemAtom = GMMA::Layout_K_SW128_Atom<half_t>;  // 8 x 64 halves, 128-byte swizzle
+  using SmemLayoutA = decltype(tile_to_shape(SmemAtom{}, make_shape(Int<kBM>{}, Int<kBK>{}, Int<2>{})));
+  using SmemLayoutB = decltype(tile_to_shape(SmemAtom{}, make_shape(Int<BN>{}, Int<kBK>{}, Int<2>{})));
+  using TiledMma = decltype(make_tiled_mma(
+      SM90::GMMA::ss_op_selector<half_t, half_t, float, Shape<_64, Int<BN>, _16>, GMMA::Major::K, GMMA::Major::K>(),
+      Layout<Shape<_2, _1, _1>>{}));
+  static constexpr int kDecA = kBM * kBK * 2 * 2;  // bytes, two buffers
+  static constexpr int kDecB = BN * kBK * 2 * 2;
+  static constexpr int kSmem = 1024 + kDecA + kDecB + kRawStages * kRawBytes;  // 1024: swizzle alignment
+  static constexpr int kAcc = kBM * BN / kThreads;  // accumulator floats per thread
+  static constexpr int kMinBlocks = BN == 256 ? 1 : 2;
+};
+
+__device__ __forceinline__ void cp_async16(uint32_t smem, const void* gmem, bool valid) {
+  // src-size 0 zero-fills the 16 bytes without reading global memory.
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem), "l"(gmem), "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+
+__device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t two_bytes) {
+  uint32_t out;
+  uint16_t in = static_cast<uint16_t>(two_bytes);
+  asm("cvt.rn.f16x2.e4m3x2 %0, %1;\n" : "=r"(out) : "h"(in));
+  return out;
+}
+
+__device__ __forceinline__ uint32_t hmul2(uint32_t a, uint32_t b) {
+  __half2 r = __hmul2(*reinterpret_cast<__half2*>(&a), *reinterpret_cast<__half2*>(&b));
+  return *reinterpret_cast<uint32_t*>(&r);
+}
+
+// 8 e2m1 values (one 32-bit word, element 2i in the low nibble of byte i) times a scale already
+// multiplied by 2^6, as 8 FP16 values in element order.
+__device__ __forceinline__ uint4 decode8(uint32_t w, uint32_t scale2) {
+  uint32_t even = ((w << 2) & 0x1C1C1C1Cu) | ((w << 4) & 0x80808080u);  // elements 0, 2, 4, 6
+  uint32_t odd = ((w >> 2) & 0x1C1C1C1Cu) | (w & 0x80808080u);         // elements 1, 3, 5, 7
+  uint32_t e0123 = __byte_perm(even, odd, 0x5140);
+  uint32_t e4567 = __byte_perm(even, odd, 0x7362);
+  uint4 r;
+  r.x = hmul2(e4m3x2_to_f16x2(e0123), scale2);
+  r.y = hmul2(e4m3x2_to_f16x2(e0123 >> 16), scale2);
+  r.z = hmul2(e4m3x2_to_f16x2(e4567), scale2);
+  r.w = hmul2(e4m3x2_to_f16x2(e4567 >> 16), scale2);
+  return r;
+}
+
+// SPEC.md §3 offset of (row, scale column) inside one 128-row x 4-column chunk.
+__host__ __device__ constexpr int sf_in_chunk(int row, int col) { return (row % 32) * 16 + ((row % 128) / 32) * 4 + col; }
+
+// SPEC.md §3 offset of scale (row, col) in one batch whose padded scale-column count is sp.
+__host__ __device__ constexpr int64_t sf_offset(int64_t row, int64_t col, int64_t sp) {
+  return (row / 128) * (sp / 4) * 512 + (col / 4) * 512 + sf_in_chunk(int(row % 128), int(col % 4));
+}
+
+template <class T>
+__device__ __forceinline__ float load_out(const T* p) {
+  if constexpr (std::is_same_v<T, float>) return *p;
+  else if constexpr (std::is_same_v<T, __half>) return __half2float(*p);
+  else return __bfloat162float(*p);
+}
+template <class T>
+__device__ __forceinline__ T to_out(float v) {
+  if constexpr (std::is_same_v<T, float>) return v;
+  else if constexpr (std::is_same_v<T, __half>) return __float2half_rn(v);
+  else return __float2bfloat16_rn(v);
+}
+
+// Byte offset of the 16-byte chunk `chunk` (8 halves, 0..7) of row `row` in a K-major FP16 tile of
+// 64-half rows with the GMMA 128-byte swizzle (8-row, 1024-byte atoms stacked along the rows):
+// the layout of GMMA::Layout_K_SW128_Atom tiled by tile_to_shape, on byte addresses.
+__device__ __forceinline__ uint32_t sw128_offset(int row, int chunk) {
+  return uint32_t((row >> 3) * 1024 + (row & 7) * 128 + ((chunk ^ (row & 7)) << 4));
+}
+
+// One operand's share of a stage for one thread: `kRows` rows of 32 packed bytes, two 16-byte
+// halves each; units u = tid + j * kThreads map to (row u / 2, half u % 2).
+template <int kRows>
+struct Operand {
+  static constexpr int kUnits = (kRows * 2 + kThreads - 1) / kThreads;
+  const uint8_t* row_ptr[kUnits];  // start of this thread's rows in global memory
+  bool row_ok[kUnits];
+  int sf_off[kUnits];              // offset of the row's scale pair inside its 512-byte chunks
+  uint32_t dec_off[kUnits][4];     // swizzled byte offsets of the 4 output chunks
+  bool active[kUnits];
+
+  __device__ void init(const uint8_t* base, int row0, int rows, int64_t row_bytes, int row_in_block0, int tid) {
+    CUTE_UNROLL
+    for (int j = 0; j < kUnits; ++j) {
+      const int u = tid + j * kThreads, r = u / 2, h = u % 2;
+      active[j] = u < kRows * 2;
+      row_ok[j] = active[j] && row0 + r < rows;
+      row_ptr[j] = base + (row_ok[j] ? (row0 + r) * row_bytes + h * 16 : 0);
+      const int in_block = row_in_block0 + r;  // row within the operand's 128-row scale chunks
+      sf_off[j] = (in_block / 128) * 512 + sf_in_chunk(in_block % 128, 2 * h);
+      CUTE_UNROLL
+      for (int c = 0; c < 4; ++c) dec_off[j][c] = sw128_offset(r, h * 4 + c);
+    }
+  }
+};
+
+template <int BN, class OutT>
+__global__ void __launch_bounds__(kThreads, Tile<BN>::kMinBlocks) gemm_kernel(const Params p) {
+  using T = Tile<BN>;
+  extern __shared__ uint8_t smem_raw[];
+  // 1024-byte alignment for the swizzle atoms, as pointer arithmetic on the __shared__ array so
+  // the compiler keeps shared-memory instructions.
+  const uint32_t pad = (1024u - (static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw)) & 1023u)) & 1023u;
+  uint8_t* smem = smem_raw + pad;
+  half_t* decA = reinterpret_cast<half_t*>(smem);
+  half_t* decB = reinterpret_cast<half_t*>(smem + T::kDecA);
+  uint8_t* raw = smem + T::kDecA + T::kDecB;
+  const int tid = threadIdx.x;
+
+  // Tile coordinates: M fastest, so CTAs that run together share a B (weight) tile in L2.
+  const int tiles_m = (p.m + kBM - 1) / kBM;
+  const int tiles_n = (p.n + BN - 1) / BN;
+  const int64_t tile = blockIdx.x;
+  const int tm = int(tile % tiles_m);
+  const int tn = int((tile / tiles_m) % tiles_n);
+  const int64_t batch = tile / (int64_t(tiles_m) * tiles_n);
+  const int m0 = tm * kBM, n0 = tn * BN;
+  const int split = blockIdx.y;
+  const int k_tiles = (p.k + kBK - 1) / kBK;
+  const int kt_begin = int(int64_t(k_tiles) * split / p.split_k);
+  const int kt_end = int(int64_t(k_tiles) * (split + 1) / p.split_k);
+  const int n_kt = kt_end - kt_begin;
+
+  const int64_t row_bytes = p.k / 2;
+  const int64_t sp = ((p.k / 16) + 3) / 4 * 4;
+  Operand<kBM> opA;
+  Operand<BN> opB;
+  opA.init(p.a + batch * p.m * row_bytes, m0, p.m, row_bytes, 0, tid);
+  opB.init(p.b + batch * p.n * row_bytes, n0, p.n, row_bytes, n0 % 128, tid);
+  // Scale chunks of this thread (16 bytes of a 512-byte chunk; A's chunk, then B's 1 or 2).
+  constexpr int kSfPieces = 32 * (1 + T::kSfChunksB);
+  const bool sf_active = tid < kSfPieces;
+  const uint8_t* sf_ptr = nullptr;
+  bool sf_ok = false;
+  if (sf_active) {
+    const int chunk = tid / 32, piece = tid % 32;
+    const bool is_a = chunk == 0;
+    const int64_t row_block = is_a ? m0 / 128 : n0 / 128 + (chunk - 1);
+    sf_ok = is_a || row_block * 128 < p.n;
+    const uint8_t* base = is_a ? p.sfa + batch * (int64_t((p.m + 127) / 128) * 128 * sp)
+                               : p.sfb + batch * (int64_t((p.n + 127) / 128) * 128 * sp);
+    sf_ptr = sf_ok ? base + row_block * (sp / 4) * 512 + piece * 16 : p.sfa;
+  }
+  const uint32_t raw_s = static_cast<uint32_t>(__cvta_generic_to_shared(raw));
+
+  // Issue the cp.async copies of k-tile `kt` into ring slot `slot`.
+  auto load_raw = [&](int kt, int slot) {
+    const uint32_t base = raw_s + slot * T::kRawBytes;
+    const int kbyte = kt * (kBK / 2);
+    const bool last = (kt + 1) * kBK > p.k;  // only the last k-tile can hold a half past K
+    CUTE_UNROLL
+    for (int j = 0; j < Operand<kBM>::kUnits; ++j) {
+      const int u = tid + j * kThreads;
+      const bool ok = opA.row_ok[j] && (!last || kt * kBK + (u % 2) * 32 < p.k);
+      if (opA.active[j]) cp_async16(base + u * 16, opA.row_ptr[j] + (ok ? kbyte : 0), ok);
+    }
+    CUTE_UNROLL
+    for (int j = 0; j < Operand<BN>::kUnits; ++j) {
+      const int u = tid + j * kThreads;
+      const bool ok = opB.row_ok[j] && (!last || kt * kBK + (u % 2) * 32 < p.k);
+      if (opB.active[j]) cp_async16(base + T::kRawA + u * 16, opB.row_ptr[j] + (ok ? kbyte : 0), ok);
+    }
+    if (sf_active) cp_async16(base + T::kRawA + T::kRawB + tid * 16, sf_ptr + (sf_ok ? int64_t(kt) * 512 : 0), sf_ok);
+  };
+
+  // Decode ring slot `slot` into FP16 buffer `buf`.
+  auto decode_operand = [&](auto& op, const uint8_t* raw_rows, const uint8_t* raw_sf, uint8_t* dec) {
+    CUTE_UNROLL
+    for (int j = 0; j < (int)(sizeof(op.active) / sizeof(bool)); ++j) {
+      if (!op.active[j]) continue;
+      const int u = tid + j * kThreads;
+      const uint4 q = *reinterpret_cast<const uint4*>(raw_rows + u * 16);
+      const uint32_t sf2 = *reinterpret_cast<const uint16_t*>(raw_sf + op.sf_off[j]);
+      const uint32_t sc = hmul2(e4m3x2_to_f16x2(sf2), 0x54005400u);  // both scales * 2^6 (64.0)
+      const uint32_t s0 = __byte_perm(sc, sc, 0x1010), s1 = __byte_perm(sc, sc, 0x3232);
+      *reinterpret_cast<uint4*>(dec + op.dec_off[j][0]) = decode8(q.x, s0);
+      *reinterpret_cast<uint4*>(dec + op.dec_off[j][1]) = decode8(q.y, s0);
+      *reinterpret_cast<uint4*>(dec + op.dec_off[j][2]) = decode8(q.z, s1);
+      *reinterpret_cast<uint4*>(dec + op.dec_off[j][3]) = decode8(q.w, s1);
+    }
+  };
+  auto decode = [&](int slot, int buf) {
+    const uint8_t* base = raw + slot * T::kRawBytes;
+    decode_operand(opA, base, base + T::kRawA + T::kRawB, reinterpret_cast<uint8_t*>(decA) + buf * (kBM * kBK * 2));
+    decode_operand(opB, base + T::kRawA, base + T::kRawA + T::kRawB + 512, reinterpret_cast<uint8_t*>(decB) + buf * (BN * kBK * 2));
+  };
+
+  typename T::TiledMma mma;
+  Tensor sA = make_tensor(make_smem_ptr(decA), typename T::SmemLayoutA{});
+  Tensor sB = make_tensor(make_smem_ptr(decB), typename T::SmemLayoutB{});
+  auto wg_mma = mma.get_slice((tid / 128) * 128);
+  Tensor tCrA = wg_mma.make_fragment_A(wg_mma.partition_A(sA));  // (MMA, MMA_M, MMA_K, 2)
+  Tensor tCrB = wg_mma.make_fragment_B(wg_mma.partition_B(sB));
+  Tensor acc = partition_fragment_C(mma, Shape<Int<kBM>, Int<BN>>{});
+  clear(acc);
+
+  if (n_kt > 0) {
+    for (int s = 0; s < kRawStages - 1; ++s) {
+      if (s < n_kt) load_raw(kt_begin + s, s);
+      cp_async_commit();
+    }
+    cp_async_wait<kRawStages - 2>();
+    __syncthreads();
+    decode(0, 0);
+    cutlass::arch::fence_view_async_shared();  // generic-proxy stores, read next by wgmma
+    __syncthreads();
+  }
+  for (int i = 0; i < n_kt; ++i) {
+    if (i + kRawStages - 1 < n_kt) load_raw(kt_begin + i + kRawStages - 1, (i + kRawStages - 1) % kRawStages);
+    cp_async_commit();
+    const int buf = i % 2;
+    warpgroup_fence_operand(acc);
+    warpgroup_arrive();
+    CUTE_UNROLL
+    for (int kb = 0; kb < size<2>(tCrA); ++kb) {
+      cute::gemm(mma, tCrA(_, _, kb, buf), tCrB(_, _, kb, buf), acc);
+    }
+    warpgroup_commit_batch();
+    if (i + 1 < n_kt) {  // decode the next tile while the tensor cores work
+      cp_async_wait<kRawStages - 2>();
+      __syncthreads();
+      decode((i + 1) % kRawStages, (i + 1) % 2);
+      cutlass::arch::fence_view_async_shared();
+    }
+    warpgroup_wait<0>();
+    warpgroup_fence_operand(acc);
+    __syncthreads();
+  }
+  cp_async_wait<0>();
+
+  if (p.split_k > 1) {
+    float4* mine = reinterpret_cast<float4*>(p.partials) + ((int64_t(split) * gridDim.x + tile) * (T::kAcc / 4)) * kThreads + tid;
+    CUTE_UNROLL
+    for (int i = 0; i < T::kAcc / 4; ++i)
+      mine[int64_t(i) * kThreads] = make_float4(acc(4 * i), acc(4 * i + 1), acc(4 * i + 2), acc(4 * i + 3));
+    __threadfence();
+    __syncthreads();
+    __shared__ int last;
+    if (tid == 0) last = atomicAdd(p.counters + tile, 1u) == uint32_t(p.split_k - 1);
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    clear(acc);
+    for (int s = 0; s < p.split_k; ++s) {  // fixed order: the sum does not depend on arrival order
+      const float4* part = reinterpret_cast<const float4*>(p.partials) + ((int64_t(s) * gridDim.x + tile) * (T::kAcc / 4)) * kThreads + tid;
+      CUTE_UNROLL
+      for (int i = 0; i < T::kAcc / 4; ++i) {
+        const float4 v = __ldcg(part + int64_t(i) * kThreads);  // L2: other SMs wrote these
+        acc(4 * i) += v.x;
+        acc(4 * i + 1) += v.y;
+        acc(4 * i + 2) += v.z;
+        acc(4 * i + 3) += v.w;
+      }
+    }
+    if (tid == 0) p.counters[tile] = 0;  // ready for the next launch on this stream
+  }
+
+  // Epilogue: D = alpha * acc + beta * C, rounded once to OutT.
+  Tensor coord = mma.get_thread_slice(tid).partition_C(make_identity_tensor(Shape<Int<kBM>, Int<BN>>{}));
+  OutT* d = static_cast<OutT*>(p.d) + batch * p.m * int64_t(p.n);
+  const OutT* c = static_cast<const OutT*>(p.c) + batch * p.m * int64_t(p.n);
+  CUTE_UNROLL
+  for (int i = 0; i < size(acc); ++i) {
+    const int mm = m0 + get<0>(coord(i)), nn = n0 + get<1>(coord(i));
+    if (mm < p.m && nn < p.n) {
+      const int64_t idx = int64_t(mm) * p.n + nn;
+      float v = p.alpha * acc(i);
+      if (p.beta != 0.f) v = fmaf(p.beta, load_out(c + idx), v);
+      d[idx] = to_out<OutT>(v);
+    }
+  }
+}
+
+template <int BN, class OutT>
+struct Gemm {
+  using T = Tile<BN>;
+
+  static int64_t tiles(const KernelArgs& a) {
+    return int64_t((a.m + kBM - 1) / kBM) * ((a.n + BN - 1) / BN) * a.l;
+  }
+
+  static bool can_implement(const KernelArgs& a) {
+    if (a.m <= 0 || a.n <= 0 || a.k <= 0 || a.l <= 0 || a.k % 32 != 0) return false;
+    if (a.n % int(16 / sizeof(OutT)) != 0) return false;
+    const int k_tiles = (a.k + kBK - 1) / kBK;
+    return tiles(a) <= INT_MAX && a.split_k >= 1 && a.split_k <= k_tiles && a.split_k <= 65535;
+  }
+
+  static size_t counters_bytes(const KernelArgs& a) { return (size_t(tiles(a)) * 4 + 255) / 256 * 256; }
+
+  static size_t workspace_size(const KernelArgs& a) {
+    if (a.split_k <= 1) return 0;
+    return counters_bytes(a) + size_t(a.split_k) * size_t(tiles(a)) * kBM * BN * sizeof(float);
+  }
+
+  static KernelStatus run(const KernelArgs& a) {
+    if (!can_implement(a)) return {int32_t(cutlass::Status::kErrorInvalidProblem), 0};
+    if (workspace_size(a) > a.workspace_bytes) return {int32_t(cutlass::Status::kErrorWorkspaceNull), 0};
+    static std::atomic<uint64_t> configured{0};  // devices whose shared-memory limit is raised
+    const uint64_t bit = uint64_t(1) << (a.device_id & 63);
+    if (!(configured.load() & bit)) {
+      cudaError_t e = cudaFuncSetAttribute(gemm_kernel<BN, OutT>, cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmem);
+      if (e != cudaSuccess) return {int32_t(cutlass::Status::kErrorInternal), int32_t(e)};
+      configured.fetch_or(bit);
+    }
+    Params p{a.m, a.n, a.k, a.l, a.split_k,
+             static_cast<const uint8_t*>(a.a), static_cast<const uint8_t*>(a.sfa),
+             static_cast<const uint8_t*>(a.b), static_cast<const uint8_t*>(a.sfb),
+             a.c, a.d, a.alpha, a.beta,
+             static_cast<uint32_t*>(a.workspace),
+             reinterpret_cast<float*>(static_cast<uint8_t*>(a.workspace) + (a.split_k > 1 ? counters_bytes(a) : 0))};
+    dim3 grid(unsigned(tiles(a)), unsigned(a.split_k));
+    gemm_kernel<BN, OutT><<<grid, kThreads, T::kSmem, static_cast<cudaStream_t>(a.stream)>>>(p);
+    return {int32_t(cutlass::Status::kSuccess), int32_t(cudaGetLastError())};
+  }
+
+  // The layout the kernel indexes scales with (SPEC.md §3), for the host-side agreement test.
+  static int64_t sf_offsets(int32_t m, int32_t n, int32_t k, int32_t l, SfOperand which, int64_t* out, size_t len) {
+    const int64_t rows = which == SfOperand::A ? m : n, cols = k / 16, sp = (cols + 3) / 4 * 4;
+    const int64_t per = (rows + 127) / 128 * 128 * sp;
+    if (len != size_t(rows * cols * l)) return -1;
+    size_t i = 0;
+    for (int64_t b = 0; b < l; ++b)
+      for (int64_t s = 0; s < cols; ++s)
+        for (int64_t r = 0; r < rows; ++r) out[i++] = b * per + sf_offset(r, s, sp);
+    return per * l;
+  }
+
+  static KernelEntry entry() { return KernelEntry{&run, &workspace_size, &can_implement, &sf_offsets}; }
+};
+
+template <class T>
+struct OutType { using type = T; };
+template <>
+struct OutType<cutlass::half_t> { using type = __half; };
+template <>
+struct OutType<cutlass::bfloat16_t> { using type = __nv_bfloat16; };
+
+}  // namespace bsg::sm90
+
+// Used by the generated translation units. The SM90 tile is 128 x tn x 64 on one SM, no cluster.
+#define BSG_SM90_KERNEL(fn, sms, tm, tn, tk, cm, cn, out_type)                                   \
+  static_assert((sms) == 1 && (tm) == 128 && (tk) == 64 && (cm) == 1 && (cn) == 1, "SM90 tile"); \
+  bsg::KernelEntry fn() {                                                                        \
+    return bsg::sm90::Gemm<tn, typename bsg::sm90::OutType<out_type>::type>::entry();            \
+  }
