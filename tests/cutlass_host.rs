@@ -79,13 +79,13 @@ fn host_queries_refuse_bad_input() {
     assert!(sf_offsets(c, &Problem::new(1usize << 31, 8, 32), false).is_err());
 }
 
-/// Kernels in the build whose SASS holds a block-scaled UMMA (UTC*MMA with a scale-vector
-/// suffix) and the scale-factor copy into tensor memory (UTCCP).
+/// SM100 kernels whose SASS holds a block-scaled UMMA (UTC*MMA with a scale-vector suffix) and
+/// the scale-factor copy into tensor memory (UTCCP); SM90 kernels with HGMMA.
 #[test]
 fn sass_has_block_scaled_umma() {
     let objs: Vec<&str> = env!("BSG_KERNEL_OBJECTS").split(';').filter(|s| !s.is_empty()).collect();
     let cuobjdump = env!("BSG_CUOBJDUMP");
-    let mut kernels = 0;
+    let (mut kernels, mut hopper) = (0, 0);
     for obj in &objs {
         let out = Command::new(cuobjdump).arg("-sass").arg(obj).output().expect("run cuobjdump");
         assert!(out.status.success(), "cuobjdump {obj}: {}", String::from_utf8_lossy(&out.stderr));
@@ -98,8 +98,15 @@ fn sass_has_block_scaled_umma() {
             assert!(sass.contains("sm_100a") || sass.contains("SM100"), "{obj}: not sm_100a code");
             kernels += 1;
         }
+        if obj.contains("bsg_entry_sm90") {
+            // Hopper: FP16 warpgroup MMA fed by the on-chip e4m3 -> f16 decode.
+            assert!(sass.contains("HGMMA"), "{obj}: no HGMMA");
+            assert!(sass.contains("F2FP.F16.E4M3.UNPACK"), "{obj}: no e4m3x2 -> f16x2 decode");
+            hopper += 1;
+        }
     }
-    eprintln!("{kernels} SM100 kernels with block-scaled UMMA");
-    let expected = built_configs().iter().filter(|c| c.info().arch == 100).map(|c| c.info().outputs.len()).sum::<usize>();
-    assert_eq!(kernels, expected);
+    eprintln!("{kernels} SM100 kernels with block-scaled UMMA, {hopper} SM90 kernels with HGMMA");
+    let expected = |arch: u32| built_configs().iter().filter(|c| c.info().arch == arch).map(|c| c.info().outputs.len()).sum::<usize>();
+    assert_eq!(kernels, expected(100));
+    assert_eq!(hopper, expected(90));
 }
