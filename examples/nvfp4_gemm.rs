@@ -204,11 +204,11 @@ fn run<T: OutputElement + DeviceRepr + safetensors_dtype::HasDtype>(cli: &Cli) -
     for _ in 0..cli.warmup {
         launch(&mut d)?;
     }
-    let start = stream.record_event(None).map_err(Error::from)?;
+    let start = stream.record_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT)).map_err(Error::from)?;
     for _ in 0..cli.iterations.max(1) {
         launch(&mut d)?;
     }
-    let end = stream.record_event(None).map_err(Error::from)?;
+    let end = stream.record_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT)).map_err(Error::from)?;
     end.synchronize().map_err(Error::from)?;
     let ms = start.elapsed_ms(&end).map_err(Error::from)? as f64 / cli.iterations.max(1) as f64;
     save(cli, &inputs, &p, &got)?;

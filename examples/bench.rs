@@ -1,0 +1,160 @@
+//! Benchmark of `BlockScaledGemm` on the shapes of SPEC.md §6 (not a test).
+//!
+//! Each shape: contest-style data copied into enough device buffer sets to rotate through more
+//! than twice the L2 size; D poisoned (0xFF bytes, NaN) before every run; 10 warm-up runs; each
+//! of `--runs` runs (at least 100) timed alone with a pair of CUDA events; the median reported,
+//! with TFLOP/s, GB/s (the NVFP4 bytes a GEMM must move) and the ratio to the floor (the larger of
+//! the NVFP4 bytes at 3.0 TB/s and the FP16 tensor-core work at 800 TFLOP/s, SPEC.md §6). The
+//! output of the last timed run is verified against the exact reference on sampled rows.
+//! cuBLAS figures come from `--baselines FILE` (JSON written by bench/torch_baselines.py in the
+//! same device session) or, when absent, from SPEC.md §6, labelled as such.
+//!
+//! `cargo run --release --example bench -- [--runs 100] [--baselines FILE] [--shape MxNxK]...`
+
+use blockscaled_gemm::compare::compare;
+use blockscaled_gemm::{reference_gemm, BlockScaledGemm, Config, Nvfp4Matrix, Nvfp4Operand, OutType, Problem};
+use clap::Parser;
+use cudarc::driver::{sys::CUdevice_attribute, CudaContext, CudaSlice, DevicePtrMut};
+use half::f16;
+
+#[derive(Parser)]
+struct Cli {
+    /// Timed runs per shape (the median is reported); at least 100.
+    #[arg(long, default_value_t = 100)]
+    runs: usize,
+    /// JSON from bench/torch_baselines.py: {"MxNxK": {"bf16_us": .., "fp8_us": ..}, ...}.
+    #[arg(long)]
+    baselines: Option<std::path::PathBuf>,
+    /// Shapes to run (default: SPEC.md §6), e.g. --shape 128x7168x16384.
+    #[arg(long)]
+    shape: Vec<String>,
+    /// Force a config by name.
+    #[arg(long)]
+    config: Option<String>,
+    /// Force the SM90 split-K count.
+    #[arg(long)]
+    split_k: Option<u32>,
+    /// Also write the table as JSON lines here.
+    #[arg(long)]
+    json: Option<std::path::PathBuf>,
+}
+
+/// SPEC.md §6, H100 SXM 80 GB, 2026-11-21: (shape, cuBLAS bf16 us, cuBLAS FP8 us).
+const SPEC_BASELINES: &[((usize, usize, usize), f64, f64)] = &[
+    ((128, 7168, 16384), 103.8, 56.3),
+    ((128, 4096, 7168), 34.1, 20.6),
+    ((128, 7168, 2048), 19.7, 13.9),
+    ((2048, 2048, 2048), 28.4, 19.3),
+    ((8192, 8192, 8192), 1566.0, 877.0),
+];
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let cli = Cli::parse();
+    assert!(cli.runs >= 100, "--runs must be at least 100");
+    if !BlockScaledGemm::driver_present() {
+        eprintln!("bench: no NVIDIA driver on this machine");
+        std::process::exit(3);
+    }
+    let ctx = CudaContext::new(0)?;
+    let stream = ctx.default_stream();
+    let gemm = BlockScaledGemm::new(stream.clone())?.with_split_k(cli.split_k);
+    let l2 = ctx.attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE)? as usize;
+    let name = ctx.name()?;
+    let baselines = cli.baselines.as_ref().map(|p| std::fs::read_to_string(p).map(|s| parse_baselines(&s))).transpose()?;
+    let shapes: Vec<(usize, usize, usize)> = if cli.shape.is_empty() {
+        SPEC_BASELINES.iter().map(|s| s.0).collect()
+    } else {
+        cli.shape.iter().map(|s| {
+            let v: Vec<usize> = s.split('x').map(|x| x.parse().expect("shape MxNxK")).collect();
+            (v[0], v[1], v[2])
+        }).collect()
+    };
+    println!("device: {name}, {} SMs, L2 {} MB; median of {} runs after 10 warm-ups", gemm.device().sm_count, l2 >> 20, cli.runs);
+    println!("{:>16} {:>24} {:>5} {:>10} {:>8} {:>8} {:>9} {:>7} {:>11} {:>10} {:>8}", "MxNxK", "config", "split", "median_us", "TFLOP/s", "GB/s", "floor_us", "x_floor", "cublas_bf16", "cublas_fp8", "check");
+    let mut json = String::new();
+    for (m, n, k) in shapes {
+        let p = Problem::new(m, n, k);
+        let config = match &cli.config {
+            Some(c) => Config::from_name(c).ok_or("unknown --config")?,
+            None => gemm.select_config(&p, OutType::F16)?,
+        };
+        let split = cli.split_k.unwrap_or_else(|| blockscaled_gemm::config_split_k(config, &p, gemm.device().sm_count));
+        let a = Nvfp4Matrix::random_contest(m, k, 1, 1)?;
+        let b = Nvfp4Matrix::random_contest(n, k, 1, 2)?;
+        let set_bytes = p.a_bytes() + p.b_bytes() + p.sfa_bytes() + p.sfb_bytes();
+        let sets = (2 * l2 / set_bytes + 1).max(2);
+        let mut bufs = Vec::new();
+        for _ in 0..sets {
+            bufs.push((stream.clone_htod(a.data())?, stream.clone_htod(a.scales())?, stream.clone_htod(b.data())?, stream.clone_htod(b.scales())?));
+        }
+        let mut d: CudaSlice<f16> = stream.alloc_zeros(p.cd_elems())?;
+        let mut launch = |i: usize, d: &mut CudaSlice<f16>| -> Result<(), blockscaled_gemm::Error> {
+            let (av, asf, bv, bsf) = &bufs[i % sets];
+            gemm.gemm(&p, Nvfp4Operand::new(av, asf), Nvfp4Operand::new(bv, bsf), d, Some(config)).map(|_| ())
+        };
+        for i in 0..10 {
+            launch(i, &mut d)?;
+        }
+        let mut events = Vec::with_capacity(cli.runs);
+        for i in 0..cli.runs {
+            poison(&stream, &mut d)?;
+            let start = stream.record_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT))?;
+            launch(i, &mut d)?;
+            let end = stream.record_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT))?;
+            events.push((start, end));
+        }
+        stream.synchronize()?;
+        let mut us: Vec<f64> = events.iter().map(|(s, e)| s.elapsed_ms(e).map(|ms| ms as f64 * 1e3)).collect::<Result<_, _>>()?;
+        us.sort_by(|x, y| x.partial_cmp(y).unwrap());
+        let median = us[us.len() / 2];
+        // The last run's output, checked on up to 64 rows against the exact reference.
+        let got = stream.clone_dtoh(&d)?;
+        let rows: Vec<usize> = (0..m.min(64)).map(|i| i * (m - 1) / (m.min(64) - 1).max(1)).collect();
+        let want: Vec<f16> = reference_gemm(&a.select_rows(&rows), &b, 1.0, 0.0, None)?;
+        let got_rows: Vec<f16> = rows.iter().flat_map(|&r| got[r * n..][..n].iter().copied()).collect();
+        let cmp = compare(&got_rows, &want, 0.0, 0.0);
+        let bytes = (set_bytes + p.cd_elems() * 2) as f64;
+        let floor = (bytes / 3.0e12).max(p.flops() / 800e12) * 1e6;
+        let (bf16, fp8, src) = match baselines.as_ref().and_then(|b| b.iter().find(|x| x.0 == (m, n, k)).map(|x| (x.1, x.2))) {
+            Some((x, y)) => (x, y, "measured"),
+            None => SPEC_BASELINES.iter().find(|x| x.0 == (m, n, k)).map_or((f64::NAN, f64::NAN, "none"), |x| (x.1, x.2, "SPEC.md")),
+        };
+        let shape = format!("{m}x{n}x{k}");
+        let check = if cmp.passed() { "exact" } else { "FAILED" };
+        println!("{shape:>16} {:>24} {split:>5} {median:>10.2} {:>8.1} {:>8.0} {floor:>9.2} {:>7.2} {bf16:>11.1} {fp8:>10.1} {check:>8}{}", config.to_string(), p.flops() / median / 1e6, bytes / median / 1e3, median / floor, if src == "measured" { "" } else { " (cuBLAS: SPEC.md)" });
+        json += &format!("{{\"shape\":\"{shape}\",\"device\":\"{name}\",\"config\":\"{config}\",\"split_k\":{split},\"runs\":{},\"median_us\":{median:.3},\"min_us\":{:.3},\"tflops\":{:.2},\"gbps\":{:.1},\"floor_us\":{floor:.3},\"x_floor\":{:.3},\"cublas_bf16_us\":{bf16},\"cublas_fp8_us\":{fp8},\"cublas_source\":\"{src}\",\"check\":\"{check}\"}}\n",
+            cli.runs, us[0], p.flops() / median / 1e6, bytes / median / 1e3, median / floor);
+        if !cmp.passed() {
+            eprintln!("{shape}: verification failed: {cmp}");
+        }
+    }
+    if let Some(path) = &cli.json {
+        std::fs::write(path, json)?;
+    }
+    Ok(())
+}
+
+fn poison(stream: &std::sync::Arc<cudarc::driver::CudaStream>, d: &mut CudaSlice<f16>) -> Result<(), cudarc::driver::DriverError> {
+    let bytes = d.len() * 2;
+    let (ptr, _guard) = d.device_ptr_mut(stream);
+    // SAFETY: ptr is a live allocation of `bytes` bytes, ordered on this stream by the guard.
+    unsafe { cudarc::driver::result::memset_d8_async(ptr, 0xFF, bytes, stream.cu_stream()) }
+}
+
+/// Minimal reader for the baselines file: lines of `"MxNxK": {"bf16_us": x, "fp8_us": y}`.
+fn parse_baselines(s: &str) -> Vec<((usize, usize, usize), f64, f64)> {
+    let num = |t: &str, key: &str| -> Option<f64> {
+        let i = t.find(key)? + key.len();
+        let rest = t[i..].trim_start_matches(|c: char| c == '"' || c == ':' || c.is_whitespace());
+        rest.split(|c: char| c == ',' || c == '}').next()?.trim().parse().ok()
+    };
+    s.split("\"").collect::<Vec<_>>().windows(2).filter_map(|w| {
+        let dims: Vec<usize> = w[0].split('x').filter_map(|x| x.parse().ok()).collect();
+        if dims.len() != 3 || !w[1].trim_start().starts_with(':') {
+            return None;
+        }
+        let tail = &s[s.find(&format!("\"{}\"", w[0]))?..];
+        let entry = &tail[..tail.find('}')? + 1];
+        Some(((dims[0], dims[1], dims[2]), num(entry, "bf16_us")?, num(entry, "fp8_us")?))
+    }).collect()
+}
