@@ -5,13 +5,10 @@
 // both operands are out of its reach (SPEC.md §7).
 //
 // Exactness: a * sf (e2m1 x ue4m3) has at most 6 significant bits and lies in [2^-10, 2688], so it
-// is exact in FP16; FP16 x FP16 products are exact in the FP32 accumulator.
-//
-// Warp-specialized: producer warpgroups bring packed FP4 tiles and their scales into shared
-// memory with cp.async (a ring of kRawStages) and decode them into FP16 stages in the GMMA
-// 128B-swizzled layout; two consumer warpgroups run wgmma (CuTe's SM90 GMMA atoms) on them, one
-// k-tile in flight while the next is decoded. Full/empty mbarriers hand the kDecStages stages
-// over. The operands are never written out dequantized.
+// is exact in FP16; FP16 x FP16 products are exact in the FP32 accumulator. Each CTA brings packed
+// FP4 tiles and their scales into shared memory with cp.async (a ring of kRawStages), decodes them
+// on chip into FP16 tiles in the GMMA 128B-swizzled layout, and two warpgroups run wgmma
+// (CuTe's SM90 GMMA atoms) on them: the operands are never written out dequantized.
 //
 // Decode: the e2m1 nibble s|e1 e0 m, re-placed as the e4m3 byte s<<7 | (e1 e0 m)<<2, is exactly
 // value * 2^-6 (subnormal codes too), so one cvt.rn.f16x2.e4m3x2 and one multiply by sf * 2^6
@@ -41,11 +38,10 @@ namespace bsg::sm90 {
 
 using namespace cute;
 
-constexpr int kBM = 128;          // rows of A per CTA: two consumer warpgroups of 64
-constexpr int kBK = 64;           // K per stage: one 128-byte swizzle row of FP16, one scale tile column block
-constexpr int kConsumers = 256;   // the last two warpgroups: wgmma and epilogue
-constexpr int kRawStages = 4;     // cp.async ring depth for packed FP4 and scales (producer only)
-constexpr int kDecStages = 3;     // decoded FP16 stages between producer and consumers
+constexpr int kBM = 128;         // rows of A per CTA: two warpgroups of 64
+constexpr int kBK = 64;          // K per stage: one 128-byte swizzle row of FP16, one scale tile column block
+constexpr int kThreads = 256;
+constexpr int kRawStages = 4;    // cp.async ring depth for packed FP4 and scales
 
 struct Params {
   int32_t m, n, k, l, split_k;
@@ -69,19 +65,16 @@ struct Tile {
   static constexpr int kRawB = BN * 32;
   static constexpr int kRawBytes = kRawA + kRawB + 512 + 512 * kSfChunksB;
   using SmemAtom = GMMA::Layout_K_SW128_Atom<half_t>;  // 8 x 64 halves, 128-byte swizzle
-  using SmemLayoutA = decltype(tile_to_shape(SmemAtom{}, make_shape(Int<kBM>{}, Int<kBK>{}, Int<kDecStages>{})));
-  using SmemLayoutB = decltype(tile_to_shape(SmemAtom{}, make_shape(Int<BN>{}, Int<kBK>{}, Int<kDecStages>{})));
+  using SmemLayoutA = decltype(tile_to_shape(SmemAtom{}, make_shape(Int<kBM>{}, Int<kBK>{}, Int<2>{})));
+  using SmemLayoutB = decltype(tile_to_shape(SmemAtom{}, make_shape(Int<BN>{}, Int<kBK>{}, Int<2>{})));
   using TiledMma = decltype(make_tiled_mma(
       SM90::GMMA::ss_op_selector<half_t, half_t, float, Shape<_64, Int<BN>, _16>, GMMA::Major::K, GMMA::Major::K>(),
       Layout<Shape<_2, _1, _1>>{}));
-  static constexpr int kDecA = kBM * kBK * 2 * kDecStages;  // bytes
-  static constexpr int kDecB = BN * kBK * 2 * kDecStages;
+  static constexpr int kDecA = kBM * kBK * 2 * 2;  // bytes, two buffers
+  static constexpr int kDecB = BN * kBK * 2 * 2;
   static constexpr int kSmem = 1024 + kDecA + kDecB + kRawStages * kRawBytes;  // 1024: swizzle alignment
-  static constexpr int kAcc = kBM * BN / kConsumers;  // accumulator floats per consumer thread
-  // Producer warpgroups (cp.async and decode) ahead of the consumers: two where the consumers fit
-  // in 128 registers (512 threads), one for BN = 256, whose 64x256 wgmma needs ~170 registers.
-  static constexpr int kProducers = BN == 256 ? 128 : 256;
-  static constexpr int kThreads = kProducers + kConsumers;
+  static constexpr int kAcc = kBM * BN / kThreads;  // accumulator floats per thread
+  static constexpr int kMinBlocks = BN == 256 ? 1 : 2;
 };
 
 __device__ __forceinline__ void cp_async16(uint32_t smem, const void* gmem, bool valid) {
@@ -147,11 +140,11 @@ __device__ __forceinline__ uint32_t sw128_offset(int row, int chunk) {
   return uint32_t((row >> 3) * 1024 + (row & 7) * 128 + ((chunk ^ (row & 7)) << 4));
 }
 
-// One operand's share of a stage for one producer thread: `kRows` rows of 32 packed bytes, two
-// 16-byte halves each; units u = tid + j * kProducers map to (row u / 2, half u % 2).
-template <int kRows, int kProducers>
+// One operand's share of a stage for one thread: `kRows` rows of 32 packed bytes, two 16-byte
+// halves each; units u = tid + j * kThreads map to (row u / 2, half u % 2).
+template <int kRows>
 struct Operand {
-  static constexpr int kUnits = (kRows * 2 + kProducers - 1) / kProducers;
+  static constexpr int kUnits = (kRows * 2 + kThreads - 1) / kThreads;
   const uint8_t* row_ptr[kUnits];  // start of this thread's rows in global memory
   bool row_ok[kUnits];
   int sf_off[kUnits];              // offset of the row's scale pair inside its 512-byte chunks
@@ -161,7 +154,7 @@ struct Operand {
   __device__ void init(const uint8_t* base, int row0, int rows, int64_t row_bytes, int row_in_block0, int tid) {
     CUTE_UNROLL
     for (int j = 0; j < kUnits; ++j) {
-      const int u = tid + j * kProducers, r = u / 2, h = u % 2;
+      const int u = tid + j * kThreads, r = u / 2, h = u % 2;
       active[j] = u < kRows * 2;
       row_ok[j] = active[j] && row0 + r < rows;
       row_ptr[j] = base + (row_ok[j] ? (row0 + r) * row_bytes + h * 16 : 0);
@@ -174,11 +167,9 @@ struct Operand {
 };
 
 template <int BN, class OutT>
-__global__ void __launch_bounds__(Tile<BN>::kThreads, 1) gemm_kernel(const Params p) {
+__global__ void __launch_bounds__(kThreads, Tile<BN>::kMinBlocks) gemm_kernel(const Params p) {
   using T = Tile<BN>;
-  constexpr int kProducers = T::kProducers;
   extern __shared__ uint8_t smem_raw[];
-  __shared__ uint64_t full_bar[kDecStages], empty_bar[kDecStages];
   // 1024-byte alignment for the swizzle atoms, as pointer arithmetic on the __shared__ array so
   // the compiler keeps shared-memory instructions.
   const uint32_t pad = (1024u - (static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw)) & 1023u)) & 1023u;
@@ -202,152 +193,142 @@ __global__ void __launch_bounds__(Tile<BN>::kThreads, 1) gemm_kernel(const Param
   const int kt_end = int(int64_t(k_tiles) * (split + 1) / p.split_k);
   const int n_kt = kt_end - kt_begin;
 
-  if (tid == 0) {
-    for (int s = 0; s < kDecStages; ++s) {
-      cutlass::arch::ClusterBarrier::init(&full_bar[s], kProducers);
-      cutlass::arch::ClusterBarrier::init(&empty_bar[s], kConsumers);
-    }
-    cutlass::arch::fence_barrier_init();
+  const int64_t row_bytes = p.k / 2;
+  const int64_t sp = ((p.k / 16) + 3) / 4 * 4;
+  Operand<kBM> opA;
+  Operand<BN> opB;
+  opA.init(p.a + batch * p.m * row_bytes, m0, p.m, row_bytes, 0, tid);
+  opB.init(p.b + batch * p.n * row_bytes, n0, p.n, row_bytes, n0 % 128, tid);
+  // Scale chunks of this thread (16 bytes of a 512-byte chunk; A's chunk, then B's 1 or 2).
+  constexpr int kSfPieces = 32 * (1 + T::kSfChunksB);
+  const bool sf_active = tid < kSfPieces;
+  const uint8_t* sf_ptr = nullptr;
+  bool sf_ok = false;
+  if (sf_active) {
+    const int chunk = tid / 32, piece = tid % 32;
+    const bool is_a = chunk == 0;
+    const int64_t row_block = is_a ? m0 / 128 : n0 / 128 + (chunk - 1);
+    sf_ok = is_a || row_block * 128 < p.n;
+    const uint8_t* base = is_a ? p.sfa + batch * (int64_t((p.m + 127) / 128) * 128 * sp)
+                               : p.sfb + batch * (int64_t((p.n + 127) / 128) * 128 * sp);
+    sf_ptr = sf_ok ? base + row_block * (sp / 4) * 512 + piece * 16 : p.sfa;
   }
-  __syncthreads();
+  const uint32_t raw_s = static_cast<uint32_t>(__cvta_generic_to_shared(raw));
 
-  if (tid < kProducers) {
-    // ---- Producer warpgroup: packed FP4 -> shared memory (cp.async) -> FP16 stages (decode).
-    const int64_t row_bytes = p.k / 2;
-    const int64_t sp = ((p.k / 16) + 3) / 4 * 4;
-    Operand<kBM, kProducers> opA;
-    Operand<BN, kProducers> opB;
-    opA.init(p.a + batch * p.m * row_bytes, m0, p.m, row_bytes, 0, tid);
-    opB.init(p.b + batch * p.n * row_bytes, n0, p.n, row_bytes, n0 % 128, tid);
-    // Scale chunks: 16 bytes of a 512-byte chunk per thread (A's chunk, then B's 1 or 2).
-    constexpr int kSfPieces = 32 * (1 + T::kSfChunksB);
-    static_assert(kSfPieces <= kProducers, "one scale piece per producer thread");
-    const bool sf_active = tid < kSfPieces;
-    const uint8_t* sf_ptr = p.sfa;
-    bool sf_ok = false;
-    if (sf_active) {
-      const int chunk = tid / 32, piece = tid % 32;
-      const bool is_a = chunk == 0;
-      const int64_t row_block = is_a ? m0 / 128 : n0 / 128 + (chunk - 1);
-      sf_ok = is_a || row_block * 128 < p.n;
-      const uint8_t* base = is_a ? p.sfa + batch * (int64_t((p.m + 127) / 128) * 128 * sp)
-                                 : p.sfb + batch * (int64_t((p.n + 127) / 128) * 128 * sp);
-      if (sf_ok) sf_ptr = base + row_block * (sp / 4) * 512 + piece * 16;
+  // Issue the cp.async copies of k-tile `kt` into ring slot `slot`.
+  auto load_raw = [&](int kt, int slot) {
+    const uint32_t base = raw_s + slot * T::kRawBytes;
+    const int kbyte = kt * (kBK / 2);
+    const bool last = (kt + 1) * kBK > p.k;  // only the last k-tile can hold a half past K
+    CUTE_UNROLL
+    for (int j = 0; j < Operand<kBM>::kUnits; ++j) {
+      const int u = tid + j * kThreads;
+      const bool ok = opA.row_ok[j] && (!last || kt * kBK + (u % 2) * 32 < p.k);
+      if (opA.active[j]) cp_async16(base + u * 16, opA.row_ptr[j] + (ok ? kbyte : 0), ok);
     }
-    const uint32_t raw_s = static_cast<uint32_t>(__cvta_generic_to_shared(raw));
-
-    auto load_raw = [&](int kt, int slot) {
-      const uint32_t base = raw_s + slot * T::kRawBytes;
-      const int kbyte = kt * (kBK / 2);
-      const bool last = (kt + 1) * kBK > p.k;  // only the last k-tile can hold a half past K
-      CUTE_UNROLL
-      for (int j = 0; j < Operand<kBM, kProducers>::kUnits; ++j) {
-        const int u = tid + j * kProducers;
-        const bool ok = opA.row_ok[j] && (!last || kt * kBK + (u % 2) * 32 < p.k);
-        if (opA.active[j]) cp_async16(base + u * 16, opA.row_ptr[j] + (ok ? kbyte : 0), ok);
-      }
-      CUTE_UNROLL
-      for (int j = 0; j < Operand<BN, kProducers>::kUnits; ++j) {
-        const int u = tid + j * kProducers;
-        const bool ok = opB.row_ok[j] && (!last || kt * kBK + (u % 2) * 32 < p.k);
-        if (opB.active[j]) cp_async16(base + T::kRawA + u * 16, opB.row_ptr[j] + (ok ? kbyte : 0), ok);
-      }
-      if (sf_active) cp_async16(base + T::kRawA + T::kRawB + tid * 16, sf_ptr + (sf_ok ? int64_t(kt) * 512 : 0), sf_ok);
-    };
-    auto decode_operand = [&](auto& op, const uint8_t* raw_rows, const uint8_t* raw_sf, uint8_t* dec) {
-      CUTE_UNROLL
-      for (int j = 0; j < (int)(sizeof(op.active) / sizeof(bool)); ++j) {
-        if (!op.active[j]) continue;
-        const int u = tid + j * kProducers;
-        const uint4 q = *reinterpret_cast<const uint4*>(raw_rows + u * 16);
-        const uint32_t sf2 = *reinterpret_cast<const uint16_t*>(raw_sf + op.sf_off[j]);
-        const uint32_t sc = hmul2(e4m3x2_to_f16x2(sf2), 0x54005400u);  // both scales * 2^6 (64.0)
-        const uint32_t s0 = __byte_perm(sc, sc, 0x1010), s1 = __byte_perm(sc, sc, 0x3232);
-        *reinterpret_cast<uint4*>(dec + op.dec_off[j][0]) = decode8(q.x, s0);
-        *reinterpret_cast<uint4*>(dec + op.dec_off[j][1]) = decode8(q.y, s0);
-        *reinterpret_cast<uint4*>(dec + op.dec_off[j][2]) = decode8(q.z, s1);
-        *reinterpret_cast<uint4*>(dec + op.dec_off[j][3]) = decode8(q.w, s1);
-      }
-    };
-
-    for (int s = 0; s < kRawStages - 1; ++s) {
-      if (s < n_kt) load_raw(kt_begin + s, s);
-      cp_async_commit();
+    CUTE_UNROLL
+    for (int j = 0; j < Operand<BN>::kUnits; ++j) {
+      const int u = tid + j * kThreads;
+      const bool ok = opB.row_ok[j] && (!last || kt * kBK + (u % 2) * 32 < p.k);
+      if (opB.active[j]) cp_async16(base + T::kRawA + u * 16, opB.row_ptr[j] + (ok ? kbyte : 0), ok);
     }
-    for (int i = 0; i < n_kt; ++i) {
-      const int stage = i % kDecStages;
-      cp_async_wait<kRawStages - 2>();  // this thread's copies of k-tile i landed
-      cutlass::arch::NamedBarrier::sync(kProducers, 1);  // everyone's did; raw slot of i-1 is free
-      if (i + kRawStages - 1 < n_kt) load_raw(kt_begin + i + kRawStages - 1, (i + kRawStages - 1) % kRawStages);
-      cp_async_commit();
-      if (i >= kDecStages) cutlass::arch::ClusterBarrier::wait(&empty_bar[stage], ((i / kDecStages) + 1) & 1);
-      const uint8_t* base = raw + (i % kRawStages) * T::kRawBytes;
-      decode_operand(opA, base, base + T::kRawA + T::kRawB, reinterpret_cast<uint8_t*>(decA) + stage * (kBM * kBK * 2));
-      decode_operand(opB, base + T::kRawA, base + T::kRawA + T::kRawB + 512, reinterpret_cast<uint8_t*>(decB) + stage * (BN * kBK * 2));
-      cutlass::arch::fence_view_async_shared();  // generic-proxy stores, read next by wgmma
-      cutlass::arch::ClusterBarrier::arrive(&full_bar[stage]);
-    }
-    cp_async_wait<0>();
-    return;
-  }
+    if (sf_active) cp_async16(base + T::kRawA + T::kRawB + tid * 16, sf_ptr + (sf_ok ? int64_t(kt) * 512 : 0), sf_ok);
+  };
 
-  // ---- Consumer warpgroups: wgmma on the decoded stages, then the epilogue.
-  const int ct = tid - kProducers;  // 0..255
+  // Decode ring slot `slot` into FP16 buffer `buf`.
+  auto decode_operand = [&](auto& op, const uint8_t* raw_rows, const uint8_t* raw_sf, uint8_t* dec) {
+    CUTE_UNROLL
+    for (int j = 0; j < (int)(sizeof(op.active) / sizeof(bool)); ++j) {
+      if (!op.active[j]) continue;
+      const int u = tid + j * kThreads;
+      const uint4 q = *reinterpret_cast<const uint4*>(raw_rows + u * 16);
+      const uint32_t sf2 = *reinterpret_cast<const uint16_t*>(raw_sf + op.sf_off[j]);
+      const uint32_t sc = hmul2(e4m3x2_to_f16x2(sf2), 0x54005400u);  // both scales * 2^6 (64.0)
+      const uint32_t s0 = __byte_perm(sc, sc, 0x1010), s1 = __byte_perm(sc, sc, 0x3232);
+      *reinterpret_cast<uint4*>(dec + op.dec_off[j][0]) = decode8(q.x, s0);
+      *reinterpret_cast<uint4*>(dec + op.dec_off[j][1]) = decode8(q.y, s0);
+      *reinterpret_cast<uint4*>(dec + op.dec_off[j][2]) = decode8(q.z, s1);
+      *reinterpret_cast<uint4*>(dec + op.dec_off[j][3]) = decode8(q.w, s1);
+    }
+  };
+  auto decode = [&](int slot, int buf) {
+    const uint8_t* base = raw + slot * T::kRawBytes;
+    decode_operand(opA, base, base + T::kRawA + T::kRawB, reinterpret_cast<uint8_t*>(decA) + buf * (kBM * kBK * 2));
+    decode_operand(opB, base + T::kRawA, base + T::kRawA + T::kRawB + 512, reinterpret_cast<uint8_t*>(decB) + buf * (BN * kBK * 2));
+  };
+
   typename T::TiledMma mma;
   Tensor sA = make_tensor(make_smem_ptr(decA), typename T::SmemLayoutA{});
   Tensor sB = make_tensor(make_smem_ptr(decB), typename T::SmemLayoutB{});
-  auto wg_mma = mma.get_slice((ct / 128) * 128);
-  Tensor tCrA = wg_mma.make_fragment_A(wg_mma.partition_A(sA));  // (MMA, MMA_M, MMA_K, STAGE)
+  auto wg_mma = mma.get_slice((tid / 128) * 128);
+  Tensor tCrA = wg_mma.make_fragment_A(wg_mma.partition_A(sA));  // (MMA, MMA_M, MMA_K, 2)
   Tensor tCrB = wg_mma.make_fragment_B(wg_mma.partition_B(sB));
   Tensor acc = partition_fragment_C(mma, Shape<Int<kBM>, Int<BN>>{});
   clear(acc);
 
+  if (n_kt > 0) {
+    for (int s = 0; s < kRawStages - 1; ++s) {
+      if (s < n_kt) load_raw(kt_begin + s, s);
+      cp_async_commit();
+    }
+    cp_async_wait<kRawStages - 2>();
+    __syncthreads();
+    decode(0, 0);
+    cutlass::arch::fence_view_async_shared();  // generic-proxy stores, read next by wgmma
+    __syncthreads();
+  }
   for (int i = 0; i < n_kt; ++i) {
-    const int stage = i % kDecStages;
-    cutlass::arch::ClusterBarrier::wait(&full_bar[stage], (i / kDecStages) & 1);
+    if (i + kRawStages - 1 < n_kt) load_raw(kt_begin + i + kRawStages - 1, (i + kRawStages - 1) % kRawStages);
+    cp_async_commit();
+    const int buf = i % 2;
     warpgroup_fence_operand(acc);
     warpgroup_arrive();
     CUTE_UNROLL
     for (int kb = 0; kb < size<2>(tCrA); ++kb) {
-      cute::gemm(mma, tCrA(_, _, kb, stage), tCrB(_, _, kb, stage), acc);
+      cute::gemm(mma, tCrA(_, _, kb, buf), tCrB(_, _, kb, buf), acc);
     }
     warpgroup_commit_batch();
-    warpgroup_wait<1>();  // the previous k-tile's wgmma is done: release its stage
+    if (i + 1 < n_kt) {  // decode the next tile while the tensor cores work
+      cp_async_wait<kRawStages - 2>();
+      __syncthreads();
+      decode((i + 1) % kRawStages, (i + 1) % 2);
+      cutlass::arch::fence_view_async_shared();
+    }
+    warpgroup_wait<0>();
     warpgroup_fence_operand(acc);
-    if (i > 0) cutlass::arch::ClusterBarrier::arrive(&empty_bar[(i - 1) % kDecStages]);
+    __syncthreads();
   }
-  warpgroup_wait<0>();
-  warpgroup_fence_operand(acc);
+  cp_async_wait<0>();
 
   if (p.split_k > 1) {
-    float4* mine = reinterpret_cast<float4*>(p.partials) + ((int64_t(split) * gridDim.x + tile) * (T::kAcc / 4)) * kConsumers + ct;
+    float4* mine = reinterpret_cast<float4*>(p.partials) + ((int64_t(split) * gridDim.x + tile) * (T::kAcc / 4)) * kThreads + tid;
     CUTE_UNROLL
     for (int i = 0; i < T::kAcc / 4; ++i)
-      mine[int64_t(i) * kConsumers] = make_float4(acc(4 * i), acc(4 * i + 1), acc(4 * i + 2), acc(4 * i + 3));
+      mine[int64_t(i) * kThreads] = make_float4(acc(4 * i), acc(4 * i + 1), acc(4 * i + 2), acc(4 * i + 3));
     __threadfence();
-    cutlass::arch::NamedBarrier::sync(kConsumers, 2);
+    __syncthreads();
     __shared__ int last;
-    if (ct == 0) last = atomicAdd(p.counters + tile, 1u) == uint32_t(p.split_k - 1);
-    cutlass::arch::NamedBarrier::sync(kConsumers, 2);
+    if (tid == 0) last = atomicAdd(p.counters + tile, 1u) == uint32_t(p.split_k - 1);
+    __syncthreads();
     if (!last) return;
     __threadfence();
     clear(acc);
     for (int s = 0; s < p.split_k; ++s) {  // fixed order: the sum does not depend on arrival order
-      const float4* part = reinterpret_cast<const float4*>(p.partials) + ((int64_t(s) * gridDim.x + tile) * (T::kAcc / 4)) * kConsumers + ct;
+      const float4* part = reinterpret_cast<const float4*>(p.partials) + ((int64_t(s) * gridDim.x + tile) * (T::kAcc / 4)) * kThreads + tid;
       CUTE_UNROLL
       for (int i = 0; i < T::kAcc / 4; ++i) {
-        const float4 v = __ldcg(part + int64_t(i) * kConsumers);  // L2: other SMs wrote these
+        const float4 v = __ldcg(part + int64_t(i) * kThreads);  // L2: other SMs wrote these
         acc(4 * i) += v.x;
         acc(4 * i + 1) += v.y;
         acc(4 * i + 2) += v.z;
         acc(4 * i + 3) += v.w;
       }
     }
-    if (ct == 0) p.counters[tile] = 0;  // ready for the next launch on this stream
+    if (tid == 0) p.counters[tile] = 0;  // ready for the next launch on this stream
   }
 
   // Epilogue: D = alpha * acc + beta * C, rounded once to OutT.
-  Tensor coord = mma.get_thread_slice(ct).partition_C(make_identity_tensor(Shape<Int<kBM>, Int<BN>>{}));
+  Tensor coord = mma.get_thread_slice(tid).partition_C(make_identity_tensor(Shape<Int<kBM>, Int<BN>>{}));
   OutT* d = static_cast<OutT*>(p.d) + batch * p.m * int64_t(p.n);
   const OutT* c = static_cast<const OutT*>(p.c) + batch * p.m * int64_t(p.n);
   CUTE_UNROLL
@@ -401,7 +382,7 @@ struct Gemm {
              static_cast<uint32_t*>(a.workspace),
              reinterpret_cast<float*>(static_cast<uint8_t*>(a.workspace) + (a.split_k > 1 ? counters_bytes(a) : 0))};
     dim3 grid(unsigned(tiles(a)), unsigned(a.split_k));
-    gemm_kernel<BN, OutT><<<grid, T::kThreads, T::kSmem, static_cast<cudaStream_t>(a.stream)>>>(p);
+    gemm_kernel<BN, OutT><<<grid, kThreads, T::kSmem, static_cast<cudaStream_t>(a.stream)>>>(p);
     return {int32_t(cutlass::Status::kSuccess), int32_t(cudaGetLastError())};
   }
 

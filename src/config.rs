@@ -95,7 +95,7 @@ pub fn split_k(config: Config, p: &Problem, sm_count: usize) -> u32 {
         return 1;
     }
     let tiles = p.m.div_ceil(i.tile[0] as usize) * p.n.div_ceil(i.tile[1] as usize) * p.l;
-    let per_sm = 1; // one warp-specialized CTA (384 threads, 130-200 KB of shared memory) per SM
+    let per_sm = if i.tile[1] >= 256 { 1 } else { 2 };
     let slots = sm_count * per_sm;
     if tiles * 2 >= slots {
         return 1;
@@ -162,9 +162,9 @@ mod tests {
     #[test]
     fn split_k_fills_the_gpu_only_when_needed() {
         let c = Config::Sm90_128x128x64;
-        assert_eq!(split_k(c, &Problem::new(128, 7168, 16384), 132), 2); // 56 tiles, 132 slots
-        assert_eq!(split_k(c, &Problem::new(128, 4096, 7168), 132), 4); // 32 tiles
-        assert_eq!(split_k(c, &Problem::new(128, 7168, 2048), 132), 2);
+        assert_eq!(split_k(c, &Problem::new(128, 7168, 16384), 132), 4); // 56 tiles, 264 slots
+        assert_eq!(split_k(c, &Problem::new(128, 4096, 7168), 132), 8); // 32 tiles
+        assert_eq!(split_k(c, &Problem::new(128, 7168, 2048), 132), 4);
         assert_eq!(split_k(c, &Problem::new(128, 256, 256), 132), 1); // only 4 k-tiles
         assert_eq!(split_k(c, &Problem::new(2048, 2048, 2048), 132), 1); // 256 tiles
         assert_eq!(split_k(Config::Sm100_1Sm_128x64x256, &Problem::new(128, 4096, 7168), 148), 1);
