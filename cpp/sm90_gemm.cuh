@@ -5,10 +5,11 @@
 // both operands are out of its reach (SPEC.md §7).
 //
 // Exactness: a * sf (e2m1 x ue4m3) has at most 6 significant bits and lies in [2^-10, 2688], so it
-// is exact in FP16; FP16 x FP16 products are exact in the FP32 accumulator. Each CTA brings packed
-// FP4 tiles and their scales into shared memory with cp.async (a ring of kRawStages), decodes them
-// on chip into FP16 tiles in the GMMA 128B-swizzled layout, and two warpgroups run wgmma
-// (CuTe's SM90 GMMA atoms) on them: the operands are never written out dequantized.
+// is exact in FP16; FP16 x FP16 products are exact in the FP32 accumulator. Per CTA, TMA brings
+// packed FP4 boxes (64 bytes, i.e. K = 128, of every row) and bulk copies bring the scale chunks
+// into a ring of raw stages completing on mbarriers; all threads decode each 64-K block into
+// FP16 in the GMMA 128B-swizzled layout while two warpgroups run wgmma (CuTe's SM90 GMMA atoms) on
+// the previous one. The operands are never written out dequantized.
 //
 // Decode: the e2m1 nibble s|e1 e0 m, re-placed as the e4m3 byte s<<7 | (e1 e0 m)<<2, is exactly
 // value * 2^-6 (subnormal codes too), so one cvt.rn.f16x2.e4m3x2 and one multiply by sf * 2^6
@@ -19,6 +20,8 @@
 // order, so results do not depend on which CTA finishes last, and writes D.
 #pragma once
 
+#include <cuda.h>
+#include <cudaTypedefs.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -34,6 +37,12 @@
 #include "cutlass/arch/barrier.h"
 #include "cutlass/cutlass.h"
 
+// Experiments only (bench/ablate.cu; never set by build.rs): bit 1 skips the decode, bit 2 the
+// wgmma, bit 4 the global loads, to measure what each stage costs.
+#ifndef BSG_SM90_ABLATE
+#define BSG_SM90_ABLATE 0
+#endif
+
 namespace bsg::sm90 {
 
 using namespace cute;
@@ -41,7 +50,7 @@ using namespace cute;
 constexpr int kBM = 128;         // rows of A per CTA: two warpgroups of 64
 constexpr int kBK = 64;          // K per stage: one 128-byte swizzle row of FP16, one scale tile column block
 constexpr int kThreads = 256;
-constexpr int kRawStages = 4;    // cp.async ring depth for packed FP4 and scales
+constexpr int kRawK = 128;       // K per raw (packed) stage: 64 contiguous bytes of every row
 
 struct Params {
   int32_t m, n, k, l, split_k;
@@ -60,10 +69,12 @@ template <int BN>
 struct Tile {
   static_assert(BN == 64 || BN == 128 || BN == 256, "tile N");
   static constexpr int kSfChunksB = (BN + 127) / 128;
-  // Raw stage: A rows x 32 bytes, B rows x 32 bytes, one 512-byte scale chunk for A, 1-2 for B.
-  static constexpr int kRawA = kBM * 32;
-  static constexpr int kRawB = BN * 32;
-  static constexpr int kRawBytes = kRawA + kRawB + 512 + 512 * kSfChunksB;
+  // Raw stage (TMA destination): A rows x 64 bytes, B rows x 64 bytes, then the scales of the two
+  // 64-K blocks: 1 KB per 128-row block (A: one, B: 1-2).
+  static constexpr int kRawA = kBM * kRawK / 2;
+  static constexpr int kRawB = BN * kRawK / 2;
+  static constexpr int kRawBytes = kRawA + kRawB + 1024 + 1024 * kSfChunksB;
+  static constexpr int kRawStages = BN == 256 ? 3 : 2;  // BN <= 128 keeps two CTAs per SM
   using SmemAtom = GMMA::Layout_K_SW128_Atom<half_t>;  // 8 x 64 halves, 128-byte swizzle
   using SmemLayoutA = decltype(tile_to_shape(SmemAtom{}, make_shape(Int<kBM>{}, Int<kBK>{}, Int<2>{})));
   using SmemLayoutB = decltype(tile_to_shape(SmemAtom{}, make_shape(Int<BN>{}, Int<kBK>{}, Int<2>{})));
@@ -73,17 +84,23 @@ struct Tile {
   static constexpr int kDecA = kBM * kBK * 2 * 2;  // bytes, two buffers
   static constexpr int kDecB = BN * kBK * 2 * 2;
   static constexpr int kSmem = 1024 + kDecA + kDecB + kRawStages * kRawBytes;  // 1024: swizzle alignment
-  static constexpr int kAcc = kBM * BN / kThreads;  // accumulator floats per thread
   static constexpr int kMinBlocks = BN == 256 ? 1 : 2;
+  static constexpr int kAcc = kBM * BN / kThreads;  // accumulator floats per thread
 };
 
-__device__ __forceinline__ void cp_async16(uint32_t smem, const void* gmem, bool valid) {
-  // src-size 0 zero-fills the 16 bytes without reading global memory.
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem), "l"(gmem), "r"(valid ? 16 : 0));
+// 3-D tensor tile (k byte, row, batch) into shared memory, completing on an mbarrier (TMA).
+__device__ __forceinline__ void tma_load_3d(uint32_t dst, const CUtensorMap* map, int c0, int c1, int c2, uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(bar)
+      : "memory");
 }
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+// Contiguous bytes into shared memory, completing on an mbarrier.
+__device__ __forceinline__ void bulk_load(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst), "l"(src),
+               "r"(bytes), "r"(bar)
+               : "memory");
+}
 
 __device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t two_bytes) {
   uint32_t out;
@@ -145,21 +162,19 @@ __device__ __forceinline__ uint32_t sw128_offset(int row, int chunk) {
 template <int kRows>
 struct Operand {
   static constexpr int kUnits = (kRows * 2 + kThreads - 1) / kThreads;
-  const uint8_t* row_ptr[kUnits];  // start of this thread's rows in global memory
-  bool row_ok[kUnits];
-  int sf_off[kUnits];              // offset of the row's scale pair inside its 512-byte chunks
+  int raw_off[kUnits];             // the unit's 16 bytes in a raw stage (add 32 for the 2nd K-block)
+  int sf_off[kUnits];              // the row's scale pair in the stage's scales (add 512 likewise)
   uint32_t dec_off[kUnits][4];     // swizzled byte offsets of the 4 output chunks
   bool active[kUnits];
 
-  __device__ void init(const uint8_t* base, int row0, int rows, int64_t row_bytes, int row_in_block0, int tid) {
+  __device__ void init(int row_in_block0, int tid) {
     CUTE_UNROLL
     for (int j = 0; j < kUnits; ++j) {
       const int u = tid + j * kThreads, r = u / 2, h = u % 2;
       active[j] = u < kRows * 2;
-      row_ok[j] = active[j] && row0 + r < rows;
-      row_ptr[j] = base + (row_ok[j] ? (row0 + r) * row_bytes + h * 16 : 0);
+      raw_off[j] = r * (kRawK / 2) + h * 16;
       const int in_block = row_in_block0 + r;  // row within the operand's 128-row scale chunks
-      sf_off[j] = (in_block / 128) * 512 + sf_in_chunk(in_block % 128, 2 * h);
+      sf_off[j] = (in_block / 128) * 1024 + sf_in_chunk(in_block % 128, 2 * h);
       CUTE_UNROLL
       for (int c = 0; c < 4; ++c) dec_off[j][c] = sw128_offset(r, h * 4 + c);
     }
@@ -167,9 +182,11 @@ struct Operand {
 };
 
 template <int BN, class OutT>
-__global__ void __launch_bounds__(kThreads, Tile<BN>::kMinBlocks) gemm_kernel(const Params p) {
+__global__ void __launch_bounds__(kThreads, Tile<BN>::kMinBlocks)
+    gemm_kernel(const __grid_constant__ Params p, const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b) {
   using T = Tile<BN>;
   extern __shared__ uint8_t smem_raw[];
+  __shared__ uint64_t raw_bar[T::kRawStages];
   // 1024-byte alignment for the swizzle atoms, as pointer arithmetic on the __shared__ array so
   // the compiler keeps shared-memory instructions.
   const uint32_t pad = (1024u - (static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw)) & 1023u)) & 1023u;
@@ -192,57 +209,45 @@ __global__ void __launch_bounds__(kThreads, Tile<BN>::kMinBlocks) gemm_kernel(co
   const int kt_begin = int(int64_t(k_tiles) * split / p.split_k);
   const int kt_end = int(int64_t(k_tiles) * (split + 1) / p.split_k);
   const int n_kt = kt_end - kt_begin;
+  const int n_raw = (n_kt + 1) / 2;  // raw stages of two 64-K blocks
 
-  const int64_t row_bytes = p.k / 2;
-  const int64_t sp = ((p.k / 16) + 3) / 4 * 4;
   Operand<kBM> opA;
   Operand<BN> opB;
-  opA.init(p.a + batch * p.m * row_bytes, m0, p.m, row_bytes, 0, tid);
-  opB.init(p.b + batch * p.n * row_bytes, n0, p.n, row_bytes, n0 % 128, tid);
-  // Scale chunks of this thread (16 bytes of a 512-byte chunk; A's chunk, then B's 1 or 2).
-  constexpr int kSfPieces = 32 * (1 + T::kSfChunksB);
-  const bool sf_active = tid < kSfPieces;
-  const uint8_t* sf_ptr = nullptr;
-  bool sf_ok = false;
-  if (sf_active) {
-    const int chunk = tid / 32, piece = tid % 32;
-    const bool is_a = chunk == 0;
-    const int64_t row_block = is_a ? m0 / 128 : n0 / 128 + (chunk - 1);
-    sf_ok = is_a || row_block * 128 < p.n;
-    const uint8_t* base = is_a ? p.sfa + batch * (int64_t((p.m + 127) / 128) * 128 * sp)
-                               : p.sfb + batch * (int64_t((p.n + 127) / 128) * 128 * sp);
-    sf_ptr = sf_ok ? base + row_block * (sp / 4) * 512 + piece * 16 : p.sfa;
-  }
-  const uint32_t raw_s = static_cast<uint32_t>(__cvta_generic_to_shared(raw));
+  opA.init(0, tid);
+  opB.init(n0 % 128, tid);
 
-  // Issue the cp.async copies of k-tile `kt` into ring slot `slot`.
-  auto load_raw = [&](int kt, int slot) {
+  // Thread 0 issues every copy of a raw stage: two TMA boxes and the scale chunks.
+  const int64_t sp = ((p.k / 16) + 3) / 4 * 4;
+  const uint8_t* sfa_rows = p.sfa + batch * (int64_t((p.m + 127) / 128) * 128 * sp) + int64_t(m0 / 128) * (sp / 4) * 512;
+  const uint8_t* sfb_rows = p.sfb + batch * (int64_t((p.n + 127) / 128) * 128 * sp) + int64_t(n0 / 128) * (sp / 4) * 512;
+  const int sfb_chunks = min(T::kSfChunksB, (p.n + 127) / 128 - n0 / 128);  // 128-row blocks of B inside N
+  const uint32_t raw_s = static_cast<uint32_t>(__cvta_generic_to_shared(raw));
+  auto issue = [&](int r) {
+    const int slot = r % T::kRawStages;
+    const uint32_t bar = static_cast<uint32_t>(__cvta_generic_to_shared(&raw_bar[slot]));
     const uint32_t base = raw_s + slot * T::kRawBytes;
-    const int kbyte = kt * (kBK / 2);
-    const bool last = (kt + 1) * kBK > p.k;  // only the last k-tile can hold a half past K
-    CUTE_UNROLL
-    for (int j = 0; j < Operand<kBM>::kUnits; ++j) {
-      const int u = tid + j * kThreads;
-      const bool ok = opA.row_ok[j] && (!last || kt * kBK + (u % 2) * 32 < p.k);
-      if (opA.active[j]) cp_async16(base + u * 16, opA.row_ptr[j] + (ok ? kbyte : 0), ok);
+    const int kt = kt_begin + 2 * r;
+    const uint32_t sf_bytes = min(2, kt_end - kt) * 512;
+    cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&raw_bar[slot], T::kRawA + T::kRawB + sf_bytes * (1 + sfb_chunks));
+    if constexpr ((BSG_SM90_ABLATE & 4) == 0) {
+      tma_load_3d(base, &map_a, kt * (kBK / 2), m0, int(batch), bar);
+      tma_load_3d(base + T::kRawA, &map_b, kt * (kBK / 2), n0, int(batch), bar);
+      bulk_load(base + T::kRawA + T::kRawB, sfa_rows + int64_t(kt) * 512, sf_bytes, bar);
+      for (int c = 0; c < sfb_chunks; ++c)
+        bulk_load(base + T::kRawA + T::kRawB + 1024 * (1 + c), sfb_rows + c * (sp / 4) * 512 + int64_t(kt) * 512, sf_bytes, bar);
+    } else {
+      // Ablation: no loads; complete the transaction count without moving data.
+      asm volatile("mbarrier.complete_tx.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(T::kRawA + T::kRawB + sf_bytes * (1 + sfb_chunks)));
     }
-    CUTE_UNROLL
-    for (int j = 0; j < Operand<BN>::kUnits; ++j) {
-      const int u = tid + j * kThreads;
-      const bool ok = opB.row_ok[j] && (!last || kt * kBK + (u % 2) * 32 < p.k);
-      if (opB.active[j]) cp_async16(base + T::kRawA + u * 16, opB.row_ptr[j] + (ok ? kbyte : 0), ok);
-    }
-    if (sf_active) cp_async16(base + T::kRawA + T::kRawB + tid * 16, sf_ptr + (sf_ok ? int64_t(kt) * 512 : 0), sf_ok);
   };
 
-  // Decode ring slot `slot` into FP16 buffer `buf`.
-  auto decode_operand = [&](auto& op, const uint8_t* raw_rows, const uint8_t* raw_sf, uint8_t* dec) {
+  // Decode 64-K block `sub` (0 or 1) of raw slot `slot` into FP16 buffer `buf`.
+  auto decode_operand = [&](auto& op, const uint8_t* raw_rows, const uint8_t* raw_sf, uint8_t* dec, int sub) {
     CUTE_UNROLL
     for (int j = 0; j < (int)(sizeof(op.active) / sizeof(bool)); ++j) {
       if (!op.active[j]) continue;
-      const int u = tid + j * kThreads;
-      const uint4 q = *reinterpret_cast<const uint4*>(raw_rows + u * 16);
-      const uint32_t sf2 = *reinterpret_cast<const uint16_t*>(raw_sf + op.sf_off[j]);
+      const uint4 q = *reinterpret_cast<const uint4*>(raw_rows + op.raw_off[j] + sub * 32);
+      const uint32_t sf2 = *reinterpret_cast<const uint16_t*>(raw_sf + op.sf_off[j] + sub * 512);
       const uint32_t sc = hmul2(e4m3x2_to_f16x2(sf2), 0x54005400u);  // both scales * 2^6 (64.0)
       const uint32_t s0 = __byte_perm(sc, sc, 0x1010), s1 = __byte_perm(sc, sc, 0x3232);
       *reinterpret_cast<uint4*>(dec + op.dec_off[j][0]) = decode8(q.x, s0);
@@ -251,11 +256,23 @@ __global__ void __launch_bounds__(kThreads, Tile<BN>::kMinBlocks) gemm_kernel(co
       *reinterpret_cast<uint4*>(dec + op.dec_off[j][3]) = decode8(q.w, s1);
     }
   };
-  auto decode = [&](int slot, int buf) {
-    const uint8_t* base = raw + slot * T::kRawBytes;
-    decode_operand(opA, base, base + T::kRawA + T::kRawB, reinterpret_cast<uint8_t*>(decA) + buf * (kBM * kBK * 2));
-    decode_operand(opB, base + T::kRawA, base + T::kRawA + T::kRawB + 512, reinterpret_cast<uint8_t*>(decB) + buf * (BN * kBK * 2));
+  auto decode = [&](int i, int buf) {  // MMA k-tile i of this split
+    if constexpr ((BSG_SM90_ABLATE & 1) != 0) return;
+    const uint8_t* base = raw + ((i / 2) % T::kRawStages) * T::kRawBytes;
+    decode_operand(opA, base, base + T::kRawA + T::kRawB, reinterpret_cast<uint8_t*>(decA) + buf * (kBM * kBK * 2), i % 2);
+    decode_operand(opB, base + T::kRawA, base + T::kRawA + T::kRawB + 1024, reinterpret_cast<uint8_t*>(decB) + buf * (BN * kBK * 2), i % 2);
   };
+  auto wait_raw = [&](int r) {
+    cutlass::arch::ClusterTransactionBarrier::wait(&raw_bar[r % T::kRawStages], (r / T::kRawStages) & 1);
+  };
+
+  if (tid == 0) {
+    for (int s = 0; s < T::kRawStages; ++s) cutlass::arch::ClusterTransactionBarrier::init(&raw_bar[s], 1);
+    cutlass::arch::fence_barrier_init();
+  }
+  __syncthreads();
+  if (tid == 0)
+    for (int r = 0; r < min(T::kRawStages, n_raw); ++r) issue(r);
 
   typename T::TiledMma mma;
   Tensor sA = make_tensor(make_smem_ptr(decA), typename T::SmemLayoutA{});
@@ -267,38 +284,32 @@ __global__ void __launch_bounds__(kThreads, Tile<BN>::kMinBlocks) gemm_kernel(co
   clear(acc);
 
   if (n_kt > 0) {
-    for (int s = 0; s < kRawStages - 1; ++s) {
-      if (s < n_kt) load_raw(kt_begin + s, s);
-      cp_async_commit();
-    }
-    cp_async_wait<kRawStages - 2>();
-    __syncthreads();
+    wait_raw(0);
     decode(0, 0);
     cutlass::arch::fence_view_async_shared();  // generic-proxy stores, read next by wgmma
     __syncthreads();
   }
   for (int i = 0; i < n_kt; ++i) {
-    if (i + kRawStages - 1 < n_kt) load_raw(kt_begin + i + kRawStages - 1, (i + kRawStages - 1) % kRawStages);
-    cp_async_commit();
     const int buf = i % 2;
     warpgroup_fence_operand(acc);
     warpgroup_arrive();
     CUTE_UNROLL
     for (int kb = 0; kb < size<2>(tCrA); ++kb) {
-      cute::gemm(mma, tCrA(_, _, kb, buf), tCrB(_, _, kb, buf), acc);
+      if constexpr ((BSG_SM90_ABLATE & 2) == 0) cute::gemm(mma, tCrA(_, _, kb, buf), tCrB(_, _, kb, buf), acc);
     }
     warpgroup_commit_batch();
-    if (i + 1 < n_kt) {  // decode the next tile while the tensor cores work
-      cp_async_wait<kRawStages - 2>();
-      __syncthreads();
-      decode((i + 1) % kRawStages, (i + 1) % 2);
+    const int j = i + 1;
+    if (j < n_kt) {  // decode the next k-tile while the tensor cores work
+      if (j % 2 == 0) wait_raw(j / 2);
+      decode(j, j % 2);
       cutlass::arch::fence_view_async_shared();
     }
     warpgroup_wait<0>();
     warpgroup_fence_operand(acc);
     __syncthreads();
+    // Raw stage j / 2 is fully decoded once its last k-tile is: refill its slot.
+    if (tid == 0 && j < n_kt && (j % 2 == 1 || j == n_kt - 1) && j / 2 + T::kRawStages < n_raw) issue(j / 2 + T::kRawStages);
   }
-  cp_async_wait<0>();
 
   if (p.split_k > 1) {
     float4* mine = reinterpret_cast<float4*>(p.partials) + ((int64_t(split) * gridDim.x + tile) * (T::kAcc / 4)) * kThreads + tid;
@@ -358,6 +369,27 @@ struct Gemm {
     return tiles(a) <= INT_MAX && a.split_k >= 1 && a.split_k <= k_tiles && a.split_k <= 65535;
   }
 
+  // TMA descriptor of a packed operand: (row_bytes, rows, batch) bytes, boxes of 64 bytes x
+  // box_rows rows; reads past K, the rows or the batch are zero-filled.
+  static bool encode(CUtensorMap* map, const void* base, int64_t row_bytes, int64_t rows, int64_t batch, uint32_t box_rows) {
+    static PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
+      void* f = nullptr;
+      cudaDriverEntryPointQueryResult q;
+      if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &q) != cudaSuccess ||
+          q != cudaDriverEntryPointSuccess)
+        return static_cast<PFN_cuTensorMapEncodeTiled_v12000>(nullptr);
+      return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
+    }();
+    if (!fn) return false;
+    const cuuint64_t dims[3] = {cuuint64_t(row_bytes), cuuint64_t(rows), cuuint64_t(batch)};
+    const cuuint64_t strides[2] = {cuuint64_t(row_bytes), cuuint64_t(row_bytes * rows)};
+    const cuuint32_t box[3] = {kRawK / 2, box_rows, 1};
+    const cuuint32_t elem[3] = {1, 1, 1};
+    return fn(map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 3, const_cast<void*>(base), dims, strides, box, elem,
+              CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+              CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+  }
+
   static size_t counters_bytes(const KernelArgs& a) { return (size_t(tiles(a)) * 4 + 255) / 256 * 256; }
 
   static size_t workspace_size(const KernelArgs& a) {
@@ -375,6 +407,9 @@ struct Gemm {
       if (e != cudaSuccess) return {int32_t(cutlass::Status::kErrorInternal), int32_t(e)};
       configured.fetch_or(bit);
     }
+    CUtensorMap map_a, map_b;
+    if (!encode(&map_a, a.a, a.k / 2, a.m, a.l, kBM) || !encode(&map_b, a.b, a.k / 2, a.n, a.l, BN))
+      return {int32_t(cutlass::Status::kErrorInternal), 0};
     Params p{a.m, a.n, a.k, a.l, a.split_k,
              static_cast<const uint8_t*>(a.a), static_cast<const uint8_t*>(a.sfa),
              static_cast<const uint8_t*>(a.b), static_cast<const uint8_t*>(a.sfb),
@@ -382,7 +417,7 @@ struct Gemm {
              static_cast<uint32_t*>(a.workspace),
              reinterpret_cast<float*>(static_cast<uint8_t*>(a.workspace) + (a.split_k > 1 ? counters_bytes(a) : 0))};
     dim3 grid(unsigned(tiles(a)), unsigned(a.split_k));
-    gemm_kernel<BN, OutT><<<grid, kThreads, T::kSmem, static_cast<cudaStream_t>(a.stream)>>>(p);
+    gemm_kernel<BN, OutT><<<grid, kThreads, T::kSmem, static_cast<cudaStream_t>(a.stream)>>>(p, map_a, map_b);
     return {int32_t(cutlass::Status::kSuccess), int32_t(cudaGetLastError())};
   }
 

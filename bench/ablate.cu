@@ -1,0 +1,60 @@
+// Stage ablation of the SM90 kernel (bench/NOTES.md): build one binary per BSG_SM90_ABLATE value
+// with bench/ablate.sh and run them on a Hopper GPU. Times one shape, median of 100 runs after 10
+// warm-ups, CUDA events per run, inputs rotated over > 2x L2. Results are not checked (ablated
+// variants compute garbage on purpose); the product path is verified by tests/gpu.rs.
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <vector>
+
+#include "sm90_gemm.cuh"
+
+#define CHECK(x) do { cudaError_t err_ = (x); if (err_ != cudaSuccess) { std::printf("%s: %s\n", #x, cudaGetErrorString(err_)); std::exit(1); } } while (0)
+
+template <int BN>
+float run(int m, int n, int k, int split) {
+  const size_t a_bytes = size_t(m) * k / 2, b_bytes = size_t(n) * k / 2;
+  const size_t sp = ((k / 16) + 3) / 4 * 4;
+  const size_t sfa = (m + 127) / 128 * 128 * sp, sfb = (n + 127) / 128 * 128 * sp;
+  const size_t set = a_bytes + b_bytes + sfa + sfb;
+  const int sets = int(std::max<size_t>(2, 2 * 50 * (size_t(1) << 20) / set + 1));
+  std::vector<uint8_t*> bufs(sets);
+  std::vector<uint8_t> host(set);
+  for (size_t i = 0; i < a_bytes + b_bytes; ++i) host[i] = uint8_t(i * 2654435761u >> 13);
+  for (size_t i = a_bytes + b_bytes; i < set; ++i) host[i] = 0x38;  // scale 1.0
+  for (auto& p : bufs) { CHECK(cudaMalloc(&p, set)); CHECK(cudaMemcpy(p, host.data(), set, cudaMemcpyHostToDevice)); }
+  void* d; CHECK(cudaMalloc(&d, size_t(m) * n * 2));
+  bsg::KernelArgs args{m, n, k, 1, nullptr, nullptr, nullptr, nullptr, d, d, 1.f, 0.f, nullptr, 0, nullptr, 0, 132, split};
+  using G = bsg::sm90::Gemm<BN, __half>;
+  size_t ws = G::workspace_size(args);
+  void* w = nullptr;
+  if (ws) { CHECK(cudaMalloc(&w, ws)); CHECK(cudaMemset(w, 0, ws)); }
+  args.workspace = w; args.workspace_bytes = ws;
+  auto launch = [&](int i) {
+    uint8_t* base = bufs[i % sets];
+    args.a = base; args.b = base + a_bytes; args.sfa = base + a_bytes + b_bytes; args.sfb = base + a_bytes + b_bytes + sfa;
+    bsg::KernelStatus s = G::run(args);
+    if (s.cutlass_status != 0 || s.cuda_error != 0) { std::printf("launch: %d %d\n", s.cutlass_status, s.cuda_error); std::exit(1); }
+  };
+  for (int i = 0; i < 10; ++i) launch(i);
+  std::vector<cudaEvent_t> ev(200);
+  for (auto& e : ev) CHECK(cudaEventCreate(&e));
+  for (int i = 0; i < 100; ++i) { CHECK(cudaEventRecord(ev[2 * i])); launch(i); CHECK(cudaEventRecord(ev[2 * i + 1])); }
+  CHECK(cudaDeviceSynchronize());
+  std::vector<float> t(100);
+  for (int i = 0; i < 100; ++i) CHECK(cudaEventElapsedTime(&t[i], ev[2 * i], ev[2 * i + 1]));
+  std::sort(t.begin(), t.end());
+  for (auto p : bufs) cudaFree(p);
+  cudaFree(d); if (w) cudaFree(w);
+  return t[50] * 1000.f;
+}
+
+int main(int argc, char** argv) {
+  if (argc != 6) { std::printf("usage: ablate M N K BN(128|256) SPLIT\n"); return 2; }
+  int m = std::atoi(argv[1]), n = std::atoi(argv[2]), k = std::atoi(argv[3]), bn = std::atoi(argv[4]), split = std::atoi(argv[5]);
+  float us = bn == 256 ? run<256>(m, n, k, split) : run<128>(m, n, k, split);
+  std::printf("ablate=%d (%s%s%s) %dx%dx%d BN=%d split=%d: %.2f us\n", BSG_SM90_ABLATE,
+              BSG_SM90_ABLATE & 1 ? "no-decode " : "", BSG_SM90_ABLATE & 2 ? "no-mma " : "", BSG_SM90_ABLATE & 4 ? "no-loads" : "",
+              m, n, k, bn, split, us);
+  return 0;
+}
