@@ -42,6 +42,10 @@
 #ifndef BSG_SM90_ABLATE
 #define BSG_SM90_ABLATE 0
 #endif
+// K per raw stage (64-K blocks per TMA box x 64), a tuning knob for experiments.
+#ifndef BSG_SM90_RAW_K
+#define BSG_SM90_RAW_K 128
+#endif
 
 namespace bsg::sm90 {
 
@@ -50,7 +54,9 @@ using namespace cute;
 constexpr int kBM = 128;         // rows of A per CTA: two warpgroups of 64
 constexpr int kBK = 64;          // K per stage: one 128-byte swizzle row of FP16, one scale tile column block
 constexpr int kThreads = 256;
-constexpr int kRawK = 128;       // K per raw (packed) stage: 64 contiguous bytes of every row
+constexpr int kRawK = BSG_SM90_RAW_K;  // K per raw (packed) stage: kRawK / 2 contiguous bytes of every row
+constexpr int kSubs = kRawK / kBK;     // 64-K blocks per raw stage
+static_assert(kSubs >= 1 && kSubs * kBK == kRawK && kRawK / 2 <= 256, "raw stage K");
 
 struct Params {
   int32_t m, n, k, l, split_k;
@@ -69,11 +75,12 @@ template <int BN>
 struct Tile {
   static_assert(BN == 64 || BN == 128 || BN == 256, "tile N");
   static constexpr int kSfChunksB = (BN + 127) / 128;
-  // Raw stage (TMA destination): A rows x 64 bytes, B rows x 64 bytes, then the scales of the two
-  // 64-K blocks: 1 KB per 128-row block (A: one, B: 1-2).
+  // Raw stage (TMA destination): A rows x kRawK/2 bytes, B rows likewise, then the scales of the
+  // kSubs 64-K blocks: kSubs x 512 bytes per 128-row block (A: one, B: 1-2).
   static constexpr int kRawA = kBM * kRawK / 2;
   static constexpr int kRawB = BN * kRawK / 2;
-  static constexpr int kRawBytes = kRawA + kRawB + 1024 + 1024 * kSfChunksB;
+  static constexpr int kSfStage = kSubs * 512;  // scale bytes of one 128-row block per raw stage
+  static constexpr int kRawBytes = kRawA + kRawB + kSfStage * (1 + kSfChunksB);
   static constexpr int kRawStages = BN == 256 ? 3 : 2;  // BN <= 128 keeps two CTAs per SM
   using SmemAtom = GMMA::Layout_K_SW128_Atom<half_t>;  // 8 x 64 halves, 128-byte swizzle
   using SmemLayoutA = decltype(tile_to_shape(SmemAtom{}, make_shape(Int<kBM>{}, Int<kBK>{}, Int<2>{})));
@@ -174,7 +181,7 @@ struct Operand {
       active[j] = u < kRows * 2;
       raw_off[j] = r * (kRawK / 2) + h * 16;
       const int in_block = row_in_block0 + r;  // row within the operand's 128-row scale chunks
-      sf_off[j] = (in_block / 128) * 1024 + sf_in_chunk(in_block % 128, 2 * h);
+      sf_off[j] = (in_block / 128) * (kSubs * 512) + sf_in_chunk(in_block % 128, 2 * h);
       CUTE_UNROLL
       for (int c = 0; c < 4; ++c) dec_off[j][c] = sw128_offset(r, h * 4 + c);
     }
@@ -209,7 +216,7 @@ __global__ void __launch_bounds__(kThreads, Tile<BN>::kMinBlocks)
   const int kt_begin = int(int64_t(k_tiles) * split / p.split_k);
   const int kt_end = int(int64_t(k_tiles) * (split + 1) / p.split_k);
   const int n_kt = kt_end - kt_begin;
-  const int n_raw = (n_kt + 1) / 2;  // raw stages of two 64-K blocks
+  const int n_raw = (n_kt + kSubs - 1) / kSubs;  // raw stages of kSubs 64-K blocks
 
   Operand<kBM> opA;
   Operand<BN> opB;
@@ -226,15 +233,15 @@ __global__ void __launch_bounds__(kThreads, Tile<BN>::kMinBlocks)
     const int slot = r % T::kRawStages;
     const uint32_t bar = static_cast<uint32_t>(__cvta_generic_to_shared(&raw_bar[slot]));
     const uint32_t base = raw_s + slot * T::kRawBytes;
-    const int kt = kt_begin + 2 * r;
-    const uint32_t sf_bytes = min(2, kt_end - kt) * 512;
+    const int kt = kt_begin + kSubs * r;
+    const uint32_t sf_bytes = min(kSubs, kt_end - kt) * 512;
     cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&raw_bar[slot], T::kRawA + T::kRawB + sf_bytes * (1 + sfb_chunks));
     if constexpr ((BSG_SM90_ABLATE & 4) == 0) {
       tma_load_3d(base, &map_a, kt * (kBK / 2), m0, int(batch), bar);
       tma_load_3d(base + T::kRawA, &map_b, kt * (kBK / 2), n0, int(batch), bar);
       bulk_load(base + T::kRawA + T::kRawB, sfa_rows + int64_t(kt) * 512, sf_bytes, bar);
       for (int c = 0; c < sfb_chunks; ++c)
-        bulk_load(base + T::kRawA + T::kRawB + 1024 * (1 + c), sfb_rows + c * (sp / 4) * 512 + int64_t(kt) * 512, sf_bytes, bar);
+        bulk_load(base + T::kRawA + T::kRawB + T::kSfStage * (1 + c), sfb_rows + c * (sp / 4) * 512 + int64_t(kt) * 512, sf_bytes, bar);
     } else {
       // Ablation: no loads; complete the transaction count without moving data.
       asm volatile("mbarrier.complete_tx.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(T::kRawA + T::kRawB + sf_bytes * (1 + sfb_chunks)));
@@ -258,9 +265,9 @@ __global__ void __launch_bounds__(kThreads, Tile<BN>::kMinBlocks)
   };
   auto decode = [&](int i, int buf) {  // MMA k-tile i of this split
     if constexpr ((BSG_SM90_ABLATE & 1) != 0) return;
-    const uint8_t* base = raw + ((i / 2) % T::kRawStages) * T::kRawBytes;
-    decode_operand(opA, base, base + T::kRawA + T::kRawB, reinterpret_cast<uint8_t*>(decA) + buf * (kBM * kBK * 2), i % 2);
-    decode_operand(opB, base + T::kRawA, base + T::kRawA + T::kRawB + 1024, reinterpret_cast<uint8_t*>(decB) + buf * (BN * kBK * 2), i % 2);
+    const uint8_t* base = raw + ((i / kSubs) % T::kRawStages) * T::kRawBytes;
+    decode_operand(opA, base, base + T::kRawA + T::kRawB, reinterpret_cast<uint8_t*>(decA) + buf * (kBM * kBK * 2), i % kSubs);
+    decode_operand(opB, base + T::kRawA, base + T::kRawA + T::kRawB + T::kSfStage, reinterpret_cast<uint8_t*>(decB) + buf * (BN * kBK * 2), i % kSubs);
   };
   auto wait_raw = [&](int r) {
     cutlass::arch::ClusterTransactionBarrier::wait(&raw_bar[r % T::kRawStages], (r / T::kRawStages) & 1);
@@ -300,15 +307,16 @@ __global__ void __launch_bounds__(kThreads, Tile<BN>::kMinBlocks)
     warpgroup_commit_batch();
     const int j = i + 1;
     if (j < n_kt) {  // decode the next k-tile while the tensor cores work
-      if (j % 2 == 0) wait_raw(j / 2);
+      if (j % kSubs == 0) wait_raw(j / kSubs);
       decode(j, j % 2);
       cutlass::arch::fence_view_async_shared();
     }
     warpgroup_wait<0>();
     warpgroup_fence_operand(acc);
     __syncthreads();
-    // Raw stage j / 2 is fully decoded once its last k-tile is: refill its slot.
-    if (tid == 0 && j < n_kt && (j % 2 == 1 || j == n_kt - 1) && j / 2 + T::kRawStages < n_raw) issue(j / 2 + T::kRawStages);
+    // Raw stage j / kSubs is fully decoded once its last k-tile is: refill its slot.
+    if (tid == 0 && j < n_kt && (j % kSubs == kSubs - 1 || j == n_kt - 1) && j / kSubs + T::kRawStages < n_raw)
+      issue(j / kSubs + T::kRawStages);
   }
 
   if (p.split_k > 1) {
