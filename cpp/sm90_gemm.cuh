@@ -16,8 +16,9 @@
 // (at most 448 * 64 = 28672, an FP16 number) give a * sf.
 //
 // Split-K: K is cut into `split_k` ranges (grid.y); each CTA stores its FP32 partial tile in the
-// workspace, and the last CTA of a tile to arrive (per-tile counter) sums the partials in split
-// order, so results do not depend on which CTA finishes last, and writes D.
+// workspace, and the last CTA of a tile to arrive (per-tile counter, zeroed on the stream before
+// each launch) sums the partials in split order, so results do not depend on which CTA finishes
+// last, and writes D.
 #pragma once
 
 #include <cuda.h>
@@ -67,7 +68,7 @@ struct Params {
   const void* c;
   void* d;
   float alpha, beta;
-  uint32_t* counters;  // one per output tile, zero between launches
+  uint32_t* counters;  // one per output tile, zeroed before the launch
   float* partials;     // [split][tile][acc / 4][thread] float4
 };
 
@@ -343,7 +344,6 @@ __global__ void __launch_bounds__(kThreads, Tile<BN>::kMinBlocks)
         acc(4 * i + 3) += v.w;
       }
     }
-    if (tid == 0) p.counters[tile] = 0;  // ready for the next launch on this stream
   }
 
   // Epilogue: D = alpha * acc + beta * C, rounded once to OutT.
@@ -425,6 +425,12 @@ struct Gemm {
              static_cast<uint32_t*>(a.workspace),
              reinterpret_cast<float*>(static_cast<uint8_t*>(a.workspace) + (a.split_k > 1 ? counters_bytes(a) : 0))};
     dim3 grid(unsigned(tiles(a)), unsigned(a.split_k));
+    if (a.split_k > 1) {
+      // The workspace is reused across problems: partials of an earlier call may lie where this
+      // call's counters are.
+      cudaError_t e = cudaMemsetAsync(a.workspace, 0, counters_bytes(a), static_cast<cudaStream_t>(a.stream));
+      if (e != cudaSuccess) return {int32_t(cutlass::Status::kErrorInternal), int32_t(e)};
+    }
     gemm_kernel<BN, OutT><<<grid, kThreads, T::kSmem, static_cast<cudaStream_t>(a.stream)>>>(p, map_a, map_b);
     return {int32_t(cutlass::Status::kSuccess), int32_t(cudaGetLastError())};
   }

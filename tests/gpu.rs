@@ -32,6 +32,7 @@ fn main() {
         ("sm90_split_k_values_and_determinism", sm90_split_k_values_and_determinism),
         ("sm90_extreme_scales", sm90_extreme_scales),
         ("sm90_contest_and_benchmark_shapes", sm90_contest_and_benchmark_shapes),
+        ("sm90_workspace_reuse_across_shapes", sm90_workspace_reuse_across_shapes),
     ];
     let filter: Vec<String> = std::env::args().skip(1).filter(|a| !a.starts_with('-')).collect();
     let (mut passed, mut failed, mut skipped) = (0, 0, 0);
@@ -234,6 +235,22 @@ fn sm90_contest_and_benchmark_shapes() -> Outcome {
         let p = Problem::new(m, n, k);
         let c = g.select_config(&p, OutType::F16).unwrap();
         println!("  {m}x{n}x{k}: {c}, split_k {}", blockscaled_gemm::config_split_k(c, &p, g.device().sm_count));
+        run_sm90::<f16>(&g, &a, &b, 1.0, 0.0, c, true);
+    }
+    Ok(())
+}
+
+/// One GEMM object (one workspace), shapes in an order where a later split-K problem has more
+/// output tiles than an earlier one yet needs less workspace, so its per-tile counters lie where
+/// the earlier partials were: 128x1152x16384 (9 tiles x 16 splits, 9.4 MB), then 128x8320x512
+/// (65 tiles x 2 splits, 8.5 MB; counters over bytes 0..512).
+fn sm90_workspace_reuse_across_shapes() -> Outcome {
+    let g = hopper()?;
+    let c = Config::Sm90_128x128x64;
+    for (i, (m, n, k, split)) in [(128, 1152, 16384, 16), (128, 8320, 512, 2), (128, 1152, 16384, 16), (128, 8320, 512, 2)].into_iter().enumerate() {
+        let p = Problem::new(m, n, k);
+        assert_eq!(blockscaled_gemm::config_split_k(c, &p, g.device().sm_count), split, "{m}x{n}x{k}: the heuristic changed; pick shapes again");
+        let (a, b) = contest(m, n, k, 1, 60 + i as u64);
         run_sm90::<f16>(&g, &a, &b, 1.0, 0.0, c, true);
     }
     Ok(())
