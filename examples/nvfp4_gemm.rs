@@ -178,10 +178,10 @@ fn run<T: OutputElement + DeviceRepr + safetensors_dtype::HasDtype>(cli: &Cli) -
         return Ok(true);
     }
     if !BlockScaledGemm::driver_present() {
-        return Err(Exit(3, "no NVIDIA driver found: the GPU path needs a B200/GB200 (compute capability 10.0, sm_100a) with its driver; --device cpu runs the CPU reference".into()));
+        return Err(Exit(3, format!("no NVIDIA driver found: the GPU path needs a GPU of {} with its driver; --device cpu runs the CPU reference", blockscaled_gemm::gemm::SUPPORTED)));
     }
     if CudaContext::device_count().map_err(Error::from)? < 1 {
-        return Err(Exit(3, "no CUDA device found: the GPU path needs a B200/GB200 (compute capability 10.0); --device cpu runs the CPU reference".into()));
+        return Err(Exit(3, format!("no CUDA device found: the GPU path needs a GPU of {}; --device cpu runs the CPU reference", blockscaled_gemm::gemm::SUPPORTED)));
     }
     let stream = CudaContext::new(0).map_err(Error::from)?.default_stream();
     let gemm = BlockScaledGemm::new(stream.clone())?;
