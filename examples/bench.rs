@@ -88,7 +88,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             bufs.push((stream.clone_htod(a.data())?, stream.clone_htod(a.scales())?, stream.clone_htod(b.data())?, stream.clone_htod(b.scales())?));
         }
         let mut d: CudaSlice<f16> = stream.alloc_zeros(p.cd_elems())?;
-        let mut launch = |i: usize, d: &mut CudaSlice<f16>| -> Result<(), blockscaled_gemm::Error> {
+        let launch = |i: usize, d: &mut CudaSlice<f16>| -> Result<(), blockscaled_gemm::Error> {
             let (av, asf, bv, bsf) = &bufs[i % sets];
             gemm.gemm(&p, Nvfp4Operand::new(av, asf), Nvfp4Operand::new(bv, bsf), d, Some(config)).map(|_| ())
         };
@@ -146,7 +146,7 @@ fn parse_baselines(s: &str) -> Vec<((usize, usize, usize), f64, f64)> {
     let num = |t: &str, key: &str| -> Option<f64> {
         let i = t.find(key)? + key.len();
         let rest = t[i..].trim_start_matches(|c: char| c == '"' || c == ':' || c.is_whitespace());
-        rest.split(|c: char| c == ',' || c == '}').next()?.trim().parse().ok()
+        rest.split([',', '}']).next()?.trim().parse().ok()
     };
     s.split("\"").collect::<Vec<_>>().windows(2).filter_map(|w| {
         let dims: Vec<usize> = w[0].split('x').filter_map(|x| x.parse().ok()).collect();
