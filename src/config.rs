@@ -43,26 +43,27 @@ impl Config {
 
     /// The compute capability this config's machine code runs on.
     pub const fn compute_capability(self) -> (i32, i32) {
-        match self.info().arch {
-            100 => (10, 0),
-            90 => (9, 0),
-            _ => (0, 0),
-        }
+        arch_facts(self.info().arch).0
     }
 
     /// "10.0 (sm_100a)" and the like, for messages.
     pub const fn arch_label(self) -> &'static str {
-        match self.info().arch {
-            100 => "10.0 (sm_100a)",
-            90 => "9.0 (sm_90a)",
-            _ => "unknown",
-        }
+        arch_facts(self.info().arch).1
     }
 
     /// SMs the launch occupies for a problem: tiles times SMs per tile.
     pub fn sms_used(self, p: &Problem) -> usize {
         let i = self.info();
         p.m.div_ceil(i.tile[0] as usize) * p.n.div_ceil(i.tile[1] as usize) * p.l * i.sms as usize
+    }
+}
+
+/// Compute capability and label of a table architecture ('a' targets run on exactly one).
+const fn arch_facts(arch: u32) -> ((i32, i32), &'static str) {
+    match arch {
+        100 => ((10, 0), "10.0 (sm_100a)"),
+        90 => ((9, 0), "9.0 (sm_90a)"),
+        _ => ((0, 0), "unknown"),
     }
 }
 

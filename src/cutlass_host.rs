@@ -38,20 +38,11 @@ fn built(config: Config, out: OutType) -> Result<()> {
     Ok(())
 }
 
-fn fits_i32(p: &Problem) -> Result<()> {
-    for (dim, value) in [("M", p.m), ("N", p.n), ("K", p.k), ("L", p.l)] {
-        if value == 0 || value > i32::MAX as usize {
-            return Err(Error::Dimension { dim, value, max: i32::MAX as usize });
-        }
-    }
-    Ok(())
-}
-
 /// CUTLASS `GemmUniversalAdapter::can_implement` for `config` with `out` output on `p`
 /// (host arguments built as the launch builds them).
 pub fn can_implement(config: Config, out: OutType, p: &Problem) -> Result<bool> {
     built(config, out)?;
-    fits_i32(p)?;
+    p.check_dims(i32::MAX as usize)?;
     Ok(bridge::can_implement(config.info().index, out.index(), &args(p)))
 }
 
@@ -61,7 +52,7 @@ pub fn can_implement(config: Config, out: OutType, p: &Problem) -> Result<bool> 
 pub fn sf_offsets(config: Config, p: &Problem, operand_b: bool) -> Result<(Vec<i64>, i64)> {
     let out = *config.info().outputs.first().ok_or(Error::NotBuilt { config, out: OutType::F16 })?;
     built(config, out)?;
-    fits_i32(p)?;
+    p.check_dims(i32::MAX as usize)?;
     let rows = if operand_b { p.n } else { p.m };
     let mut offsets = vec![0i64; rows * (p.k / 16) * p.l];
     let cosize = bridge::sf_offsets(config.info().index, out.index(), p.m as i32, p.n as i32, p.k as i32, p.l as i32, operand_b, &mut offsets);

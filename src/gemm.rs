@@ -66,6 +66,13 @@ pub struct BufferLens {
     pub d: usize,
 }
 
+impl BufferLens {
+    /// The lengths a problem needs (with a C when `has_c`).
+    pub fn for_problem(p: &Problem, has_c: bool) -> Self {
+        BufferLens { a: p.a_bytes(), sfa: p.sfa_bytes(), b: p.b_bytes(), sfb: p.sfb_bytes(), c: has_c.then_some(p.cd_elems()), d: p.cd_elems() }
+    }
+}
+
 /// Everything checked before a launch that does not need device pointers: the problem's shape
 /// rules, every buffer length, the config's architecture against the device, and that the
 /// kernel is in this build. Returns the config to run. Pure: the tests call it with any device.
@@ -169,7 +176,7 @@ impl BlockScaledGemm {
 
     /// The config [`Self::gemm`] would run for `p` with output `out`, or the error it would give.
     pub fn select_config(&self, p: &Problem, out: OutType) -> Result<Config> {
-        let lens = BufferLens { a: p.a_bytes(), sfa: p.sfa_bytes(), b: p.b_bytes(), sfb: p.sfb_bytes(), c: (p.beta != 0.0).then_some(p.cd_elems()), d: p.cd_elems() };
+        let lens = BufferLens::for_problem(p, p.beta != 0.0);
         plan(p, out, &lens, &self.device, None, |c, o| c.is_built(o))
     }
 
@@ -286,7 +293,7 @@ mod tests {
     use super::*;
 
     fn lens(p: &Problem) -> BufferLens {
-        BufferLens { a: p.a_bytes(), sfa: p.sfa_bytes(), b: p.b_bytes(), sfb: p.sfb_bytes(), c: None, d: p.cd_elems() }
+        BufferLens::for_problem(p, false)
     }
     const B200: DeviceFacts = DeviceFacts { ordinal: 0, compute_capability: (10, 0), sm_count: 148 };
     const H100: DeviceFacts = DeviceFacts { ordinal: 1, compute_capability: (9, 0), sm_count: 132 };

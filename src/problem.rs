@@ -108,16 +108,21 @@ impl Problem {
         2.0 * self.m as f64 * self.n as f64 * self.k as f64 * self.l as f64
     }
 
-    /// Checks the shape rules every kernel shares: dimensions in 1..=i32::MAX with byte counts
-    /// that fit, K % 32 == 0 (16-byte rows of packed A and B), N a multiple of 16 bytes of output,
-    /// finite alpha and beta. `has_c` says whether a C matrix is given.
-    pub fn validate(&self, out: OutType, has_c: bool) -> Result<()> {
-        let max = i32::MAX as usize;
+    /// Checks that M, N, K and L are each in `1..=max`.
+    pub fn check_dims(&self, max: usize) -> Result<()> {
         for (dim, value) in [("M", self.m), ("N", self.n), ("K", self.k), ("L", self.l)] {
             if value == 0 || value > max {
                 return Err(Error::Dimension { dim, value, max });
             }
         }
+        Ok(())
+    }
+
+    /// Checks the shape rules every kernel shares: dimensions in 1..=i32::MAX with byte counts
+    /// that fit, K % 32 == 0 (16-byte rows of packed A and B), N a multiple of 16 bytes of output,
+    /// finite alpha and beta. `has_c` says whether a C matrix is given.
+    pub fn validate(&self, out: OutType, has_c: bool) -> Result<()> {
+        self.check_dims(i32::MAX as usize)?;
         if !self.k.is_multiple_of(32) {
             return Err(Error::KMultiple { k: self.k, multiple: 32, why: "rows of packed A and B must be whole 16-byte units" });
         }

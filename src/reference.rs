@@ -101,11 +101,7 @@ fn exact_dot(a: &Decoded, i: usize, b: &Decoded, j: usize, k: usize) -> f64 {
 /// `c` (L, M, N) row-major when given. K must be a multiple of 16. C is read only when
 /// beta != 0 (the kernels do not load it otherwise).
 pub fn gemm<T: OutputElement>(p: &Problem, a: &[u8], sfa: &[u8], b: &[u8], sfb: &[u8], c: Option<&[T]>) -> Result<Vec<T>> {
-    for (dim, value) in [("M", p.m), ("N", p.n), ("K", p.k), ("L", p.l)] {
-        if value == 0 {
-            return Err(Error::Dimension { dim, value, max: usize::MAX });
-        }
-    }
+    p.check_dims(usize::MAX)?;
     if !p.k.is_multiple_of(SF_VEC) {
         return Err(Error::KMultiple { k: p.k, multiple: SF_VEC, why: "one scale per 16 elements of K" });
     }
