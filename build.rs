@@ -21,8 +21,11 @@ const ARCHES: &[(u32, &str, &str, &str)] = &[
     (90, "sm90", "arch=compute_90a,code=sm_90a", "sm90_gemm.cuh"),
 ];
 
+/// Host-only translation units in `cpp/`, compiled by nvcc (they include CUTLASS headers).
+const HOST_SOURCES: &[&str] = &["status.cu", "host_reference.cu"];
+
 /// Output types, in the order of `OutType::index` on the Rust side.
-const OUT_NAMES: [&str; 3] = ["F16", "Bf16", "F32"];
+const OUT_NAMES: [&str; 5] = ["F16", "Bf16", "F32", "Nvfp4", "Nvfp4Ue8m0"];
 
 struct Config {
     name: String,
@@ -36,6 +39,14 @@ struct Output {
     name: String,
     arches: Vec<u32>,
     cutlass_type: String,
+    /// Config names, or `None` for all configs of `arches`.
+    configs: Option<Vec<String>>,
+}
+
+impl Output {
+    fn applies_to(&self, c: &Config) -> bool {
+        self.arches.contains(&c.arch) && self.configs.as_ref().is_none_or(|list| list.contains(&c.name))
+    }
 }
 
 fn main() {
@@ -77,7 +88,7 @@ fn main() {
         }
         let (_, _, gencode, header) = ARCHES.iter().find(|a| a.0 == c.arch).unwrap();
         for o in &outputs {
-            if !o.arches.contains(&c.arch) {
+            if !o.applies_to(c) {
                 continue;
             }
             let out_index = OUT_NAMES.iter().position(|n| *n == o.name).unwrap();
@@ -100,12 +111,14 @@ fn main() {
             writeln!(table_inc, "BSG_KERNEL({ci}, {out_index}, {func})").unwrap();
         }
     }
-    // Status names and other host helpers that need CUDA/CUTLASS headers.
-    {
+    // Host helpers that need CUDA/CUTLASS headers: status names, CUTLASS's host reference.
+    let kernel_jobs = jobs.len();
+    for name in HOST_SOURCES {
         let flags = tools.nvcc_flags(&root, ARCHES[0].2);
-        let src = std::fs::read(root.join("cpp/status.cu")).unwrap();
-        let obj = cache.join(format!("status-{}.o", &object_key(&common, &[&src], &flags)[..24]));
-        jobs.push((root.join("cpp/status.cu"), obj, flags));
+        let src = std::fs::read(root.join("cpp").join(name)).unwrap();
+        let stem = name.trim_end_matches(".cu");
+        let obj = cache.join(format!("{stem}-{}.o", &object_key(&common, &[&src], &flags)[..24]));
+        jobs.push((root.join("cpp").join(name), obj, flags));
     }
     std::fs::write(gen_dir.join("kernel_table.inc"), &table_inc).unwrap();
 
@@ -133,7 +146,7 @@ fn main() {
     }
     // For the SASS tests and the GPU bundle: where the tools and kernel objects are.
     println!("cargo:rustc-env=BSG_CUOBJDUMP={}", tools.cuobjdump.display());
-    let kernel_objs: Vec<String> = jobs.iter().filter(|j| !j.0.ends_with("status.cu")).map(|j| j.1.display().to_string()).collect();
+    let kernel_objs: Vec<String> = jobs[..kernel_jobs].iter().map(|j| j.1.display().to_string()).collect();
     println!("cargo:rustc-env=BSG_KERNEL_OBJECTS={}", kernel_objs.join(";"));
     let built: Vec<String> = archs.iter().map(|a| a.to_string()).collect();
     println!("cargo:rustc-env=BSG_BUILT_ARCHS={}", built.join(","));
@@ -166,13 +179,20 @@ fn parse_table(text: &str) -> (Vec<Config>, Vec<Output>) {
             if a[0] == "name" {
                 continue;
             }
-            assert_eq!(a.len(), 3, "configs.def: BSG_OUTPUT needs 3 fields: {line}");
+            assert_eq!(a.len(), 4, "configs.def: BSG_OUTPUT needs 4 fields: {line}");
             assert!(OUT_NAMES.contains(&a[0].as_str()), "configs.def: output {} is not one of {OUT_NAMES:?}", a[0]);
             let arches = a[1].split('|').map(|s| s.trim().parse().expect("configs.def: output arches")).collect();
-            outputs.push(Output { name: a[0].clone(), arches, cutlass_type: a[2].clone() });
+            let configs = (a[3] != "all").then(|| a[3].split('|').map(|s| s.trim().to_string()).collect());
+            outputs.push(Output { name: a[0].clone(), arches, cutlass_type: a[2].clone(), configs });
         }
     }
     assert!(!configs.is_empty(), "configs.def: no BSG_CONFIG lines");
+    for o in &outputs {
+        for name in o.configs.iter().flatten() {
+            let c = configs.iter().find(|c| &c.name == name).unwrap_or_else(|| panic!("configs.def: output {} names unknown config {name}", o.name));
+            assert!(o.arches.contains(&c.arch), "configs.def: output {} lists {name}, not of its arches", o.name);
+        }
+    }
     (configs, outputs)
 }
 
@@ -191,7 +211,7 @@ fn rust_table(configs: &[Config], outputs: &[Output]) -> String {
     }
     s += "];\n\n    /// The facts of this configuration.\n    pub const fn info(self) -> ConfigInfo {\n        match self {\n";
     for (i, c) in configs.iter().enumerate() {
-        let outs: Vec<String> = outputs.iter().filter(|o| o.arches.contains(&c.arch)).map(|o| format!("OutType::{}", o.name)).collect();
+        let outs: Vec<String> = outputs.iter().filter(|o| o.applies_to(c)).map(|o| format!("OutType::{}", o.name)).collect();
         writeln!(s, "            Config::{n} => ConfigInfo {{ index: {i}, name: \"{n}\", arch: {a}, sms: {sms}, tile: [{}, {}, {}], cluster: [{}, {}], outputs: &[{outs}] }},",
             c.tile[0], c.tile[1], c.tile[2], c.cluster[0], c.cluster[1], n = c.name, a = c.arch, sms = c.sms, outs = outs.join(", ")).unwrap();
     }

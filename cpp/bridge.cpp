@@ -10,6 +10,13 @@
 #include "kernel_table.inc"
 #undef BSG_KERNEL
 
+// CUTLASS's host reference (cpp/host_reference.cu).
+void bsg_host_gemm_fp4(int32_t m, int32_t n, int32_t k, int32_t l, const uint8_t* a, const uint8_t* sfa,
+                       const uint8_t* b, const uint8_t* sfb, const float* c, float alpha, float beta,
+                       float norm_constant, bool sfd_ue8m0, uint8_t* d, uint8_t* sfd);
+int64_t bsg_host_sfd_cosize(int32_t m, int32_t n, int32_t l);
+void bsg_host_convert(int32_t kind, const float* x, uint8_t* out, size_t len);
+
 namespace bsg {
 namespace {
 
@@ -40,7 +47,7 @@ KernelArgs convert(const LaunchArgs& a) {
   auto ptr = [](uint64_t p) { return reinterpret_cast<void*>(static_cast<uintptr_t>(p)); };
   return KernelArgs{a.m, a.n, a.k, a.l, ptr(a.a), ptr(a.sfa), ptr(a.b), ptr(a.sfb), ptr(a.c), ptr(a.d),
                     a.alpha, a.beta, ptr(a.workspace), a.workspace_bytes, ptr(a.stream), a.device_id, a.sm_count,
-                    a.split_k};
+                    a.split_k, ptr(a.sfd), reinterpret_cast<const float*>(static_cast<uintptr_t>(a.norm_constant))};
 }
 
 }  // namespace
@@ -69,6 +76,21 @@ int64_t sf_offsets(uint32_t config, uint32_t out, int32_t m, int32_t n, int32_t 
   const KernelEntry* e = find(config, out);
   if (!e) return -2;
   return e->sf_offsets(m, n, k, l, operand_b ? SfOperand::B : SfOperand::A, offsets.data(), offsets.size());
+}
+
+// Sizes were checked in Rust (src/cutlass_host.rs); an empty C slice means no C.
+void host_gemm_fp4(int32_t m, int32_t n, int32_t k, int32_t l, rust::Slice<const uint8_t> a,
+                   rust::Slice<const uint8_t> sfa, rust::Slice<const uint8_t> b, rust::Slice<const uint8_t> sfb,
+                   rust::Slice<const float> c, float alpha, float beta, float norm_constant, bool sfd_ue8m0,
+                   rust::Slice<uint8_t> d, rust::Slice<uint8_t> sfd) {
+  bsg_host_gemm_fp4(m, n, k, l, a.data(), sfa.data(), b.data(), sfb.data(), c.empty() ? nullptr : c.data(), alpha,
+                    beta, norm_constant, sfd_ue8m0, d.data(), sfd.data());
+}
+
+int64_t host_sfd_cosize(int32_t m, int32_t n, int32_t l) { return bsg_host_sfd_cosize(m, n, l); }
+
+void host_convert(int32_t kind, rust::Slice<const float> x, rust::Slice<uint8_t> out) {
+  bsg_host_convert(kind, x.data(), out.data(), x.size() < out.size() ? x.size() : out.size());
 }
 
 rust::String cutlass_status_name(int32_t code) { return rust::String(bsg_cutlass_status_name(code)); }

@@ -15,6 +15,12 @@ size_t workspace_size(uint32_t config, uint32_t out, const LaunchArgs& args);
 LaunchStatus launch(uint32_t config, uint32_t out, const LaunchArgs& args);
 int64_t sf_offsets(uint32_t config, uint32_t out, int32_t m, int32_t n, int32_t k, int32_t l, bool operand_b,
                    rust::Slice<int64_t> offsets);
+void host_gemm_fp4(int32_t m, int32_t n, int32_t k, int32_t l, rust::Slice<const uint8_t> a,
+                   rust::Slice<const uint8_t> sfa, rust::Slice<const uint8_t> b, rust::Slice<const uint8_t> sfb,
+                   rust::Slice<const float> c, float alpha, float beta, float norm_constant, bool sfd_ue8m0,
+                   rust::Slice<uint8_t> d, rust::Slice<uint8_t> sfd);
+int64_t host_sfd_cosize(int32_t m, int32_t n, int32_t l);
+void host_convert(int32_t kind, rust::Slice<const float> x, rust::Slice<uint8_t> out);
 rust::String cutlass_status_name(int32_t code);
 rust::String cuda_error_name(int32_t code);
 

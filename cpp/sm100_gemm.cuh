@@ -26,16 +26,39 @@ template <int S, int SS, int AS, class C>
 struct IsBlockScaledMainloop<cutlass::gemm::MainloopSm100TmaUmmaWarpSpecializedBlockScaled<S, SS, AS, C>>
     : std::true_type {};
 
-template <int Sms, int TileM, int TileN, int TileK, int ClusterM, int ClusterN, class ElementD>
+// What an output tag of the table means to the epilogue: element types and the fusion.
+template <class Out>
+struct OutputTraits {
+  using ElementD = Out;
+  using ElementC = Out;
+  using Sf = void;
+  // The collective builder's default fusion, spelled out.
+  using Fusion = cutlass::epilogue::fusion::LinearCombination<Out, float, Out, float>;
+};
+// CUTLASS example 72b: e2m1 D with one generated scale factor per 16 outputs along N, C in f32.
+template <class SfD>
+struct OutputTraits<Fp4Out<SfD>> {
+  using ElementD = cutlass::float_e2m1_t;
+  using ElementC = float;
+  using Sf = SfD;
+  using Fusion = cutlass::epilogue::fusion::LinCombBlockScaleFactor<16, ElementD, float, SfD,
+                                                                     cutlass::layout::RowMajor, ElementC>;
+};
+
+template <int Sms, int TileM, int TileN, int TileK, int ClusterM, int ClusterN, class Out>
 struct Gemm {
   static_assert(Sms == 1 || Sms == 2, "1-SM or 2-SM UMMA");
+  using Traits = OutputTraits<Out>;
+  static constexpr bool kFp4Out = !std::is_void_v<typename Traits::Sf>;
   using ElementAB = cutlass::nv_float4_t<cutlass::float_e2m1_t>;
-  using ElementC = ElementD;
+  using ElementD = typename Traits::ElementD;
+  using ElementC = typename Traits::ElementC;
   using LayoutA = cutlass::layout::RowMajor;     // A is M x K, K contiguous
   using LayoutB = cutlass::layout::ColumnMajor;  // B is stored N x K, K contiguous
   using LayoutCD = cutlass::layout::RowMajor;
   static constexpr int kAlignAB = 32;  // 16 bytes of e2m1
-  static constexpr int kAlignCD = 128 / cutlass::sizeof_bits<ElementD>::value;
+  static constexpr int kAlignC = 128 / cutlass::sizeof_bits<ElementC>::value;
+  static constexpr int kAlignD = 128 / cutlass::sizeof_bits<ElementD>::value;
   using Acc = float;
   using MmaTile = Shape<Int<TileM>, Int<TileN>, Int<TileK>>;
   using Cluster = Shape<Int<ClusterM>, Int<ClusterN>, _1>;
@@ -47,8 +70,8 @@ struct Gemm {
 
   using Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
       cutlass::arch::Sm100, cutlass::arch::OpClassBlockScaledTensorOp, MmaTile, Cluster,
-      cutlass::epilogue::collective::EpilogueTileAuto, Acc, Acc, ElementC, LayoutCD, kAlignCD,
-      ElementD, LayoutCD, kAlignCD, EpilogueSchedule>::CollectiveOp;
+      cutlass::epilogue::collective::EpilogueTileAuto, Acc, Acc, ElementC, LayoutCD, kAlignC,
+      ElementD, LayoutCD, kAlignD, EpilogueSchedule, typename Traits::Fusion>::CollectiveOp;
 
   using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
       cutlass::arch::Sm100, cutlass::arch::OpClassBlockScaledTensorOp, ElementAB, LayoutA,
@@ -87,6 +110,10 @@ struct Gemm {
          cutlass::make_cute_packed_stride(StrideC{}, {p.m, p.n, p.l}),
          static_cast<ElementD*>(p.d),
          cutlass::make_cute_packed_stride(StrideD{}, {p.m, p.n, p.l})}};
+    if constexpr (kFp4Out) {
+      args.epilogue.thread.block_scale_factor_ptr = static_cast<typename Traits::Sf*>(p.sfd);
+      args.epilogue.thread.norm_constant_ptr = p.norm_constant;
+    }
     args.hw_info.device_id = p.device_id;
     args.hw_info.sm_count = p.sm_count;
     return args;
@@ -94,6 +121,7 @@ struct Gemm {
 
   static bool can_implement(const KernelArgs& p) {
     if (p.split_k != 1) return false;  // CUTLASS's own schedulers; no split-K here
+    if (kFp4Out && (!p.sfd || !p.norm_constant)) return false;
     return Adapter::can_implement(arguments(p)) == cutlass::Status::kSuccess;
   }
 

@@ -27,6 +27,7 @@
 #include <cuda_fp16.h>
 
 #include <atomic>
+#include <cfloat>
 #include <climits>
 #include <cstdint>
 
@@ -37,6 +38,7 @@
 #include "cute/tensor.hpp"
 #include "cutlass/arch/barrier.h"
 #include "cutlass/cutlass.h"
+#include "cutlass/float8.h"
 
 // Experiments only (bench/ablate.cu; never set by build.rs): bit 1 skips the decode, bit 2 the
 // wgmma, bit 4 the global loads, to measure what each stage costs.
@@ -70,6 +72,8 @@ struct Params {
   float alpha, beta;
   uint32_t* counters;  // one per output tile, zeroed before the launch
   float* partials;     // [split][tile][acc / 4][thread] float4
+  uint8_t* sfd;               // FP4 output only
+  const float* norm_constant;  // FP4 output only (device)
 };
 
 template <int BN>
@@ -145,6 +149,75 @@ __host__ __device__ constexpr int64_t sf_offset(int64_t row, int64_t col, int64_
   return (row / 128) * (sp / 4) * 512 + (col / 4) * 512 + sf_in_chunk(int(row % 128), int(col % 4));
 }
 
+// What an output tag means to the kernel: the type of C, N's multiple (16 bytes of D), and for
+// FP4 output (Fp4Out<Sf>) the scale-factor type.
+template <class T>
+struct OutputInfo {
+  using C = T;
+  using Sf = void;
+  static constexpr int kNMultiple = 16 / sizeof(T);
+};
+template <class SfT>
+struct OutputInfo<Fp4Out<SfT>> {
+  using C = float;
+  using Sf = SfT;
+  static constexpr int kNMultiple = 32;
+};
+
+// The FP4 epilogue's arithmetic, written as CUTLASS's host reference does it (gett.hpp,
+// compute_1d_scaling_factor_and_quantized_output) so results match it bit for bit: IEEE
+// operations one at a time (no contraction), NaN-propagating min/max in its operand order, and
+// its conversions (float_ue4m3_t / float_ue8m0_t from float, NumericConverter to float_e2m1_t).
+__device__ __forceinline__ float max_nan(float l, float r) { return l > r || isnan(l) ? l : r; }
+__device__ __forceinline__ float min_nan(float l, float r) { return l < r || isnan(l) ? l : r; }
+
+template <class Sf>
+__device__ __forceinline__ uint8_t sf_from_float(float x) {
+  if constexpr (std::is_same_v<Sf, cutlass::float_ue4m3_t>) {
+    // Unsigned: the sign is dropped; round to nearest even, saturating at 448; NaN is 0x7F.
+    uint16_t two;
+    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;\n" : "=h"(two) : "f"(0.f), "f"(fabsf(x)));
+    return uint8_t(two & 0xFF);
+  } else {
+    // float_ue8m0_t: the exponent, rounded up unless the mantissa is zero; satfinite at 2^127.
+    if (isnan(x) || isinf(x)) return 0xFF;
+    const uint32_t bits = __float_as_uint(x);
+    uint32_t e = (bits >> 23) & 0xFF;
+    const uint32_t mant = bits & 0x7FFFFF;
+    if (mant > 0 && e != 0xFE && !(e == 0 && mant <= 0x400000)) ++e;
+    return uint8_t(e);
+  }
+}
+
+template <class Sf>
+__device__ __forceinline__ float sf_to_float(uint8_t b) {
+  if constexpr (std::is_same_v<Sf, cutlass::float_ue4m3_t>) {
+    return __half2float(__ushort_as_half(uint16_t(e4m3x2_to_f16x2(b) & 0xFFFF)));
+  } else {
+    if (b == 0) return __uint_as_float(0x00400000u);  // 2^-127
+    if (b == 0xFF) return __uint_as_float(0x7FFFFFFFu);
+    return __uint_as_float(uint32_t(b) << 23);
+  }
+}
+
+// Round to nearest even onto e2m1, saturating at 6, the sign kept (zeros too); NaN gives 6 with
+// the NaN's sign.
+__device__ __forceinline__ uint32_t e2m1_from_float(float x) {
+  const uint32_t sign = (__float_as_uint(x) >> 28) & 8u;
+  const float m = fabsf(x);
+  uint32_t code;
+  if (isnan(x)) code = 7;
+  else if (m <= 0.25f) code = 0;
+  else if (m < 0.75f) code = 1;
+  else if (m <= 1.25f) code = 2;
+  else if (m < 1.75f) code = 3;
+  else if (m <= 2.5f) code = 4;
+  else if (m < 3.5f) code = 5;
+  else if (m <= 5.0f) code = 6;
+  else code = 7;
+  return sign | code;
+}
+
 template <class T>
 __device__ __forceinline__ float load_out(const T* p) {
   if constexpr (std::is_same_v<T, float>) return *p;
@@ -188,6 +261,58 @@ struct Operand {
     }
   }
 };
+
+// FP4 output (CUTLASS example 72b's LinCombBlockScaleFactor): v = alpha * acc + beta * C; per 16
+// outputs along N, SFD = Sf(max|v| * (st / 6)) and D = e2m1(v * min(st / float(SFD), FLT_MAX)).
+// The wgmma accumulator gives each thread, per row it holds, pairs of adjacent columns (2c, 2c+1)
+// in every 8-column block, where c is the lane's index in its quad: value i is column pair i % 2,
+// row half (i / 2) % 2, 8-column block i / 4. A 16-column group is therefore 4 values in each of
+// the 4 lanes of a quad, reduced with two xor shuffles.
+template <class Sf, int BN, class Acc, class Coord>
+__device__ __forceinline__ void fp4_epilogue(const Params& p, const Acc& acc, const Coord& coord, int m0, int n0, int64_t batch) {
+  static_assert(decltype(size(acc))::value == BN / 2, "accumulator: 2 rows x BN/4 columns per thread");
+  const float st = *p.norm_constant;
+  const float st_scaled_down = __fmul_rn(st, __fdiv_rn(1.0f, 6.0f));
+  const float* c = static_cast<const float*>(p.c) + batch * p.m * int64_t(p.n);
+  uint8_t* d = static_cast<uint8_t*>(p.d) + batch * p.m * int64_t(p.n) / 2;
+  const int64_t sp = (int64_t(p.n / 16) + 3) / 4 * 4;
+  uint8_t* sfd = p.sfd + batch * (int64_t(p.m + 127) / 128 * 128) * sp;
+  const bool quad_leader = (threadIdx.x % 4) == 0;
+  CUTE_UNROLL
+  for (int g = 0; g < BN / 16; ++g) {
+    CUTE_UNROLL
+    for (int h = 0; h < 2; ++h) {
+      float v[4];
+      bool valid[4];
+      float amax = 0.f;
+      CUTE_UNROLL
+      for (int t = 0; t < 4; ++t) {
+        const int i = (t % 2) + 2 * h + 4 * (2 * g + t / 2);
+        const int mm = m0 + get<0>(coord(i)), nn = n0 + get<1>(coord(i));
+        valid[t] = mm < p.m && nn < p.n;
+        float x = __fmul_rn(p.alpha, acc(i));
+        if (valid[t] && p.beta != 0.f) x = __fadd_rn(__fmul_rn(p.beta, c[int64_t(mm) * p.n + nn]), x);
+        v[t] = x;
+        if (valid[t]) amax = max_nan(amax, fabsf(x));
+      }
+      amax = max_nan(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, 1));
+      amax = max_nan(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, 2));
+      const uint8_t sf = sf_from_float<Sf>(__fmul_rn(amax, st_scaled_down));
+      const float scale = min_nan(__fmul_rn(st, __fdiv_rn(1.0f, sf_to_float<Sf>(sf))), FLT_MAX);
+      const int i0 = 2 * h + 8 * g;  // value t = 0
+      const int mm = m0 + get<0>(coord(i0)), nn0 = n0 + get<1>(coord(i0));
+      CUTE_UNROLL
+      for (int pair = 0; pair < 2; ++pair) {  // 8-column blocks 2g and 2g + 1
+        if (!valid[2 * pair]) continue;       // N % 32 == 0: a pair is valid as a whole
+        const uint32_t lo = e2m1_from_float(__fmul_rn(v[2 * pair], scale));
+        const uint32_t hi = e2m1_from_float(__fmul_rn(v[2 * pair + 1], scale));
+        d[(int64_t(mm) * p.n + nn0 + 8 * pair) / 2] = uint8_t(lo | (hi << 4));
+      }
+      const int group_col = n0 + 16 * g;
+      if (quad_leader && mm < p.m && group_col < p.n) sfd[sf_offset(mm, group_col / 16, sp)] = sf;
+    }
+  }
+}
 
 template <int BN, class OutT>
 __global__ void __launch_bounds__(kThreads, Tile<BN>::kMinBlocks)
@@ -346,19 +471,24 @@ __global__ void __launch_bounds__(kThreads, Tile<BN>::kMinBlocks)
     }
   }
 
-  // Epilogue: D = alpha * acc + beta * C, rounded once to OutT.
   Tensor coord = mma.get_thread_slice(tid).partition_C(make_identity_tensor(Shape<Int<kBM>, Int<BN>>{}));
-  OutT* d = static_cast<OutT*>(p.d) + batch * p.m * int64_t(p.n);
-  const OutT* c = static_cast<const OutT*>(p.c) + batch * p.m * int64_t(p.n);
-  CUTE_UNROLL
-  for (int i = 0; i < size(acc); ++i) {
-    const int mm = m0 + get<0>(coord(i)), nn = n0 + get<1>(coord(i));
-    if (mm < p.m && nn < p.n) {
-      const int64_t idx = int64_t(mm) * p.n + nn;
-      float v = p.alpha * acc(i);
-      if (p.beta != 0.f) v = fmaf(p.beta, load_out(c + idx), v);
-      d[idx] = to_out<OutT>(v);
+  using Sf = typename OutputInfo<OutT>::Sf;
+  if constexpr (std::is_void_v<Sf>) {
+    // Epilogue: D = alpha * acc + beta * C, rounded once to OutT.
+    OutT* d = static_cast<OutT*>(p.d) + batch * p.m * int64_t(p.n);
+    const OutT* c = static_cast<const OutT*>(p.c) + batch * p.m * int64_t(p.n);
+    CUTE_UNROLL
+    for (int i = 0; i < size(acc); ++i) {
+      const int mm = m0 + get<0>(coord(i)), nn = n0 + get<1>(coord(i));
+      if (mm < p.m && nn < p.n) {
+        const int64_t idx = int64_t(mm) * p.n + nn;
+        float v = p.alpha * acc(i);
+        if (p.beta != 0.f) v = fmaf(p.beta, load_out(c + idx), v);
+        d[idx] = to_out<OutT>(v);
+      }
     }
+  } else {
+    fp4_epilogue<Sf, BN>(p, acc, coord, m0, n0, batch);
   }
 }
 
@@ -372,7 +502,8 @@ struct Gemm {
 
   static bool can_implement(const KernelArgs& a) {
     if (a.m <= 0 || a.n <= 0 || a.k <= 0 || a.l <= 0 || a.k % 32 != 0) return false;
-    if (a.n % int(16 / sizeof(OutT)) != 0) return false;
+    if (a.n % OutputInfo<OutT>::kNMultiple != 0) return false;
+    if (!std::is_void_v<typename OutputInfo<OutT>::Sf> && (!a.sfd || !a.norm_constant)) return false;
     const int k_tiles = (a.k + kBK - 1) / kBK;
     return tiles(a) <= INT_MAX && a.split_k >= 1 && a.split_k <= k_tiles && a.split_k <= 65535;
   }
@@ -423,7 +554,8 @@ struct Gemm {
              static_cast<const uint8_t*>(a.b), static_cast<const uint8_t*>(a.sfb),
              a.c, a.d, a.alpha, a.beta,
              static_cast<uint32_t*>(a.workspace),
-             reinterpret_cast<float*>(static_cast<uint8_t*>(a.workspace) + (a.split_k > 1 ? counters_bytes(a) : 0))};
+             reinterpret_cast<float*>(static_cast<uint8_t*>(a.workspace) + (a.split_k > 1 ? counters_bytes(a) : 0)),
+             static_cast<uint8_t*>(a.sfd), a.norm_constant};
     dim3 grid(unsigned(tiles(a)), unsigned(a.split_k));
     if (a.split_k > 1) {
       // The workspace is reused across problems: partials of an earlier call may lie where this

@@ -5,7 +5,7 @@
 use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::ffi::bridge;
-use crate::problem::{OutType, Problem};
+use crate::problem::{check_len, OutType, Problem, SfdFormat};
 
 fn args(p: &Problem) -> bridge::LaunchArgs {
     bridge::LaunchArgs {
@@ -28,6 +28,8 @@ fn args(p: &Problem) -> bridge::LaunchArgs {
         device_id: 0,
         sm_count: 1,
         split_k: 1,
+        sfd: 1 << 20,
+        norm_constant: 1 << 20,
     }
 }
 
@@ -60,4 +62,54 @@ pub fn sf_offsets(config: Config, p: &Problem, operand_b: bool) -> Result<(Vec<i
         return Err(Error::InvalidData { what: "sf_offsets", detail: format!("the shim answered {cosize}") });
     }
     Ok((offsets, cosize))
+}
+
+/// CUTLASS's host reference for FP4 output, as example 72b checks its kernel:
+/// `cutlass::reference::host::Gemm3x` with `SfStrategy::SfDGen` on the raw buffers (layouts as
+/// the kernels take them; C, f32, read only when beta != 0). Returns D, (L, M, N/2) packed
+/// bytes, and SFD, `p.sfd_bytes()` bytes (padding zero). Single-threaded and slow: for tests.
+#[allow(clippy::too_many_arguments)]
+pub fn reference_fp4(p: &Problem, a: &[u8], sfa: &[u8], b: &[u8], sfb: &[u8], c: Option<&[f32]>, format: SfdFormat) -> Result<(Vec<u8>, Vec<u8>)> {
+    p.validate(OutType::Nvfp4, c.is_some())?;
+    for (name, got, want) in [("A", a.len(), p.a_bytes()), ("SFA", sfa.len(), p.sfa_bytes()), ("B", b.len(), p.b_bytes()), ("SFB", sfb.len(), p.sfb_bytes())] {
+        check_len(name, got, want, "as the kernels take it")?;
+    }
+    if let Some(c) = c {
+        check_len("C", c.len(), p.cd_elems(), "L * M * N f32 values")?;
+    }
+    let cosize = bridge::host_sfd_cosize(p.m as i32, p.n as i32, p.l as i32);
+    if cosize < 0 || cosize as usize > p.sfd_bytes() {
+        return Err(Error::InvalidData { what: "SFD layout", detail: format!("CUTLASS's SFD layout spans {cosize} bytes, the buffer {}", p.sfd_bytes()) });
+    }
+    let c = c.filter(|_| p.beta != 0.0).unwrap_or(&[]);
+    let mut d = vec![0u8; p.cd_elems() / 2];
+    let mut sfd = vec![0u8; p.sfd_bytes()];
+    let ue8m0 = format == SfdFormat::Ue8m0;
+    bridge::host_gemm_fp4(p.m as i32, p.n as i32, p.k as i32, p.l as i32, a, sfa, b, sfb, c, p.alpha, p.beta, p.norm_constant, ue8m0, &mut d, &mut sfd);
+    Ok((d, sfd))
+}
+
+/// Bytes CUTLASS's `Sm1xxBlockScaledOutputConfig<16>::tile_atom_to_shape_SFD` layout spans for
+/// (M, N, L) (its cosize without the zero strides).
+pub fn sfd_cosize(m: usize, n: usize, l: usize) -> Result<usize> {
+    Problem::new(m, n, 32).batch(l).check_dims(i32::MAX as usize)?;
+    Ok(bridge::host_sfd_cosize(m as i32, n as i32, l as i32) as usize)
+}
+
+/// A conversion of CUTLASS's host code from f32.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HostConversion {
+    /// `NumericConverter<float_e2m1_t, float>` (the low nibble).
+    E2m1,
+    /// `static_cast<float_ue4m3_t>`.
+    Ue4m3,
+    /// `static_cast<float_ue8m0_t>`.
+    Ue8m0,
+}
+
+/// Converts every value with CUTLASS's host conversion `kind`.
+pub fn convert(kind: HostConversion, x: &[f32]) -> Vec<u8> {
+    let mut out = vec![0u8; x.len()];
+    bridge::host_convert(kind as i32, x, &mut out);
+    out
 }

@@ -64,6 +64,12 @@ pub enum Error {
         /// The value.
         value: f32,
     },
+    /// The normalization constant of an FP4 output is not finite and positive.
+    #[error("norm_constant = {value}: must be finite and greater than 0 (FP4 output scale factors are max|D| * norm_constant / 6)")]
+    NormConstant {
+        /// The value given.
+        value: f32,
+    },
     /// beta is nonzero but no C was given.
     #[error("beta = {beta}: a nonzero beta needs a C matrix (pass C, or beta = 0)")]
     BetaWithoutC {

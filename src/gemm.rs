@@ -28,6 +28,24 @@ impl<'a, V, S> Nvfp4Operand<'a, V, S> {
     }
 }
 
+/// An FP4 output on the device: packed e2m1 values (`u8` or `float4::F4E2M1x2`, (L, M, N/2)
+/// bytes) and the scale factors the GEMM generates (`p.sfd_bytes()` bytes, the 128x4 tiled
+/// layout over (M, N/16)). With ue4m3 scales ([`OutType::Nvfp4`]) the pair is, as it stands, the
+/// A operand of a next GEMM with K = N: pass `Nvfp4Operand::new(&*values, &*scales)`.
+pub struct Nvfp4Output<'a, V, S> {
+    /// Packed values.
+    pub values: &'a mut V,
+    /// Generated scale factors; the padding is written with zeros.
+    pub scales: &'a mut S,
+}
+
+impl<'a, V, S> Nvfp4Output<'a, V, S> {
+    /// Pairs values with their scale factors.
+    pub fn new(values: &'a mut V, scales: &'a mut S) -> Self {
+        Nvfp4Output { values, scales }
+    }
+}
+
 /// The GPUs this crate's kernels run on, for messages.
 pub const SUPPORTED: &str = "compute capability 10.0 (B200, GB200: sm_100a) and 9.0 (H100, H200: sm_90a)";
 
@@ -62,14 +80,17 @@ pub struct BufferLens {
     pub sfb: usize,
     /// C, when given.
     pub c: Option<usize>,
-    /// D.
+    /// D (bytes for FP4 outputs).
     pub d: usize,
+    /// SFD (bytes), for FP4 outputs.
+    pub sfd: Option<usize>,
 }
 
 impl BufferLens {
-    /// The lengths a problem needs (with a C when `has_c`).
-    pub fn for_problem(p: &Problem, has_c: bool) -> Self {
-        BufferLens { a: p.a_bytes(), sfa: p.sfa_bytes(), b: p.b_bytes(), sfb: p.sfb_bytes(), c: has_c.then_some(p.cd_elems()), d: p.cd_elems() }
+    /// The lengths a problem with output `out` needs (with a C when `has_c`).
+    pub fn for_problem(p: &Problem, out: OutType, has_c: bool) -> Self {
+        let d = if out.sfd().is_some() { out.d_bytes(p.cd_elems()) } else { p.cd_elems() };
+        BufferLens { a: p.a_bytes(), sfa: p.sfa_bytes(), b: p.b_bytes(), sfb: p.sfb_bytes(), c: has_c.then_some(p.cd_elems()), d, sfd: out.sfd().map(|_| p.sfd_bytes()) }
     }
 }
 
@@ -78,12 +99,16 @@ impl BufferLens {
 /// kernel is in this build. Returns the config to run. Pure: the tests call it with any device.
 pub fn plan(p: &Problem, out: OutType, lens: &BufferLens, device: &DeviceFacts, forced: Option<Config>, built: impl Fn(Config, OutType) -> bool) -> Result<Config> {
     p.validate(out, lens.c.is_some())?;
-    let [a, sfa, b, sfb, d] = buffer_rules(p);
-    for ((name, want, rule), got) in [(a, lens.a), (sfa, lens.sfa), (b, lens.b), (sfb, lens.sfb), (d, lens.d)] {
+    for ((name, want, rule), got) in buffer_rules(p, out).into_iter().zip([lens.a, lens.sfa, lens.b, lens.sfb, lens.d]) {
         check_len(name, got, want, rule)?;
     }
     if let Some(c) = lens.c {
-        check_len("C", c, p.cd_elems(), "L * M * N elements, like D")?;
+        check_len("C", c, p.cd_elems(), if out.sfd().is_some() { "L * M * N f32 values" } else { "L * M * N elements, like D" })?;
+    }
+    match (out.sfd(), lens.sfd) {
+        (Some(_), Some(got)) => check_len("SFD", got, p.sfd_bytes(), "L * ceil(M/128)*128 * ceil(N/64)*4 tiled scale bytes")?,
+        (Some(_), None) => check_len("SFD", 0, p.sfd_bytes(), "FP4 output needs its scale-factor buffer")?,
+        _ => {}
     }
     let (major, minor) = device.compute_capability;
     let config = match forced {
@@ -135,8 +160,30 @@ pub fn plan(p: &Problem, out: OutType, lens: &BufferLens, device: &DeviceFacts, 
 pub struct BlockScaledGemm {
     stream: Arc<CudaStream>,
     device: DeviceFacts,
-    workspace: Mutex<Option<CudaSlice<u8>>>,
+    scratch: Mutex<Scratch>,
     split_k: Option<u32>,
+}
+
+/// Device memory the launches share, held under one lock from its write until the launch is
+/// queued; the one stream orders its reuse.
+#[derive(Default)]
+struct Scratch {
+    workspace: Option<CudaSlice<u8>>,
+    /// The norm constant of FP4 outputs (the kernels read it from device memory, as CUTLASS's
+    /// `norm_constant_ptr`).
+    norm_constant: Option<CudaSlice<f32>>,
+}
+
+/// Device addresses of one launch (0: absent).
+#[derive(Clone, Copy)]
+struct Ptrs {
+    a: u64,
+    sfa: u64,
+    b: u64,
+    sfb: u64,
+    c: u64,
+    d: u64,
+    sfd: u64,
 }
 
 impl BlockScaledGemm {
@@ -146,7 +193,7 @@ impl BlockScaledGemm {
         let cc = ctx.compute_capability()?;
         let sm_count = ctx.attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?;
         let device = DeviceFacts { ordinal: ctx.ordinal(), compute_capability: cc, sm_count: sm_count.max(1) as usize };
-        Ok(BlockScaledGemm { stream, device, workspace: Mutex::new(None), split_k: None })
+        Ok(BlockScaledGemm { stream, device, scratch: Mutex::new(Scratch::default()), split_k: None })
     }
 
     /// Forces the number of K ranges of the SM90 kernels (`None`: the heuristic of
@@ -176,7 +223,7 @@ impl BlockScaledGemm {
 
     /// The config [`Self::gemm`] would run for `p` with output `out`, or the error it would give.
     pub fn select_config(&self, p: &Problem, out: OutType) -> Result<Config> {
-        let lens = BufferLens::for_problem(p, p.beta != 0.0);
+        let lens = BufferLens::for_problem(p, out, p.beta != 0.0);
         plan(p, out, &lens, &self.device, None, |c, o| c.is_built(o))
     }
 
@@ -200,6 +247,28 @@ impl BlockScaledGemm {
         self.run(p, a, b, Some(c), d, config)
     }
 
+    /// FP4 output (CUTLASS example 72b): `D = quantize(alpha * A Bᵀ)` in e2m1 with scale factors
+    /// generated per 16 outputs along N, ue4m3 for [`OutType::Nvfp4`] or ue8m0 for
+    /// [`OutType::Nvfp4Ue8m0`], scaled by `p.norm_constant` ([`crate::fp4_out`] has the exact
+    /// arithmetic). N must be a multiple of 32; beta must be 0 (see [`Self::gemm_fp4_with_c`]).
+    pub fn gemm_fp4<VA, SA, VB, SB, DV, DS, TV, TS>(&self, p: &Problem, out: OutType, a: Nvfp4Operand<'_, VA, SA>, b: Nvfp4Operand<'_, VB, SB>, d: Nvfp4Output<'_, DV, DS>, config: Option<Config>) -> Result<Config>
+    where
+        VA: DevicePtr<TV>, SA: DevicePtr<TS>, VB: DevicePtr<TV>, SB: DevicePtr<TS>, DV: DevicePtrMut<TV>, DS: DevicePtrMut<TS>,
+        TV: PackedFp4, TS: ScaleByte,
+    {
+        self.run_fp4::<_, _, _, _, CudaSlice<f32>, _, _, _, _>(p, out, a, b, None, d, config)
+    }
+
+    /// [`Self::gemm_fp4`] with `+ beta * C` before the quantization, C in f32 (L, M, N).
+    #[allow(clippy::too_many_arguments)]
+    pub fn gemm_fp4_with_c<VA, SA, VB, SB, C, DV, DS, TV, TS>(&self, p: &Problem, out: OutType, a: Nvfp4Operand<'_, VA, SA>, b: Nvfp4Operand<'_, VB, SB>, c: &C, d: Nvfp4Output<'_, DV, DS>, config: Option<Config>) -> Result<Config>
+    where
+        VA: DevicePtr<TV>, SA: DevicePtr<TS>, VB: DevicePtr<TV>, SB: DevicePtr<TS>, C: DevicePtr<f32>, DV: DevicePtrMut<TV>, DS: DevicePtrMut<TS>,
+        TV: PackedFp4, TS: ScaleByte,
+    {
+        self.run_fp4(p, out, a, b, Some(c), d, config)
+    }
+
     fn split_k_for(&self, config: Config, p: &Problem) -> Result<u32> {
         if config.info().arch != 90 {
             return Ok(1);
@@ -212,6 +281,18 @@ impl BlockScaledGemm {
         }
     }
 
+    /// Checks that every buffer lives on this GEMM's device.
+    fn check_devices(&self, buffers: &[(&'static str, &Arc<CudaStream>)]) -> Result<()> {
+        let gemm_device = self.device.ordinal;
+        for (name, s) in buffers {
+            let buffer_device = s.context().ordinal();
+            if buffer_device != gemm_device {
+                return Err(Error::WrongDevice { name, buffer_device, gemm_device });
+            }
+        }
+        Ok(())
+    }
+
     #[allow(clippy::too_many_arguments)]
     fn run<VA, SA, VB, SB, C, D, TV, TS, TO>(&self, p: &Problem, a: Nvfp4Operand<'_, VA, SA>, b: Nvfp4Operand<'_, VB, SB>, c: Option<&C>, d: &mut D, forced: Option<Config>) -> Result<Config>
     where
@@ -219,24 +300,11 @@ impl BlockScaledGemm {
         TV: PackedFp4, TS: ScaleByte, TO: OutputElement,
     {
         let out = TO::OUT;
-        let lens = BufferLens { a: a.values.len(), sfa: a.scales.len(), b: b.values.len(), sfb: b.scales.len(), c: c.map(|c| c.len()), d: d.len() };
+        let lens = BufferLens { a: a.values.len(), sfa: a.scales.len(), b: b.values.len(), sfb: b.scales.len(), c: c.map(|c| c.len()), d: d.len(), sfd: None };
         let config = plan(p, out, &lens, &self.device, forced, |c, o| c.is_built(o))?;
-        let ordinal = self.device.ordinal;
-        let on_device = |name: &'static str, s: &Arc<CudaStream>| {
-            let buffer_device = s.context().ordinal();
-            if buffer_device != ordinal {
-                return Err(Error::WrongDevice { name, buffer_device, gemm_device: ordinal });
-            }
-            Ok(())
-        };
-        on_device("A", a.values.stream())?;
-        on_device("SFA", a.scales.stream())?;
-        on_device("B", b.values.stream())?;
-        on_device("SFB", b.scales.stream())?;
-        on_device("D", d.stream())?;
-        if let Some(c) = c {
-            on_device("C", c.stream())?;
-        }
+        let mut buffers = vec![("A", a.values.stream()), ("SFA", a.scales.stream()), ("B", b.values.stream()), ("SFB", b.scales.stream()), ("D", d.stream())];
+        buffers.extend(c.map(|c| ("C", c.stream())));
+        self.check_devices(&buffers)?;
 
         let stream = &self.stream;
         let (pa, _ga) = a.values.device_ptr(stream);
@@ -247,37 +315,96 @@ impl BlockScaledGemm {
         let c_ptr = c.map(|c| c.device_ptr(stream));
         // Without C the kernel gets D as its C pointer; beta is 0, so it never reads it.
         let pc = c_ptr.as_ref().map_or(pd, |(p, _)| *p);
-        for (name, addr) in [("A", pa), ("SFA", psfa), ("B", pb), ("SFB", psfb), ("C", pc), ("D", pd)] {
-            check_align(name, addr)?;
+        self.launch(p, out, config, Ptrs { a: pa, sfa: psfa, b: pb, sfb: psfb, c: pc, d: pd, sfd: 0 })
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn run_fp4<VA, SA, VB, SB, C, DV, DS, TV, TS>(&self, p: &Problem, out: OutType, a: Nvfp4Operand<'_, VA, SA>, b: Nvfp4Operand<'_, VB, SB>, c: Option<&C>, d: Nvfp4Output<'_, DV, DS>, forced: Option<Config>) -> Result<Config>
+    where
+        VA: DevicePtr<TV>, SA: DevicePtr<TS>, VB: DevicePtr<TV>, SB: DevicePtr<TS>, C: DevicePtr<f32>, DV: DevicePtrMut<TV>, DS: DevicePtrMut<TS>,
+        TV: PackedFp4, TS: ScaleByte,
+    {
+        if out.sfd().is_none() {
+            return Err(Error::InvalidData { what: "out", detail: format!("{out}: gemm_fp4 writes the FP4 outputs nvfp4 or nvfp4-ue8m0; use gemm for {out}") });
+        }
+        let lens = BufferLens { a: a.values.len(), sfa: a.scales.len(), b: b.values.len(), sfb: b.scales.len(), c: c.map(|c| c.len()), d: d.values.len(), sfd: Some(d.scales.len()) };
+        let config = plan(p, out, &lens, &self.device, forced, |c, o| c.is_built(o))?;
+        let mut buffers = vec![("A", a.values.stream()), ("SFA", a.scales.stream()), ("B", b.values.stream()), ("SFB", b.scales.stream()), ("D", d.values.stream()), ("SFD", d.scales.stream())];
+        buffers.extend(c.map(|c| ("C", c.stream())));
+        self.check_devices(&buffers)?;
+
+        let stream = &self.stream;
+        let (pa, _ga) = a.values.device_ptr(stream);
+        let (psfa, _gsfa) = a.scales.device_ptr(stream);
+        let (pb, _gb) = b.values.device_ptr(stream);
+        let (psfb, _gsfb) = b.scales.device_ptr(stream);
+        let (pd, _gd) = d.values.device_ptr_mut(stream);
+        let (psfd, _gsfd) = d.scales.device_ptr_mut(stream);
+        let c_ptr = c.map(|c| c.device_ptr(stream));
+        let pc = c_ptr.as_ref().map_or(pd, |(p, _)| *p);
+        self.launch(p, out, config, Ptrs { a: pa, sfa: psfa, b: pb, sfb: psfb, c: pc, d: pd, sfd: psfd })
+    }
+
+    /// Checks alignment and `can_implement`, prepares the shared device memory and queues the
+    /// kernel. The caller holds every buffer's guard across this call.
+    fn launch(&self, p: &Problem, out: OutType, config: Config, ptrs: Ptrs) -> Result<Config> {
+        let stream = &self.stream;
+        for (name, addr) in [("A", ptrs.a), ("SFA", ptrs.sfa), ("B", ptrs.b), ("SFB", ptrs.sfb), ("C", ptrs.c), ("D", ptrs.d), ("SFD", ptrs.sfd)] {
+            if !(name == "SFD" && out.sfd().is_none()) {
+                check_align(name, addr)?;
+            }
         }
         let mut args = bridge::LaunchArgs {
             m: p.m as i32, n: p.n as i32, k: p.k as i32, l: p.l as i32,
-            a: pa, sfa: psfa, b: pb, sfb: psfb, c: pc, d: pd,
+            a: ptrs.a, sfa: ptrs.sfa, b: ptrs.b, sfb: ptrs.sfb, c: ptrs.c, d: ptrs.d,
             alpha: p.alpha, beta: p.beta,
             workspace: 0, workspace_bytes: 0,
             stream: stream.cu_stream() as u64,
-            device_id: ordinal as i32, sm_count: self.device.sm_count as i32,
+            device_id: self.device.ordinal as i32, sm_count: self.device.sm_count as i32,
             split_k: self.split_k_for(config, p)? as i32,
+            sfd: ptrs.sfd,
+            norm_constant: 0,
         };
+        let mut guard = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
+        let scratch = &mut *guard; // one borrow per field below
+        stream.context().bind_to_thread()?;
+        let norm_guard = if out.sfd().is_some() {
+            if scratch.norm_constant.is_none() {
+                scratch.norm_constant = Some(stream.alloc_zeros::<f32>(1)?);
+            }
+            let slot = scratch.norm_constant.as_mut().expect("allocated above");
+            stream.memcpy_htod(&[p.norm_constant], slot)?;
+            Some(slot.device_ptr(stream))
+        } else {
+            None
+        };
+        if let Some((ptr, _)) = &norm_guard {
+            args.norm_constant = *ptr;
+        }
         let (index, out_index) = (config.info().index, out.index());
         if !bridge::can_implement(index, out_index, &args) {
             return Err(Error::CannotImplement { config, m: p.m, n: p.n, k: p.k, l: p.l });
         }
-        let need = bridge::workspace_size(index, out_index, &args);
-        let mut ws = self.workspace.lock().unwrap_or_else(|e| e.into_inner());
-        if need > 0 && ws.as_ref().is_none_or(|w| w.len() < need) {
-            *ws = Some(stream.alloc_zeros::<u8>(need)?);
+        if out.sfd().is_some() {
+            // The kernels leave the padding of the SFD tiles unwritten; zero it so the buffer can
+            // feed the next GEMM (padding scales must be finite, SPEC.md §3).
+            // SAFETY: `ptrs.sfd` is the caller's live, guarded SFD buffer of `p.sfd_bytes()` bytes.
+            unsafe { cudarc::driver::result::memset_d8_async(ptrs.sfd, 0, p.sfd_bytes(), stream.cu_stream()) }?;
         }
-        let ws_guard = ws.as_mut().filter(|_| need > 0).map(|w| w.device_ptr_mut(stream));
+        let need = bridge::workspace_size(index, out_index, &args);
+        if need > 0 && scratch.workspace.as_ref().is_none_or(|w| w.len() < need) {
+            scratch.workspace = Some(stream.alloc_zeros::<u8>(need)?);
+        }
+        let ws_guard = scratch.workspace.as_mut().filter(|_| need > 0).map(|w| w.device_ptr_mut(stream));
         if let Some((ptr, _)) = &ws_guard {
             args.workspace = *ptr;
             args.workspace_bytes = need;
         }
-        stream.context().bind_to_thread()?;
         // SAFETY: every pointer is a live device allocation of the checked length on this
         // stream's device, 16-byte aligned, and its guard lives until after the launch is queued.
         let status = unsafe { bridge::launch(index, out_index, &args) };
         drop(ws_guard);
+        drop(norm_guard);
         if status.cutlass_status != 0 {
             return Err(Error::Cutlass { code: status.cutlass_status, name: bridge::cutlass_status_name(status.cutlass_status) });
         }
@@ -293,7 +420,7 @@ mod tests {
     use super::*;
 
     fn lens(p: &Problem) -> BufferLens {
-        BufferLens::for_problem(p, false)
+        BufferLens::for_problem(p, OutType::F16, false)
     }
     const B200: DeviceFacts = DeviceFacts { ordinal: 0, compute_capability: (10, 0), sm_count: 148 };
     const H100: DeviceFacts = DeviceFacts { ordinal: 1, compute_capability: (9, 0), sm_count: 132 };

@@ -3,6 +3,8 @@
 //! - [`BlockScaledGemm`]: the GEMM on a cudarc stream, CUTLASS's SM100 block-scaled kernels
 //!   underneath (the path of CUTLASS example 72a/72b), every argument checked before the FFI line.
 //! - [`reference`], [`reference_gemm`]: the exact CPU reference every result is compared with.
+//! - [`fp4_out`]: FP4 output (CUTLASS example 72b): e2m1 D plus generated scale factors, bit for
+//!   bit as CUTLASS's host reference computes them.
 //! - [`formats`], [`layout`], [`Nvfp4Matrix`]: NVFP4 values, the 128x4 tiled scale layout, host
 //!   tensors, generators and a ModelOpt-style quantizer.
 //!
@@ -14,6 +16,7 @@ pub mod cutlass_host;
 mod error;
 mod ffi;
 pub mod formats;
+pub mod fp4_out;
 pub mod gemm;
 pub mod layout;
 mod matrix;
@@ -23,6 +26,6 @@ pub mod reference;
 pub use config::{select as select_config, split_k as config_split_k, Config, ConfigInfo};
 pub use error::{Error, Result};
 pub use formats::OutputElement;
-pub use gemm::{BlockScaledGemm, Nvfp4Operand};
+pub use gemm::{BlockScaledGemm, Nvfp4Operand, Nvfp4Output};
 pub use matrix::{reference_gemm, Nvfp4Matrix, SplitMix64};
-pub use problem::{OutType, Problem};
+pub use problem::{OutType, Problem, SfdFormat};

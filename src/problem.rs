@@ -3,7 +3,9 @@
 use crate::error::{Error, Result};
 use crate::layout;
 
-/// Output element type of D (and C).
+/// Output type of D. For the 16- and 32-bit types C has D's type; for the FP4 types D is packed
+/// e2m1 (two per byte, like A and B) with one scale factor generated per 16 outputs along N
+/// (SFD, the 128x4 tiled layout over (M, N/16)), and C is f32, as in CUTLASS example 72b.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum OutType {
     /// IEEE half (`half::f16`).
@@ -12,35 +14,68 @@ pub enum OutType {
     Bf16,
     /// f32.
     F32,
+    /// NVFP4: e2m1 values with ue4m3 SFD, the input format of the next NVFP4 GEMM.
+    Nvfp4,
+    /// e2m1 values with ue8m0 SFD (power-of-two scales, CUTLASS example 72b's output).
+    Nvfp4Ue8m0,
+}
+
+/// Element type of a generated scale factor (SFD) of an FP4 output.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum SfdFormat {
+    /// ue4m3 (`cutlass::float_ue4m3_t`): NVFP4 scales.
+    Ue4m3,
+    /// ue8m0 (`cutlass::float_ue8m0_t`): powers of two.
+    Ue8m0,
 }
 
 impl OutType {
-    /// Bytes per element.
-    pub const fn size(self) -> usize {
+    /// Every output type, in table order.
+    pub const ALL: [OutType; 5] = [OutType::F16, OutType::Bf16, OutType::F32, OutType::Nvfp4, OutType::Nvfp4Ue8m0];
+
+    /// Bits per element of D.
+    pub const fn bits(self) -> usize {
         match self {
-            OutType::F16 | OutType::Bf16 => 2,
-            OutType::F32 => 4,
+            OutType::F16 | OutType::Bf16 => 16,
+            OutType::F32 => 32,
+            OutType::Nvfp4 | OutType::Nvfp4Ue8m0 => 4,
         }
     }
-    /// Elements per 16 bytes: N must be a multiple of this.
+    /// Elements per 16 bytes of D: N must be a multiple of this.
     pub const fn n_multiple(self) -> usize {
-        16 / self.size()
+        128 / self.bits()
     }
-    /// Index in the kernel table (F16 = 0, Bf16 = 1, F32 = 2).
+    /// The SFD format of an FP4 output; `None` for the others.
+    pub const fn sfd(self) -> Option<SfdFormat> {
+        match self {
+            OutType::Nvfp4 => Some(SfdFormat::Ue4m3),
+            OutType::Nvfp4Ue8m0 => Some(SfdFormat::Ue8m0),
+            _ => None,
+        }
+    }
+    /// Index in the kernel table (the order of [`Self::ALL`]).
     pub const fn index(self) -> u32 {
         match self {
             OutType::F16 => 0,
             OutType::Bf16 => 1,
             OutType::F32 => 2,
+            OutType::Nvfp4 => 3,
+            OutType::Nvfp4Ue8m0 => 4,
         }
     }
-    /// Lower-case name: "f16", "bf16", "f32".
+    /// Lower-case name: "f16", "bf16", "f32", "nvfp4", "nvfp4-ue8m0".
     pub const fn name(self) -> &'static str {
         match self {
             OutType::F16 => "f16",
             OutType::Bf16 => "bf16",
             OutType::F32 => "f32",
+            OutType::Nvfp4 => "nvfp4",
+            OutType::Nvfp4Ue8m0 => "nvfp4-ue8m0",
         }
+    }
+    /// Bytes of D for `elems` elements (FP4: two per byte).
+    pub const fn d_bytes(self, elems: usize) -> usize {
+        elems * self.bits() / 8
     }
 }
 
@@ -65,12 +100,20 @@ pub struct Problem {
     pub alpha: f32,
     /// Scale of C.
     pub beta: f32,
+    /// FP4 outputs only: the normalization constant of CUTLASS example 72b (SFD is
+    /// `max|D| * norm_constant / 6` per 16 outputs, see [`crate::fp4_out`]); finite and > 0.
+    pub norm_constant: f32,
 }
 
 impl Problem {
     /// A problem with alpha = 1, beta = 0, L = 1.
     pub const fn new(m: usize, n: usize, k: usize) -> Self {
-        Problem { m, n, k, l: 1, alpha: 1.0, beta: 0.0 }
+        Problem { m, n, k, l: 1, alpha: 1.0, beta: 0.0, norm_constant: 1.0 }
+    }
+    /// Sets the normalization constant of an FP4 output.
+    pub const fn norm_constant(mut self, norm_constant: f32) -> Self {
+        self.norm_constant = norm_constant;
+        self
     }
     /// Sets the batch count.
     pub const fn batch(mut self, l: usize) -> Self {
@@ -103,6 +146,10 @@ impl Problem {
     pub const fn cd_elems(&self) -> usize {
         self.l * self.m * self.n
     }
+    /// Bytes of the generated scale factors of an FP4 output (tiled over (M, N/16)).
+    pub const fn sfd_bytes(&self) -> usize {
+        layout::sf_bytes(self.m, self.n, self.l)
+    }
     /// 2 * M * N * K * L.
     pub fn flops(&self) -> f64 {
         2.0 * self.m as f64 * self.n as f64 * self.k as f64 * self.l as f64
@@ -120,7 +167,8 @@ impl Problem {
 
     /// Checks the shape rules every kernel shares: dimensions in 1..=i32::MAX with byte counts
     /// that fit, K % 32 == 0 (16-byte rows of packed A and B), N a multiple of 16 bytes of output,
-    /// finite alpha and beta. `has_c` says whether a C matrix is given.
+    /// finite alpha and beta, and for FP4 output a finite, positive norm constant. `has_c` says
+    /// whether a C matrix is given.
     pub fn validate(&self, out: OutType, has_c: bool) -> Result<()> {
         self.check_dims(i32::MAX as usize)?;
         if !self.k.is_multiple_of(32) {
@@ -132,7 +180,7 @@ impl Problem {
         // Every byte count must fit in usize (and the kernels' 64-bit strides).
         let fits = |a: usize, b: usize, c: usize| a.checked_mul(b).and_then(|x| x.checked_mul(c)).is_some_and(|x| x <= i64::MAX as usize);
         let widest = self.m.max(self.n);
-        if !fits(self.l, widest, self.k) || !fits(self.l * self.m, self.n, out.size()) {
+        if !fits(self.l, widest, self.k) || !fits(self.l * self.m, self.n, out.bits().div_ceil(8)) {
             return Err(Error::Dimension { dim: "L", value: self.l, max: i64::MAX as usize / (widest * self.k.max(self.n)) });
         }
         for (name, value) in [("alpha", self.alpha), ("beta", self.beta)] {
@@ -142,6 +190,9 @@ impl Problem {
         }
         if self.beta != 0.0 && !has_c {
             return Err(Error::BetaWithoutC { beta: self.beta });
+        }
+        if out.sfd().is_some() && !(self.norm_constant.is_finite() && self.norm_constant > 0.0) {
+            return Err(Error::NormConstant { value: self.norm_constant });
         }
         Ok(())
     }
@@ -163,14 +214,15 @@ pub(crate) fn check_align(name: &'static str, addr: u64) -> Result<()> {
     Ok(())
 }
 
-/// Rules on buffer lengths, as (name, required elements, rule) for a problem.
-pub(crate) fn buffer_rules(p: &Problem) -> [(&'static str, usize, &'static str); 5] {
+/// Rules on buffer lengths, as (name, required elements, rule) for a problem with output `out`.
+pub(crate) fn buffer_rules(p: &Problem, out: OutType) -> [(&'static str, usize, &'static str); 5] {
+    let d = if out.sfd().is_some() { ("D", out.d_bytes(p.cd_elems()), "L * M * N / 2 packed bytes") } else { ("D", p.cd_elems(), "L * M * N elements") };
     [
         ("A", p.a_bytes(), "L * M * K / 2 packed bytes"),
         ("SFA", p.sfa_bytes(), "L * ceil(M/128)*128 * ceil(K/64)*4 tiled scale bytes"),
         ("B", p.b_bytes(), "L * N * K / 2 packed bytes"),
         ("SFB", p.sfb_bytes(), "L * ceil(N/128)*128 * ceil(K/64)*4 tiled scale bytes"),
-        ("D", p.cd_elems(), "L * M * N elements"),
+        d,
     ]
 }
 
@@ -198,6 +250,14 @@ mod tests {
             let e = p.validate(OutType::F16, false).unwrap_err().to_string();
             assert!(e.contains(want), "{p:?}: got {e:?}, want {want:?}");
         }
+        // FP4 output: N % 32 and a usable norm constant.
+        let e = Problem::new(128, 272, 256).validate(OutType::Nvfp4, false).unwrap_err().to_string();
+        assert!(e.contains("N = 272: must be a multiple of 32 for nvfp4"), "{e}");
+        for st in [0.0, -1.0, f32::NAN, f32::INFINITY] {
+            let e = Problem::new(128, 256, 256).norm_constant(st).validate(OutType::Nvfp4Ue8m0, false).unwrap_err().to_string();
+            assert!(e.contains("norm_constant") && e.contains("finite and greater than 0"), "{e}");
+        }
+        Problem::new(128, 256, 256).norm_constant(0.0).validate(OutType::F16, false).unwrap(); // unused there
         // f32 output needs N % 4 only; C makes beta fine.
         Problem::new(128, 260, 256).validate(OutType::F32, false).unwrap();
         Problem::new(128, 256, 256).scalars(1.0, 0.5).validate(OutType::Bf16, true).unwrap();

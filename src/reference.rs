@@ -12,7 +12,7 @@ use rayon::prelude::*;
 use crate::error::Result;
 use crate::formats::{e4m3_to_f32, OutputElement, E4M3_NAN};
 use crate::layout::{padded_sf_cols, sf_batch_bytes, sf_offset, SF_VEC};
-use crate::problem::{check_len, Problem};
+use crate::problem::{check_len, Problem, SfdFormat};
 use crate::Error;
 
 /// e2m1 code -> value * 2, as i8.
@@ -67,6 +67,15 @@ fn block_dot(a: &[i8], b: &[i8]) -> i32 {
 /// The exact block-scaled dot of row `i` of `a` and row `j` of `b`, as a multiple of 2^-20.
 #[inline]
 fn exact_dot(a: &Decoded, i: usize, b: &Decoded, j: usize, k: usize) -> f64 {
+    match exact_dot_units(a, i, b, j, k) {
+        Ok(units) => units as f64 * (1.0 / (1u64 << 20) as f64),
+        Err(nan) => nan,
+    }
+}
+
+/// The exact dot in units of 2^-20, or `Err` with the (NaN) f64 value when a row has NaN scales.
+#[inline]
+fn exact_dot_units(a: &Decoded, i: usize, b: &Decoded, j: usize, k: usize) -> std::result::Result<i128, f64> {
     let kb = k / SF_VEC;
     let av = &a.vals[i * k..][..k];
     let bv = &b.vals[j * k..][..k];
@@ -77,7 +86,7 @@ fn exact_dot(a: &Decoded, i: usize, b: &Decoded, j: usize, k: usize) -> f64 {
             let d = block_dot(&av[s * 16..][..16], &bv[s * 16..][..16]) as f64 / 4.0;
             acc += d * a.scales_f[i * kb + s] * b.scales_f[j * kb + s];
         }
-        return acc;
+        return Err(acc);
     }
     let asf = &a.scales[i * kb..][..kb];
     let bsf = &b.scales[j * kb..][..kb];
@@ -93,14 +102,11 @@ fn exact_dot(a: &Decoded, i: usize, b: &Decoded, j: usize, k: usize) -> f64 {
         }
         total += acc as i128;
     }
-    total as f64 * (1.0 / (1u64 << 20) as f64)
+    Ok(total)
 }
 
-/// Reference GEMM on raw buffers laid out as the kernels take them: `a` is (L, M, K/2) packed
-/// bytes, `sfa` the tiled scales of A (SPEC.md §3), `b` and `sfb` likewise for (L, N, K/2),
-/// `c` (L, M, N) row-major when given. K must be a multiple of 16. C is read only when
-/// beta != 0 (the kernels do not load it otherwise).
-pub fn gemm<T: OutputElement>(p: &Problem, a: &[u8], sfa: &[u8], b: &[u8], sfb: &[u8], c: Option<&[T]>) -> Result<Vec<T>> {
+/// Checks the raw operand buffers of a reference call.
+fn check_operands(p: &Problem, a: &[u8], sfa: &[u8], b: &[u8], sfb: &[u8]) -> Result<()> {
     p.check_dims(usize::MAX)?;
     if !p.k.is_multiple_of(SF_VEC) {
         return Err(Error::KMultiple { k: p.k, multiple: SF_VEC, why: "one scale per 16 elements of K" });
@@ -108,13 +114,91 @@ pub fn gemm<T: OutputElement>(p: &Problem, a: &[u8], sfa: &[u8], b: &[u8], sfb: 
     check_len("A", a.len(), p.a_bytes(), "L * M * K / 2 packed bytes")?;
     check_len("SFA", sfa.len(), p.sfa_bytes(), "tiled scale bytes of A")?;
     check_len("B", b.len(), p.b_bytes(), "L * N * K / 2 packed bytes")?;
-    check_len("SFB", sfb.len(), p.sfb_bytes(), "tiled scale bytes of B")?;
-    if let Some(c) = c {
-        check_len("C", c.len(), p.cd_elems(), "L * M * N elements")?;
+    check_len("SFB", sfb.len(), p.sfb_bytes(), "tiled scale bytes of B")
+}
+
+/// Checks C against the problem: its length when given, and that beta != 0 has one.
+fn check_c(p: &Problem, c_len: Option<usize>) -> Result<()> {
+    if let Some(len) = c_len {
+        check_len("C", len, p.cd_elems(), "L * M * N elements")?;
     }
-    if p.beta != 0.0 && c.is_none() {
+    if p.beta != 0.0 && c_len.is_none() {
         return Err(Error::BetaWithoutC { beta: p.beta });
     }
+    Ok(())
+}
+
+/// How the reference sums the K products of one output.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Accumulation {
+    /// Exactly (integers), then one rounding to f32.
+    Exact,
+    /// In f32, one product at a time in K order: `acc = acc + a * sfa * b * sfb`, as CUTLASS's
+    /// host reference (`gett_mainloop`) does. Every product is exact in f32; the sums round.
+    Fp32KOrder,
+}
+
+/// The f32 accumulators (L, M, N) of `sum_k dec(A) sfa dec(B) sfb`, summed as `mode` says.
+pub fn accumulators(p: &Problem, a: &[u8], sfa: &[u8], b: &[u8], sfb: &[u8], mode: Accumulation) -> Result<Vec<f32>> {
+    check_operands(p, a, sfa, b, sfb)?;
+    let (m, n, k) = (p.m, p.n, p.k);
+    let mut out = vec![0f32; p.cd_elems()];
+    for l in 0..p.l {
+        let bd = decode(b, sfb, n, k, l, 0..n);
+        let out_l = &mut out[l * m * n..][..m * n];
+        match mode {
+            Accumulation::Exact => out_l.par_chunks_mut(n).enumerate().for_each(|(i, row)| {
+                let ad = decode(a, sfa, m, k, l, i..i + 1);
+                for (j, o) in row.iter_mut().enumerate() {
+                    // i128 -> f32 rounds once (to nearest even); the power-of-two scale is exact.
+                    *o = match exact_dot_units(&ad, 0, &bd, j, k) {
+                        Ok(units) => units as f32 * 2f32.powi(-20),
+                        Err(nan) => nan as f32,
+                    };
+                }
+            }),
+            Accumulation::Fp32KOrder => {
+                let scaled = |d: &Decoded, r: usize| -> Vec<f32> {
+                    (0..k).map(|kk| (d.vals[r * k + kk] as f32 * 0.5) * d.scales_f[r * (k / SF_VEC) + kk / SF_VEC] as f32).collect()
+                };
+                let bf: Vec<Vec<f32>> = (0..n).map(|j| scaled(&bd, j)).collect();
+                out_l.par_chunks_mut(n).enumerate().for_each(|(i, row)| {
+                    let ad = decode(a, sfa, m, k, l, i..i + 1);
+                    let af = scaled(&ad, 0);
+                    for (o, bj) in row.iter_mut().zip(&bf) {
+                        *o = af.iter().zip(bj).fold(0f32, |acc, (&x, &y)| x * y + acc);
+                    }
+                });
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Reference GEMM with FP4 output (CUTLASS example 72b, [`crate::fp4_out`]): D as (L, M, N/2)
+/// packed e2m1 bytes and its SFD (`p.sfd_bytes()`, zero padding), from accumulators summed as
+/// `mode` says. [`Accumulation::Fp32KOrder`] reproduces CUTLASS's host reference byte for byte.
+/// N must be a multiple of 16; `c` (f32) is read only when beta != 0.
+#[allow(clippy::too_many_arguments)]
+pub fn gemm_fp4(p: &Problem, a: &[u8], sfa: &[u8], b: &[u8], sfb: &[u8], c: Option<&[f32]>, format: SfdFormat, mode: Accumulation) -> Result<(Vec<u8>, Vec<u8>)> {
+    if !p.n.is_multiple_of(SF_VEC) {
+        return Err(Error::InvalidData { what: "N", detail: format!("{}: FP4 output needs whole groups of 16 outputs per row", p.n) });
+    }
+    if !(p.norm_constant.is_finite() && p.norm_constant > 0.0) {
+        return Err(Error::NormConstant { value: p.norm_constant });
+    }
+    check_c(p, c.map(<[f32]>::len))?;
+    let acc = accumulators(p, a, sfa, b, sfb, mode)?;
+    Ok(crate::fp4_out::epilogue(p, &acc, c, format))
+}
+
+/// Reference GEMM on raw buffers laid out as the kernels take them: `a` is (L, M, K/2) packed
+/// bytes, `sfa` the tiled scales of A (SPEC.md §3), `b` and `sfb` likewise for (L, N, K/2),
+/// `c` (L, M, N) row-major when given. K must be a multiple of 16. C is read only when
+/// beta != 0 (the kernels do not load it otherwise).
+pub fn gemm<T: OutputElement>(p: &Problem, a: &[u8], sfa: &[u8], b: &[u8], sfb: &[u8], c: Option<&[T]>) -> Result<Vec<T>> {
+    check_operands(p, a, sfa, b, sfb)?;
+    check_c(p, c.map(<[T]>::len))?;
     const TILE_M: usize = 8;
     let (m, n, k) = (p.m, p.n, p.k);
     let (alpha, beta) = (p.alpha as f64, p.beta as f64);

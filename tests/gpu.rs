@@ -1,8 +1,10 @@
 //! GPU integration tests, with their own harness (`harness = false`) so that a test without a
 //! suitable device is counted as skipped, with its reason, never as passed.
 #![allow(clippy::too_many_arguments, clippy::type_complexity)]
-use blockscaled_gemm::compare::compare;
-use blockscaled_gemm::{reference_gemm, BlockScaledGemm, Config, Error, Nvfp4Matrix, Nvfp4Operand, OutType, OutputElement, Problem};
+use blockscaled_gemm::compare::{compare, compare_fp4};
+use blockscaled_gemm::fp4_out::sfd_from_f32;
+use blockscaled_gemm::reference::{self, Accumulation};
+use blockscaled_gemm::{reference_gemm, BlockScaledGemm, Config, Error, Nvfp4Matrix, Nvfp4Operand, Nvfp4Output, OutType, OutputElement, Problem};
 use cudarc::driver::CudaContext;
 use half::{bf16, f16};
 use std::sync::Arc;
@@ -33,6 +35,9 @@ fn main() {
         ("sm90_extreme_scales", sm90_extreme_scales),
         ("sm90_contest_and_benchmark_shapes", sm90_contest_and_benchmark_shapes),
         ("sm90_workspace_reuse_across_shapes", sm90_workspace_reuse_across_shapes),
+        ("fp4_output_exact_data_byte_for_byte", fp4_output_exact_data_byte_for_byte),
+        ("fp4_output_realistic_data_within_one_step", fp4_output_realistic_data_within_one_step),
+        ("fp4_output_chains_into_the_next_gemm", fp4_output_chains_into_the_next_gemm),
     ];
     let filter: Vec<String> = std::env::args().skip(1).filter(|a| !a.starts_with('-')).collect();
     let (mut passed, mut failed, mut skipped) = (0, 0, 0);
@@ -113,7 +118,7 @@ fn abs_values(m: &Nvfp4Matrix) -> Nvfp4Matrix {
 fn check_accumulation_bound<T: OutputElement>(got: &[T], want: &[T], a: &Nvfp4Matrix, b: &Nvfp4Matrix, alpha: f32, beta: f32, c: &[T], what: &str) {
     let s: Vec<f32> = reference_gemm(&abs_values(a), &abs_values(b), 1.0, 0.0, None).unwrap();
     let u = 2f64.powi(-24);
-    let ulp = match T::OUT { OutType::F16 => 2f64.powi(-10), OutType::Bf16 => 2f64.powi(-7), OutType::F32 => 2f64.powi(-23) };
+    let ulp = match T::OUT { OutType::F16 => 2f64.powi(-10), OutType::Bf16 => 2f64.powi(-7), OutType::F32 => 2f64.powi(-23), OutType::Nvfp4 | OutType::Nvfp4Ue8m0 => unreachable!("not an element type") };
     let k = a.k() as f64;
     let mut bad = 0;
     let mut worst = (0.0f64, 0usize);
@@ -318,5 +323,154 @@ fn device_buffer_errors_are_typed() -> Outcome {
         other => panic!("expected a misalignment refusal, got {other:?}"),
     }
     assert_eq!(g.select_config(&p, OutType::F32).is_ok(), g.device().arch().is_some() && Config::ALL.iter().any(|c| c.is_built(OutType::F32) && c.compute_capability() == g.device().compute_capability));
+    Ok(())
+}
+
+/// The GEMM for FP4-output tests: any device whose architecture has FP4-output kernels built.
+fn fp4_device() -> Result<BlockScaledGemm, String> {
+    let g = device()?;
+    let cc = g.device().compute_capability;
+    if !Config::ALL.iter().any(|c| c.compute_capability() == cc && c.is_built(OutType::Nvfp4)) {
+        return Err(format!("no FP4-output kernel in this build runs on compute capability {cc:?}"));
+    }
+    Ok(g)
+}
+
+/// One FP4-output GEMM on the device, D poisoned with 0xEE and SFD with NaN (0x7F) bytes first.
+/// Returns the config that ran, D and SFD.
+fn run_fp4(g: &BlockScaledGemm, p: &Problem, out: OutType, a: &Nvfp4Matrix, b: &Nvfp4Matrix, c: Option<&[f32]>, config: Option<Config>) -> (Config, Vec<u8>, Vec<u8>) {
+    let s = g.stream();
+    let (av, asf) = upload(g, a);
+    let (bv, bsf) = upload(g, b);
+    let mut d = s.clone_htod(&vec![0xEEu8; p.cd_elems() / 2]).unwrap();
+    let mut sfd = s.clone_htod(&vec![0x7Fu8; p.sfd_bytes()]).unwrap();
+    let (aa, bb) = (Nvfp4Operand::new(&av, &asf), Nvfp4Operand::new(&bv, &bsf));
+    let ran = match c {
+        Some(c) => {
+            let cd = s.clone_htod(c).unwrap();
+            g.gemm_fp4_with_c(p, out, aa, bb, &cd, Nvfp4Output::new(&mut d, &mut sfd), config).unwrap()
+        }
+        None => g.gemm_fp4(p, out, aa, bb, Nvfp4Output::new(&mut d, &mut sfd), config).unwrap(),
+    };
+    (ran, s.clone_dtoh(&d).unwrap(), s.clone_dtoh(&sfd).unwrap())
+}
+
+/// Issue 6: contest data (every FP32 partial sum exact in any order), every FP4-output config
+/// and both scale-factor formats, split-K too: D and SFD equal the reference byte for byte.
+fn fp4_output_exact_data_byte_for_byte() -> Outcome {
+    let base = fp4_device()?;
+    let cc = base.device().compute_capability;
+    let configs: Vec<Config> = Config::ALL.iter().copied().filter(|c| c.compute_capability() == cc && c.is_built(OutType::Nvfp4)).collect();
+    let mut rng = blockscaled_gemm::SplitMix64::new(seed() ^ 0xF4);
+    let mut checked = 0;
+    for (i, &config) in configs.iter().enumerate() {
+        for (j, out) in [OutType::Nvfp4, OutType::Nvfp4Ue8m0].into_iter().enumerate() {
+            // M and N not multiples of any tile, L = 2, K not a multiple of the K tile.
+            let (m, n, k, l) = (200, 160, 224, 2);
+            let (a, b) = contest(m, n, k, l, 70 + (i * 2 + j) as u64);
+            let c: Vec<f32> = (0..l * m * n).map(|_| rng.below(33) as f32 - 16.0).collect();
+            let splits: &[Option<u32>] = if config.info().arch == 90 { &[None, Some(3)] } else { &[None] };
+            for &split in splits {
+                let g = BlockScaledGemm::new(base.stream().clone()).unwrap().with_split_k(split);
+                for (alpha, beta, st) in [(1.0f32, 0.0f32, 1.0f32), (0.5, 2.0, 2688.0), (-0.25, 0.5, 6.0)] {
+                    let p = Problem::new(m, n, k).batch(l).scalars(alpha, beta).norm_constant(st);
+                    let c = (beta != 0.0).then_some(&c[..]);
+                    let (ran, d, sfd) = run_fp4(&g, &p, out, &a, &b, c, Some(config));
+                    let (want_d, want_sfd) = reference::gemm_fp4(&p, a.data(), a.scales(), b.data(), b.scales(), c, out.sfd().unwrap(), Accumulation::Exact).unwrap();
+                    let bad_sfd = sfd.iter().zip(&want_sfd).filter(|(x, y)| x != y).count();
+                    let bad_d = d.iter().zip(&want_d).filter(|(x, y)| x != y).count();
+                    assert!(bad_sfd == 0 && bad_d == 0, "{ran} {out} split {split:?} {p:?}: {bad_sfd} of {} SFD bytes and {bad_d} of {} D bytes differ", sfd.len(), d.len());
+                    checked += 1;
+                }
+            }
+        }
+    }
+    println!("  {checked} FP4-output runs byte-equal to the reference");
+    Ok(())
+}
+
+/// Realistic data (sums round in FP32, in another order than the reference's): per 16-output
+/// group the SFD byte equals the exact reference's and every D code is within one e2m1 step,
+/// except groups whose unrounded scale lies within 1e-5 (relative) of an SFD rounding point,
+/// where accumulation order may pick the neighbouring scale; those are counted.
+fn fp4_output_realistic_data_within_one_step() -> Outcome {
+    let g = fp4_device()?;
+    let cc = g.device().compute_capability;
+    let (m, n, k) = (256, 512, 2048);
+    let a = Nvfp4Matrix::random_realistic(m, k, 1, seed() ^ 80).unwrap();
+    let b = Nvfp4Matrix::random_realistic(n, k, 1, seed() ^ 81).unwrap();
+    let acc = reference::accumulators(&Problem::new(m, n, k), a.data(), a.scales(), b.data(), b.scales(), Accumulation::Exact).unwrap();
+    let row_major = |t: &[u8]| blockscaled_gemm::layout::from_tiled(t, m, n / 16, 1);
+    for config in Config::ALL.iter().copied().filter(|c| c.compute_capability() == cc && c.is_built(OutType::Nvfp4)) {
+        for out in [OutType::Nvfp4, OutType::Nvfp4Ue8m0] {
+            let format = out.sfd().unwrap();
+            let st = 1.5f32;
+            let p = Problem::new(m, n, k).norm_constant(st);
+            let (ran, d, sfd) = run_fp4(&g, &p, out, &a, &b, None, Some(config));
+            let (want_d, want_sfd) = reference::gemm_fp4(&p, a.data(), a.scales(), b.data(), b.scales(), None, format, Accumulation::Exact).unwrap();
+            let (got_sf, want_sf) = (row_major(&sfd), row_major(&want_sfd));
+            let cmp = compare_fp4(&d, &got_sf, &want_d, &want_sf, n);
+            assert!(cmp.within_one_step(), "{ran} {out}: {cmp}");
+            // A neighbouring scale factor only where the unrounded scale sits at a rounding point.
+            for (gi, (x, y)) in got_sf.iter().zip(&want_sf).enumerate().filter(|(_, (x, y))| x != y) {
+                let amax = acc[gi * 16..][..16].iter().fold(0f32, |mx, v| mx.max(v.abs()));
+                let pv = amax * (st * (1.0f32 / 6.0));
+                let near = sfd_from_f32(format, pv * (1.0 - 1e-5)) != sfd_from_f32(format, pv * (1.0 + 1e-5));
+                assert!(near, "{ran} {out}: group {gi}: SFD {x:#04x}, reference {y:#04x}, unrounded {pv} is not at a rounding point");
+            }
+            // The padding of the tiles is zero (the API clears it).
+            let mut valid = vec![false; sfd.len()];
+            for r in 0..m {
+                for grp in 0..n / 16 {
+                    valid[blockscaled_gemm::layout::sf_offset(r, grp, (n / 16).div_ceil(4) * 4)] = true;
+                }
+            }
+            assert!(sfd.iter().zip(&valid).all(|(&b, &v)| v || b == 0), "{ran} {out}: nonzero SFD padding");
+            println!("  {ran} {out}: {cmp}");
+        }
+    }
+    Ok(())
+}
+
+/// Issue 6: an NVFP4 output feeds the next GEMM as it stands. GEMM 1 (contest data) writes
+/// D1 + SFD1; GEMM 2 takes them as its A operand with alpha = 1 / st; both compared with the
+/// reference chained the same way (GEMM 1 byte for byte, GEMM 2 within the FP32 bound).
+fn fp4_output_chains_into_the_next_gemm() -> Outcome {
+    let g = fp4_device()?;
+    let s = g.stream().clone();
+    let (m, n, k, n2) = (192, 256, 512, 320);
+    let (a, b) = contest(m, n, k, 1, 90);
+    // st so that the largest scale factor lands near the top of ue4m3 (NVFP4's usual choice).
+    let acc = reference::accumulators(&Problem::new(m, n, k), a.data(), a.scales(), b.data(), b.scales(), Accumulation::Exact).unwrap();
+    let amax = acc.iter().fold(0f32, |x, v| x.max(v.abs()));
+    let st = 6.0 * 448.0 / amax;
+    let p1 = Problem::new(m, n, k).norm_constant(st);
+    let (av, asf) = upload(&g, &a);
+    let (bv, bsf) = upload(&g, &b);
+    let mut d1 = s.alloc_zeros::<u8>(m * n / 2).unwrap();
+    let mut sfd1 = s.clone_htod(&vec![0x7Fu8; p1.sfd_bytes()]).unwrap();
+    let ran1 = g.gemm_fp4(&p1, OutType::Nvfp4, Nvfp4Operand::new(&av, &asf), Nvfp4Operand::new(&bv, &bsf), Nvfp4Output::new(&mut d1, &mut sfd1), None).unwrap();
+    // GEMM 2 straight from the device buffers of GEMM 1.
+    let b2 = Nvfp4Matrix::random_realistic(n2, n, 1, seed() ^ 91).unwrap();
+    let (b2v, b2s) = upload(&g, &b2);
+    let p2 = Problem::new(m, n2, n).scalars(1.0 / st, 0.0);
+    let mut d2 = s.clone_htod(&vec![f32::NAN; m * n2]).unwrap();
+    let ran2 = g.gemm(&p2, Nvfp4Operand::new(&d1, &sfd1), Nvfp4Operand::new(&b2v, &b2s), &mut d2, None).unwrap();
+    // The reference, chained the same way.
+    let (want_d1, want_sfd1) = reference::gemm_fp4(&p1, a.data(), a.scales(), b.data(), b.scales(), None, blockscaled_gemm::SfdFormat::Ue4m3, Accumulation::Exact).unwrap();
+    assert_eq!(s.clone_dtoh(&d1).unwrap(), want_d1, "{ran1}: D1");
+    assert_eq!(s.clone_dtoh(&sfd1).unwrap(), want_sfd1, "{ran1}: SFD1");
+    let m1 = Nvfp4Matrix::from_parts(m, n, 1, want_d1, want_sfd1, None).unwrap();
+    let want2: Vec<f32> = reference_gemm(&m1, &b2, 1.0 / st, 0.0, None).unwrap();
+    let got2 = s.clone_dtoh(&d2).unwrap();
+    check_accumulation_bound(&got2, &want2, &m1, &b2, 1.0 / st, 0.0, &vec![0f32; m * n2], &format!("{ran1} -> {ran2}"));
+    // And the chain approximates the f32 product: D1 carries FP4 rounding only.
+    let exact: Vec<f32> = {
+        let b2f = b2.dequantize();
+        (0..m).flat_map(|i| { let acc = &acc; let b2f = &b2f; (0..n2).map(move |j| (0..n).map(|t| acc[i * n + t] as f64 * b2f[j * n + t] as f64).sum::<f64>() as f32) }).collect()
+    };
+    let rel = got2.iter().zip(&exact).map(|(x, y)| (x - y).powi(2) as f64).sum::<f64>().sqrt() / exact.iter().map(|y| (*y as f64).powi(2)).sum::<f64>().sqrt();
+    println!("  {ran1} -> {ran2}: chained result equals the chained reference; relative Frobenius distance to the unquantized product {rel:.4}");
+    assert!(rel < 0.2, "the FP4 round trip lost too much: {rel}");
     Ok(())
 }

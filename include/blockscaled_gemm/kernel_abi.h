@@ -13,8 +13,8 @@ struct KernelArgs {
   const void* sfa;  // ue4m3 scales, 128x4 tiled layout
   const void* b;    // packed e2m1, (L, N, K/2) bytes, K-major
   const void* sfb;
-  const void* c;    // same type and shape as d; d itself when the caller has no C (beta == 0)
-  void* d;          // (L, M, N) row-major
+  const void* c;    // (L, M, N) row-major, D's type (f32 for FP4 output); d itself when beta == 0
+  void* d;          // (L, M, N) row-major; FP4 output: packed e2m1, two per byte
   float alpha, beta;
   void* workspace;
   size_t workspace_bytes;
@@ -22,7 +22,16 @@ struct KernelArgs {
   int32_t device_id;
   int32_t sm_count;
   int32_t split_k;  // K ranges reduced in the workspace (SM90 kernels; 1 for CUTLASS SM100)
+  // FP4 output only (null otherwise): the generated scale factors, one per 16 outputs along N in
+  // the 128x4 tiled layout over (M, N/16), and a device pointer to the normalization constant.
+  void* sfd;
+  const float* norm_constant;
 };
+
+// Output tag of the table (cpp/configs.def): D in e2m1 with generated scale factors of type Sf
+// (cutlass::float_ue4m3_t: NVFP4; cutlass::float_ue8m0_t: CUTLASS example 72b).
+template <class Sf>
+struct Fp4Out {};
 
 // CUTLASS status (cutlass::Status as int) and CUDA runtime error (cudaError_t as int).
 struct KernelStatus {
