@@ -2,6 +2,12 @@
 //! on the GPU through `BlockScaledGemm`, verifies it against the exact CPU reference, and prints
 //! the time, TFLOP/s and GB/s. `--device cpu` computes with the reference alone.
 //!
+//! `--out nvfp4` (or `nvfp4-ue8m0`, 72b's own) writes D as e2m1 with generated scale factors per
+//! 16 outputs, scaled by `--norm-constant` (default: 6 * 448 / max|A·Bᵀ| over the verified rows,
+//! so the largest scale factor lands at the top of ue4m3); C is then f32. Verification compares
+//! scale factors and codes group by group: byte for byte where the FP32 sums are exact (contest
+//! data), else within one e2m1 step with the scale factor equal or its neighbour.
+//!
 //! Exit codes: 0 passed, 1 verification failed or the GPU run failed, 2 bad input, 3 no GPU
 //! this build can run on.
 //!
@@ -17,9 +23,10 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Instant;
 
-use blockscaled_gemm::compare::{compare, Comparison};
-use blockscaled_gemm::layout::{padded_rows, padded_sf_cols, sf_bytes, sf_cols};
-use blockscaled_gemm::{reference_gemm, BlockScaledGemm, Config, Error, Nvfp4Matrix, Nvfp4Operand, OutType, OutputElement, Problem, SplitMix64};
+use blockscaled_gemm::compare::{compare, compare_fp4, Comparison};
+use blockscaled_gemm::layout::{from_tiled, padded_rows, padded_sf_cols, sf_bytes, sf_cols};
+use blockscaled_gemm::reference::{self, Accumulation};
+use blockscaled_gemm::{reference_gemm, BlockScaledGemm, Config, Error, Nvfp4Matrix, Nvfp4Operand, Nvfp4Output, OutType, OutputElement, Problem, SfdFormat, SplitMix64};
 use clap::{Parser, ValueEnum};
 use cudarc::driver::{CudaContext, DeviceRepr};
 use half::{bf16, f16};
@@ -61,6 +68,9 @@ struct Cli {
     /// Output type of D.
     #[arg(long, value_enum, default_value_t = OutArg::F16)]
     out: OutArg,
+    /// FP4 outputs: the normalization constant (SFD = max|D| * it / 6); default from the data.
+    #[arg(long)]
+    norm_constant: Option<f32>,
     /// Where to compute.
     #[arg(long, value_enum, default_value_t = DeviceArg::Gpu)]
     device: DeviceArg,
@@ -83,6 +93,9 @@ enum OutArg {
     F16,
     Bf16,
     F32,
+    Nvfp4,
+    #[value(name = "nvfp4-ue8m0")]
+    Nvfp4Ue8m0,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, ValueEnum)]
@@ -132,6 +145,7 @@ fn main() -> ExitCode {
         OutArg::F16 => run::<f16>(&cli),
         OutArg::Bf16 => run::<bf16>(&cli),
         OutArg::F32 => run::<f32>(&cli),
+        OutArg::Nvfp4 | OutArg::Nvfp4Ue8m0 => run_fp4(&cli),
     };
     match result {
         Ok(true) => ExitCode::SUCCESS,
@@ -151,14 +165,18 @@ struct Inputs<T> {
     generated: bool,
 }
 
-fn run<T: OutputElement + DeviceRepr + safetensors_dtype::HasDtype>(cli: &Cli) -> Result<bool, Exit> {
-    let config = match cli.config.as_str() {
-        "auto" => None,
-        name => Some(Config::from_name(name).ok_or_else(|| {
+fn parse_config(cli: &Cli) -> Result<Option<Config>, Exit> {
+    match cli.config.as_str() {
+        "auto" => Ok(None),
+        name => Ok(Some(Config::from_name(name).ok_or_else(|| {
             let names: Vec<&str> = Config::ALL.iter().map(|c| c.info().name).collect();
             bad(format!("--config {name}: not auto or one of {}", names.join(", ")))
-        })?),
-    };
+        })?)),
+    }
+}
+
+/// Inputs and the problem, with the kernels' K rule checked on every path.
+fn prepare<T: OutputElement + safetensors_dtype::HasDtype>(cli: &Cli) -> Result<(Inputs<T>, Problem), Exit> {
     let inputs = match &cli.input {
         Some(path) => load::<T>(path, cli.beta)?,
         None => generate::<T>(cli)?,
@@ -169,71 +187,170 @@ fn run<T: OutputElement + DeviceRepr + safetensors_dtype::HasDtype>(cli: &Cli) -
         // The kernels' rule; the CPU path keeps it so both accept the same files.
         return Err(bad(format!("K = {}: must be a multiple of 32 (rows of packed A and B are whole 16-byte units)", p.k)));
     }
-    if cli.device == DeviceArg::Cpu {
-        let t = Instant::now();
-        let d: Vec<T> = reference_gemm(a, b, p.alpha, p.beta, inputs.c.as_deref())?;
-        let secs = t.elapsed().as_secs_f64();
-        save(cli, &inputs, &p, &d)?;
-        report(cli, &p, "cpu", "reference", None, secs * 1e3, p.flops() / secs / 1e12, traffic::<T>(&p) / secs / 1e9);
-        return Ok(true);
-    }
+    Ok((inputs, p))
+}
+
+/// The stream of device 0, or exit 3 with what is missing.
+fn gpu_stream() -> Result<std::sync::Arc<cudarc::driver::CudaStream>, Exit> {
     if !BlockScaledGemm::driver_present() {
         return Err(Exit(3, format!("no NVIDIA driver found: the GPU path needs a GPU of {} with its driver; --device cpu runs the CPU reference", blockscaled_gemm::gemm::SUPPORTED)));
     }
     if CudaContext::device_count().map_err(Error::from)? < 1 {
         return Err(Exit(3, format!("no CUDA device found: the GPU path needs a GPU of {}; --device cpu runs the CPU reference", blockscaled_gemm::gemm::SUPPORTED)));
     }
-    let stream = CudaContext::new(0).map_err(Error::from)?.default_stream();
+    Ok(CudaContext::new(0).map_err(Error::from)?.default_stream())
+}
+
+/// Average milliseconds of `launch` over `--iterations` after `--warmup`, by CUDA events.
+fn time_launches(cli: &Cli, stream: &std::sync::Arc<cudarc::driver::CudaStream>, mut launch: impl FnMut() -> Result<Config, Error>) -> Result<f64, Exit> {
+    for _ in 0..cli.warmup {
+        launch()?;
+    }
+    let flags = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
+    let start = stream.record_event(flags).map_err(Error::from)?;
+    for _ in 0..cli.iterations.max(1) {
+        launch()?;
+    }
+    let end = stream.record_event(flags).map_err(Error::from)?;
+    end.synchronize().map_err(Error::from)?;
+    Ok(start.elapsed_ms(&end).map_err(Error::from)? as f64 / cli.iterations.max(1) as f64)
+}
+
+fn run<T: OutputElement + DeviceRepr + safetensors_dtype::HasDtype>(cli: &Cli) -> Result<bool, Exit> {
+    let config = parse_config(cli)?;
+    let (inputs, p) = prepare::<T>(cli)?;
+    let (a, b) = (&inputs.a, &inputs.b);
+    let out = cli.out_type();
+    if cli.device == DeviceArg::Cpu {
+        let t = Instant::now();
+        let d: Vec<T> = reference_gemm(a, b, p.alpha, p.beta, inputs.c.as_deref())?;
+        let secs = t.elapsed().as_secs_f64();
+        save(cli, &inputs, &p, vec![("d".into(), T::DTYPE, d_shape(&p, p.n), T::encode(&d))])?;
+        report(cli, &p, "cpu", "reference", None, secs * 1e3, p.flops() / secs / 1e12, traffic(&p, out) / secs / 1e9);
+        return Ok(true);
+    }
+    let stream = gpu_stream()?;
     let gemm = BlockScaledGemm::new(stream.clone())?;
-    p.validate(T::OUT, inputs.c.is_some())?;
+    p.validate(out, inputs.c.is_some())?;
     let up = |v: &[u8]| stream.clone_htod(v).map_err(Error::from);
     let (av, asf, bv, bsf) = (up(a.data())?, up(a.scales())?, up(b.data())?, up(b.scales())?);
     let c_dev = inputs.c.as_ref().map(|c| stream.clone_htod(c)).transpose().map_err(Error::from)?;
     // Poisoned D: an element the kernel does not write fails verification.
     let mut d = stream.clone_htod(&vec![T::from_f64(f64::NAN); p.cd_elems()]).map_err(Error::from)?;
-    let launch = |d: &mut cudarc::driver::CudaSlice<T>| -> Result<Config, Error> {
+    let mut launch = || -> Result<Config, Error> {
         let (oa, ob) = (Nvfp4Operand::new(&av, &asf), Nvfp4Operand::new(&bv, &bsf));
         match &c_dev {
-            Some(c) => gemm.gemm_with_c(&p, oa, ob, c, d, config),
-            None => gemm.gemm(&p, oa, ob, d, config),
+            Some(c) => gemm.gemm_with_c(&p, oa, ob, c, &mut d, config),
+            None => gemm.gemm(&p, oa, ob, &mut d, config),
         }
     };
-    let ran = launch(&mut d)?;
+    let ran = launch()?;
+    let ms = time_launches(cli, &stream, &mut launch)?;
     let got = stream.clone_dtoh(&d).map_err(Error::from)?;
-    let (cmp, checked) = verify(&inputs, &p, &got)?;
-    for _ in 0..cli.warmup {
-        launch(&mut d)?;
-    }
-    let start = stream.record_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT)).map_err(Error::from)?;
-    for _ in 0..cli.iterations.max(1) {
-        launch(&mut d)?;
-    }
-    let end = stream.record_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT)).map_err(Error::from)?;
-    end.synchronize().map_err(Error::from)?;
-    let ms = start.elapsed_ms(&end).map_err(Error::from)? as f64 / cli.iterations.max(1) as f64;
-    save(cli, &inputs, &p, &got)?;
-    report(cli, &p, "gpu", &ran.to_string(), Some((&cmp, checked)), ms, p.flops() / ms / 1e9, traffic::<T>(&p) / ms / 1e6);
-    Ok(cmp.passed())
+    let rows = sample_rows(&p);
+    let (cmp, checked) = verify(&inputs, &p, &rows, &got)?;
+    let check = Check { passed: cmp.passed(), bad: cmp.bad, max_abs: Some(cmp.max_abs), checked, detail: format!("{checked} elements checked against the exact reference: {cmp}") };
+    save(cli, &inputs, &p, vec![("d".into(), T::DTYPE, d_shape(&p, p.n), T::encode(&got))])?;
+    report(cli, &p, "gpu", &ran.to_string(), Some(&check), ms, p.flops() / ms / 1e9, traffic(&p, out) / ms / 1e6);
+    Ok(check.passed)
 }
 
-/// Verifies the GPU result against the reference: every element when M*N*K*L is at most 2^33
-/// multiply-adds (about 2 s of reference on 2 cores), otherwise every column of R rows spread
-/// evenly over M (first and last included), with R chosen to keep the reference under 2^33.
-fn verify<T: OutputElement>(inputs: &Inputs<T>, p: &Problem, got: &[T]) -> Result<(Comparison, usize), Exit> {
+/// FP4 output: D and its generated scale factors, verified group by group.
+fn run_fp4(cli: &Cli) -> Result<bool, Exit> {
+    let config = parse_config(cli)?;
+    let (inputs, p) = prepare::<f32>(cli)?;
+    let out = cli.out_type();
+    let format = out.sfd().expect("an FP4 output");
+    let rows = sample_rows(&p);
+    let a_rows = if rows.len() == p.m { inputs.a.clone() } else { inputs.a.select_rows(&rows) };
+    let pr = Problem { m: rows.len(), ..p };
+    let st = match cli.norm_constant {
+        Some(st) => st,
+        None => {
+            let acc = reference::accumulators(&Problem { alpha: 1.0, beta: 0.0, ..pr }, a_rows.data(), a_rows.scales(), inputs.b.data(), inputs.b.scales(), Accumulation::Exact)?;
+            let amax = acc.iter().fold(0f32, |m, v| m.max((v * p.alpha).abs()));
+            if amax > 0.0 && amax.is_finite() { 6.0 * 448.0 / amax } else { 1.0 }
+        }
+    };
+    let (p, pr) = (p.norm_constant(st), pr.norm_constant(st));
+    p.validate(out, inputs.c.is_some())?;
+    let c_rows = inputs.c.as_ref().map(|c| pick_rows(c, &rows, p.m, p.n, p.l));
+    let reference = || reference::gemm_fp4(&pr, a_rows.data(), a_rows.scales(), inputs.b.data(), inputs.b.scales(), c_rows.as_deref(), format, Accumulation::Exact);
+    let fp4_tensors = |d: Vec<u8>, sfd: Vec<u8>| -> Vec<(String, Dtype, Vec<usize>, Vec<u8>)> {
+        let sf_dtype = if format == SfdFormat::Ue4m3 { Dtype::F8_E4M3 } else { Dtype::U8 };
+        let sfd_len = sfd.len();
+        vec![("d".into(), Dtype::U8, d_shape(&p, p.n / 2), d), ("sfd".into(), sf_dtype, vec![sfd_len], sfd)]
+    };
+    if cli.device == DeviceArg::Cpu {
+        let t = Instant::now();
+        let (d, sfd) = reference::gemm_fp4(&p, inputs.a.data(), inputs.a.scales(), inputs.b.data(), inputs.b.scales(), inputs.c.as_deref(), format, Accumulation::Exact)?;
+        let secs = t.elapsed().as_secs_f64();
+        save(cli, &inputs, &p, fp4_tensors(d, sfd))?;
+        report(cli, &p, "cpu", "reference", None, secs * 1e3, p.flops() / secs / 1e12, traffic(&p, out) / secs / 1e9);
+        return Ok(true);
+    }
+    let stream = gpu_stream()?;
+    let gemm = BlockScaledGemm::new(stream.clone())?;
+    let up = |v: &[u8]| stream.clone_htod(v).map_err(Error::from);
+    let (av, asf, bv, bsf) = (up(inputs.a.data())?, up(inputs.a.scales())?, up(inputs.b.data())?, up(inputs.b.scales())?);
+    let c_dev = inputs.c.as_ref().map(|c| stream.clone_htod(c)).transpose().map_err(Error::from)?;
+    // Poisoned outputs: a code or scale factor the kernel does not write fails verification.
+    let mut d = up(&vec![0xEE; p.cd_elems() / 2])?;
+    let mut sfd = up(&vec![0x7F; p.sfd_bytes()])?;
+    let mut launch = || -> Result<Config, Error> {
+        let (oa, ob) = (Nvfp4Operand::new(&av, &asf), Nvfp4Operand::new(&bv, &bsf));
+        let od = Nvfp4Output::new(&mut d, &mut sfd);
+        match &c_dev {
+            Some(c) => gemm.gemm_fp4_with_c(&p, out, oa, ob, c, od, config),
+            None => gemm.gemm_fp4(&p, out, oa, ob, od, config),
+        }
+    };
+    let ran = launch()?;
+    let ms = time_launches(cli, &stream, &mut launch)?;
+    let (got_d, got_sfd) = (stream.clone_dtoh(&d).map_err(Error::from)?, stream.clone_dtoh(&sfd).map_err(Error::from)?);
+    let (want_d, want_sfd) = reference()?;
+    let groups = p.n / 16;
+    let got_sf_rows = pick_rows(&from_tiled(&got_sfd, p.m, groups, p.l), &rows, p.m, groups, p.l);
+    let got_d_rows = pick_rows(&got_d, &rows, p.m, p.n / 2, p.l);
+    let cmp = compare_fp4(&got_d_rows, &got_sf_rows, &want_d, &from_tiled(&want_sfd, rows.len(), groups, p.l), p.n);
+    let exactly = if cmp.byte_equal() { "byte for byte" } else { "within one e2m1 step" };
+    let check = Check { passed: cmp.within_one_step(), bad: cmp.sfd_far + cmp.codes_far, max_abs: None, checked: cmp.codes, detail: format!("{} rows against the exact reference ({exactly}; norm constant {st}): {cmp}", rows.len()) };
+    save(cli, &inputs, &p, fp4_tensors(got_d, got_sfd))?;
+    report(cli, &p, "gpu", &ran.to_string(), Some(&check), ms, p.flops() / ms / 1e9, traffic(&p, out) / ms / 1e6);
+    Ok(check.passed)
+}
+
+/// A verification's outcome, for the report.
+struct Check {
+    passed: bool,
+    bad: usize,
+    max_abs: Option<f64>,
+    checked: usize,
+    detail: String,
+}
+
+/// The rows verification covers: all when M*N*K*L is at most 2^33 multiply-adds (about 2 s of
+/// reference on 2 cores), otherwise R rows spread evenly over M (first and last included), with
+/// R chosen to keep the reference under 2^33.
+fn sample_rows(p: &Problem) -> Vec<usize> {
     const BUDGET: usize = 1 << 33;
     let (m, n) = (p.m, p.n);
-    let rows: Vec<usize> = if m * n * p.k * p.l <= BUDGET {
-        (0..m).collect()
-    } else {
-        let r = (BUDGET / (n * p.k * p.l)).clamp(2, m);
-        let mut v: Vec<usize> = (0..r).map(|i| i * (m - 1) / (r - 1)).collect();
-        v.dedup();
-        v
-    };
-    let a = if rows.len() == m { inputs.a.clone() } else { inputs.a.select_rows(&rows) };
-    let c_rows = inputs.c.as_ref().map(|c| pick_rows(c, &rows, m, n, p.l));
+    if m * n * p.k * p.l <= BUDGET {
+        return (0..m).collect();
+    }
+    let r = (BUDGET / (n * p.k * p.l)).clamp(2, m);
+    let mut v: Vec<usize> = (0..r).map(|i| i * (m - 1) / (r - 1)).collect();
+    v.dedup();
+    v
+}
+
+/// Verifies the GPU result against the reference on `rows` (every column).
+fn verify<T: OutputElement>(inputs: &Inputs<T>, p: &Problem, rows: &[usize], got: &[T]) -> Result<(Comparison, usize), Exit> {
+    let (m, n) = (p.m, p.n);
+    let a = if rows.len() == m { inputs.a.clone() } else { inputs.a.select_rows(rows) };
+    let c_rows = inputs.c.as_ref().map(|c| pick_rows(c, rows, m, n, p.l));
     let want: Vec<T> = reference_gemm(&a, &inputs.b, p.alpha, p.beta, c_rows.as_deref())?;
-    let got_rows = pick_rows(got, &rows, m, n, p.l);
+    let got_rows = pick_rows(got, rows, m, n, p.l);
     Ok((compare(&got_rows, &want, 1e-3, 1e-3), want.len()))
 }
 
@@ -241,18 +358,19 @@ fn pick_rows<T: Copy>(x: &[T], rows: &[usize], m: usize, n: usize, l: usize) -> 
     (0..l).flat_map(|b| rows.iter().flat_map(move |&r| x[(b * m + r) * n..][..n].iter().copied())).collect()
 }
 
-/// Bytes a GEMM must move at least: A, B, scales, C when read, D.
-fn traffic<T>(p: &Problem) -> f64 {
-    let cd = p.cd_elems() * std::mem::size_of::<T>();
-    (p.a_bytes() + p.b_bytes() + p.sfa_bytes() + p.sfb_bytes() + cd + if p.beta != 0.0 { cd } else { 0 }) as f64
+/// Bytes a GEMM must move at least: A, B, scales, C when read, D (and SFD).
+fn traffic(p: &Problem, out: OutType) -> f64 {
+    let c_bytes = if out.sfd().is_some() { 4 * p.cd_elems() } else { out.d_bytes(p.cd_elems()) };
+    let d_bytes = out.d_bytes(p.cd_elems()) + if out.sfd().is_some() { p.sfd_bytes() } else { 0 };
+    (p.a_bytes() + p.b_bytes() + p.sfa_bytes() + p.sfb_bytes() + d_bytes + if p.beta != 0.0 { c_bytes } else { 0 }) as f64
 }
 
 #[allow(clippy::too_many_arguments)]
-fn report(cli: &Cli, p: &Problem, device: &str, config: &str, check: Option<(&Comparison, usize)>, ms: f64, tflops: f64, gbps: f64) {
+fn report(cli: &Cli, p: &Problem, device: &str, config: &str, check: Option<&Check>, ms: f64, tflops: f64, gbps: f64) {
     let out = cli.out_type();
     if cli.json {
         let (passed, bad, max_abs, checked) = match check {
-            Some((c, n)) => (c.passed().to_string(), c.bad.to_string(), format!("{:e}", c.max_abs), n.to_string()),
+            Some(c) => (c.passed.to_string(), c.bad.to_string(), c.max_abs.map_or("null".into(), |x| format!("{x:e}")), c.checked.to_string()),
             None => ("null".into(), "null".into(), "null".into(), "0".into()),
         };
         println!("{{\"m\":{},\"n\":{},\"k\":{},\"l\":{},\"alpha\":{},\"beta\":{},\"out\":\"{out}\",\"device\":\"{device}\",\"config\":\"{config}\",\"passed\":{passed},\"bad\":{bad},\"max_abs\":{max_abs},\"checked\":{checked},\"avg_ms\":{ms:.6},\"tflops\":{tflops:.4},\"gbps\":{gbps:.3}}}",
@@ -262,7 +380,7 @@ fn report(cli: &Cli, p: &Problem, device: &str, config: &str, check: Option<(&Co
     println!("  Problem: {}x{}x{} L={} alpha={} beta={} out={out}", p.m, p.n, p.k, p.l, p.alpha, p.beta);
     println!("  Device: {device}, config: {config}");
     match check {
-        Some((c, n)) => println!("  Disposition: {} ({n} elements checked against the exact reference: {c})", if c.passed() { "Passed" } else { "Failed" }),
+        Some(c) => println!("  Disposition: {} ({})", if c.passed { "Passed" } else { "Failed" }, c.detail),
         None => println!("  Disposition: computed by the CPU reference (nothing to verify)"),
     }
     println!("  Avg runtime: {ms:.4} ms");
@@ -276,6 +394,8 @@ impl Cli {
             OutArg::F16 => OutType::F16,
             OutArg::Bf16 => OutType::Bf16,
             OutArg::F32 => OutType::F32,
+            OutArg::Nvfp4 => OutType::Nvfp4,
+            OutArg::Nvfp4Ue8m0 => OutType::Nvfp4Ue8m0,
         }
     }
 }
@@ -372,18 +492,23 @@ fn scales(name: &str, t: &safetensors::tensor::TensorView<'_>, rows: usize, k: u
     Ok(t.data().to_vec())
 }
 
-fn save<T: OutputElement + safetensors_dtype::HasDtype>(cli: &Cli, inputs: &Inputs<T>, p: &Problem, d: &[T]) -> Result<(), Exit> {
+/// Shape of an output with `cols` stored columns: [M, cols] or [L, M, cols].
+fn d_shape(p: &Problem, cols: usize) -> Vec<usize> {
+    if p.l == 1 { vec![p.m, cols] } else { vec![p.l, p.m, cols] }
+}
+
+/// Writes `outputs` (and the generated inputs) to `--save`.
+fn save<T: OutputElement + safetensors_dtype::HasDtype>(cli: &Cli, inputs: &Inputs<T>, p: &Problem, outputs: Vec<(String, Dtype, Vec<usize>, Vec<u8>)>) -> Result<(), Exit> {
     let Some(path) = &cli.save else { return Ok(()) };
-    let shape = |rows: usize, cols: usize| if p.l == 1 { vec![rows, cols] } else { vec![p.l, rows, cols] };
-    let mut tensors: Vec<(String, Dtype, Vec<usize>, Vec<u8>)> = vec![("d".into(), T::DTYPE, shape(p.m, p.n), T::encode(d))];
+    let mut tensors = outputs;
     if inputs.generated {
         let (a, b) = (&inputs.a, &inputs.b);
-        tensors.push(("a".into(), Dtype::U8, shape(p.m, p.k / 2), a.data().to_vec()));
-        tensors.push(("b".into(), Dtype::U8, shape(p.n, p.k / 2), b.data().to_vec()));
+        tensors.push(("a".into(), Dtype::U8, d_shape(p, p.k / 2), a.data().to_vec()));
+        tensors.push(("b".into(), Dtype::U8, d_shape(&Problem { m: p.n, ..*p }, p.k / 2), b.data().to_vec()));
         tensors.push(("sfa".into(), Dtype::F8_E4M3, vec![a.scales().len()], a.scales().to_vec()));
         tensors.push(("sfb".into(), Dtype::F8_E4M3, vec![b.scales().len()], b.scales().to_vec()));
         if let Some(c) = &inputs.c {
-            tensors.push(("c".into(), T::DTYPE, shape(p.m, p.n), T::encode(c)));
+            tensors.push(("c".into(), T::DTYPE, d_shape(p, p.n), T::encode(c)));
         }
     }
     let views: Vec<(String, safetensors::tensor::TensorView<'_>)> = tensors.iter()

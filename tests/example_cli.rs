@@ -208,3 +208,40 @@ fn bad_files_exit_2_with_one_line() {
     assert_eq!(code(&o), 2);
     assert!(stderr_one_line(&o).contains("not a safetensors file"));
 }
+
+/// `--out nvfp4` on the CPU: D (packed e2m1) and SFD (ue4m3, tiled) saved; decoded back with
+/// the norm constant they approximate the exact product within FP4's rounding, computed here
+/// from the file bytes; bad norm constants and N exit 2.
+#[test]
+fn fp4_output_saved_and_close_to_independent_math() {
+    let (m, n, k) = (130, 64, 96);
+    let st = 0.5f64; // scale factors max|D| / 12 stay inside ue4m3 for this data
+    let f = tmp("fp4.safetensors");
+    let o = run(&["--device", "cpu", "--out", "nvfp4", "--norm-constant", "0.5", "--m", &m.to_string(), "--n", &n.to_string(), "--k", &k.to_string(), "--seed", "4", "--save", f.to_str().unwrap()]);
+    assert_eq!(code(&o), 0, "{}", String::from_utf8_lossy(&o.stderr));
+    let bytes = std::fs::read(&f).unwrap();
+    let file = SafeTensors::deserialize(&bytes).unwrap();
+    let (d, sfd) = (file.tensor("d").unwrap(), file.tensor("sfd").unwrap());
+    assert_eq!((d.dtype(), d.shape()), (Dtype::U8, &[m, n / 2][..]));
+    assert_eq!((sfd.dtype(), sfd.shape()), (Dtype::F8_E4M3, &[m.div_ceil(128) * 128 * 4][..]));
+    let want = independent(&file, m, n, k, 1, 1.0, 0.0);
+    let mut nonzero = 0;
+    for r in 0..m {
+        for j in 0..n {
+            let code = d.data()[(r * n + j) / 2] >> (4 * (j % 2)) & 15;
+            let scale = e4m3(sfd.data()[sf_off(r, j / 16, 4)]) / st;
+            let got = e2m1(code) * scale;
+            // Half the widest e2m1 step (4 -> 6) plus ue4m3's rounding of the scale at the top.
+            assert!((got - want[r * n + j]).abs() <= 1.5 * scale, "({r}, {j}): {got} vs exact {}", want[r * n + j]);
+            nonzero += usize::from(code & 7 != 0);
+        }
+    }
+    assert!(nonzero > m * n / 2, "most codes must be nonzero: {nonzero}");
+    for (args, msg) in [(&["--norm-constant", "0"][..], "norm_constant = 0"), (&["--norm-constant", "inf"][..], "norm_constant = inf"), (&["--n", "48"][..], "N = 48: must be a multiple of 32 for nvfp4")] {
+        let mut all = vec!["--device", "cpu", "--out", "nvfp4", "--m", "8", "--k", "64"];
+        all.extend_from_slice(args);
+        let o = run(&all);
+        assert_eq!(code(&o), 2, "{all:?}");
+        assert!(stderr_one_line(&o).contains(msg), "{all:?}: {}", String::from_utf8_lossy(&o.stderr));
+    }
+}
