@@ -179,13 +179,13 @@ __device__ __forceinline__ uint8_t sf_from_float(float x) {
     asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;\n" : "=h"(two) : "f"(0.f), "f"(fabsf(x)));
     return uint8_t(two & 0xFF);
   } else {
-    // float_ue8m0_t: the exponent, rounded up unless the mantissa is zero; satfinite at 2^127.
-    if (isnan(x) || isinf(x)) return 0xFF;
+    // float_ue8m0_t: the exponent, rounded up unless the mantissa is zero; satfinite at 2^127;
+    // NaN and infinities (exponent 0xFF) give 0xFF. Selects, no branches.
     const uint32_t bits = __float_as_uint(x);
-    uint32_t e = (bits >> 23) & 0xFF;
+    const uint32_t e = (bits >> 23) & 0xFF;
     const uint32_t mant = bits & 0x7FFFFF;
-    if (mant > 0 && e != 0xFE && !(e == 0 && mant <= 0x400000)) ++e;
-    return uint8_t(e);
+    const uint32_t up = uint32_t(mant > 0 && e != 0xFE && !(e == 0 && mant <= 0x400000));
+    return uint8_t(e == 0xFF ? 0xFFu : e + up);
   }
 }
 
@@ -194,28 +194,20 @@ __device__ __forceinline__ float sf_to_float(uint8_t b) {
   if constexpr (std::is_same_v<Sf, cutlass::float_ue4m3_t>) {
     return __half2float(__ushort_as_half(uint16_t(e4m3x2_to_f16x2(b) & 0xFFFF)));
   } else {
-    if (b == 0) return __uint_as_float(0x00400000u);  // 2^-127
-    if (b == 0xFF) return __uint_as_float(0x7FFFFFFFu);
-    return __uint_as_float(uint32_t(b) << 23);
+    // 0 is 2^-127, 0xFF NaN.
+    return __uint_as_float(b == 0 ? 0x00400000u : (b == 0xFF ? 0x7FFFFFFFu : uint32_t(b) << 23));
   }
 }
 
 // Round to nearest even onto e2m1, saturating at 6, the sign kept (zeros too); NaN gives 6 with
-// the NaN's sign.
+// the NaN's sign. The code is the number of rounding points at or below |x| (`>` where the lower
+// neighbour's code is even, `>=` where it is odd): selects, no branches.
 __device__ __forceinline__ uint32_t e2m1_from_float(float x) {
   const uint32_t sign = (__float_as_uint(x) >> 28) & 8u;
   const float m = fabsf(x);
-  uint32_t code;
-  if (isnan(x)) code = 7;
-  else if (m <= 0.25f) code = 0;
-  else if (m < 0.75f) code = 1;
-  else if (m <= 1.25f) code = 2;
-  else if (m < 1.75f) code = 3;
-  else if (m <= 2.5f) code = 4;
-  else if (m < 3.5f) code = 5;
-  else if (m <= 5.0f) code = 6;
-  else code = 7;
-  return sign | code;
+  const uint32_t code = uint32_t(m > 0.25f) + uint32_t(m >= 0.75f) + uint32_t(m > 1.25f) + uint32_t(m >= 1.75f) +
+                        uint32_t(m > 2.5f) + uint32_t(m >= 3.5f) + uint32_t(m > 5.0f);
+  return sign | (isnan(x) ? 7u : code);
 }
 
 template <class T>
@@ -268,50 +260,75 @@ struct Operand {
 // in every 8-column block, where c is the lane's index in its quad: value i is column pair i % 2,
 // row half (i / 2) % 2, 8-column block i / 4. A 16-column group is therefore 4 values in each of
 // the 4 lanes of a quad, reduced with two xor shuffles.
-template <class Sf, int BN, class Acc, class Coord>
-__device__ __forceinline__ void fp4_epilogue(const Params& p, const Acc& acc, const Coord& coord, int m0, int n0, int64_t batch) {
+// One tile's FP4 epilogue. `row0`, `col0`: the matrix row and column of this thread's value 0;
+// value i sits at row row0 + 8 * ((i / 2) % 2), column col0 + 8 * (i / 4) + i % 2. kChecked:
+// rows and columns may fall outside the matrix, and beta may be nonzero; otherwise the tile is
+// whole and beta is 0, and no per-value test or C load is emitted.
+template <class Sf, int BN, bool kChecked, class Acc>
+__device__ __forceinline__ void fp4_tile(const Params& p, const Acc& acc, int row0, int col0, int n0, int64_t batch) {
   static_assert(decltype(size(acc))::value == BN / 2, "accumulator: 2 rows x BN/4 columns per thread");
   const float st = *p.norm_constant;
-  const float st_scaled_down = __fmul_rn(st, __fdiv_rn(1.0f, 6.0f));
-  const float* c = static_cast<const float*>(p.c) + batch * p.m * int64_t(p.n);
-  uint8_t* d = static_cast<uint8_t*>(p.d) + batch * p.m * int64_t(p.n) / 2;
+  const float st_scaled_down = __fmul_rn(st, 1.0f / 6.0f);  // constant, rounded to nearest
   const int64_t sp = (int64_t(p.n / 16) + 3) / 4 * 4;
   uint8_t* sfd = p.sfd + batch * (int64_t(p.m + 127) / 128 * 128) * sp;
   const bool quad_leader = (threadIdx.x % 4) == 0;
   CUTE_UNROLL
-  for (int g = 0; g < BN / 16; ++g) {
+  for (int h = 0; h < 2; ++h) {
+    const int row = row0 + 8 * h;
+    const bool row_ok = !kChecked || row < p.m;
+    const int64_t row_elem = (batch * p.m + row) * int64_t(p.n);
+    uint8_t* d_row = static_cast<uint8_t*>(p.d) + (row_elem + col0) / 2;
+    const float* c_row = static_cast<const float*>(p.c) + row_elem + col0;
+    const int64_t sf_row = (row / 128) * (sp / 4) * 512 + sf_in_chunk(row % 128, 0);
     CUTE_UNROLL
-    for (int h = 0; h < 2; ++h) {
+    for (int g = 0; g < BN / 16; ++g) {
       float v[4];
-      bool valid[4];
       float amax = 0.f;
       CUTE_UNROLL
       for (int t = 0; t < 4; ++t) {
-        const int i = (t % 2) + 2 * h + 4 * (2 * g + t / 2);
-        const int mm = m0 + get<0>(coord(i)), nn = n0 + get<1>(coord(i));
-        valid[t] = mm < p.m && nn < p.n;
-        float x = __fmul_rn(p.alpha, acc(i));
-        if (valid[t] && p.beta != 0.f) x = __fadd_rn(__fmul_rn(p.beta, c[int64_t(mm) * p.n + nn]), x);
+        const int off = 16 * g + 8 * (t / 2) + t % 2;  // column offset from col0
+        float x = __fmul_rn(p.alpha, acc(t % 2 + 2 * h + 4 * (2 * g + t / 2)));
+        if constexpr (kChecked) {
+          const bool ok = row_ok && col0 + off < p.n;
+          if (ok && p.beta != 0.f) x = __fadd_rn(__fmul_rn(p.beta, c_row[off]), x);
+          if (ok) amax = max_nan(amax, fabsf(x));
+        } else {
+          amax = max_nan(amax, fabsf(x));
+        }
         v[t] = x;
-        if (valid[t]) amax = max_nan(amax, fabsf(x));
       }
       amax = max_nan(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, 1));
       amax = max_nan(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, 2));
       const uint8_t sf = sf_from_float<Sf>(__fmul_rn(amax, st_scaled_down));
-      const float scale = min_nan(__fmul_rn(st, __fdiv_rn(1.0f, sf_to_float<Sf>(sf))), FLT_MAX);
-      const int i0 = 2 * h + 8 * g;  // value t = 0
-      const int mm = m0 + get<0>(coord(i0)), nn0 = n0 + get<1>(coord(i0));
+      // 1.0f / x rounded to nearest is the correctly rounded reciprocal: __frcp_rn, no division.
+      const float scale = min_nan(__fmul_rn(st, __frcp_rn(sf_to_float<Sf>(sf))), FLT_MAX);
       CUTE_UNROLL
-      for (int pair = 0; pair < 2; ++pair) {  // 8-column blocks 2g and 2g + 1
-        if (!valid[2 * pair]) continue;       // N % 32 == 0: a pair is valid as a whole
-        const uint32_t lo = e2m1_from_float(__fmul_rn(v[2 * pair], scale));
-        const uint32_t hi = e2m1_from_float(__fmul_rn(v[2 * pair + 1], scale));
-        d[(int64_t(mm) * p.n + nn0 + 8 * pair) / 2] = uint8_t(lo | (hi << 4));
+      for (int pair = 0; pair < 2; ++pair) {  // 8-column blocks 2g and 2g + 1; N % 32 == 0
+        if (!kChecked || (row_ok && col0 + 16 * g + 8 * pair < p.n)) {
+          const uint32_t lo = e2m1_from_float(__fmul_rn(v[2 * pair], scale));
+          const uint32_t hi = e2m1_from_float(__fmul_rn(v[2 * pair + 1], scale));
+          d_row[8 * g + 4 * pair] = uint8_t(lo | (hi << 4));
+        }
       }
-      const int group_col = n0 + 16 * g;
-      if (quad_leader && mm < p.m && group_col < p.n) sfd[sf_offset(mm, group_col / 16, sp)] = sf;
+      const int s = n0 / 16 + g;  // scale-factor column of this group
+      if (quad_leader && row_ok && (!kChecked || 16 * s < p.n)) sfd[sf_row + (s / 4) * 512 + s % 4] = sf;
     }
   }
+}
+
+// FP4 output (CUTLASS example 72b's LinCombBlockScaleFactor): v = alpha * acc + beta * C; per 16
+// outputs along N, SFD = Sf(max|v| * (st / 6)) and D = e2m1(v * min(st / float(SFD), FLT_MAX)).
+// The wgmma accumulator gives each thread, per row it holds, pairs of adjacent columns (2c, 2c+1)
+// in every 8-column block, where c is the lane's index in its quad: value i is column pair i % 2,
+// row half (i / 2) % 2, 8-column block i / 4. A 16-column group is therefore 4 values in each of
+// the 4 lanes of a quad, reduced with two xor shuffles.
+template <class Sf, int BN, class Acc, class Coord>
+__device__ __forceinline__ void fp4_epilogue(const Params& p, const Acc& acc, const Coord& coord, int m0, int n0, int64_t batch) {
+  const int row0 = m0 + get<0>(coord(0)), col0 = n0 + get<1>(coord(0));
+  if (m0 + kBM <= p.m && n0 + BN <= p.n && p.beta == 0.f)
+    fp4_tile<Sf, BN, false>(p, acc, row0, col0, n0, batch);
+  else
+    fp4_tile<Sf, BN, true>(p, acc, row0, col0, n0, batch);
 }
 
 template <int BN, class OutT>

@@ -9,10 +9,15 @@
 //! cuBLAS figures come from `--baselines FILE` (JSON written by bench/torch_baselines.py in the
 //! same device session) or, when absent, from SPEC.md §6, labelled as such.
 //!
-//! `cargo run --release --example bench -- [--runs 100] [--baselines FILE] [--shape MxNxK]...`
+//! `--out nvfp4` (or `nvfp4-ue8m0`) times the FP4-output epilogue instead (D and its scale
+//! factors poisoned before each run, checked byte for byte on sampled rows).
+//!
+//! `cargo run --release --example bench -- [--runs 100] [--baselines FILE] [--shape MxNxK]... [--out nvfp4]`
 
-use blockscaled_gemm::compare::compare;
-use blockscaled_gemm::{reference_gemm, BlockScaledGemm, Config, Nvfp4Matrix, Nvfp4Operand, OutType, Problem};
+use blockscaled_gemm::compare::{compare, compare_fp4};
+use blockscaled_gemm::layout::from_tiled;
+use blockscaled_gemm::reference::{self, Accumulation};
+use blockscaled_gemm::{reference_gemm, BlockScaledGemm, Config, Nvfp4Matrix, Nvfp4Operand, Nvfp4Output, OutType, Problem};
 use clap::Parser;
 use cudarc::driver::{sys::CUdevice_attribute, CudaContext, CudaSlice, DevicePtrMut};
 use half::f16;
@@ -34,6 +39,9 @@ struct Cli {
     /// Force the SM90 split-K count.
     #[arg(long)]
     split_k: Option<u32>,
+    /// Output type: f16, nvfp4 or nvfp4-ue8m0.
+    #[arg(long, default_value = "f16")]
+    out: String,
     /// Also write the table as JSON lines here.
     #[arg(long)]
     json: Option<std::path::PathBuf>,
@@ -55,6 +63,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         eprintln!("bench: no NVIDIA driver on this machine");
         std::process::exit(3);
     }
+    let out = OutType::ALL.into_iter().find(|o| o.name() == cli.out && (o.sfd().is_some() || *o == OutType::F16)).ok_or("--out: f16, nvfp4 or nvfp4-ue8m0")?;
     let ctx = CudaContext::new(0)?;
     let stream = ctx.default_stream();
     let gemm = BlockScaledGemm::new(stream.clone())?.with_split_k(cli.split_k);
@@ -69,37 +78,58 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             (v[0], v[1], v[2])
         }).collect()
     };
-    println!("device: {name}, {} SMs, L2 {} MB; median of {} runs after 10 warm-ups", gemm.device().sm_count, l2 >> 20, cli.runs);
+    println!("device: {name}, {} SMs, L2 {} MB; median of {} runs after 10 warm-ups; output {out}", gemm.device().sm_count, l2 >> 20, cli.runs);
     println!("{:>16} {:>24} {:>5} {:>10} {:>8} {:>8} {:>9} {:>7} {:>11} {:>10} {:>8}", "MxNxK", "config", "split", "median_us", "TFLOP/s", "GB/s", "floor_us", "x_floor", "cublas_bf16", "cublas_fp8", "check");
     let mut json = String::new();
     for (m, n, k) in shapes {
-        let p = Problem::new(m, n, k);
-        let config = match &cli.config {
-            Some(c) => Config::from_name(c).ok_or("unknown --config")?,
-            None => gemm.select_config(&p, OutType::F16)?,
-        };
-        let split = cli.split_k.unwrap_or_else(|| blockscaled_gemm::config_split_k(config, &p, gemm.device().sm_count));
         let a = Nvfp4Matrix::random_contest(m, k, 1, 1)?;
         let b = Nvfp4Matrix::random_contest(n, k, 1, 2)?;
+        // Verified rows; for FP4 outputs they also set the norm constant (top scale near 448).
+        let rows: Vec<usize> = (0..m.min(64)).map(|i| i * (m - 1) / (m.min(64) - 1).max(1)).collect();
+        let a_rows = a.select_rows(&rows);
+        let st = match out.sfd() {
+            Some(_) => {
+                let acc = reference::accumulators(&Problem::new(rows.len(), n, k), a_rows.data(), a_rows.scales(), b.data(), b.scales(), Accumulation::Exact)?;
+                6.0 * 448.0 / acc.iter().fold(1e-30f32, |x, v| x.max(v.abs()))
+            }
+            None => 1.0,
+        };
+        let p = Problem::new(m, n, k).norm_constant(st);
+        let config = match &cli.config {
+            Some(c) => Config::from_name(c).ok_or("unknown --config")?,
+            None => gemm.select_config(&p, out)?,
+        };
+        let split = cli.split_k.unwrap_or_else(|| blockscaled_gemm::config_split_k(config, &p, gemm.device().sm_count));
         let set_bytes = p.a_bytes() + p.b_bytes() + p.sfa_bytes() + p.sfb_bytes();
         let sets = (2 * l2 / set_bytes + 1).max(2);
         let mut bufs = Vec::new();
         for _ in 0..sets {
             bufs.push((stream.clone_htod(a.data())?, stream.clone_htod(a.scales())?, stream.clone_htod(b.data())?, stream.clone_htod(b.scales())?));
         }
-        let mut d: CudaSlice<f16> = stream.alloc_zeros(p.cd_elems())?;
-        let launch = |i: usize, d: &mut CudaSlice<f16>| -> Result<(), blockscaled_gemm::Error> {
+        // D as bytes: f16 elements, or packed e2m1 plus the scale factors.
+        let d_bytes = if out.sfd().is_some() { out.d_bytes(p.cd_elems()) } else { 2 * p.cd_elems() };
+        let mut d: CudaSlice<u8> = stream.alloc_zeros(d_bytes)?;
+        let mut sfd: CudaSlice<u8> = stream.alloc_zeros(p.sfd_bytes())?;
+        let launch = |i: usize, d: &mut CudaSlice<u8>, sfd: &mut CudaSlice<u8>| -> Result<(), blockscaled_gemm::Error> {
             let (av, asf, bv, bsf) = &bufs[i % sets];
-            gemm.gemm(&p, Nvfp4Operand::new(av, asf), Nvfp4Operand::new(bv, bsf), d, Some(config)).map(|_| ())
+            let (oa, ob) = (Nvfp4Operand::new(av, asf), Nvfp4Operand::new(bv, bsf));
+            if out.sfd().is_some() {
+                gemm.gemm_fp4(&p, out, oa, ob, Nvfp4Output::new(d, sfd), Some(config)).map(|_| ())
+            } else {
+                // SAFETY: every 2-byte pattern is an f16, and the buffer holds 2 * L*M*N bytes.
+                let mut dh = unsafe { d.transmute_mut::<f16>(p.cd_elems()) }.expect("2 bytes per f16");
+                gemm.gemm(&p, oa, ob, &mut dh, Some(config)).map(|_| ())
+            }
         };
         for i in 0..10 {
-            launch(i, &mut d)?;
+            launch(i, &mut d, &mut sfd)?;
         }
         let mut events = Vec::with_capacity(cli.runs);
         for i in 0..cli.runs {
             poison(&stream, &mut d)?;
+            poison(&stream, &mut sfd)?;
             let start = stream.record_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT))?;
-            launch(i, &mut d)?;
+            launch(i, &mut d, &mut sfd)?;
             let end = stream.record_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT))?;
             events.push((start, end));
         }
@@ -107,26 +137,42 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let mut us: Vec<f64> = events.iter().map(|(s, e)| s.elapsed_ms(e).map(|ms| ms as f64 * 1e3)).collect::<Result<_, _>>()?;
         us.sort_by(|x, y| x.partial_cmp(y).unwrap());
         let median = us[us.len() / 2];
-        // The last run's output, checked on up to 64 rows against the exact reference.
+        // The last run's output, checked on the sampled rows against the exact reference.
         let got = stream.clone_dtoh(&d)?;
-        let rows: Vec<usize> = (0..m.min(64)).map(|i| i * (m - 1) / (m.min(64) - 1).max(1)).collect();
-        let want: Vec<f16> = reference_gemm(&a.select_rows(&rows), &b, 1.0, 0.0, None)?;
-        let got_rows: Vec<f16> = rows.iter().flat_map(|&r| got[r * n..][..n].iter().copied()).collect();
-        let cmp = compare(&got_rows, &want, 0.0, 0.0);
-        let bytes = (set_bytes + p.cd_elems() * 2) as f64;
+        let passed = match out.sfd() {
+            Some(format) => {
+                let pr = Problem::new(rows.len(), n, k).norm_constant(st);
+                let (want_d, want_sfd) = reference::gemm_fp4(&pr, a_rows.data(), a_rows.scales(), b.data(), b.scales(), None, format, Accumulation::Exact)?;
+                let got_sfd = from_tiled(&stream.clone_dtoh(&sfd)?, m, n / 16, 1);
+                let got_d: Vec<u8> = rows.iter().flat_map(|&r| got[r * n / 2..][..n / 2].iter().copied()).collect();
+                let got_sf: Vec<u8> = rows.iter().flat_map(|&r| got_sfd[r * n / 16..][..n / 16].iter().copied()).collect();
+                let cmp = compare_fp4(&got_d, &got_sf, &want_d, &from_tiled(&want_sfd, rows.len(), n / 16, 1), n);
+                if !cmp.byte_equal() {
+                    eprintln!("{m}x{n}x{k}: verification failed: {cmp}");
+                }
+                cmp.byte_equal()
+            }
+            None => {
+                let want: Vec<f16> = reference_gemm(&a_rows, &b, 1.0, 0.0, None)?;
+                let got_rows: Vec<f16> = rows.iter().flat_map(|&r| got[r * n * 2..][..n * 2].chunks_exact(2).map(|x| f16::from_le_bytes([x[0], x[1]]))).collect();
+                let cmp = compare(&got_rows, &want, 0.0, 0.0);
+                if !cmp.passed() {
+                    eprintln!("{m}x{n}x{k}: verification failed: {cmp}");
+                }
+                cmp.passed()
+            }
+        };
+        let bytes = (set_bytes + d_bytes + if out.sfd().is_some() { p.sfd_bytes() } else { 0 }) as f64;
         let floor = (bytes / 3.0e12).max(p.flops() / 800e12) * 1e6;
         let (bf16, fp8, src) = match baselines.as_ref().and_then(|b| b.iter().find(|x| x.0 == (m, n, k)).map(|x| (x.1, x.2))) {
             Some((x, y)) => (x, y, "measured"),
             None => SPEC_BASELINES.iter().find(|x| x.0 == (m, n, k)).map_or((f64::NAN, f64::NAN, "none"), |x| (x.1, x.2, "SPEC.md")),
         };
         let shape = format!("{m}x{n}x{k}");
-        let check = if cmp.passed() { "exact" } else { "FAILED" };
+        let check = if passed { "exact" } else { "FAILED" };
         println!("{shape:>16} {:>24} {split:>5} {median:>10.2} {:>8.1} {:>8.0} {floor:>9.2} {:>7.2} {bf16:>11.1} {fp8:>10.1} {check:>8}{}", config.to_string(), p.flops() / median / 1e6, bytes / median / 1e3, median / floor, if src == "measured" { "" } else { " (cuBLAS: SPEC.md)" });
-        json += &format!("{{\"shape\":\"{shape}\",\"device\":\"{name}\",\"config\":\"{config}\",\"split_k\":{split},\"runs\":{},\"median_us\":{median:.3},\"min_us\":{:.3},\"tflops\":{:.2},\"gbps\":{:.1},\"floor_us\":{floor:.3},\"x_floor\":{:.3},\"cublas_bf16_us\":{bf16},\"cublas_fp8_us\":{fp8},\"cublas_source\":\"{src}\",\"check\":\"{check}\"}}\n",
+        json += &format!("{{\"shape\":\"{shape}\",\"device\":\"{name}\",\"config\":\"{config}\",\"split_k\":{split},\"out\":\"{out}\",\"runs\":{},\"median_us\":{median:.3},\"min_us\":{:.3},\"tflops\":{:.2},\"gbps\":{:.1},\"floor_us\":{floor:.3},\"x_floor\":{:.3},\"cublas_bf16_us\":{bf16},\"cublas_fp8_us\":{fp8},\"cublas_source\":\"{src}\",\"check\":\"{check}\"}}\n",
             cli.runs, us[0], p.flops() / median / 1e6, bytes / median / 1e3, median / floor);
-        if !cmp.passed() {
-            eprintln!("{shape}: verification failed: {cmp}");
-        }
     }
     if let Some(path) = &cli.json {
         std::fs::write(path, json)?;
@@ -134,8 +180,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     Ok(())
 }
 
-fn poison(stream: &std::sync::Arc<cudarc::driver::CudaStream>, d: &mut CudaSlice<f16>) -> Result<(), cudarc::driver::DriverError> {
-    let bytes = d.len() * 2;
+fn poison(stream: &std::sync::Arc<cudarc::driver::CudaStream>, d: &mut CudaSlice<u8>) -> Result<(), cudarc::driver::DriverError> {
+    let bytes = d.len();
     let (ptr, _guard) = d.device_ptr_mut(stream);
     // SAFETY: ptr is a live allocation of `bytes` bytes, ordered on this stream by the guard.
     unsafe { cudarc::driver::result::memset_d8_async(ptr, 0xFF, bytes, stream.cu_stream()) }

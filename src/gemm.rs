@@ -170,8 +170,9 @@ pub struct BlockScaledGemm {
 struct Scratch {
     workspace: Option<CudaSlice<u8>>,
     /// The norm constant of FP4 outputs (the kernels read it from device memory, as CUTLASS's
-    /// `norm_constant_ptr`).
-    norm_constant: Option<CudaSlice<f32>>,
+    /// `norm_constant_ptr`), and the bits last copied there: an unchanged value is not copied
+    /// again (a copy from pageable memory waits for the stream).
+    norm_constant: Option<(CudaSlice<f32>, u32)>,
 }
 
 /// Device addresses of one launch (0: absent).
@@ -370,10 +371,13 @@ impl BlockScaledGemm {
         stream.context().bind_to_thread()?;
         let norm_guard = if out.sfd().is_some() {
             if scratch.norm_constant.is_none() {
-                scratch.norm_constant = Some(stream.alloc_zeros::<f32>(1)?);
+                scratch.norm_constant = Some((stream.alloc_zeros::<f32>(1)?, 0.0f32.to_bits()));
             }
-            let slot = scratch.norm_constant.as_mut().expect("allocated above");
-            stream.memcpy_htod(&[p.norm_constant], slot)?;
+            let (slot, bits) = scratch.norm_constant.as_mut().expect("allocated above");
+            if *bits != p.norm_constant.to_bits() {
+                stream.memcpy_htod(&[p.norm_constant], slot)?;
+                *bits = p.norm_constant.to_bits();
+            }
             Some(slot.device_ptr(stream))
         } else {
             None
@@ -385,7 +389,7 @@ impl BlockScaledGemm {
         if !bridge::can_implement(index, out_index, &args) {
             return Err(Error::CannotImplement { config, m: p.m, n: p.n, k: p.k, l: p.l });
         }
-        if out.sfd().is_some() {
+        if out.sfd().is_some() && p.sfd_bytes() != p.l * p.m * (p.n / 16) {
             // The kernels leave the padding of the SFD tiles unwritten; zero it so the buffer can
             // feed the next GEMM (padding scales must be finite, SPEC.md §3).
             // SAFETY: `ptrs.sfd` is the caller's live, guarded SFD buffer of `p.sfd_bytes()` bytes.
@@ -453,6 +457,28 @@ mod tests {
         // Shape rules come first.
         let q = Problem::new(256, 512, 1000);
         assert!(plan(&q, OutType::F16, &lens(&q), &B200, None, all).unwrap_err().to_string().contains("K = 1000"));
+    }
+
+    #[test]
+    fn plan_checks_fp4_buffers() {
+        let p = Problem::new(130, 256, 512).batch(2).norm_constant(3.0);
+        let all = |_, _| true;
+        let ok = BufferLens::for_problem(&p, OutType::Nvfp4, false);
+        assert_eq!((ok.d, ok.sfd), (2 * 130 * 256 / 2, Some(2 * 256 * 16)));
+        plan(&p, OutType::Nvfp4, &ok, &B200, None, all).unwrap();
+        let e = plan(&p, OutType::Nvfp4, &BufferLens { d: ok.d * 2, ..ok }, &B200, None, all).unwrap_err().to_string();
+        assert!(e.contains("D: holds") && e.contains("L * M * N / 2 packed bytes"), "{e}");
+        let e = plan(&p, OutType::Nvfp4Ue8m0, &BufferLens { sfd: Some(100), ..ok }, &H100, None, all).unwrap_err().to_string();
+        assert!(e.starts_with("SFD: holds 100"), "{e}");
+        let e = plan(&p, OutType::Nvfp4, &BufferLens { sfd: None, ..ok }, &H100, None, all).unwrap_err().to_string();
+        assert!(e.starts_with("SFD: holds 0"), "{e}");
+        let e = plan(&p, OutType::Nvfp4, &BufferLens { c: Some(3), ..ok }, &H100, None, all).unwrap_err().to_string();
+        assert!(e.contains("f32 values"), "{e}");
+        let e = plan(&p.norm_constant(-1.0), OutType::Nvfp4, &ok, &H100, None, all).unwrap_err();
+        assert!(matches!(e, Error::NormConstant { value } if value == -1.0), "{e}");
+        // Only configs that carry the FP4 epilogue are chosen.
+        let c = plan(&p, OutType::Nvfp4, &ok, &B200, None, |c, o| o != OutType::Nvfp4 || c == Config::Sm100_2Sm_256x128x256).unwrap();
+        assert_eq!(c, Config::Sm100_2Sm_256x128x256);
     }
 
     #[test]
