@@ -4,7 +4,7 @@
 
 use std::sync::{Arc, Mutex};
 
-use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
+use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut, SyncOnDrop};
 
 use crate::config::{self, Config};
 use crate::error::{Error, Result};
@@ -25,6 +25,18 @@ impl<'a, V, S> Nvfp4Operand<'a, V, S> {
     /// Pairs values with their scales.
     pub fn new(values: &'a V, scales: &'a S) -> Self {
         Nvfp4Operand { values, scales }
+    }
+}
+
+impl<V, S> Nvfp4Operand<'_, V, S> {
+    /// Device addresses of values and scales, with the guards that order them on `stream`.
+    fn ptrs<'s, TV, TS>(&'s self, stream: &'s CudaStream) -> ([u64; 2], [SyncOnDrop<'s>; 2])
+    where
+        V: DevicePtr<TV>, S: DevicePtr<TS>,
+    {
+        let (v, gv) = self.values.device_ptr(stream);
+        let (s, gs) = self.scales.device_ptr(stream);
+        ([v, s], [gv, gs])
     }
 }
 
@@ -252,6 +264,31 @@ impl BlockScaledGemm {
     /// generated per 16 outputs along N, ue4m3 for [`OutType::Nvfp4`] or ue8m0 for
     /// [`OutType::Nvfp4Ue8m0`], scaled by `p.norm_constant` ([`crate::fp4_out`] has the exact
     /// arithmetic). N must be a multiple of 32; beta must be 0 (see [`Self::gemm_fp4_with_c`]).
+    ///
+    /// Two layers, the first writing NVFP4 that the second reads as it is:
+    ///
+    /// ```no_run
+    /// use blockscaled_gemm::{BlockScaledGemm, Nvfp4Matrix, Nvfp4Operand, Nvfp4Output, OutType, Problem};
+    /// use cudarc::driver::CudaContext;
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let stream = CudaContext::new(0)?.default_stream();
+    /// let gemm = BlockScaledGemm::new(stream.clone())?;
+    /// let (m, n, k, n2) = (128, 4096, 7168, 2048);
+    /// let up = |x: &Nvfp4Matrix| -> Result<_, cudarc::driver::DriverError> { Ok((stream.clone_htod(x.data())?, stream.clone_htod(x.scales())?)) };
+    /// let (a_v, a_s) = up(&Nvfp4Matrix::random_contest(m, k, 1, 1)?)?;
+    /// let (b_v, b_s) = up(&Nvfp4Matrix::random_contest(n, k, 1, 2)?)?;
+    /// let (w_v, w_s) = up(&Nvfp4Matrix::random_contest(n2, n, 1, 3)?)?;
+    /// let st = 64.0; // 6 * 448 / (the largest |D| expected): keeps SFD inside ue4m3
+    /// let p = Problem::new(m, n, k).norm_constant(st);
+    /// let mut h = stream.alloc_zeros::<u8>(m * n / 2)?; // e2m1 codes
+    /// let mut h_sf = stream.alloc_zeros::<u8>(p.sfd_bytes())?; // generated scale factors
+    /// gemm.gemm_fp4(&p, OutType::Nvfp4, Nvfp4Operand::new(&a_v, &a_s), Nvfp4Operand::new(&b_v, &b_s), Nvfp4Output::new(&mut h, &mut h_sf), None)?;
+    /// // The next layer: K = n, A = (h, h_sf) as they are, 1 / st in alpha.
+    /// let mut y = stream.alloc_zeros::<half::bf16>(m * n2)?;
+    /// let p2 = Problem::new(m, n2, n).scalars(1.0 / st, 0.0);
+    /// gemm.gemm(&p2, Nvfp4Operand::new(&h, &h_sf), Nvfp4Operand::new(&w_v, &w_s), &mut y, None)?;
+    /// # Ok(()) }
+    /// ```
     pub fn gemm_fp4<VA, SA, VB, SB, DV, DS, TV, TS>(&self, p: &Problem, out: OutType, a: Nvfp4Operand<'_, VA, SA>, b: Nvfp4Operand<'_, VB, SB>, d: Nvfp4Output<'_, DV, DS>, config: Option<Config>) -> Result<Config>
     where
         VA: DevicePtr<TV>, SA: DevicePtr<TS>, VB: DevicePtr<TV>, SB: DevicePtr<TS>, DV: DevicePtrMut<TV>, DS: DevicePtrMut<TS>,
@@ -308,10 +345,7 @@ impl BlockScaledGemm {
         self.check_devices(&buffers)?;
 
         let stream = &self.stream;
-        let (pa, _ga) = a.values.device_ptr(stream);
-        let (psfa, _gsfa) = a.scales.device_ptr(stream);
-        let (pb, _gb) = b.values.device_ptr(stream);
-        let (psfb, _gsfb) = b.scales.device_ptr(stream);
+        let (([pa, psfa], _ga), ([pb, psfb], _gb)) = (a.ptrs(stream), b.ptrs(stream));
         let (pd, _gd) = d.device_ptr_mut(stream);
         let c_ptr = c.map(|c| c.device_ptr(stream));
         // Without C the kernel gets D as its C pointer; beta is 0, so it never reads it.
@@ -335,10 +369,7 @@ impl BlockScaledGemm {
         self.check_devices(&buffers)?;
 
         let stream = &self.stream;
-        let (pa, _ga) = a.values.device_ptr(stream);
-        let (psfa, _gsfa) = a.scales.device_ptr(stream);
-        let (pb, _gb) = b.values.device_ptr(stream);
-        let (psfb, _gsfb) = b.scales.device_ptr(stream);
+        let (([pa, psfa], _ga), ([pb, psfb], _gb)) = (a.ptrs(stream), b.ptrs(stream));
         let (pd, _gd) = d.values.device_ptr_mut(stream);
         let (psfd, _gsfd) = d.scales.device_ptr_mut(stream);
         let c_ptr = c.map(|c| c.device_ptr(stream));
