@@ -24,7 +24,7 @@ float run(int m, int n, int k, int split) {
   for (size_t i = a_bytes + b_bytes; i < set; ++i) host[i] = 0x38;  // scale 1.0
   for (auto& p : bufs) { CHECK(cudaMalloc(&p, set)); CHECK(cudaMemcpy(p, host.data(), set, cudaMemcpyHostToDevice)); }
   void* d; CHECK(cudaMalloc(&d, size_t(m) * n * 2));
-  bsg::KernelArgs args{m, n, k, 1, nullptr, nullptr, nullptr, nullptr, d, d, 1.f, 0.f, nullptr, 0, nullptr, 0, 132, split};
+  bsg::KernelArgs args{m, n, k, 1, nullptr, nullptr, nullptr, nullptr, d, d, 1.f, 0.f, nullptr, 0, nullptr, 0, 132, split, nullptr, nullptr};
   using G = bsg::sm90::Gemm<BN, __half>;
   size_t ws = G::workspace_size(args);
   void* w = nullptr;
@@ -50,9 +50,9 @@ float run(int m, int n, int k, int split) {
 }
 
 int main(int argc, char** argv) {
-  if (argc != 6) { std::printf("usage: ablate M N K BN(128|256) SPLIT\n"); return 2; }
+  if (argc != 6) { std::printf("usage: ablate M N K BN(64|128|256) SPLIT\n"); return 2; }
   int m = std::atoi(argv[1]), n = std::atoi(argv[2]), k = std::atoi(argv[3]), bn = std::atoi(argv[4]), split = std::atoi(argv[5]);
-  float us = bn == 256 ? run<256>(m, n, k, split) : run<128>(m, n, k, split);
+  float us = bn == 256 ? run<256>(m, n, k, split) : bn == 64 ? run<64>(m, n, k, split) : run<128>(m, n, k, split);
   std::printf("ablate=%d (%s%s%s) %dx%dx%d BN=%d split=%d: %.2f us\n", BSG_SM90_ABLATE,
               BSG_SM90_ABLATE & 1 ? "no-decode " : "", BSG_SM90_ABLATE & 2 ? "no-mma " : "", BSG_SM90_ABLATE & 4 ? "no-loads" : "",
               m, n, k, bn, split, us);
