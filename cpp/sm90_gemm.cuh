@@ -76,17 +76,9 @@ struct Params {
   const float* norm_constant;  // FP4 output only (device)
 };
 
-// kSwap (small M): the roles of the MMA operands are swapped. The weights (B, BN rows) are the
-// wgmma A operand, decoded from the raw stage straight into registers (RS wgmma); the activations
-// (A, kBM rows) are the wgmma B operand, decoded into shared memory. No decoded weight tile ever
-// goes through shared memory, and the freed space holds 4 raw stages instead of 2. Within each
-// 16-element scale group, thread c of a quad takes the 4 consecutive elements 4c..4c+3 as MMA
-// positions 2c, 2c+1, 2c+8, 2c+9 (one 16-bit load of packed FP4 per row); the activations are
-// written to shared memory in the same permuted order, so every product pairs the same k.
-template <int BN, bool kSwap = false>
+template <int BN>
 struct Tile {
   static_assert(BN == 64 || BN == 128 || BN == 256, "tile N");
-  static_assert(!kSwap || BN == 128, "swapped tiles: 128 weight rows (two warpgroups of 64)");
   static constexpr int kSfChunksB = (BN + 127) / 128;
   // Raw stage (TMA destination): A rows x kRawK/2 bytes, B rows likewise, then the scales of the
   // kSubs 64-K blocks: kSubs x 512 bytes per 128-row block (A: one, B: 1-2).
@@ -94,19 +86,15 @@ struct Tile {
   static constexpr int kRawB = BN * kRawK / 2;
   static constexpr int kSfStage = kSubs * 512;  // scale bytes of one 128-row block per raw stage
   static constexpr int kRawBytes = kRawA + kRawB + kSfStage * (1 + kSfChunksB);
-  static constexpr int kRawStages = kSwap ? 4 : (BN == 256 ? 3 : 2);  // BN <= 128 keeps two CTAs per SM
+  static constexpr int kRawStages = BN == 256 ? 3 : 2;  // BN <= 128 keeps two CTAs per SM
   using SmemAtom = GMMA::Layout_K_SW128_Atom<half_t>;  // 8 x 64 halves, 128-byte swizzle
   using SmemLayoutA = decltype(tile_to_shape(SmemAtom{}, make_shape(Int<kBM>{}, Int<kBK>{}, Int<2>{})));
   using SmemLayoutB = decltype(tile_to_shape(SmemAtom{}, make_shape(Int<BN>{}, Int<kBK>{}, Int<2>{})));
-  // MMA M x N: activations x weights, or (kSwap) weights x activations.
-  using MmaShape = std::conditional_t<kSwap, Shape<Int<BN>, Int<kBM>>, Shape<Int<kBM>, Int<BN>>>;
-  using TiledMma = std::conditional_t<kSwap,
-      decltype(make_tiled_mma(SM90::GMMA::rs_op_selector<half_t, half_t, float, Shape<_64, Int<kBM>, _16>, GMMA::Major::K, GMMA::Major::K>(),
-                              Layout<Shape<_2, _1, _1>>{})),
-      decltype(make_tiled_mma(SM90::GMMA::ss_op_selector<half_t, half_t, float, Shape<_64, Int<BN>, _16>, GMMA::Major::K, GMMA::Major::K>(),
-                              Layout<Shape<_2, _1, _1>>{}))>;
+  using TiledMma = decltype(make_tiled_mma(
+      SM90::GMMA::ss_op_selector<half_t, half_t, float, Shape<_64, Int<BN>, _16>, GMMA::Major::K, GMMA::Major::K>(),
+      Layout<Shape<_2, _1, _1>>{}));
   static constexpr int kDecA = kBM * kBK * 2 * 2;  // bytes, two buffers
-  static constexpr int kDecB = kSwap ? 0 : BN * kBK * 2 * 2;
+  static constexpr int kDecB = BN * kBK * 2 * 2;
   static constexpr int kSmem = 1024 + kDecA + kDecB + kRawStages * kRawBytes;  // 1024: swizzle alignment
   static constexpr int kMinBlocks = BN == 256 ? 1 : 2;
   static constexpr int kAcc = kBM * BN / kThreads;  // accumulator floats per thread
@@ -151,15 +139,6 @@ __device__ __forceinline__ uint4 decode8(uint32_t w, uint32_t scale2) {
   r.z = hmul2(e4m3x2_to_f16x2(e4567), scale2);
   r.w = hmul2(e4m3x2_to_f16x2(e4567 >> 16), scale2);
   return r;
-}
-
-// 4 e2m1 values (16 bits, element 2i in the low nibble of byte i) times a scale already
-// multiplied by 2^6: elements 0, 1 in the low word, 2, 3 in the high word.
-__device__ __forceinline__ uint2 decode4(uint32_t w, uint32_t scale2) {
-  const uint32_t even = ((w << 2) & 0x1C1Cu) | ((w << 4) & 0x8080u);  // elements 0, 2
-  const uint32_t odd = ((w >> 2) & 0x1C1Cu) | (w & 0x8080u);         // elements 1, 3
-  const uint32_t e0123 = __byte_perm(even, odd, 0x5140);
-  return make_uint2(hmul2(e4m3x2_to_f16x2(e0123), scale2), hmul2(e4m3x2_to_f16x2(e0123 >> 16), scale2));
 }
 
 // SPEC.md §3 offset of (row, scale column) inside one 128-row x 4-column chunk.
@@ -352,10 +331,10 @@ __device__ __forceinline__ void fp4_epilogue(const Params& p, const Acc& acc, co
     fp4_tile<Sf, BN, true>(p, acc, row0, col0, n0, batch);
 }
 
-template <int BN, class OutT, bool kSwap>
-__global__ void __launch_bounds__(kThreads, Tile<BN, kSwap>::kMinBlocks)
+template <int BN, class OutT>
+__global__ void __launch_bounds__(kThreads, Tile<BN>::kMinBlocks)
     gemm_kernel(const __grid_constant__ Params p, const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b) {
-  using T = Tile<BN, kSwap>;
+  using T = Tile<BN>;
   extern __shared__ uint8_t smem_raw[];
   __shared__ uint64_t raw_bar[T::kRawStages];
   // 1024-byte alignment for the swizzle atoms, as pointer arithmetic on the __shared__ array so
@@ -412,16 +391,12 @@ __global__ void __launch_bounds__(kThreads, Tile<BN, kSwap>::kMinBlocks)
     }
   };
 
-  // Decode 64-K block `sub` (0 or 1) of raw slot `slot` into FP16 buffer `buf`; `permute`: in
-  // the swapped order of Tile (each 8-byte group half gathers bytes 0, 2, 4, 6 then 1, 3, 5, 7).
-  auto decode_operand = [&](auto& op, const uint8_t* raw_rows, const uint8_t* raw_sf, uint8_t* dec, int sub, auto permute) {
+  // Decode 64-K block `sub` (0 or 1) of raw slot `slot` into FP16 buffer `buf`.
+  auto decode_operand = [&](auto& op, const uint8_t* raw_rows, const uint8_t* raw_sf, uint8_t* dec, int sub) {
     CUTE_UNROLL
     for (int j = 0; j < (int)(sizeof(op.active) / sizeof(bool)); ++j) {
       if (!op.active[j]) continue;
-      uint4 q = *reinterpret_cast<const uint4*>(raw_rows + op.raw_off[j] + sub * 32);
-      if constexpr (decltype(permute)::value) {
-        q = make_uint4(__byte_perm(q.x, q.y, 0x6420), __byte_perm(q.x, q.y, 0x7531), __byte_perm(q.z, q.w, 0x6420), __byte_perm(q.z, q.w, 0x7531));
-      }
+      const uint4 q = *reinterpret_cast<const uint4*>(raw_rows + op.raw_off[j] + sub * 32);
       const uint32_t sf2 = *reinterpret_cast<const uint16_t*>(raw_sf + op.sf_off[j] + sub * 512);
       const uint32_t sc = hmul2(e4m3x2_to_f16x2(sf2), 0x54005400u);  // both scales * 2^6 (64.0)
       const uint32_t s0 = __byte_perm(sc, sc, 0x1010), s1 = __byte_perm(sc, sc, 0x3232);
@@ -434,32 +409,8 @@ __global__ void __launch_bounds__(kThreads, Tile<BN, kSwap>::kMinBlocks)
   auto decode = [&](int i, int buf) {  // MMA k-tile i of this split
     if constexpr ((BSG_SM90_ABLATE & 1) != 0) return;
     const uint8_t* base = raw + ((i / kSubs) % T::kRawStages) * T::kRawBytes;
-    decode_operand(opA, base, base + T::kRawA + T::kRawB, reinterpret_cast<uint8_t*>(decA) + buf * (kBM * kBK * 2), i % kSubs, std::bool_constant<kSwap>{});
-    if constexpr (!kSwap)
-      decode_operand(opB, base + T::kRawA, base + T::kRawA + T::kRawB + T::kSfStage, reinterpret_cast<uint8_t*>(decB) + buf * (BN * kBK * 2), i % kSubs, std::false_type{});
-  };
-  // kSwap: this thread's weight rows (wgmma A fragment rows r and r + 8 of its warp's 16) of
-  // k-tile i, decoded from the raw stage into the register fragment `frag` (MMA, 1, 4 k-blocks).
-  const int quad_c = tid % 4, wrow = (tid / 128) * 64 + ((tid % 128) / 32) * 16 + (tid % 32) / 4;
-  auto decode_weights = [&](int i, auto& frag) {
-    if constexpr ((BSG_SM90_ABLATE & 1) != 0) return;
-    const uint8_t* base = raw + ((i / kSubs) % T::kRawStages) * T::kRawBytes;
-    const int sub = i % kSubs;
-    uint32_t* regs = reinterpret_cast<uint32_t*>(frag.data());
-    CUTE_UNROLL
-    for (int h = 0; h < 2; ++h) {
-      const int row = wrow + 8 * h;
-      const uint8_t* rw = base + T::kRawA + row * (kRawK / 2) + sub * 32 + 2 * quad_c;
-      const uint8_t* sf = base + T::kRawA + T::kRawB + T::kSfStage + sub * 512;
-      CUTE_UNROLL
-      for (int g = 0; g < 4; ++g) {  // k-block g of 16 = scale group g
-        const uint32_t w = *reinterpret_cast<const uint16_t*>(rw + 8 * g);
-        const uint32_t sc = hmul2(e4m3x2_to_f16x2(sf[sf_in_chunk(row, g)]), 0x54005400u);
-        const uint2 v = decode4(w, __byte_perm(sc, sc, 0x1010));
-        regs[4 * g + h] = v.x;      // MMA k 2c, 2c + 1
-        regs[4 * g + 2 + h] = v.y;  // MMA k 2c + 8, 2c + 9
-      }
-    }
+    decode_operand(opA, base, base + T::kRawA + T::kRawB, reinterpret_cast<uint8_t*>(decA) + buf * (kBM * kBK * 2), i % kSubs);
+    decode_operand(opB, base + T::kRawA, base + T::kRawA + T::kRawB + T::kSfStage, reinterpret_cast<uint8_t*>(decB) + buf * (BN * kBK * 2), i % kSubs);
   };
   auto wait_raw = [&](int r) {
     cutlass::arch::ClusterTransactionBarrier::wait(&raw_bar[r % T::kRawStages], (r / T::kRawStages) & 1);
@@ -474,56 +425,13 @@ __global__ void __launch_bounds__(kThreads, Tile<BN, kSwap>::kMinBlocks)
     for (int r = 0; r < min(T::kRawStages, n_raw); ++r) issue(r);
 
   typename T::TiledMma mma;
-  auto wg_mma = mma.get_slice((tid / 128) * 128);
-  Tensor acc = partition_fragment_C(mma, typename T::MmaShape{});
-  clear(acc);
   Tensor sA = make_tensor(make_smem_ptr(decA), typename T::SmemLayoutA{});
-  if constexpr (kSwap) {
-    // The activations are the wgmma B operand; the weights' fragments live in registers,
-    // double-buffered so k-tile i + 1 is decoded while the MMAs of k-tile i run.
-    Tensor tCrB = wg_mma.make_fragment_B(wg_mma.partition_B(sA));  // (MMA, MMA_N, MMA_K, 2)
-    Tensor frag0 = wg_mma.partition_fragment_A(sA(_, _, 0));       // (MMA, MMA_M, MMA_K)
-    Tensor frag1 = wg_mma.partition_fragment_A(sA(_, _, 0));
-    static_assert(decltype(size(frag0))::value == 32, "4 k-blocks x 8 halves");
-    if (n_kt > 0) {
-      wait_raw(0);
-      decode(0, 0);
-      decode_weights(0, frag0);
-      cutlass::arch::fence_view_async_shared();
-      __syncthreads();
-    }
-    auto step = [&](int i, auto& cur, auto& next) {
-      const int buf = i % 2;
-      warpgroup_fence_operand(acc);
-      warpgroup_fence_operand(cur);
-      warpgroup_arrive();
-      CUTE_UNROLL
-      for (int kb = 0; kb < size<2>(cur); ++kb) {
-        if constexpr ((BSG_SM90_ABLATE & 2) == 0) cute::gemm(mma, cur(_, _, kb), tCrB(_, _, kb, buf), acc);
-      }
-      warpgroup_commit_batch();
-      const int j = i + 1;
-      if (j < n_kt) {
-        if (j % kSubs == 0) wait_raw(j / kSubs);
-        decode(j, j % 2);
-        decode_weights(j, next);
-        cutlass::arch::fence_view_async_shared();
-      }
-      warpgroup_wait<0>();
-      warpgroup_fence_operand(acc);
-      warpgroup_fence_operand(cur);
-      __syncthreads();
-      if (tid == 0 && j < n_kt && (j % kSubs == kSubs - 1 || j == n_kt - 1) && j / kSubs + T::kRawStages < n_raw)
-        issue(j / kSubs + T::kRawStages);
-    };
-    for (int i = 0; i < n_kt; i += 2) {
-      step(i, frag0, frag1);
-      if (i + 1 < n_kt) step(i + 1, frag1, frag0);
-    }
-  } else {
   Tensor sB = make_tensor(make_smem_ptr(decB), typename T::SmemLayoutB{});
+  auto wg_mma = mma.get_slice((tid / 128) * 128);
   Tensor tCrA = wg_mma.make_fragment_A(wg_mma.partition_A(sA));  // (MMA, MMA_M, MMA_K, 2)
   Tensor tCrB = wg_mma.make_fragment_B(wg_mma.partition_B(sB));
+  Tensor acc = partition_fragment_C(mma, Shape<Int<kBM>, Int<BN>>{});
+  clear(acc);
 
   if (n_kt > 0) {
     wait_raw(0);
@@ -553,7 +461,6 @@ __global__ void __launch_bounds__(kThreads, Tile<BN, kSwap>::kMinBlocks)
     if (tid == 0 && j < n_kt && (j % kSubs == kSubs - 1 || j == n_kt - 1) && j / kSubs + T::kRawStages < n_raw)
       issue(j / kSubs + T::kRawStages);
   }
-  }  // kSwap
 
   if (p.split_k > 1) {
     float4* mine = reinterpret_cast<float4*>(p.partials) + ((int64_t(split) * gridDim.x + tile) * (T::kAcc / 4)) * kThreads + tid;
@@ -581,7 +488,7 @@ __global__ void __launch_bounds__(kThreads, Tile<BN, kSwap>::kMinBlocks)
     }
   }
 
-  Tensor coord = mma.get_thread_slice(tid).partition_C(make_identity_tensor(typename T::MmaShape{}));
+  Tensor coord = mma.get_thread_slice(tid).partition_C(make_identity_tensor(Shape<Int<kBM>, Int<BN>>{}));
   using Sf = typename OutputInfo<OutT>::Sf;
   if constexpr (std::is_void_v<Sf>) {
     // Epilogue: D = alpha * acc + beta * C, rounded once to OutT.
@@ -589,7 +496,7 @@ __global__ void __launch_bounds__(kThreads, Tile<BN, kSwap>::kMinBlocks)
     const OutT* c = static_cast<const OutT*>(p.c) + batch * p.m * int64_t(p.n);
     CUTE_UNROLL
     for (int i = 0; i < size(acc); ++i) {
-      const int mm = m0 + get<kSwap ? 1 : 0>(coord(i)), nn = n0 + get<kSwap ? 0 : 1>(coord(i));
+      const int mm = m0 + get<0>(coord(i)), nn = n0 + get<1>(coord(i));
       if (mm < p.m && nn < p.n) {
         const int64_t idx = int64_t(mm) * p.n + nn;
         float v = p.alpha * acc(i);
@@ -598,14 +505,13 @@ __global__ void __launch_bounds__(kThreads, Tile<BN, kSwap>::kMinBlocks)
       }
     }
   } else {
-    static_assert(!kSwap, "FP4 output: the quad layout of fp4_epilogue assumes unswapped accumulators");
     fp4_epilogue<Sf, BN>(p, acc, coord, m0, n0, batch);
   }
 }
 
-template <int BN, class OutT, bool kSwap = false>
+template <int BN, class OutT>
 struct Gemm {
-  using T = Tile<BN, kSwap>;
+  using T = Tile<BN>;
 
   static int64_t tiles(const KernelArgs& a) {
     return int64_t((a.m + kBM - 1) / kBM) * ((a.n + BN - 1) / BN) * a.l;
@@ -653,7 +559,7 @@ struct Gemm {
     static std::atomic<uint64_t> configured{0};  // devices whose shared-memory limit is raised
     const uint64_t bit = uint64_t(1) << (a.device_id & 63);
     if (!(configured.load() & bit)) {
-      cudaError_t e = cudaFuncSetAttribute(gemm_kernel<BN, OutT, kSwap>, cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmem);
+      cudaError_t e = cudaFuncSetAttribute(gemm_kernel<BN, OutT>, cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmem);
       if (e != cudaSuccess) return {int32_t(cutlass::Status::kErrorInternal), int32_t(e)};
       configured.fetch_or(bit);
     }
@@ -674,7 +580,7 @@ struct Gemm {
       cudaError_t e = cudaMemsetAsync(a.workspace, 0, counters_bytes(a), static_cast<cudaStream_t>(a.stream));
       if (e != cudaSuccess) return {int32_t(cutlass::Status::kErrorInternal), int32_t(e)};
     }
-    gemm_kernel<BN, OutT, kSwap><<<grid, kThreads, T::kSmem, static_cast<cudaStream_t>(a.stream)>>>(p, map_a, map_b);
+    gemm_kernel<BN, OutT><<<grid, kThreads, T::kSmem, static_cast<cudaStream_t>(a.stream)>>>(p, map_a, map_b);
     return {int32_t(cutlass::Status::kSuccess), int32_t(cudaGetLastError())};
   }
 
@@ -707,12 +613,4 @@ struct OutType<cutlass::bfloat16_t> { using type = __nv_bfloat16; };
   static_assert((sms) == 1 && (tm) == 128 && (tk) == 64 && (cm) == 1 && (cn) == 1, "SM90 tile"); \
   bsg::KernelEntry fn() {                                                                        \
     return bsg::sm90::Gemm<tn, typename bsg::sm90::OutType<out_type>::type>::entry();            \
-  }
-
-// The swapped variant (Tile's kSwap): weights from registers, for small M.
-#define BSG_SM90_SWAP_KERNEL(fn, sms, tm, tn, tk, cm, cn, out_type)                              \
-  static_assert((sms) == 1 && (tm) == 128 && (tn) == 128 && (tk) == 64 && (cm) == 1 && (cn) == 1, \
-                "SM90 swapped tile");                                                            \
-  bsg::KernelEntry fn() {                                                                        \
-    return bsg::sm90::Gemm<tn, typename bsg::sm90::OutType<out_type>::type, true>::entry();      \
   }

@@ -20,9 +20,6 @@ pub struct ConfigInfo {
     pub tile: [u32; 3],
     /// Cluster M x N.
     pub cluster: [u32; 2],
-    /// SM90: the operand-swapped kernel (the weights B are the wgmma register operand, decoded
-    /// straight from the raw stage; for small M).
-    pub operand_swap: bool,
     /// Output types the table builds for this architecture.
     pub outputs: &'static [OutType],
 }
