@@ -3,6 +3,7 @@
 // warm-ups, CUDA events per run, inputs rotated over > 2x L2. Results are not checked (ablated
 // variants compute garbage on purpose); the product path is verified by tests/gpu.rs.
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <vector>
@@ -44,6 +45,49 @@ float run(int m, int n, int k, int split) {
   std::vector<float> t(100);
   for (int i = 0; i < 100; ++i) CHECK(cudaEventElapsedTime(&t[i], ev[2 * i], ev[2 * i + 1]));
   std::sort(t.begin(), t.end());
+  // The same launches back to back between one pair of events: the GPU's time per GEMM when the
+  // host queues ahead (the per-launch median above also holds the host's submission time
+  // whenever it exceeds the kernel's).
+  CHECK(cudaEventRecord(ev[0]));
+  const auto h0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < 100; ++i) launch(i);
+  const double host_us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - h0).count() / 100;
+  CHECK(cudaEventRecord(ev[1]));
+  CHECK(cudaEventSynchronize(ev[1]));
+  float total = 0.f;
+  CHECK(cudaEventElapsedTime(&total, ev[0], ev[1]));
+  std::printf("back-to-back: %.2f us per GEMM (host submits one in %.2f us); ", total * 10.f, host_us);
+#if BSG_SM90_TIMELINE
+  {
+    const dim3 grid(unsigned(G::tiles(args)), unsigned(split));
+    const size_t ctas = size_t(grid.x) * grid.y;
+    uint64_t* tl;
+    CHECK(cudaMalloc(&tl, ctas * 5 * 8));
+    CHECK(cudaMemset(tl, 0, ctas * 5 * 8));
+    CHECK(cudaMemcpyToSymbol(bsg::sm90::bsg_timeline, &tl, sizeof(tl)));
+    launch(0);
+    CHECK(cudaDeviceSynchronize());
+    std::vector<uint64_t> h(ctas * 5);
+    CHECK(cudaMemcpy(h.data(), tl, h.size() * 8, cudaMemcpyDeviceToHost));
+    uint64_t t0 = ~0ull, t_end = 0, last_start = 0;
+    std::vector<double> pro, loop, epi;
+    for (size_t c = 0; c < ctas; ++c) {
+      const uint64_t* r = &h[c * 5];
+      t0 = std::min(t0, r[0]);
+      t_end = std::max(t_end, r[3]);
+      last_start = std::max(last_start, r[0]);
+      pro.push_back((r[1] - r[0]) / 1e3);
+      loop.push_back((r[2] - r[1]) / 1e3);
+      epi.push_back((r[3] - r[2]) / 1e3);
+    }
+    auto med = [](std::vector<double> v) { std::sort(v.begin(), v.end()); return v[v.size() / 2]; };
+    auto mx = [](const std::vector<double>& v) { return *std::max_element(v.begin(), v.end()); };
+    std::printf("\n  timeline (%zu CTAs): first CTA start to last CTA end %.2f us; last CTA starts at %.2f us;"
+                " per CTA median/max: first stage %.2f/%.2f, loop %.2f/%.2f, after loop %.2f/%.2f us\n  ",
+                ctas, (t_end - t0) / 1e3, (last_start - t0) / 1e3, med(pro), mx(pro), med(loop), mx(loop), med(epi), mx(epi));
+    cudaFree(tl);
+  }
+#endif
   for (auto p : bufs) cudaFree(p);
   cudaFree(d); if (w) cudaFree(w);
   return t[50] * 1000.f;

@@ -41,7 +41,8 @@
 #include "cutlass/float8.h"
 
 // Experiments only (bench/ablate.cu; never set by build.rs): bit 1 skips the decode, bit 2 the
-// wgmma, bit 4 the global loads, to measure what each stage costs.
+// wgmma, bit 4 the global loads, bit 8 the split-K partials and reduction (every CTA writes its
+// own partial sums as D), to measure what each stage costs.
 #ifndef BSG_SM90_ABLATE
 #define BSG_SM90_ABLATE 0
 #endif
@@ -53,6 +54,30 @@
 namespace bsg::sm90 {
 
 using namespace cute;
+
+// Experiments only (bench/ablate.cu): with BSG_SM90_TIMELINE set, thread 0 of every CTA stamps
+// %globaltimer at entry, after the first raw stage arrived and was decoded, after the main loop
+// and at exit into bsg_timeline[cta * 5] (the fifth word: the SM id).
+#ifndef BSG_SM90_TIMELINE
+#define BSG_SM90_TIMELINE 0
+#endif
+#if BSG_SM90_TIMELINE
+__device__ uint64_t* bsg_timeline;
+__device__ __forceinline__ void stamp(int slot) {
+  if (threadIdx.x != 0 || bsg_timeline == nullptr) return;
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  uint64_t* row = bsg_timeline + (uint64_t(blockIdx.y) * gridDim.x + blockIdx.x) * 5;
+  row[slot] = t;
+  if (slot == 0) {
+    uint32_t sm;
+    asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+    row[4] = sm;
+  }
+}
+#else
+__device__ __forceinline__ void stamp(int) {}
+#endif
 
 constexpr int kBM = 128;         // rows of A per CTA: two warpgroups of 64
 constexpr int kBK = 64;          // K per stage: one 128-byte swizzle row of FP16, one scale tile column block
@@ -345,6 +370,7 @@ __global__ void __launch_bounds__(kThreads, Tile<BN>::kMinBlocks)
   half_t* decB = reinterpret_cast<half_t*>(smem + T::kDecA);
   uint8_t* raw = smem + T::kDecA + T::kDecB;
   const int tid = threadIdx.x;
+  stamp(0);
 
   // Tile coordinates: M fastest, so CTAs that run together share a B (weight) tile in L2.
   const int tiles_m = (p.m + kBM - 1) / kBM;
@@ -439,6 +465,7 @@ __global__ void __launch_bounds__(kThreads, Tile<BN>::kMinBlocks)
     cutlass::arch::fence_view_async_shared();  // generic-proxy stores, read next by wgmma
     __syncthreads();
   }
+  stamp(1);
   for (int i = 0; i < n_kt; ++i) {
     const int buf = i % 2;
     warpgroup_fence_operand(acc);
@@ -462,8 +489,13 @@ __global__ void __launch_bounds__(kThreads, Tile<BN>::kMinBlocks)
       issue(j / kSubs + T::kRawStages);
   }
 
-  if (p.split_k > 1) {
-    float4* mine = reinterpret_cast<float4*>(p.partials) + ((int64_t(split) * gridDim.x + tile) * (T::kAcc / 4)) * kThreads + tid;
+  stamp(2);
+  if ((BSG_SM90_ABLATE & 8) == 0 && p.split_k > 1) {
+    // Split s's partial tile: [split][tile][acc / 4][thread] float4.
+    auto partial = [&](int s) {
+      return reinterpret_cast<float4*>(p.partials) + ((int64_t(s) * gridDim.x + tile) * (T::kAcc / 4)) * kThreads + tid;
+    };
+    float4* mine = partial(split);
     CUTE_UNROLL
     for (int i = 0; i < T::kAcc / 4; ++i)
       mine[int64_t(i) * kThreads] = make_float4(acc(4 * i), acc(4 * i + 1), acc(4 * i + 2), acc(4 * i + 3));
@@ -472,18 +504,33 @@ __global__ void __launch_bounds__(kThreads, Tile<BN>::kMinBlocks)
     __shared__ int last;
     if (tid == 0) last = atomicAdd(p.counters + tile, 1u) == uint32_t(p.split_k - 1);
     __syncthreads();
-    if (!last) return;
+    if (!last) {
+      stamp(3);
+      return;
+    }
     __threadfence();
     clear(acc);
-    for (int s = 0; s < p.split_k; ++s) {  // fixed order: the sum does not depend on arrival order
-      const float4* part = reinterpret_cast<const float4*>(p.partials) + ((int64_t(s) * gridDim.x + tile) * (T::kAcc / 4)) * kThreads + tid;
+    // Fixed order s = 0, 1, ...: the sum does not depend on arrival order. The loads of four
+    // splits are issued together: one dependent L2 read after another made this reduction the
+    // longest part of a CTA at M = 128.
+    for (int s0 = 0; s0 < p.split_k; s0 += 4) {
+      const int ns = min(4, p.split_k - s0);
+      const float4* part[4] = {partial(s0), partial(min(s0 + 1, p.split_k - 1)), partial(min(s0 + 2, p.split_k - 1)),
+                               partial(min(s0 + 3, p.split_k - 1))};
       CUTE_UNROLL
       for (int i = 0; i < T::kAcc / 4; ++i) {
-        const float4 v = __ldcg(part + int64_t(i) * kThreads);  // L2: other SMs wrote these
-        acc(4 * i) += v.x;
-        acc(4 * i + 1) += v.y;
-        acc(4 * i + 2) += v.z;
-        acc(4 * i + 3) += v.w;
+        float4 v[4];
+        CUTE_UNROLL
+        for (int t = 0; t < 4; ++t) v[t] = __ldcg(part[t] + int64_t(i) * kThreads);  // L2: other SMs wrote these
+        CUTE_UNROLL
+        for (int t = 0; t < 4; ++t) {
+          if (t < ns) {
+            acc(4 * i) += v[t].x;
+            acc(4 * i + 1) += v[t].y;
+            acc(4 * i + 2) += v[t].z;
+            acc(4 * i + 3) += v[t].w;
+          }
+        }
       }
     }
   }
@@ -491,22 +538,44 @@ __global__ void __launch_bounds__(kThreads, Tile<BN>::kMinBlocks)
   Tensor coord = mma.get_thread_slice(tid).partition_C(make_identity_tensor(Shape<Int<kBM>, Int<BN>>{}));
   using Sf = typename OutputInfo<OutT>::Sf;
   if constexpr (std::is_void_v<Sf>) {
-    // Epilogue: D = alpha * acc + beta * C, rounded once to OutT.
+    // Epilogue: D = alpha * acc + beta * C, rounded once to OutT. The tile goes through shared
+    // memory (free now: every load was consumed, every wgmma waited for) so that C is read and D
+    // written in whole 16-byte pieces of rows, not as 2-element fragments.
+    constexpr int kLd = BN + 8;  // floats per row: 16-lane halves of a warp hit 32 distinct banks
+    static_assert(kBM * kLd * 4 <= T::kSmem - 1024, "the epilogue tile fits the kernel's shared memory");
+    float* tile_s = reinterpret_cast<float*>(smem);
+    CUTE_UNROLL
+    for (int i = 0; i < size(acc); i += 2) {  // values i, i + 1: adjacent columns of one row
+      *reinterpret_cast<float2*>(tile_s + get<0>(coord(i)) * kLd + get<1>(coord(i))) = make_float2(acc(i), acc(i + 1));
+    }
+    __syncthreads();
+    constexpr int kW = 16 / sizeof(OutT);  // elements per 16 bytes; N % kW == 0
     OutT* d = static_cast<OutT*>(p.d) + batch * p.m * int64_t(p.n);
     const OutT* c = static_cast<const OutT*>(p.c) + batch * p.m * int64_t(p.n);
-    CUTE_UNROLL
-    for (int i = 0; i < size(acc); ++i) {
-      const int mm = m0 + get<0>(coord(i)), nn = n0 + get<1>(coord(i));
-      if (mm < p.m && nn < p.n) {
-        const int64_t idx = int64_t(mm) * p.n + nn;
-        float v = p.alpha * acc(i);
-        if (p.beta != 0.f) v = fmaf(p.beta, load_out(c + idx), v);
-        d[idx] = to_out<OutT>(v);
+    for (int chunk = tid; chunk < kBM * BN / kW; chunk += kThreads) {
+      const int r = chunk / (BN / kW), col = (chunk % (BN / kW)) * kW;
+      const int mm = m0 + r, nn = n0 + col;
+      if (mm >= p.m || nn >= p.n) continue;
+      const int64_t idx = int64_t(mm) * p.n + nn;
+      float v[kW];
+      CUTE_UNROLL
+      for (int e = 0; e < kW; ++e) v[e] = p.alpha * tile_s[r * kLd + col + e];
+      if (p.beta != 0.f) {
+        uint4 craw = *reinterpret_cast<const uint4*>(c + idx);
+        const OutT* cv = reinterpret_cast<const OutT*>(&craw);
+        CUTE_UNROLL
+        for (int e = 0; e < kW; ++e) v[e] = fmaf(p.beta, load_out(cv + e), v[e]);
       }
+      uint4 out;
+      OutT* o = reinterpret_cast<OutT*>(&out);
+      CUTE_UNROLL
+      for (int e = 0; e < kW; ++e) o[e] = to_out<OutT>(v[e]);
+      *reinterpret_cast<uint4*>(d + idx) = out;
     }
   } else {
     fp4_epilogue<Sf, BN>(p, acc, coord, m0, n0, batch);
   }
+  stamp(3);
 }
 
 template <int BN, class OutT>
