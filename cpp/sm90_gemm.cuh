@@ -35,7 +35,6 @@
 #include "cute/arch/mma_sm90.hpp"
 #include "cute/atom/mma_atom.hpp"
 #include "cute/atom/mma_traits_sm90_gmma.hpp"
-#include "cute/arch/cluster_sm90.hpp"
 #include "cute/tensor.hpp"
 #include "cutlass/arch/barrier.h"
 #include "cutlass/cutlass.h"
@@ -100,27 +99,7 @@ struct Params {
   float* partials;     // [split][tile][acc / 4][thread] float4
   uint8_t* sfd;               // FP4 output only
   const float* norm_constant;  // FP4 output only (device)
-  int32_t cluster_reduce;      // split-K partials summed through distributed shared memory
 };
-
-// Split-K through the cluster (split_k <= kMaxClusterSplit, 16- and 32-bit outputs): the split_k
-// CTAs of a tile form one cluster; each leaves its partial tile in its own shared memory and sums
-// one slice of rows over all of them, in split order, straight from the peers' shared memory. No
-// partials or counters in global memory, and the reduction is spread over split_k CTAs instead of
-// falling to the last one.
-constexpr int kMaxClusterSplit = 8;  // the portable cluster size
-
-// Address of the same shared-memory location in the CTA of rank `rank` of this cluster.
-__device__ __forceinline__ uint32_t peer_smem(const void* local, uint32_t rank) {
-  uint32_t out;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(out) : "r"(static_cast<uint32_t>(__cvta_generic_to_shared(local))), "r"(rank));
-  return out;
-}
-__device__ __forceinline__ float4 ld_peer(uint32_t addr) {
-  float4 v;
-  asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];\n" : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "r"(addr) : "memory");
-  return v;
-}
 
 template <int BN>
 struct Tile {
@@ -511,7 +490,7 @@ __global__ void __launch_bounds__(kThreads, Tile<BN>::kMinBlocks)
   }
 
   stamp(2);
-  if ((BSG_SM90_ABLATE & 8) == 0 && p.split_k > 1 && !p.cluster_reduce) {
+  if ((BSG_SM90_ABLATE & 8) == 0 && p.split_k > 1) {
     // Split s's partial tile: [split][tile][acc / 4][thread] float4.
     auto partial = [&](int s) {
       return reinterpret_cast<float4*>(p.partials) + ((int64_t(s) * gridDim.x + tile) * (T::kAcc / 4)) * kThreads + tid;
@@ -569,17 +548,18 @@ __global__ void __launch_bounds__(kThreads, Tile<BN>::kMinBlocks)
     for (int i = 0; i < size(acc); i += 2) {  // values i, i + 1: adjacent columns of one row
       *reinterpret_cast<float2*>(tile_s + get<0>(coord(i)) * kLd + get<1>(coord(i))) = make_float2(acc(i), acc(i + 1));
     }
+    __syncthreads();
     constexpr int kW = 16 / sizeof(OutT);  // elements per 16 bytes; N % kW == 0
     OutT* d = static_cast<OutT*>(p.d) + batch * p.m * int64_t(p.n);
     const OutT* c = static_cast<const OutT*>(p.c) + batch * p.m * int64_t(p.n);
-    // Writes the kW sums `acc_v` of row r, columns col.. of the tile.
-    auto store_chunk = [&](int r, int col, const float* acc_v) {
+    for (int chunk = tid; chunk < kBM * BN / kW; chunk += kThreads) {
+      const int r = chunk / (BN / kW), col = (chunk % (BN / kW)) * kW;
       const int mm = m0 + r, nn = n0 + col;
-      if (mm >= p.m || nn >= p.n) return;
+      if (mm >= p.m || nn >= p.n) continue;
       const int64_t idx = int64_t(mm) * p.n + nn;
       float v[kW];
       CUTE_UNROLL
-      for (int e = 0; e < kW; ++e) v[e] = p.alpha * acc_v[e];
+      for (int e = 0; e < kW; ++e) v[e] = p.alpha * tile_s[r * kLd + col + e];
       if (p.beta != 0.f) {
         uint4 craw = *reinterpret_cast<const uint4*>(c + idx);
         const OutT* cv = reinterpret_cast<const OutT*>(&craw);
@@ -591,37 +571,6 @@ __global__ void __launch_bounds__(kThreads, Tile<BN>::kMinBlocks)
       CUTE_UNROLL
       for (int e = 0; e < kW; ++e) o[e] = to_out<OutT>(v[e]);
       *reinterpret_cast<uint4*>(d + idx) = out;
-    };
-    if ((BSG_SM90_ABLATE & 8) == 0 && p.cluster_reduce) {
-      // Every CTA of the cluster holds its partial tile; this one sums rows [r0, r1) of all of
-      // them in split order (from 0.0, as the global-memory path does) and writes them out.
-      cute::cluster_sync();
-      const int r0 = split * kBM / p.split_k, r1 = (split + 1) * kBM / p.split_k;
-      for (int chunk = tid; chunk < (r1 - r0) * (BN / kW); chunk += kThreads) {
-        const int r = r0 + chunk / (BN / kW), col = (chunk % (BN / kW)) * kW;
-        float v[kW];
-        CUTE_UNROLL
-        for (int e = 0; e < kW; ++e) v[e] = 0.f;
-        for (int q = 0; q < p.split_k; ++q) {
-          const uint32_t addr = peer_smem(tile_s + r * kLd + col, uint32_t(q));
-          CUTE_UNROLL
-          for (int e = 0; e < kW; e += 4) {
-            const float4 x = ld_peer(addr + 4 * e);
-            v[e] += x.x;
-            v[e + 1] += x.y;
-            v[e + 2] += x.z;
-            v[e + 3] += x.w;
-          }
-        }
-        store_chunk(r, col, v);
-      }
-      cute::cluster_sync();  // no CTA leaves while a peer still reads its shared memory
-    } else {
-      __syncthreads();
-      for (int chunk = tid; chunk < kBM * BN / kW; chunk += kThreads) {
-        const int r = chunk / (BN / kW), col = (chunk % (BN / kW)) * kW;
-        store_chunk(r, col, tile_s + r * kLd + col);
-      }
     }
   } else {
     fp4_epilogue<Sf, BN>(p, acc, coord, m0, n0, batch);
@@ -668,12 +617,8 @@ struct Gemm {
 
   static size_t counters_bytes(const KernelArgs& a) { return (size_t(tiles(a)) * 4 + 255) / 256 * 256; }
 
-  static constexpr bool cluster_reducible(int split_k) {
-    return split_k > 1 && split_k <= kMaxClusterSplit && std::is_void_v<typename OutputInfo<OutT>::Sf>;
-  }
-
   static size_t workspace_size(const KernelArgs& a) {
-    if (a.split_k <= 1 || cluster_reducible(a.split_k)) return 0;
+    if (a.split_k <= 1) return 0;
     return counters_bytes(a) + size_t(a.split_k) * size_t(tiles(a)) * kBM * BN * sizeof(float);
   }
 
@@ -696,24 +641,8 @@ struct Gemm {
              a.c, a.d, a.alpha, a.beta,
              static_cast<uint32_t*>(a.workspace),
              reinterpret_cast<float*>(static_cast<uint8_t*>(a.workspace) + (a.split_k > 1 ? counters_bytes(a) : 0)),
-             static_cast<uint8_t*>(a.sfd), a.norm_constant, int32_t(cluster_reducible(a.split_k))};
+             static_cast<uint8_t*>(a.sfd), a.norm_constant};
     dim3 grid(unsigned(tiles(a)), unsigned(a.split_k));
-    if (cluster_reducible(a.split_k)) {
-      cudaLaunchConfig_t cfg{};
-      cfg.gridDim = grid;
-      cfg.blockDim = dim3(kThreads);
-      cfg.dynamicSmemBytes = T::kSmem;
-      cfg.stream = static_cast<cudaStream_t>(a.stream);
-      cudaLaunchAttribute attr[1];
-      attr[0].id = cudaLaunchAttributeClusterDimension;
-      attr[0].val.clusterDim.x = 1;
-      attr[0].val.clusterDim.y = unsigned(a.split_k);
-      attr[0].val.clusterDim.z = 1;
-      cfg.attrs = attr;
-      cfg.numAttrs = 1;
-      cudaError_t e = cudaLaunchKernelEx(&cfg, gemm_kernel<BN, OutT>, p, map_a, map_b);
-      return {int32_t(e == cudaSuccess ? cutlass::Status::kSuccess : cutlass::Status::kErrorInternal), int32_t(e)};
-    }
     if (a.split_k > 1) {
       // The workspace is reused across problems: partials of an earlier call may lie where this
       // call's counters are.
