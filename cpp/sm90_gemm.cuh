@@ -285,75 +285,51 @@ struct Operand {
 // in every 8-column block, where c is the lane's index in its quad: value i is column pair i % 2,
 // row half (i / 2) % 2, 8-column block i / 4. A 16-column group is therefore 4 values in each of
 // the 4 lanes of a quad, reduced with two xor shuffles.
-// One tile's FP4 epilogue. `row0`, `col0`: the matrix row and column of this thread's value 0;
-// value i sits at row row0 + 8 * ((i / 2) % 2), column col0 + 8 * (i / 4) + i % 2. kChecked:
-// rows and columns may fall outside the matrix, and beta may be nonzero; otherwise the tile is
-// whole and beta is 0, and no per-value test or C load is emitted.
-template <class Sf, int BN, bool kChecked, class Acc>
-__device__ __forceinline__ void fp4_tile(const Params& p, const Acc& acc, int row0, int col0, int n0, int64_t batch) {
-  static_assert(decltype(size(acc))::value == BN / 2, "accumulator: 2 rows x BN/4 columns per thread");
+// FP4 output (CUTLASS example 72b's LinCombBlockScaleFactor) from the fp32 tile in shared memory
+// (`ld` floats per row): one thread per row and 16 columns computes v = alpha * acc + beta * C,
+// SFD = Sf(max|v| * (st / 6)) and D = e2m1(v * min(st / float(SFD), FLT_MAX)), in the order and
+// roundings of CUTLASS's host reference, and writes 8 bytes of D and one scale factor.
+template <class Sf, int BN>
+__device__ __forceinline__ void fp4_epilogue(const Params& p, const float* tile_s, int ld, int m0, int n0, int64_t batch) {
   const float st = *p.norm_constant;
   const float st_scaled_down = __fmul_rn(st, 1.0f / 6.0f);  // constant, rounded to nearest
   const int64_t sp = (int64_t(p.n / 16) + 3) / 4 * 4;
   uint8_t* sfd = p.sfd + batch * (int64_t(p.m + 127) / 128 * 128) * sp;
-  const bool quad_leader = (threadIdx.x % 4) == 0;
-  CUTE_UNROLL
-  for (int h = 0; h < 2; ++h) {
-    const int row = row0 + 8 * h;
-    const bool row_ok = !kChecked || row < p.m;
-    const int64_t row_elem = (batch * p.m + row) * int64_t(p.n);
-    uint8_t* d_row = static_cast<uint8_t*>(p.d) + (row_elem + col0) / 2;
-    const float* c_row = static_cast<const float*>(p.c) + row_elem + col0;
-    const int64_t sf_row = (row / 128) * (sp / 4) * 512 + sf_in_chunk(row % 128, 0);
+  const float* c = static_cast<const float*>(p.c) + batch * p.m * int64_t(p.n);
+  uint8_t* d = static_cast<uint8_t*>(p.d) + batch * p.m * int64_t(p.n) / 2;
+  for (int gi = threadIdx.x; gi < kBM * (BN / 16); gi += kThreads) {
+    const int r = gi / (BN / 16), g = gi % (BN / 16);
+    const int mm = m0 + r, nn = n0 + 16 * g;
+    if (mm >= p.m || nn >= p.n) continue;  // N % 32 == 0: groups are whole
+    const int64_t idx = int64_t(mm) * p.n + nn;
+    float v[16];
+    float amax = 0.f;
     CUTE_UNROLL
-    for (int g = 0; g < BN / 16; ++g) {
-      float v[4];
-      float amax = 0.f;
-      CUTE_UNROLL
-      for (int t = 0; t < 4; ++t) {
-        const int off = 16 * g + 8 * (t / 2) + t % 2;  // column offset from col0
-        float x = __fmul_rn(p.alpha, acc(t % 2 + 2 * h + 4 * (2 * g + t / 2)));
-        if constexpr (kChecked) {
-          const bool ok = row_ok && col0 + off < p.n;
-          if (ok && p.beta != 0.f) x = __fadd_rn(__fmul_rn(p.beta, c_row[off]), x);
-          if (ok) amax = max_nan(amax, fabsf(x));
-        } else {
-          amax = max_nan(amax, fabsf(x));
-        }
-        v[t] = x;
+    for (int e = 0; e < 16; e += 4) {
+      const float4 a = *reinterpret_cast<const float4*>(tile_s + r * ld + 16 * g + e);
+      v[e] = __fmul_rn(p.alpha, a.x);
+      v[e + 1] = __fmul_rn(p.alpha, a.y);
+      v[e + 2] = __fmul_rn(p.alpha, a.z);
+      v[e + 3] = __fmul_rn(p.alpha, a.w);
+      if (p.beta != 0.f) {
+        const float4 cv = *reinterpret_cast<const float4*>(c + idx + e);
+        v[e] = __fadd_rn(__fmul_rn(p.beta, cv.x), v[e]);
+        v[e + 1] = __fadd_rn(__fmul_rn(p.beta, cv.y), v[e + 1]);
+        v[e + 2] = __fadd_rn(__fmul_rn(p.beta, cv.z), v[e + 2]);
+        v[e + 3] = __fadd_rn(__fmul_rn(p.beta, cv.w), v[e + 3]);
       }
-      amax = max_nan(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, 1));
-      amax = max_nan(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, 2));
-      const uint8_t sf = sf_from_float<Sf>(__fmul_rn(amax, st_scaled_down));
-      // 1.0f / x rounded to nearest is the correctly rounded reciprocal: __frcp_rn, no division.
-      const float scale = min_nan(__fmul_rn(st, __frcp_rn(sf_to_float<Sf>(sf))), FLT_MAX);
-      CUTE_UNROLL
-      for (int pair = 0; pair < 2; ++pair) {  // 8-column blocks 2g and 2g + 1; N % 32 == 0
-        if (!kChecked || (row_ok && col0 + 16 * g + 8 * pair < p.n)) {
-          const uint32_t lo = e2m1_from_float(__fmul_rn(v[2 * pair], scale));
-          const uint32_t hi = e2m1_from_float(__fmul_rn(v[2 * pair + 1], scale));
-          d_row[8 * g + 4 * pair] = uint8_t(lo | (hi << 4));
-        }
-      }
-      const int s = n0 / 16 + g;  // scale-factor column of this group
-      if (quad_leader && row_ok && (!kChecked || 16 * s < p.n)) sfd[sf_row + (s / 4) * 512 + s % 4] = sf;
     }
+    CUTE_UNROLL
+    for (int e = 0; e < 16; ++e) amax = max_nan(amax, fabsf(v[e]));
+    const uint8_t sf = sf_from_float<Sf>(__fmul_rn(amax, st_scaled_down));
+    // 1.0f / x rounded to nearest is the correctly rounded reciprocal: __frcp_rn, no division.
+    const float scale = min_nan(__fmul_rn(st, __frcp_rn(sf_to_float<Sf>(sf))), FLT_MAX);
+    uint32_t packed[2] = {0, 0};
+    CUTE_UNROLL
+    for (int e = 0; e < 16; ++e) packed[e / 8] |= e2m1_from_float(__fmul_rn(v[e], scale)) << (4 * (e % 8));
+    *reinterpret_cast<uint2*>(d + idx / 2) = make_uint2(packed[0], packed[1]);
+    sfd[sf_offset(mm, nn / 16, sp)] = sf;
   }
-}
-
-// FP4 output (CUTLASS example 72b's LinCombBlockScaleFactor): v = alpha * acc + beta * C; per 16
-// outputs along N, SFD = Sf(max|v| * (st / 6)) and D = e2m1(v * min(st / float(SFD), FLT_MAX)).
-// The wgmma accumulator gives each thread, per row it holds, pairs of adjacent columns (2c, 2c+1)
-// in every 8-column block, where c is the lane's index in its quad: value i is column pair i % 2,
-// row half (i / 2) % 2, 8-column block i / 4. A 16-column group is therefore 4 values in each of
-// the 4 lanes of a quad, reduced with two xor shuffles.
-template <class Sf, int BN, class Acc, class Coord>
-__device__ __forceinline__ void fp4_epilogue(const Params& p, const Acc& acc, const Coord& coord, int m0, int n0, int64_t batch) {
-  const int row0 = m0 + get<0>(coord(0)), col0 = n0 + get<1>(coord(0));
-  if (m0 + kBM <= p.m && n0 + BN <= p.n && p.beta == 0.f)
-    fp4_tile<Sf, BN, false>(p, acc, row0, col0, n0, batch);
-  else
-    fp4_tile<Sf, BN, true>(p, acc, row0, col0, n0, batch);
 }
 
 template <int BN, class OutT>
@@ -535,20 +511,21 @@ __global__ void __launch_bounds__(kThreads, Tile<BN>::kMinBlocks)
     }
   }
 
+  // Epilogue through shared memory (free now: every load was consumed, every wgmma waited for):
+  // the accumulators go in as fragments and leave as whole row pieces, so C is read and D written
+  // in 16-byte (or, for FP4, 8-byte) units rather than 2-element fragments.
   Tensor coord = mma.get_thread_slice(tid).partition_C(make_identity_tensor(Shape<Int<kBM>, Int<BN>>{}));
+  constexpr int kLd = BN + 8;  // floats per row: 16-lane halves of a warp hit 32 distinct banks
+  static_assert(kBM * kLd * 4 <= T::kSmem - 1024, "the epilogue tile fits the kernel's shared memory");
+  float* tile_s = reinterpret_cast<float*>(smem);
+  CUTE_UNROLL
+  for (int i = 0; i < size(acc); i += 2) {  // values i, i + 1: adjacent columns of one row
+    *reinterpret_cast<float2*>(tile_s + get<0>(coord(i)) * kLd + get<1>(coord(i))) = make_float2(acc(i), acc(i + 1));
+  }
+  __syncthreads();
   using Sf = typename OutputInfo<OutT>::Sf;
   if constexpr (std::is_void_v<Sf>) {
-    // Epilogue: D = alpha * acc + beta * C, rounded once to OutT. The tile goes through shared
-    // memory (free now: every load was consumed, every wgmma waited for) so that C is read and D
-    // written in whole 16-byte pieces of rows, not as 2-element fragments.
-    constexpr int kLd = BN + 8;  // floats per row: 16-lane halves of a warp hit 32 distinct banks
-    static_assert(kBM * kLd * 4 <= T::kSmem - 1024, "the epilogue tile fits the kernel's shared memory");
-    float* tile_s = reinterpret_cast<float*>(smem);
-    CUTE_UNROLL
-    for (int i = 0; i < size(acc); i += 2) {  // values i, i + 1: adjacent columns of one row
-      *reinterpret_cast<float2*>(tile_s + get<0>(coord(i)) * kLd + get<1>(coord(i))) = make_float2(acc(i), acc(i + 1));
-    }
-    __syncthreads();
+    // D = alpha * acc + beta * C, rounded once to OutT, kW outputs per thread and step.
     constexpr int kW = 16 / sizeof(OutT);  // elements per 16 bytes; N % kW == 0
     OutT* d = static_cast<OutT*>(p.d) + batch * p.m * int64_t(p.n);
     const OutT* c = static_cast<const OutT*>(p.c) + batch * p.m * int64_t(p.n);
@@ -573,7 +550,7 @@ __global__ void __launch_bounds__(kThreads, Tile<BN>::kMinBlocks)
       *reinterpret_cast<uint4*>(d + idx) = out;
     }
   } else {
-    fp4_epilogue<Sf, BN>(p, acc, coord, m0, n0, batch);
+    fp4_epilogue<Sf, BN>(p, tile_s, kLd, m0, n0, batch);
   }
   stamp(3);
 }
