@@ -38,6 +38,7 @@ fn main() {
         ("fp4_output_exact_data_byte_for_byte", fp4_output_exact_data_byte_for_byte),
         ("fp4_output_realistic_data_within_one_step", fp4_output_realistic_data_within_one_step),
         ("fp4_output_chains_into_the_next_gemm", fp4_output_chains_into_the_next_gemm),
+        ("buffers_on_another_device_are_refused", buffers_on_another_device_are_refused),
     ];
     let filter: Vec<String> = std::env::args().skip(1).filter(|a| !a.starts_with('-')).collect();
     let (mut passed, mut failed, mut skipped) = (0, 0, 0);
@@ -472,5 +473,49 @@ fn fp4_output_chains_into_the_next_gemm() -> Outcome {
     let rel = got2.iter().zip(&exact).map(|(x, y)| (x - y).powi(2) as f64).sum::<f64>().sqrt() / exact.iter().map(|y| (*y as f64).powi(2)).sum::<f64>().sqrt();
     println!("  {ran1} -> {ran2}: chained result equals the chained reference; relative Frobenius distance to the unquantized product {rel:.4}");
     assert!(rel < 0.2, "the FP4 round trip lost too much: {rel}");
+    Ok(())
+}
+
+/// With two GPUs: a buffer on device 1 passed to the GEMM of device 0 is refused with
+/// `WrongDevice` naming the buffer and both devices, for every buffer role, and nothing is written.
+fn buffers_on_another_device_are_refused() -> Outcome {
+    let g = device()?;
+    if g.device().arch().is_none() {
+        return Err(format!("device 0 is {:?}, which no kernel of this build runs on", g.device().compute_capability));
+    }
+    let count = CudaContext::device_count().map_err(|e| e.to_string())?;
+    if count < 2 {
+        return Err(format!("needs two CUDA devices, found {count}"));
+    }
+    let s0 = g.stream().clone();
+    let s1 = CudaContext::new(1).expect("context on device 1").default_stream();
+    let p = Problem::new(128, 128, 256);
+    let (a, b) = contest(128, 128, 256, 1, 95);
+    let (av0, as0) = upload(&g, &a);
+    let (bv0, bs0) = upload(&g, &b);
+    let (av1, as1) = (s1.clone_htod(a.data()).unwrap(), s1.clone_htod(a.scales()).unwrap());
+    let poison = vec![f16::from_f32(-7.0); 128 * 128];
+    let mut d0 = s0.clone_htod(&poison).unwrap();
+    let mut d1 = s1.clone_htod(&poison).unwrap();
+    let expect = |r: Result<Config, Error>, name: &str| match r {
+        Err(Error::WrongDevice { name: n, buffer_device: 1, gemm_device: 0 }) if n == name => println!("  {name} on device 1: refused"),
+        other => panic!("{name} on device 1: expected WrongDevice, got {other:?}"),
+    };
+    expect(g.gemm(&p, Nvfp4Operand::new(&av1, &as0), Nvfp4Operand::new(&bv0, &bs0), &mut d0, None), "A");
+    expect(g.gemm(&p, Nvfp4Operand::new(&av0, &as1), Nvfp4Operand::new(&bv0, &bs0), &mut d0, None), "SFA");
+    expect(g.gemm(&p, Nvfp4Operand::new(&av0, &as0), Nvfp4Operand::new(&av1, &bs0), &mut d0, None), "B");
+    expect(g.gemm(&p, Nvfp4Operand::new(&av0, &as0), Nvfp4Operand::new(&bv0, &as1), &mut d0, None), "SFB");
+    expect(g.gemm(&p, Nvfp4Operand::new(&av0, &as0), Nvfp4Operand::new(&bv0, &bs0), &mut d1, None), "D");
+    let c1 = s1.clone_htod(&poison).unwrap();
+    expect(g.gemm_with_c(&p.scalars(1.0, 1.0), Nvfp4Operand::new(&av0, &as0), Nvfp4Operand::new(&bv0, &bs0), &c1, &mut d0, None), "C");
+    if Config::ALL.iter().any(|c| c.compute_capability() == g.device().compute_capability && c.is_built(OutType::Nvfp4)) {
+        let mut q0 = s0.alloc_zeros::<u8>(128 * 64).unwrap();
+        let mut sf1 = s1.alloc_zeros::<u8>(p.sfd_bytes()).unwrap();
+        expect(g.gemm_fp4(&p, OutType::Nvfp4, Nvfp4Operand::new(&av0, &as0), Nvfp4Operand::new(&bv0, &bs0), Nvfp4Output::new(&mut q0, &mut sf1), None), "SFD");
+    }
+    s0.synchronize().unwrap();
+    s1.synchronize().unwrap();
+    assert_eq!(s0.clone_dtoh(&d0).unwrap(), poison, "a refused launch must not write D");
+    assert_eq!(s1.clone_dtoh(&d1).unwrap(), poison, "a refused launch must not write D");
     Ok(())
 }
