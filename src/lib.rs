@@ -2,7 +2,7 @@
 //!
 //! - [`BlockScaledGemm`]: the GEMM on a cudarc stream, CUTLASS's SM100 block-scaled kernels
 //!   underneath (the path of CUTLASS example 72a/72b), every argument checked before the FFI line.
-//! - [`reference`], [`reference_gemm`]: the exact CPU reference every result is compared with.
+//! - [`reference`](mod@reference), [`reference_gemm`]: the exact CPU reference every result is compared with.
 //! - [`fp4_out`]: FP4 output (CUTLASS example 72b): e2m1 D plus generated scale factors, bit for
 //!   bit as CUTLASS's host reference computes them.
 //! - [`formats`], [`layout`], [`Nvfp4Matrix`]: NVFP4 values, the 128x4 tiled scale layout, host
