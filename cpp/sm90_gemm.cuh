@@ -174,17 +174,15 @@ __host__ __device__ constexpr int64_t sf_offset(int64_t row, int64_t col, int64_
   return (row / 128) * (sp / 4) * 512 + (col / 4) * 512 + sf_in_chunk(int(row % 128), int(col % 4));
 }
 
-// What an output tag means to the kernel: the type of C, N's multiple (16 bytes of D), and for
-// FP4 output (Fp4Out<Sf>) the scale-factor type.
+// What an output tag means to the kernel: N's multiple (16 bytes of D) and, for FP4 output
+// (Fp4Out<Sf>, whose C is f32), the scale-factor type.
 template <class T>
 struct OutputInfo {
-  using C = T;
   using Sf = void;
   static constexpr int kNMultiple = 16 / sizeof(T);
 };
 template <class SfT>
 struct OutputInfo<Fp4Out<SfT>> {
-  using C = float;
   using Sf = SfT;
   static constexpr int kNMultiple = 32;
 };
@@ -279,12 +277,6 @@ struct Operand {
   }
 };
 
-// FP4 output (CUTLASS example 72b's LinCombBlockScaleFactor): v = alpha * acc + beta * C; per 16
-// outputs along N, SFD = Sf(max|v| * (st / 6)) and D = e2m1(v * min(st / float(SFD), FLT_MAX)).
-// The wgmma accumulator gives each thread, per row it holds, pairs of adjacent columns (2c, 2c+1)
-// in every 8-column block, where c is the lane's index in its quad: value i is column pair i % 2,
-// row half (i / 2) % 2, 8-column block i / 4. A 16-column group is therefore 4 values in each of
-// the 4 lanes of a quad, reduced with two xor shuffles.
 // FP4 output (CUTLASS example 72b's LinCombBlockScaleFactor) from the fp32 tile in shared memory
 // (`ld` floats per row): one thread per row and 16 columns computes v = alpha * acc + beta * C,
 // SFD = Sf(max|v| * (st / 6)) and D = e2m1(v * min(st / float(SFD), FLT_MAX)), in the order and
