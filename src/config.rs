@@ -51,10 +51,15 @@ impl Config {
         arch_facts(self.info().arch).1
     }
 
+    /// Output tiles of a problem (over all batches).
+    pub fn tiles(self, p: &Problem) -> usize {
+        let t = self.info().tile;
+        p.m.div_ceil(t[0] as usize) * p.n.div_ceil(t[1] as usize) * p.l
+    }
+
     /// SMs the launch occupies for a problem: tiles times SMs per tile.
     pub fn sms_used(self, p: &Problem) -> usize {
-        let i = self.info();
-        p.m.div_ceil(i.tile[0] as usize) * p.n.div_ceil(i.tile[1] as usize) * p.l * i.sms as usize
+        self.tiles(p) * self.info().sms as usize
     }
 }
 
@@ -95,7 +100,7 @@ pub fn split_k(config: Config, p: &Problem, sm_count: usize) -> u32 {
     if i.arch != 90 {
         return 1;
     }
-    let tiles = p.m.div_ceil(i.tile[0] as usize) * p.n.div_ceil(i.tile[1] as usize) * p.l;
+    let tiles = config.tiles(p);
     let per_sm = if i.tile[1] >= 256 { 1 } else { 2 };
     let slots = sm_count * per_sm;
     if tiles * 2 >= slots {

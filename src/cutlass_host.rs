@@ -5,32 +5,12 @@
 use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::ffi::bridge;
-use crate::problem::{check_len, OutType, Problem, SfdFormat};
+use crate::problem::{check_operand_lens, OutType, Problem, SfdFormat};
 
 fn args(p: &Problem) -> bridge::LaunchArgs {
-    bridge::LaunchArgs {
-        m: p.m as i32,
-        n: p.n as i32,
-        k: p.k as i32,
-        l: p.l as i32,
-        // Aligned, never dereferenced: these calls only inspect shapes and layouts.
-        a: 1 << 20,
-        sfa: 1 << 20,
-        b: 1 << 20,
-        sfb: 1 << 20,
-        c: 1 << 20,
-        d: 1 << 20,
-        alpha: p.alpha,
-        beta: p.beta,
-        workspace: 0,
-        workspace_bytes: 0,
-        stream: 0,
-        device_id: 0,
-        sm_count: 1,
-        split_k: 1,
-        sfd: 1 << 20,
-        norm_constant: 1 << 20,
-    }
+    // Aligned, never dereferenced: these calls only inspect shapes and layouts.
+    let x = 1 << 20;
+    bridge::LaunchArgs { a: x, sfa: x, b: x, sfb: x, c: x, d: x, sfd: x, norm_constant: x, sm_count: 1, ..crate::gemm::launch_args(p) }
 }
 
 fn built(config: Config, out: OutType) -> Result<()> {
@@ -71,12 +51,8 @@ pub fn sf_offsets(config: Config, p: &Problem, operand_b: bool) -> Result<(Vec<i
 #[allow(clippy::too_many_arguments)]
 pub fn reference_fp4(p: &Problem, a: &[u8], sfa: &[u8], b: &[u8], sfb: &[u8], c: Option<&[f32]>, format: SfdFormat) -> Result<(Vec<u8>, Vec<u8>)> {
     p.validate(OutType::Nvfp4, c.is_some())?;
-    for (name, got, want) in [("A", a.len(), p.a_bytes()), ("SFA", sfa.len(), p.sfa_bytes()), ("B", b.len(), p.b_bytes()), ("SFB", sfb.len(), p.sfb_bytes())] {
-        check_len(name, got, want, "as the kernels take it")?;
-    }
-    if let Some(c) = c {
-        check_len("C", c.len(), p.cd_elems(), "L * M * N f32 values")?;
-    }
+    check_operand_lens(p, [a.len(), sfa.len(), b.len(), sfb.len()])?;
+    crate::reference::check_c(p, c.map(<[f32]>::len))?;
     let cosize = bridge::host_sfd_cosize(p.m as i32, p.n as i32, p.l as i32);
     if cosize < 0 || cosize as usize > p.sfd_bytes() {
         return Err(Error::InvalidData { what: "SFD layout", detail: format!("CUTLASS's SFD layout spans {cosize} bytes, the buffer {}", p.sfd_bytes()) });

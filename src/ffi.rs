@@ -4,7 +4,7 @@
 #[cxx::bridge(namespace = "bsg")]
 pub(crate) mod bridge {
     /// One launch; device pointers and the stream as integers (cudarc's `CUdeviceptr`).
-    #[derive(Debug, Clone, Copy)]
+    #[derive(Debug, Clone, Copy, Default)]
     struct LaunchArgs {
         m: i32,
         n: i32,

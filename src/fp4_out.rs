@@ -16,7 +16,7 @@
 //! The conversions are CUTLASS's host ones, which differ from PTX `cvt` in corner cases: e2m1
 //! NaN gives ±6 with the NaN's sign, ue4m3 drops the sign of its input, and ue8m0 rounds up.
 
-use crate::formats::{e2m1_from_f32, ue4m3_from_f32, ue4m3_to_f32};
+use crate::formats::{e2m1_from_f32, ue4m3_from_f32, ue4m3_to_f32, ue8m0_to_f32};
 use crate::layout::{padded_sf_cols, sf_batch_bytes, sf_offset, SF_VEC};
 use crate::problem::{Problem, SfdFormat};
 
@@ -57,11 +57,7 @@ pub fn sfd_from_f32(format: SfdFormat, x: f32) -> u8 {
 pub fn sfd_to_f32(format: SfdFormat, byte: u8) -> f32 {
     match format {
         SfdFormat::Ue4m3 => ue4m3_to_f32(byte),
-        SfdFormat::Ue8m0 => match byte {
-            0 => f32::from_bits(0x0040_0000),
-            0xFF => f32::from_bits(0x7FFF_FFFF),
-            b => f32::from_bits((b as u32) << 23),
-        },
+        SfdFormat::Ue8m0 => ue8m0_to_f32(byte), // 0 is 2^-127 (subnormal), 0xFF NaN
     }
 }
 

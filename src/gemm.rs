@@ -10,7 +10,7 @@ use crate::config::{self, Config};
 use crate::error::{Error, Result};
 use crate::ffi::bridge;
 use crate::formats::{OutputElement, PackedFp4, ScaleByte};
-use crate::problem::{buffer_rules, check_align, check_len, OutType, Problem};
+use crate::problem::{check_align, check_len, check_operand_lens, d_rule, OutType, Problem};
 
 /// One NVFP4 operand on the device: packed e2m1 values (`u8` or `float4::F4E2M1x2`, two per
 /// byte, K contiguous) and its ue4m3 scales (`u8` or `float8::F8E4M3`) in the tiled layout.
@@ -111,9 +111,9 @@ impl BufferLens {
 /// kernel is in this build. Returns the config to run. Pure: the tests call it with any device.
 pub fn plan(p: &Problem, out: OutType, lens: &BufferLens, device: &DeviceFacts, forced: Option<Config>, built: impl Fn(Config, OutType) -> bool) -> Result<Config> {
     p.validate(out, lens.c.is_some())?;
-    for ((name, want, rule), got) in buffer_rules(p, out).into_iter().zip([lens.a, lens.sfa, lens.b, lens.sfb, lens.d]) {
-        check_len(name, got, want, rule)?;
-    }
+    check_operand_lens(p, [lens.a, lens.sfa, lens.b, lens.sfb])?;
+    let (name, want, rule) = d_rule(p, out);
+    check_len(name, lens.d, want, rule)?;
     if let Some(c) = lens.c {
         check_len("C", c, p.cd_elems(), if out.sfd().is_some() { "L * M * N f32 values" } else { "L * M * N elements, like D" })?;
     }
@@ -187,16 +187,9 @@ struct Scratch {
     norm_constant: Option<(CudaSlice<f32>, u32)>,
 }
 
-/// Device addresses of one launch (0: absent).
-#[derive(Clone, Copy)]
-struct Ptrs {
-    a: u64,
-    sfa: u64,
-    b: u64,
-    sfb: u64,
-    c: u64,
-    d: u64,
-    sfd: u64,
+/// The launch arguments a problem fixes (shape and scalars); the caller sets the rest.
+pub(crate) fn launch_args(p: &Problem) -> bridge::LaunchArgs {
+    bridge::LaunchArgs { m: p.m as i32, n: p.n as i32, k: p.k as i32, l: p.l as i32, alpha: p.alpha, beta: p.beta, split_k: 1, ..Default::default() }
 }
 
 impl BlockScaledGemm {
@@ -350,7 +343,7 @@ impl BlockScaledGemm {
         let c_ptr = c.map(|c| c.device_ptr(stream));
         // Without C the kernel gets D as its C pointer; beta is 0, so it never reads it.
         let pc = c_ptr.as_ref().map_or(pd, |(p, _)| *p);
-        self.launch(p, out, config, Ptrs { a: pa, sfa: psfa, b: pb, sfb: psfb, c: pc, d: pd, sfd: 0 })
+        self.launch(p, out, config, bridge::LaunchArgs { a: pa, sfa: psfa, b: pb, sfb: psfb, c: pc, d: pd, ..launch_args(p) })
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -374,29 +367,23 @@ impl BlockScaledGemm {
         let (psfd, _gsfd) = d.scales.device_ptr_mut(stream);
         let c_ptr = c.map(|c| c.device_ptr(stream));
         let pc = c_ptr.as_ref().map_or(pd, |(p, _)| *p);
-        self.launch(p, out, config, Ptrs { a: pa, sfa: psfa, b: pb, sfb: psfb, c: pc, d: pd, sfd: psfd })
+        self.launch(p, out, config, bridge::LaunchArgs { a: pa, sfa: psfa, b: pb, sfb: psfb, c: pc, d: pd, sfd: psfd, ..launch_args(p) })
     }
 
     /// Checks alignment and `can_implement`, prepares the shared device memory and queues the
-    /// kernel. The caller holds every buffer's guard across this call.
-    fn launch(&self, p: &Problem, out: OutType, config: Config, ptrs: Ptrs) -> Result<Config> {
+    /// kernel. `args` holds the problem and the buffers' addresses (SFD 0 unless FP4); the caller
+    /// holds every buffer's guard across this call.
+    fn launch(&self, p: &Problem, out: OutType, config: Config, mut args: bridge::LaunchArgs) -> Result<Config> {
         let stream = &self.stream;
-        for (name, addr) in [("A", ptrs.a), ("SFA", ptrs.sfa), ("B", ptrs.b), ("SFB", ptrs.sfb), ("C", ptrs.c), ("D", ptrs.d), ("SFD", ptrs.sfd)] {
+        for (name, addr) in [("A", args.a), ("SFA", args.sfa), ("B", args.b), ("SFB", args.sfb), ("C", args.c), ("D", args.d), ("SFD", args.sfd)] {
             if !(name == "SFD" && out.sfd().is_none()) {
                 check_align(name, addr)?;
             }
         }
-        let mut args = bridge::LaunchArgs {
-            m: p.m as i32, n: p.n as i32, k: p.k as i32, l: p.l as i32,
-            a: ptrs.a, sfa: ptrs.sfa, b: ptrs.b, sfb: ptrs.sfb, c: ptrs.c, d: ptrs.d,
-            alpha: p.alpha, beta: p.beta,
-            workspace: 0, workspace_bytes: 0,
-            stream: stream.cu_stream() as u64,
-            device_id: self.device.ordinal as i32, sm_count: self.device.sm_count as i32,
-            split_k: self.split_k_for(config, p)? as i32,
-            sfd: ptrs.sfd,
-            norm_constant: 0,
-        };
+        args.stream = stream.cu_stream() as u64;
+        args.device_id = self.device.ordinal as i32;
+        args.sm_count = self.device.sm_count as i32;
+        args.split_k = self.split_k_for(config, p)? as i32;
         let mut guard = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
         let scratch = &mut *guard; // one borrow per field below
         stream.context().bind_to_thread()?;
@@ -423,8 +410,8 @@ impl BlockScaledGemm {
         if out.sfd().is_some() && p.sfd_bytes() != p.l * p.m * (p.n / 16) {
             // The kernels leave the padding of the SFD tiles unwritten; zero it so the buffer can
             // feed the next GEMM (padding scales must be finite, SPEC.md §3).
-            // SAFETY: `ptrs.sfd` is the caller's live, guarded SFD buffer of `p.sfd_bytes()` bytes.
-            unsafe { cudarc::driver::result::memset_d8_async(ptrs.sfd, 0, p.sfd_bytes(), stream.cu_stream()) }?;
+            // SAFETY: `args.sfd` is the caller's live, guarded SFD buffer of `p.sfd_bytes()` bytes.
+            unsafe { cudarc::driver::result::memset_d8_async(args.sfd, 0, p.sfd_bytes(), stream.cu_stream()) }?;
         }
         let need = bridge::workspace_size(index, out_index, &args);
         if need > 0 && scratch.workspace.as_ref().is_none_or(|w| w.len() < need) {

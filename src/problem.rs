@@ -191,7 +191,15 @@ impl Problem {
         if self.beta != 0.0 && !has_c {
             return Err(Error::BetaWithoutC { beta: self.beta });
         }
-        if out.sfd().is_some() && !(self.norm_constant.is_finite() && self.norm_constant > 0.0) {
+        if out.sfd().is_some() {
+            self.check_norm_constant()?;
+        }
+        Ok(())
+    }
+
+    /// Checks the normalization constant of an FP4 output: finite and > 0.
+    pub fn check_norm_constant(&self) -> Result<()> {
+        if !(self.norm_constant.is_finite() && self.norm_constant > 0.0) {
             return Err(Error::NormConstant { value: self.norm_constant });
         }
         Ok(())
@@ -214,16 +222,31 @@ pub(crate) fn check_align(name: &'static str, addr: u64) -> Result<()> {
     Ok(())
 }
 
-/// Rules on buffer lengths, as (name, required elements, rule) for a problem with output `out`.
-pub(crate) fn buffer_rules(p: &Problem, out: OutType) -> [(&'static str, usize, &'static str); 5] {
-    let d = if out.sfd().is_some() { ("D", out.d_bytes(p.cd_elems()), "L * M * N / 2 packed bytes") } else { ("D", p.cd_elems(), "L * M * N elements") };
+/// Rules on the operand buffers' lengths (A, SFA, B, SFB), as (name, required bytes, rule).
+pub(crate) fn operand_rules(p: &Problem) -> [(&'static str, usize, &'static str); 4] {
     [
         ("A", p.a_bytes(), "L * M * K / 2 packed bytes"),
         ("SFA", p.sfa_bytes(), "L * ceil(M/128)*128 * ceil(K/64)*4 tiled scale bytes"),
         ("B", p.b_bytes(), "L * N * K / 2 packed bytes"),
         ("SFB", p.sfb_bytes(), "L * ceil(N/128)*128 * ceil(K/64)*4 tiled scale bytes"),
-        d,
     ]
+}
+
+/// Checks the four operand lengths against [`operand_rules`].
+pub(crate) fn check_operand_lens(p: &Problem, lens: [usize; 4]) -> Result<()> {
+    for ((name, want, rule), got) in operand_rules(p).into_iter().zip(lens) {
+        check_len(name, got, want, rule)?;
+    }
+    Ok(())
+}
+
+/// The rule on D's length for output `out`, as (name, required elements, rule).
+pub(crate) fn d_rule(p: &Problem, out: OutType) -> (&'static str, usize, &'static str) {
+    if out.sfd().is_some() {
+        ("D", out.d_bytes(p.cd_elems()), "L * M * N / 2 packed bytes")
+    } else {
+        ("D", p.cd_elems(), "L * M * N elements")
+    }
 }
 
 #[cfg(test)]

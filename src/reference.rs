@@ -12,7 +12,7 @@ use rayon::prelude::*;
 use crate::error::Result;
 use crate::formats::{e4m3_to_f32, OutputElement, E4M3_NAN};
 use crate::layout::{padded_sf_cols, sf_batch_bytes, sf_offset, SF_VEC};
-use crate::problem::{check_len, Problem, SfdFormat};
+use crate::problem::{check_len, check_operand_lens, Problem, SfdFormat};
 use crate::Error;
 
 /// e2m1 code -> value * 2, as i8.
@@ -111,14 +111,11 @@ fn check_operands(p: &Problem, a: &[u8], sfa: &[u8], b: &[u8], sfb: &[u8]) -> Re
     if !p.k.is_multiple_of(SF_VEC) {
         return Err(Error::KMultiple { k: p.k, multiple: SF_VEC, why: "one scale per 16 elements of K" });
     }
-    check_len("A", a.len(), p.a_bytes(), "L * M * K / 2 packed bytes")?;
-    check_len("SFA", sfa.len(), p.sfa_bytes(), "tiled scale bytes of A")?;
-    check_len("B", b.len(), p.b_bytes(), "L * N * K / 2 packed bytes")?;
-    check_len("SFB", sfb.len(), p.sfb_bytes(), "tiled scale bytes of B")
+    check_operand_lens(p, [a.len(), sfa.len(), b.len(), sfb.len()])
 }
 
 /// Checks C against the problem: its length when given, and that beta != 0 has one.
-fn check_c(p: &Problem, c_len: Option<usize>) -> Result<()> {
+pub(crate) fn check_c(p: &Problem, c_len: Option<usize>) -> Result<()> {
     if let Some(len) = c_len {
         check_len("C", len, p.cd_elems(), "L * M * N elements")?;
     }
@@ -184,9 +181,7 @@ pub fn gemm_fp4(p: &Problem, a: &[u8], sfa: &[u8], b: &[u8], sfb: &[u8], c: Opti
     if !p.n.is_multiple_of(SF_VEC) {
         return Err(Error::InvalidData { what: "N", detail: format!("{}: FP4 output needs whole groups of 16 outputs per row", p.n) });
     }
-    if !(p.norm_constant.is_finite() && p.norm_constant > 0.0) {
-        return Err(Error::NormConstant { value: p.norm_constant });
-    }
+    p.check_norm_constant()?;
     check_c(p, c.map(<[f32]>::len))?;
     let acc = accumulators(p, a, sfa, b, sfb, mode)?;
     Ok(crate::fp4_out::epilogue(p, &acc, c, format))
