@@ -16,6 +16,7 @@
 
 use blockscaled_gemm::compare::{compare, compare_fp4};
 use blockscaled_gemm::layout::from_tiled;
+use blockscaled_gemm::fp4_out;
 use blockscaled_gemm::reference::{self, Accumulation};
 use blockscaled_gemm::{reference_gemm, BlockScaledGemm, Config, Nvfp4Matrix, Nvfp4Operand, Nvfp4Output, OutType, Problem};
 use clap::Parser;
@@ -87,13 +88,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         // Verified rows; for FP4 outputs they also set the norm constant (top scale near 448).
         let rows: Vec<usize> = (0..m.min(64)).map(|i| i * (m - 1) / (m.min(64) - 1).max(1)).collect();
         let a_rows = a.select_rows(&rows);
-        let st = match out.sfd() {
-            Some(_) => {
-                let acc = reference::accumulators(&Problem::new(rows.len(), n, k), a_rows.data(), a_rows.scales(), b.data(), b.scales(), Accumulation::Exact)?;
-                6.0 * 448.0 / acc.iter().fold(1e-30f32, |x, v| x.max(v.abs()))
-            }
-            None => 1.0,
-        };
+        // FP4: the exact accumulators of those rows, for the norm constant and the check.
+        let acc = out.sfd().map(|_| reference::accumulators(&Problem::new(rows.len(), n, k), a_rows.data(), a_rows.scales(), b.data(), b.scales(), Accumulation::Exact)).transpose()?;
+        let st = acc.as_ref().map_or(1.0, |acc| 6.0 * 448.0 / acc.iter().fold(1e-30f32, |x, v| x.max(v.abs())));
         let p = Problem::new(m, n, k).norm_constant(st);
         let config = match &cli.config {
             Some(c) => Config::from_name(c).ok_or("unknown --config")?,
@@ -142,7 +139,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let passed = match out.sfd() {
             Some(format) => {
                 let pr = Problem::new(rows.len(), n, k).norm_constant(st);
-                let (want_d, want_sfd) = reference::gemm_fp4(&pr, a_rows.data(), a_rows.scales(), b.data(), b.scales(), None, format, Accumulation::Exact)?;
+                let (want_d, want_sfd) = fp4_out::epilogue(&pr, acc.as_deref().expect("computed for FP4"), None, format);
                 let got_sfd = from_tiled(&stream.clone_dtoh(&sfd)?, m, n / 16, 1);
                 let got_d: Vec<u8> = rows.iter().flat_map(|&r| got[r * n / 2..][..n / 2].iter().copied()).collect();
                 let got_sf: Vec<u8> = rows.iter().flat_map(|&r| got_sfd[r * n / 16..][..n / 16].iter().copied()).collect();

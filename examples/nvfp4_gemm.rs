@@ -25,6 +25,7 @@ use std::time::Instant;
 
 use blockscaled_gemm::compare::{compare, compare_fp4, Comparison};
 use blockscaled_gemm::layout::{from_tiled, padded_rows, padded_sf_cols, sf_bytes, sf_cols};
+use blockscaled_gemm::fp4_out;
 use blockscaled_gemm::reference::{self, Accumulation};
 use blockscaled_gemm::{reference_gemm, BlockScaledGemm, Config, Error, Nvfp4Matrix, Nvfp4Operand, Nvfp4Output, OutType, OutputElement, Problem, SfdFormat, SplitMix64};
 use clap::{Parser, ValueEnum};
@@ -264,18 +265,20 @@ fn run_fp4(cli: &Cli) -> Result<bool, Exit> {
     let rows = sample_rows(&p);
     let a_rows = if rows.len() == p.m { inputs.a.clone() } else { inputs.a.select_rows(&rows) };
     let pr = Problem { m: rows.len(), ..p };
-    let st = match cli.norm_constant {
-        Some(st) => st,
+    // The exact accumulators of the verified rows: they set the default norm constant and, on
+    // the GPU path, are the reference's; computed once.
+    let acc_rows = || reference::accumulators(&pr, a_rows.data(), a_rows.scales(), inputs.b.data(), inputs.b.scales(), Accumulation::Exact);
+    let (st, acc) = match cli.norm_constant {
+        Some(st) => (st, None),
         None => {
-            let acc = reference::accumulators(&Problem { alpha: 1.0, beta: 0.0, ..pr }, a_rows.data(), a_rows.scales(), inputs.b.data(), inputs.b.scales(), Accumulation::Exact)?;
+            let acc = acc_rows()?;
             let amax = acc.iter().fold(0f32, |m, v| m.max((v * p.alpha).abs()));
-            if amax > 0.0 && amax.is_finite() { 6.0 * 448.0 / amax } else { 1.0 }
+            (if amax > 0.0 && amax.is_finite() { 6.0 * 448.0 / amax } else { 1.0 }, Some(acc))
         }
     };
     let (p, pr) = (p.norm_constant(st), pr.norm_constant(st));
     p.validate(out, inputs.c.is_some())?;
     let c_rows = inputs.c.as_ref().map(|c| pick_rows(c, &rows, p.m, p.n, p.l));
-    let reference = || reference::gemm_fp4(&pr, a_rows.data(), a_rows.scales(), inputs.b.data(), inputs.b.scales(), c_rows.as_deref(), format, Accumulation::Exact);
     let fp4_tensors = |d: Vec<u8>, sfd: Vec<u8>| -> Vec<(String, Dtype, Vec<usize>, Vec<u8>)> {
         let sf_dtype = if format == SfdFormat::Ue4m3 { Dtype::F8_E4M3 } else { Dtype::U8 };
         let sfd_len = sfd.len();
@@ -308,7 +311,11 @@ fn run_fp4(cli: &Cli) -> Result<bool, Exit> {
     let ran = launch()?;
     let ms = time_launches(cli, &stream, &mut launch)?;
     let (got_d, got_sfd) = (stream.clone_dtoh(&d).map_err(Error::from)?, stream.clone_dtoh(&sfd).map_err(Error::from)?);
-    let (want_d, want_sfd) = reference()?;
+    let acc = match acc {
+        Some(acc) => acc,
+        None => acc_rows()?,
+    };
+    let (want_d, want_sfd) = fp4_out::epilogue(&pr, &acc, c_rows.as_deref(), format);
     let groups = p.n / 16;
     let got_sf_rows = pick_rows(&from_tiled(&got_sfd, p.m, groups, p.l), &rows, p.m, groups, p.l);
     let got_d_rows = pick_rows(&got_d, &rows, p.m, p.n / 2, p.l);
