@@ -16,9 +16,11 @@
 // (at most 448 * 64 = 28672, an FP16 number) give a * sf.
 //
 // Split-K: K is cut into `split_k` ranges (grid.y); each CTA stores its FP32 partial tile in the
-// workspace, and the last CTA of a tile to arrive (per-tile counter, zeroed on the stream before
-// each launch) sums the partials in split order, so results do not depend on which CTA finishes
-// last, and writes D.
+// workspace, and the last CTA of a tile to arrive (per-tile counter) sums the partials in split
+// order, so results do not depend on which CTA finishes last, and writes D. The counters sit in a
+// fixed region at the start of the workspace that partials never touch; the caller zeroes the
+// workspace once when it allocates it and every launch leaves the counters zero again (the last
+// CTA resets its tile's), so no memset launch precedes the kernel.
 #pragma once
 
 #include <cuda.h>
@@ -95,7 +97,7 @@ struct Params {
   const void* c;
   void* d;
   float alpha, beta;
-  uint32_t* counters;  // one per output tile, zeroed before the launch
+  uint32_t* counters;  // one per output tile, zero on entry and on exit
   float* partials;     // [split][tile][acc / 4][thread] float4
   uint8_t* sfd;               // FP4 output only
   const float* norm_constant;  // FP4 output only (device)
@@ -470,7 +472,10 @@ __global__ void __launch_bounds__(kThreads, Tile<BN>::kMinBlocks)
     __threadfence();
     __syncthreads();
     __shared__ int last;
-    if (tid == 0) last = atomicAdd(p.counters + tile, 1u) == uint32_t(p.split_k - 1);
+    if (tid == 0) {
+      last = atomicAdd(p.counters + tile, 1u) == uint32_t(p.split_k - 1);
+      if (last) p.counters[tile] = 0;  // every split has counted: ready for the next launch
+    }
     __syncthreads();
     if (!last) {
       stamp(3);
@@ -560,7 +565,8 @@ struct Gemm {
     if (a.n % OutputInfo<OutT>::kNMultiple != 0) return false;
     if (!std::is_void_v<typename OutputInfo<OutT>::Sf> && (!a.sfd || !a.norm_constant)) return false;
     const int k_tiles = (a.k + kBK - 1) / kBK;
-    return tiles(a) <= INT_MAX && a.split_k >= 1 && a.split_k <= k_tiles && a.split_k <= 65535;
+    return tiles(a) <= INT_MAX && a.split_k >= 1 && a.split_k <= k_tiles && a.split_k <= 65535 &&
+           (a.split_k == 1 || tiles(a) <= kMaxSplitTiles);
   }
 
   // TMA descriptor of a packed operand: (row_bytes, rows, batch) bytes, boxes of 64 bytes x
@@ -584,11 +590,14 @@ struct Gemm {
               CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
   }
 
-  static size_t counters_bytes(const KernelArgs& a) { return (size_t(tiles(a)) * 4 + 255) / 256 * 256; }
+  // The counter region does not depend on the problem, so a reused workspace never holds an
+  // earlier call's partials where this call's counters are.
+  static constexpr int64_t kMaxSplitTiles = 65536;
+  static constexpr size_t kCountersBytes = kMaxSplitTiles * 4;
 
   static size_t workspace_size(const KernelArgs& a) {
     if (a.split_k <= 1) return 0;
-    return counters_bytes(a) + size_t(a.split_k) * size_t(tiles(a)) * kBM * BN * sizeof(float);
+    return kCountersBytes + size_t(a.split_k) * size_t(tiles(a)) * kBM * BN * sizeof(float);
   }
 
   static KernelStatus run(const KernelArgs& a) {
@@ -609,15 +618,9 @@ struct Gemm {
              static_cast<const uint8_t*>(a.b), static_cast<const uint8_t*>(a.sfb),
              a.c, a.d, a.alpha, a.beta,
              static_cast<uint32_t*>(a.workspace),
-             reinterpret_cast<float*>(static_cast<uint8_t*>(a.workspace) + (a.split_k > 1 ? counters_bytes(a) : 0)),
+             reinterpret_cast<float*>(static_cast<uint8_t*>(a.workspace) + (a.split_k > 1 ? kCountersBytes : 0)),
              static_cast<uint8_t*>(a.sfd), a.norm_constant};
     dim3 grid(unsigned(tiles(a)), unsigned(a.split_k));
-    if (a.split_k > 1) {
-      // The workspace is reused across problems: partials of an earlier call may lie where this
-      // call's counters are.
-      cudaError_t e = cudaMemsetAsync(a.workspace, 0, counters_bytes(a), static_cast<cudaStream_t>(a.stream));
-      if (e != cudaSuccess) return {int32_t(cutlass::Status::kErrorInternal), int32_t(e)};
-    }
     gemm_kernel<BN, OutT><<<grid, kThreads, T::kSmem, static_cast<cudaStream_t>(a.stream)>>>(p, map_a, map_b);
     return {int32_t(cutlass::Status::kSuccess), int32_t(cudaGetLastError())};
   }

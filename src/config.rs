@@ -1,5 +1,6 @@
 //! Kernel configurations (generated from `cpp/configs.def`) and how one is chosen for a problem.
 
+use crate::error::{Error, Result};
 use crate::problem::{OutType, Problem};
 
 include!(concat!(env!("OUT_DIR"), "/configs.rs"));
@@ -91,6 +92,30 @@ const SM100_SHAPES: &[((usize, usize, usize), Config)] = &[
     ((512, 4096, 512), Config::Sm100_2Sm_256x128x256),
     ((512, 1536, 7168), Config::Sm100_1Sm_128x64x256),
 ];
+
+/// Output tiles an SM90 split-K launch may have: its counters sit in a fixed region of the
+/// workspace (`cpp/sm90_gemm.cuh`, `kMaxSplitTiles`).
+pub const MAX_SPLIT_TILES: usize = 65536;
+
+/// The K ranges a forced split-K factor gives `config` on `p`: SM100 configs ignore it (1:
+/// CUTLASS schedules them); SM90 configs take at most one range per 64-K tile, at most 65535,
+/// and split only outputs of at most [`MAX_SPLIT_TILES`] tiles.
+pub fn check_split_k(config: Config, p: &Problem, split_k: u32) -> Result<u32> {
+    let i = config.info();
+    if i.arch != 90 {
+        return Ok(1);
+    }
+    let bad = |rule: String| Err(Error::InvalidData { what: "split_k", detail: format!("{split_k}: {rule}") });
+    let k_tiles = p.k.div_ceil(i.tile[2] as usize);
+    if split_k == 0 || split_k as usize > k_tiles || split_k > 65535 {
+        return bad(format!("must be in 1..={} (K / 64 rounded up, at most 65535)", k_tiles.min(65535)));
+    }
+    let tiles = config.tiles(p);
+    if split_k > 1 && tiles > MAX_SPLIT_TILES {
+        return bad(format!("split-K needs at most {MAX_SPLIT_TILES} output tiles, {config} gives {tiles}"));
+    }
+    Ok(split_k)
+}
 
 /// K ranges the SM90 kernel splits `p` into (1 elsewhere): enough to give every resident CTA
 /// slot (`sm_count` x CTAs per SM) work when the output has few tiles, keeping at least 4

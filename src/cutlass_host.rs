@@ -23,9 +23,16 @@ fn built(config: Config, out: OutType) -> Result<()> {
 /// CUTLASS `GemmUniversalAdapter::can_implement` for `config` with `out` output on `p`
 /// (host arguments built as the launch builds them).
 pub fn can_implement(config: Config, out: OutType, p: &Problem) -> Result<bool> {
+    can_implement_split_k(config, out, p, 1)
+}
+
+/// [`can_implement`] with `split_k` K ranges (the SM90 kernels' split-K; CUTLASS's SM100
+/// kernels take 1).
+pub fn can_implement_split_k(config: Config, out: OutType, p: &Problem, split_k: u32) -> Result<bool> {
     built(config, out)?;
     p.check_dims(i32::MAX as usize)?;
-    Ok(bridge::can_implement(config.info().index, out.index(), &args(p)))
+    let split_k = i32::try_from(split_k).map_err(|_| Error::InvalidData { what: "split_k", detail: format!("{split_k}: above i32::MAX") })?;
+    Ok(bridge::can_implement(config.info().index, out.index(), &bridge::LaunchArgs { split_k, ..args(p) }))
 }
 
 /// Byte offsets CUTLASS's `Sm1xxBlockScaledConfig::tile_atom_to_shape_SFA/SFB` layout gives for

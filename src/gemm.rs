@@ -180,6 +180,8 @@ pub struct BlockScaledGemm {
 /// queued; the one stream orders its reuse.
 #[derive(Default)]
 struct Scratch {
+    /// Zeroed when allocated, never by a launch: the SM90 kernel's split-K counters live at its
+    /// start and each launch leaves them zero.
     workspace: Option<CudaSlice<u8>>,
     /// The norm constant of FP4 outputs (the kernels read it from device memory, as CUTLASS's
     /// `norm_constant_ptr`), and the bits last copied there: an unchanged value is not copied
@@ -203,8 +205,8 @@ impl BlockScaledGemm {
     }
 
     /// Forces the number of K ranges of the SM90 kernels (`None`: the heuristic of
-    /// [`crate::config_split_k`]). Values above the problem's k-tiles (K / 64) are refused by
-    /// [`Self::gemm`]; SM100 configs ignore it (CUTLASS schedules them).
+    /// [`crate::config_split_k`]). [`Self::gemm`] refuses values the rules of
+    /// [`crate::check_split_k`] exclude; SM100 configs ignore it (CUTLASS schedules them).
     pub fn with_split_k(mut self, split_k: Option<u32>) -> Self {
         self.split_k = split_k;
         self
@@ -301,14 +303,9 @@ impl BlockScaledGemm {
     }
 
     fn split_k_for(&self, config: Config, p: &Problem) -> Result<u32> {
-        if config.info().arch != 90 {
-            return Ok(1);
-        }
-        let k_tiles = p.k.div_ceil(config.info().tile[2] as usize);
         match self.split_k {
             None => Ok(config::split_k(config, p, self.device.sm_count)),
-            Some(s) if s >= 1 && s as usize <= k_tiles && s <= 65535 => Ok(s),
-            Some(s) => Err(Error::InvalidData { what: "split_k", detail: format!("{s}: must be in 1..={} (K / 64 rounded up, at most 65535)", k_tiles.min(65535)) }),
+            Some(s) => config::check_split_k(config, p, s),
         }
     }
 

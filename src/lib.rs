@@ -23,7 +23,7 @@ mod matrix;
 mod problem;
 pub mod reference;
 
-pub use config::{select as select_config, split_k as config_split_k, Config, ConfigInfo};
+pub use config::{check_split_k, select as select_config, split_k as config_split_k, Config, ConfigInfo};
 pub use error::{Error, Result};
 pub use formats::OutputElement;
 pub use gemm::{BlockScaledGemm, Nvfp4Operand, Nvfp4Output};

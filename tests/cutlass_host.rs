@@ -1,8 +1,8 @@
 //! The Rust layout and validator against CUTLASS's own host code, and the machine code of every
 //! kernel in the build. No GPU needed.
-use blockscaled_gemm::cutlass_host::{can_implement, sf_offsets};
+use blockscaled_gemm::cutlass_host::{can_implement, can_implement_split_k, sf_offsets};
 use blockscaled_gemm::layout::{sf_bytes, sf_offset_elem};
-use blockscaled_gemm::{Config, OutType, Problem};
+use blockscaled_gemm::{check_split_k, Config, OutType, Problem};
 use std::process::Command;
 
 fn built_configs() -> Vec<Config> {
@@ -70,6 +70,37 @@ fn cutlass_can_implement_agrees_with_validation() {
     }
     assert!(refused > 0 && refused < checked, "the grid must hold both accepted and refused shapes");
     eprintln!("{checked} (config, output, shape) cases agree, {refused} refused by both");
+}
+
+/// The SM90 kernels' split-K limits (ranges per 64-K tile, 65535, and the fixed counter region
+/// of the workspace: at most `MAX_SPLIT_TILES` tiles) as the C++ `can_implement` states them.
+#[test]
+fn sm90_split_k_rules_agree_with_the_kernels() {
+    let sm90: Vec<Config> = built_configs().into_iter().filter(|c| c.info().arch == 90).collect();
+    let (mut checked, mut refused) = (0, 0);
+    for &c in &sm90 {
+        let bn = c.info().tile[1] as usize;
+        // 65536 tiles exactly, one more, and small outputs; K of 1, 2 and 130 k-tiles.
+        for (m, n) in [(128, 65536 * bn), (256, 32768 * bn), (128, 65536 * bn + 16), (256 * 128, 257 * bn), (130, 7168)] {
+            for k in [64, 96, 8320] {
+                for split in [1u32, 2, 3, 130, 131, 65535, 65536] {
+                    let p = Problem::new(m, n, k);
+                    let ours = check_split_k(c, &p, split).is_ok();
+                    let theirs = can_implement_split_k(c, OutType::F16, &p, split).unwrap();
+                    assert_eq!(ours, theirs, "{c} {m}x{n}x{k} split {split}: validator {ours}, kernel {theirs}");
+                    checked += 1;
+                    refused += usize::from(!ours);
+                }
+            }
+        }
+        // 65537 tiles: refused with split-K, taken without.
+        let p = Problem::new(128, 65536 * bn + 16, 8320);
+        assert!(check_split_k(c, &p, 2).is_err() && check_split_k(c, &p, 1).is_ok(), "{c}");
+    }
+    if !sm90.is_empty() {
+        assert!(refused > 0 && refused < checked);
+    }
+    eprintln!("{checked} (SM90 config, shape, split-K) cases agree, {refused} refused by both");
 }
 
 #[test]
