@@ -279,6 +279,39 @@ struct Operand {
   }
 };
 
+// One thread's packed bytes and scale pairs of a k-tile, loaded before they are decoded.
+template <int kUnits>
+struct RawUnits {
+  uint4 q[kUnits];
+  uint32_t sf2[kUnits];
+
+  // Unit j's 16 bytes (32 values) of 64-K block `sub` and its row's two scales.
+  template <class Op>
+  __device__ __forceinline__ void load(const Op& op, const uint8_t* raw_rows, const uint8_t* raw_sf, int sub) {
+    CUTE_UNROLL
+    for (int j = 0; j < kUnits; ++j) {
+      if (!op.active[j]) continue;
+      q[j] = *reinterpret_cast<const uint4*>(raw_rows + op.raw_off[j] + sub * 32);
+      sf2[j] = *reinterpret_cast<const uint16_t*>(raw_sf + op.sf_off[j] + sub * 512);
+    }
+  }
+
+  // a * sf in FP16, into the swizzled buffer `dec`.
+  template <class Op>
+  __device__ __forceinline__ void store(const Op& op, uint8_t* dec) const {
+    CUTE_UNROLL
+    for (int j = 0; j < kUnits; ++j) {
+      if (!op.active[j]) continue;
+      const uint32_t sc = hmul2(e4m3x2_to_f16x2(sf2[j]), 0x54005400u);  // both scales * 2^6 (64.0)
+      const uint32_t s0 = __byte_perm(sc, sc, 0x1010), s1 = __byte_perm(sc, sc, 0x3232);
+      *reinterpret_cast<uint4*>(dec + op.dec_off[j][0]) = decode8(q[j].x, s0);
+      *reinterpret_cast<uint4*>(dec + op.dec_off[j][1]) = decode8(q[j].y, s0);
+      *reinterpret_cast<uint4*>(dec + op.dec_off[j][2]) = decode8(q[j].z, s1);
+      *reinterpret_cast<uint4*>(dec + op.dec_off[j][3]) = decode8(q[j].w, s1);
+    }
+  }
+};
+
 // FP4 output (CUTLASS example 72b's LinCombBlockScaleFactor) from the fp32 tile in shared memory
 // (`ld` floats per row): one thread per row and 16 columns computes v = alpha * acc + beta * C,
 // SFD = Sf(max|v| * (st / 6)) and D = e2m1(v * min(st / float(SFD), FLT_MAX)), in the order and
@@ -388,25 +421,24 @@ __global__ void __launch_bounds__(kThreads, Tile<BN>::kMinBlocks)
   };
 
   // Decode 64-K block `sub` (0 or 1) of raw slot `slot` into FP16 buffer `buf`.
-  auto decode_operand = [&](auto& op, const uint8_t* raw_rows, const uint8_t* raw_sf, uint8_t* dec, int sub) {
-    CUTE_UNROLL
-    for (int j = 0; j < (int)(sizeof(op.active) / sizeof(bool)); ++j) {
-      if (!op.active[j]) continue;
-      const uint4 q = *reinterpret_cast<const uint4*>(raw_rows + op.raw_off[j] + sub * 32);
-      const uint32_t sf2 = *reinterpret_cast<const uint16_t*>(raw_sf + op.sf_off[j] + sub * 512);
-      const uint32_t sc = hmul2(e4m3x2_to_f16x2(sf2), 0x54005400u);  // both scales * 2^6 (64.0)
-      const uint32_t s0 = __byte_perm(sc, sc, 0x1010), s1 = __byte_perm(sc, sc, 0x3232);
-      *reinterpret_cast<uint4*>(dec + op.dec_off[j][0]) = decode8(q.x, s0);
-      *reinterpret_cast<uint4*>(dec + op.dec_off[j][1]) = decode8(q.y, s0);
-      *reinterpret_cast<uint4*>(dec + op.dec_off[j][2]) = decode8(q.z, s1);
-      *reinterpret_cast<uint4*>(dec + op.dec_off[j][3]) = decode8(q.w, s1);
-    }
-  };
+  // The compiler cannot tell raw and decoded buffers apart, so a shared-memory load after a
+  // store waits for it: decoding A then B serializes the two (load latency, decode, stores, next
+  // load). With BN = 256 (one CTA per SM, 3 units per thread) every load of the k-tile goes
+  // first: 8192^3 2508 -> 2399 us on an H200; with BN <= 128 (two CTAs per SM) that order was
+  // 1-2 % slower (98.3 -> 100.2 us at 128x7168x16384), so they keep unit by unit.
   auto decode = [&](int i, int buf) {  // MMA k-tile i of this split
     if constexpr ((BSG_SM90_ABLATE & 1) != 0) return;
     const uint8_t* base = raw + ((i / kSubs) % T::kRawStages) * T::kRawBytes;
-    decode_operand(opA, base, base + T::kRawA + T::kRawB, reinterpret_cast<uint8_t*>(decA) + buf * (kBM * kBK * 2), i % kSubs);
-    decode_operand(opB, base + T::kRawA, base + T::kRawA + T::kRawB + T::kSfStage, reinterpret_cast<uint8_t*>(decB) + buf * (BN * kBK * 2), i % kSubs);
+    const int sub = i % kSubs;
+    RawUnits<Operand<kBM>::kUnits> ra;
+    RawUnits<Operand<BN>::kUnits> rb;
+    uint8_t* dec_a = reinterpret_cast<uint8_t*>(decA) + buf * (kBM * kBK * 2);
+    uint8_t* dec_b = reinterpret_cast<uint8_t*>(decB) + buf * (BN * kBK * 2);
+    ra.load(opA, base, base + T::kRawA + T::kRawB, sub);
+    if constexpr (BN <= 128) ra.store(opA, dec_a);
+    rb.load(opB, base + T::kRawA, base + T::kRawA + T::kRawB + T::kSfStage, sub);
+    if constexpr (BN > 128) ra.store(opA, dec_a);
+    rb.store(opB, dec_b);
   };
   auto wait_raw = [&](int r) {
     cutlass::arch::ClusterTransactionBarrier::wait(&raw_bar[r % T::kRawStages], (r / T::kRawStages) & 1);
