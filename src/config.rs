@@ -148,10 +148,20 @@ pub fn select(arch: u32, p: &Problem, sm_count: usize, available: impl Fn(Config
     }
     if arch == 90 {
         // Split-K fills the GPU for small outputs, so the choice is about tile efficiency: the
-        // 128x256 tile (one CTA per SM) once it alone fills the SMs, else 128x128.
+        // 128x256 tile (one CTA per SM, half the activation decoding per output of 128x128)
+        // once its CTAs, split-K included, occupy 5/6 of the SMs, unless that needs split-K
+        // ranges under 32 k-tiles (reducing its 128 KB partial tiles then costs more than it
+        // saves); else 128x128 (two CTAs per SM). Measured on an H200 (bench/NOTES.md):
+        // 128x7168x16384 92.1 vs 95.0 us, 2048^3 46.9 vs 51.4, 256x7168x7168 83.8 vs 87.9;
+        // 128x7168x2048 (split 4, 8 k-tiles a range) 29.7 vs 25.8.
         let wide = Config::Sm90_128x256x64;
-        if candidates.contains(&wide) && wide.sms_used(p) >= sm_count {
-            return Some(wide);
+        if candidates.contains(&wide) {
+            let split = split_k(wide, p, sm_count) as usize;
+            let ctas = wide.tiles(p) * split;
+            let k_per_cta = p.k.div_ceil(wide.info().tile[2] as usize) / split;
+            if ctas * 6 >= sm_count * 5 && (split == 1 || k_per_cta >= 32) {
+                return Some(wide);
+            }
         }
         if candidates.contains(&Config::Sm90_128x128x64) {
             return Some(Config::Sm90_128x128x64);
@@ -217,8 +227,16 @@ mod tests {
         // Only what is built is chosen; another architecture has none.
         let no_narrow = |c| c != Config::Sm100_1Sm_128x64x256;
         assert_ne!(select(100, &Problem::new(128, 7168, 16384), 148, no_narrow), Some(Config::Sm100_1Sm_128x64x256));
-        assert_eq!(select(90, &Problem::new(128, 7168, 16384), 132, all), Some(Config::Sm90_128x128x64));
+        // SM90: 128x256 once its CTAs fill 5/6 of the SMs with long K ranges, else 128x128.
+        assert_eq!(select(90, &Problem::new(128, 7168, 16384), 132, all), Some(Config::Sm90_128x256x64)); // 28 tiles x split 4, 64 k-tiles each
+        assert_eq!(select(90, &Problem::new(2048, 2048, 2048), 132, all), Some(Config::Sm90_128x256x64)); // 128 tiles
+        assert_eq!(select(90, &Problem::new(256, 7168, 7168), 132, all), Some(Config::Sm90_128x256x64)); // 56 x split 2, 56 k-tiles
+        assert_eq!(select(90, &Problem::new(128, 4096, 7168), 132, all), Some(Config::Sm90_128x128x64)); // split 8: 14 k-tiles a range
+        assert_eq!(select(90, &Problem::new(128, 7168, 2048), 132, all), Some(Config::Sm90_128x128x64)); // split 4: 8 k-tiles a range
+        assert_eq!(select(90, &Problem::new(128, 1536, 7168), 132, all), Some(Config::Sm90_128x128x64)); // 6 x 16 CTAs: 73 % of SMs
         assert_eq!(select(90, &Problem::new(8192, 8192, 8192), 132, all), Some(Config::Sm90_128x256x64));
+        let no_wide = |c: Config| c != Config::Sm90_128x256x64;
+        assert_eq!(select(90, &Problem::new(2048, 2048, 2048), 132, no_wide), Some(Config::Sm90_128x128x64));
         assert_eq!(select(80, &Problem::new(128, 128, 128), 132, all), None);
         assert_eq!(select(100, &Problem::new(128, 128, 128), 148, |_| false), None);
     }
