@@ -309,8 +309,19 @@ impl BlockScaledGemm {
         }
     }
 
-    /// Checks that every buffer lives on this GEMM's device.
-    fn check_devices(&self, buffers: &[(&'static str, &Arc<CudaStream>)]) -> Result<()> {
+    /// Validates the problem against every buffer's length, picks the config (`forced` or the
+    /// heuristic's) and checks that every buffer lives on this GEMM's device. `d` lists D's
+    /// buffers as (name, length, stream): the values, then for FP4 outputs the scale factors.
+    #[allow(clippy::too_many_arguments)]
+    fn plan_checked<VA, SA, VB, SB, C, TV, TS, TC>(&self, p: &Problem, out: OutType, a: &Nvfp4Operand<'_, VA, SA>, b: &Nvfp4Operand<'_, VB, SB>, c: Option<&C>, d: &[(&'static str, usize, &Arc<CudaStream>)], forced: Option<Config>) -> Result<Config>
+    where
+        VA: DevicePtr<TV>, SA: DevicePtr<TS>, VB: DevicePtr<TV>, SB: DevicePtr<TS>, C: DevicePtr<TC>,
+    {
+        let lens = BufferLens { a: a.values.len(), sfa: a.scales.len(), b: b.values.len(), sfb: b.scales.len(), c: c.map(|c| c.len()), d: d[0].1, sfd: d.get(1).map(|s| s.1) };
+        let config = plan(p, out, &lens, &self.device, forced, |c, o| c.is_built(o))?;
+        let mut buffers = vec![("A", a.values.stream()), ("SFA", a.scales.stream()), ("B", b.values.stream()), ("SFB", b.scales.stream())];
+        buffers.extend(d.iter().map(|&(name, _, s)| (name, s)));
+        buffers.extend(c.map(|c| ("C", c.stream())));
         let gemm_device = self.device.ordinal;
         for (name, s) in buffers {
             let buffer_device = s.context().ordinal();
@@ -318,7 +329,7 @@ impl BlockScaledGemm {
                 return Err(Error::WrongDevice { name, buffer_device, gemm_device });
             }
         }
-        Ok(())
+        Ok(config)
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -328,12 +339,7 @@ impl BlockScaledGemm {
         TV: PackedFp4, TS: ScaleByte, TO: OutputElement,
     {
         let out = TO::OUT;
-        let lens = BufferLens { a: a.values.len(), sfa: a.scales.len(), b: b.values.len(), sfb: b.scales.len(), c: c.map(|c| c.len()), d: d.len(), sfd: None };
-        let config = plan(p, out, &lens, &self.device, forced, |c, o| c.is_built(o))?;
-        let mut buffers = vec![("A", a.values.stream()), ("SFA", a.scales.stream()), ("B", b.values.stream()), ("SFB", b.scales.stream()), ("D", d.stream())];
-        buffers.extend(c.map(|c| ("C", c.stream())));
-        self.check_devices(&buffers)?;
-
+        let config = self.plan_checked(p, out, &a, &b, c, &[("D", d.len(), d.stream())], forced)?;
         let stream = &self.stream;
         let (([pa, psfa], _ga), ([pb, psfb], _gb)) = (a.ptrs(stream), b.ptrs(stream));
         let (pd, _gd) = d.device_ptr_mut(stream);
@@ -352,12 +358,7 @@ impl BlockScaledGemm {
         if out.sfd().is_none() {
             return Err(Error::InvalidData { what: "out", detail: format!("{out}: gemm_fp4 writes the FP4 outputs nvfp4 or nvfp4-ue8m0; use gemm for {out}") });
         }
-        let lens = BufferLens { a: a.values.len(), sfa: a.scales.len(), b: b.values.len(), sfb: b.scales.len(), c: c.map(|c| c.len()), d: d.values.len(), sfd: Some(d.scales.len()) };
-        let config = plan(p, out, &lens, &self.device, forced, |c, o| c.is_built(o))?;
-        let mut buffers = vec![("A", a.values.stream()), ("SFA", a.scales.stream()), ("B", b.values.stream()), ("SFB", b.scales.stream()), ("D", d.values.stream()), ("SFD", d.scales.stream())];
-        buffers.extend(c.map(|c| ("C", c.stream())));
-        self.check_devices(&buffers)?;
-
+        let config = self.plan_checked(p, out, &a, &b, c, &[("D", d.values.len(), d.values.stream()), ("SFD", d.scales.len(), d.scales.stream())], forced)?;
         let stream = &self.stream;
         let (([pa, psfa], _ga), ([pb, psfb], _gb)) = (a.ptrs(stream), b.ptrs(stream));
         let (pd, _gd) = d.values.device_ptr_mut(stream);
