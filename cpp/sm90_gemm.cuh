@@ -20,7 +20,9 @@
 // order, so results do not depend on which CTA finishes last, and writes D. The counters sit in a
 // fixed region at the start of the workspace that partials never touch; the caller zeroes the
 // workspace once when it allocates it and every launch leaves the counters zero again (the last
-// CTA resets its tile's), so no memset launch precedes the kernel.
+// CTA resets its tile's), so no memset launch precedes the kernel. The 128x256 tile with splits of
+// 2 to 4 and 16- or 32-bit outputs reduces through the cluster's shared memory instead
+// (kMaxClusterSplit below).
 #pragma once
 
 #include <cuda.h>
@@ -37,6 +39,7 @@
 #include "cute/arch/mma_sm90.hpp"
 #include "cute/atom/mma_atom.hpp"
 #include "cute/atom/mma_traits_sm90_gmma.hpp"
+#include "cute/arch/cluster_sm90.hpp"
 #include "cute/tensor.hpp"
 #include "cutlass/arch/barrier.h"
 #include "cutlass/cutlass.h"
@@ -102,6 +105,26 @@ struct Params {
   uint8_t* sfd;               // FP4 output only
   const float* norm_constant;  // FP4 output only (device)
 };
+
+// Split-K through the cluster (128x256 tile, split_k <= kMaxClusterSplit, 16- and 32-bit
+// outputs): the split_k CTAs of a tile form one cluster; each leaves its partial tile in its own
+// shared memory and sums one slice of rows over all of them, in split order (as the global path
+// does, so results are bit-identical), straight from the peers' shared memory. No partials in
+// global memory, and the reduction is spread over the tile's CTAs instead of falling to the last
+// one. Clusters of 8 do not all fit in one wave (128x4096x7168: 57 vs 38 us, H200).
+constexpr int kMaxClusterSplit = 4;
+
+// Address of the same shared-memory location in the CTA of rank `rank` of this cluster.
+__device__ __forceinline__ uint32_t peer_smem(const void* local, uint32_t rank) {
+  uint32_t out;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(out) : "r"(static_cast<uint32_t>(__cvta_generic_to_shared(local))), "r"(rank));
+  return out;
+}
+__device__ __forceinline__ float4 ld_peer(uint32_t addr) {
+  float4 v;
+  asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];\n" : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "r"(addr) : "memory");
+  return v;
+}
 
 template <int BN>
 struct Tile {
@@ -359,7 +382,9 @@ __device__ __forceinline__ void fp4_epilogue(const Params& p, const float* tile_
   }
 }
 
-template <int BN, class OutT>
+// kClusterReduce: split-K through the cluster (a separate instantiation, so the other kernels'
+// code is not perturbed by a branch they never take).
+template <int BN, class OutT, bool kClusterReduce>
 __global__ void __launch_bounds__(kThreads, Tile<BN>::kMinBlocks)
     gemm_kernel(const __grid_constant__ Params p, const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b) {
   using T = Tile<BN>;
@@ -492,7 +517,7 @@ __global__ void __launch_bounds__(kThreads, Tile<BN>::kMinBlocks)
   }
 
   stamp(2);
-  if ((BSG_SM90_ABLATE & 8) == 0 && p.split_k > 1) {
+  if ((BSG_SM90_ABLATE & 8) == 0 && p.split_k > 1 && !kClusterReduce) {
     // Split s's partial tile: [split][tile][acc / 4][thread] float4.
     auto partial = [&](int s) {
       return reinterpret_cast<float4*>(p.partials) + ((int64_t(s) * gridDim.x + tile) * (T::kAcc / 4)) * kThreads + tid;
@@ -551,21 +576,19 @@ __global__ void __launch_bounds__(kThreads, Tile<BN>::kMinBlocks)
   for (int i = 0; i < size(acc); i += 2) {  // values i, i + 1: adjacent columns of one row
     *reinterpret_cast<float2*>(tile_s + get<0>(coord(i)) * kLd + get<1>(coord(i))) = make_float2(acc(i), acc(i + 1));
   }
-  __syncthreads();
   using Sf = typename OutputInfo<OutT>::Sf;
   if constexpr (std::is_void_v<Sf>) {
     // D = alpha * acc + beta * C, rounded once to OutT, kW outputs per thread and step.
     constexpr int kW = 16 / sizeof(OutT);  // elements per 16 bytes; N % kW == 0
     OutT* d = static_cast<OutT*>(p.d) + batch * p.m * int64_t(p.n);
     const OutT* c = static_cast<const OutT*>(p.c) + batch * p.m * int64_t(p.n);
-    for (int chunk = tid; chunk < kBM * BN / kW; chunk += kThreads) {
-      const int r = chunk / (BN / kW), col = (chunk % (BN / kW)) * kW;
+    auto store_chunk = [&](int r, int col, const float* sums) {  // the kW sums of row r, columns col..
       const int mm = m0 + r, nn = n0 + col;
-      if (mm >= p.m || nn >= p.n) continue;
+      if (mm >= p.m || nn >= p.n) return;
       const int64_t idx = int64_t(mm) * p.n + nn;
       float v[kW];
       CUTE_UNROLL
-      for (int e = 0; e < kW; ++e) v[e] = p.alpha * tile_s[r * kLd + col + e];
+      for (int e = 0; e < kW; ++e) v[e] = p.alpha * sums[e];
       if (p.beta != 0.f) {
         uint4 craw = *reinterpret_cast<const uint4*>(c + idx);
         const OutT* cv = reinterpret_cast<const OutT*>(&craw);
@@ -577,8 +600,51 @@ __global__ void __launch_bounds__(kThreads, Tile<BN>::kMinBlocks)
       CUTE_UNROLL
       for (int e = 0; e < kW; ++e) o[e] = to_out<OutT>(v[e]);
       *reinterpret_cast<uint4*>(d + idx) = out;
+    };
+    if constexpr (kClusterReduce && (BSG_SM90_ABLATE & 8) == 0) {
+      // Every CTA of the cluster holds its partial tile; this one sums rows [r0, r1) of all of
+      // them in split order (from 0.0, as the global path does) and writes them out.
+      cute::cluster_sync();
+      const int r0 = split * kBM / p.split_k, r1 = (split + 1) * kBM / p.split_k;
+      for (int chunk = tid; chunk < (r1 - r0) * (BN / kW); chunk += kThreads) {
+        const int r = r0 + chunk / (BN / kW), col = (chunk % (BN / kW)) * kW;
+        // Every peer's values first (independent loads in flight), then the sums in split order.
+        float4 x[kMaxClusterSplit][kW / 4];
+        CUTE_UNROLL
+        for (int q = 0; q < kMaxClusterSplit; ++q) {
+          if (q < p.split_k) {
+            const uint32_t addr = peer_smem(tile_s + r * kLd + col, uint32_t(q));
+            CUTE_UNROLL
+            for (int e = 0; e < kW / 4; ++e) x[q][e] = ld_peer(addr + 16 * e);
+          }
+        }
+        float v[kW];
+        CUTE_UNROLL
+        for (int e = 0; e < kW; ++e) v[e] = 0.f;
+        CUTE_UNROLL
+        for (int q = 0; q < kMaxClusterSplit; ++q) {
+          if (q < p.split_k) {
+            CUTE_UNROLL
+            for (int e = 0; e < kW / 4; ++e) {
+              v[4 * e] += x[q][e].x;
+              v[4 * e + 1] += x[q][e].y;
+              v[4 * e + 2] += x[q][e].z;
+              v[4 * e + 3] += x[q][e].w;
+            }
+          }
+        }
+        store_chunk(r, col, v);
+      }
+      cute::cluster_sync();  // no CTA leaves while a peer still reads its shared memory
+    } else {
+      __syncthreads();
+      for (int chunk = tid; chunk < kBM * BN / kW; chunk += kThreads) {
+        const int r = chunk / (BN / kW), col = (chunk % (BN / kW)) * kW;
+        store_chunk(r, col, tile_s + r * kLd + col);
+      }
     }
   } else {
+    __syncthreads();
     fp4_epilogue<Sf, BN>(p, tile_s, kLd, m0, n0, batch);
   }
   stamp(3);
@@ -627,8 +693,14 @@ struct Gemm {
   static constexpr int64_t kMaxSplitTiles = 65536;
   static constexpr size_t kCountersBytes = kMaxSplitTiles * 4;
 
+  // The 128x256 tile only (one CTA per SM). With 128x128 the cluster path was faster at
+  // 128x7168x2048 (split 4: 25.3 vs 26.0 us) but slower at 128x4096x7168 (split 4: 49 vs 36),
+  // for reasons not yet measured, so those keep the global path.
+  static constexpr bool kClusterInstance = BN == 256 && std::is_void_v<typename OutputInfo<OutT>::Sf>;
+  static constexpr bool cluster_reducible(int split_k) { return kClusterInstance && split_k > 1 && split_k <= kMaxClusterSplit; }
+
   static size_t workspace_size(const KernelArgs& a) {
-    if (a.split_k <= 1) return 0;
+    if (a.split_k <= 1 || cluster_reducible(a.split_k)) return 0;
     return kCountersBytes + size_t(a.split_k) * size_t(tiles(a)) * kBM * BN * sizeof(float);
   }
 
@@ -638,7 +710,9 @@ struct Gemm {
     static std::atomic<uint64_t> configured{0};  // devices whose shared-memory limit is raised
     const uint64_t bit = uint64_t(1) << (a.device_id & 63);
     if (!(configured.load() & bit)) {
-      cudaError_t e = cudaFuncSetAttribute(gemm_kernel<BN, OutT>, cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmem);
+      cudaError_t e = cudaFuncSetAttribute(gemm_kernel<BN, OutT, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmem);
+      if (e == cudaSuccess && kClusterInstance)
+        e = cudaFuncSetAttribute(gemm_kernel<BN, OutT, kClusterInstance>, cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmem);
       if (e != cudaSuccess) return {int32_t(cutlass::Status::kErrorInternal), int32_t(e)};
       configured.fetch_or(bit);
     }
@@ -653,7 +727,23 @@ struct Gemm {
              reinterpret_cast<float*>(static_cast<uint8_t*>(a.workspace) + (a.split_k > 1 ? kCountersBytes : 0)),
              static_cast<uint8_t*>(a.sfd), a.norm_constant};
     dim3 grid(unsigned(tiles(a)), unsigned(a.split_k));
-    gemm_kernel<BN, OutT><<<grid, kThreads, T::kSmem, static_cast<cudaStream_t>(a.stream)>>>(p, map_a, map_b);
+    if (cluster_reducible(a.split_k)) {  // the split_k CTAs of a tile: one cluster along y
+      cudaLaunchConfig_t cfg{};
+      cfg.gridDim = grid;
+      cfg.blockDim = dim3(kThreads);
+      cfg.dynamicSmemBytes = T::kSmem;
+      cfg.stream = static_cast<cudaStream_t>(a.stream);
+      cudaLaunchAttribute attr[1];
+      attr[0].id = cudaLaunchAttributeClusterDimension;
+      attr[0].val.clusterDim.x = 1;
+      attr[0].val.clusterDim.y = unsigned(a.split_k);
+      attr[0].val.clusterDim.z = 1;
+      cfg.attrs = attr;
+      cfg.numAttrs = 1;
+      cudaError_t e = cudaLaunchKernelEx(&cfg, gemm_kernel<BN, OutT, kClusterInstance>, p, map_a, map_b);
+      return {int32_t(e == cudaSuccess ? cutlass::Status::kSuccess : cutlass::Status::kErrorInternal), int32_t(e)};
+    }
+    gemm_kernel<BN, OutT, false><<<grid, kThreads, T::kSmem, static_cast<cudaStream_t>(a.stream)>>>(p, map_a, map_b);
     return {int32_t(cutlass::Status::kSuccess), int32_t(cudaGetLastError())};
   }
 

@@ -201,11 +201,15 @@ fn sm90_every_config_and_output() -> Outcome {
 fn sm90_split_k_values_and_determinism() -> Outcome {
     let base = hopper()?;
     let (a, b) = contest(128, 512, 2048, 1, 30);
+    // Partial tiles in M and N, two batches, alpha and beta with C (splits 2 and 3 of 128x256 go
+    // through the cluster's shared memory, the others through the workspace).
+    let (ae, be) = contest(130, 264, 2048, 2, 33);
     let (ar, br) = (Nvfp4Matrix::random_realistic(128, 2048, 1, seed() ^ 31).unwrap(), Nvfp4Matrix::random_realistic(512, 2048, 1, seed() ^ 32).unwrap());
-    for split in [1u32, 2, 3, 7, 32] {
+    for split in [1u32, 2, 3, 4, 7, 32] {
         let g = BlockScaledGemm::new(base.stream().clone()).unwrap().with_split_k(Some(split));
         for c in [Config::Sm90_128x128x64, Config::Sm90_128x64x64, Config::Sm90_128x256x64] {
             run_sm90::<f16>(&g, &a, &b, 1.0, 0.0, c, true);
+            run_sm90::<bf16>(&g, &ae, &be, 0.5, 1.5, c, true);
             let first = run_sm90::<f32>(&g, &ar, &br, 1.0, 0.0, c, false);
             let again = run_sm90::<f32>(&g, &ar, &br, 1.0, 0.0, c, false);
             assert!(first.iter().zip(&again).all(|(x, y)| x.to_bits() == y.to_bits()), "{c} split {split}: two runs differ");
