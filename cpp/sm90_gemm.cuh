@@ -21,8 +21,7 @@
 // fixed region at the start of the workspace that partials never touch; the caller zeroes the
 // workspace once when it allocates it and every launch leaves the counters zero again (the last
 // CTA resets its tile's), so no memset launch precedes the kernel. The 128x256 tile with splits of
-// 2 to 4 and 16- or 32-bit outputs reduces through the cluster's shared memory instead
-// (kMaxClusterSplit below).
+// 2 to 4 reduces through the cluster's shared memory instead (kMaxClusterSplit below).
 #pragma once
 
 #include <cuda.h>
@@ -106,12 +105,13 @@ struct Params {
   const float* norm_constant;  // FP4 output only (device)
 };
 
-// Split-K through the cluster (128x256 tile, split_k <= kMaxClusterSplit, 16- and 32-bit
-// outputs): the split_k CTAs of a tile form one cluster; each leaves its partial tile in its own
-// shared memory and sums one slice of rows over all of them, in split order (as the global path
-// does, so results are bit-identical), straight from the peers' shared memory. No partials in
-// global memory, and the reduction is spread over the tile's CTAs instead of falling to the last
-// one. Clusters of 8 do not all fit in one wave (128x4096x7168: 57 vs 38 us, H200).
+// Split-K through the cluster (128x256 tile, split_k <= kMaxClusterSplit, every output): the
+// split_k CTAs of a tile form one cluster; each leaves its partial tile in its own shared memory
+// and sums one slice of rows over all of them, in split order (as the global path does, so
+// results are bit-identical), straight from the peers' shared memory, then writes that slice of
+// D. No partials in global memory, and the reduction is spread over the tile's CTAs instead of
+// falling to the last one. Clusters of 8 do not all fit in one wave (128x4096x7168: 57 vs 38 us,
+// H200).
 constexpr int kMaxClusterSplit = 4;
 
 // Address of the same shared-memory location in the CTA of rank `rank` of this cluster.
@@ -340,15 +340,16 @@ struct RawUnits {
 // SFD = Sf(max|v| * (st / 6)) and D = e2m1(v * min(st / float(SFD), FLT_MAX)), in the order and
 // roundings of CUTLASS's host reference, and writes 8 bytes of D and one scale factor.
 template <class Sf, int BN>
-__device__ __forceinline__ void fp4_epilogue(const Params& p, const float* tile_s, int ld, int m0, int n0, int64_t batch) {
+__device__ __forceinline__ void fp4_epilogue(const Params& p, const float* tile_s, int ld, int m0, int n0, int64_t batch, int r_begin,
+                                             int r_end) {
   const float st = *p.norm_constant;
   const float st_scaled_down = __fmul_rn(st, 1.0f / 6.0f);  // constant, rounded to nearest
   const int64_t sp = (int64_t(p.n / 16) + 3) / 4 * 4;
   uint8_t* sfd = p.sfd + batch * (int64_t(p.m + 127) / 128 * 128) * sp;
   const float* c = static_cast<const float*>(p.c) + batch * p.m * int64_t(p.n);
   uint8_t* d = static_cast<uint8_t*>(p.d) + batch * p.m * int64_t(p.n) / 2;
-  for (int gi = threadIdx.x; gi < kBM * (BN / 16); gi += kThreads) {
-    const int r = gi / (BN / 16), g = gi % (BN / 16);
+  for (int gi = threadIdx.x; gi < (r_end - r_begin) * (BN / 16); gi += kThreads) {
+    const int r = r_begin + gi / (BN / 16), g = gi % (BN / 16);
     const int mm = m0 + r, nn = n0 + 16 * g;
     if (mm >= p.m || nn >= p.n) continue;  // N % 32 == 0: groups are whole
     const int64_t idx = int64_t(mm) * p.n + nn;
@@ -644,8 +645,44 @@ __global__ void __launch_bounds__(kThreads, Tile<BN>::kMinBlocks)
       }
     }
   } else {
+    int r0 = 0, r1 = kBM;  // the rows of the tile this CTA writes out
+    if constexpr (kClusterReduce && (BSG_SM90_ABLATE & 8) == 0) {
+      // As above, but the FP4 epilogue reads the tile: the slice's sums go into registers first
+      // and back into this CTA's tile once no peer reads it any more.
+      cute::cluster_sync();
+      r0 = split * kBM / p.split_k;
+      r1 = (split + 1) * kBM / p.split_k;
+      constexpr int kUnits = (kBM / 2) * (BN / 4) / kThreads;  // float4s per thread, split_k >= 2
+      float4 sum[kUnits];
+      CUTE_UNROLL
+      for (int j = 0; j < kUnits; ++j) {
+        const int u = tid + j * kThreads, r = r0 + u / (BN / 4), col = (u % (BN / 4)) * 4;
+        if (r >= r1) continue;
+        float4 x[kMaxClusterSplit];  // every peer's values first: independent loads in flight
+        CUTE_UNROLL
+        for (int q = 0; q < kMaxClusterSplit; ++q)
+          if (q < p.split_k) x[q] = ld_peer(peer_smem(tile_s + r * kLd + col, uint32_t(q)));
+        float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+        CUTE_UNROLL
+        for (int q = 0; q < kMaxClusterSplit; ++q) {
+          if (q < p.split_k) {
+            v.x += x[q].x;
+            v.y += x[q].y;
+            v.z += x[q].z;
+            v.w += x[q].w;
+          }
+        }
+        sum[j] = v;
+      }
+      cute::cluster_sync();  // no peer reads this CTA's tile any more
+      CUTE_UNROLL
+      for (int j = 0; j < kUnits; ++j) {
+        const int u = tid + j * kThreads, r = r0 + u / (BN / 4), col = (u % (BN / 4)) * 4;
+        if (r < r1) *reinterpret_cast<float4*>(tile_s + r * kLd + col) = sum[j];
+      }
+    }
     __syncthreads();
-    fp4_epilogue<Sf, BN>(p, tile_s, kLd, m0, n0, batch);
+    fp4_epilogue<Sf, BN>(p, tile_s, kLd, m0, n0, batch, r0, r1);
   }
   stamp(3);
 }
@@ -696,7 +733,7 @@ struct Gemm {
   // The 128x256 tile only (one CTA per SM). With 128x128 the cluster path was faster at
   // 128x7168x2048 (split 4: 25.3 vs 26.0 us) but slower at 128x4096x7168 (split 4: 49 vs 36),
   // for reasons not yet measured, so those keep the global path.
-  static constexpr bool kClusterInstance = BN == 256 && std::is_void_v<typename OutputInfo<OutT>::Sf>;
+  static constexpr bool kClusterInstance = BN == 256;
   static constexpr bool cluster_reducible(int split_k) { return kClusterInstance && split_k > 1 && split_k <= kMaxClusterSplit; }
 
   static size_t workspace_size(const KernelArgs& a) {
