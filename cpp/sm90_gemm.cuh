@@ -126,6 +126,36 @@ __device__ __forceinline__ float4 ld_peer(uint32_t addr) {
   return v;
 }
 
+// The N float4s at `local` in the partial tiles of the cluster's first split_k CTAs, summed in
+// split order from 0.0 (as the global path sums its partials). Every peer's values are loaded
+// before the first addition, so the loads are in flight together.
+template <int N>
+__device__ __forceinline__ void cluster_sum(const float* local, int split_k, float4 (&v)[N]) {
+  float4 x[kMaxClusterSplit][N];
+  CUTE_UNROLL
+  for (int q = 0; q < kMaxClusterSplit; ++q) {
+    if (q < split_k) {
+      const uint32_t addr = peer_smem(local, uint32_t(q));
+      CUTE_UNROLL
+      for (int e = 0; e < N; ++e) x[q][e] = ld_peer(addr + 16 * e);
+    }
+  }
+  CUTE_UNROLL
+  for (int e = 0; e < N; ++e) v[e] = make_float4(0.f, 0.f, 0.f, 0.f);
+  CUTE_UNROLL
+  for (int q = 0; q < kMaxClusterSplit; ++q) {
+    if (q < split_k) {
+      CUTE_UNROLL
+      for (int e = 0; e < N; ++e) {
+        v[e].x += x[q][e].x;
+        v[e].y += x[q][e].y;
+        v[e].z += x[q][e].z;
+        v[e].w += x[q][e].w;
+      }
+    }
+  }
+}
+
 template <int BN>
 struct Tile {
   static_assert(BN == 64 || BN == 128 || BN == 256, "tile N");
@@ -609,32 +639,9 @@ __global__ void __launch_bounds__(kThreads, Tile<BN>::kMinBlocks)
       const int r0 = split * kBM / p.split_k, r1 = (split + 1) * kBM / p.split_k;
       for (int chunk = tid; chunk < (r1 - r0) * (BN / kW); chunk += kThreads) {
         const int r = r0 + chunk / (BN / kW), col = (chunk % (BN / kW)) * kW;
-        // Every peer's values first (independent loads in flight), then the sums in split order.
-        float4 x[kMaxClusterSplit][kW / 4];
-        CUTE_UNROLL
-        for (int q = 0; q < kMaxClusterSplit; ++q) {
-          if (q < p.split_k) {
-            const uint32_t addr = peer_smem(tile_s + r * kLd + col, uint32_t(q));
-            CUTE_UNROLL
-            for (int e = 0; e < kW / 4; ++e) x[q][e] = ld_peer(addr + 16 * e);
-          }
-        }
-        float v[kW];
-        CUTE_UNROLL
-        for (int e = 0; e < kW; ++e) v[e] = 0.f;
-        CUTE_UNROLL
-        for (int q = 0; q < kMaxClusterSplit; ++q) {
-          if (q < p.split_k) {
-            CUTE_UNROLL
-            for (int e = 0; e < kW / 4; ++e) {
-              v[4 * e] += x[q][e].x;
-              v[4 * e + 1] += x[q][e].y;
-              v[4 * e + 2] += x[q][e].z;
-              v[4 * e + 3] += x[q][e].w;
-            }
-          }
-        }
-        store_chunk(r, col, v);
+        float4 v[kW / 4];
+        cluster_sum(tile_s + r * kLd + col, p.split_k, v);
+        store_chunk(r, col, reinterpret_cast<const float*>(v));
       }
       cute::cluster_sync();  // no CTA leaves while a peer still reads its shared memory
     } else {
@@ -658,21 +665,9 @@ __global__ void __launch_bounds__(kThreads, Tile<BN>::kMinBlocks)
       for (int j = 0; j < kUnits; ++j) {
         const int u = tid + j * kThreads, r = r0 + u / (BN / 4), col = (u % (BN / 4)) * 4;
         if (r >= r1) continue;
-        float4 x[kMaxClusterSplit];  // every peer's values first: independent loads in flight
-        CUTE_UNROLL
-        for (int q = 0; q < kMaxClusterSplit; ++q)
-          if (q < p.split_k) x[q] = ld_peer(peer_smem(tile_s + r * kLd + col, uint32_t(q)));
-        float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
-        CUTE_UNROLL
-        for (int q = 0; q < kMaxClusterSplit; ++q) {
-          if (q < p.split_k) {
-            v.x += x[q].x;
-            v.y += x[q].y;
-            v.z += x[q].z;
-            v.w += x[q].w;
-          }
-        }
-        sum[j] = v;
+        float4 v[1];
+        cluster_sum(tile_s + r * kLd + col, p.split_k, v);
+        sum[j] = v[0];
       }
       cute::cluster_sync();  // no peer reads this CTA's tile any more
       CUTE_UNROLL
