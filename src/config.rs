@@ -150,10 +150,12 @@ pub fn select(arch: u32, p: &Problem, sm_count: usize, available: impl Fn(Config
         // Split-K fills the GPU for small outputs, so the choice is about tile efficiency: the
         // 128x256 tile (one CTA per SM, half the activation decoding per output of 128x128)
         // once its CTAs, split-K included, occupy 5/6 of the SMs, unless that needs split-K
-        // ranges under 32 k-tiles (reducing its 128 KB partial tiles then costs more than it
-        // saves); else 128x128 (two CTAs per SM). Measured on an H200 (bench/NOTES.md):
+        // ranges under 32 k-tiles (its fixed costs then weigh more); else 128x128 (two CTAs per
+        // SM). Measured on an H200 (bench/NOTES.md), before split-K through the cluster:
         // 128x7168x16384 92.1 vs 95.0 us, 2048^3 46.9 vs 51.4, 256x7168x7168 83.8 vs 87.9;
-        // 128x7168x2048 (split 4, 8 k-tiles a range) 29.7 vs 25.8.
+        // 128x7168x2048 (split 4, 8 k-tiles a range) 29.7 vs 25.8. With the cluster reduction
+        // that last one ties (25.4-25.6 vs 25.3-26.0) and 128x4096x7168 (split 4 vs 8) still
+        // loses (46.3 vs 36.3), so the rule stands.
         let wide = Config::Sm90_128x256x64;
         if candidates.contains(&wide) {
             let split = split_k(wide, p, sm_count) as usize;
