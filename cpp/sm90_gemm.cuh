@@ -168,13 +168,14 @@ struct Tile {
   static constexpr int kRawBytes = kRawA + kRawB + kSfStage * (1 + kSfChunksB);
   static constexpr int kRawStages = BN == 256 ? 3 : 2;  // BN <= 128 keeps two CTAs per SM
   using SmemAtom = GMMA::Layout_K_SW128_Atom<half_t>;  // 8 x 64 halves, 128-byte swizzle
-  using SmemLayoutA = decltype(tile_to_shape(SmemAtom{}, make_shape(Int<kBM>{}, Int<kBK>{}, Int<2>{})));
-  using SmemLayoutB = decltype(tile_to_shape(SmemAtom{}, make_shape(Int<BN>{}, Int<kBK>{}, Int<2>{})));
+  static constexpr int kDecBufs = 2;  // a third, with wgmma batches kept in flight, was not faster
+  using SmemLayoutA = decltype(tile_to_shape(SmemAtom{}, make_shape(Int<kBM>{}, Int<kBK>{}, Int<kDecBufs>{})));
+  using SmemLayoutB = decltype(tile_to_shape(SmemAtom{}, make_shape(Int<BN>{}, Int<kBK>{}, Int<kDecBufs>{})));
   using TiledMma = decltype(make_tiled_mma(
       SM90::GMMA::ss_op_selector<half_t, half_t, float, Shape<_64, Int<BN>, _16>, GMMA::Major::K, GMMA::Major::K>(),
       Layout<Shape<_2, _1, _1>>{}));
-  static constexpr int kDecA = kBM * kBK * 2 * 2;  // bytes, two buffers
-  static constexpr int kDecB = BN * kBK * 2 * 2;
+  static constexpr int kDecA = kBM * kBK * 2 * kDecBufs;  // bytes
+  static constexpr int kDecB = BN * kBK * 2 * kDecBufs;
   static constexpr int kSmem = 1024 + kDecA + kDecB + kRawStages * kRawBytes;  // 1024: swizzle alignment
   static constexpr int kMinBlocks = BN == 256 ? 1 : 2;
   static constexpr int kAcc = kBM * BN / kThreads;  // accumulator floats per thread
@@ -201,23 +202,30 @@ __device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t two_bytes) {
   return out;
 }
 
+__device__ __forceinline__ uint32_t e4m3x2_hi_to_f16x2(uint32_t four_bytes) {
+  uint32_t out;
+  asm("{\n .reg .b16 lo, hi;\n mov.b32 {lo, hi}, %1;\n cvt.rn.f16x2.e4m3x2 %0, hi;\n}\n" : "=r"(out) : "r"(four_bytes));
+  return out;
+}
+
 __device__ __forceinline__ uint32_t hmul2(uint32_t a, uint32_t b) {
   __half2 r = __hmul2(*reinterpret_cast<__half2*>(&a), *reinterpret_cast<__half2*>(&b));
   return *reinterpret_cast<uint32_t*>(&r);
 }
 
 // 8 e2m1 values (one 32-bit word, element 2i in the low nibble of byte i) times a scale already
-// multiplied by 2^6, as 8 FP16 values in element order.
+// multiplied by 2^6, as 8 FP16 values in the order 0 2 1 3 4 6 5 7: both operands are decoded
+// alike, so the dot product is unchanged (each wgmma still sums the same 16 products) and the
+// two byte permutes that would restore element order are saved, as are the shifts: the high half
+// of a word goes to the conversion as it is (F2FP reads R.H1).
 __device__ __forceinline__ uint4 decode8(uint32_t w, uint32_t scale2) {
-  uint32_t even = ((w << 2) & 0x1C1C1C1Cu) | ((w << 4) & 0x80808080u);  // elements 0, 2, 4, 6
-  uint32_t odd = ((w >> 2) & 0x1C1C1C1Cu) | (w & 0x80808080u);         // elements 1, 3, 5, 7
-  uint32_t e0123 = __byte_perm(even, odd, 0x5140);
-  uint32_t e4567 = __byte_perm(even, odd, 0x7362);
+  const uint32_t even = ((w << 2) & 0x1C1C1C1Cu) | ((w << 4) & 0x80808080u);  // elements 0, 2, 4, 6
+  const uint32_t odd = ((w >> 2) & 0x1C1C1C1Cu) | (w & 0x80808080u);         // elements 1, 3, 5, 7
   uint4 r;
-  r.x = hmul2(e4m3x2_to_f16x2(e0123), scale2);
-  r.y = hmul2(e4m3x2_to_f16x2(e0123 >> 16), scale2);
-  r.z = hmul2(e4m3x2_to_f16x2(e4567), scale2);
-  r.w = hmul2(e4m3x2_to_f16x2(e4567 >> 16), scale2);
+  r.x = hmul2(e4m3x2_to_f16x2(even), scale2);
+  r.y = hmul2(e4m3x2_to_f16x2(odd), scale2);
+  r.z = hmul2(e4m3x2_hi_to_f16x2(even), scale2);
+  r.w = hmul2(e4m3x2_hi_to_f16x2(odd), scale2);
   return r;
 }
 
@@ -313,6 +321,9 @@ __device__ __forceinline__ uint32_t sw128_offset(int row, int chunk) {
 template <int kRows>
 struct Operand {
   static constexpr int kUnits = (kRows * 2 + kThreads - 1) / kThreads;
+  // Every unit of every thread is a real one: no per-unit branch, which would keep the compiler
+  // from interleaving the units' decode chains.
+  static constexpr bool kAllActive = kRows * 2 % kThreads == 0;
   int raw_off[kUnits];             // the unit's 16 bytes in a raw stage (add 32 for the 2nd K-block)
   int sf_off[kUnits];              // the row's scale pair in the stage's scales (add 512 likewise)
   uint32_t dec_off[kUnits][4];     // swizzled byte offsets of the 4 output chunks
@@ -343,7 +354,7 @@ struct RawUnits {
   __device__ __forceinline__ void load(const Op& op, const uint8_t* raw_rows, const uint8_t* raw_sf, int sub) {
     CUTE_UNROLL
     for (int j = 0; j < kUnits; ++j) {
-      if (!op.active[j]) continue;
+      if (!Op::kAllActive && !op.active[j]) continue;
       q[j] = *reinterpret_cast<const uint4*>(raw_rows + op.raw_off[j] + sub * 32);
       sf2[j] = *reinterpret_cast<const uint16_t*>(raw_sf + op.sf_off[j] + sub * 512);
     }
@@ -354,7 +365,7 @@ struct RawUnits {
   __device__ __forceinline__ void store(const Op& op, uint8_t* dec) const {
     CUTE_UNROLL
     for (int j = 0; j < kUnits; ++j) {
-      if (!op.active[j]) continue;
+      if (!Op::kAllActive && !op.active[j]) continue;
       const uint32_t sc = hmul2(e4m3x2_to_f16x2(sf2[j]), 0x54005400u);  // both scales * 2^6 (64.0)
       const uint32_t s0 = __byte_perm(sc, sc, 0x1010), s1 = __byte_perm(sc, sc, 0x3232);
       *reinterpret_cast<uint4*>(dec + op.dec_off[j][0]) = decode8(q[j].x, s0);
@@ -477,11 +488,8 @@ __global__ void __launch_bounds__(kThreads, Tile<BN>::kMinBlocks)
   };
 
   // Decode 64-K block `sub` (0 or 1) of raw slot `slot` into FP16 buffer `buf`.
-  // The compiler cannot tell raw and decoded buffers apart, so a shared-memory load after a
-  // store waits for it: decoding A then B serializes the two (load latency, decode, stores, next
-  // load). With BN = 256 (one CTA per SM, 3 units per thread) every load of the k-tile goes
-  // first: 8192^3 2508 -> 2399 us on an H200; with BN <= 128 (two CTAs per SM) that order was
-  // 1-2 % slower (98.3 -> 100.2 us at 128x7168x16384), so they keep unit by unit.
+  // Every load of the k-tile goes first: the compiler cannot tell raw and decoded buffers apart,
+  // so a shared-memory load after a store waits for it (8192^3 2508 -> 2399 us, H200).
   auto decode = [&](int i, int buf) {  // MMA k-tile i of this split
     if constexpr ((BSG_SM90_ABLATE & 1) != 0) return;
     const uint8_t* base = raw + ((i / kSubs) % T::kRawStages) * T::kRawBytes;
@@ -491,9 +499,8 @@ __global__ void __launch_bounds__(kThreads, Tile<BN>::kMinBlocks)
     uint8_t* dec_a = reinterpret_cast<uint8_t*>(decA) + buf * (kBM * kBK * 2);
     uint8_t* dec_b = reinterpret_cast<uint8_t*>(decB) + buf * (BN * kBK * 2);
     ra.load(opA, base, base + T::kRawA + T::kRawB, sub);
-    if constexpr (BN <= 128) ra.store(opA, dec_a);
     rb.load(opB, base + T::kRawA, base + T::kRawA + T::kRawB + T::kSfStage, sub);
-    if constexpr (BN > 128) ra.store(opA, dec_a);
+    ra.store(opA, dec_a);
     rb.store(opB, dec_b);
   };
   auto wait_raw = [&](int r) {
@@ -525,7 +532,7 @@ __global__ void __launch_bounds__(kThreads, Tile<BN>::kMinBlocks)
   }
   stamp(1);
   for (int i = 0; i < n_kt; ++i) {
-    const int buf = i % 2;
+    const int buf = i % T::kDecBufs;
     warpgroup_fence_operand(acc);
     warpgroup_arrive();
     CUTE_UNROLL
@@ -536,7 +543,7 @@ __global__ void __launch_bounds__(kThreads, Tile<BN>::kMinBlocks)
     const int j = i + 1;
     if (j < n_kt) {  // decode the next k-tile while the tensor cores work
       if (j % kSubs == 0) wait_raw(j / kSubs);
-      decode(j, j % 2);
+      decode(j, j % T::kDecBufs);
       cutlass::arch::fence_view_async_shared();
     }
     warpgroup_wait<0>();
