@@ -653,9 +653,17 @@ __global__ void __launch_bounds__(kThreads, Tile<BN>::kMinBlocks)
       cute::cluster_sync();  // no CTA leaves while a peer still reads its shared memory
     } else {
       __syncthreads();
-      for (int chunk = tid; chunk < kBM * BN / kW; chunk += kThreads) {
+      // Unrolled, with 16-byte shared-memory loads: scalar loads and a loop the compiler kept
+      // rolled took 5.3 us per 128x256 CTA, this 2.3 (timeline, H100).
+      static_assert(kBM * BN / kW % kThreads == 0, "whole chunks per thread");
+      CUTE_UNROLL
+      for (int it = 0; it < kBM * BN / kW / kThreads; ++it) {
+        const int chunk = tid + it * kThreads;
         const int r = chunk / (BN / kW), col = (chunk % (BN / kW)) * kW;
-        store_chunk(r, col, tile_s + r * kLd + col);
+        float4 v[kW / 4];
+        CUTE_UNROLL
+        for (int e = 0; e < kW / 4; ++e) v[e] = *reinterpret_cast<const float4*>(tile_s + r * kLd + col + 4 * e);
+        store_chunk(r, col, reinterpret_cast<const float*>(v));
       }
     }
   } else {
