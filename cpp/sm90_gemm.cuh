@@ -168,7 +168,7 @@ struct Tile {
   static constexpr int kRawBytes = kRawA + kRawB + kSfStage * (1 + kSfChunksB);
   static constexpr int kRawStages = BN == 256 ? 3 : 2;  // BN <= 128 keeps two CTAs per SM
   using SmemAtom = GMMA::Layout_K_SW128_Atom<half_t>;  // 8 x 64 halves, 128-byte swizzle
-  static constexpr int kDecBufs = 2;  // a third, with wgmma batches kept in flight, was not faster
+  static constexpr int kDecBufs = BN == 256 ? 3 : 2;  // see kAhead; BN <= 128 keeps two CTAs per SM
   using SmemLayoutA = decltype(tile_to_shape(SmemAtom{}, make_shape(Int<kBM>{}, Int<kBK>{}, Int<kDecBufs>{})));
   using SmemLayoutB = decltype(tile_to_shape(SmemAtom{}, make_shape(Int<BN>{}, Int<kBK>{}, Int<kDecBufs>{})));
   using TiledMma = decltype(make_tiled_mma(
@@ -524,12 +524,22 @@ __global__ void __launch_bounds__(kThreads, Tile<BN>::kMinBlocks)
   Tensor acc = partition_fragment_C(mma, Shape<Int<kBM>, Int<BN>>{});
   clear(acc);
 
-  if (n_kt > 0) {
-    wait_raw(0);
-    decode(0, 0);
-    cutlass::arch::fence_view_async_shared();  // generic-proxy stores, read next by wgmma
-    __syncthreads();
+  // kAhead k-tiles are decoded ahead of the wgmma. With two (BN = 256, three buffers) the fence
+  // that hands a k-tile's decoded stores to the wgmma's async proxy comes one iteration after
+  // those stores, when they have long completed, instead of right behind them.
+  constexpr int kAhead = T::kDecBufs - 1;
+  for (int j = 0; j < kAhead && j < n_kt; ++j) {
+    if (j % kSubs == 0) wait_raw(j / kSubs);
+    decode(j, j);
   }
+  cutlass::arch::fence_view_async_shared();  // generic-proxy stores, read next by wgmma
+  __syncthreads();
+  // Raw stage j / kSubs is fully decoded once its last k-tile is: refill its slot.
+  auto refill_after = [&](int j) {
+    if (tid == 0 && j < n_kt && (j % kSubs == kSubs - 1 || j == n_kt - 1) && j / kSubs + T::kRawStages < n_raw)
+      issue(j / kSubs + T::kRawStages);
+  };
+  for (int j = 0; j < kAhead; ++j) refill_after(j);
   stamp(1);
   for (int i = 0; i < n_kt; ++i) {
     const int buf = i % T::kDecBufs;
@@ -540,18 +550,17 @@ __global__ void __launch_bounds__(kThreads, Tile<BN>::kMinBlocks)
       if constexpr ((BSG_SM90_ABLATE & 2) == 0) cute::gemm(mma, tCrA(_, _, kb, buf), tCrB(_, _, kb, buf), acc);
     }
     warpgroup_commit_batch();
-    const int j = i + 1;
-    if (j < n_kt) {  // decode the next k-tile while the tensor cores work
+    if constexpr (kAhead > 1) cutlass::arch::fence_view_async_shared();  // k-tile i + 1's stores
+    const int j = i + kAhead;
+    if (j < n_kt) {  // decode a later k-tile while the tensor cores work
       if (j % kSubs == 0) wait_raw(j / kSubs);
       decode(j, j % T::kDecBufs);
-      cutlass::arch::fence_view_async_shared();
+      if constexpr (kAhead == 1) cutlass::arch::fence_view_async_shared();
     }
     warpgroup_wait<0>();
     warpgroup_fence_operand(acc);
     __syncthreads();
-    // Raw stage j / kSubs is fully decoded once its last k-tile is: refill its slot.
-    if (tid == 0 && j < n_kt && (j % kSubs == kSubs - 1 || j == n_kt - 1) && j / kSubs + T::kRawStages < n_raw)
-      issue(j / kSubs + T::kRawStages);
+    refill_after(j);
   }
 
   stamp(2);
