@@ -96,7 +96,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             Some(c) => Config::from_name(c).ok_or("unknown --config")?,
             None => gemm.select_config(&p, out)?,
         };
-        let split = cli.split_k.unwrap_or_else(|| blockscaled_gemm::config_split_k(config, &p, gemm.device().sm_count));
+        let split = cli.split_k.unwrap_or_else(|| blockscaled_gemm::config_split_k(config, &p, gemm.device().sm_count, &gemm.device().max_clusters));
         let set_bytes = p.a_bytes() + p.b_bytes() + p.sfa_bytes() + p.sfb_bytes();
         let sets = (2 * l2 / set_bytes + 1).max(2);
         let mut bufs = Vec::new();

@@ -117,10 +117,28 @@ pub fn check_split_k(config: Config, p: &Problem, split_k: u32) -> Result<u32> {
     Ok(split_k)
 }
 
+/// Splits of 2 to this many K ranges of the SM90 128x256 tile are reduced through a thread-block
+/// cluster per output tile (`kMaxClusterSplit` in `cpp/sm90_gemm.cuh`); other splits and tiles
+/// go through global memory.
+pub const SM90_MAX_CLUSTER_SPLIT: u32 = 4;
+
+/// Whether `config` reduces a split of `split_k` ranges through a cluster of that many CTAs.
+pub fn cluster_reduced(config: Config, split_k: u32) -> bool {
+    config == Config::Sm90_128x256x64 && (2..=SM90_MAX_CLUSTER_SPLIT).contains(&split_k)
+}
+
+/// Clusters of 2, 3 and 4 thread blocks, one block per SM, that no GPU limits: for callers that
+/// do not know their device's (see [`crate::gemm::DeviceFacts::max_clusters`]).
+pub const ANY_CLUSTERS: [usize; 3] = [usize::MAX; 3];
+
 /// K ranges the SM90 kernel splits `p` into (1 elsewhere): enough to give every resident CTA
 /// slot (`sm_count` x CTAs per SM) work when the output has few tiles, keeping at least 4
-/// k-tiles of 64 per range, at most 16 ranges.
-pub fn split_k(config: Config, p: &Problem, sm_count: usize) -> u32 {
+/// k-tiles of 64 per range, at most 16 ranges. Where the ranges of a tile would form a cluster
+/// (see [`cluster_reduced`]), fewer ranges until every tile's cluster fits on the GPU at once
+/// (`max_clusters`: clusters of 2, 3, 4 the device holds): the rest would wait for a second
+/// wave (H100, 30 clusters of 4 at most: 1024x1024x8192 with 32 tiles x 4 took 92.5 us, 28
+/// tiles x 4 at 896x1024x8192 49.4 us).
+pub fn split_k(config: Config, p: &Problem, sm_count: usize, max_clusters: &[usize; 3]) -> u32 {
     let i = config.info();
     if i.arch != 90 {
         return 1;
@@ -132,14 +150,18 @@ pub fn split_k(config: Config, p: &Problem, sm_count: usize) -> u32 {
         return 1;
     }
     let k_tiles = p.k.div_ceil(i.tile[2] as usize);
-    (slots / tiles).min(k_tiles / 4).clamp(1, 16) as u32
+    let mut split = (slots / tiles).min(k_tiles / 4).clamp(1, 16) as u32;
+    while cluster_reduced(config, split) && tiles > max_clusters[split as usize - 2] {
+        split -= 1;
+    }
+    split
 }
 
 /// Picks a configuration of architecture `arch` for `p`, among those `available` says are
 /// built: the explicit entry of the shape table if it has one, else the largest tile that still
 /// gives every SM a tile (`sm_count`), else the config that occupies the most SMs (ties: the
 /// least padded work). `None` when no config of that architecture is available.
-pub fn select(arch: u32, p: &Problem, sm_count: usize, available: impl Fn(Config) -> bool) -> Option<Config> {
+pub fn select(arch: u32, p: &Problem, sm_count: usize, max_clusters: &[usize; 3], available: impl Fn(Config) -> bool) -> Option<Config> {
     let candidates: Vec<Config> = Config::ALL.iter().copied().filter(|c| c.info().arch == arch && available(*c)).collect();
     if arch == 100 {
         if let Some((_, c)) = SM100_SHAPES.iter().find(|(s, c)| *s == (p.m, p.n, p.k) && candidates.contains(c)) {
@@ -158,7 +180,7 @@ pub fn select(arch: u32, p: &Problem, sm_count: usize, available: impl Fn(Config
         // loses (46.3 vs 36.3), so the rule stands.
         let wide = Config::Sm90_128x256x64;
         if candidates.contains(&wide) {
-            let split = split_k(wide, p, sm_count) as usize;
+            let split = split_k(wide, p, sm_count, max_clusters) as usize;
             let ctas = wide.tiles(p) * split;
             let k_per_cta = p.k.div_ceil(wide.info().tile[2] as usize) / split;
             if ctas * 6 >= sm_count * 5 && (split == 1 || k_per_cta >= 32) {
@@ -205,41 +227,67 @@ mod tests {
     #[test]
     fn split_k_fills_the_gpu_only_when_needed() {
         let c = Config::Sm90_128x128x64;
-        assert_eq!(split_k(c, &Problem::new(128, 7168, 16384), 132), 4); // 56 tiles, 264 slots
-        assert_eq!(split_k(c, &Problem::new(128, 4096, 7168), 132), 8); // 32 tiles
-        assert_eq!(split_k(c, &Problem::new(128, 7168, 2048), 132), 4);
-        assert_eq!(split_k(c, &Problem::new(128, 256, 256), 132), 1); // only 4 k-tiles
-        assert_eq!(split_k(c, &Problem::new(2048, 2048, 2048), 132), 1); // 256 tiles
-        assert_eq!(split_k(Config::Sm100_1Sm_128x64x256, &Problem::new(128, 4096, 7168), 148), 1);
+        assert_eq!(split_k(c, &Problem::new(128, 7168, 16384), 132, &ANY_CLUSTERS), 4); // 56 tiles, 264 slots
+        assert_eq!(split_k(c, &Problem::new(128, 4096, 7168), 132, &ANY_CLUSTERS), 8); // 32 tiles
+        assert_eq!(split_k(c, &Problem::new(128, 7168, 2048), 132, &ANY_CLUSTERS), 4);
+        assert_eq!(split_k(c, &Problem::new(128, 256, 256), 132, &ANY_CLUSTERS), 1); // only 4 k-tiles
+        assert_eq!(split_k(c, &Problem::new(2048, 2048, 2048), 132, &ANY_CLUSTERS), 1); // 256 tiles
+        assert_eq!(split_k(Config::Sm100_1Sm_128x64x256, &Problem::new(128, 4096, 7168), 148, &ANY_CLUSTERS), 1);
         for &(m, n, k) in &[(1, 8, 32), (128, 8, 64 * 200), (4096, 8, 32)] {
-            let s = split_k(c, &Problem::new(m, n, k), 132) as usize;
+            let s = split_k(c, &Problem::new(m, n, k), 132, &ANY_CLUSTERS) as usize;
             assert!(s >= 1 && s <= k.div_ceil(64), "{m}x{n}x{k}: {s}");
         }
     }
 
     #[test]
+    fn split_k_clusters_stay_within_one_wave() {
+        const H100: [usize; 3] = [66, 39, 30]; // cuOccupancyMaxActiveClusters, H100 SXM
+        let wide = Config::Sm90_128x256x64;
+        let all = |_| true;
+        // 28 tiles: clusters of 4 fit (30), the 128x256 tile splits 4 ways.
+        assert_eq!(split_k(wide, &Problem::new(128, 7168, 16384), 132, &H100), 4);
+        assert_eq!(select(90, &Problem::new(128, 7168, 16384), 132, &H100, all), Some(wide));
+        // 32 tiles: 32 clusters of 4 do not fit, 32 of 3 do, but 96 CTAs leave too many SMs idle
+        // for the 128x256 tile (H100: 92.5 us with it at split 4, 50.4 with 128x128 split 4).
+        for p in [Problem::new(1024, 1024, 8192), Problem::new(128, 8192, 16384)] {
+            assert_eq!(split_k(wide, &p, 132, &H100), 3, "{p:?}");
+            assert_eq!(split_k(wide, &p, 132, &ANY_CLUSTERS), 4, "{p:?}");
+            assert_eq!(select(90, &p, 132, &H100, all), Some(Config::Sm90_128x128x64), "{p:?}");
+            assert_eq!(select(90, &p, 132, &ANY_CLUSTERS, all), Some(wide), "{p:?}");
+        }
+        // No cluster fits: no cluster split. Splits through global memory and other tiles are
+        // not limited.
+        assert_eq!(split_k(wide, &Problem::new(128, 7168, 16384), 132, &[0; 3]), 1);
+        assert_eq!(split_k(wide, &Problem::new(128, 2048, 16384), 132, &[0; 3]), 16); // 8 tiles
+        assert_eq!(split_k(Config::Sm90_128x128x64, &Problem::new(128, 7168, 16384), 132, &[0; 3]), 4);
+        assert!(cluster_reduced(wide, 2) && cluster_reduced(wide, SM90_MAX_CLUSTER_SPLIT));
+        assert!(!cluster_reduced(wide, 1) && !cluster_reduced(wide, SM90_MAX_CLUSTER_SPLIT + 1));
+        assert!(!cluster_reduced(Config::Sm90_128x128x64, 2));
+    }
+
+    #[test]
     fn shape_table_and_general_rule() {
         let all = |_| true;
-        assert_eq!(select(100, &Problem::new(128, 7168, 16384), 148, all), Some(Config::Sm100_1Sm_128x64x256));
-        assert_eq!(select(100, &Problem::new(2304, 4608, 7168), 148, all), Some(Config::Sm100_2Sm_256x256x256));
+        assert_eq!(select(100, &Problem::new(128, 7168, 16384), 148, &ANY_CLUSTERS, all), Some(Config::Sm100_1Sm_128x64x256));
+        assert_eq!(select(100, &Problem::new(2304, 4608, 7168), 148, &ANY_CLUSTERS, all), Some(Config::Sm100_2Sm_256x256x256));
         // Large square: the largest tile fills 148 SMs.
-        assert_eq!(select(100, &Problem::new(8192, 8192, 8192), 148, all), Some(Config::Sm100_2Sm_256x256x256));
+        assert_eq!(select(100, &Problem::new(8192, 8192, 8192), 148, &ANY_CLUSTERS, all), Some(Config::Sm100_2Sm_256x256x256));
         // Small: nothing fills the GPU, the smallest tile occupies the most SMs.
-        assert_eq!(select(100, &Problem::new(128, 1024, 1024), 148, all), Some(Config::Sm100_1Sm_128x64x256));
+        assert_eq!(select(100, &Problem::new(128, 1024, 1024), 148, &ANY_CLUSTERS, all), Some(Config::Sm100_1Sm_128x64x256));
         // Only what is built is chosen; another architecture has none.
         let no_narrow = |c| c != Config::Sm100_1Sm_128x64x256;
-        assert_ne!(select(100, &Problem::new(128, 7168, 16384), 148, no_narrow), Some(Config::Sm100_1Sm_128x64x256));
+        assert_ne!(select(100, &Problem::new(128, 7168, 16384), 148, &ANY_CLUSTERS, no_narrow), Some(Config::Sm100_1Sm_128x64x256));
         // SM90: 128x256 once its CTAs fill 5/6 of the SMs with long K ranges, else 128x128.
-        assert_eq!(select(90, &Problem::new(128, 7168, 16384), 132, all), Some(Config::Sm90_128x256x64)); // 28 tiles x split 4, 64 k-tiles each
-        assert_eq!(select(90, &Problem::new(2048, 2048, 2048), 132, all), Some(Config::Sm90_128x256x64)); // 128 tiles
-        assert_eq!(select(90, &Problem::new(256, 7168, 7168), 132, all), Some(Config::Sm90_128x256x64)); // 56 x split 2, 56 k-tiles
-        assert_eq!(select(90, &Problem::new(128, 4096, 7168), 132, all), Some(Config::Sm90_128x128x64)); // split 8: 14 k-tiles a range
-        assert_eq!(select(90, &Problem::new(128, 7168, 2048), 132, all), Some(Config::Sm90_128x128x64)); // split 4: 8 k-tiles a range
-        assert_eq!(select(90, &Problem::new(128, 1536, 7168), 132, all), Some(Config::Sm90_128x128x64)); // 6 x 16 CTAs: 73 % of SMs
-        assert_eq!(select(90, &Problem::new(8192, 8192, 8192), 132, all), Some(Config::Sm90_128x256x64));
+        assert_eq!(select(90, &Problem::new(128, 7168, 16384), 132, &ANY_CLUSTERS, all), Some(Config::Sm90_128x256x64)); // 28 tiles x split 4, 64 k-tiles each
+        assert_eq!(select(90, &Problem::new(2048, 2048, 2048), 132, &ANY_CLUSTERS, all), Some(Config::Sm90_128x256x64)); // 128 tiles
+        assert_eq!(select(90, &Problem::new(256, 7168, 7168), 132, &ANY_CLUSTERS, all), Some(Config::Sm90_128x256x64)); // 56 x split 2, 56 k-tiles
+        assert_eq!(select(90, &Problem::new(128, 4096, 7168), 132, &ANY_CLUSTERS, all), Some(Config::Sm90_128x128x64)); // split 8: 14 k-tiles a range
+        assert_eq!(select(90, &Problem::new(128, 7168, 2048), 132, &ANY_CLUSTERS, all), Some(Config::Sm90_128x128x64)); // split 4: 8 k-tiles a range
+        assert_eq!(select(90, &Problem::new(128, 1536, 7168), 132, &ANY_CLUSTERS, all), Some(Config::Sm90_128x128x64)); // 6 x 16 CTAs: 73 % of SMs
+        assert_eq!(select(90, &Problem::new(8192, 8192, 8192), 132, &ANY_CLUSTERS, all), Some(Config::Sm90_128x256x64));
         let no_wide = |c: Config| c != Config::Sm90_128x256x64;
-        assert_eq!(select(90, &Problem::new(2048, 2048, 2048), 132, no_wide), Some(Config::Sm90_128x128x64));
-        assert_eq!(select(80, &Problem::new(128, 128, 128), 132, all), None);
-        assert_eq!(select(100, &Problem::new(128, 128, 128), 148, |_| false), None);
+        assert_eq!(select(90, &Problem::new(2048, 2048, 2048), 132, &ANY_CLUSTERS, no_wide), Some(Config::Sm90_128x128x64));
+        assert_eq!(select(80, &Problem::new(128, 128, 128), 132, &ANY_CLUSTERS, all), None);
+        assert_eq!(select(100, &Problem::new(128, 128, 128), 148, &ANY_CLUSTERS, |_| false), None);
     }
 }

@@ -70,6 +70,10 @@ pub struct DeviceFacts {
     pub compute_capability: (i32, i32),
     /// Multiprocessor count.
     pub sm_count: usize,
+    /// Clusters of 2, 3 and 4 thread blocks, one block per SM, the device runs at once (asked
+    /// of the driver on Hopper; [`crate::ANY_CLUSTERS`] elsewhere or where it cannot
+    /// answer): the SM90 heuristic keeps split-K clusters within one wave.
+    pub max_clusters: [usize; 3],
 }
 
 impl DeviceFacts {
@@ -133,7 +137,7 @@ pub fn plan(p: &Problem, out: OutType, lens: &BufferLens, device: &DeviceFacts, 
         None => {
             let unsupported = || Error::UnsupportedDevice { ordinal: device.ordinal, major, minor, supported: SUPPORTED };
             let arch = device.arch().ok_or_else(unsupported)?;
-            config::select(arch, p, device.sm_count, |c| built(c, out)).ok_or_else(unsupported)?
+            config::select(arch, p, device.sm_count, &device.max_clusters, |c| built(c, out)).ok_or_else(unsupported)?
         }
     };
     if !built(config, out) {
@@ -200,7 +204,10 @@ impl BlockScaledGemm {
         let ctx = stream.context();
         let cc = ctx.compute_capability()?;
         let sm_count = ctx.attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?;
-        let device = DeviceFacts { ordinal: ctx.ordinal(), compute_capability: cc, sm_count: sm_count.max(1) as usize };
+        // A failed query leaves the heuristic as it was before it knew of cluster limits (a
+        // possible second wave of clusters costs time, never correctness).
+        let max_clusters = if cc.0 == 9 { crate::clusters::max_clusters(ctx).unwrap_or(config::ANY_CLUSTERS) } else { config::ANY_CLUSTERS };
+        let device = DeviceFacts { ordinal: ctx.ordinal(), compute_capability: cc, sm_count: sm_count.max(1) as usize, max_clusters };
         Ok(BlockScaledGemm { stream, device, scratch: Mutex::new(Scratch::default()), split_k: None })
     }
 
@@ -304,7 +311,7 @@ impl BlockScaledGemm {
 
     fn split_k_for(&self, config: Config, p: &Problem) -> Result<u32> {
         match self.split_k {
-            None => Ok(config::split_k(config, p, self.device.sm_count)),
+            None => Ok(config::split_k(config, p, self.device.sm_count, &self.device.max_clusters)),
             Some(s) => config::check_split_k(config, p, s),
         }
     }
@@ -442,14 +449,14 @@ mod tests {
     fn lens(p: &Problem) -> BufferLens {
         BufferLens::for_problem(p, OutType::F16, false)
     }
-    const B200: DeviceFacts = DeviceFacts { ordinal: 0, compute_capability: (10, 0), sm_count: 148 };
-    const H100: DeviceFacts = DeviceFacts { ordinal: 1, compute_capability: (9, 0), sm_count: 132 };
+    const B200: DeviceFacts = DeviceFacts { ordinal: 0, compute_capability: (10, 0), sm_count: 148, max_clusters: config::ANY_CLUSTERS };
+    const H100: DeviceFacts = DeviceFacts { ordinal: 1, compute_capability: (9, 0), sm_count: 132, max_clusters: [66, 39, 30] };
 
     #[test]
     fn plan_checks_every_buffer_and_the_device() {
         let p = Problem::new(256, 512, 1024);
         let all = |_, _| true;
-        assert_eq!(plan(&p, OutType::F16, &lens(&p), &B200, None, all).unwrap(), config::select(100, &p, 148, |_| true).unwrap());
+        assert_eq!(plan(&p, OutType::F16, &lens(&p), &B200, None, all).unwrap(), config::select(100, &p, 148, &config::ANY_CLUSTERS, |_| true).unwrap());
         for (i, name) in ["A", "SFA", "B", "SFB", "D"].iter().enumerate() {
             let mut l = lens(&p);
             let f = [&mut l.a, &mut l.sfa, &mut l.b, &mut l.sfb, &mut l.d];

@@ -35,6 +35,7 @@ fn main() {
         ("sm90_extreme_scales", sm90_extreme_scales),
         ("sm90_contest_and_benchmark_shapes", sm90_contest_and_benchmark_shapes),
         ("sm90_workspace_reuse_across_shapes", sm90_workspace_reuse_across_shapes),
+        ("sm90_split_k_clusters_fit_in_one_wave", sm90_split_k_clusters_fit_in_one_wave),
         ("fp4_output_exact_data_byte_for_byte", fp4_output_exact_data_byte_for_byte),
         ("fp4_output_realistic_data_within_one_step", fp4_output_realistic_data_within_one_step),
         ("fp4_output_chains_into_the_next_gemm", fp4_output_chains_into_the_next_gemm),
@@ -248,8 +249,31 @@ fn sm90_contest_and_benchmark_shapes() -> Outcome {
         let (a, b) = contest(m, n, k, 1, 100 + i as u64);
         let p = Problem::new(m, n, k);
         let c = g.select_config(&p, OutType::F16).unwrap();
-        println!("  {m}x{n}x{k}: {c}, split_k {}", blockscaled_gemm::config_split_k(c, &p, g.device().sm_count));
+        println!("  {m}x{n}x{k}: {c}, split_k {}", blockscaled_gemm::config_split_k(c, &p, g.device().sm_count, &g.device().max_clusters));
         run_sm90::<f16>(&g, &a, &b, 1.0, 0.0, c, true);
+    }
+    Ok(())
+}
+
+/// The driver's count of clusters the device runs at once is plausible, and the heuristic keeps
+/// every split-K cluster of the 128x256 tile within it (a second wave doubled the time).
+fn sm90_split_k_clusters_fit_in_one_wave() -> Outcome {
+    let g = hopper()?;
+    let d = g.device();
+    println!("  {} SMs; clusters of 2, 3, 4 at once: {:?}", d.sm_count, d.max_clusters);
+    assert_ne!(d.max_clusters, blockscaled_gemm::ANY_CLUSTERS, "the driver did not answer");
+    for (i, &n) in d.max_clusters.iter().enumerate() {
+        assert!(n >= 1 && n * (i + 2) <= d.sm_count, "{n} clusters of {}", i + 2);
+    }
+    let wide = Config::Sm90_128x256x64;
+    for (m, n, k) in [(128, 7168, 16384), (128, 8192, 16384), (1024, 1024, 8192), (256, 7168, 7168), (128, 16384, 4096)] {
+        let p = Problem::new(m, n, k);
+        let s = blockscaled_gemm::config_split_k(wide, &p, d.sm_count, &d.max_clusters);
+        let tiles = m.div_ceil(128) * n.div_ceil(256);
+        if blockscaled_gemm::cluster_reduced(wide, s) {
+            assert!(tiles <= d.max_clusters[s as usize - 2], "{m}x{n}x{k}: {tiles} clusters of {s}");
+        }
+        println!("  {m}x{n}x{k}: 128x256 split {s}; chosen {}", g.select_config(&p, OutType::F16).unwrap());
     }
     Ok(())
 }
@@ -263,7 +287,7 @@ fn sm90_workspace_reuse_across_shapes() -> Outcome {
     let c = Config::Sm90_128x128x64;
     for (i, (m, n, k, split)) in [(128, 1152, 16384, 16), (128, 8320, 512, 2), (128, 1152, 16384, 16), (128, 8320, 512, 2)].into_iter().enumerate() {
         let p = Problem::new(m, n, k);
-        assert_eq!(blockscaled_gemm::config_split_k(c, &p, g.device().sm_count), split, "{m}x{n}x{k}: the heuristic changed; pick shapes again");
+        assert_eq!(blockscaled_gemm::config_split_k(c, &p, g.device().sm_count, &g.device().max_clusters), split, "{m}x{n}x{k}: the heuristic changed; pick shapes again");
         let (a, b) = contest(m, n, k, 1, 60 + i as u64);
         run_sm90::<f16>(&g, &a, &b, 1.0, 0.0, c, true);
     }

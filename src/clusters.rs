@@ -1,0 +1,66 @@
+//! How many thread-block clusters a Hopper GPU runs at once, asked of the driver: the SM90
+//! 128x256 kernel reduces split-K through one cluster per output tile, and clusters beyond this
+//! count wait for a second wave (H100 SXM: 66 clusters of 2, 39 of 3, 30 of 4; 132 SMs).
+//!
+//! The driver answers for a function and a launch configuration; the answer depends only on the
+//! cluster size and the blocks an SM holds, so a one-instruction kernel (PTX, loaded by the
+//! driver) with more than half an SM's shared memory stands in for the GEMM kernel, which also
+//! runs one block per SM.
+
+use cudarc::driver::sys::{self, CUdevice_attribute as Attr};
+use cudarc::driver::{CudaContext, DriverError};
+use std::ffi::CString;
+use std::sync::Arc;
+
+const PROBE: &str = ".version 7.8\n.target sm_90\n.address_size 64\n.visible .entry bsg_cluster_probe() { ret; }\n";
+
+/// Clusters of 2, 3 and 4 blocks of one block per SM that `ctx`'s device runs at once.
+/// Needs compute capability 9.0 or later.
+pub(crate) fn max_clusters(ctx: &Arc<CudaContext>) -> Result<[usize; 3], DriverError> {
+    ctx.bind_to_thread()?;
+    let smem = (ctx.attribute(Attr::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR)? / 2 + 1)
+        .min(ctx.attribute(Attr::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)?);
+    let src = CString::new(PROBE).expect("no NUL in the PTX");
+    let mut module = std::ptr::null_mut();
+    // SAFETY: a NUL-terminated PTX image and an out-pointer; the context is current.
+    unsafe { sys::cuModuleLoadData(&mut module, src.as_ptr().cast()) }.result()?;
+    let answer = (|| {
+        let mut func = std::ptr::null_mut();
+        let name = CString::new("bsg_cluster_probe").expect("no NUL in the name");
+        // SAFETY: a loaded module, a NUL-terminated name, an out-pointer.
+        unsafe { sys::cuModuleGetFunction(&mut func, module, name.as_ptr()) }.result()?;
+        // SAFETY: a valid function handle; the size is within the device's opt-in limit.
+        unsafe { sys::cuFuncSetAttribute(func, sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem) }.result()?;
+        let mut out = [0usize; 3];
+        for (i, size) in (2u32..=4).enumerate() {
+            // SAFETY: zero is a valid bit pattern for this plain C union.
+            let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+            attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+            attr.value.clusterDim.x = 1;
+            attr.value.clusterDim.y = size;
+            attr.value.clusterDim.z = 1;
+            let config = sys::CUlaunchConfig {
+                gridDimX: 1,
+                gridDimY: size,
+                gridDimZ: 1,
+                blockDimX: 256,
+                blockDimY: 1,
+                blockDimZ: 1,
+                sharedMemBytes: smem as u32,
+                hStream: std::ptr::null_mut(),
+                attrs: &mut attr,
+                numAttrs: 1,
+            };
+            let mut n = 0;
+            // SAFETY: valid function and configuration, an out-pointer.
+            unsafe { sys::cuOccupancyMaxActiveClusters(&mut n, func, &config) }.result()?;
+            out[i] = n.max(0) as usize;
+        }
+        Ok(out)
+    })();
+    // SAFETY: the module loaded above; nothing of it is used after this.
+    let unloaded = unsafe { sys::cuModuleUnload(module) }.result();
+    let out = answer?;
+    unloaded?;
+    Ok(out)
+}
