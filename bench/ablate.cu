@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <string>
 #include <vector>
 
 #include "sm90_gemm.cuh"
@@ -93,8 +94,39 @@ float run(int m, int n, int k, int split) {
   return t[50] * 1000.f;
 }
 
+// How many clusters of 2..kMaxClusterSplit CTAs of the 128x256 cluster kernel fit on the GPU at
+// once (cudaOccupancyMaxActiveClusters): the split-K clusters of a launch beyond that wait for a
+// second wave.
+int clusters() {
+  auto kernel = bsg::sm90::gemm_kernel<256, __half, true>;
+  using T = bsg::sm90::Tile<256>;
+  CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmem));
+  int sms = 0;
+  CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  std::printf("%d SMs; 128x256 tile, at most active at once:", sms);
+  for (int s = 2; s <= bsg::sm90::kMaxClusterSplit; ++s) {
+    cudaLaunchConfig_t cfg{};
+    cfg.gridDim = dim3(unsigned(sms), unsigned(s));
+    cfg.blockDim = dim3(bsg::sm90::kThreads);
+    cfg.dynamicSmemBytes = T::kSmem;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = 1;
+    attr[0].val.clusterDim.y = unsigned(s);
+    attr[0].val.clusterDim.z = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    int n = 0;
+    CHECK(cudaOccupancyMaxActiveClusters(&n, kernel, &cfg));
+    std::printf(" %d clusters of %d (%d CTAs);", n, s, n * s);
+  }
+  std::printf("\n");
+  return 0;
+}
+
 int main(int argc, char** argv) {
-  if (argc != 6) { std::printf("usage: ablate M N K BN(64|128|256) SPLIT\n"); return 2; }
+  if (argc == 2 && std::string(argv[1]) == "clusters") return clusters();
+  if (argc != 6) { std::printf("usage: ablate M N K BN(64|128|256) SPLIT | ablate clusters\n"); return 2; }
   int m = std::atoi(argv[1]), n = std::atoi(argv[2]), k = std::atoi(argv[3]), bn = std::atoi(argv[4]), split = std::atoi(argv[5]);
   float us = bn == 256 ? run<256>(m, n, k, split) : bn == 64 ? run<64>(m, n, k, split) : run<128>(m, n, k, split);
   std::printf("ablate=%d (%s%s%s) %dx%dx%d BN=%d split=%d: %.2f us\n", BSG_SM90_ABLATE,
