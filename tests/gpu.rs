@@ -195,6 +195,12 @@ fn sm90_every_config_and_output() -> Outcome {
         run_sm90::<f32>(&g, &a, &b, 0.75, -1.5, c, false);
         let (a, b) = (Nvfp4Matrix::random_realistic(130, 512, 1, seed() ^ 20).unwrap(), Nvfp4Matrix::random_realistic(264, 512, 1, seed() ^ 21).unwrap());
         run_sm90::<f32>(&g, &a, &b, 1.0, 0.0, c, false);
+        // 1 to 7 k-tiles of 64: fewer than the k-tiles decoded ahead, a raw stage (128 K) cut
+        // short, ranges that end inside a raw stage.
+        for k in [32, 64, 128, 192, 320, 448] {
+            let (a, b) = contest(130, 264, k, 1, 50 + k as u64);
+            run_sm90::<f16>(&g, &a, &b, 1.0, 0.0, c, true);
+        }
     }
     Ok(())
 }
