@@ -171,19 +171,18 @@ pub fn select(arch: u32, p: &Problem, sm_count: usize, max_clusters: &[usize; 3]
     if arch == 90 {
         // Split-K fills the GPU for small outputs, so the choice is about tile efficiency: the
         // 128x256 tile (one CTA per SM, half the activation decoding per output of 128x128)
-        // once its CTAs, split-K included, occupy 5/6 of the SMs, unless that needs split-K
-        // ranges under 32 k-tiles (its fixed costs then weigh more); else 128x128 (two CTAs per
-        // SM). Measured on an H200 (bench/NOTES.md), before split-K through the cluster:
-        // 128x7168x16384 92.1 vs 95.0 us, 2048^3 46.9 vs 51.4, 256x7168x7168 83.8 vs 87.9;
-        // 128x7168x2048 (split 4, 8 k-tiles a range) 29.7 vs 25.8. With the cluster reduction
-        // that last one ties (25.4-25.6 vs 25.3-26.0) and 128x4096x7168 (split 4 vs 8) still
-        // loses (46.3 vs 36.3), so the rule stands.
+        // once its CTAs, split-K included, occupy 5/6 of the SMs, unless its split goes through
+        // global memory with ranges under 32 k-tiles (the fixed costs of that reduction then
+        // weigh more); else 128x128 (two CTAs per SM). Through the cluster, short ranges are
+        // fine (H100, bench/results/2026-11-21-h100-session4/clusters/tiles2.txt): 128x7168x2048
+        // 21.5 vs 24.8 us, 128x7168x1024 16.8 vs 23.4, 256x7168x2048 29.5 vs 34.3,
+        // 128x7168x4096 30.0 vs 33.6; and 128x7168x16384 84.6 vs 86.3, 2048^3 41.7 vs 47.2.
         let wide = Config::Sm90_128x256x64;
         if candidates.contains(&wide) {
             let split = split_k(wide, p, sm_count, max_clusters) as usize;
             let ctas = wide.tiles(p) * split;
             let k_per_cta = p.k.div_ceil(wide.info().tile[2] as usize) / split;
-            if ctas * 6 >= sm_count * 5 && (split == 1 || k_per_cta >= 32) {
+            if ctas * 6 >= sm_count * 5 && (split == 1 || cluster_reduced(wide, split as u32) || k_per_cta >= 32) {
                 return Some(wide);
             }
         }
@@ -277,12 +276,14 @@ mod tests {
         // Only what is built is chosen; another architecture has none.
         let no_narrow = |c| c != Config::Sm100_1Sm_128x64x256;
         assert_ne!(select(100, &Problem::new(128, 7168, 16384), 148, &ANY_CLUSTERS, no_narrow), Some(Config::Sm100_1Sm_128x64x256));
-        // SM90: 128x256 once its CTAs fill 5/6 of the SMs with long K ranges, else 128x128.
+        // SM90: 128x256 once its CTAs fill 5/6 of the SMs, with long K ranges or a cluster split, else 128x128.
         assert_eq!(select(90, &Problem::new(128, 7168, 16384), 132, &ANY_CLUSTERS, all), Some(Config::Sm90_128x256x64)); // 28 tiles x split 4, 64 k-tiles each
         assert_eq!(select(90, &Problem::new(2048, 2048, 2048), 132, &ANY_CLUSTERS, all), Some(Config::Sm90_128x256x64)); // 128 tiles
         assert_eq!(select(90, &Problem::new(256, 7168, 7168), 132, &ANY_CLUSTERS, all), Some(Config::Sm90_128x256x64)); // 56 x split 2, 56 k-tiles
         assert_eq!(select(90, &Problem::new(128, 4096, 7168), 132, &ANY_CLUSTERS, all), Some(Config::Sm90_128x128x64)); // split 8: 14 k-tiles a range
-        assert_eq!(select(90, &Problem::new(128, 7168, 2048), 132, &ANY_CLUSTERS, all), Some(Config::Sm90_128x128x64)); // split 4: 8 k-tiles a range
+        assert_eq!(select(90, &Problem::new(128, 7168, 2048), 132, &ANY_CLUSTERS, all), Some(Config::Sm90_128x256x64)); // split 4 through the cluster
+        assert_eq!(select(90, &Problem::new(128, 7168, 512), 132, &ANY_CLUSTERS, all), Some(Config::Sm90_128x128x64)); // split 2 (8 k-tiles): 56 CTAs
+        assert_eq!(select(90, &Problem::new(128, 2048, 4096), 132, &ANY_CLUSTERS, all), Some(Config::Sm90_128x128x64)); // 8 tiles x split 16: global, 4 k-tiles
         assert_eq!(select(90, &Problem::new(128, 1536, 7168), 132, &ANY_CLUSTERS, all), Some(Config::Sm90_128x128x64)); // 6 x 16 CTAs: 73 % of SMs
         assert_eq!(select(90, &Problem::new(8192, 8192, 8192), 132, &ANY_CLUSTERS, all), Some(Config::Sm90_128x256x64));
         let no_wide = |c: Config| c != Config::Sm90_128x256x64;
