@@ -20,6 +20,14 @@ fn built(config: Config, out: OutType) -> Result<()> {
     Ok(())
 }
 
+/// The host arguments of a query about `config` with `out` output on `p` in `split_k` ranges.
+fn split_args(config: Config, out: OutType, p: &Problem, split_k: u32) -> Result<bridge::LaunchArgs> {
+    built(config, out)?;
+    p.check_dims(i32::MAX as usize)?;
+    let split_k = i32::try_from(split_k).map_err(|_| Error::InvalidData { what: "split_k", detail: format!("{split_k}: above i32::MAX") })?;
+    Ok(bridge::LaunchArgs { split_k, ..args(p) })
+}
+
 /// CUTLASS `GemmUniversalAdapter::can_implement` for `config` with `out` output on `p`
 /// (host arguments built as the launch builds them).
 pub fn can_implement(config: Config, out: OutType, p: &Problem) -> Result<bool> {
@@ -29,10 +37,14 @@ pub fn can_implement(config: Config, out: OutType, p: &Problem) -> Result<bool> 
 /// [`can_implement`] with `split_k` K ranges (the SM90 kernels' split-K; CUTLASS's SM100
 /// kernels take 1).
 pub fn can_implement_split_k(config: Config, out: OutType, p: &Problem, split_k: u32) -> Result<bool> {
-    built(config, out)?;
-    p.check_dims(i32::MAX as usize)?;
-    let split_k = i32::try_from(split_k).map_err(|_| Error::InvalidData { what: "split_k", detail: format!("{split_k}: above i32::MAX") })?;
-    Ok(bridge::can_implement(config.info().index, out.index(), &bridge::LaunchArgs { split_k, ..args(p) }))
+    Ok(bridge::can_implement(config.info().index, out.index(), &split_args(config, out, p, split_k)?))
+}
+
+/// Workspace bytes the kernel of `config` with `out` output asks for on `p` with `split_k` K
+/// ranges (the SM90 kernels: a global-memory split-K reduction; none for one range or a split
+/// reduced through a cluster).
+pub fn workspace_size(config: Config, out: OutType, p: &Problem, split_k: u32) -> Result<usize> {
+    Ok(bridge::workspace_size(config.info().index, out.index(), &split_args(config, out, p, split_k)?))
 }
 
 /// Byte offsets CUTLASS's `Sm1xxBlockScaledConfig::tile_atom_to_shape_SFA/SFB` layout gives for

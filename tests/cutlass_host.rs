@@ -1,8 +1,8 @@
 //! The Rust layout and validator against CUTLASS's own host code, and the machine code of every
 //! kernel in the build. No GPU needed.
-use blockscaled_gemm::cutlass_host::{can_implement, can_implement_split_k, sf_offsets};
+use blockscaled_gemm::cutlass_host::{can_implement, can_implement_split_k, sf_offsets, workspace_size};
 use blockscaled_gemm::layout::{sf_bytes, sf_offset_elem};
-use blockscaled_gemm::{check_split_k, Config, OutType, Problem};
+use blockscaled_gemm::{check_split_k, cluster_reduced, Config, OutType, Problem};
 use std::process::Command;
 
 fn built_configs() -> Vec<Config> {
@@ -101,6 +101,25 @@ fn sm90_split_k_rules_agree_with_the_kernels() {
         assert!(refused > 0 && refused < checked);
     }
     eprintln!("{checked} (SM90 config, shape, split-K) cases agree, {refused} refused by both");
+}
+
+/// The split-K heuristic's notion of a cluster reduction (`cluster_reduced`, which keeps those
+/// clusters within one wave) is the kernels' own: exactly those splits ask for no workspace.
+#[test]
+fn cluster_split_rule_agrees_with_the_kernels() {
+    let p = Problem::new(130, 7168, 8192);
+    let mut checked = 0;
+    for c in built_configs().into_iter().filter(|c| c.info().arch == 90) {
+        for &out in c.info().outputs.iter().filter(|o| c.is_built(**o)) {
+            for split in 1u32..=9 {
+                let ws = workspace_size(c, out, &p, split).unwrap();
+                assert_eq!(split > 1 && ws == 0, cluster_reduced(c, split), "{c} {out} split {split}: workspace {ws}");
+                assert_eq!(ws == 0, split == 1 || cluster_reduced(c, split), "{c} {out} split {split}: workspace {ws}");
+                checked += 1;
+            }
+        }
+    }
+    eprintln!("{checked} (SM90 config, output, split) cases agree");
 }
 
 #[test]

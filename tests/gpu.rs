@@ -275,7 +275,7 @@ fn sm90_split_k_clusters_fit_in_one_wave() -> Outcome {
     for (m, n, k) in [(128, 7168, 16384), (128, 8192, 16384), (1024, 1024, 8192), (256, 7168, 7168), (128, 16384, 4096)] {
         let p = Problem::new(m, n, k);
         let s = blockscaled_gemm::config_split_k(wide, &p, d.sm_count, &d.max_clusters);
-        let tiles = m.div_ceil(128) * n.div_ceil(256);
+        let tiles = wide.tiles(&p);
         if blockscaled_gemm::cluster_reduced(wide, s) {
             assert!(tiles <= d.max_clusters[s as usize - 2], "{m}x{n}x{k}: {tiles} clusters of {s}");
         }
