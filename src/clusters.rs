@@ -10,13 +10,24 @@
 use cudarc::driver::sys::{self, CUdevice_attribute as Attr};
 use cudarc::driver::{CudaContext, DriverError};
 use std::ffi::CString;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 const PROBE: &str = ".version 7.8\n.target sm_90\n.address_size 64\n.visible .entry bsg_cluster_probe() { ret; }\n";
 
-/// Clusters of 2, 3 and 4 blocks of one block per SM that `ctx`'s device runs at once.
-/// Needs compute capability 9.0 or later.
+/// Clusters of 2, 3 and 4 blocks of one block per SM that `ctx`'s device runs at once, asked of
+/// the driver once per device and process. Needs compute capability 9.0 or later.
 pub(crate) fn max_clusters(ctx: &Arc<CudaContext>) -> Result<[usize; 3], DriverError> {
+    static KNOWN: Mutex<Vec<(usize, [usize; 3])>> = Mutex::new(Vec::new());
+    let ordinal = ctx.ordinal();
+    if let Some(&(_, known)) = KNOWN.lock().unwrap_or_else(|e| e.into_inner()).iter().find(|(o, _)| *o == ordinal) {
+        return Ok(known);
+    }
+    let answer = probe(ctx)?;
+    KNOWN.lock().unwrap_or_else(|e| e.into_inner()).push((ordinal, answer));
+    Ok(answer)
+}
+
+fn probe(ctx: &Arc<CudaContext>) -> Result<[usize; 3], DriverError> {
     ctx.bind_to_thread()?;
     let smem = (ctx.attribute(Attr::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR)? / 2 + 1)
         .min(ctx.attribute(Attr::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)?);
