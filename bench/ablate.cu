@@ -105,19 +105,9 @@ int clusters() {
   CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
   std::printf("%d SMs; 128x256 tile, at most active at once:", sms);
   for (int s = 2; s <= bsg::sm90::kMaxClusterSplit; ++s) {
-    cudaLaunchConfig_t cfg{};
-    cfg.gridDim = dim3(unsigned(sms), unsigned(s));
-    cfg.blockDim = dim3(bsg::sm90::kThreads);
-    cfg.dynamicSmemBytes = T::kSmem;
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeClusterDimension;
-    attr[0].val.clusterDim.x = 1;
-    attr[0].val.clusterDim.y = unsigned(s);
-    attr[0].val.clusterDim.z = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
+    const bsg::sm90::ClusterLaunch launch(dim3(unsigned(sms), unsigned(s)), s, T::kSmem, nullptr);
     int n = 0;
-    CHECK(cudaOccupancyMaxActiveClusters(&n, kernel, &cfg));
+    CHECK(cudaOccupancyMaxActiveClusters(&n, kernel, &launch.cfg));
     std::printf(" %d clusters of %d (%d CTAs);", n, s, n * s);
   }
   std::printf("\n");

@@ -114,6 +114,27 @@ struct Params {
 // H200).
 constexpr int kMaxClusterSplit = 4;
 
+// A launch configuration whose grid (tiles, split_k) runs the split_k CTAs of each tile as one
+// cluster along y. Not copyable: cfg points at attr.
+struct ClusterLaunch {
+  cudaLaunchConfig_t cfg{};
+  cudaLaunchAttribute attr[1];
+  ClusterLaunch(dim3 grid, int split_k, size_t smem, cudaStream_t stream) {
+    cfg.gridDim = grid;
+    cfg.blockDim = dim3(kThreads);
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = stream;
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = 1;
+    attr[0].val.clusterDim.y = unsigned(split_k);
+    attr[0].val.clusterDim.z = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+  }
+  ClusterLaunch(const ClusterLaunch&) = delete;
+  ClusterLaunch& operator=(const ClusterLaunch&) = delete;
+};
+
 // Address of the same shared-memory location in the CTA of rank `rank` of this cluster.
 __device__ __forceinline__ uint32_t peer_smem(const void* local, uint32_t rank) {
   uint32_t out;
@@ -755,9 +776,10 @@ struct Gemm {
   static constexpr int64_t kMaxSplitTiles = 65536;
   static constexpr size_t kCountersBytes = kMaxSplitTiles * 4;
 
-  // The 128x256 tile only (one CTA per SM). With 128x128 the cluster path was faster at
-  // 128x7168x2048 (split 4: 25.3 vs 26.0 us) but slower at 128x4096x7168 (split 4: 49 vs 36),
-  // for reasons not yet measured, so those keep the global path.
+  // The 128x256 tile only (one CTA per SM). A 128x128 cluster instance (session 4, H100) was
+  // faster at 128x7168x2048 split 4 (20.2 vs 24.4 us) but slower at 128x4096x7168 split 4 (41.0
+  // vs 33.6) and 1024x1024x8192 split 4 (68.0 vs 51.2), for reasons not yet measured, so that
+  // tile keeps the global path.
   static constexpr bool kClusterInstance = BN == 256;
   static constexpr bool cluster_reducible(int split_k) { return kClusterInstance && split_k > 1 && split_k <= kMaxClusterSplit; }
 
@@ -789,20 +811,9 @@ struct Gemm {
              reinterpret_cast<float*>(static_cast<uint8_t*>(a.workspace) + (a.split_k > 1 ? kCountersBytes : 0)),
              static_cast<uint8_t*>(a.sfd), a.norm_constant};
     dim3 grid(unsigned(tiles(a)), unsigned(a.split_k));
-    if (cluster_reducible(a.split_k)) {  // the split_k CTAs of a tile: one cluster along y
-      cudaLaunchConfig_t cfg{};
-      cfg.gridDim = grid;
-      cfg.blockDim = dim3(kThreads);
-      cfg.dynamicSmemBytes = T::kSmem;
-      cfg.stream = static_cast<cudaStream_t>(a.stream);
-      cudaLaunchAttribute attr[1];
-      attr[0].id = cudaLaunchAttributeClusterDimension;
-      attr[0].val.clusterDim.x = 1;
-      attr[0].val.clusterDim.y = unsigned(a.split_k);
-      attr[0].val.clusterDim.z = 1;
-      cfg.attrs = attr;
-      cfg.numAttrs = 1;
-      cudaError_t e = cudaLaunchKernelEx(&cfg, gemm_kernel<BN, OutT, kClusterInstance>, p, map_a, map_b);
+    if (cluster_reducible(a.split_k)) {
+      const ClusterLaunch launch(grid, a.split_k, T::kSmem, static_cast<cudaStream_t>(a.stream));
+      cudaError_t e = cudaLaunchKernelEx(&launch.cfg, gemm_kernel<BN, OutT, kClusterInstance>, p, map_a, map_b);
       return {int32_t(e == cudaSuccess ? cutlass::Status::kSuccess : cutlass::Status::kErrorInternal), int32_t(e)};
     }
     gemm_kernel<BN, OutT, false><<<grid, kThreads, T::kSmem, static_cast<cudaStream_t>(a.stream)>>>(p, map_a, map_b);
