@@ -89,6 +89,34 @@ float run(int m, int n, int k, int split) {
     cudaFree(tl);
   }
 #endif
+#if BSG_SM90_TRACE
+  {
+    uint64_t* tr;
+    constexpr int kN = 2 * 64 * 6;
+    CHECK(cudaMalloc(&tr, kN * 8));
+    CHECK(cudaMemset(tr, 0, kN * 8));
+    CHECK(cudaMemcpyToSymbol(bsg::sm90::bsg_trace, &tr, sizeof(tr)));
+    launch(0);
+    CHECK(cudaDeviceSynchronize());
+    uint64_t h[kN];
+    CHECK(cudaMemcpy(h, tr, sizeof(h), cudaMemcpyDeviceToHost));
+    const int n = std::min(64, (k / 64) / split);
+    for (int w = 0; w < 2; ++w) {
+      double sum[6] = {0, 0, 0, 0, 0, 0};
+      int cnt = 0;
+      for (int i = 2; i + 1 < n; ++i, ++cnt) {
+        const uint64_t* r = h + w * 64 * 6 + i * 6;
+        for (int q = 0; q < 5; ++q) sum[q] += double(r[q + 1] - r[q]);
+        sum[5] += double(r[6] - r[0]);
+      }
+      if (cnt)
+        std::printf("\n  trace CTA 0, thread %d, mean clocks per k-tile over %d: issue %.0f, decode %.0f, wgmma wait %.0f, barrier %.0f, refill %.0f, iteration %.0f",
+                    w * 128, cnt, sum[0] / cnt, sum[1] / cnt, sum[2] / cnt, sum[3] / cnt, sum[4] / cnt, sum[5] / cnt);
+    }
+    std::printf("\n  ");
+    cudaFree(tr);
+  }
+#endif
   for (auto p : bufs) cudaFree(p);
   cudaFree(d); if (w) cudaFree(w);
   return t[50] * 1000.f;
@@ -105,7 +133,7 @@ int clusters() {
   CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
   std::printf("%d SMs; 128x256 tile, at most active at once:", sms);
   for (int s = 2; s <= bsg::sm90::kMaxClusterSplit; ++s) {
-    const bsg::sm90::ClusterLaunch launch(dim3(unsigned(sms), unsigned(s)), s, T::kSmem, nullptr);
+    const bsg::sm90::ClusterLaunch launch(dim3(unsigned(sms), unsigned(s)), T::kLaunchThreads, s, T::kSmem, nullptr);
     int n = 0;
     CHECK(cudaOccupancyMaxActiveClusters(&n, kernel, &launch.cfg));
     std::printf(" %d clusters of %d (%d CTAs);", n, s, n * s);

@@ -7,9 +7,10 @@
 // Exactness: a * sf (e2m1 x ue4m3) has at most 6 significant bits and lies in [2^-10, 2688], so it
 // is exact in FP16; FP16 x FP16 products are exact in the FP32 accumulator. Per CTA, TMA brings
 // packed FP4 boxes (64 bytes, i.e. K = 128, of every row) and bulk copies bring the scale chunks
-// into a ring of raw stages completing on mbarriers; all threads decode each 64-K block into
-// FP16 in the GMMA 128B-swizzled layout while two warpgroups run wgmma (CuTe's SM90 GMMA atoms) on
-// the previous one. The operands are never written out dequantized.
+// into a ring of raw stages completing on mbarriers (issued by a producer warp for the 128x256
+// tile, by thread 0 otherwise); the two compute warpgroups decode each 64-K block into FP16 in the
+// GMMA 128B-swizzled layout while their wgmma (CuTe's SM90 GMMA atoms) runs on an earlier one.
+// The operands are never written out dequantized.
 //
 // Decode: the e2m1 nibble s|e1 e0 m, re-placed as the e4m3 byte s<<7 | (e1 e0 m)<<2, is exactly
 // value * 2^-6 (subnormal codes too), so one cvt.rn.f16x2.e4m3x2 and one multiply by sf * 2^6
@@ -82,6 +83,22 @@ __device__ __forceinline__ void stamp(int slot) {
 #else
 __device__ __forceinline__ void stamp(int) {}
 #endif
+#ifndef BSG_SM90_TRACE
+#define BSG_SM90_TRACE 0
+#endif
+// Experiments only (bench/ablate.cu): with BSG_SM90_TRACE set, threads 0 and 128 of CTA (0, 0)
+// stamp clock64 at six points of each of the first 64 main-loop iterations (wgmma issued,
+// decoded, wgmma waited for, barrier, refill) into bsg_trace.
+#if BSG_SM90_TRACE
+__device__ uint64_t* bsg_trace;  // [thread 0, 128][iteration < 64][6]
+#define BSG_TRACE_INIT                                                                                         \
+  uint64_t* trp = (blockIdx.x == 0 && blockIdx.y == 0 && (threadIdx.x == 0 || threadIdx.x == 128)) ? bsg_trace : nullptr; \
+  if (trp) trp += (threadIdx.x / 128) * 64 * 6;
+#define BSG_TRACE(i, slot) do { if (trp && (i) < 64) trp[(i) * 6 + (slot)] = clock64(); } while (0)
+#else
+#define BSG_TRACE_INIT
+#define BSG_TRACE(i, slot) do {} while (0)
+#endif
 
 constexpr int kBM = 128;         // rows of A per CTA: two warpgroups of 64
 constexpr int kBK = 64;          // K per stage: one 128-byte swizzle row of FP16, one scale tile column block
@@ -119,9 +136,9 @@ constexpr int kMaxClusterSplit = 4;
 struct ClusterLaunch {
   cudaLaunchConfig_t cfg{};
   cudaLaunchAttribute attr[1];
-  ClusterLaunch(dim3 grid, int split_k, size_t smem, cudaStream_t stream) {
+  ClusterLaunch(dim3 grid, int threads, int split_k, size_t smem, cudaStream_t stream) {
     cfg.gridDim = grid;
-    cfg.blockDim = dim3(kThreads);
+    cfg.blockDim = dim3(unsigned(threads));
     cfg.dynamicSmemBytes = smem;
     cfg.stream = stream;
     attr[0].id = cudaLaunchAttributeClusterDimension;
@@ -199,6 +216,13 @@ struct Tile {
   static constexpr int kDecB = BN * kBK * 2 * kDecBufs;
   static constexpr int kSmem = 1024 + kDecA + kDecB + kRawStages * kRawBytes;  // 1024: swizzle alignment
   static constexpr int kMinBlocks = BN == 256 ? 1 : 2;
+  // BN = 256: a producer warp issues the raw stages. Issuing a stage (two TMA boxes, three bulk
+  // copies) held up the issuing compute warp by ~700 clocks, and with it every CTA barrier
+  // (per-iteration clock trace, H100): 128x7168x16384 81.4 -> 71.9 us, 8192^3 2114 -> 2012.
+  // ptxas budgets registers per 128 threads, so 288 threads cap them at 168 (no spills at BN =
+  // 256); BN <= 128 keeps 256 threads and two CTAs per SM, where the cap would be 85.
+  static constexpr bool kProducer = BN == 256;
+  static constexpr int kLaunchThreads = kThreads + (kProducer ? 32 : 0);
   static constexpr int kAcc = kBM * BN / kThreads;  // accumulator floats per thread
 };
 
@@ -448,11 +472,12 @@ __device__ __forceinline__ void fp4_epilogue(const Params& p, const float* tile_
 // kClusterReduce: split-K through the cluster (a separate instantiation, so the other kernels'
 // code is not perturbed by a branch they never take).
 template <int BN, class OutT, bool kClusterReduce>
-__global__ void __launch_bounds__(kThreads, Tile<BN>::kMinBlocks)
+__global__ void __launch_bounds__(Tile<BN>::kLaunchThreads, Tile<BN>::kMinBlocks)
     gemm_kernel(const __grid_constant__ Params p, const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b) {
   using T = Tile<BN>;
   extern __shared__ uint8_t smem_raw[];
   __shared__ uint64_t raw_bar[T::kRawStages];
+  __shared__ uint64_t empty_bar[T::kRawStages];  // producer warp only: slot free to refill
   // 1024-byte alignment for the swizzle atoms, as pointer arithmetic on the __shared__ array so
   // the compiler keeps shared-memory instructions.
   const uint32_t pad = (1024u - (static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw)) & 1023u)) & 1023u;
@@ -462,6 +487,7 @@ __global__ void __launch_bounds__(kThreads, Tile<BN>::kMinBlocks)
   uint8_t* raw = smem + T::kDecA + T::kDecB;
   const int tid = threadIdx.x;
   stamp(0);
+  BSG_TRACE_INIT
 
   // Tile coordinates: M fastest, so CTAs that run together share a B (weight) tile in L2.
   const int tiles_m = (p.m + kBM - 1) / kBM;
@@ -529,12 +555,34 @@ __global__ void __launch_bounds__(kThreads, Tile<BN>::kMinBlocks)
   };
 
   if (tid == 0) {
-    for (int s = 0; s < T::kRawStages; ++s) cutlass::arch::ClusterTransactionBarrier::init(&raw_bar[s], 1);
+    for (int s = 0; s < T::kRawStages; ++s) {
+      cutlass::arch::ClusterTransactionBarrier::init(&raw_bar[s], 1);
+      cutlass::arch::ClusterBarrier::init(&empty_bar[s], 1);
+    }
     cutlass::arch::fence_barrier_init();
   }
   __syncthreads();
-  if (tid == 0)
+  if constexpr (T::kProducer) {
+    // The producer warp: one lane issues every raw stage, each refill once the compute threads
+    // have released its slot, and leaves (exited threads do not hold up later CTA or cluster
+    // barriers).
+    if (tid >= kThreads) {
+      if (tid == kThreads) {
+        for (int r = 0; r < n_raw; ++r) {
+          if (r >= T::kRawStages) cutlass::arch::ClusterBarrier::wait(&empty_bar[r % T::kRawStages], ((r / T::kRawStages) - 1) & 1);
+          issue(r);
+        }
+      }
+      return;
+    }
+  } else if (tid == 0) {
     for (int r = 0; r < min(T::kRawStages, n_raw); ++r) issue(r);
+  }
+  // The compute threads' barrier: with a producer warp, a named one that leaves it out.
+  auto compute_sync = [&] {
+    if constexpr (T::kProducer) asm volatile("bar.sync 1, %0;\n" ::"n"(kThreads) : "memory");
+    else __syncthreads();
+  };
 
   typename T::TiledMma mma;
   Tensor sA = make_tensor(make_smem_ptr(decA), typename T::SmemLayoutA{});
@@ -554,16 +602,19 @@ __global__ void __launch_bounds__(kThreads, Tile<BN>::kMinBlocks)
     decode(j, j);
   }
   cutlass::arch::fence_view_async_shared();  // generic-proxy stores, read next by wgmma
-  __syncthreads();
+  compute_sync();
   // Raw stage j / kSubs is fully decoded once its last k-tile is: refill its slot.
   auto refill_after = [&](int j) {
-    if (tid == 0 && j < n_kt && (j % kSubs == kSubs - 1 || j == n_kt - 1) && j / kSubs + T::kRawStages < n_raw)
-      issue(j / kSubs + T::kRawStages);
+    if (tid == 0 && j < n_kt && (j % kSubs == kSubs - 1 || j == n_kt - 1) && j / kSubs + T::kRawStages < n_raw) {
+      if constexpr (T::kProducer) cutlass::arch::ClusterBarrier::arrive(&empty_bar[(j / kSubs) % T::kRawStages]);
+      else issue(j / kSubs + T::kRawStages);
+    }
   };
   for (int j = 0; j < kAhead; ++j) refill_after(j);
   stamp(1);
   for (int i = 0; i < n_kt; ++i) {
     const int buf = i % T::kDecBufs;
+    BSG_TRACE(i, 0);
     warpgroup_fence_operand(acc);
     warpgroup_arrive();
     CUTE_UNROLL
@@ -571,6 +622,11 @@ __global__ void __launch_bounds__(kThreads, Tile<BN>::kMinBlocks)
       if constexpr ((BSG_SM90_ABLATE & 2) == 0) cute::gemm(mma, tCrA(_, _, kb, buf), tCrB(_, _, kb, buf), acc);
     }
     warpgroup_commit_batch();
+    // Without a producer warp, thread 0 refills the slot the previous iteration finished here,
+    // behind its wgmma issue rather than ahead of it: the issue stalls the warp (above), and the
+    // warpgroup's wgmma waits for all its warps (128x4096x7168 33.0 -> 32.3 us).
+    if (!T::kProducer && i > 0) refill_after(i - 1 + kAhead);
+    BSG_TRACE(i, 1);
     if constexpr (kAhead > 1) cutlass::arch::fence_view_async_shared();  // k-tile i + 1's stores
     const int j = i + kAhead;
     if (j < n_kt) {  // decode a later k-tile while the tensor cores work
@@ -578,10 +634,14 @@ __global__ void __launch_bounds__(kThreads, Tile<BN>::kMinBlocks)
       decode(j, j % T::kDecBufs);
       if constexpr (kAhead == 1) cutlass::arch::fence_view_async_shared();
     }
+    BSG_TRACE(i, 2);
     warpgroup_wait<0>();
+    BSG_TRACE(i, 3);
     warpgroup_fence_operand(acc);
-    __syncthreads();
-    refill_after(j);
+    compute_sync();
+    BSG_TRACE(i, 4);
+    if (T::kProducer) refill_after(j);
+    BSG_TRACE(i, 5);
   }
 
   stamp(2);
@@ -812,11 +872,11 @@ struct Gemm {
              static_cast<uint8_t*>(a.sfd), a.norm_constant};
     dim3 grid(unsigned(tiles(a)), unsigned(a.split_k));
     if (cluster_reducible(a.split_k)) {
-      const ClusterLaunch launch(grid, a.split_k, T::kSmem, static_cast<cudaStream_t>(a.stream));
+      const ClusterLaunch launch(grid, T::kLaunchThreads, a.split_k, T::kSmem, static_cast<cudaStream_t>(a.stream));
       cudaError_t e = cudaLaunchKernelEx(&launch.cfg, gemm_kernel<BN, OutT, kClusterInstance>, p, map_a, map_b);
       return {int32_t(e == cudaSuccess ? cutlass::Status::kSuccess : cutlass::Status::kErrorInternal), int32_t(e)};
     }
-    gemm_kernel<BN, OutT, false><<<grid, kThreads, T::kSmem, static_cast<cudaStream_t>(a.stream)>>>(p, map_a, map_b);
+    gemm_kernel<BN, OutT, false><<<grid, T::kLaunchThreads, T::kSmem, static_cast<cudaStream_t>(a.stream)>>>(p, map_a, map_b);
     return {int32_t(cutlass::Status::kSuccess), int32_t(cudaGetLastError())};
   }
 
