@@ -1,0 +1,7 @@
+#!/bin/bash
+cd "$(dirname "$0")"
+for shape in "128 7168 16384 256 4" "128 7168 2048 256 4" "8192 8192 8192 256 1" "128 4096 7168 128 4"; do
+  for b in $1; do
+    echo "== $b $shape"; timeout 30 ./$b $shape | grep -v "^ *$"
+  done
+done
