@@ -131,32 +131,40 @@ pub fn cluster_reduced(config: Config, split_k: u32) -> bool {
 /// do not know their device's (see [`crate::gemm::DeviceFacts::max_clusters`]).
 pub const ANY_CLUSTERS: [usize; 3] = [usize::MAX; 3];
 
-/// K ranges the SM90 kernel splits `p` into (1 elsewhere): enough to give every resident CTA
-/// slot (`sm_count` x CTAs per SM) work when the output has few tiles, keeping at least 4
-/// k-tiles of 64 per range, at most 16 ranges. Where the ranges of a tile would form a cluster
-/// (see [`cluster_reduced`]), fewer ranges until every tile's cluster fits on the GPU at once
-/// (`max_clusters`: clusters of 2, 3, 4 the device holds): the rest would wait for a second
-/// wave (H100, 30 clusters of 4 at most: 1024x1024x8192 with 32 tiles x 4 took 92.5 us, 28
-/// tiles x 4 at 896x1024x8192 49.4 us).
+/// K ranges the SM90 kernel splits `p` into (1 elsewhere), at most 16, each of at least 4
+/// k-tiles of 64, for outputs with too few tiles to occupy the GPU (H100 sweeps:
+/// bench/results/2026-11-22-h100-session5/sweeps/):
+/// - 128x128 (two CTAs per SM fit): two CTAs on every SM where each range keeps at least 28
+///   k-tiles, else at most one CTA per SM. Short ranges lose more to the reduction than a shared
+///   SM gains, and an SM holding two CTAs while others hold one sets the time: 128x4096x7168
+///   splits 4 / 5 / 8 take 32.6 / 44.2 / 34.7 us; 256x4096x7168 splits 2 / 4 take 51.1 / 46.9.
+/// - 128x256 (one CTA per SM): at most one CTA per SM, and no more than the cluster's 4 ranges
+///   unless each keeps 32 k-tiles (512x1536x7168: split 4 37.9 us, split 5 through global memory
+///   is not taken). A cluster split takes fewer ranges until every tile's cluster fits on the GPU
+///   at once (`max_clusters`: clusters of 2, 3, 4 the device holds): the rest would wait for a
+///   second wave (H100, 30 clusters of 4 at most: 1024x1024x8192 with 32 tiles x 4 took 92.5 us,
+///   28 tiles x 4 at 896x1024x8192 49.4 us).
 pub fn split_k(config: Config, p: &Problem, sm_count: usize, max_clusters: &[usize; 3]) -> u32 {
     let i = config.info();
     if i.arch != 90 {
         return 1;
     }
     let tiles = config.tiles(p);
-    let per_sm = if i.tile[1] >= 256 { 1 } else { 2 };
-    let slots = sm_count * per_sm;
-    if tiles * 2 >= slots {
-        return 1;
-    }
     let k_tiles = p.k.div_ceil(i.tile[2] as usize);
-    let mut split = (slots / tiles).min(k_tiles / 4).clamp(1, 16) as u32;
+    let ranges = |ctas: usize| (ctas / tiles).min(k_tiles / 4).clamp(1, 16);
+    if i.tile[1] < 256 {
+        let two = ranges(2 * sm_count);
+        return if k_tiles / two >= 28 { two } else { ranges(sm_count) } as u32;
+    }
+    let mut split = ranges(sm_count) as u32;
+    if split > SM90_MAX_CLUSTER_SPLIT && k_tiles / (split as usize) < 32 {
+        split = SM90_MAX_CLUSTER_SPLIT;
+    }
     while cluster_reduced(config, split) && tiles > max_clusters[split as usize - 2] {
         split -= 1;
     }
     split
 }
-
 /// Picks a configuration of architecture `arch` for `p`, among those `available` says are
 /// built: the explicit entry of the shape table if it has one, else the largest tile that still
 /// gives every SM a tile (`sm_count`), else the config that occupies the most SMs (ties: the
@@ -170,19 +178,17 @@ pub fn select(arch: u32, p: &Problem, sm_count: usize, max_clusters: &[usize; 3]
     }
     if arch == 90 {
         // Split-K fills the GPU for small outputs, so the choice is about tile efficiency: the
-        // 128x256 tile (one CTA per SM, half the activation decoding per output of 128x128)
-        // once its CTAs, split-K included, occupy 5/6 of the SMs, unless its split goes through
-        // global memory with ranges under 32 k-tiles (the fixed costs of that reduction then
-        // weigh more); else 128x128 (two CTAs per SM). Through the cluster, short ranges are
-        // fine (H100, bench/results/2026-11-21-h100-session4/clusters/tiles2.txt): 128x7168x2048
-        // 21.5 vs 24.8 us, 128x7168x1024 16.8 vs 23.4, 256x7168x2048 29.5 vs 34.3,
-        // 128x7168x4096 30.0 vs 33.6; and 128x7168x16384 84.6 vs 86.3, 2048^3 41.7 vs 47.2.
+        // 128x256 tile (a producer warp, one CTA per SM, half the activation decoding per output
+        // of 128x128) once its CTAs, split-K included, occupy half the SMs; else 128x128 (two
+        // CTAs per SM). H100 (bench/results/2026-11-22-h100-session5/sweeps/): 1152x2048x4096
+        // 72 CTAs 69.7 vs 79.8 us, 384x4096x7168 48 x split 2 63.7 vs 77.2, 512x1536x7168
+        // 24 x 4 37.9 vs 44.6; but 128x4096x7168 16 x 4 38.1 vs 32.6 (128x128 split 4). Not
+        // where the clusters that fit lowered its split: 128x8192x16384 32 x 3 91.1 vs 87.9
+        // (128x128 split 4), 1024x1024x8192 51.1 vs 51.2.
         let wide = Config::Sm90_128x256x64;
         if candidates.contains(&wide) {
-            let split = split_k(wide, p, sm_count, max_clusters) as usize;
-            let ctas = wide.tiles(p) * split;
-            let k_per_cta = p.k.div_ceil(wide.info().tile[2] as usize) / split;
-            if ctas * 6 >= sm_count * 5 && (split == 1 || cluster_reduced(wide, split as u32) || k_per_cta >= 32) {
+            let split = split_k(wide, p, sm_count, max_clusters);
+            if wide.tiles(p) * split as usize * 2 >= sm_count && split == split_k(wide, p, sm_count, &ANY_CLUSTERS) {
                 return Some(wide);
             }
         }
@@ -227,8 +233,13 @@ mod tests {
     fn split_k_fills_the_gpu_only_when_needed() {
         let c = Config::Sm90_128x128x64;
         assert_eq!(split_k(c, &Problem::new(128, 7168, 16384), 132, &ANY_CLUSTERS), 4); // 56 tiles, 264 slots
-        assert_eq!(split_k(c, &Problem::new(128, 4096, 7168), 132, &ANY_CLUSTERS), 8); // 32 tiles
-        assert_eq!(split_k(c, &Problem::new(128, 7168, 2048), 132, &ANY_CLUSTERS), 4);
+        assert_eq!(split_k(c, &Problem::new(128, 4096, 7168), 132, &ANY_CLUSTERS), 4); // 32 tiles: 8 ranges would be 14 k-tiles
+        assert_eq!(split_k(c, &Problem::new(128, 7168, 2048), 132, &ANY_CLUSTERS), 2); // 4 ranges would be 8 k-tiles
+        assert_eq!(split_k(c, &Problem::new(256, 4096, 7168), 132, &ANY_CLUSTERS), 4); // 64 tiles, 28 k-tiles a range
+        assert_eq!(split_k(c, &Problem::new(128, 2048, 7168), 132, &ANY_CLUSTERS), 8); // 16 tiles, one CTA per SM
+        // 128x256: the cluster's 4 ranges rather than more through global memory under 32 k-tiles.
+        assert_eq!(split_k(Config::Sm90_128x256x64, &Problem::new(512, 1536, 7168), 132, &ANY_CLUSTERS), 4);
+        assert_eq!(split_k(Config::Sm90_128x256x64, &Problem::new(128, 4096, 16384), 132, &ANY_CLUSTERS), 8);
         assert_eq!(split_k(c, &Problem::new(128, 256, 256), 132, &ANY_CLUSTERS), 1); // only 4 k-tiles
         assert_eq!(split_k(c, &Problem::new(2048, 2048, 2048), 132, &ANY_CLUSTERS), 1); // 256 tiles
         assert_eq!(split_k(Config::Sm100_1Sm_128x64x256, &Problem::new(128, 4096, 7168), 148, &ANY_CLUSTERS), 1);
@@ -246,8 +257,8 @@ mod tests {
         // 28 tiles: clusters of 4 fit (30), the 128x256 tile splits 4 ways.
         assert_eq!(split_k(wide, &Problem::new(128, 7168, 16384), 132, &H100), 4);
         assert_eq!(select(90, &Problem::new(128, 7168, 16384), 132, &H100, all), Some(wide));
-        // 32 tiles: 32 clusters of 4 do not fit, 32 of 3 do, but 96 CTAs leave too many SMs idle
-        // for the 128x256 tile (H100: 92.5 us with it at split 4, 50.4 with 128x128 split 4).
+        // 32 tiles: 32 clusters of 4 do not fit (H100: 92.5 us at split 4), 32 of 3 do, but the
+        // lowered split makes 128x128 split 4 the faster (87.9 vs 91.1 us at 128x8192x16384).
         for p in [Problem::new(1024, 1024, 8192), Problem::new(128, 8192, 16384)] {
             assert_eq!(split_k(wide, &p, 132, &H100), 3, "{p:?}");
             assert_eq!(split_k(wide, &p, 132, &ANY_CLUSTERS), 4, "{p:?}");
@@ -257,7 +268,7 @@ mod tests {
         // No cluster fits: no cluster split. Splits through global memory and other tiles are
         // not limited.
         assert_eq!(split_k(wide, &Problem::new(128, 7168, 16384), 132, &[0; 3]), 1);
-        assert_eq!(split_k(wide, &Problem::new(128, 2048, 16384), 132, &[0; 3]), 16); // 8 tiles
+        assert_eq!(split_k(wide, &Problem::new(128, 2048, 65536), 132, &[0; 3]), 16); // 8 tiles, 64 k-tiles a range
         assert_eq!(split_k(Config::Sm90_128x128x64, &Problem::new(128, 7168, 16384), 132, &[0; 3]), 4);
         assert!(cluster_reduced(wide, 2) && cluster_reduced(wide, SM90_MAX_CLUSTER_SPLIT));
         assert!(!cluster_reduced(wide, 1) && !cluster_reduced(wide, SM90_MAX_CLUSTER_SPLIT + 1));
@@ -276,15 +287,17 @@ mod tests {
         // Only what is built is chosen; another architecture has none.
         let no_narrow = |c| c != Config::Sm100_1Sm_128x64x256;
         assert_ne!(select(100, &Problem::new(128, 7168, 16384), 148, &ANY_CLUSTERS, no_narrow), Some(Config::Sm100_1Sm_128x64x256));
-        // SM90: 128x256 once its CTAs fill 5/6 of the SMs, with long K ranges or a cluster split, else 128x128.
+        // SM90: 128x256 once its CTAs occupy half the SMs (its split not lowered by the clusters that fit), else 128x128.
         assert_eq!(select(90, &Problem::new(128, 7168, 16384), 132, &ANY_CLUSTERS, all), Some(Config::Sm90_128x256x64)); // 28 tiles x split 4, 64 k-tiles each
         assert_eq!(select(90, &Problem::new(2048, 2048, 2048), 132, &ANY_CLUSTERS, all), Some(Config::Sm90_128x256x64)); // 128 tiles
         assert_eq!(select(90, &Problem::new(256, 7168, 7168), 132, &ANY_CLUSTERS, all), Some(Config::Sm90_128x256x64)); // 56 x split 2, 56 k-tiles
-        assert_eq!(select(90, &Problem::new(128, 4096, 7168), 132, &ANY_CLUSTERS, all), Some(Config::Sm90_128x128x64)); // split 8: 14 k-tiles a range
+        assert_eq!(select(90, &Problem::new(128, 4096, 7168), 132, &ANY_CLUSTERS, all), Some(Config::Sm90_128x128x64)); // 16 x 4 CTAs
         assert_eq!(select(90, &Problem::new(128, 7168, 2048), 132, &ANY_CLUSTERS, all), Some(Config::Sm90_128x256x64)); // split 4 through the cluster
         assert_eq!(select(90, &Problem::new(128, 7168, 512), 132, &ANY_CLUSTERS, all), Some(Config::Sm90_128x128x64)); // split 2 (8 k-tiles): 56 CTAs
-        assert_eq!(select(90, &Problem::new(128, 2048, 4096), 132, &ANY_CLUSTERS, all), Some(Config::Sm90_128x128x64)); // 8 tiles x split 16: global, 4 k-tiles
-        assert_eq!(select(90, &Problem::new(128, 1536, 7168), 132, &ANY_CLUSTERS, all), Some(Config::Sm90_128x128x64)); // 6 x 16 CTAs: 73 % of SMs
+        assert_eq!(select(90, &Problem::new(128, 2048, 4096), 132, &ANY_CLUSTERS, all), Some(Config::Sm90_128x128x64)); // 8 tiles x split 4
+        assert_eq!(select(90, &Problem::new(128, 1536, 7168), 132, &ANY_CLUSTERS, all), Some(Config::Sm90_128x128x64)); // 6 x 4 CTAs
+        assert_eq!(select(90, &Problem::new(512, 1536, 7168), 132, &ANY_CLUSTERS, all), Some(Config::Sm90_128x256x64)); // 24 x 4 CTAs
+        assert_eq!(select(90, &Problem::new(1152, 2048, 4096), 132, &ANY_CLUSTERS, all), Some(Config::Sm90_128x256x64)); // 72 CTAs
         assert_eq!(select(90, &Problem::new(8192, 8192, 8192), 132, &ANY_CLUSTERS, all), Some(Config::Sm90_128x256x64));
         let no_wide = |c: Config| c != Config::Sm90_128x256x64;
         assert_eq!(select(90, &Problem::new(2048, 2048, 2048), 132, &ANY_CLUSTERS, no_wide), Some(Config::Sm90_128x128x64));
