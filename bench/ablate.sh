@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds bench/ablate.cu once per ablation (0 full, 1 no decode, 2 no wgmma, 3 neither, 4 no loads,
-# 8 no split-K reduction; ABLATIONS="0 8" picks some; TIMELINE=1 adds a per-CTA timeline)
+# 8 no split-K reduction, 16 no decode of A; ABLATIONS="0 8" picks some; TIMELINE=1 adds a per-CTA timeline)
 # (RAW_K=K sets the raw-stage K; EXTRA_FLAGS passes more nvcc flags, e.g. -D macros of an experiment) into DIR (default .devbin/ablate) with the pinned nvcc; run them on
 # a Hopper GPU:
 #   for a in DIR/ablate-*; do $a 2048 2048 2048 128 1; done

@@ -47,7 +47,8 @@
 
 // Experiments only (bench/ablate.cu; never set by build.rs): bit 1 skips the decode, bit 2 the
 // wgmma, bit 4 the global loads, bit 8 the split-K partials and reduction (every CTA writes its
-// own partial sums as D), to measure what each stage costs.
+// own partial sums as D), bit 16 A's decode only (B's still runs), to measure what each stage
+// costs.
 #ifndef BSG_SM90_ABLATE
 #define BSG_SM90_ABLATE 0
 #endif
@@ -545,9 +546,9 @@ __global__ void __launch_bounds__(Tile<BN>::kLaunchThreads, Tile<BN>::kMinBlocks
     RawUnits<Operand<BN>::kUnits> rb;
     uint8_t* dec_a = reinterpret_cast<uint8_t*>(decA) + buf * (kBM * kBK * 2);
     uint8_t* dec_b = reinterpret_cast<uint8_t*>(decB) + buf * (BN * kBK * 2);
-    ra.load(opA, base, base + T::kRawA + T::kRawB, sub);
+    if constexpr ((BSG_SM90_ABLATE & 16) == 0) ra.load(opA, base, base + T::kRawA + T::kRawB, sub);
     rb.load(opB, base + T::kRawA, base + T::kRawA + T::kRawB + T::kSfStage, sub);
-    ra.store(opA, dec_a);
+    if constexpr ((BSG_SM90_ABLATE & 16) == 0) ra.store(opA, dec_a);
     rb.store(opB, dec_b);
   };
   auto wait_raw = [&](int r) {
