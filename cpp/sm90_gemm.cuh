@@ -510,7 +510,8 @@ __global__ void __launch_bounds__(Tile<BN>::kLaunchThreads, Tile<BN>::kMinBlocks
   opA.init(0, tid);
   opB.init(n0 % 128, tid);
 
-  // Thread 0 issues every copy of a raw stage: two TMA boxes and the scale chunks.
+  // One thread issues every copy of a raw stage (the producer warp's first lane, else thread 0):
+  // two TMA boxes and the scale chunks.
   const int64_t sp = ((p.k / 16) + 3) / 4 * 4;
   const uint8_t* sfa_rows = p.sfa + batch * (int64_t((p.m + 127) / 128) * 128 * sp) + int64_t(m0 / 128) * (sp / 4) * 512;
   const uint8_t* sfb_rows = p.sfb + batch * (int64_t((p.n + 127) / 128) * 128 * sp) + int64_t(n0 / 128) * (sp / 4) * 512;
