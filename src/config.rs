@@ -165,6 +165,7 @@ pub fn split_k(config: Config, p: &Problem, sm_count: usize, max_clusters: &[usi
     }
     split
 }
+
 /// Picks a configuration of architecture `arch` for `p`, among those `available` says are
 /// built: the explicit entry of the shape table if it has one, else the largest tile that still
 /// gives every SM a tile (`sm_count`), else the config that occupies the most SMs (ties: the
