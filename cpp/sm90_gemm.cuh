@@ -7,10 +7,13 @@
 // Exactness: a * sf (e2m1 x ue4m3) has at most 6 significant bits and lies in [2^-10, 2688], so it
 // is exact in FP16; FP16 x FP16 products are exact in the FP32 accumulator. Per CTA, TMA brings
 // packed FP4 boxes (64 bytes, i.e. K = 128, of every row) and bulk copies bring the scale chunks
-// into a ring of raw stages completing on mbarriers (issued by a producer warp for the 128x256
-// tile, by thread 0 otherwise); the two compute warpgroups decode each 64-K block into FP16 in the
-// GMMA 128B-swizzled layout while their wgmma (CuTe's SM90 GMMA atoms) runs on an earlier one.
-// The operands are never written out dequantized.
+// into a ring of raw stages completing on mbarriers (issued by a producer warpgroup for the
+// 128x256 tile, by thread 0 otherwise); the two compute warpgroups decode each 64-K block into
+// FP16 while their wgmma (CuTe's SM90 GMMA atoms) runs on an earlier one: for tiles of 64 and 128
+// both operands into the GMMA 128B-swizzled layout (SS wgmma); for 128x256 the weights straight
+// into register fragments (RS wgmma, weights x activations) and only the activations into shared
+// memory, the warpgroups taking turns at the tensor cores. The operands are never written out
+// dequantized.
 //
 // Decode: the e2m1 nibble s|e1 e0 m, re-placed as the e4m3 byte s<<7 | (e1 e0 m)<<2, is exactly
 // value * 2^-6 (subnormal codes too), so one cvt.rn.f16x2.e4m3x2 and one multiply by sf * 2^6
@@ -42,6 +45,7 @@
 #include "cute/arch/cluster_sm90.hpp"
 #include "cute/tensor.hpp"
 #include "cutlass/arch/barrier.h"
+#include "cutlass/arch/reg_reconfig.h"
 #include "cutlass/cutlass.h"
 #include "cutlass/float8.h"
 
@@ -198,6 +202,10 @@ __device__ __forceinline__ void cluster_sum(const float* local, int split_k, flo
 template <int BN>
 struct Tile {
   static_assert(BN == 64 || BN == 128 || BN == 256, "tile N");
+  // BN = 256: the MMA operands are swapped (the kernel's swapped main loop says how): the
+  // weights (B, BN rows) are the wgmma A operand, decoded from the raw stage straight into
+  // registers (RS wgmma); only the activations (A, kBM rows) go through shared memory.
+  static constexpr bool kSwap = BN == 256;
   static constexpr int kSfChunksB = (BN + 127) / 128;
   // Raw stage (TMA destination): A rows x kRawK/2 bytes, B rows likewise, then the scales of the
   // kSubs 64-K blocks: kSubs x 512 bytes per 128-row block (A: one, B: 1-2).
@@ -205,16 +213,23 @@ struct Tile {
   static constexpr int kRawB = BN * kRawK / 2;
   static constexpr int kSfStage = kSubs * 512;  // scale bytes of one 128-row block per raw stage
   static constexpr int kRawBytes = kRawA + kRawB + kSfStage * (1 + kSfChunksB);
-  static constexpr int kRawStages = BN == 256 ? 3 : 2;  // BN <= 128 keeps two CTAs per SM
+  static constexpr int kRawStages = kSwap ? 4 : 2;  // BN <= 128 keeps two CTAs per SM
   using SmemAtom = GMMA::Layout_K_SW128_Atom<half_t>;  // 8 x 64 halves, 128-byte swizzle
-  static constexpr int kDecBufs = BN == 256 ? 3 : 2;  // see kAhead; BN <= 128 keeps two CTAs per SM
+  static constexpr int kDecBufs = kSwap ? 4 : 2;  // see kAhead; BN <= 128 keeps two CTAs per SM
   using SmemLayoutA = decltype(tile_to_shape(SmemAtom{}, make_shape(Int<kBM>{}, Int<kBK>{}, Int<kDecBufs>{})));
   using SmemLayoutB = decltype(tile_to_shape(SmemAtom{}, make_shape(Int<BN>{}, Int<kBK>{}, Int<kDecBufs>{})));
-  using TiledMma = decltype(make_tiled_mma(
-      SM90::GMMA::ss_op_selector<half_t, half_t, float, Shape<_64, Int<BN>, _16>, GMMA::Major::K, GMMA::Major::K>(),
-      Layout<Shape<_2, _1, _1>>{}));
+  // MMA M x N: activations x weights, or (kSwap) weights x activations.
+  using MmaShape = std::conditional_t<kSwap, Shape<Int<BN>, Int<kBM>>, Shape<Int<kBM>, Int<BN>>>;
+  using TiledMma = std::conditional_t<
+      kSwap,
+      decltype(make_tiled_mma(
+          SM90::GMMA::rs_op_selector<half_t, half_t, float, Shape<_64, Int<kBM>, _16>, GMMA::Major::K, GMMA::Major::K>(),
+          Layout<Shape<_2, _1, _1>>{})),
+      decltype(make_tiled_mma(
+          SM90::GMMA::ss_op_selector<half_t, half_t, float, Shape<_64, Int<BN>, _16>, GMMA::Major::K, GMMA::Major::K>(),
+          Layout<Shape<_2, _1, _1>>{}))>;
   static constexpr int kDecA = kBM * kBK * 2 * kDecBufs;  // bytes
-  static constexpr int kDecB = BN * kBK * 2 * kDecBufs;
+  static constexpr int kDecB = kSwap ? 0 : BN * kBK * 2 * kDecBufs;
   static constexpr int kSmem = 1024 + kDecA + kDecB + kRawStages * kRawBytes;  // 1024: swizzle alignment
   static constexpr int kMinBlocks = BN == 256 ? 1 : 2;
   // BN = 256: a producer warp issues the raw stages. Issuing a stage (two TMA boxes, three bulk
@@ -222,8 +237,11 @@ struct Tile {
   // (per-iteration clock trace, H100): 128x7168x16384 81.4 -> 71.9 us, 8192^3 2114 -> 2012.
   // ptxas budgets registers per 128 threads, so 288 threads cap them at 168 (no spills at BN =
   // 256); BN <= 128 keeps 256 threads and two CTAs per SM, where the cap would be 85.
-  static constexpr bool kProducer = BN == 256;
-  static constexpr int kLaunchThreads = kThreads + (kProducer ? 32 : 0);
+  // kSwap: a producer warpgroup (128 threads, one of which issues every raw stage) whose
+  // registers setmaxnreg hands to the compute warpgroups: accumulators plus two register
+  // fragments of weights need more than the 168 ptxas allows 384 threads. BN <= 128 keeps 256
+  // threads (thread 0 issues) and two CTAs per SM.
+  static constexpr int kLaunchThreads = kThreads + (kSwap ? 128 : 0);
   static constexpr int kAcc = kBM * BN / kThreads;  // accumulator floats per thread
 };
 
@@ -476,6 +494,7 @@ template <int BN, class OutT, bool kClusterReduce>
 __global__ void __launch_bounds__(Tile<BN>::kLaunchThreads, Tile<BN>::kMinBlocks)
     gemm_kernel(const __grid_constant__ Params p, const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b) {
   using T = Tile<BN>;
+  constexpr bool kSwap = T::kSwap;
   extern __shared__ uint8_t smem_raw[];
   __shared__ uint64_t raw_bar[T::kRawStages];
   __shared__ uint64_t empty_bar[T::kRawStages];  // producer warp only: slot free to refill
@@ -559,16 +578,17 @@ __global__ void __launch_bounds__(Tile<BN>::kLaunchThreads, Tile<BN>::kMinBlocks
   if (tid == 0) {
     for (int s = 0; s < T::kRawStages; ++s) {
       cutlass::arch::ClusterTransactionBarrier::init(&raw_bar[s], 1);
-      cutlass::arch::ClusterBarrier::init(&empty_bar[s], 1);
+      cutlass::arch::ClusterBarrier::init(&empty_bar[s], kThreads);  // every compute thread arrives
     }
     cutlass::arch::fence_barrier_init();
   }
   __syncthreads();
-  if constexpr (T::kProducer) {
-    // The producer warp: one lane issues every raw stage, each refill once the compute threads
-    // have released its slot, and leaves (exited threads do not hold up later CTA or cluster
-    // barriers).
+  if constexpr (kSwap) {
+    // The producer warpgroup gives up its registers; one thread issues every raw stage, each
+    // refill once the compute threads have released its slot, and all leave (exited threads do
+    // not hold up later CTA or cluster barriers).
     if (tid >= kThreads) {
+      cutlass::arch::warpgroup_reg_dealloc<40>();
       if (tid == kThreads) {
         for (int r = 0; r < n_raw; ++r) {
           if (r >= T::kRawStages) cutlass::arch::ClusterBarrier::wait(&empty_bar[r % T::kRawStages], ((r / T::kRawStages) - 1) & 1);
@@ -577,74 +597,212 @@ __global__ void __launch_bounds__(Tile<BN>::kLaunchThreads, Tile<BN>::kMinBlocks
       }
       return;
     }
+    cutlass::arch::warpgroup_reg_alloc<232>();
   } else if (tid == 0) {
     for (int r = 0; r < min(T::kRawStages, n_raw); ++r) issue(r);
   }
-  // The compute threads' barrier: with a producer warp, a named one that leaves it out.
+  // The compute threads' barrier: with a producer warpgroup, a named one that leaves it out.
   auto compute_sync = [&] {
-    if constexpr (T::kProducer) asm volatile("bar.sync 1, %0;\n" ::"n"(kThreads) : "memory");
+    if constexpr (kSwap) asm volatile("bar.sync 1, %0;\n" ::"n"(kThreads) : "memory");
     else __syncthreads();
   };
 
   typename T::TiledMma mma;
   Tensor sA = make_tensor(make_smem_ptr(decA), typename T::SmemLayoutA{});
-  Tensor sB = make_tensor(make_smem_ptr(decB), typename T::SmemLayoutB{});
   auto wg_mma = mma.get_slice((tid / 128) * 128);
-  Tensor tCrA = wg_mma.make_fragment_A(wg_mma.partition_A(sA));  // (MMA, MMA_M, MMA_K, 2)
-  Tensor tCrB = wg_mma.make_fragment_B(wg_mma.partition_B(sB));
-  Tensor acc = partition_fragment_C(mma, Shape<Int<kBM>, Int<BN>>{});
+  Tensor acc = partition_fragment_C(mma, typename T::MmaShape{});
   clear(acc);
-
-  // kAhead k-tiles are decoded ahead of the wgmma. With two (BN = 256, three buffers) the fence
-  // that hands a k-tile's decoded stores to the wgmma's async proxy comes one iteration after
-  // those stores, when they have long completed, instead of right behind them.
-  constexpr int kAhead = T::kDecBufs - 1;
-  for (int j = 0; j < kAhead && j < n_kt; ++j) {
-    if (j % kSubs == 0) wait_raw(j / kSubs);
-    decode(j, j);
-  }
-  cutlass::arch::fence_view_async_shared();  // generic-proxy stores, read next by wgmma
-  compute_sync();
-  // Raw stage j / kSubs is fully decoded once its last k-tile is: refill its slot.
-  auto refill_after = [&](int j) {
-    if (tid == 0 && j < n_kt && (j % kSubs == kSubs - 1 || j == n_kt - 1) && j / kSubs + T::kRawStages < n_raw) {
-      if constexpr (T::kProducer) cutlass::arch::ClusterBarrier::arrive(&empty_bar[(j / kSubs) % T::kRawStages]);
-      else issue(j / kSubs + T::kRawStages);
-    }
-  };
-  for (int j = 0; j < kAhead; ++j) refill_after(j);
-  stamp(1);
-  for (int i = 0; i < n_kt; ++i) {
-    const int buf = i % T::kDecBufs;
-    BSG_TRACE(i, 0);
-    warpgroup_fence_operand(acc);
-    warpgroup_arrive();
+  // Raw stage j / kSubs is fully decoded once its last k-tile is (by every compute thread, for
+  // the unswapped loop after a CTA barrier): its slot can be refilled.
+  auto stage_done = [&](int j) { return j < n_kt && (j % kSubs == kSubs - 1 || j == n_kt - 1) && j / kSubs + T::kRawStages < n_raw; };
+  if constexpr (kSwap) {
+    // D^T = B A^T: each warpgroup owns 128 weight rows (two 64-row M blocks) against the 128
+    // activation rows. Within each 64-K block, thread c of an MMA quad holds K positions 2c,
+    // 2c + 1, 2c + 8, 2c + 9 of the four 16-K MMA steps; they are taken to be the 16 values of
+    // scale group c (one 8-byte load and one scale per row), in the order decode8 gives them:
+    // step s holds the group's values 4s, 4s + 2 at 2c, 2c + 1 and 4s + 1, 4s + 3 at 2c + 8,
+    // 2c + 9. The activations go to shared memory in the same order, so every product still pairs
+    // equal K and each wgmma sums the same 16 products.
+    Tensor tCrB = wg_mma.make_fragment_B(wg_mma.partition_B(sA));  // (MMA, MMA_N, MMA_K, bufs)
+    using FragLayout = Layout<Shape<Shape<_2, _2, _2>, _2, _4>>;  // (MMA values, M blocks, steps), compact
+    Tensor frag0 = make_tensor<half_t>(FragLayout{});
+    Tensor frag1 = make_tensor<half_t>(FragLayout{});
+    // Weights: this thread's rows r, r + 8 (fragment values 0 and 2) of M block 0, and 128 rows
+    // further of block 1 (the RS atom's A layout, two warpgroups along M), so every row's raw
+    // bytes and scale lie at constant offsets from the first's (r % 32 + 8 < 32).
+    const int w_row = (tid / 128) * 64 + ((tid % 128) / 32) * 16 + (tid % 32) / 4;
+    const int w_raw = T::kRawA + w_row * (kRawK / 2) + 8 * (tid % 4);
+    const int w_sf = T::kRawA + T::kRawB + T::kSfStage + sf_in_chunk(w_row, tid % 4);
+    // M block mb of k-tile i.
+    auto decode_w = [&](int i, auto& frag, int mb) {
+      if constexpr ((BSG_SM90_ABLATE & 1) != 0) return;
+      const uint8_t* base = raw + ((i / kSubs) % T::kRawStages) * T::kRawBytes;
+      const int sub = i % kSubs;
+      auto regs = recast<uint32_t>(frag);  // register (pair + 2 hi + 4 block + 8 step)
+      CUTE_UNROLL
+      for (int h = 0; h < 2; ++h) {
+        const uint2 q = *reinterpret_cast<const uint2*>(base + w_raw + (8 * h + 128 * mb) * (kRawK / 2) + sub * 32);
+        const uint32_t sc = hmul2(e4m3x2_to_f16x2(base[w_sf + 8 * h * 16 + mb * T::kSfStage + sub * 512]), 0x54005400u);  // sf * 2^6
+        const uint32_t s = __byte_perm(sc, sc, 0x1010);
+        const uint4 v0 = decode8(q.x, s), v1 = decode8(q.y, s);
+        const uint32_t v[8] = {v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w};
+        CUTE_UNROLL
+        for (int st = 0; st < 4; ++st) {
+          regs(h + 4 * mb + 8 * st) = v[2 * st];          // K 2c, 2c + 1
+          regs(h + 2 + 4 * mb + 8 * st) = v[2 * st + 1];  // K 2c + 8, 2c + 9
+        }
+      }
+    };
+    // Activations: row tid / 2; thread parity hh writes the chunks of K positions 8 hh .. 8 hh + 7
+    // of each step: the even values of every 8-value word (hh = 0) or the odd ones (hh = 1).
+    const int a_row = tid / 2, a_shift = 4 * (tid % 2);
+    const int a_raw = a_row * (kRawK / 2), a_sf = T::kRawA + T::kRawB + sf_in_chunk(a_row, 0);
+    uint32_t a_dec[4];
     CUTE_UNROLL
-    for (int kb = 0; kb < size<2>(tCrA); ++kb) {
-      if constexpr ((BSG_SM90_ABLATE & 2) == 0) cute::gemm(mma, tCrA(_, _, kb, buf), tCrB(_, _, kb, buf), acc);
-    }
-    warpgroup_commit_batch();
-    // Without a producer warp, thread 0 refills the slot the previous iteration finished here,
-    // behind its wgmma issue rather than ahead of it: the issue stalls the warp (above), and the
-    // warpgroup's wgmma waits for all its warps (128x4096x7168 33.0 -> 32.3 us).
-    if (!T::kProducer && i > 0) refill_after(i - 1 + kAhead);
-    BSG_TRACE(i, 1);
-    if constexpr (kAhead > 1) cutlass::arch::fence_view_async_shared();  // k-tile i + 1's stores
-    const int j = i + kAhead;
-    if (j < n_kt) {  // decode a later k-tile while the tensor cores work
+    for (int st = 0; st < 4; ++st) a_dec[st] = sw128_offset(a_row, 2 * st + tid % 2);
+    auto decode_a = [&](int i, int buf) {
+      if constexpr ((BSG_SM90_ABLATE & 17) != 0) return;
+      const uint8_t* base = raw + ((i / kSubs) % T::kRawStages) * T::kRawBytes;
+      const int sub = i % kSubs;
+      const uint4 q0 = *reinterpret_cast<const uint4*>(base + a_raw + sub * 32);
+      const uint4 q1 = *reinterpret_cast<const uint4*>(base + a_raw + sub * 32 + 16);
+      const uint32_t sf4 = *reinterpret_cast<const uint32_t*>(base + a_sf + sub * 512);  // groups 0..3
+      const uint32_t s01 = hmul2(e4m3x2_to_f16x2(sf4), 0x54005400u), s23 = hmul2(e4m3x2_hi_to_f16x2(sf4), 0x54005400u);
+      const uint32_t sc[4] = {__byte_perm(s01, s01, 0x1010), __byte_perm(s01, s01, 0x3232), __byte_perm(s23, s23, 0x1010),
+                              __byte_perm(s23, s23, 0x3232)};
+      const uint32_t w[4][2] = {{q0.x, q0.y}, {q0.z, q0.w}, {q1.x, q1.y}, {q1.z, q1.w}};  // [group][word]
+      uint8_t* dec = reinterpret_cast<uint8_t*>(decA) + buf * (kBM * kBK * 2);
+      CUTE_UNROLL
+      for (int wd = 0; wd < 2; ++wd) {
+        uint32_t lo[4], hi[4];
+        CUTE_UNROLL
+        for (int c = 0; c < 4; ++c) {
+          const uint32_t x = w[c][wd] >> a_shift;  // this parity's values in the low nibbles
+          const uint32_t e = ((x << 2) & 0x1C1C1C1Cu) | ((x << 4) & 0x80808080u);
+          lo[c] = hmul2(e4m3x2_to_f16x2(e), sc[c]);     // step 2 wd
+          hi[c] = hmul2(e4m3x2_hi_to_f16x2(e), sc[c]);  // step 2 wd + 1
+        }
+        *reinterpret_cast<uint4*>(dec + a_dec[2 * wd]) = make_uint4(lo[0], lo[1], lo[2], lo[3]);
+        *reinterpret_cast<uint4*>(dec + a_dec[2 * wd + 1]) = make_uint4(hi[0], hi[1], hi[2], hi[3]);
+      }
+    };
+    // The two warpgroups take turns at the tensor cores (ping-pong): a warp that issues a wgmma
+    // stalls until the tensor cores' queue takes it, so in lockstep both warpgroups stalled
+    // issuing at the same time and decoded at the same time (trace: ~570 clocks issuing, ~1030
+    // decoding per k-tile). In turns, each decodes while the other's wgmma runs. Named barrier 2
+    // passes the turn to warpgroup 1, 3 back to warpgroup 0; passing it also publishes the
+    // activations a warpgroup decoded (and fenced) before. Activations are decoded two k-tiles
+    // ahead into four buffers (the buffer a warpgroup writes was last read by the wgmma of k-tile
+    // i - 2, which both warpgroups have waited for by then), weights one k-tile ahead (two
+    // register fragments: a wgmma reads its register operand until it completes). Every compute
+    // thread arrives on a raw slot's "empty" barrier once it has decoded the slot's last k-tile.
+    constexpr int kAhead = 2;
+    static_assert(T::kDecBufs >= kAhead + 2, "activation buffers");
+    const int wg = tid / 128;
+    auto release_after = [&](int j) {
+      if (stage_done(j)) cutlass::arch::ClusterBarrier::arrive(&empty_bar[(j / kSubs) % T::kRawStages]);
+    };
+    auto decode_a_all = [&](int j) {
       if (j % kSubs == 0) wait_raw(j / kSubs);
-      decode(j, j % T::kDecBufs);
-      if constexpr (kAhead == 1) cutlass::arch::fence_view_async_shared();
+      decode_a(j, j % T::kDecBufs);
+    };
+    for (int j = 0; j < kAhead && j < n_kt; ++j) decode_a_all(j);
+    if (n_kt > 0) {
+      decode_w(0, frag0, 0);
+      decode_w(0, frag0, 1);
     }
-    BSG_TRACE(i, 2);
-    warpgroup_wait<0>();
-    BSG_TRACE(i, 3);
-    warpgroup_fence_operand(acc);
+    cutlass::arch::fence_view_async_shared();
     compute_sync();
-    BSG_TRACE(i, 4);
-    if (T::kProducer) refill_after(j);
-    BSG_TRACE(i, 5);
-  }
+    release_after(0);
+    stamp(1);
+    auto step = [&](int i, auto& cur, auto& next) {
+      BSG_TRACE(i, 0);
+      if (wg == 0) {
+        if (i > 0) asm volatile("bar.sync 3, %0;\n" ::"n"(kThreads) : "memory");
+      } else {
+        asm volatile("bar.sync 2, %0;\n" ::"n"(kThreads) : "memory");
+      }
+      warpgroup_fence_operand(acc);
+      warpgroup_fence_operand(cur);
+      warpgroup_arrive();
+      CUTE_UNROLL
+      for (int kb = 0; kb < 4; ++kb) {
+        if constexpr ((BSG_SM90_ABLATE & 2) == 0) cute::gemm(mma, cur(_, _, kb), tCrB(_, _, kb, i % T::kDecBufs), acc);
+      }
+      warpgroup_commit_batch();
+      if (wg == 0) asm volatile("bar.arrive 2, %0;\n" ::"n"(kThreads) : "memory");
+      else if (i + 1 < n_kt) asm volatile("bar.arrive 3, %0;\n" ::"n"(kThreads) : "memory");
+      BSG_TRACE(i, 1);
+      if (i + kAhead < n_kt) {
+        decode_a_all(i + kAhead);
+        cutlass::arch::fence_view_async_shared();  // read by wgmma after a later turn passes
+      }
+      if (i + 1 < n_kt) {  // its raw stage was waited for with its activations
+        decode_w(i + 1, next, 0);
+        decode_w(i + 1, next, 1);
+      }
+      BSG_TRACE(i, 2);
+      warpgroup_wait<0>();
+      BSG_TRACE(i, 3);
+      warpgroup_fence_operand(acc);
+      warpgroup_fence_operand(cur);
+      BSG_TRACE(i, 4);
+      release_after(i + 1);
+      BSG_TRACE(i, 5);
+    };
+    for (int i = 0; i < n_kt; i += 2) {
+      step(i, frag0, frag1);
+      if (i + 1 < n_kt) step(i + 1, frag1, frag0);
+    }
+    compute_sync();  // both warpgroups' wgmma done: the epilogue reuses the buffers
+  } else {
+    Tensor sB = make_tensor(make_smem_ptr(decB), typename T::SmemLayoutB{});
+    Tensor tCrA = wg_mma.make_fragment_A(wg_mma.partition_A(sA));  // (MMA, MMA_M, MMA_K, 2)
+    Tensor tCrB = wg_mma.make_fragment_B(wg_mma.partition_B(sB));
+
+    // The next k-tile is decoded while the wgmma runs on this one (two buffers).
+    constexpr int kAhead = T::kDecBufs - 1;
+    static_assert(kAhead == 1, "unswapped tiles: two decoded buffers");
+    for (int j = 0; j < kAhead && j < n_kt; ++j) {
+      if (j % kSubs == 0) wait_raw(j / kSubs);
+      decode(j, j);
+    }
+    cutlass::arch::fence_view_async_shared();  // generic-proxy stores, read next by wgmma
+    compute_sync();
+    for (int j = 0; j < kAhead; ++j) {
+      if (tid == 0 && stage_done(j)) issue(j / kSubs + T::kRawStages);
+    }
+    stamp(1);
+    for (int i = 0; i < n_kt; ++i) {
+      const int buf = i % T::kDecBufs;
+      BSG_TRACE(i, 0);
+      warpgroup_fence_operand(acc);
+      warpgroup_arrive();
+      CUTE_UNROLL
+      for (int kb = 0; kb < size<2>(tCrA); ++kb) {
+        if constexpr ((BSG_SM90_ABLATE & 2) == 0) cute::gemm(mma, tCrA(_, _, kb, buf), tCrB(_, _, kb, buf), acc);
+      }
+      warpgroup_commit_batch();
+      // Thread 0 refills the slot the previous iteration finished here, behind its wgmma issue
+      // rather than ahead of it: issuing a stage stalls the issuing warp, and the warpgroup's
+      // wgmma waits for all its warps (128x4096x7168 33.0 -> 32.3 us).
+      if (tid == 0 && i > 0 && stage_done(i - 1 + kAhead)) issue((i - 1 + kAhead) / kSubs + T::kRawStages);
+      BSG_TRACE(i, 1);
+      const int j = i + kAhead;
+      if (j < n_kt) {  // decode a later k-tile while the tensor cores work
+        if (j % kSubs == 0) wait_raw(j / kSubs);
+        decode(j, j % T::kDecBufs);
+        cutlass::arch::fence_view_async_shared();
+      }
+      BSG_TRACE(i, 2);
+      warpgroup_wait<0>();
+      BSG_TRACE(i, 3);
+      warpgroup_fence_operand(acc);
+      compute_sync();
+      BSG_TRACE(i, 4);
+      BSG_TRACE(i, 5);
+    }
+  }  // kSwap
 
   stamp(2);
   if ((BSG_SM90_ABLATE & 8) == 0 && p.split_k > 1 && !kClusterReduce) {
@@ -698,13 +856,18 @@ __global__ void __launch_bounds__(Tile<BN>::kLaunchThreads, Tile<BN>::kMinBlocks
   // Epilogue through shared memory (free now: every load was consumed, every wgmma waited for):
   // the accumulators go in as fragments and leave as whole row pieces, so C is read and D written
   // in 16-byte (or, for FP4, 8-byte) units rather than 2-element fragments.
-  Tensor coord = mma.get_thread_slice(tid).partition_C(make_identity_tensor(Shape<Int<kBM>, Int<BN>>{}));
+  Tensor coord = mma.get_thread_slice(tid).partition_C(make_identity_tensor(typename T::MmaShape{}));
   constexpr int kLd = BN + 8;  // floats per row: 16-lane halves of a warp hit 32 distinct banks
   static_assert(kBM * kLd * 4 <= T::kSmem - 1024, "the epilogue tile fits the kernel's shared memory");
   float* tile_s = reinterpret_cast<float*>(smem);
-  CUTE_UNROLL
-  for (int i = 0; i < size(acc); i += 2) {  // values i, i + 1: adjacent columns of one row
-    *reinterpret_cast<float2*>(tile_s + get<0>(coord(i)) * kLd + get<1>(coord(i))) = make_float2(acc(i), acc(i + 1));
+  if constexpr (kSwap) {
+    CUTE_UNROLL
+    for (int i = 0; i < size(acc); ++i) tile_s[get<1>(coord(i)) * kLd + get<0>(coord(i))] = acc(i);  // transposed back
+  } else {
+    CUTE_UNROLL
+    for (int i = 0; i < size(acc); i += 2) {  // values i, i + 1: adjacent columns of one row
+      *reinterpret_cast<float2*>(tile_s + get<0>(coord(i)) * kLd + get<1>(coord(i))) = make_float2(acc(i), acc(i + 1));
+    }
   }
   using Sf = typename OutputInfo<OutT>::Sf;
   if constexpr (std::is_void_v<Sf>) {
