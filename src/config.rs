@@ -179,9 +179,10 @@ pub fn select(arch: u32, p: &Problem, sm_count: usize, max_clusters: &[usize; 3]
     }
     if arch == 90 {
         // Split-K fills the GPU for small outputs, so the choice is about tile efficiency: the
-        // 128x256 tile (a producer warp, one CTA per SM, half the activation decoding per output
-        // of 128x128) once its CTAs, split-K included, occupy half the SMs; else 128x128 (two
-        // CTAs per SM). H100 (bench/results/2026-11-22-h100-session5/sweeps/): 1152x2048x4096
+        // 128x256 tile (one CTA per SM, half the activation decoding per output of 128x128)
+        // once its CTAs, split-K included, occupy half the SMs; else 128x128 (two CTAs per SM).
+        // Measured before the 128x256 kernel swapped its operands (session 6: 0-6 % faster, not
+        // re-swept). H100 (bench/results/2026-11-22-h100-session5/sweeps/): 1152x2048x4096
         // 72 CTAs 69.7 vs 79.8 us, 384x4096x7168 48 x split 2 63.7 vs 77.2, 512x1536x7168
         // 24 x 4 37.9 vs 44.6; but 128x4096x7168 16 x 4 38.1 vs 32.6 (128x128 split 4). Not
         // where the clusters that fit lowered its split: 128x8192x16384 32 x 3 91.1 vs 87.9
