@@ -232,15 +232,11 @@ struct Tile {
   static constexpr int kDecB = kSwap ? 0 : BN * kBK * 2 * kDecBufs;
   static constexpr int kSmem = 1024 + kDecA + kDecB + kRawStages * kRawBytes;  // 1024: swizzle alignment
   static constexpr int kMinBlocks = BN == 256 ? 1 : 2;
-  // BN = 256: a producer warp issues the raw stages. Issuing a stage (two TMA boxes, three bulk
-  // copies) held up the issuing compute warp by ~700 clocks, and with it every CTA barrier
-  // (per-iteration clock trace, H100): 128x7168x16384 81.4 -> 71.9 us, 8192^3 2114 -> 2012.
-  // ptxas budgets registers per 128 threads, so 288 threads cap them at 168 (no spills at BN =
-  // 256); BN <= 128 keeps 256 threads and two CTAs per SM, where the cap would be 85.
   // kSwap: a producer warpgroup (128 threads, one of which issues every raw stage) whose
   // registers setmaxnreg hands to the compute warpgroups: accumulators plus two register
-  // fragments of weights need more than the 168 ptxas allows 384 threads. BN <= 128 keeps 256
-  // threads (thread 0 issues) and two CTAs per SM.
+  // fragments of weights need more than the 168 ptxas allows 384 threads. (A compute warp that
+  // issued the stages itself stalled ~700 clocks per stage, and every barrier with it.) BN <= 128
+  // keeps 256 threads (thread 0 issues, behind its wgmma) and two CTAs per SM.
   static constexpr int kLaunchThreads = kThreads + (kSwap ? 128 : 0);
   static constexpr int kAcc = kBM * BN / kThreads;  // accumulator floats per thread
 };
@@ -497,7 +493,7 @@ __global__ void __launch_bounds__(Tile<BN>::kLaunchThreads, Tile<BN>::kMinBlocks
   constexpr bool kSwap = T::kSwap;
   extern __shared__ uint8_t smem_raw[];
   __shared__ uint64_t raw_bar[T::kRawStages];
-  __shared__ uint64_t empty_bar[T::kRawStages];  // producer warp only: slot free to refill
+  __shared__ uint64_t empty_bar[T::kRawStages];  // kSwap only: slot free to refill
   // 1024-byte alignment for the swizzle atoms, as pointer arithmetic on the __shared__ array so
   // the compiler keeps shared-memory instructions.
   const uint32_t pad = (1024u - (static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw)) & 1023u)) & 1023u;
@@ -529,7 +525,7 @@ __global__ void __launch_bounds__(Tile<BN>::kLaunchThreads, Tile<BN>::kMinBlocks
   opA.init(0, tid);
   opB.init(n0 % 128, tid);
 
-  // One thread issues every copy of a raw stage (the producer warp's first lane, else thread 0):
+  // One thread issues every copy of a raw stage (the producer warpgroup's first, else thread 0):
   // two TMA boxes and the scale chunks.
   const int64_t sp = ((p.k / 16) + 3) / 4 * 4;
   const uint8_t* sfa_rows = p.sfa + batch * (int64_t((p.m + 127) / 128) * 128 * sp) + int64_t(m0 / 128) * (sp / 4) * 512;
