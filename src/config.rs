@@ -181,16 +181,17 @@ pub fn select(arch: u32, p: &Problem, sm_count: usize, max_clusters: &[usize; 3]
         // Split-K fills the GPU for small outputs, so the choice is about tile efficiency: the
         // 128x256 tile (one CTA per SM, half the activation decoding per output of 128x128)
         // once its CTAs, split-K included, occupy half the SMs; else 128x128 (two CTAs per SM).
-        // Measured before the 128x256 kernel swapped its operands (session 6: 0-6 % faster, not
-        // re-swept). H100 (bench/results/2026-11-22-h100-session5/sweeps/): 1152x2048x4096
-        // 72 CTAs 69.7 vs 79.8 us, 384x4096x7168 48 x split 2 63.7 vs 77.2, 512x1536x7168
-        // 24 x 4 37.9 vs 44.6; but 128x4096x7168 16 x 4 38.1 vs 32.6 (128x128 split 4). Not
-        // where the clusters that fit lowered its split: 128x8192x16384 32 x 3 91.1 vs 87.9
-        // (128x128 split 4), 1024x1024x8192 51.1 vs 51.2.
+        // H100, swapped 128x256 kernel (bench/results/2026-11-22-h100-session7/sweeps/):
+        // 1152x2048x4096 72 CTAs 65.1 vs 79.1 us, 384x4096x7168 48 x split 2 61.5 vs 77.3,
+        // 512x1536x7168 24 x 4 37.3 vs 45.2; but 128x4096x7168 16 x 4 37.4 vs 32.7 (128x128
+        // split 4). Also where the clusters that fit lowered its split (session 5 excluded
+        // those, before the swap): 256x4096x7168 32 x 3 45.4 vs 46.7, 1024x1024x8192 49.5 vs
+        // 50.7, 384x2816x8192 33 x 3 49.8 vs 51.3, 128x10240x8192 40 x 2 68.5 vs 75.0
+        // (128x128 split 4; its rule would take 3, not timed), 128x8192x16384 32 x 3 87.3 vs 87.3.
         let wide = Config::Sm90_128x256x64;
         if candidates.contains(&wide) {
             let split = split_k(wide, p, sm_count, max_clusters);
-            if wide.tiles(p) * split as usize * 2 >= sm_count && split == split_k(wide, p, sm_count, &ANY_CLUSTERS) {
+            if wide.tiles(p) * split as usize * 2 >= sm_count {
                 return Some(wide);
             }
         }
@@ -259,14 +260,17 @@ mod tests {
         // 28 tiles: clusters of 4 fit (30), the 128x256 tile splits 4 ways.
         assert_eq!(split_k(wide, &Problem::new(128, 7168, 16384), 132, &H100), 4);
         assert_eq!(select(90, &Problem::new(128, 7168, 16384), 132, &H100, all), Some(wide));
-        // 32 tiles: 32 clusters of 4 do not fit (H100: 92.5 us at split 4), 32 of 3 do, but the
-        // lowered split makes 128x128 split 4 the faster (87.9 vs 91.1 us at 128x8192x16384).
-        for p in [Problem::new(1024, 1024, 8192), Problem::new(128, 8192, 16384)] {
+        // 32 tiles: 32 clusters of 4 do not fit (H100: 92.5 us at split 4), 32 of 3 do, and the
+        // 128x256 tile keeps the lowered split (1024x1024x8192 49.5 vs 50.7 us for 128x128).
+        for p in [Problem::new(1024, 1024, 8192), Problem::new(128, 8192, 16384), Problem::new(256, 4096, 7168)] {
             assert_eq!(split_k(wide, &p, 132, &H100), 3, "{p:?}");
             assert_eq!(split_k(wide, &p, 132, &ANY_CLUSTERS), 4, "{p:?}");
-            assert_eq!(select(90, &p, 132, &H100, all), Some(Config::Sm90_128x128x64), "{p:?}");
+            assert_eq!(select(90, &p, 132, &H100, all), Some(wide), "{p:?}");
             assert_eq!(select(90, &p, 132, &ANY_CLUSTERS, all), Some(wide), "{p:?}");
         }
+        // 40 tiles: clusters of 3 do not fit either (39), of 2 do.
+        assert_eq!(split_k(wide, &Problem::new(128, 10240, 8192), 132, &H100), 2);
+        assert_eq!(select(90, &Problem::new(128, 10240, 8192), 132, &H100, all), Some(wide));
         // No cluster fits: no cluster split. Splits through global memory and other tiles are
         // not limited.
         assert_eq!(split_k(wide, &Problem::new(128, 7168, 16384), 132, &[0; 3]), 1);
@@ -289,7 +293,7 @@ mod tests {
         // Only what is built is chosen; another architecture has none.
         let no_narrow = |c| c != Config::Sm100_1Sm_128x64x256;
         assert_ne!(select(100, &Problem::new(128, 7168, 16384), 148, &ANY_CLUSTERS, no_narrow), Some(Config::Sm100_1Sm_128x64x256));
-        // SM90: 128x256 once its CTAs occupy half the SMs (its split not lowered by the clusters that fit), else 128x128.
+        // SM90: 128x256 once its CTAs occupy half the SMs, else 128x128.
         assert_eq!(select(90, &Problem::new(128, 7168, 16384), 132, &ANY_CLUSTERS, all), Some(Config::Sm90_128x256x64)); // 28 tiles x split 4, 64 k-tiles each
         assert_eq!(select(90, &Problem::new(2048, 2048, 2048), 132, &ANY_CLUSTERS, all), Some(Config::Sm90_128x256x64)); // 128 tiles
         assert_eq!(select(90, &Problem::new(256, 7168, 7168), 132, &ANY_CLUSTERS, all), Some(Config::Sm90_128x256x64)); // 56 x split 2, 56 k-tiles
