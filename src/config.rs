@@ -184,14 +184,15 @@ pub fn select(arch: u32, p: &Problem, sm_count: usize, max_clusters: &[usize; 3]
         // H100, swapped 128x256 kernel (bench/results/2026-11-22-h100-session7/sweeps/):
         // 1152x2048x4096 72 CTAs 65.1 vs 79.1 us, 384x4096x7168 48 x split 2 61.5 vs 77.3,
         // 512x1536x7168 24 x 4 37.3 vs 45.2; but 128x4096x7168 16 x 4 37.4 vs 32.7 (128x128
-        // split 4). Also where the clusters that fit lowered its split (session 5 excluded
-        // those, before the swap): 256x4096x7168 32 x 3 45.4 vs 46.7, 1024x1024x8192 49.5 vs
-        // 50.7, 384x2816x8192 33 x 3 49.8 vs 51.3, 128x10240x8192 40 x 2 68.5 vs 75.0
-        // (128x128 split 4; its rule would take 3, not timed), 128x8192x16384 32 x 3 87.3 vs 87.3.
+        // split 4). Where the clusters that fit lower its split, only down to 3 (product bench,
+        // rule.txt): 256x4096x7168 32 x 3 46.2 vs 47.2, 1024x1024x8192 50.4 vs 51.3,
+        // 384x2816x8192 33 x 3 50.7 vs 51.9, 128x8192x16384 89.3 vs 88.2 (128x128 split 4);
+        // at 2 it loses: 128x10240x8192 40 x 2 69.8 vs 64.2 (128x128 split 3).
         let wide = Config::Sm90_128x256x64;
         if candidates.contains(&wide) {
             let split = split_k(wide, p, sm_count, max_clusters);
-            if wide.tiles(p) * split as usize * 2 >= sm_count {
+            let lowered = split < split_k(wide, p, sm_count, &ANY_CLUSTERS);
+            if wide.tiles(p) * split as usize * 2 >= sm_count && (!lowered || split >= 3) {
                 return Some(wide);
             }
         }
@@ -261,16 +262,18 @@ mod tests {
         assert_eq!(split_k(wide, &Problem::new(128, 7168, 16384), 132, &H100), 4);
         assert_eq!(select(90, &Problem::new(128, 7168, 16384), 132, &H100, all), Some(wide));
         // 32 tiles: 32 clusters of 4 do not fit (H100: 92.5 us at split 4), 32 of 3 do, and the
-        // 128x256 tile keeps the lowered split (1024x1024x8192 49.5 vs 50.7 us for 128x128).
+        // 128x256 tile keeps the lowered split (1024x1024x8192 50.4 vs 51.3 us for 128x128).
         for p in [Problem::new(1024, 1024, 8192), Problem::new(128, 8192, 16384), Problem::new(256, 4096, 7168)] {
             assert_eq!(split_k(wide, &p, 132, &H100), 3, "{p:?}");
             assert_eq!(split_k(wide, &p, 132, &ANY_CLUSTERS), 4, "{p:?}");
             assert_eq!(select(90, &p, 132, &H100, all), Some(wide), "{p:?}");
             assert_eq!(select(90, &p, 132, &ANY_CLUSTERS, all), Some(wide), "{p:?}");
         }
-        // 40 tiles: clusters of 3 do not fit either (39), of 2 do.
+        // 40 tiles: clusters of 3 do not fit either (39), of 2 do, and split 2 leaves 128x128
+        // the faster (64.2 vs 69.8 us at 128x10240x8192).
         assert_eq!(split_k(wide, &Problem::new(128, 10240, 8192), 132, &H100), 2);
-        assert_eq!(select(90, &Problem::new(128, 10240, 8192), 132, &H100, all), Some(wide));
+        assert_eq!(select(90, &Problem::new(128, 10240, 8192), 132, &H100, all), Some(Config::Sm90_128x128x64));
+        assert_eq!(select(90, &Problem::new(128, 10240, 8192), 132, &ANY_CLUSTERS, all), Some(wide));
         // No cluster fits: no cluster split. Splits through global memory and other tiles are
         // not limited.
         assert_eq!(split_k(wide, &Problem::new(128, 7168, 16384), 132, &[0; 3]), 1);
