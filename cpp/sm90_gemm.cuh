@@ -11,9 +11,10 @@
 // 128x256 tile, by thread 0 otherwise); the two compute warpgroups decode each 64-K block into
 // FP16 while their wgmma (CuTe's SM90 GMMA atoms) runs on an earlier one: for tiles of 64 and 128
 // both operands into the GMMA 128B-swizzled layout (SS wgmma); for 128x256 the weights straight
-// into register fragments (RS wgmma, weights x activations) and only the activations into shared
-// memory, the warpgroups taking turns at the tensor cores. The operands are never written out
-// dequantized.
+// into register fragments (RS wgmma, weights x activations), the warpgroups taking turns at the
+// tensor cores, while the activations (the small operand at M = 128) are decoded once per GEMM by
+// a pre-pass into the workspace and arrive through TMA already in FP16. The weights are never
+// written out dequantized.
 //
 // Decode: the e2m1 nibble s|e1 e0 m, re-placed as the e4m3 byte s<<7 | (e1 e0 m)<<2, is exactly
 // value * 2^-6 (subnormal codes too), so one cvt.rn.f16x2.e4m3x2 and one multiply by sf * 2^6
@@ -33,6 +34,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cfloat>
 #include <climits>
@@ -51,8 +53,8 @@
 
 // Experiments only (bench/ablate.cu; never set by build.rs): bit 1 skips the decode, bit 2 the
 // wgmma, bit 4 the global loads, bit 8 the split-K partials and reduction (every CTA writes its
-// own partial sums as D), bit 16 A's decode only (B's still runs), to measure what each stage
-// costs.
+// own partial sums as D), bit 16 A's decode only (B's still runs; tiles 64 and 128), to measure
+// what each stage costs.
 #ifndef BSG_SM90_ABLATE
 #define BSG_SM90_ABLATE 0
 #endif
@@ -136,25 +138,34 @@ struct Params {
 // H200).
 constexpr int kMaxClusterSplit = 4;
 
-// A launch configuration whose grid (tiles, split_k) runs the split_k CTAs of each tile as one
-// cluster along y. Not copyable: cfg points at attr.
-struct ClusterLaunch {
+// A launch configuration of the grid (tiles, split_k): with cluster_y > 1 the split_k CTAs of
+// each tile run as one cluster along y; with `pdl` the kernel may start while the stream's
+// previous kernel (the pre-pass) still runs, and waits for it at griddepcontrol.wait. Not
+// copyable: cfg points at attr.
+struct KernelLaunch {
   cudaLaunchConfig_t cfg{};
-  cudaLaunchAttribute attr[1];
-  ClusterLaunch(dim3 grid, int threads, int split_k, size_t smem, cudaStream_t stream) {
+  cudaLaunchAttribute attr[2];
+  KernelLaunch(dim3 grid, int threads, int cluster_y, size_t smem, cudaStream_t stream, bool pdl = false) {
     cfg.gridDim = grid;
     cfg.blockDim = dim3(unsigned(threads));
     cfg.dynamicSmemBytes = smem;
     cfg.stream = stream;
-    attr[0].id = cudaLaunchAttributeClusterDimension;
-    attr[0].val.clusterDim.x = 1;
-    attr[0].val.clusterDim.y = unsigned(split_k);
-    attr[0].val.clusterDim.z = 1;
     cfg.attrs = attr;
-    cfg.numAttrs = 1;
+    if (cluster_y > 1) {
+      attr[cfg.numAttrs].id = cudaLaunchAttributeClusterDimension;
+      attr[cfg.numAttrs].val.clusterDim.x = 1;
+      attr[cfg.numAttrs].val.clusterDim.y = unsigned(cluster_y);
+      attr[cfg.numAttrs].val.clusterDim.z = 1;
+      ++cfg.numAttrs;
+    }
+    if (pdl) {
+      attr[cfg.numAttrs].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+      attr[cfg.numAttrs].val.programmaticStreamSerializationAllowed = 1;
+      ++cfg.numAttrs;
+    }
   }
-  ClusterLaunch(const ClusterLaunch&) = delete;
-  ClusterLaunch& operator=(const ClusterLaunch&) = delete;
+  KernelLaunch(const KernelLaunch&) = delete;
+  KernelLaunch& operator=(const KernelLaunch&) = delete;
 };
 
 // Address of the same shared-memory location in the CTA of rank `rank` of this cluster.
@@ -206,16 +217,25 @@ struct Tile {
   // weights (B, BN rows) are the wgmma A operand, decoded from the raw stage straight into
   // registers (RS wgmma); only the activations (A, kBM rows) go through shared memory.
   static constexpr bool kSwap = BN == 256;
+  // kSwap: the activations come decoded (FP16, a * sf) from a pre-pass (predecode_a) through
+  // TMA, straight into the wgmma's 128B-swizzled buffers: decoded once per GEMM instead of once
+  // per CTA of every N tile, at the price of 2 * L * M * K bytes of workspace. Decoding them in
+  // the CTA took ~480 of ~1700 clocks per k-tile (session 8: 128x7168x16384 70.9 -> 59.4 us,
+  // 8192^3 1944 -> 1739, bit for bit the same results).
+  static constexpr bool kPreA = kSwap;
   static constexpr int kSfChunksB = (BN + 127) / 128;
+  static constexpr int kRawStages = kSwap ? 4 : 2;  // BN <= 128 keeps two CTAs per SM
   // Raw stage (TMA destination): A rows x kRawK/2 bytes, B rows likewise, then the scales of the
-  // kSubs 64-K blocks: kSubs x 512 bytes per 128-row block (A: one, B: 1-2).
-  static constexpr int kRawA = kBM * kRawK / 2;
+  // kSubs 64-K blocks: kSubs x 512 bytes per 128-row block (A: one unless kPreA, B: 1-2).
+  static constexpr int kRawA = kPreA ? 0 : kBM * kRawK / 2;
   static constexpr int kRawB = BN * kRawK / 2;
   static constexpr int kSfStage = kSubs * 512;  // scale bytes of one 128-row block per raw stage
-  static constexpr int kRawBytes = kRawA + kRawB + kSfStage * (1 + kSfChunksB);
-  static constexpr int kRawStages = kSwap ? 4 : 2;  // BN <= 128 keeps two CTAs per SM
+  static constexpr int kSfB = kRawA + kRawB + (kPreA ? 0 : kSfStage);  // B's scales in a raw stage
+  static constexpr int kRawBytes = kSfB + kSfStage * kSfChunksB;
   using SmemAtom = GMMA::Layout_K_SW128_Atom<half_t>;  // 8 x 64 halves, 128-byte swizzle
-  static constexpr int kDecBufs = kSwap ? 4 : 2;  // see kAhead; BN <= 128 keeps two CTAs per SM
+  // kPreA: one FP16 buffer per k-tile of every raw stage (k-tile i in buffer i % kDecBufs), filled
+  // with the raw stage and freed with it. Else see kAhead; BN <= 128 keeps two CTAs per SM.
+  static constexpr int kDecBufs = kPreA ? kSubs * kRawStages : 2;
   using SmemLayoutA = decltype(tile_to_shape(SmemAtom{}, make_shape(Int<kBM>{}, Int<kBK>{}, Int<kDecBufs>{})));
   using SmemLayoutB = decltype(tile_to_shape(SmemAtom{}, make_shape(Int<BN>{}, Int<kBK>{}, Int<kDecBufs>{})));
   // MMA M x N: activations x weights, or (kSwap) weights x activations.
@@ -376,6 +396,57 @@ __device__ __forceinline__ uint32_t sw128_offset(int row, int chunk) {
   return uint32_t((row >> 3) * 1024 + (row & 7) * 128 + ((chunk ^ (row & 7)) << 4));
 }
 
+// The swapped (128x256) kernel's activations, one row's 64-K block (packed bytes q0 | q1, its four
+// scales sf4) for thread parity hh = shift / 4: chunk st (8 halves) holds MMA step st's K
+// positions 8 hh .. 8 hh + 7, i.e. for each scale group c the values 4 st + hh and 4 st + hh + 2
+// (the kernel's swapped main loop says why this order). Decoded as decode8 does.
+__device__ __forceinline__ void act_chunks(uint4 q0, uint4 q1, uint32_t sf4, int shift, uint4 (&ch)[4]) {
+  const uint32_t s01 = hmul2(e4m3x2_to_f16x2(sf4), 0x54005400u), s23 = hmul2(e4m3x2_hi_to_f16x2(sf4), 0x54005400u);
+  const uint32_t sc[4] = {__byte_perm(s01, s01, 0x1010), __byte_perm(s01, s01, 0x3232), __byte_perm(s23, s23, 0x1010),
+                          __byte_perm(s23, s23, 0x3232)};
+  const uint32_t w[4][2] = {{q0.x, q0.y}, {q0.z, q0.w}, {q1.x, q1.y}, {q1.z, q1.w}};  // [group][word]
+  CUTE_UNROLL
+  for (int wd = 0; wd < 2; ++wd) {
+    uint32_t lo[4], hi[4];
+    CUTE_UNROLL
+    for (int c = 0; c < 4; ++c) {
+      const uint32_t x = w[c][wd] >> shift;  // this parity's values in the low nibbles
+      const uint32_t e = ((x << 2) & 0x1C1C1C1Cu) | ((x << 4) & 0x80808080u);
+      lo[c] = hmul2(e4m3x2_to_f16x2(e), sc[c]);     // step 2 wd
+      hi[c] = hmul2(e4m3x2_hi_to_f16x2(e), sc[c]);  // step 2 wd + 1
+    }
+    ch[2 * wd] = make_uint4(lo[0], lo[1], lo[2], lo[3]);
+    ch[2 * wd + 1] = make_uint4(hi[0], hi[1], hi[2], hi[3]);
+  }
+}
+
+// Tile<256>::kPreA's pre-pass: A (packed e2m1, tiled ue4m3 scales) as FP16 a * sf, (L, M, k_pad)
+// with k_pad = K rounded up to 64, each 64-K block in act_chunks' order so that TMA's 128-byte
+// swizzle lays it out as the kernel's decode did; K past the end is 0. One thread per (batch,
+// row, 64-K block, parity). Static: every translation unit that includes this keeps its own.
+static __global__ void predecode_a(const uint8_t* a, const uint8_t* sfa, uint4* out, int m, int k, int l) {
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");  // the GEMM's CTAs may start
+  const int kb_n = (k + 63) / 64;
+  const int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (idx >= int64_t(l) * m * kb_n * 2) return;
+  const int hh = int(idx % 2), kb = int((idx / 2) % kb_n);
+  const int64_t rowb = idx / 2 / kb_n;  // batch * m + row
+  const int64_t batch = rowb / m;
+  const int row = int(rowb % m);
+  const bool whole = kb * 64 + 64 <= k;  // else 32 K (K % 32 == 0): groups 2 and 3 are past K
+  const uint8_t* src = a + rowb * (k / 2) + kb * 32;
+  const uint4 q0 = *reinterpret_cast<const uint4*>(src);
+  const uint4 q1 = whole ? *reinterpret_cast<const uint4*>(src + 16) : make_uint4(0, 0, 0, 0);
+  const int64_t sp = ((k / 16) + 3) / 4 * 4;
+  uint32_t sf4 = *reinterpret_cast<const uint32_t*>(sfa + batch * (int64_t(m + 127) / 128 * 128 * sp) + sf_offset(row, 4 * kb, sp));
+  if (!whole) sf4 &= 0xFFFFu;  // 0 * 0, whatever the padding scales hold
+  uint4 ch[4];
+  act_chunks(q0, q1, sf4, 4 * hh, ch);
+  uint4* dst = out + (rowb * kb_n + kb) * 8;  // 8 chunks of 16 bytes per 64-K block
+  CUTE_UNROLL
+  for (int st = 0; st < 4; ++st) dst[2 * st + hh] = ch[st];
+}
+
 // One operand's share of a stage for one thread: `kRows` rows of 32 packed bytes, two 16-byte
 // halves each; units u = tid + j * kThreads map to (row u / 2, half u % 2).
 template <int kRows>
@@ -527,22 +598,39 @@ __global__ void __launch_bounds__(Tile<BN>::kLaunchThreads, Tile<BN>::kMinBlocks
   const uint8_t* sfb_rows = p.sfb + batch * (int64_t((p.n + 127) / 128) * 128 * sp) + int64_t(n0 / 128) * (sp / 4) * 512;
   const int sfb_chunks = min(T::kSfChunksB, (p.n + 127) / 128 - n0 / 128);  // 128-row blocks of B inside N
   const uint32_t raw_s = static_cast<uint32_t>(__cvta_generic_to_shared(raw));
-  auto issue = [&](int r) {
+  const uint32_t dec_a_s = static_cast<uint32_t>(__cvta_generic_to_shared(decA));
+  // Raw stage r: `what` says which copies (kIssueB: the barrier's transaction count, B and its
+  // scales; kIssueA: A, and without kPreA its scales), so kPreA can issue B's before the pre-pass
+  // ends and A's after.
+  constexpr int kIssueB = 1, kIssueA = 2;
+  auto issue = [&](int r, int what = 3) {  // 3: kIssueA | kIssueB
     const int slot = r % T::kRawStages;
     const uint32_t bar = static_cast<uint32_t>(__cvta_generic_to_shared(&raw_bar[slot]));
     const uint32_t base = raw_s + slot * T::kRawBytes;
     const int kt = kt_begin + kSubs * r;
     const uint32_t sf_bytes = min(kSubs, kt_end - kt) * 512;
-    cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&raw_bar[slot], T::kRawA + T::kRawB + sf_bytes * (1 + sfb_chunks));
+    // kPreA: every box of FP16 activations is whole (zero-filled past K_pad, M or the batch).
+    constexpr uint32_t kPreBytes = T::kPreA ? kSubs * kBM * kBK * 2 : 0;
+    const uint32_t bytes = kPreBytes + T::kRawA + T::kRawB + sf_bytes * ((T::kPreA ? 0 : 1) + sfb_chunks);
+    if (what & kIssueB) cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&raw_bar[slot], bytes);
     if constexpr ((BSG_SM90_ABLATE & 4) == 0) {
-      tma_load_3d(base, &map_a, kt * (kBK / 2), m0, int(batch), bar);
-      tma_load_3d(base + T::kRawA, &map_b, kt * (kBK / 2), n0, int(batch), bar);
-      bulk_load(base + T::kRawA + T::kRawB, sfa_rows + int64_t(kt) * 512, sf_bytes, bar);
-      for (int c = 0; c < sfb_chunks; ++c)
-        bulk_load(base + T::kRawA + T::kRawB + T::kSfStage * (1 + c), sfb_rows + c * (sp / 4) * 512 + int64_t(kt) * 512, sf_bytes, bar);
-    } else {
+      if (what & kIssueB) {
+        tma_load_3d(base + T::kRawA, &map_b, kt * (kBK / 2), n0, int(batch), bar);
+        for (int c = 0; c < sfb_chunks; ++c)
+          bulk_load(base + T::kSfB + T::kSfStage * c, sfb_rows + c * (sp / 4) * 512 + int64_t(kt) * 512, sf_bytes, bar);
+      }
+      if (what & kIssueA) {
+        if constexpr (T::kPreA) {
+          for (int s = 0; s < kSubs; ++s)
+            tma_load_3d(dec_a_s + (slot * kSubs + s) * (kBM * kBK * 2), &map_a, (kt + s) * kBK, m0, int(batch), bar);
+        } else {
+          tma_load_3d(base, &map_a, kt * (kBK / 2), m0, int(batch), bar);
+          bulk_load(base + T::kRawA + T::kRawB, sfa_rows + int64_t(kt) * 512, sf_bytes, bar);
+        }
+      }
+    } else if (what & kIssueB) {
       // Ablation: no loads; complete the transaction count without moving data.
-      asm volatile("mbarrier.complete_tx.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(T::kRawA + T::kRawB + sf_bytes * (1 + sfb_chunks)));
+      asm volatile("mbarrier.complete_tx.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(bytes));
     }
   };
 
@@ -565,7 +653,17 @@ __global__ void __launch_bounds__(Tile<BN>::kLaunchThreads, Tile<BN>::kMinBlocks
     if (tid >= kThreads) {
       cutlass::arch::warpgroup_reg_dealloc<40>();
       if (tid == kThreads) {
-        for (int r = 0; r < n_raw; ++r) {
+        int r = 0;
+        if constexpr (T::kPreA) {
+          // The first stages' weights while the pre-pass may still run; its activations are
+          // complete and visible past griddepcontrol.wait (a no-op without a programmatic
+          // dependency).
+          const int first = min(T::kRawStages, n_raw);
+          for (int q = 0; q < first; ++q) issue(q, kIssueB);
+          asm volatile("griddepcontrol.wait;\n" ::: "memory");
+          for (; r < first; ++r) issue(r, kIssueA);
+        }
+        for (; r < n_raw; ++r) {
           if (r >= T::kRawStages) cutlass::arch::ClusterBarrier::wait(&empty_bar[r % T::kRawStages], ((r / T::kRawStages) - 1) & 1);
           issue(r);
         }
@@ -587,8 +685,9 @@ __global__ void __launch_bounds__(Tile<BN>::kLaunchThreads, Tile<BN>::kMinBlocks
   auto wg_mma = mma.get_slice((tid / 128) * 128);
   Tensor acc = partition_fragment_C(mma, typename T::MmaShape{});
   clear(acc);
-  // Raw stage j / kSubs is fully decoded once its last k-tile is (by every compute thread, for
-  // the unswapped loop after a CTA barrier): its slot can be refilled.
+  // Once k-tile j is done with (unswapped: decoded by every compute thread, after a CTA barrier;
+  // swapped: its wgmma completed), raw stage j / kSubs can be refilled if j is its last k-tile
+  // and a later stage is due.
   auto stage_done = [&](int j) { return j < n_kt && (j % kSubs == kSubs - 1 || j == n_kt - 1) && j / kSubs + T::kRawStages < n_raw; };
   if constexpr (kSwap) {
     // D^T = B A^T: each warpgroup owns 128 weight rows (two 64-row M blocks) against the 128
@@ -607,7 +706,7 @@ __global__ void __launch_bounds__(Tile<BN>::kLaunchThreads, Tile<BN>::kMinBlocks
     // bytes and scale lie at constant offsets from the first's (r % 32 + 8 < 32).
     const int w_row = (tid / 128) * 64 + ((tid % 128) / 32) * 16 + (tid % 32) / 4;
     const int w_raw = T::kRawA + w_row * (kRawK / 2) + 8 * (tid % 4);
-    const int w_sf = T::kRawA + T::kRawB + T::kSfStage + sf_in_chunk(w_row, tid % 4);
+    const int w_sf = T::kSfB + sf_in_chunk(w_row, tid % 4);
     // M block mb of k-tile i. Called once per block: one call looping over both blocks made
     // ptxas schedule the loop differently, ~1 % slower (8192^3 1903 vs 1884 us, session 7).
     auto decode_w = [&](int i, auto& frag, int mb) {
@@ -629,67 +728,24 @@ __global__ void __launch_bounds__(Tile<BN>::kLaunchThreads, Tile<BN>::kMinBlocks
         }
       }
     };
-    // Activations: row tid / 2; thread parity hh writes the chunks of K positions 8 hh .. 8 hh + 7
-    // of each step: the even values of every 8-value word (hh = 0) or the odd ones (hh = 1).
-    const int a_row = tid / 2, a_shift = 4 * (tid % 2);
-    const int a_raw = a_row * (kRawK / 2), a_sf = T::kRawA + T::kRawB + sf_in_chunk(a_row, 0);
-    uint32_t a_dec[4];
-    CUTE_UNROLL
-    for (int st = 0; st < 4; ++st) a_dec[st] = sw128_offset(a_row, 2 * st + tid % 2);
-    auto decode_a = [&](int i, int buf) {
-      if constexpr ((BSG_SM90_ABLATE & 17) != 0) return;
-      const uint8_t* base = raw + ((i / kSubs) % T::kRawStages) * T::kRawBytes;
-      const int sub = i % kSubs;
-      const uint4 q0 = *reinterpret_cast<const uint4*>(base + a_raw + sub * 32);
-      const uint4 q1 = *reinterpret_cast<const uint4*>(base + a_raw + sub * 32 + 16);
-      const uint32_t sf4 = *reinterpret_cast<const uint32_t*>(base + a_sf + sub * 512);  // groups 0..3
-      const uint32_t s01 = hmul2(e4m3x2_to_f16x2(sf4), 0x54005400u), s23 = hmul2(e4m3x2_hi_to_f16x2(sf4), 0x54005400u);
-      const uint32_t sc[4] = {__byte_perm(s01, s01, 0x1010), __byte_perm(s01, s01, 0x3232), __byte_perm(s23, s23, 0x1010),
-                              __byte_perm(s23, s23, 0x3232)};
-      const uint32_t w[4][2] = {{q0.x, q0.y}, {q0.z, q0.w}, {q1.x, q1.y}, {q1.z, q1.w}};  // [group][word]
-      uint8_t* dec = reinterpret_cast<uint8_t*>(decA) + buf * (kBM * kBK * 2);
-      CUTE_UNROLL
-      for (int wd = 0; wd < 2; ++wd) {
-        uint32_t lo[4], hi[4];
-        CUTE_UNROLL
-        for (int c = 0; c < 4; ++c) {
-          const uint32_t x = w[c][wd] >> a_shift;  // this parity's values in the low nibbles
-          const uint32_t e = ((x << 2) & 0x1C1C1C1Cu) | ((x << 4) & 0x80808080u);
-          lo[c] = hmul2(e4m3x2_to_f16x2(e), sc[c]);     // step 2 wd
-          hi[c] = hmul2(e4m3x2_hi_to_f16x2(e), sc[c]);  // step 2 wd + 1
-        }
-        *reinterpret_cast<uint4*>(dec + a_dec[2 * wd]) = make_uint4(lo[0], lo[1], lo[2], lo[3]);
-        *reinterpret_cast<uint4*>(dec + a_dec[2 * wd + 1]) = make_uint4(hi[0], hi[1], hi[2], hi[3]);
-      }
-    };
     // The two warpgroups take turns at the tensor cores (ping-pong): a warp that issues a wgmma
     // stalls until the tensor cores' queue takes it, so in lockstep both warpgroups stalled
     // issuing at the same time and decoded at the same time (trace: ~570 clocks issuing, ~1030
     // decoding per k-tile). In turns, each decodes while the other's wgmma runs. Named barrier 2
-    // passes the turn to warpgroup 1, 3 back to warpgroup 0; passing it also publishes the
-    // activations a warpgroup decoded (and fenced) before. Activations are decoded two k-tiles
-    // ahead into four buffers (the buffer a warpgroup writes was last read by the wgmma of k-tile
-    // i - 2, which both warpgroups have waited for by then), weights one k-tile ahead (two
-    // register fragments: a wgmma reads its register operand until it completes). Every compute
-    // thread arrives on a raw slot's "empty" barrier once it has decoded the slot's last k-tile.
-    constexpr int kAhead = 2;
-    static_assert(T::kDecBufs >= kAhead + 2, "activation buffers");
+    // passes the turn to warpgroup 1, 3 back to warpgroup 0. Weights are decoded one k-tile ahead
+    // (two register fragments: a wgmma reads its register operand until it completes). The
+    // activations come with the raw stage (kPreA), so every compute thread arrives on a slot's
+    // "empty" barrier once its wgmma of the slot's last k-tile completed.
+    static_assert(T::kPreA, "the swapped tile takes pre-decoded activations");
     const int wg = tid / 128;
     auto release_after = [&](int j) {
       if (stage_done(j)) cutlass::arch::ClusterBarrier::arrive(&empty_bar[(j / kSubs) % T::kRawStages]);
     };
-    auto decode_a_all = [&](int j) {
-      if (j % kSubs == 0) wait_raw(j / kSubs);
-      decode_a(j, j % T::kDecBufs);
-    };
-    for (int j = 0; j < kAhead && j < n_kt; ++j) decode_a_all(j);
     if (n_kt > 0) {
+      wait_raw(0);
       decode_w(0, frag0, 0);
       decode_w(0, frag0, 1);
     }
-    cutlass::arch::fence_view_async_shared();
-    compute_sync();
-    release_after(0);
     stamp(1);
     auto step = [&](int i, auto& cur, auto& next) {
       BSG_TRACE(i, 0);
@@ -709,11 +765,8 @@ __global__ void __launch_bounds__(Tile<BN>::kLaunchThreads, Tile<BN>::kMinBlocks
       if (wg == 0) asm volatile("bar.arrive 2, %0;\n" ::"n"(kThreads) : "memory");
       else if (i + 1 < n_kt) asm volatile("bar.arrive 3, %0;\n" ::"n"(kThreads) : "memory");
       BSG_TRACE(i, 1);
-      if (i + kAhead < n_kt) {
-        decode_a_all(i + kAhead);
-        cutlass::arch::fence_view_async_shared();  // read by wgmma after a later turn passes
-      }
-      if (i + 1 < n_kt) {  // its raw stage was waited for with its activations
+      if (i + 1 < n_kt) {
+        if ((i + 1) % kSubs == 0) wait_raw((i + 1) / kSubs);
         decode_w(i + 1, next, 0);
         decode_w(i + 1, next, 1);
       }
@@ -723,7 +776,7 @@ __global__ void __launch_bounds__(Tile<BN>::kLaunchThreads, Tile<BN>::kMinBlocks
       warpgroup_fence_operand(acc);
       warpgroup_fence_operand(cur);
       BSG_TRACE(i, 4);
-      release_after(i + 1);
+      release_after(i);
       BSG_TRACE(i, 5);
     };
     for (int i = 0; i < n_kt; i += 2) {
@@ -749,7 +802,7 @@ __global__ void __launch_bounds__(Tile<BN>::kLaunchThreads, Tile<BN>::kMinBlocks
       uint8_t* dec_a = reinterpret_cast<uint8_t*>(decA) + buf * (kBM * kBK * 2);
       uint8_t* dec_b = reinterpret_cast<uint8_t*>(decB) + buf * (BN * kBK * 2);
       if constexpr ((BSG_SM90_ABLATE & 16) == 0) ra.load(opA, base, base + T::kRawA + T::kRawB, sub);
-      rb.load(opB, base + T::kRawA, base + T::kRawA + T::kRawB + T::kSfStage, sub);
+      rb.load(opB, base + T::kRawA, base + T::kSfB, sub);
       if constexpr ((BSG_SM90_ABLATE & 16) == 0) ra.store(opA, dec_a);
       rb.store(opB, dec_b);
     };
@@ -968,13 +1021,17 @@ struct Gemm {
     if (a.n % OutputInfo<OutT>::kNMultiple != 0) return false;
     if (!std::is_void_v<typename OutputInfo<OutT>::Sf> && (!a.sfd || !a.norm_constant)) return false;
     const int k_tiles = (a.k + kBK - 1) / kBK;
+    if (T::kPreA && (int64_t(a.l) * a.m * (k_pad(a) / kBK) * 2 + 255) / 256 > INT_MAX) return false;  // pre-pass grid
     return tiles(a) <= INT_MAX && a.split_k >= 1 && a.split_k <= k_tiles && a.split_k <= 65535 &&
            (a.split_k == 1 || tiles(a) <= kMaxSplitTiles);
   }
 
-  // TMA descriptor of a packed operand: (row_bytes, rows, batch) bytes, boxes of 64 bytes x
-  // box_rows rows; reads past K, the rows or the batch are zero-filled.
-  static bool encode(CUtensorMap* map, const void* base, int64_t row_bytes, int64_t rows, int64_t batch, uint32_t box_rows) {
+  // TMA descriptor of a packed operand: (row_bytes, rows, batch) bytes, boxes of kRawK / 2 bytes x
+  // box_rows rows; or (f16) of the pre-decoded activations: (row_bytes / 2, rows, batch) halves,
+  // boxes of 64 halves x box_rows rows in the GMMA 128-byte swizzle. Reads past a row, the rows or
+  // the batch are zero-filled.
+  static bool encode(CUtensorMap* map, const void* base, int64_t row_bytes, int64_t rows, int64_t batch, uint32_t box_rows,
+                     bool f16 = false) {
     static PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
       void* f = nullptr;
       cudaDriverEntryPointQueryResult q;
@@ -984,13 +1041,13 @@ struct Gemm {
       return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
     }();
     if (!fn) return false;
-    const cuuint64_t dims[3] = {cuuint64_t(row_bytes), cuuint64_t(rows), cuuint64_t(batch)};
+    const cuuint64_t dims[3] = {cuuint64_t(f16 ? row_bytes / 2 : row_bytes), cuuint64_t(rows), cuuint64_t(batch)};
     const cuuint64_t strides[2] = {cuuint64_t(row_bytes), cuuint64_t(row_bytes * rows)};
-    const cuuint32_t box[3] = {kRawK / 2, box_rows, 1};
+    const cuuint32_t box[3] = {f16 ? uint32_t(kBK) : uint32_t(kRawK / 2), box_rows, 1};
     const cuuint32_t elem[3] = {1, 1, 1};
-    return fn(map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 3, const_cast<void*>(base), dims, strides, box, elem,
-              CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
-              CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+    return fn(map, f16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_UINT8, 3, const_cast<void*>(base), dims, strides,
+              box, elem, CU_TENSOR_MAP_INTERLEAVE_NONE, f16 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_NONE,
+              CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
   }
 
   // The counter region does not depend on the problem, so a reused workspace never holds an
@@ -1005,9 +1062,18 @@ struct Gemm {
   static constexpr bool kClusterInstance = BN == 256;
   static constexpr bool cluster_reducible(int split_k) { return kClusterInstance && split_k > 1 && split_k <= kMaxClusterSplit; }
 
-  static size_t workspace_size(const KernelArgs& a) {
+  // Split-K's counters and partials, then (kPreA) the decoded activations at a 1024-byte boundary,
+  // never over the counter region: one workspace serves every config of a BlockScaledGemm, and
+  // another config's split-K launch needs its counters still zero.
+  static size_t split_bytes(const KernelArgs& a) {
     if (a.split_k <= 1 || cluster_reducible(a.split_k)) return 0;
     return kCountersBytes + size_t(a.split_k) * size_t(tiles(a)) * kBM * BN * sizeof(float);
+  }
+  static int64_t k_pad(const KernelArgs& a) { return (int64_t(a.k) + kBK - 1) / kBK * kBK; }
+  static size_t pre_a_offset(const KernelArgs& a) { return (std::max(split_bytes(a), kCountersBytes) + 1023) / 1024 * 1024; }
+  static size_t workspace_size(const KernelArgs& a) {
+    if (!T::kPreA) return split_bytes(a);
+    return pre_a_offset(a) + size_t(a.l) * size_t(a.m) * size_t(k_pad(a)) * 2;
   }
 
   static KernelStatus run(const KernelArgs& a) {
@@ -1023,8 +1089,18 @@ struct Gemm {
       configured.fetch_or(bit);
     }
     CUtensorMap map_a, map_b;
-    if (!encode(&map_a, a.a, a.k / 2, a.m, a.l, kBM) || !encode(&map_b, a.b, a.k / 2, a.n, a.l, BN))
-      return {int32_t(cutlass::Status::kErrorInternal), 0};
+    bool mapped;
+    if constexpr (T::kPreA) {
+      uint8_t* pre = static_cast<uint8_t*>(a.workspace) + pre_a_offset(a);
+      const int64_t threads = int64_t(a.l) * a.m * (k_pad(a) / kBK) * 2;
+      predecode_a<<<unsigned((threads + 255) / 256), 256, 0, static_cast<cudaStream_t>(a.stream)>>>(
+          static_cast<const uint8_t*>(a.a), static_cast<const uint8_t*>(a.sfa), reinterpret_cast<uint4*>(pre), a.m, a.k, a.l);
+      if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return {int32_t(cutlass::Status::kErrorInternal), int32_t(e)};
+      mapped = encode(&map_a, pre, k_pad(a) * 2, a.m, a.l, kBM, true);
+    } else {
+      mapped = encode(&map_a, a.a, a.k / 2, a.m, a.l, kBM);
+    }
+    if (!mapped || !encode(&map_b, a.b, a.k / 2, a.n, a.l, BN)) return {int32_t(cutlass::Status::kErrorInternal), 0};
     Params p{a.m, a.n, a.k, a.l, a.split_k,
              static_cast<const uint8_t*>(a.a), static_cast<const uint8_t*>(a.sfa),
              static_cast<const uint8_t*>(a.b), static_cast<const uint8_t*>(a.sfb),
@@ -1032,14 +1108,12 @@ struct Gemm {
              static_cast<uint32_t*>(a.workspace),
              reinterpret_cast<float*>(static_cast<uint8_t*>(a.workspace) + (a.split_k > 1 ? kCountersBytes : 0)),
              static_cast<uint8_t*>(a.sfd), a.norm_constant};
-    dim3 grid(unsigned(tiles(a)), unsigned(a.split_k));
-    if (cluster_reducible(a.split_k)) {
-      const ClusterLaunch launch(grid, T::kLaunchThreads, a.split_k, T::kSmem, static_cast<cudaStream_t>(a.stream));
-      cudaError_t e = cudaLaunchKernelEx(&launch.cfg, gemm_kernel<BN, OutT, kClusterInstance>, p, map_a, map_b);
-      return {int32_t(e == cudaSuccess ? cutlass::Status::kSuccess : cutlass::Status::kErrorInternal), int32_t(e)};
-    }
-    gemm_kernel<BN, OutT, false><<<grid, T::kLaunchThreads, T::kSmem, static_cast<cudaStream_t>(a.stream)>>>(p, map_a, map_b);
-    return {int32_t(cutlass::Status::kSuccess), int32_t(cudaGetLastError())};
+    const dim3 grid(unsigned(tiles(a)), unsigned(a.split_k));
+    const bool cluster = cluster_reducible(a.split_k);
+    const KernelLaunch launch(grid, T::kLaunchThreads, cluster ? a.split_k : 1, T::kSmem, static_cast<cudaStream_t>(a.stream), T::kPreA);
+    const cudaError_t e = cluster ? cudaLaunchKernelEx(&launch.cfg, gemm_kernel<BN, OutT, kClusterInstance>, p, map_a, map_b)
+                                  : cudaLaunchKernelEx(&launch.cfg, gemm_kernel<BN, OutT, false>, p, map_a, map_b);
+    return {int32_t(e == cudaSuccess ? cutlass::Status::kSuccess : cutlass::Status::kErrorInternal), int32_t(e)};
   }
 
   // The layout the kernel indexes scales with (SPEC.md §3), for the host-side agreement test.

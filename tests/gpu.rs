@@ -287,7 +287,9 @@ fn sm90_split_k_clusters_fit_in_one_wave() -> Outcome {
 /// One GEMM object (one workspace), shapes in an order where a later split-K problem has more
 /// output tiles than an earlier one yet needs less workspace, so its per-tile counters lie where
 /// the earlier partials were: 128x1408x16384 (11 tiles x 12 splits, 8.65 MB), then 128x8320x512
-/// (65 tiles x 2 splits, 8.52 MB; counters over bytes 0..512).
+/// (65 tiles x 2 splits, 8.52 MB; counters over bytes 0..512). Between them the 128x256 tile
+/// writes its pre-decoded activations into the same workspace (128 KB, no reallocation), which
+/// must leave the counters zero.
 fn sm90_workspace_reuse_across_shapes() -> Outcome {
     let g = hopper()?;
     let c = Config::Sm90_128x128x64;
@@ -296,6 +298,8 @@ fn sm90_workspace_reuse_across_shapes() -> Outcome {
         assert_eq!(blockscaled_gemm::config_split_k(c, &p, g.device().sm_count, &g.device().max_clusters), split, "{m}x{n}x{k}: the heuristic changed; pick shapes again");
         let (a, b) = contest(m, n, k, 1, 60 + i as u64);
         run_sm90::<f16>(&g, &a, &b, 1.0, 0.0, c, true);
+        let (a, b) = contest(128, 1024, 512, 1, 70 + i as u64);
+        run_sm90::<f16>(&g, &a, &b, 1.0, 0.0, Config::Sm90_128x256x64, true);
     }
     Ok(())
 }
