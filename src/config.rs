@@ -179,22 +179,16 @@ pub fn select(arch: u32, p: &Problem, sm_count: usize, max_clusters: &[usize; 3]
     }
     if arch == 90 {
         // Split-K fills the GPU for small outputs, so the choice is about tile efficiency: the
-        // 128x256 tile (one CTA per SM, half the activation decoding per output of 128x128)
-        // once its CTAs, split-K included, occupy half the SMs; else 128x128 (two CTAs per SM).
-        // H100, swapped 128x256 kernel (bench/results/2026-11-22-h100-session7/sweeps/):
-        // 1152x2048x4096 72 CTAs 65.1 vs 79.1 us, 384x4096x7168 48 x split 2 61.5 vs 77.3,
-        // 512x1536x7168 24 x 4 37.3 vs 45.2; but 128x4096x7168 16 x 4 37.4 vs 32.7 (128x128
-        // split 4). Where the clusters that fit lower its split, only down to 3 (product bench,
-        // rule.txt): 256x4096x7168 32 x 3 46.2 vs 47.2, 1024x1024x8192 50.4 vs 51.3,
-        // 384x2816x8192 33 x 3 50.7 vs 51.9, 128x8192x16384 89.3 vs 88.2 (128x128 split 4);
-        // at 2 it loses: 128x10240x8192 40 x 2 69.8 vs 64.2 (128x128 split 3).
+        // 128x256 tile (one CTA per SM, activations decoded once per GEMM by its pre-pass) once
+        // its CTAs, split-K included, occupy a third of the SMs; else 128x128 (two CTAs per SM).
+        // H100, 128x256 with pre-decoded activations (bench/results/2026-11-22-h100-session8/
+        // sweeps/, best split of each): 128x3072x1536 48 CTAs 17.3 vs 18.4 us, 128x4096x7168 64
+        // CTAs 33.1 vs 32.8, 128x10240x8192 40 x split 2 56.5 vs 64.2 (128x128 split 3, session
+        // 7), 128x8192x16384 32 x 3 71.6 vs 88.1; but 128x2048x7168 32 CTAs 31.8 vs 26.6,
+        // 128x1536x7168 24 CTAs 31.3 vs 25.0.
         let wide = Config::Sm90_128x256x64;
-        if candidates.contains(&wide) {
-            let split = split_k(wide, p, sm_count, max_clusters);
-            let lowered = split < split_k(wide, p, sm_count, &ANY_CLUSTERS);
-            if wide.tiles(p) * split as usize * 2 >= sm_count && (!lowered || split >= 3) {
-                return Some(wide);
-            }
+        if candidates.contains(&wide) && wide.tiles(p) * split_k(wide, p, sm_count, max_clusters) as usize * 3 >= sm_count {
+            return Some(wide);
         }
         if candidates.contains(&Config::Sm90_128x128x64) {
             return Some(Config::Sm90_128x128x64);
@@ -269,10 +263,10 @@ mod tests {
             assert_eq!(select(90, &p, 132, &H100, all), Some(wide), "{p:?}");
             assert_eq!(select(90, &p, 132, &ANY_CLUSTERS, all), Some(wide), "{p:?}");
         }
-        // 40 tiles: clusters of 3 do not fit either (39), of 2 do, and split 2 leaves 128x128
-        // the faster (64.2 vs 69.8 us at 128x10240x8192).
+        // 40 tiles: clusters of 3 do not fit either (39), of 2 do, and 128x256 at split 2 is
+        // still the faster (56.5 vs 64.2 us for 128x128 split 3 at 128x10240x8192).
         assert_eq!(split_k(wide, &Problem::new(128, 10240, 8192), 132, &H100), 2);
-        assert_eq!(select(90, &Problem::new(128, 10240, 8192), 132, &H100, all), Some(Config::Sm90_128x128x64));
+        assert_eq!(select(90, &Problem::new(128, 10240, 8192), 132, &H100, all), Some(wide));
         assert_eq!(select(90, &Problem::new(128, 10240, 8192), 132, &ANY_CLUSTERS, all), Some(wide));
         // No cluster fits: no cluster split. Splits through global memory and other tiles are
         // not limited.
@@ -296,13 +290,15 @@ mod tests {
         // Only what is built is chosen; another architecture has none.
         let no_narrow = |c| c != Config::Sm100_1Sm_128x64x256;
         assert_ne!(select(100, &Problem::new(128, 7168, 16384), 148, &ANY_CLUSTERS, no_narrow), Some(Config::Sm100_1Sm_128x64x256));
-        // SM90: 128x256 once its CTAs occupy half the SMs, else 128x128.
+        // SM90: 128x256 once its CTAs occupy a third of the SMs, else 128x128.
         assert_eq!(select(90, &Problem::new(128, 7168, 16384), 132, &ANY_CLUSTERS, all), Some(Config::Sm90_128x256x64)); // 28 tiles x split 4, 64 k-tiles each
         assert_eq!(select(90, &Problem::new(2048, 2048, 2048), 132, &ANY_CLUSTERS, all), Some(Config::Sm90_128x256x64)); // 128 tiles
         assert_eq!(select(90, &Problem::new(256, 7168, 7168), 132, &ANY_CLUSTERS, all), Some(Config::Sm90_128x256x64)); // 56 x split 2, 56 k-tiles
-        assert_eq!(select(90, &Problem::new(128, 4096, 7168), 132, &ANY_CLUSTERS, all), Some(Config::Sm90_128x128x64)); // 16 x 4 CTAs
+        assert_eq!(select(90, &Problem::new(128, 4096, 7168), 132, &ANY_CLUSTERS, all), Some(Config::Sm90_128x256x64)); // 16 x 4 CTAs
+        assert_eq!(select(90, &Problem::new(128, 3072, 1536), 132, &ANY_CLUSTERS, all), Some(Config::Sm90_128x256x64)); // 12 x 4 CTAs
         assert_eq!(select(90, &Problem::new(128, 7168, 2048), 132, &ANY_CLUSTERS, all), Some(Config::Sm90_128x256x64)); // split 4 through the cluster
-        assert_eq!(select(90, &Problem::new(128, 7168, 512), 132, &ANY_CLUSTERS, all), Some(Config::Sm90_128x128x64)); // split 2 (8 k-tiles): 56 CTAs
+        assert_eq!(select(90, &Problem::new(128, 7168, 512), 132, &ANY_CLUSTERS, all), Some(Config::Sm90_128x256x64)); // split 2 (8 k-tiles): 56 CTAs
+        assert_eq!(select(90, &Problem::new(128, 2048, 7168), 132, &ANY_CLUSTERS, all), Some(Config::Sm90_128x128x64)); // 8 x 4 CTAs
         assert_eq!(select(90, &Problem::new(128, 2048, 4096), 132, &ANY_CLUSTERS, all), Some(Config::Sm90_128x128x64)); // 8 tiles x split 4
         assert_eq!(select(90, &Problem::new(128, 1536, 7168), 132, &ANY_CLUSTERS, all), Some(Config::Sm90_128x128x64)); // 6 x 4 CTAs
         assert_eq!(select(90, &Problem::new(512, 1536, 7168), 132, &ANY_CLUSTERS, all), Some(Config::Sm90_128x256x64)); // 24 x 4 CTAs
