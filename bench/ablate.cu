@@ -86,6 +86,8 @@ float run(int m, int n, int k, int split) {
     std::printf("\n  timeline (%zu CTAs): first CTA start to last CTA end %.2f us; last CTA starts at %.2f us;"
                 " per CTA median/max: first stage %.2f/%.2f, loop %.2f/%.2f, after loop %.2f/%.2f us\n  ",
                 ctas, (t_end - t0) / 1e3, (last_start - t0) / 1e3, med(pro), mx(pro), med(loop), mx(loop), med(epi), mx(epi));
+    uint64_t* none = nullptr;  // later launches (the hash below) must not write into freed memory
+    CHECK(cudaMemcpyToSymbol(bsg::sm90::bsg_timeline, &none, sizeof(none)));
     cudaFree(tl);
   }
 #endif
@@ -114,6 +116,8 @@ float run(int m, int n, int k, int split) {
                     w * 128, cnt, sum[0] / cnt, sum[1] / cnt, sum[2] / cnt, sum[3] / cnt, sum[4] / cnt, sum[5] / cnt);
     }
     std::printf("\n  ");
+    uint64_t* none = nullptr;  // later launches (the hash below) must not write into freed memory
+    CHECK(cudaMemcpyToSymbol(bsg::sm90::bsg_trace, &none, sizeof(none)));
     cudaFree(tr);
   }
 #endif

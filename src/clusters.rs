@@ -1,12 +1,13 @@
 //! How many thread-block clusters a Hopper GPU runs at once, asked of the driver: the SM90
 //! 128x256 kernel reduces split-K through one cluster per output tile, and clusters beyond this
-//! count wait for a second wave (H100 SXM: 66 clusters of 2, 39 of 3, 30 of 4; 132 SMs).
+//! count wait for a second wave (H100 SXM: 66 clusters of 2, 39 of 3, 30 of 4, 22 of 5, 17 of 6, 15 of 7, 15 of 8; 132 SMs).
 //!
 //! The driver answers for a function and a launch configuration; the answer depends only on the
 //! cluster size and the blocks an SM holds, so a one-instruction kernel (PTX, loaded by the
 //! driver) with more than half an SM's shared memory stands in for the GEMM kernel, which also
 //! runs one block per SM.
 
+use crate::config::{ClusterCounts, SM90_MAX_CLUSTER_SPLIT};
 use cudarc::driver::sys::{self, CUdevice_attribute as Attr};
 use cudarc::driver::{CudaContext, DriverError};
 use std::ffi::CString;
@@ -14,10 +15,11 @@ use std::sync::{Arc, Mutex};
 
 const PROBE: &str = ".version 7.8\n.target sm_90\n.address_size 64\n.visible .entry bsg_cluster_probe() { ret; }\n";
 
-/// Clusters of 2, 3 and 4 blocks of one block per SM that `ctx`'s device runs at once, asked of
-/// the driver once per device and process. Needs compute capability 9.0 or later.
-pub(crate) fn max_clusters(ctx: &Arc<CudaContext>) -> Result<[usize; 3], DriverError> {
-    static KNOWN: Mutex<Vec<(usize, [usize; 3])>> = Mutex::new(Vec::new());
+/// Clusters of 2 to `SM90_MAX_CLUSTER_SPLIT` blocks of one block per SM that `ctx`'s device runs
+/// at once, asked of the driver once per device and process. Needs compute capability 9.0 or
+/// later.
+pub(crate) fn max_clusters(ctx: &Arc<CudaContext>) -> Result<ClusterCounts, DriverError> {
+    static KNOWN: Mutex<Vec<(usize, ClusterCounts)>> = Mutex::new(Vec::new());
     let ordinal = ctx.ordinal();
     if let Some(&(_, known)) = KNOWN.lock().unwrap_or_else(|e| e.into_inner()).iter().find(|(o, _)| *o == ordinal) {
         return Ok(known);
@@ -27,7 +29,7 @@ pub(crate) fn max_clusters(ctx: &Arc<CudaContext>) -> Result<[usize; 3], DriverE
     Ok(answer)
 }
 
-fn probe(ctx: &Arc<CudaContext>) -> Result<[usize; 3], DriverError> {
+fn probe(ctx: &Arc<CudaContext>) -> Result<ClusterCounts, DriverError> {
     ctx.bind_to_thread()?;
     let smem = (ctx.attribute(Attr::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR)? / 2 + 1)
         .min(ctx.attribute(Attr::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)?);
@@ -42,8 +44,8 @@ fn probe(ctx: &Arc<CudaContext>) -> Result<[usize; 3], DriverError> {
         unsafe { sys::cuModuleGetFunction(&mut func, module, name.as_ptr()) }.result()?;
         // SAFETY: a valid function handle; the size is within the device's opt-in limit.
         unsafe { sys::cuFuncSetAttribute(func, sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem) }.result()?;
-        let mut out = [0usize; 3];
-        for (i, size) in (2u32..=4).enumerate() {
+        let mut out: ClusterCounts = [0; SM90_MAX_CLUSTER_SPLIT as usize - 1];
+        for (i, size) in (2u32..=SM90_MAX_CLUSTER_SPLIT).enumerate() {
             // SAFETY: zero is a valid bit pattern for this plain C union.
             let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
             attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;

@@ -120,16 +120,20 @@ pub fn check_split_k(config: Config, p: &Problem, split_k: u32) -> Result<u32> {
 /// Splits of 2 to this many K ranges of the SM90 128x256 tile are reduced through a thread-block
 /// cluster per output tile (`kMaxClusterSplit` in `cpp/sm90_gemm.cuh`); other splits and tiles
 /// go through global memory.
-pub const SM90_MAX_CLUSTER_SPLIT: u32 = 4;
+pub const SM90_MAX_CLUSTER_SPLIT: u32 = 8;
+
+/// Per cluster size 2 to [`SM90_MAX_CLUSTER_SPLIT`], how many clusters of that many thread
+/// blocks (one block per SM) a device runs at once.
+pub type ClusterCounts = [usize; SM90_MAX_CLUSTER_SPLIT as usize - 1];
 
 /// Whether `config` reduces a split of `split_k` ranges through a cluster of that many CTAs.
 pub fn cluster_reduced(config: Config, split_k: u32) -> bool {
     config == Config::Sm90_128x256x64 && (2..=SM90_MAX_CLUSTER_SPLIT).contains(&split_k)
 }
 
-/// Clusters of 2, 3 and 4 thread blocks, one block per SM, that no GPU limits: for callers that
-/// do not know their device's (see [`crate::gemm::DeviceFacts::max_clusters`]).
-pub const ANY_CLUSTERS: [usize; 3] = [usize::MAX; 3];
+/// Cluster counts that no GPU limits: for callers that do not know their device's (see
+/// [`crate::gemm::DeviceFacts::max_clusters`]).
+pub const ANY_CLUSTERS: ClusterCounts = [usize::MAX; SM90_MAX_CLUSTER_SPLIT as usize - 1];
 
 /// K ranges the SM90 kernel splits `p` into (1 elsewhere), at most 16, each of at least 4
 /// k-tiles of 64, for outputs with too few tiles to occupy the GPU (H100 sweeps:
@@ -138,13 +142,15 @@ pub const ANY_CLUSTERS: [usize; 3] = [usize::MAX; 3];
 ///   k-tiles, else at most one CTA per SM. Short ranges lose more to the reduction than a shared
 ///   SM gains, and an SM holding two CTAs while others hold one sets the time: 128x4096x7168
 ///   splits 4 / 5 / 8 take 32.6 / 44.2 / 34.7 us; 256x4096x7168 splits 2 / 4 take 51.1 / 46.9.
-/// - 128x256 (one CTA per SM): at most one CTA per SM, and no more than the cluster's 4 ranges
-///   unless each keeps 32 k-tiles (512x1536x7168: split 4 37.9 us, split 5 through global memory
-///   is not taken). A cluster split takes fewer ranges until every tile's cluster fits on the GPU
-///   at once (`max_clusters`: clusters of 2, 3, 4 the device holds): the rest would wait for a
-///   second wave (H100, 30 clusters of 4 at most: 1024x1024x8192 with 32 tiles x 4 took 92.5 us,
-///   28 tiles x 4 at 896x1024x8192 49.4 us).
-pub fn split_k(config: Config, p: &Problem, sm_count: usize, max_clusters: &[usize; 3]) -> u32 {
+/// - 128x256 (one CTA per SM): at most one CTA per SM, and no more than a cluster's 8 ranges
+///   unless each keeps 32 k-tiles. A cluster split takes fewer ranges until every tile's cluster
+///   fits on the GPU at once (`max_clusters`, per cluster size): the rest would wait for a second
+///   wave (H100, 30 clusters of 4 at most: 1024x1024x8192 with 32 tiles x 4 took 92.5 us, 28
+///   tiles x 4 at 896x1024x8192 49.4 us; 15 of 8: 128x4096x7168 with 16 tiles x 8 44.4 us, x 6
+///   30.2, x 4 33.2). Clusters of 5 to 8 (session 8, bench/results/2026-11-22-h100-session8/
+///   experiments/c8.txt): 128x2048x7168 8 tiles x 8 25.9 us vs x 4 32.0, 128x4096x16384 16 x 6
+///   45.9 vs 16 x 8 through global memory 50.5.
+pub fn split_k(config: Config, p: &Problem, sm_count: usize, max_clusters: &ClusterCounts) -> u32 {
     let i = config.info();
     if i.arch != 90 {
         return 1;
@@ -170,7 +176,7 @@ pub fn split_k(config: Config, p: &Problem, sm_count: usize, max_clusters: &[usi
 /// built: the explicit entry of the shape table if it has one, else the largest tile that still
 /// gives every SM a tile (`sm_count`), else the config that occupies the most SMs (ties: the
 /// least padded work). `None` when no config of that architecture is available.
-pub fn select(arch: u32, p: &Problem, sm_count: usize, max_clusters: &[usize; 3], available: impl Fn(Config) -> bool) -> Option<Config> {
+pub fn select(arch: u32, p: &Problem, sm_count: usize, max_clusters: &ClusterCounts, available: impl Fn(Config) -> bool) -> Option<Config> {
     let candidates: Vec<Config> = Config::ALL.iter().copied().filter(|c| c.info().arch == arch && available(*c)).collect();
     if arch == 100 {
         if let Some((_, c)) = SM100_SHAPES.iter().find(|(s, c)| *s == (p.m, p.n, p.k) && candidates.contains(c)) {
@@ -185,7 +191,9 @@ pub fn select(arch: u32, p: &Problem, sm_count: usize, max_clusters: &[usize; 3]
         // sweeps/, best split of each): 128x3072x1536 48 CTAs 17.3 vs 18.4 us, 128x4096x7168 64
         // CTAs 33.1 vs 32.8, 128x10240x8192 40 x split 2 56.5 vs 64.2 (128x128 split 3, session
         // 7), 128x8192x16384 32 x 3 71.6 vs 88.1; but 128x2048x7168 32 CTAs 31.8 vs 26.6,
-        // 128x1536x7168 24 CTAs 31.3 vs 25.0.
+        // 128x1536x7168 24 CTAs 31.3 vs 25.0. With cluster splits up to 8 (product bench,
+        // rule/rule2-*.txt): 128x4096x7168 16 x 6 30.0 vs 32.8, 128x1536x7168 6 x 8 24.4 vs
+        // 25.7, 128x2048x7168 8 x 8 25.7 vs 25.7; one loss, 128x2048x4096 8 x 8 22.2 vs 21.2.
         let wide = Config::Sm90_128x256x64;
         if candidates.contains(&wide) && wide.tiles(p) * split_k(wide, p, sm_count, max_clusters) as usize * 3 >= sm_count {
             return Some(wide);
@@ -235,8 +243,9 @@ mod tests {
         assert_eq!(split_k(c, &Problem::new(128, 7168, 2048), 132, &ANY_CLUSTERS), 2); // 4 ranges would be 8 k-tiles
         assert_eq!(split_k(c, &Problem::new(256, 4096, 7168), 132, &ANY_CLUSTERS), 4); // 64 tiles, 28 k-tiles a range
         assert_eq!(split_k(c, &Problem::new(128, 2048, 7168), 132, &ANY_CLUSTERS), 8); // 16 tiles, one CTA per SM
-        // 128x256: the cluster's 4 ranges rather than more through global memory under 32 k-tiles.
-        assert_eq!(split_k(Config::Sm90_128x256x64, &Problem::new(512, 1536, 7168), 132, &ANY_CLUSTERS), 4);
+        // 128x256: a cluster's 8 ranges at most, unless every range keeps 32 k-tiles.
+        assert_eq!(split_k(Config::Sm90_128x256x64, &Problem::new(512, 1536, 7168), 132, &ANY_CLUSTERS), 5);
+        assert_eq!(split_k(Config::Sm90_128x256x64, &Problem::new(128, 2048, 7168), 132, &ANY_CLUSTERS), 8);
         assert_eq!(split_k(Config::Sm90_128x256x64, &Problem::new(128, 4096, 16384), 132, &ANY_CLUSTERS), 8);
         assert_eq!(split_k(c, &Problem::new(128, 256, 256), 132, &ANY_CLUSTERS), 1); // only 4 k-tiles
         assert_eq!(split_k(c, &Problem::new(2048, 2048, 2048), 132, &ANY_CLUSTERS), 1); // 256 tiles
@@ -249,7 +258,7 @@ mod tests {
 
     #[test]
     fn split_k_clusters_stay_within_one_wave() {
-        const H100: [usize; 3] = [66, 39, 30]; // cuOccupancyMaxActiveClusters, H100 SXM
+        const H100: ClusterCounts = [66, 39, 30, 22, 17, 15, 15]; // cuOccupancyMaxActiveClusters, H100 SXM
         let wide = Config::Sm90_128x256x64;
         let all = |_| true;
         // 28 tiles: clusters of 4 fit (30), the 128x256 tile splits 4 ways.
@@ -268,11 +277,16 @@ mod tests {
         assert_eq!(split_k(wide, &Problem::new(128, 10240, 8192), 132, &H100), 2);
         assert_eq!(select(90, &Problem::new(128, 10240, 8192), 132, &H100, all), Some(wide));
         assert_eq!(select(90, &Problem::new(128, 10240, 8192), 132, &ANY_CLUSTERS, all), Some(wide));
+        // 16 tiles: 15 clusters of 8 or 7 fit, 17 of 6 (128x4096x7168: 30.2 us at split 6, 44.4 at
+        // 8); 24 tiles: 22 of 5, 30 of 4; 8 tiles: all 8 ranges.
+        for (p, s) in [(Problem::new(128, 4096, 7168), 6), (Problem::new(128, 4096, 16384), 6), (Problem::new(512, 1536, 7168), 4), (Problem::new(128, 2048, 7168), 8)] {
+            assert_eq!(split_k(wide, &p, 132, &H100), s, "{p:?}");
+        }
         // No cluster fits: no cluster split. Splits through global memory and other tiles are
         // not limited.
-        assert_eq!(split_k(wide, &Problem::new(128, 7168, 16384), 132, &[0; 3]), 1);
-        assert_eq!(split_k(wide, &Problem::new(128, 2048, 65536), 132, &[0; 3]), 16); // 8 tiles, 64 k-tiles a range
-        assert_eq!(split_k(Config::Sm90_128x128x64, &Problem::new(128, 7168, 16384), 132, &[0; 3]), 4);
+        assert_eq!(split_k(wide, &Problem::new(128, 7168, 16384), 132, &[0; 7]), 1);
+        assert_eq!(split_k(wide, &Problem::new(128, 2048, 65536), 132, &[0; 7]), 16); // 8 tiles, 64 k-tiles a range
+        assert_eq!(split_k(Config::Sm90_128x128x64, &Problem::new(128, 7168, 16384), 132, &[0; 7]), 4);
         assert!(cluster_reduced(wide, 2) && cluster_reduced(wide, SM90_MAX_CLUSTER_SPLIT));
         assert!(!cluster_reduced(wide, 1) && !cluster_reduced(wide, SM90_MAX_CLUSTER_SPLIT + 1));
         assert!(!cluster_reduced(Config::Sm90_128x128x64, 2));
@@ -294,14 +308,15 @@ mod tests {
         assert_eq!(select(90, &Problem::new(128, 7168, 16384), 132, &ANY_CLUSTERS, all), Some(Config::Sm90_128x256x64)); // 28 tiles x split 4, 64 k-tiles each
         assert_eq!(select(90, &Problem::new(2048, 2048, 2048), 132, &ANY_CLUSTERS, all), Some(Config::Sm90_128x256x64)); // 128 tiles
         assert_eq!(select(90, &Problem::new(256, 7168, 7168), 132, &ANY_CLUSTERS, all), Some(Config::Sm90_128x256x64)); // 56 x split 2, 56 k-tiles
-        assert_eq!(select(90, &Problem::new(128, 4096, 7168), 132, &ANY_CLUSTERS, all), Some(Config::Sm90_128x256x64)); // 16 x 4 CTAs
-        assert_eq!(select(90, &Problem::new(128, 3072, 1536), 132, &ANY_CLUSTERS, all), Some(Config::Sm90_128x256x64)); // 12 x 4 CTAs
+        assert_eq!(select(90, &Problem::new(128, 4096, 7168), 132, &ANY_CLUSTERS, all), Some(Config::Sm90_128x256x64)); // 16 x 8 CTAs
+        assert_eq!(select(90, &Problem::new(128, 3072, 1536), 132, &ANY_CLUSTERS, all), Some(Config::Sm90_128x256x64)); // 12 x 6 CTAs
         assert_eq!(select(90, &Problem::new(128, 7168, 2048), 132, &ANY_CLUSTERS, all), Some(Config::Sm90_128x256x64)); // split 4 through the cluster
         assert_eq!(select(90, &Problem::new(128, 7168, 512), 132, &ANY_CLUSTERS, all), Some(Config::Sm90_128x256x64)); // split 2 (8 k-tiles): 56 CTAs
-        assert_eq!(select(90, &Problem::new(128, 2048, 7168), 132, &ANY_CLUSTERS, all), Some(Config::Sm90_128x128x64)); // 8 x 4 CTAs
-        assert_eq!(select(90, &Problem::new(128, 2048, 4096), 132, &ANY_CLUSTERS, all), Some(Config::Sm90_128x128x64)); // 8 tiles x split 4
-        assert_eq!(select(90, &Problem::new(128, 1536, 7168), 132, &ANY_CLUSTERS, all), Some(Config::Sm90_128x128x64)); // 6 x 4 CTAs
-        assert_eq!(select(90, &Problem::new(512, 1536, 7168), 132, &ANY_CLUSTERS, all), Some(Config::Sm90_128x256x64)); // 24 x 4 CTAs
+        assert_eq!(select(90, &Problem::new(128, 2048, 7168), 132, &ANY_CLUSTERS, all), Some(Config::Sm90_128x256x64)); // 8 x 8 CTAs
+        assert_eq!(select(90, &Problem::new(128, 2048, 4096), 132, &ANY_CLUSTERS, all), Some(Config::Sm90_128x256x64)); // 8 x 8 CTAs
+        assert_eq!(select(90, &Problem::new(128, 1536, 7168), 132, &ANY_CLUSTERS, all), Some(Config::Sm90_128x256x64)); // 6 x 8 CTAs
+        assert_eq!(select(90, &Problem::new(128, 1024, 4096), 132, &ANY_CLUSTERS, all), Some(Config::Sm90_128x128x64)); // 4 x 8 CTAs
+        assert_eq!(select(90, &Problem::new(512, 1536, 7168), 132, &ANY_CLUSTERS, all), Some(Config::Sm90_128x256x64)); // 24 x 5 CTAs
         assert_eq!(select(90, &Problem::new(1152, 2048, 4096), 132, &ANY_CLUSTERS, all), Some(Config::Sm90_128x256x64)); // 72 CTAs
         assert_eq!(select(90, &Problem::new(8192, 8192, 8192), 132, &ANY_CLUSTERS, all), Some(Config::Sm90_128x256x64));
         let no_wide = |c: Config| c != Config::Sm90_128x256x64;

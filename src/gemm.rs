@@ -70,10 +70,10 @@ pub struct DeviceFacts {
     pub compute_capability: (i32, i32),
     /// Multiprocessor count.
     pub sm_count: usize,
-    /// Clusters of 2, 3 and 4 thread blocks, one block per SM, the device runs at once (asked
-    /// of the driver on Hopper; [`crate::ANY_CLUSTERS`] elsewhere or where it cannot
-    /// answer): the SM90 heuristic keeps split-K clusters within one wave.
-    pub max_clusters: [usize; 3],
+    /// Clusters of 2 to [`crate::SM90_MAX_CLUSTER_SPLIT`] thread blocks, one block per SM, the
+    /// device runs at once (asked of the driver on Hopper; [`crate::ANY_CLUSTERS`] elsewhere or
+    /// where it cannot answer): the SM90 heuristic keeps split-K clusters within one wave.
+    pub max_clusters: crate::config::ClusterCounts,
 }
 
 impl DeviceFacts {
@@ -450,7 +450,7 @@ mod tests {
         BufferLens::for_problem(p, OutType::F16, false)
     }
     const B200: DeviceFacts = DeviceFacts { ordinal: 0, compute_capability: (10, 0), sm_count: 148, max_clusters: config::ANY_CLUSTERS };
-    const H100: DeviceFacts = DeviceFacts { ordinal: 1, compute_capability: (9, 0), sm_count: 132, max_clusters: [66, 39, 30] };
+    const H100: DeviceFacts = DeviceFacts { ordinal: 1, compute_capability: (9, 0), sm_count: 132, max_clusters: [66, 39, 30, 22, 17, 15, 15] };
 
     #[test]
     fn plan_checks_every_buffer_and_the_device() {

@@ -266,13 +266,13 @@ fn sm90_contest_and_benchmark_shapes() -> Outcome {
 fn sm90_split_k_clusters_fit_in_one_wave() -> Outcome {
     let g = hopper()?;
     let d = g.device();
-    println!("  {} SMs; clusters of 2, 3, 4 at once: {:?}", d.sm_count, d.max_clusters);
+    println!("  {} SMs; clusters of 2 to {} at once: {:?}", d.sm_count, blockscaled_gemm::SM90_MAX_CLUSTER_SPLIT, d.max_clusters);
     assert_ne!(d.max_clusters, blockscaled_gemm::ANY_CLUSTERS, "the driver did not answer");
     for (i, &n) in d.max_clusters.iter().enumerate() {
         assert!(n >= 1 && n * (i + 2) <= d.sm_count, "{n} clusters of {}", i + 2);
     }
     let wide = Config::Sm90_128x256x64;
-    for (m, n, k) in [(128, 7168, 16384), (128, 8192, 16384), (1024, 1024, 8192), (256, 7168, 7168), (128, 16384, 4096)] {
+    for (m, n, k) in [(128, 7168, 16384), (128, 8192, 16384), (1024, 1024, 8192), (256, 7168, 7168), (128, 16384, 4096), (128, 4096, 7168), (128, 4096, 16384), (128, 2048, 7168)] {
         let p = Problem::new(m, n, k);
         let s = blockscaled_gemm::config_split_k(wide, &p, d.sm_count, &d.max_clusters);
         let tiles = wide.tiles(&p);
