@@ -138,6 +138,9 @@ struct Params {
 // all of a launch's clusters in one wave (an H100 runs 15 clusters of 8, 17 of 6, 30 of 4).
 constexpr int kMaxClusterSplit = 8;
 
+// The parts of a raw stage the issuing thread sends (gemm_kernel's `issue`).
+constexpr int kIssueB = 1, kIssueA = 2;
+
 // A launch configuration of the grid (tiles, split_k): with cluster_y > 1 the split_k CTAs of
 // each tile run as one cluster along y; with `pdl` the kernel may start while the stream's
 // previous kernel (the pre-pass) still runs, and waits for it at griddepcontrol.wait. Not
@@ -300,14 +303,17 @@ __device__ __forceinline__ uint32_t hmul2(uint32_t a, uint32_t b) {
   return *reinterpret_cast<uint32_t*>(&r);
 }
 
+// The low nibble of each byte of w (an e2m1 value s|e1 e0 m) as the e4m3 byte s<<7 | (e1 e0 m)<<2,
+// i.e. the value * 2^-6 (see "Decode" at the top).
+__device__ __forceinline__ uint32_t e2m1_lo_to_e4m3(uint32_t w) { return ((w << 2) & 0x1C1C1C1Cu) | ((w << 4) & 0x80808080u); }
+
 // 8 e2m1 values (one 32-bit word, element 2i in the low nibble of byte i) times a scale already
 // multiplied by 2^6, as 8 FP16 values in the order 0 2 1 3 4 6 5 7: both operands are decoded
 // alike, so the dot product is unchanged (each wgmma still sums the same 16 products) and the
 // two byte permutes that would restore element order are saved, as are the shifts: the high half
 // of a word goes to the conversion as it is (F2FP reads R.H1).
 __device__ __forceinline__ uint4 decode8(uint32_t w, uint32_t scale2) {
-  const uint32_t even = ((w << 2) & 0x1C1C1C1Cu) | ((w << 4) & 0x80808080u);  // elements 0, 2, 4, 6
-  const uint32_t odd = ((w >> 2) & 0x1C1C1C1Cu) | (w & 0x80808080u);         // elements 1, 3, 5, 7
+  const uint32_t even = e2m1_lo_to_e4m3(w), odd = e2m1_lo_to_e4m3(w >> 4);  // elements 0, 2, 4, 6 and 1, 3, 5, 7
   uint4 r;
   r.x = hmul2(e4m3x2_to_f16x2(even), scale2);
   r.y = hmul2(e4m3x2_to_f16x2(odd), scale2);
@@ -318,6 +324,12 @@ __device__ __forceinline__ uint4 decode8(uint32_t w, uint32_t scale2) {
 
 // SPEC.md §3 offset of (row, scale column) inside one 128-row x 4-column chunk.
 __host__ __device__ constexpr int sf_in_chunk(int row, int col) { return (row % 32) * 16 + ((row % 128) / 32) * 4 + col; }
+
+// SPEC.md §3: scale columns of a K (or N, for generated scales) padded to 4, and the bytes of one
+// batch of `rows` rows (padded to 128).
+// (int arguments: KernelArgs' extents are int32, and the main kernel's index math stays 32-bit.)
+__host__ __device__ constexpr int64_t sf_cols_padded(int k) { return (k / 16 + 3) / 4 * 4; }
+__host__ __device__ constexpr int64_t sf_batch_bytes(int rows, int64_t sp) { return int64_t((rows + 127) / 128) * 128 * sp; }
 
 // SPEC.md §3 offset of scale (row, col) in one batch whose padded scale-column count is sp.
 __host__ __device__ constexpr int64_t sf_offset(int64_t row, int64_t col, int64_t sp) {
@@ -417,8 +429,7 @@ __device__ __forceinline__ void act_chunks(uint4 q0, uint4 q1, uint32_t sf4, int
     uint32_t lo[4], hi[4];
     CUTE_UNROLL
     for (int c = 0; c < 4; ++c) {
-      const uint32_t x = w[c][wd] >> shift;  // this parity's values in the low nibbles
-      const uint32_t e = ((x << 2) & 0x1C1C1C1Cu) | ((x << 4) & 0x80808080u);
+      const uint32_t e = e2m1_lo_to_e4m3(w[c][wd] >> shift);  // this parity's values
       lo[c] = hmul2(e4m3x2_to_f16x2(e), sc[c]);     // step 2 wd
       hi[c] = hmul2(e4m3x2_hi_to_f16x2(e), sc[c]);  // step 2 wd + 1
     }
@@ -444,8 +455,8 @@ static __global__ void predecode_a(const uint8_t* a, const uint8_t* sfa, uint4* 
   const uint8_t* src = a + rowb * (k / 2) + kb * 32;
   const uint4 q0 = *reinterpret_cast<const uint4*>(src);
   const uint4 q1 = whole ? *reinterpret_cast<const uint4*>(src + 16) : make_uint4(0, 0, 0, 0);
-  const int64_t sp = ((k / 16) + 3) / 4 * 4;
-  uint32_t sf4 = *reinterpret_cast<const uint32_t*>(sfa + batch * (int64_t(m + 127) / 128 * 128 * sp) + sf_offset(row, 4 * kb, sp));
+  const int64_t sp = sf_cols_padded(k);
+  uint32_t sf4 = *reinterpret_cast<const uint32_t*>(sfa + batch * sf_batch_bytes(m, sp) + sf_offset(row, 4 * kb, sp));
   if (!whole) sf4 &= 0xFFFFu;  // 0 * 0, whatever the padding scales hold
   uint4 ch[4];
   act_chunks(q0, q1, sf4, 4 * hh, ch);
@@ -523,8 +534,8 @@ __device__ __forceinline__ void fp4_epilogue(const Params& p, const float* tile_
                                              int r_end) {
   const float st = *p.norm_constant;
   const float st_scaled_down = __fmul_rn(st, 1.0f / 6.0f);  // constant, rounded to nearest
-  const int64_t sp = (int64_t(p.n / 16) + 3) / 4 * 4;
-  uint8_t* sfd = p.sfd + batch * (int64_t(p.m + 127) / 128 * 128) * sp;
+  const int64_t sp = sf_cols_padded(p.n);
+  uint8_t* sfd = p.sfd + batch * sf_batch_bytes(p.m, sp);
   const float* c = static_cast<const float*>(p.c) + batch * p.m * int64_t(p.n);
   uint8_t* d = static_cast<uint8_t*>(p.d) + batch * p.m * int64_t(p.n) / 2;
   for (int gi = threadIdx.x; gi < (r_end - r_begin) * (BN / 16); gi += kThreads) {
@@ -600,17 +611,16 @@ __global__ void __launch_bounds__(Tile<BN>::kLaunchThreads, Tile<BN>::kMinBlocks
 
   // One thread issues every copy of a raw stage (the producer warpgroup's first, else thread 0):
   // two TMA boxes and the scale chunks.
-  const int64_t sp = ((p.k / 16) + 3) / 4 * 4;
-  const uint8_t* sfa_rows = p.sfa + batch * (int64_t((p.m + 127) / 128) * 128 * sp) + int64_t(m0 / 128) * (sp / 4) * 512;
-  const uint8_t* sfb_rows = p.sfb + batch * (int64_t((p.n + 127) / 128) * 128 * sp) + int64_t(n0 / 128) * (sp / 4) * 512;
+  const int64_t sp = sf_cols_padded(p.k);
+  const uint8_t* sfa_rows = p.sfa + batch * sf_batch_bytes(p.m, sp) + int64_t(m0 / 128) * (sp / 4) * 512;
+  const uint8_t* sfb_rows = p.sfb + batch * sf_batch_bytes(p.n, sp) + int64_t(n0 / 128) * (sp / 4) * 512;
   const int sfb_chunks = min(T::kSfChunksB, (p.n + 127) / 128 - n0 / 128);  // 128-row blocks of B inside N
   const uint32_t raw_s = static_cast<uint32_t>(__cvta_generic_to_shared(raw));
   const uint32_t dec_a_s = static_cast<uint32_t>(__cvta_generic_to_shared(decA));
   // Raw stage r: `what` says which copies (kIssueB: the barrier's transaction count, B and its
   // scales; kIssueA: A, and without kPreA its scales), so kPreA can issue B's before the pre-pass
   // ends and A's after.
-  constexpr int kIssueB = 1, kIssueA = 2;
-  auto issue = [&](int r, int what = 3) {  // 3: kIssueA | kIssueB
+  auto issue = [&](int r, int what = kIssueA | kIssueB) {
     const int slot = r % T::kRawStages;
     const uint32_t bar = static_cast<uint32_t>(__cvta_generic_to_shared(&raw_bar[slot]));
     const uint32_t base = raw_s + slot * T::kRawBytes;
@@ -1125,8 +1135,8 @@ struct Gemm {
 
   // The layout the kernel indexes scales with (SPEC.md §3), for the host-side agreement test.
   static int64_t sf_offsets(int32_t m, int32_t n, int32_t k, int32_t l, SfOperand which, int64_t* out, size_t len) {
-    const int64_t rows = which == SfOperand::A ? m : n, cols = k / 16, sp = (cols + 3) / 4 * 4;
-    const int64_t per = (rows + 127) / 128 * 128 * sp;
+    const int32_t rows = which == SfOperand::A ? m : n;
+    const int64_t cols = k / 16, sp = sf_cols_padded(k), per = sf_batch_bytes(rows, sp);
     if (len != size_t(rows * cols * l)) return -1;
     size_t i = 0;
     for (int64_t b = 0; b < l; ++b)

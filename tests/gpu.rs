@@ -208,8 +208,9 @@ fn sm90_every_config_and_output() -> Outcome {
 fn sm90_split_k_values_and_determinism() -> Outcome {
     let base = hopper()?;
     let (a, b) = contest(128, 512, 2048, 1, 30);
-    // Partial tiles in M and N, two batches, alpha and beta with C (splits 2 and 3 of 128x256 go
-    // through the cluster's shared memory, the others through the workspace).
+    // Partial tiles in M and N, two batches, alpha and beta with C (splits 2, 3, 4 and 7 of
+    // 128x256 go through the cluster's shared memory, 32 and the other tiles' through the
+    // workspace).
     let (ae, be) = contest(130, 264, 2048, 2, 33);
     let (ar, br) = (Nvfp4Matrix::random_realistic(128, 2048, 1, seed() ^ 31).unwrap(), Nvfp4Matrix::random_realistic(512, 2048, 1, seed() ^ 32).unwrap());
     for split in [1u32, 2, 3, 4, 7, 32] {
