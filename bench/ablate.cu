@@ -63,29 +63,38 @@ float run(int m, int n, int k, int split) {
     const dim3 grid(unsigned(G::tiles(args)), unsigned(split));
     const size_t ctas = size_t(grid.x) * grid.y;
     uint64_t* tl;
-    CHECK(cudaMalloc(&tl, ctas * 5 * 8));
-    CHECK(cudaMemset(tl, 0, ctas * 5 * 8));
+    CHECK(cudaMalloc(&tl, ctas * 8 * 8));
+    CHECK(cudaMemset(tl, 0, ctas * 8 * 8));
     CHECK(cudaMemcpyToSymbol(bsg::sm90::bsg_timeline, &tl, sizeof(tl)));
     launch(0);
     CHECK(cudaDeviceSynchronize());
-    std::vector<uint64_t> h(ctas * 5);
+    std::vector<uint64_t> h(ctas * 8);
     CHECK(cudaMemcpy(h.data(), tl, h.size() * 8, cudaMemcpyDeviceToHost));
     uint64_t t0 = ~0ull, t_end = 0, last_start = 0;
-    std::vector<double> pro, loop, epi;
+    std::vector<double> pro, loop, epi, red[4];
     for (size_t c = 0; c < ctas; ++c) {
-      const uint64_t* r = &h[c * 5];
+      const uint64_t* r = &h[c * 8];
       t0 = std::min(t0, r[0]);
       t_end = std::max(t_end, r[3]);
       last_start = std::max(last_start, r[0]);
       pro.push_back((r[1] - r[0]) / 1e3);
       loop.push_back((r[2] - r[1]) / 1e3);
       epi.push_back((r[3] - r[2]) / 1e3);
+      if (r[5] && r[6] && r[7]) {
+        red[0].push_back((r[5] - r[2]) / 1e3);
+        red[1].push_back((r[6] - r[5]) / 1e3);
+        red[2].push_back((r[7] - r[6]) / 1e3);
+        red[3].push_back((r[3] - r[7]) / 1e3);
+      }
     }
     auto med = [](std::vector<double> v) { std::sort(v.begin(), v.end()); return v[v.size() / 2]; };
     auto mx = [](const std::vector<double>& v) { return *std::max_element(v.begin(), v.end()); };
     std::printf("\n  timeline (%zu CTAs): first CTA start to last CTA end %.2f us; last CTA starts at %.2f us;"
                 " per CTA median/max: first stage %.2f/%.2f, loop %.2f/%.2f, after loop %.2f/%.2f us\n  ",
                 ctas, (t_end - t0) / 1e3, (last_start - t0) / 1e3, med(pro), mx(pro), med(loop), mx(loop), med(epi), mx(epi));
+    if (!red[0].empty())
+      std::printf("after loop, medians: partial tile to shared %.2f, cluster barrier %.2f, sum and store %.2f, last barrier %.2f us\n  ",
+                  med(red[0]), med(red[1]), med(red[2]), med(red[3]));
     uint64_t* none = nullptr;  // later launches (the hash below) must not write into freed memory
     CHECK(cudaMemcpyToSymbol(bsg::sm90::bsg_timeline, &none, sizeof(none)));
     cudaFree(tl);
@@ -116,6 +125,9 @@ float run(int m, int n, int k, int split) {
                     w * 128, cnt, sum[0] / cnt, sum[1] / cnt, sum[2] / cnt, sum[3] / cnt, sum[4] / cnt, sum[5] / cnt);
     }
     std::printf("\n  ");
+    if (!red[0].empty())
+      std::printf("after loop, medians: partial tile to shared %.2f, cluster barrier %.2f, sum and store %.2f, last barrier %.2f us\n  ",
+                  med(red[0]), med(red[1]), med(red[2]), med(red[3]));
     uint64_t* none = nullptr;  // later launches (the hash below) must not write into freed memory
     CHECK(cudaMemcpyToSymbol(bsg::sm90::bsg_trace, &none, sizeof(none)));
     cudaFree(tr);
