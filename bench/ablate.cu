@@ -13,7 +13,7 @@
 
 #define CHECK(x) do { cudaError_t err_ = (x); if (err_ != cudaSuccess) { std::printf("%s: %s\n", #x, cudaGetErrorString(err_)); std::exit(1); } } while (0)
 
-template <int BN>
+template <int BM, int BN>
 float run(int m, int n, int k, int split) {
   const size_t a_bytes = size_t(m) * k / 2, b_bytes = size_t(n) * k / 2;
   const size_t sp = ((k / 16) + 3) / 4 * 4;
@@ -27,7 +27,7 @@ float run(int m, int n, int k, int split) {
   for (auto& p : bufs) { CHECK(cudaMalloc(&p, set)); CHECK(cudaMemcpy(p, host.data(), set, cudaMemcpyHostToDevice)); }
   void* d; CHECK(cudaMalloc(&d, size_t(m) * n * 2));
   bsg::KernelArgs args{m, n, k, 1, nullptr, nullptr, nullptr, nullptr, d, d, 1.f, 0.f, nullptr, 0, nullptr, 0, 132, split, nullptr, nullptr};
-  using G = bsg::sm90::Gemm<BN, __half>;
+  using G = bsg::sm90::Gemm<BM, BN, __half>;
   size_t ws = G::workspace_size(args);
   void* w = nullptr;
   if (ws) { CHECK(cudaMalloc(&w, ws)); CHECK(cudaMemset(w, 0, ws)); }
@@ -125,9 +125,6 @@ float run(int m, int n, int k, int split) {
                     w * 128, cnt, sum[0] / cnt, sum[1] / cnt, sum[2] / cnt, sum[3] / cnt, sum[4] / cnt, sum[5] / cnt);
     }
     std::printf("\n  ");
-    if (!red[0].empty())
-      std::printf("after loop, medians: partial tile to shared %.2f, cluster barrier %.2f, sum and store %.2f, last barrier %.2f us\n  ",
-                  med(red[0]), med(red[1]), med(red[2]), med(red[3]));
     uint64_t* none = nullptr;  // later launches (the hash below) must not write into freed memory
     CHECK(cudaMemcpyToSymbol(bsg::sm90::bsg_trace, &none, sizeof(none)));
     cudaFree(tr);
@@ -153,8 +150,8 @@ float run(int m, int n, int k, int split) {
 // once (cudaOccupancyMaxActiveClusters): the split-K clusters of a launch beyond that wait for a
 // second wave.
 int clusters() {
-  auto kernel = bsg::sm90::gemm_kernel<256, __half, true>;
-  using T = bsg::sm90::Tile<256>;
+  auto kernel = bsg::sm90::gemm_kernel<128, 256, __half, true>;
+  using T = bsg::sm90::Tile<128, 256>;
   CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmem));
   int sms = 0;
   CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
@@ -171,11 +168,13 @@ int clusters() {
 
 int main(int argc, char** argv) {
   if (argc == 2 && std::string(argv[1]) == "clusters") return clusters();
-  if (argc != 6) { std::printf("usage: ablate M N K BN(64|128|256) SPLIT | ablate clusters\n"); return 2; }
+  if (argc != 6 && argc != 7) { std::printf("usage: ablate M N K BN(64|128|256) SPLIT [BM(128|256, 256 with BN 128)] | ablate clusters\n"); return 2; }
   int m = std::atoi(argv[1]), n = std::atoi(argv[2]), k = std::atoi(argv[3]), bn = std::atoi(argv[4]), split = std::atoi(argv[5]);
-  float us = bn == 256 ? run<256>(m, n, k, split) : bn == 64 ? run<64>(m, n, k, split) : run<128>(m, n, k, split);
-  std::printf("ablate=%d (%s%s%s) %dx%dx%d BN=%d split=%d: %.2f us\n", BSG_SM90_ABLATE,
+  const int bm = argc == 7 ? std::atoi(argv[6]) : 128;
+  float us = bm == 256 ? run<256, 128>(m, n, k, split)
+             : bn == 256 ? run<128, 256>(m, n, k, split) : bn == 64 ? run<128, 64>(m, n, k, split) : run<128, 128>(m, n, k, split);
+  std::printf("ablate=%d (%s%s%s) %dx%dx%d BM=%d BN=%d split=%d: %.2f us\n", BSG_SM90_ABLATE,
               BSG_SM90_ABLATE & 1 ? "no-decode " : "", BSG_SM90_ABLATE & 2 ? "no-mma " : "", BSG_SM90_ABLATE & 4 ? "no-loads" : "",
-              m, n, k, bn, split, us);
+              m, n, k, bm, bm == 256 ? 128 : bn, split, us);
   return 0;
 }

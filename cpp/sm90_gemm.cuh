@@ -107,7 +107,6 @@ __device__ uint64_t* bsg_trace;  // [thread 0, 128][iteration < 64][6]
 #define BSG_TRACE(i, slot) do {} while (0)
 #endif
 
-constexpr int kBM = 128;         // rows of A per CTA: two warpgroups of 64
 constexpr int kBK = 64;          // K per stage: one 128-byte swizzle row of FP16, one scale tile column block
 constexpr int kThreads = 256;
 constexpr int kRawK = BSG_SM90_RAW_K;  // K per raw (packed) stage: kRawK / 2 contiguous bytes of every row
@@ -220,13 +219,18 @@ __device__ __forceinline__ void cluster_sum(const float* local, int split_k, flo
   else cluster_sum_upto<kMaxClusterSplit>(local, split_k, v);
 }
 
-template <int BN>
+template <int BM, int BN>
 struct Tile {
-  static_assert(BN == 64 || BN == 128 || BN == 256, "tile N");
+  static_assert((BM == 128 && (BN == 64 || BN == 128 || BN == 256)) || (BM == 256 && BN == 128), "tile M x N");
+  static constexpr int kBM = BM;
   // BN = 256: the MMA operands are swapped (the kernel's swapped main loop says how): the
   // weights (B, BN rows) are the wgmma A operand, decoded from the raw stage straight into
   // registers (RS wgmma); only the activations (A, kBM rows) go through shared memory.
-  static constexpr bool kSwap = BN == 256;
+  // BM = 256 (BN = 128): swapped too, each wgmma (N = 256 activation rows) doing twice the MMA
+  // work per decoded weight that the 128x256 tile's does, with one 64-row M block per
+  // warpgroup instead of two.
+  static constexpr bool kSwap = BN == 256 || BM == 256;
+  static constexpr int kMB = BN / 128;  // kSwap: 64-row M blocks of weights per warpgroup
   // kSwap: the activations come decoded (FP16, a * sf) from a pre-pass (predecode_a) through
   // TMA, straight into the wgmma's 128B-swizzled buffers: decoded once per GEMM instead of once
   // per CTA of every N tile, at the price of 2 * L * M * K bytes of workspace. Decoding them in
@@ -234,7 +238,8 @@ struct Tile {
   // 8192^3 1944 -> 1739, bit for bit the same results).
   static constexpr bool kPreA = kSwap;
   static constexpr int kSfChunksB = (BN + 127) / 128;
-  static constexpr int kRawStages = kSwap ? 4 : 2;  // BN <= 128 keeps two CTAs per SM
+  // BN <= 128 keeps two CTAs per SM; BM = 256's FP16 activation buffers fit three stages.
+  static constexpr int kRawStages = !kSwap ? 2 : BM == 256 ? 3 : 4;
   // Raw stage (TMA destination): A rows x kRawK/2 bytes, B rows likewise, then the scales of the
   // kSubs 64-K blocks: kSubs x 512 bytes per 128-row block (A: one unless kPreA, B: 1-2).
   static constexpr int kRawA = kPreA ? 0 : kBM * kRawK / 2;
@@ -261,7 +266,7 @@ struct Tile {
   static constexpr int kDecA = kBM * kBK * 2 * kDecBufs;  // bytes
   static constexpr int kDecB = kSwap ? 0 : BN * kBK * 2 * kDecBufs;
   static constexpr int kSmem = 1024 + kDecA + kDecB + kRawStages * kRawBytes;  // 1024: swizzle alignment
-  static constexpr int kMinBlocks = BN == 256 ? 1 : 2;
+  static constexpr int kMinBlocks = kSwap ? 1 : 2;
   // kSwap: a producer warpgroup (128 threads, one of which issues every raw stage) whose
   // registers setmaxnreg hands to the compute warpgroups: accumulators plus two register
   // fragments of weights need more than the 168 ptxas allows 384 threads. (A compute warp that
@@ -438,7 +443,7 @@ __device__ __forceinline__ void act_chunks(uint4 q0, uint4 q1, uint32_t sf4, int
   }
 }
 
-// Tile<256>::kPreA's pre-pass: A (packed e2m1, tiled ue4m3 scales) as FP16 a * sf, (L, M, k_pad)
+// The swapped tiles' (kPreA) pre-pass: A (packed e2m1, tiled ue4m3 scales) as FP16 a * sf, (L, M, k_pad)
 // with k_pad = K rounded up to 64, each 64-K block in act_chunks' order so that TMA's 128-byte
 // swizzle lays it out as the kernel's decode did; K past the end is 0. One thread per (batch,
 // row, 64-K block, parity). Static: every translation unit that includes this keeps its own.
@@ -575,10 +580,11 @@ __device__ __forceinline__ void fp4_epilogue(const Params& p, const float* tile_
 
 // kClusterReduce: split-K through the cluster (a separate instantiation, so the other kernels'
 // code is not perturbed by a branch they never take).
-template <int BN, class OutT, bool kClusterReduce>
-__global__ void __launch_bounds__(Tile<BN>::kLaunchThreads, Tile<BN>::kMinBlocks)
+template <int BM, int BN, class OutT, bool kClusterReduce>
+__global__ void __launch_bounds__(Tile<BM, BN>::kLaunchThreads, Tile<BM, BN>::kMinBlocks)
     gemm_kernel(const __grid_constant__ Params p, const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b) {
-  using T = Tile<BN>;
+  using T = Tile<BM, BN>;
+  constexpr int kBM = BM;
   constexpr bool kSwap = T::kSwap;
   extern __shared__ uint8_t smem_raw[];
   __shared__ uint64_t raw_bar[T::kRawStages];
@@ -721,7 +727,7 @@ __global__ void __launch_bounds__(Tile<BN>::kLaunchThreads, Tile<BN>::kMinBlocks
     // 2c + 9. The activations go to shared memory in the same order, so every product still pairs
     // equal K and each wgmma sums the same 16 products.
     Tensor tCrB = wg_mma.make_fragment_B(wg_mma.partition_B(sA));  // (MMA, MMA_N, MMA_K, bufs)
-    using FragLayout = Layout<Shape<Shape<_2, _2, _2>, _2, _4>>;  // (MMA values, M blocks, steps), compact
+    using FragLayout = Layout<Shape<Shape<_2, _2, _2>, Int<T::kMB>, _4>>;  // (MMA values, M blocks, steps), compact
     Tensor frag0 = make_tensor<half_t>(FragLayout{});
     Tensor frag1 = make_tensor<half_t>(FragLayout{});
     // Weights: this thread's rows r, r + 8 (fragment values 0 and 2) of M block 0, and 128 rows
@@ -736,7 +742,7 @@ __global__ void __launch_bounds__(Tile<BN>::kLaunchThreads, Tile<BN>::kMinBlocks
       if constexpr ((BSG_SM90_ABLATE & 1) != 0) return;
       const uint8_t* base = raw + ((i / kSubs) % T::kRawStages) * T::kRawBytes;
       const int sub = i % kSubs;
-      auto regs = recast<uint32_t>(frag);  // register (pair + 2 hi + 4 block + 8 step)
+      auto regs = recast<uint32_t>(frag);  // register (pair + 2 hi + 4 block + 4 kMB step)
       CUTE_UNROLL
       for (int h = 0; h < 2; ++h) {
         const uint2 q = *reinterpret_cast<const uint2*>(base + w_raw + (8 * h + 128 * mb) * (kRawK / 2) + sub * 32);
@@ -746,8 +752,8 @@ __global__ void __launch_bounds__(Tile<BN>::kLaunchThreads, Tile<BN>::kMinBlocks
         const uint32_t v[8] = {v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w};
         CUTE_UNROLL
         for (int st = 0; st < 4; ++st) {
-          regs(h + 4 * mb + 8 * st) = v[2 * st];          // K 2c, 2c + 1
-          regs(h + 2 + 4 * mb + 8 * st) = v[2 * st + 1];  // K 2c + 8, 2c + 9
+          regs(h + 4 * mb + 4 * T::kMB * st) = v[2 * st];          // K 2c, 2c + 1
+          regs(h + 2 + 4 * mb + 4 * T::kMB * st) = v[2 * st + 1];  // K 2c + 8, 2c + 9
         }
       }
     };
@@ -767,7 +773,7 @@ __global__ void __launch_bounds__(Tile<BN>::kLaunchThreads, Tile<BN>::kMinBlocks
     if (n_kt > 0) {
       wait_raw(0);
       decode_w(0, frag0, 0);
-      decode_w(0, frag0, 1);
+      if constexpr (T::kMB == 2) decode_w(0, frag0, 1);
     }
     stamp(1);
     auto step = [&](int i, auto& cur, auto& next) {
@@ -791,7 +797,7 @@ __global__ void __launch_bounds__(Tile<BN>::kLaunchThreads, Tile<BN>::kMinBlocks
       if (i + 1 < n_kt) {
         if ((i + 1) % kSubs == 0) wait_raw((i + 1) / kSubs);
         decode_w(i + 1, next, 0);
-        decode_w(i + 1, next, 1);
+        if constexpr (T::kMB == 2) decode_w(i + 1, next, 1);
       }
       BSG_TRACE(i, 2);
       warpgroup_wait<0>();
@@ -1037,9 +1043,10 @@ __global__ void __launch_bounds__(Tile<BN>::kLaunchThreads, Tile<BN>::kMinBlocks
   stamp(3);
 }
 
-template <int BN, class OutT>
+template <int BM, int BN, class OutT>
 struct Gemm {
-  using T = Tile<BN>;
+  using T = Tile<BM, BN>;
+  static constexpr int kBM = BM;
 
   static int64_t tiles(const KernelArgs& a) {
     return int64_t((a.m + kBM - 1) / kBM) * ((a.n + BN - 1) / BN) * a.l;
@@ -1111,9 +1118,9 @@ struct Gemm {
     static std::atomic<uint64_t> configured{0};  // devices whose shared-memory limit is raised
     const uint64_t bit = uint64_t(1) << (a.device_id & 63);
     if (!(configured.load() & bit)) {
-      cudaError_t e = cudaFuncSetAttribute(gemm_kernel<BN, OutT, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmem);
+      cudaError_t e = cudaFuncSetAttribute(gemm_kernel<BM, BN, OutT, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmem);
       if (e == cudaSuccess && kClusterInstance)
-        e = cudaFuncSetAttribute(gemm_kernel<BN, OutT, kClusterInstance>, cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmem);
+        e = cudaFuncSetAttribute(gemm_kernel<BM, BN, OutT, kClusterInstance>, cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmem);
       if (e != cudaSuccess) return {int32_t(cutlass::Status::kErrorInternal), int32_t(e)};
       configured.fetch_or(bit);
     }
@@ -1140,8 +1147,8 @@ struct Gemm {
     const dim3 grid(unsigned(tiles(a)), unsigned(a.split_k));
     const bool cluster = cluster_reducible(a.split_k);
     const KernelLaunch launch(grid, T::kLaunchThreads, cluster ? a.split_k : 1, T::kSmem, static_cast<cudaStream_t>(a.stream), T::kPreA);
-    const cudaError_t e = cluster ? cudaLaunchKernelEx(&launch.cfg, gemm_kernel<BN, OutT, kClusterInstance>, p, map_a, map_b)
-                                  : cudaLaunchKernelEx(&launch.cfg, gemm_kernel<BN, OutT, false>, p, map_a, map_b);
+    const cudaError_t e = cluster ? cudaLaunchKernelEx(&launch.cfg, gemm_kernel<BM, BN, OutT, kClusterInstance>, p, map_a, map_b)
+                                  : cudaLaunchKernelEx(&launch.cfg, gemm_kernel<BM, BN, OutT, false>, p, map_a, map_b);
     return {int32_t(e == cudaSuccess ? cutlass::Status::kSuccess : cutlass::Status::kErrorInternal), int32_t(e)};
   }
 
@@ -1171,7 +1178,7 @@ struct OutType<cutlass::bfloat16_t> { using type = __nv_bfloat16; };
 
 // Used by the generated translation units. The SM90 tile is 128 x tn x 64 on one SM, no cluster.
 #define BSG_SM90_KERNEL(fn, sms, tm, tn, tk, cm, cn, out_type)                                   \
-  static_assert((sms) == 1 && (tm) == 128 && (tk) == 64 && (cm) == 1 && (cn) == 1, "SM90 tile"); \
+  static_assert((sms) == 1 && (tk) == 64 && (cm) == 1 && (cn) == 1, "SM90 tile");                \
   bsg::KernelEntry fn() {                                                                        \
-    return bsg::sm90::Gemm<tn, typename bsg::sm90::OutType<out_type>::type>::entry();            \
+    return bsg::sm90::Gemm<tm, tn, typename bsg::sm90::OutType<out_type>::type>::entry();        \
   }

@@ -158,7 +158,7 @@ pub fn split_k(config: Config, p: &Problem, sm_count: usize, max_clusters: &Clus
     let tiles = config.tiles(p);
     let k_tiles = p.k.div_ceil(i.tile[2] as usize);
     let ranges = |ctas: usize| (ctas / tiles).min(k_tiles / 4).clamp(1, 16);
-    if i.tile[1] < 256 {
+    if i.tile[0] == 128 && i.tile[1] < 256 {
         let two = ranges(2 * sm_count);
         return if k_tiles / two >= 28 { two } else { ranges(sm_count) } as u32;
     }
@@ -194,6 +194,18 @@ pub fn select(arch: u32, p: &Problem, sm_count: usize, max_clusters: &ClusterCou
         // 128x1536x7168 24 CTAs 31.3 vs 25.0. With cluster splits up to 8 (product bench,
         // rule/rule2-*.txt): 128x4096x7168 16 x 6 30.0 vs 32.8, 128x1536x7168 6 x 8 24.4 vs
         // 25.7, 128x2048x7168 8 x 8 25.7 vs 25.7; one loss, 128x2048x4096 8 x 8 22.2 vs 21.2.
+        // The 256x128 tile (activations x weights, one CTA per SM) does twice the MMA work per
+        // decoded weight: taken where it alone gives nearly every SM a tile and pads M by at most
+        // a tenth more than 128-row tiles would. ablate, H100, split 1, D bit-identical to
+        // 128x256 (bench/results/2026-11-22-h100-session9/experiments/run6.txt): 2048^3 30.6 vs
+        // 32.5 us, 1024x1024x8192 88.5 vs 95.8, 2048x7168x2048 102.1 vs 107.2, 4096^3 199.4 vs
+        // 205.6, 8192^3 1649-1669 vs 1680-1696 (back to back); at M = 512, 16 x 2 CTAs 57.5 vs
+        // 128x256's 51.3.
+        let tall = Config::Sm90_256x128x64;
+        let pad = |rows: usize| p.m.div_ceil(rows) * rows;
+        if candidates.contains(&tall) && tall.tiles(p) * 10 >= sm_count * 9 && pad(256) * 10 <= pad(128) * 11 {
+            return Some(tall);
+        }
         let wide = Config::Sm90_128x256x64;
         if candidates.contains(&wide) && wide.tiles(p) * split_k(wide, p, sm_count, max_clusters) as usize * 3 >= sm_count {
             return Some(wide);
@@ -226,6 +238,8 @@ mod tests {
             if info.sms == 2 {
                 assert_eq!(info.cluster[0] % 2, 0, "{c}: 2-SM configs need an even cluster M");
                 assert_eq!(info.tile[0], 256);
+            } else if *c == Config::Sm90_256x128x64 {
+                assert_eq!(info.tile, [256, 128, 64]);
             } else {
                 assert_eq!(info.tile[0], 128);
             }
@@ -249,6 +263,11 @@ mod tests {
         assert_eq!(split_k(Config::Sm90_128x256x64, &Problem::new(128, 4096, 16384), 132, &ANY_CLUSTERS), 8);
         assert_eq!(split_k(c, &Problem::new(128, 256, 256), 132, &ANY_CLUSTERS), 1); // only 4 k-tiles
         assert_eq!(split_k(c, &Problem::new(2048, 2048, 2048), 132, &ANY_CLUSTERS), 1); // 256 tiles
+        // 256x128: one CTA per SM, split through global memory.
+        let tall = Config::Sm90_256x128x64;
+        assert_eq!(split_k(tall, &Problem::new(2048, 2048, 2048), 132, &ANY_CLUSTERS), 1); // 128 tiles
+        assert_eq!(split_k(tall, &Problem::new(512, 4096, 7168), 132, &ANY_CLUSTERS), 2); // 64 tiles
+        assert!(!cluster_reduced(tall, 2));
         assert_eq!(split_k(Config::Sm100_1Sm_128x64x256, &Problem::new(128, 4096, 7168), 148, &ANY_CLUSTERS), 1);
         for &(m, n, k) in &[(1, 8, 32), (128, 8, 64 * 200), (4096, 8, 32)] {
             let s = split_k(c, &Problem::new(m, n, k), 132, &ANY_CLUSTERS) as usize;
@@ -304,9 +323,10 @@ mod tests {
         // Only what is built is chosen; another architecture has none.
         let no_narrow = |c| c != Config::Sm100_1Sm_128x64x256;
         assert_ne!(select(100, &Problem::new(128, 7168, 16384), 148, &ANY_CLUSTERS, no_narrow), Some(Config::Sm100_1Sm_128x64x256));
-        // SM90: 128x256 once its CTAs occupy a third of the SMs, else 128x128.
+        // SM90: 256x128 where its tiles alone nearly fill the GPU and M pads little; else 128x256
+        // once its CTAs occupy a third of the SMs; else 128x128.
         assert_eq!(select(90, &Problem::new(128, 7168, 16384), 132, &ANY_CLUSTERS, all), Some(Config::Sm90_128x256x64)); // 28 tiles x split 4, 64 k-tiles each
-        assert_eq!(select(90, &Problem::new(2048, 2048, 2048), 132, &ANY_CLUSTERS, all), Some(Config::Sm90_128x256x64)); // 128 tiles
+        assert_eq!(select(90, &Problem::new(2048, 2048, 2048), 132, &ANY_CLUSTERS, all), Some(Config::Sm90_256x128x64)); // 128 tiles
         assert_eq!(select(90, &Problem::new(256, 7168, 7168), 132, &ANY_CLUSTERS, all), Some(Config::Sm90_128x256x64)); // 56 x split 2, 56 k-tiles
         assert_eq!(select(90, &Problem::new(128, 4096, 7168), 132, &ANY_CLUSTERS, all), Some(Config::Sm90_128x256x64)); // 16 x 8 CTAs
         assert_eq!(select(90, &Problem::new(128, 3072, 1536), 132, &ANY_CLUSTERS, all), Some(Config::Sm90_128x256x64)); // 12 x 6 CTAs
@@ -318,9 +338,16 @@ mod tests {
         assert_eq!(select(90, &Problem::new(128, 1024, 4096), 132, &ANY_CLUSTERS, all), Some(Config::Sm90_128x128x64)); // 4 x 8 CTAs
         assert_eq!(select(90, &Problem::new(512, 1536, 7168), 132, &ANY_CLUSTERS, all), Some(Config::Sm90_128x256x64)); // 24 x 5 CTAs
         assert_eq!(select(90, &Problem::new(1152, 2048, 4096), 132, &ANY_CLUSTERS, all), Some(Config::Sm90_128x256x64)); // 72 CTAs
-        assert_eq!(select(90, &Problem::new(8192, 8192, 8192), 132, &ANY_CLUSTERS, all), Some(Config::Sm90_128x256x64));
-        let no_wide = |c: Config| c != Config::Sm90_128x256x64;
-        assert_eq!(select(90, &Problem::new(2048, 2048, 2048), 132, &ANY_CLUSTERS, no_wide), Some(Config::Sm90_128x128x64));
+        assert_eq!(select(90, &Problem::new(8192, 8192, 8192), 132, &ANY_CLUSTERS, all), Some(Config::Sm90_256x128x64));
+        assert_eq!(select(90, &Problem::new(2304, 4608, 7168), 132, &ANY_CLUSTERS, all), Some(Config::Sm90_256x128x64)); // 9 x 36 tiles
+        // 256x128 needs both: 128 tiles at M = 128 pad M twice over; 640 rows pad to 768.
+        assert_eq!(select(90, &Problem::new(128, 16384, 4096), 132, &ANY_CLUSTERS, all), Some(Config::Sm90_128x256x64));
+        assert_eq!(select(90, &Problem::new(640, 24576, 1024), 132, &ANY_CLUSTERS, all), Some(Config::Sm90_128x256x64));
+        assert_eq!(select(90, &Problem::new(1000, 16384, 1024), 132, &ANY_CLUSTERS, all), Some(Config::Sm90_256x128x64)); // both pad to 1024
+        let no_tall = |c: Config| c != Config::Sm90_256x128x64;
+        assert_eq!(select(90, &Problem::new(2048, 2048, 2048), 132, &ANY_CLUSTERS, no_tall), Some(Config::Sm90_128x256x64));
+        let neither = |c: Config| c != Config::Sm90_128x256x64 && c != Config::Sm90_256x128x64;
+        assert_eq!(select(90, &Problem::new(2048, 2048, 2048), 132, &ANY_CLUSTERS, neither), Some(Config::Sm90_128x128x64));
         assert_eq!(select(80, &Problem::new(128, 128, 128), 132, &ANY_CLUSTERS, all), None);
         assert_eq!(select(100, &Problem::new(128, 128, 128), 148, &ANY_CLUSTERS, |_| false), None);
     }

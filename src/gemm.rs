@@ -155,9 +155,9 @@ pub fn plan(p: &Problem, out: OutType, lens: &BufferLens, device: &DeviceFacts, 
 /// is queued, and every launch goes to the one stream, which orders workspace reuse.
 ///
 /// Device memory: the workspace grows to the largest call's need and is kept. On Hopper it holds
-/// split-K partials where a split goes through global memory, and for `Sm90_128x256x64` (the
-/// pick for most shapes) the activations decoded once per call to FP16: 2 * L * M * K bytes
-/// plus 256 KiB (4.3 MB at M = 128, K = 16384; 128 MiB at 8192^3).
+/// split-K partials where a split goes through global memory, and for `Sm90_128x256x64` and
+/// `Sm90_256x128x64` (the picks for most shapes) the activations decoded once per call to FP16:
+/// 2 * L * M * K bytes plus 256 KiB (4.3 MB at M = 128, K = 16384; 128 MiB at 8192^3).
 ///
 /// ```no_run
 /// use blockscaled_gemm::{BlockScaledGemm, Nvfp4Matrix, Nvfp4Operand, Problem};
@@ -190,7 +190,7 @@ pub struct BlockScaledGemm {
 #[derive(Default)]
 struct Scratch {
     /// Zeroed when allocated, never by a launch: the SM90 kernel's split-K counters live at its
-    /// start and each launch leaves them zero (the 128x256 tile's decoded activations lie past
+    /// start and each launch leaves them zero (the swapped tiles' decoded activations lie past
     /// them).
     workspace: Option<CudaSlice<u8>>,
     /// The norm constant of FP4 outputs (the kernels read it from device memory, as CUTLASS's

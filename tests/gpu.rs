@@ -215,7 +215,7 @@ fn sm90_split_k_values_and_determinism() -> Outcome {
     let (ar, br) = (Nvfp4Matrix::random_realistic(128, 2048, 1, seed() ^ 31).unwrap(), Nvfp4Matrix::random_realistic(512, 2048, 1, seed() ^ 32).unwrap());
     for split in [1u32, 2, 3, 4, 7, 32] {
         let g = BlockScaledGemm::new(base.stream().clone()).unwrap().with_split_k(Some(split));
-        for c in [Config::Sm90_128x128x64, Config::Sm90_128x64x64, Config::Sm90_128x256x64] {
+        for c in [Config::Sm90_128x128x64, Config::Sm90_128x64x64, Config::Sm90_128x256x64, Config::Sm90_256x128x64] {
             run_sm90::<f16>(&g, &a, &b, 1.0, 0.0, c, true);
             run_sm90::<bf16>(&g, &ae, &be, 0.5, 1.5, c, true);
             let first = run_sm90::<f32>(&g, &ar, &br, 1.0, 0.0, c, false);
