@@ -8,13 +8,13 @@
 // is exact in FP16; FP16 x FP16 products are exact in the FP32 accumulator. Per CTA, TMA brings
 // packed FP4 boxes (64 bytes, i.e. K = 128, of every row) and bulk copies bring the scale chunks
 // into a ring of raw stages completing on mbarriers (issued by a producer warpgroup for the
-// 128x256 tile, by thread 0 otherwise); the two compute warpgroups decode each 64-K block into
-// FP16 while their wgmma (CuTe's SM90 GMMA atoms) runs on an earlier one: for tiles of 64 and 128
-// both operands into the GMMA 128B-swizzled layout (SS wgmma); for 128x256 the weights straight
-// into register fragments (RS wgmma, weights x activations), the warpgroups taking turns at the
-// tensor cores, while the activations (the small operand at M = 128) are decoded once per GEMM by
-// a pre-pass into the workspace and arrive through TMA already in FP16. The weights are never
-// written out dequantized.
+// swapped tiles, by thread 0 otherwise); the two compute warpgroups decode each 64-K block into
+// FP16 while their wgmma (CuTe's SM90 GMMA atoms) runs on an earlier one: for 128x64 and 128x128
+// both operands into the GMMA 128B-swizzled layout (SS wgmma); for the swapped tiles, 128x256 and
+// 256x128 (activations x weights), the weights straight into register fragments (RS wgmma,
+// weights x activations), the warpgroups taking turns at the tensor cores, while the activations
+// are decoded once per GEMM by a pre-pass into the workspace and arrive through TMA already in
+// FP16. The weights are never written out dequantized.
 //
 // Decode: the e2m1 nibble s|e1 e0 m, re-placed as the e4m3 byte s<<7 | (e1 e0 m)<<2, is exactly
 // value * 2^-6 (subnormal codes too), so one cvt.rn.f16x2.e4m3x2 and one multiply by sf * 2^6
@@ -25,8 +25,8 @@
 // order, so results do not depend on which CTA finishes last, and writes D. The counters sit in a
 // fixed region at the start of the workspace that partials never touch; the caller zeroes the
 // workspace once when it allocates it and every launch leaves the counters zero again (the last
-// CTA resets its tile's), so no memset launch precedes the kernel. The 128x256 tile with splits of
-// 2 to 8 reduces through the cluster's shared memory instead (kMaxClusterSplit below).
+// CTA resets its tile's), so no memset launch precedes the kernel. The swapped tiles with splits of
+// 2 to 8 reduce through the cluster's shared memory instead (kMaxClusterSplit below).
 #pragma once
 
 #include <cuda.h>
@@ -128,7 +128,7 @@ struct Params {
   const float* norm_constant;  // FP4 output only (device)
 };
 
-// Split-K through the cluster (128x256 tile, split_k <= kMaxClusterSplit, every output): the
+// Split-K through the cluster (swapped tiles, split_k <= kMaxClusterSplit, every output): the
 // split_k CTAs of a tile form one cluster; each leaves its partial tile in its own shared memory
 // and sums one slice of rows over all of them, in split order (as the global path does, so
 // results are bit-identical), straight from the peers' shared memory, then writes that slice of
@@ -420,7 +420,7 @@ __device__ __forceinline__ uint32_t sw128_offset(int row, int chunk) {
   return uint32_t((row >> 3) * 1024 + (row & 7) * 128 + ((chunk ^ (row & 7)) << 4));
 }
 
-// The swapped (128x256) kernel's activations, one row's 64-K block (packed bytes q0 | q1, its four
+// The swapped kernels' activations, one row's 64-K block (packed bytes q0 | q1, its four
 // scales sf4) for thread parity hh = shift / 4: chunk st (8 halves) holds MMA step st's K
 // positions 8 hh .. 8 hh + 7, i.e. for each scale group c the values 4 st + hh and 4 st + hh + 2
 // (the kernel's swapped main loop says why this order). Decoded as decode8 does.
@@ -1091,11 +1091,11 @@ struct Gemm {
   static constexpr int64_t kMaxSplitTiles = 65536;
   static constexpr size_t kCountersBytes = kMaxSplitTiles * 4;
 
-  // The 128x256 tile only (one CTA per SM). A 128x128 cluster instance (session 4, H100) was
+  // The swapped tiles (one CTA per SM). A 128x128 cluster instance (session 4, H100) was
   // faster at 128x7168x2048 split 4 (20.2 vs 24.4 us) but slower at 128x4096x7168 split 4 (41.0
   // vs 33.6) and 1024x1024x8192 split 4 (68.0 vs 51.2), for reasons not yet measured, so that
   // tile keeps the global path.
-  static constexpr bool kClusterInstance = BN == 256;
+  static constexpr bool kClusterInstance = T::kSwap;
   static constexpr bool cluster_reducible(int split_k) { return kClusterInstance && split_k > 1 && split_k <= kMaxClusterSplit; }
 
   // Split-K's counters and partials, then (kPreA) the decoded activations at a 1024-byte boundary,

@@ -117,9 +117,9 @@ pub fn check_split_k(config: Config, p: &Problem, split_k: u32) -> Result<u32> {
     Ok(split_k)
 }
 
-/// Splits of 2 to this many K ranges of the SM90 128x256 tile are reduced through a thread-block
-/// cluster per output tile (`kMaxClusterSplit` in `cpp/sm90_gemm.cuh`); other splits and tiles
-/// go through global memory.
+/// Splits of 2 to this many K ranges of the SM90 swapped tiles (128x256, 256x128) are reduced
+/// through a thread-block cluster per output tile (`kMaxClusterSplit` in `cpp/sm90_gemm.cuh`);
+/// other splits and tiles go through global memory.
 pub const SM90_MAX_CLUSTER_SPLIT: u32 = 8;
 
 /// Per cluster size 2 to [`SM90_MAX_CLUSTER_SPLIT`], how many clusters of that many thread
@@ -128,7 +128,7 @@ pub type ClusterCounts = [usize; SM90_MAX_CLUSTER_SPLIT as usize - 1];
 
 /// Whether `config` reduces a split of `split_k` ranges through a cluster of that many CTAs.
 pub fn cluster_reduced(config: Config, split_k: u32) -> bool {
-    config == Config::Sm90_128x256x64 && (2..=SM90_MAX_CLUSTER_SPLIT).contains(&split_k)
+    matches!(config, Config::Sm90_128x256x64 | Config::Sm90_256x128x64) && (2..=SM90_MAX_CLUSTER_SPLIT).contains(&split_k)
 }
 
 /// Cluster counts that no GPU limits: for callers that do not know their device's (see
@@ -142,7 +142,7 @@ pub const ANY_CLUSTERS: ClusterCounts = [usize::MAX; SM90_MAX_CLUSTER_SPLIT as u
 ///   k-tiles, else at most one CTA per SM. Short ranges lose more to the reduction than a shared
 ///   SM gains, and an SM holding two CTAs while others hold one sets the time: 128x4096x7168
 ///   splits 4 / 5 / 8 take 32.6 / 44.2 / 34.7 us; 256x4096x7168 splits 2 / 4 take 51.1 / 46.9.
-/// - 128x256 (one CTA per SM): at most one CTA per SM, and no more than a cluster's 8 ranges
+/// - 128x256 and 256x128 (one CTA per SM): at most one CTA per SM, and no more than a cluster's 8 ranges
 ///   unless each keeps 32 k-tiles. A cluster split takes fewer ranges until every tile's cluster
 ///   fits on the GPU at once (`max_clusters`, per cluster size): the rest would wait for a second
 ///   wave (H100, 30 clusters of 4 at most: 1024x1024x8192 with 32 tiles x 4 took 92.5 us, 28
@@ -194,21 +194,22 @@ pub fn select(arch: u32, p: &Problem, sm_count: usize, max_clusters: &ClusterCou
         // 128x1536x7168 24 CTAs 31.3 vs 25.0. With cluster splits up to 8 (product bench,
         // rule/rule2-*.txt): 128x4096x7168 16 x 6 30.0 vs 32.8, 128x1536x7168 6 x 8 24.4 vs
         // 25.7, 128x2048x7168 8 x 8 25.7 vs 25.7; one loss, 128x2048x4096 8 x 8 22.2 vs 21.2.
+        //
         // The 256x128 tile (activations x weights, one CTA per SM) does twice the MMA work per
-        // decoded weight: taken where it alone gives nearly every SM a tile and pads M by at most
-        // a tenth more than 128-row tiles would. ablate, H100, split 1, D bit-identical to
-        // 128x256 (bench/results/2026-11-22-h100-session9/experiments/run6.txt): 2048^3 30.6 vs
-        // 32.5 us, 1024x1024x8192 88.5 vs 95.8, 2048x7168x2048 102.1 vs 107.2, 4096^3 199.4 vs
-        // 205.6, 8192^3 1649-1669 vs 1680-1696 (back to back); at M = 512, 16 x 2 CTAs 57.5 vs
-        // 128x256's 51.3.
-        let tall = Config::Sm90_256x128x64;
+        // decoded weight that 128x256 does: it stands in for 128x256 wherever M pads at most a
+        // tenth more with 256-row tiles. ablate, H100, same split and CTA count, D bit-identical
+        // (bench/results/2026-11-22-h100-session9/experiments/run6.txt, run7.txt; back to back):
+        // 256x7168x7168 split 2 46.6-46.9 vs 49.5-50.2 us, 512x4096x7168 split 2 48.5-48.7 vs
+        // 51.1-51.5, 768x7168x2048 51.0-51.7 vs 54.5-55.6, 1024x1024x8192 split 3 44.1-44.7 vs
+        // 45.7-46.1, 2048^3 30.6-30.8 vs 32.4-32.6, 8192^3 1649-1669 vs 1680-1696; equal at
+        // 512x512x7168 split 8 and 512x4096x512 split 2.
         let pad = |rows: usize| p.m.div_ceil(rows) * rows;
-        if candidates.contains(&tall) && tall.tiles(p) * 10 >= sm_count * 9 && pad(256) * 10 <= pad(128) * 11 {
-            return Some(tall);
-        }
-        let wide = Config::Sm90_128x256x64;
-        if candidates.contains(&wide) && wide.tiles(p) * split_k(wide, p, sm_count, max_clusters) as usize * 3 >= sm_count {
-            return Some(wide);
+        let swapped = [Config::Sm90_256x128x64, Config::Sm90_128x256x64]
+            .into_iter()
+            .filter(|c| candidates.contains(c))
+            .find(|&c| c == Config::Sm90_128x256x64 || pad(256) * 10 <= pad(128) * 11);
+        if let Some(s) = swapped.filter(|&s| s.tiles(p) * split_k(s, p, sm_count, max_clusters) as usize * 3 >= sm_count) {
+            return Some(s);
         }
         if candidates.contains(&Config::Sm90_128x128x64) {
             return Some(Config::Sm90_128x128x64);
@@ -263,11 +264,11 @@ mod tests {
         assert_eq!(split_k(Config::Sm90_128x256x64, &Problem::new(128, 4096, 16384), 132, &ANY_CLUSTERS), 8);
         assert_eq!(split_k(c, &Problem::new(128, 256, 256), 132, &ANY_CLUSTERS), 1); // only 4 k-tiles
         assert_eq!(split_k(c, &Problem::new(2048, 2048, 2048), 132, &ANY_CLUSTERS), 1); // 256 tiles
-        // 256x128: one CTA per SM, split through global memory.
+        // 256x128: one CTA per SM, as 128x256.
         let tall = Config::Sm90_256x128x64;
         assert_eq!(split_k(tall, &Problem::new(2048, 2048, 2048), 132, &ANY_CLUSTERS), 1); // 128 tiles
         assert_eq!(split_k(tall, &Problem::new(512, 4096, 7168), 132, &ANY_CLUSTERS), 2); // 64 tiles
-        assert!(!cluster_reduced(tall, 2));
+        assert!(cluster_reduced(tall, 2) && cluster_reduced(tall, SM90_MAX_CLUSTER_SPLIT));
         assert_eq!(split_k(Config::Sm100_1Sm_128x64x256, &Problem::new(128, 4096, 7168), 148, &ANY_CLUSTERS), 1);
         for &(m, n, k) in &[(1, 8, 32), (128, 8, 64 * 200), (4096, 8, 32)] {
             let s = split_k(c, &Problem::new(m, n, k), 132, &ANY_CLUSTERS) as usize;
@@ -284,12 +285,16 @@ mod tests {
         assert_eq!(split_k(wide, &Problem::new(128, 7168, 16384), 132, &H100), 4);
         assert_eq!(select(90, &Problem::new(128, 7168, 16384), 132, &H100, all), Some(wide));
         // 32 tiles: 32 clusters of 4 do not fit (H100: 92.5 us at split 4), 32 of 3 do, and the
-        // 128x256 tile keeps the lowered split (1024x1024x8192 50.4 vs 51.3 us for 128x128).
-        for p in [Problem::new(1024, 1024, 8192), Problem::new(128, 8192, 16384), Problem::new(256, 4096, 7168)] {
-            assert_eq!(split_k(wide, &p, 132, &H100), 3, "{p:?}");
-            assert_eq!(split_k(wide, &p, 132, &ANY_CLUSTERS), 4, "{p:?}");
-            assert_eq!(select(90, &p, 132, &H100, all), Some(wide), "{p:?}");
-            assert_eq!(select(90, &p, 132, &ANY_CLUSTERS, all), Some(wide), "{p:?}");
+        // swapped tile keeps the lowered split (1024x1024x8192 50.4 vs 51.3 us for 128x128); at
+        // M = 1024 and 256 that is 256x128, whose 32 tiles split alike.
+        let tall = Config::Sm90_256x128x64;
+        for (p, c) in [(Problem::new(1024, 1024, 8192), tall), (Problem::new(128, 8192, 16384), wide), (Problem::new(256, 4096, 7168), tall)] {
+            for t in [wide, c] {
+                assert_eq!(split_k(t, &p, 132, &H100), 3, "{p:?} {t}");
+                assert_eq!(split_k(t, &p, 132, &ANY_CLUSTERS), 4, "{p:?} {t}");
+            }
+            assert_eq!(select(90, &p, 132, &H100, all), Some(c), "{p:?}");
+            assert_eq!(select(90, &p, 132, &ANY_CLUSTERS, all), Some(c), "{p:?}");
         }
         // 40 tiles: clusters of 3 do not fit either (39), of 2 do, and 128x256 at split 2 is
         // still the faster (56.5 vs 64.2 us for 128x128 split 3 at 128x10240x8192).
@@ -323,11 +328,11 @@ mod tests {
         // Only what is built is chosen; another architecture has none.
         let no_narrow = |c| c != Config::Sm100_1Sm_128x64x256;
         assert_ne!(select(100, &Problem::new(128, 7168, 16384), 148, &ANY_CLUSTERS, no_narrow), Some(Config::Sm100_1Sm_128x64x256));
-        // SM90: 256x128 where its tiles alone nearly fill the GPU and M pads little; else 128x256
-        // once its CTAs occupy a third of the SMs; else 128x128.
+        // SM90: a swapped tile once its CTAs occupy a third of the SMs (256x128 where M pads
+        // little, else 128x256); else 128x128.
         assert_eq!(select(90, &Problem::new(128, 7168, 16384), 132, &ANY_CLUSTERS, all), Some(Config::Sm90_128x256x64)); // 28 tiles x split 4, 64 k-tiles each
         assert_eq!(select(90, &Problem::new(2048, 2048, 2048), 132, &ANY_CLUSTERS, all), Some(Config::Sm90_256x128x64)); // 128 tiles
-        assert_eq!(select(90, &Problem::new(256, 7168, 7168), 132, &ANY_CLUSTERS, all), Some(Config::Sm90_128x256x64)); // 56 x split 2, 56 k-tiles
+        assert_eq!(select(90, &Problem::new(256, 7168, 7168), 132, &ANY_CLUSTERS, all), Some(Config::Sm90_256x128x64)); // 56 x split 2, 56 k-tiles
         assert_eq!(select(90, &Problem::new(128, 4096, 7168), 132, &ANY_CLUSTERS, all), Some(Config::Sm90_128x256x64)); // 16 x 8 CTAs
         assert_eq!(select(90, &Problem::new(128, 3072, 1536), 132, &ANY_CLUSTERS, all), Some(Config::Sm90_128x256x64)); // 12 x 6 CTAs
         assert_eq!(select(90, &Problem::new(128, 7168, 2048), 132, &ANY_CLUSTERS, all), Some(Config::Sm90_128x256x64)); // split 4 through the cluster
@@ -336,11 +341,11 @@ mod tests {
         assert_eq!(select(90, &Problem::new(128, 2048, 4096), 132, &ANY_CLUSTERS, all), Some(Config::Sm90_128x256x64)); // 8 x 8 CTAs
         assert_eq!(select(90, &Problem::new(128, 1536, 7168), 132, &ANY_CLUSTERS, all), Some(Config::Sm90_128x256x64)); // 6 x 8 CTAs
         assert_eq!(select(90, &Problem::new(128, 1024, 4096), 132, &ANY_CLUSTERS, all), Some(Config::Sm90_128x128x64)); // 4 x 8 CTAs
-        assert_eq!(select(90, &Problem::new(512, 1536, 7168), 132, &ANY_CLUSTERS, all), Some(Config::Sm90_128x256x64)); // 24 x 5 CTAs
-        assert_eq!(select(90, &Problem::new(1152, 2048, 4096), 132, &ANY_CLUSTERS, all), Some(Config::Sm90_128x256x64)); // 72 CTAs
+        assert_eq!(select(90, &Problem::new(512, 1536, 7168), 132, &ANY_CLUSTERS, all), Some(Config::Sm90_256x128x64)); // 24 x 5 CTAs
+        assert_eq!(select(90, &Problem::new(1152, 2048, 4096), 132, &ANY_CLUSTERS, all), Some(Config::Sm90_128x256x64)); // 72 CTAs; 256-row tiles pad M to 1280
         assert_eq!(select(90, &Problem::new(8192, 8192, 8192), 132, &ANY_CLUSTERS, all), Some(Config::Sm90_256x128x64));
         assert_eq!(select(90, &Problem::new(2304, 4608, 7168), 132, &ANY_CLUSTERS, all), Some(Config::Sm90_256x128x64)); // 9 x 36 tiles
-        // 256x128 needs both: 128 tiles at M = 128 pad M twice over; 640 rows pad to 768.
+        // Not 256x128 where M pads: twice over at M = 128, 640 rows to 768.
         assert_eq!(select(90, &Problem::new(128, 16384, 4096), 132, &ANY_CLUSTERS, all), Some(Config::Sm90_128x256x64));
         assert_eq!(select(90, &Problem::new(640, 24576, 1024), 132, &ANY_CLUSTERS, all), Some(Config::Sm90_128x256x64));
         assert_eq!(select(90, &Problem::new(1000, 16384, 1024), 132, &ANY_CLUSTERS, all), Some(Config::Sm90_256x128x64)); // both pad to 1024

@@ -209,8 +209,8 @@ fn sm90_split_k_values_and_determinism() -> Outcome {
     let base = hopper()?;
     let (a, b) = contest(128, 512, 2048, 1, 30);
     // Partial tiles in M and N, two batches, alpha and beta with C (splits 2, 3, 4 and 7 of
-    // 128x256 go through the cluster's shared memory, 32 and the other tiles' through the
-    // workspace).
+    // 128x256 and 256x128 go through the cluster's shared memory, 32 and the other tiles'
+    // through the workspace).
     let (ae, be) = contest(130, 264, 2048, 2, 33);
     let (ar, br) = (Nvfp4Matrix::random_realistic(128, 2048, 1, seed() ^ 31).unwrap(), Nvfp4Matrix::random_realistic(512, 2048, 1, seed() ^ 32).unwrap());
     for split in [1u32, 2, 3, 4, 7, 32] {
@@ -263,7 +263,7 @@ fn sm90_contest_and_benchmark_shapes() -> Outcome {
 }
 
 /// The driver's count of clusters the device runs at once is plausible, and the heuristic keeps
-/// every split-K cluster of the 128x256 tile within it (a second wave doubled the time).
+/// every split-K cluster of the swapped tiles within it (a second wave doubled the time).
 fn sm90_split_k_clusters_fit_in_one_wave() -> Outcome {
     let g = hopper()?;
     let d = g.device();
@@ -272,15 +272,17 @@ fn sm90_split_k_clusters_fit_in_one_wave() -> Outcome {
     for (i, &n) in d.max_clusters.iter().enumerate() {
         assert!(n >= 1 && n * (i + 2) <= d.sm_count, "{n} clusters of {}", i + 2);
     }
-    let wide = Config::Sm90_128x256x64;
-    for (m, n, k) in [(128, 7168, 16384), (128, 8192, 16384), (1024, 1024, 8192), (256, 7168, 7168), (128, 16384, 4096), (128, 4096, 7168), (128, 4096, 16384), (128, 2048, 7168)] {
+    for (m, n, k) in [(128, 7168, 16384), (128, 8192, 16384), (1024, 1024, 8192), (256, 7168, 7168), (128, 16384, 4096), (128, 4096, 7168), (128, 4096, 16384), (128, 2048, 7168), (512, 1536, 7168)] {
         let p = Problem::new(m, n, k);
-        let s = blockscaled_gemm::config_split_k(wide, &p, d.sm_count, &d.max_clusters);
-        let tiles = wide.tiles(&p);
-        if blockscaled_gemm::cluster_reduced(wide, s) {
-            assert!(tiles <= d.max_clusters[s as usize - 2], "{m}x{n}x{k}: {tiles} clusters of {s}");
+        for c in [Config::Sm90_128x256x64, Config::Sm90_256x128x64] {
+            let s = blockscaled_gemm::config_split_k(c, &p, d.sm_count, &d.max_clusters);
+            let tiles = c.tiles(&p);
+            if blockscaled_gemm::cluster_reduced(c, s) {
+                assert!(tiles <= d.max_clusters[s as usize - 2], "{m}x{n}x{k} {c}: {tiles} clusters of {s}");
+            }
+            print!("  {m}x{n}x{k}: {c} split {s};");
         }
-        println!("  {m}x{n}x{k}: 128x256 split {s}; chosen {}", g.select_config(&p, OutType::F16).unwrap());
+        println!(" chosen {}", g.select_config(&p, OutType::F16).unwrap());
     }
     Ok(())
 }
