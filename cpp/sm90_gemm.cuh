@@ -141,9 +141,9 @@ constexpr int kMaxClusterSplit = 8;
 constexpr int kIssueB = 1, kIssueA = 2;
 
 // A launch configuration of the grid (tiles, split_k): with cluster_y > 1 the split_k CTAs of
-// each tile run as one cluster along y; with `pdl` the kernel may start while the stream's
-// previous kernel (the pre-pass) still runs, and waits for it at griddepcontrol.wait. Not
-// copyable: cfg points at attr.
+// each tile run as one cluster along y; with `pdl` the kernel may be scheduled while the stream's
+// previous kernel still runs (once that one's CTAs have all passed griddepcontrol.launch_dependents)
+// and waits for it at griddepcontrol.wait. Not copyable: cfg points at attr.
 struct KernelLaunch {
   cudaLaunchConfig_t cfg{};
   cudaLaunchAttribute attr[2];
@@ -445,13 +445,20 @@ __device__ __forceinline__ void act_chunks(uint4 q0, uint4 q1, uint32_t sf4, int
 
 // The swapped tiles' (kPreA) pre-pass: A (packed e2m1, tiled ue4m3 scales) as FP16 a * sf, (L, M, k_pad)
 // with k_pad = K rounded up to 64, each 64-K block in act_chunks' order so that TMA's 128-byte
-// swizzle lays it out as the kernel's decode did; K past the end is 0. One thread per (batch,
-// row, 64-K block, parity). Static: every translation unit that includes this keeps its own.
-static __global__ void predecode_a(const uint8_t* a, const uint8_t* sfa, uint4* out, int m, int k, int l) {
-  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");  // the GEMM's CTAs may start
+// swizzle lays it out as the kernel's decode did; K past the end is 0. One work item per (batch,
+// row, 64-K block, parity), strided over the grid. Static: every translation unit that includes
+// this keeps its own.
+//
+// Launched programmatically (Gemm::run says why): nothing is read or written before
+// griddepcontrol.wait returns, i.e. before the stream's previous kernel has completed and its
+// writes are visible; then the GEMM may be scheduled, and it issues its first weights while this
+// runs.
+static __global__ void __launch_bounds__(1024) predecode_a(const uint8_t* a, const uint8_t* sfa, uint4* out, int m, int k, int l) {
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
   const int kb_n = (k + 63) / 64;
-  const int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (idx >= int64_t(l) * m * kb_n * 2) return;
+  const int64_t items = int64_t(l) * m * kb_n * 2;
+  for (int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; idx < items; idx += int64_t(gridDim.x) * blockDim.x) {
   const int hh = int(idx % 2), kb = int((idx / 2) % kb_n);
   const int64_t rowb = idx / 2 / kb_n;  // batch * m + row
   const int64_t batch = rowb / m;
@@ -468,6 +475,7 @@ static __global__ void predecode_a(const uint8_t* a, const uint8_t* sfa, uint4* 
   uint4* dst = out + (rowb * kb_n + kb) * 8;  // 8 chunks of 16 bytes per 64-K block
   CUTE_UNROLL
   for (int st = 0; st < 4; ++st) dst[2 * st + hh] = ch[st];
+  }
 }
 
 // One operand's share of a stage for one thread: `kRows` rows of 32 packed bytes, two 16-byte
@@ -884,6 +892,9 @@ __global__ void __launch_bounds__(Tile<BM, BN>::kLaunchThreads, Tile<BM, BN>::kM
   }  // kSwap
 
   stamp(2);
+  // The next kernel, if launched programmatically (the next call's pre-pass), may be scheduled;
+  // it waits for this grid's completion before it touches memory.
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
   if ((BSG_SM90_ABLATE & 8) == 0 && p.split_k > 1 && !kClusterReduce) {
     // Split s's partial tile: [split][tile][acc / 4][thread] float4.
     auto partial = [&](int s) {
@@ -1057,7 +1068,6 @@ struct Gemm {
     if (a.n % OutputInfo<OutT>::kNMultiple != 0) return false;
     if (!std::is_void_v<typename OutputInfo<OutT>::Sf> && (!a.sfd || !a.norm_constant)) return false;
     const int k_tiles = (a.k + kBK - 1) / kBK;
-    if (T::kPreA && (int64_t(a.l) * a.m * (k_pad(a) / kBK) * 2 + 255) / 256 > INT_MAX) return false;  // pre-pass grid
     return tiles(a) <= INT_MAX && a.split_k >= 1 && a.split_k <= k_tiles && a.split_k <= 65535 &&
            (a.split_k == 1 || tiles(a) <= kMaxSplitTiles);
   }
@@ -1105,6 +1115,7 @@ struct Gemm {
     if (a.split_k <= 1 || cluster_reducible(a.split_k)) return 0;
     return kCountersBytes + size_t(a.split_k) * size_t(tiles(a)) * kBM * BN * sizeof(float);
   }
+  static constexpr int kPreSmem = 120 * 1024;  // the pre-pass's reservation: one CTA per SM
   static int64_t k_pad(const KernelArgs& a) { return (int64_t(a.k) + kBK - 1) / kBK * kBK; }
   static size_t pre_a_offset(const KernelArgs& a) { return (std::max(split_bytes(a), kCountersBytes) + 1023) / 1024 * 1024; }
   static size_t workspace_size(const KernelArgs& a) {
@@ -1121,6 +1132,7 @@ struct Gemm {
       cudaError_t e = cudaFuncSetAttribute(gemm_kernel<BM, BN, OutT, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmem);
       if (e == cudaSuccess && kClusterInstance)
         e = cudaFuncSetAttribute(gemm_kernel<BM, BN, OutT, kClusterInstance>, cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmem);
+      if (e == cudaSuccess && T::kPreA) e = cudaFuncSetAttribute(predecode_a, cudaFuncAttributeMaxDynamicSharedMemorySize, kPreSmem);
       if (e != cudaSuccess) return {int32_t(cutlass::Status::kErrorInternal), int32_t(e)};
       configured.fetch_or(bit);
     }
@@ -1128,10 +1140,23 @@ struct Gemm {
     bool mapped;
     if constexpr (T::kPreA) {
       uint8_t* pre = static_cast<uint8_t*>(a.workspace) + pre_a_offset(a);
-      const int64_t threads = int64_t(a.l) * a.m * (k_pad(a) / kBK) * 2;
-      predecode_a<<<unsigned((threads + 255) / 256), 256, 0, static_cast<cudaStream_t>(a.stream)>>>(
-          static_cast<const uint8_t*>(a.a), static_cast<const uint8_t*>(a.sfa), reinterpret_cast<uint4*>(pre), a.m, a.k, a.l);
-      if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return {int32_t(cutlass::Status::kErrorInternal), int32_t(e)};
+      // Programmatic launch: scheduled once the previous GEMM's CTAs leave their main loops, it
+      // waits for that grid and then runs without a launch gap. One CTA of 1024 threads per SM
+      // (the reserved, unused shared memory keeps two off one SM and off an SM a GEMM CTA
+      // holds): as plain 256-thread blocks, the CTAs launched early piled onto the SMs the
+      // previous GEMM left idle (128x7168x16384 back to back 55.0 -> 55.9 us). ablate, back to
+      // back (bench/results/2026-11-22-h100-session9/experiments/run9.txt): 128x7168x2048
+      // 17.2-17.4 -> 16.3-16.6 us, 128x4096x7168 split 6 25.5-25.9 -> 24.4-24.9,
+      // 128x7168x16384 55.7-55.9 -> 54.2-54.4, 2048^3 30.6-30.9 -> 29.5-29.6; one launch alone
+      // between events: 0 to 0.4 us slower (256-thread CTAs: up to 0.7).
+      constexpr int kPreThreads = 1024;  // predecode_a's launch bound
+      const int64_t items = int64_t(a.l) * a.m * (k_pad(a) / kBK) * 2;
+      const int64_t blocks = std::max<int64_t>(1, std::min<int64_t>((items + kPreThreads - 1) / kPreThreads, a.sm_count));
+      const KernelLaunch pre_launch(dim3(unsigned(blocks)), kPreThreads, 1, kPreSmem, static_cast<cudaStream_t>(a.stream), true);
+      if (cudaError_t e = cudaLaunchKernelEx(&pre_launch.cfg, predecode_a, static_cast<const uint8_t*>(a.a), static_cast<const uint8_t*>(a.sfa),
+                                             reinterpret_cast<uint4*>(pre), int(a.m), int(a.k), int(a.l));
+          e != cudaSuccess)
+        return {int32_t(cutlass::Status::kErrorInternal), int32_t(e)};
       mapped = encode(&map_a, pre, k_pad(a) * 2, a.m, a.l, kBM, true);
     } else {
       mapped = encode(&map_a, a.a, a.k / 2, a.m, a.l, kBM);

@@ -5,7 +5,10 @@
 //! of `--runs` runs (at least 100) timed alone with a pair of CUDA events; the median reported,
 //! with TFLOP/s, GB/s (the NVFP4 bytes a GEMM must move) and the ratio to the floor (the larger of
 //! the NVFP4 bytes at 3.0 TB/s and the FP16 tensor-core work at 800 TFLOP/s, SPEC.md §6). The
-//! output of the last timed run is verified against the exact reference on sampled rows.
+//! output of the last timed run is verified against the exact reference on sampled rows. Then the
+//! same `--runs` launches go back to back between one pair of events, without the poisoning in
+//! between (`b2b_us`: the mean; what a sequence of GEMMs sees, where each launch may overlap the
+//! end of the one before).
 //! cuBLAS figures come from `--baselines FILE` (JSON written by bench/torch_baselines.py in the
 //! same device session) or, when absent, from SPEC.md §6, labelled as such.
 //!
@@ -80,7 +83,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         }).collect()
     };
     println!("device: {name}, {} SMs, L2 {} MB; median of {} runs after 10 warm-ups; output {out}", gemm.device().sm_count, l2 >> 20, cli.runs);
-    println!("{:>16} {:>24} {:>5} {:>10} {:>8} {:>8} {:>9} {:>7} {:>11} {:>10} {:>8}", "MxNxK", "config", "split", "median_us", "TFLOP/s", "GB/s", "floor_us", "x_floor", "cublas_bf16", "cublas_fp8", "check");
+    println!("{:>16} {:>24} {:>5} {:>10} {:>8} {:>8} {:>8} {:>9} {:>7} {:>11} {:>10} {:>8}", "MxNxK", "config", "split", "median_us", "b2b_us", "TFLOP/s", "GB/s", "floor_us", "x_floor", "cublas_bf16", "cublas_fp8", "check");
     let mut json = String::new();
     for (m, n, k) in shapes {
         let a = Nvfp4Matrix::random_contest(m, k, 1, 1)?;
@@ -136,6 +139,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let median = us[us.len() / 2];
         // The last run's output, checked on the sampled rows against the exact reference.
         let got = stream.clone_dtoh(&d)?;
+        // Back to back (after the output above was fetched: these launches are not poisoned).
+        let start = stream.record_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT))?;
+        for i in 0..cli.runs {
+            launch(i, &mut d, &mut sfd)?;
+        }
+        let end = stream.record_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT))?;
+        end.synchronize()?;
+        let b2b = start.elapsed_ms(&end)? as f64 * 1e3 / cli.runs as f64;
         let passed = match out.sfd() {
             Some(format) => {
                 let pr = Problem::new(rows.len(), n, k).norm_constant(st);
@@ -167,8 +178,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         };
         let shape = format!("{m}x{n}x{k}");
         let check = if passed { "exact" } else { "FAILED" };
-        println!("{shape:>16} {:>24} {split:>5} {median:>10.2} {:>8.1} {:>8.0} {floor:>9.2} {:>7.2} {bf16:>11.1} {fp8:>10.1} {check:>8}{}", config.to_string(), p.flops() / median / 1e6, bytes / median / 1e3, median / floor, if src == "measured" { "" } else { " (cuBLAS: SPEC.md)" });
-        json += &format!("{{\"shape\":\"{shape}\",\"device\":\"{name}\",\"config\":\"{config}\",\"split_k\":{split},\"out\":\"{out}\",\"runs\":{},\"median_us\":{median:.3},\"min_us\":{:.3},\"tflops\":{:.2},\"gbps\":{:.1},\"floor_us\":{floor:.3},\"x_floor\":{:.3},\"cublas_bf16_us\":{bf16},\"cublas_fp8_us\":{fp8},\"cublas_source\":\"{src}\",\"check\":\"{check}\"}}\n",
+        println!("{shape:>16} {:>24} {split:>5} {median:>10.2} {b2b:>8.2} {:>8.1} {:>8.0} {floor:>9.2} {:>7.2} {bf16:>11.1} {fp8:>10.1} {check:>8}{}", config.to_string(), p.flops() / median / 1e6, bytes / median / 1e3, median / floor, if src == "measured" { "" } else { " (cuBLAS: SPEC.md)" });
+        json += &format!("{{\"shape\":\"{shape}\",\"device\":\"{name}\",\"config\":\"{config}\",\"split_k\":{split},\"out\":\"{out}\",\"runs\":{},\"median_us\":{median:.3},\"b2b_us\":{b2b:.3},\"min_us\":{:.3},\"tflops\":{:.2},\"gbps\":{:.1},\"floor_us\":{floor:.3},\"x_floor\":{:.3},\"cublas_bf16_us\":{bf16},\"cublas_fp8_us\":{fp8},\"cublas_source\":\"{src}\",\"check\":\"{check}\"}}\n",
             cli.runs, us[0], p.flops() / median / 1e6, bytes / median / 1e3, median / floor);
     }
     if let Some(path) = &cli.json {
