@@ -142,10 +142,10 @@ pub const ANY_CLUSTERS: ClusterCounts = [usize::MAX; SM90_MAX_CLUSTER_SPLIT as u
 ///   k-tiles, else at most one CTA per SM. Short ranges lose more to the reduction than a shared
 ///   SM gains, and an SM holding two CTAs while others hold one sets the time: 128x4096x7168
 ///   splits 4 / 5 / 8 take 32.6 / 44.2 / 34.7 us; 256x4096x7168 splits 2 / 4 take 51.1 / 46.9.
-/// - 128x256 and 256x128 (one CTA per SM): at most one CTA per SM, and no more than a cluster's 8 ranges
-///   unless each keeps 32 k-tiles. A cluster split takes fewer ranges until every tile's cluster
-///   fits on the GPU at once (`max_clusters`, per cluster size): the rest would wait for a second
-///   wave (H100, 30 clusters of 4 at most: 1024x1024x8192 with 32 tiles x 4 took 92.5 us, 28
+/// - 128x256 and 256x128 (one CTA per SM): at most one CTA per SM, and no more than a
+///   cluster's 8 ranges unless each keeps 32 k-tiles. A cluster split takes fewer ranges until
+///   every tile's cluster fits on the GPU at once (`max_clusters`, per cluster size): the rest
+///   would wait for a second wave (H100, 30 clusters of 4 at most: 1024x1024x8192 with 32 tiles x 4 took 92.5 us, 28
 ///   tiles x 4 at 896x1024x8192 49.4 us; 15 of 8: 128x4096x7168 with 16 tiles x 8 44.4 us, x 6
 ///   30.2, x 4 33.2). Clusters of 5 to 8 (session 8, bench/results/2026-11-22-h100-session8/
 ///   experiments/c8.txt): 128x2048x7168 8 tiles x 8 25.9 us vs x 4 32.0, 128x4096x16384 16 x 6
