@@ -608,12 +608,22 @@ __global__ void __launch_bounds__(Tile<BM, BN>::kLaunchThreads, Tile<BM, BN>::kM
   stamp(0);
   BSG_TRACE_INIT
 
-  // Tile coordinates: M fastest, so CTAs that run together share a B (weight) tile in L2.
+  // Tile coordinates: groups of kGroupM tile rows, N fastest inside a group, so the ~132 CTAs
+  // that run together cover a few row tiles across many column tiles: a swapped tile's row of
+  // activations (FP16) weighs 2 * BM * K bytes against BN * K / 2 for a column of weights, and
+  // the group size roughly balances the two. M fastest over all rows had each wave of 8192^3
+  // stream all 128 MiB of activations (ablate, run10.txt, D bit-identical: 256x128 at 8192^3
+  // 1589-1640 -> 1499-1527 us back to back, 4096^3 192.5-197.4 -> 189.0-189.3).
+  constexpr int kGroupM = BM == 256 ? 4 : 8;
   const int tiles_m = (p.m + kBM - 1) / kBM;
   const int tiles_n = (p.n + BN - 1) / BN;
   const int64_t tile = blockIdx.x;
-  const int tm = int(tile % tiles_m);
-  const int tn = int((tile / tiles_m) % tiles_n);
+  const int64_t in_batch = tile % (int64_t(tiles_m) * tiles_n);
+  const int group = int(in_batch / (int64_t(kGroupM) * tiles_n));
+  const int group_rows = min(kGroupM, tiles_m - group * kGroupM);
+  const int in_group = int(in_batch - int64_t(group) * kGroupM * tiles_n);
+  const int tm = group * kGroupM + in_group % group_rows;
+  const int tn = in_group / group_rows;
   const int64_t batch = tile / (int64_t(tiles_m) * tiles_n);
   const int m0 = tm * kBM, n0 = tn * BN;
   const int split = blockIdx.y;
