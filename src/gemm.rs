@@ -154,6 +154,13 @@ pub fn plan(p: &Problem, out: OutType, lens: &BufferLens, device: &DeviceFacts, 
 /// It is `Send + Sync`: the workspace sits behind a mutex held from allocation until the launch
 /// is queued, and every launch goes to the one stream, which orders workspace reuse.
 ///
+/// Stream ordering: every launch goes to the stream as usual, so the next operation on it sees D
+/// complete. On Hopper the kernel also allows programmatic dependent launch: a next kernel that
+/// was itself launched with `cudaLaunchAttributeProgrammaticStreamSerialization` may start before
+/// this GEMM ends, and must call `cudaGridDependencySynchronize()` (PTX `griddepcontrol.wait`)
+/// before it reads D, as such kernels do by contract. (This crate's own pre-pass does, and so
+/// overlaps the previous call's tail.)
+///
 /// Device memory: the workspace grows to the largest call's need and is kept. On Hopper it holds
 /// split-K partials where a split goes through global memory, and for `Sm90_128x256x64` and
 /// `Sm90_256x128x64` (the picks for most shapes) the activations decoded once per call to FP16:
