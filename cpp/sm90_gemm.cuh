@@ -737,20 +737,20 @@ __global__ void __launch_bounds__(Tile<BM, BN>::kLaunchThreads, Tile<BM, BN>::kM
   // and a later stage is due.
   auto stage_done = [&](int j) { return j < n_kt && (j % kSubs == kSubs - 1 || j == n_kt - 1) && j / kSubs + T::kRawStages < n_raw; };
   if constexpr (kSwap) {
-    // D^T = B A^T: each warpgroup owns 128 weight rows (two 64-row M blocks) against the 128
-    // activation rows. Within each 64-K block, thread c of an MMA quad holds K positions 2c,
-    // 2c + 1, 2c + 8, 2c + 9 of the four 16-K MMA steps; they are taken to be the 16 values of
-    // scale group c (one 8-byte load and one scale per row), in the order decode8 gives them:
-    // step s holds the group's values 4s, 4s + 2 at 2c, 2c + 1 and 4s + 1, 4s + 3 at 2c + 8,
-    // 2c + 9. The activations go to shared memory in the same order, so every product still pairs
-    // equal K and each wgmma sums the same 16 products.
+    // D^T = B A^T: each warpgroup owns kMB 64-row M blocks of weights (128x256: two, against
+    // 128 activation rows; 256x128: one, against 256). Within each 64-K block, thread c of an
+    // MMA quad holds K positions 2c, 2c + 1, 2c + 8, 2c + 9 of the four 16-K MMA steps; they are
+    // taken to be the 16 values of scale group c (one 8-byte load and one scale per row), in the
+    // order decode8 gives them: step s holds the group's values 4s, 4s + 2 at 2c, 2c + 1 and
+    // 4s + 1, 4s + 3 at 2c + 8, 2c + 9. The activations go to shared memory in the same order, so
+    // every product still pairs equal K and each wgmma sums the same 16 products.
     Tensor tCrB = wg_mma.make_fragment_B(wg_mma.partition_B(sA));  // (MMA, MMA_N, MMA_K, bufs)
     using FragLayout = Layout<Shape<Shape<_2, _2, _2>, Int<T::kMB>, _4>>;  // (MMA values, M blocks, steps), compact
     Tensor frag0 = make_tensor<half_t>(FragLayout{});
     Tensor frag1 = make_tensor<half_t>(FragLayout{});
-    // Weights: this thread's rows r, r + 8 (fragment values 0 and 2) of M block 0, and 128 rows
-    // further of block 1 (the RS atom's A layout, two warpgroups along M), so every row's raw
-    // bytes and scale lie at constant offsets from the first's (r % 32 + 8 < 32).
+    // Weights: this thread's rows r, r + 8 (fragment values 0 and 2) of M block 0, and (kMB = 2)
+    // 128 rows further of block 1 (the RS atom's A layout, two warpgroups along M), so every
+    // row's raw bytes and scale lie at constant offsets from the first's (r % 32 + 8 < 32).
     const int w_row = (tid / 128) * 64 + ((tid % 128) / 32) * 16 + (tid % 32) / 4;
     const int w_raw = T::kRawA + w_row * (kRawK / 2) + 8 * (tid % 4);
     const int w_sf = T::kSfB + sf_in_chunk(w_row, tid % 4);
