@@ -16,8 +16,8 @@
 template <int BM, int BN>
 float run(int m, int n, int k, int split) {
   const size_t a_bytes = size_t(m) * k / 2, b_bytes = size_t(n) * k / 2;
-  const size_t sp = ((k / 16) + 3) / 4 * 4;
-  const size_t sfa = (m + 127) / 128 * 128 * sp, sfb = (n + 127) / 128 * 128 * sp;
+  const int64_t sp = bsg::sm90::sf_cols_padded(k);
+  const size_t sfa = size_t(bsg::sm90::sf_batch_bytes(m, sp)), sfb = size_t(bsg::sm90::sf_batch_bytes(n, sp));
   const size_t set = a_bytes + b_bytes + sfa + sfb;
   const int sets = int(std::max<size_t>(2, 2 * 50 * (size_t(1) << 20) / set + 1));
   std::vector<uint8_t*> bufs(sets);

@@ -312,8 +312,12 @@ __device__ __forceinline__ uint32_t hmul2(uint32_t a, uint32_t b) {
 // i.e. the value * 2^-6 (see "Decode" at the top).
 __device__ __forceinline__ uint32_t e2m1_lo_to_e4m3(uint32_t w) { return ((w << 2) & 0x1C1C1C1Cu) | ((w << 4) & 0x80808080u); }
 
-// 8 e2m1 values (one 32-bit word, element 2i in the low nibble of byte i) times a scale already
-// multiplied by 2^6, as 8 FP16 values in the order 0 2 1 3 4 6 5 7: both operands are decoded
+// Two scales in FP16 (from e4m3x2_to_f16x2 or e4m3x2_hi_to_f16x2) times 2^6: the scale operand
+// decode8 takes, undoing its e4m3 placement's 2^-6 (448 * 64 = 28672 is still an FP16 number).
+__device__ __forceinline__ uint32_t decode8_scales(uint32_t two_scales_f16) { return hmul2(two_scales_f16, 0x54005400u); }
+
+// 8 e2m1 values (one 32-bit word, element 2i in the low nibble of byte i) times scale2 (one
+// scale of decode8_scales in both halves), as 8 FP16 values in the order 0 2 1 3 4 6 5 7: both operands are decoded
 // alike, so the dot product is unchanged (each wgmma still sums the same 16 products) and the
 // two byte permutes that would restore element order are saved, as are the shifts: the high half
 // of a word goes to the conversion as it is (F2FP reads R.H1).
@@ -425,7 +429,7 @@ __device__ __forceinline__ uint32_t sw128_offset(int row, int chunk) {
 // positions 8 hh .. 8 hh + 7, i.e. for each scale group c the values 4 st + hh and 4 st + hh + 2
 // (the kernel's swapped main loop says why this order). Decoded as decode8 does.
 __device__ __forceinline__ void act_chunks(uint4 q0, uint4 q1, uint32_t sf4, int shift, uint4 (&ch)[4]) {
-  const uint32_t s01 = hmul2(e4m3x2_to_f16x2(sf4), 0x54005400u), s23 = hmul2(e4m3x2_hi_to_f16x2(sf4), 0x54005400u);
+  const uint32_t s01 = decode8_scales(e4m3x2_to_f16x2(sf4)), s23 = decode8_scales(e4m3x2_hi_to_f16x2(sf4));
   const uint32_t sc[4] = {__byte_perm(s01, s01, 0x1010), __byte_perm(s01, s01, 0x3232), __byte_perm(s23, s23, 0x1010),
                           __byte_perm(s23, s23, 0x3232)};
   const uint32_t w[4][2] = {{q0.x, q0.y}, {q0.z, q0.w}, {q1.x, q1.y}, {q1.z, q1.w}};  // [group][word]
@@ -459,22 +463,22 @@ static __global__ void __launch_bounds__(1024) predecode_a(const uint8_t* a, con
   const int kb_n = (k + 63) / 64;
   const int64_t items = int64_t(l) * m * kb_n * 2;
   for (int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; idx < items; idx += int64_t(gridDim.x) * blockDim.x) {
-  const int hh = int(idx % 2), kb = int((idx / 2) % kb_n);
-  const int64_t rowb = idx / 2 / kb_n;  // batch * m + row
-  const int64_t batch = rowb / m;
-  const int row = int(rowb % m);
-  const bool whole = kb * 64 + 64 <= k;  // else 32 K (K % 32 == 0): groups 2 and 3 are past K
-  const uint8_t* src = a + rowb * (k / 2) + kb * 32;
-  const uint4 q0 = *reinterpret_cast<const uint4*>(src);
-  const uint4 q1 = whole ? *reinterpret_cast<const uint4*>(src + 16) : make_uint4(0, 0, 0, 0);
-  const int64_t sp = sf_cols_padded(k);
-  uint32_t sf4 = *reinterpret_cast<const uint32_t*>(sfa + batch * sf_batch_bytes(m, sp) + sf_offset(row, 4 * kb, sp));
-  if (!whole) sf4 &= 0xFFFFu;  // 0 * 0, whatever the padding scales hold
-  uint4 ch[4];
-  act_chunks(q0, q1, sf4, 4 * hh, ch);
-  uint4* dst = out + (rowb * kb_n + kb) * 8;  // 8 chunks of 16 bytes per 64-K block
-  CUTE_UNROLL
-  for (int st = 0; st < 4; ++st) dst[2 * st + hh] = ch[st];
+    const int hh = int(idx % 2), kb = int((idx / 2) % kb_n);
+    const int64_t rowb = idx / 2 / kb_n;  // batch * m + row
+    const int64_t batch = rowb / m;
+    const int row = int(rowb % m);
+    const bool whole = kb * 64 + 64 <= k;  // else 32 K (K % 32 == 0): groups 2 and 3 are past K
+    const uint8_t* src = a + rowb * (k / 2) + kb * 32;
+    const uint4 q0 = *reinterpret_cast<const uint4*>(src);
+    const uint4 q1 = whole ? *reinterpret_cast<const uint4*>(src + 16) : make_uint4(0, 0, 0, 0);
+    const int64_t sp = sf_cols_padded(k);
+    uint32_t sf4 = *reinterpret_cast<const uint32_t*>(sfa + batch * sf_batch_bytes(m, sp) + sf_offset(row, 4 * kb, sp));
+    if (!whole) sf4 &= 0xFFFFu;  // 0 * 0, whatever the padding scales hold
+    uint4 ch[4];
+    act_chunks(q0, q1, sf4, 4 * hh, ch);
+    uint4* dst = out + (rowb * kb_n + kb) * 8;  // 8 chunks of 16 bytes per 64-K block
+    CUTE_UNROLL
+    for (int st = 0; st < 4; ++st) dst[2 * st + hh] = ch[st];
   }
 }
 
@@ -528,7 +532,7 @@ struct RawUnits {
     CUTE_UNROLL
     for (int j = 0; j < kUnits; ++j) {
       if (!Op::kAllActive && !op.active[j]) continue;
-      const uint32_t sc = hmul2(e4m3x2_to_f16x2(sf2[j]), 0x54005400u);  // both scales * 2^6 (64.0)
+      const uint32_t sc = decode8_scales(e4m3x2_to_f16x2(sf2[j]));  // the row's two scales
       const uint32_t s0 = __byte_perm(sc, sc, 0x1010), s1 = __byte_perm(sc, sc, 0x3232);
       *reinterpret_cast<uint4*>(dec + op.dec_off[j][0]) = decode8(q[j].x, s0);
       *reinterpret_cast<uint4*>(dec + op.dec_off[j][1]) = decode8(q[j].y, s0);
@@ -696,12 +700,11 @@ __global__ void __launch_bounds__(Tile<BM, BN>::kLaunchThreads, Tile<BM, BN>::kM
       if (tid == kThreads) {
         int r = 0;
         if constexpr (T::kPreA) {
-          // The first stages' weights while the pre-pass may still run; its activations are
+          // The first stage's weights while the pre-pass may still run; its activations are
           // complete and visible past griddepcontrol.wait (a no-op without a programmatic
-          // dependency).
-          // The first stage goes alone, and the next ones once it has landed: issued together
-          // (every CTA at once), the first waited behind the others' bytes, ~4.7 us from entry
-          // instead of ~3.0 (timeline, H100: 128x7168x2048 21.2 -> 19.5 us).
+          // dependency). The first stage goes alone, the next ones once it has landed: issued
+          // together (every CTA at once), the first waited behind the others' bytes, ~4.7 us
+          // from entry instead of ~3.0 (timeline, H100: 128x7168x2048 21.2 -> 19.5 us).
           if (n_raw > 0) {
             issue(0, kIssueB);
             asm volatile("griddepcontrol.wait;\n" ::: "memory");
@@ -764,7 +767,7 @@ __global__ void __launch_bounds__(Tile<BM, BN>::kLaunchThreads, Tile<BM, BN>::kM
       CUTE_UNROLL
       for (int h = 0; h < 2; ++h) {
         const uint2 q = *reinterpret_cast<const uint2*>(base + w_raw + (8 * h + 128 * mb) * (kRawK / 2) + sub * 32);
-        const uint32_t sc = hmul2(e4m3x2_to_f16x2(base[w_sf + 8 * h * 16 + mb * T::kSfStage + sub * 512]), 0x54005400u);  // sf * 2^6
+        const uint32_t sc = decode8_scales(e4m3x2_to_f16x2(base[w_sf + 8 * h * 16 + mb * T::kSfStage + sub * 512]));
         const uint32_t s = __byte_perm(sc, sc, 0x1010);
         const uint4 v0 = decode8(q.x, s), v1 = decode8(q.y, s);
         const uint32_t v[8] = {v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w};
@@ -1211,7 +1214,8 @@ struct OutType<cutlass::bfloat16_t> { using type = __nv_bfloat16; };
 
 }  // namespace bsg::sm90
 
-// Used by the generated translation units. The SM90 tile is 128 x tn x 64 on one SM, no cluster.
+// Used by the generated translation units. The SM90 tile is tm x tn x 64 on one SM (Tile says which
+// tm x tn), no cluster in the table (the kernel forms its own for split-K).
 #define BSG_SM90_KERNEL(fn, sms, tm, tn, tk, cm, cn, out_type)                                   \
   static_assert((sms) == 1 && (tk) == 64 && (cm) == 1 && (cn) == 1, "SM90 tile");                \
   bsg::KernelEntry fn() {                                                                        \

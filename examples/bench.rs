@@ -124,13 +124,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         for i in 0..10 {
             launch(i, &mut d, &mut sfd)?;
         }
+        let event = || stream.record_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT));
         let mut events = Vec::with_capacity(cli.runs);
         for i in 0..cli.runs {
             poison(&stream, &mut d)?;
             poison(&stream, &mut sfd)?;
-            let start = stream.record_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT))?;
+            let start = event()?;
             launch(i, &mut d, &mut sfd)?;
-            let end = stream.record_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT))?;
+            let end = event()?;
             events.push((start, end));
         }
         stream.synchronize()?;
@@ -140,11 +141,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         // The last run's output, checked on the sampled rows against the exact reference.
         let got = stream.clone_dtoh(&d)?;
         // Back to back (after the output above was fetched: these launches are not poisoned).
-        let start = stream.record_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT))?;
+        let start = event()?;
         for i in 0..cli.runs {
             launch(i, &mut d, &mut sfd)?;
         }
-        let end = stream.record_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT))?;
+        let end = event()?;
         end.synchronize()?;
         let b2b = start.elapsed_ms(&end)? as f64 * 1e3 / cli.runs as f64;
         let passed = match out.sfd() {
