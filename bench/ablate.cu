@@ -13,7 +13,7 @@
 
 #define CHECK(x) do { cudaError_t err_ = (x); if (err_ != cudaSuccess) { std::printf("%s: %s\n", #x, cudaGetErrorString(err_)); std::exit(1); } } while (0)
 
-template <int BM, int BN>
+template <int BM, int BN, bool Swap>
 float run(int m, int n, int k, int split) {
   const size_t a_bytes = size_t(m) * k / 2, b_bytes = size_t(n) * k / 2;
   const int64_t sp = bsg::sm90::sf_cols_padded(k);
@@ -27,7 +27,7 @@ float run(int m, int n, int k, int split) {
   for (auto& p : bufs) { CHECK(cudaMalloc(&p, set)); CHECK(cudaMemcpy(p, host.data(), set, cudaMemcpyHostToDevice)); }
   void* d; CHECK(cudaMalloc(&d, size_t(m) * n * 2));
   bsg::KernelArgs args{m, n, k, 1, nullptr, nullptr, nullptr, nullptr, d, d, 1.f, 0.f, nullptr, 0, nullptr, 0, 132, split, nullptr, nullptr};
-  using G = bsg::sm90::Gemm<BM, BN, __half>;
+  using G = bsg::sm90::Gemm<BM, BN, Swap, __half>;
   size_t ws = G::workspace_size(args);
   void* w = nullptr;
   if (ws) { CHECK(cudaMalloc(&w, ws)); CHECK(cudaMemset(w, 0, ws)); }
@@ -117,11 +117,12 @@ float run(int m, int n, int k, int split) {
       int cnt = 0;
       for (int i = 2; i + 1 < n; ++i, ++cnt) {
         const uint64_t* r = h + w * 64 * 6 + i * 6;
+        if (r[0] == 0 || r[6] == 0) break;  // past the last traced iteration (a turn of k-tiles each)
         for (int q = 0; q < 5; ++q) sum[q] += double(r[q + 1] - r[q]);
         sum[5] += double(r[6] - r[0]);
       }
       if (cnt)
-        std::printf("\n  trace CTA 0, thread %d, mean clocks per k-tile over %d: issue %.0f, decode %.0f, wgmma wait %.0f, barrier %.0f, refill %.0f, iteration %.0f",
+        std::printf("\n  trace CTA 0, thread %d, mean clocks per iteration (turn) over %d: issue %.0f, decode %.0f, wgmma wait %.0f, barrier %.0f, refill %.0f, iteration %.0f",
                     w * 128, cnt, sum[0] / cnt, sum[1] / cnt, sum[2] / cnt, sum[3] / cnt, sum[4] / cnt, sum[5] / cnt);
     }
     std::printf("\n  ");
@@ -150,8 +151,8 @@ float run(int m, int n, int k, int split) {
 // once (cudaOccupancyMaxActiveClusters): the split-K clusters of a launch beyond that wait for a
 // second wave.
 int clusters() {
-  auto kernel = bsg::sm90::gemm_kernel<128, 256, __half, true>;
-  using T = bsg::sm90::Tile<128, 256>;
+  auto kernel = bsg::sm90::gemm_kernel<128, 256, true, __half, true>;
+  using T = bsg::sm90::Tile<128, 256, true>;
   CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmem));
   int sms = 0;
   CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
@@ -168,13 +169,21 @@ int clusters() {
 
 int main(int argc, char** argv) {
   if (argc == 2 && std::string(argv[1]) == "clusters") return clusters();
-  if (argc != 6 && argc != 7) { std::printf("usage: ablate M N K BN(64|128|256) SPLIT [BM(128|256, 256 with BN 128)] | ablate clusters\n"); return 2; }
-  int m = std::atoi(argv[1]), n = std::atoi(argv[2]), k = std::atoi(argv[3]), bn = std::atoi(argv[4]), split = std::atoi(argv[5]);
+  if (argc != 6 && argc != 7) {
+    std::printf("usage: ablate M N K BN(64|128|s128|256) SPLIT [BM(128|256, 256 with BN 128)] | ablate clusters\n"
+                "  (s128: the swapped 128x128 tile)\n");
+    return 2;
+  }
+  int m = std::atoi(argv[1]), n = std::atoi(argv[2]), k = std::atoi(argv[3]), split = std::atoi(argv[5]);
+  const bool swapped128 = std::string(argv[4]) == "s128";
+  const int bn = swapped128 ? 128 : std::atoi(argv[4]);
   const int bm = argc == 7 ? std::atoi(argv[6]) : 128;
-  float us = bm == 256 ? run<256, 128>(m, n, k, split)
-             : bn == 256 ? run<128, 256>(m, n, k, split) : bn == 64 ? run<128, 64>(m, n, k, split) : run<128, 128>(m, n, k, split);
-  std::printf("ablate=%d (%s%s%s) %dx%dx%d BM=%d BN=%d split=%d: %.2f us\n", BSG_SM90_ABLATE,
+  float us = bm == 256 ? run<256, 128, true>(m, n, k, split)
+             : bn == 256 ? run<128, 256, true>(m, n, k, split)
+             : bn == 64  ? run<128, 64, false>(m, n, k, split)
+             : swapped128 ? run<128, 128, true>(m, n, k, split) : run<128, 128, false>(m, n, k, split);
+  std::printf("ablate=%d (%s%s%s) %dx%dx%d BM=%d BN=%s%d split=%d: %.2f us\n", BSG_SM90_ABLATE,
               BSG_SM90_ABLATE & 1 ? "no-decode " : "", BSG_SM90_ABLATE & 2 ? "no-mma " : "", BSG_SM90_ABLATE & 4 ? "no-loads" : "",
-              m, n, k, bm, bm == 256 ? 128 : bn, split, us);
+              m, n, k, bm, swapped128 ? "s" : "", bm == 256 ? 128 : bn, split, us);
   return 0;
 }

@@ -10,11 +10,11 @@
 // into a ring of raw stages completing on mbarriers (issued by a producer warpgroup for the
 // swapped tiles, by thread 0 otherwise); the two compute warpgroups decode each 64-K block into
 // FP16 while their wgmma (CuTe's SM90 GMMA atoms) runs on an earlier one: for 128x64 and 128x128
-// both operands into the GMMA 128B-swizzled layout (SS wgmma); for the swapped tiles, 128x256 and
-// 256x128 (activations x weights), the weights straight into register fragments (RS wgmma,
-// weights x activations), the warpgroups taking turns at the tensor cores, while the activations
-// are decoded once per GEMM by a pre-pass into the workspace and arrive through TMA already in
-// FP16. The weights are never written out dequantized.
+// both operands into the GMMA 128B-swizzled layout (SS wgmma); for the swapped tiles, 128x256,
+// 256x128 and a swapped 128x128 (activations x weights), the weights straight into register
+// fragments (RS wgmma, weights x activations), the warpgroups taking turns at the tensor cores,
+// while the activations are decoded once per GEMM by a pre-pass into the workspace and arrive
+// through TMA already in FP16. The weights are never written out dequantized.
 //
 // Decode: the e2m1 nibble s|e1 e0 m, re-placed as the e4m3 byte s<<7 | (e1 e0 m)<<2, is exactly
 // value * 2^-6 (subnormal codes too), so one cvt.rn.f16x2.e4m3x2 and one multiply by sf * 2^6
@@ -219,18 +219,21 @@ __device__ __forceinline__ void cluster_sum(const float* local, int split_k, flo
   else cluster_sum_upto<kMaxClusterSplit>(local, split_k, v);
 }
 
-template <int BM, int BN>
+template <int BM, int BN, bool Swap>
 struct Tile {
   static_assert((BM == 128 && (BN == 64 || BN == 128 || BN == 256)) || (BM == 256 && BN == 128), "tile M x N");
+  static_assert(Swap == (BN == 256 || BM == 256) || (Swap && BM == 128 && BN == 128),
+                "128x256 and 256x128 exist only swapped, 128x64 only unswapped; 128x128 both ways");
   static constexpr int kBM = BM;
-  // BN = 256: the MMA operands are swapped (the kernel's swapped main loop says how): the
-  // weights (B, BN rows) are the wgmma A operand, decoded from the raw stage straight into
-  // registers (RS wgmma); only the activations (A, kBM rows) go through shared memory.
-  // BM = 256 (BN = 128): swapped too, each wgmma (N = 256 activation rows) doing twice the MMA
-  // work per decoded weight that the 128x256 tile's does, with one 64-row M block per
-  // warpgroup instead of two.
-  static constexpr bool kSwap = BN == 256 || BM == 256;
+  // Swap: the MMA operands are swapped (the kernel's swapped main loop says how): the weights
+  // (B, BN rows) are the wgmma A operand, decoded from the raw stage straight into registers
+  // (RS wgmma); only the activations (A, kBM rows) go through shared memory. Each warpgroup
+  // owns BN / 2 weight rows: 128x256 two 64-row M blocks against 128 activation rows; 256x128
+  // one against 256 (twice the MMA work per decoded weight); 128x128 one against 128 (half the
+  // tile of 128x256: twice the CTAs for an output, half the split-K partial per CTA).
+  static constexpr bool kSwap = Swap;
   static constexpr int kMB = BN / 128;  // kSwap: 64-row M blocks of weights per warpgroup
+  static constexpr int kTurn = kSwap && kMB == 1 && BM == 128 ? 2 : 1;  // kSwap: k-tiles per ping-pong turn
   // kSwap: the activations come decoded (FP16, a * sf) from a pre-pass (predecode_a) through
   // TMA, straight into the wgmma's 128B-swizzled buffers: decoded once per GEMM instead of once
   // per CTA of every N tile, at the price of 2 * L * M * K bytes of workspace. Decoding them in
@@ -238,7 +241,7 @@ struct Tile {
   // 8192^3 1944 -> 1739, bit for bit the same results).
   static constexpr bool kPreA = kSwap;
   static constexpr int kSfChunksB = (BN + 127) / 128;
-  // BN <= 128 keeps two CTAs per SM; BM = 256's FP16 activation buffers fit three stages.
+  // Unswapped keeps two CTAs per SM; BM = 256's FP16 activation buffers fit three stages.
   static constexpr int kRawStages = !kSwap ? 2 : BM == 256 ? 3 : 4;
   // Raw stage (TMA destination): A rows x kRawK/2 bytes, B rows likewise, then the scales of the
   // kSubs 64-K blocks: kSubs x 512 bytes per 128-row block (A: one unless kPreA, B: 1-2).
@@ -249,7 +252,7 @@ struct Tile {
   static constexpr int kRawBytes = kSfB + kSfStage * kSfChunksB;
   using SmemAtom = GMMA::Layout_K_SW128_Atom<half_t>;  // 8 x 64 halves, 128-byte swizzle
   // kPreA: one FP16 buffer per k-tile of every raw stage (k-tile i in buffer i % kDecBufs), filled
-  // with the raw stage and freed with it. Else see kAhead; BN <= 128 keeps two CTAs per SM.
+  // with the raw stage and freed with it. Else see kAhead; unswapped keeps two CTAs per SM.
   static constexpr int kDecBufs = kPreA ? kSubs * kRawStages : 2;
   using SmemLayoutA = decltype(tile_to_shape(SmemAtom{}, make_shape(Int<kBM>{}, Int<kBK>{}, Int<kDecBufs>{})));
   using SmemLayoutB = decltype(tile_to_shape(SmemAtom{}, make_shape(Int<BN>{}, Int<kBK>{}, Int<kDecBufs>{})));
@@ -270,8 +273,8 @@ struct Tile {
   // kSwap: a producer warpgroup (128 threads, one of which issues every raw stage) whose
   // registers setmaxnreg hands to the compute warpgroups: accumulators plus two register
   // fragments of weights need more than the 168 ptxas allows 384 threads. (A compute warp that
-  // issued the stages itself stalled ~700 clocks per stage, and every barrier with it.) BN <= 128
-  // keeps 256 threads (thread 0 issues, behind its wgmma) and two CTAs per SM.
+  // issued the stages itself stalled ~700 clocks per stage, and every barrier with it.)
+  // Unswapped keeps 256 threads (thread 0 issues, behind its wgmma) and two CTAs per SM.
   static constexpr int kLaunchThreads = kThreads + (kSwap ? 128 : 0);
   static constexpr int kAcc = kBM * BN / kThreads;  // accumulator floats per thread
 };
@@ -592,10 +595,10 @@ __device__ __forceinline__ void fp4_epilogue(const Params& p, const float* tile_
 
 // kClusterReduce: split-K through the cluster (a separate instantiation, so the other kernels'
 // code is not perturbed by a branch they never take).
-template <int BM, int BN, class OutT, bool kClusterReduce>
-__global__ void __launch_bounds__(Tile<BM, BN>::kLaunchThreads, Tile<BM, BN>::kMinBlocks)
+template <int BM, int BN, bool Swap, class OutT, bool kClusterReduce>
+__global__ void __launch_bounds__(Tile<BM, BN, Swap>::kLaunchThreads, Tile<BM, BN, Swap>::kMinBlocks)
     gemm_kernel(const __grid_constant__ Params p, const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b) {
-  using T = Tile<BM, BN>;
+  using T = Tile<BM, BN, Swap>;
   constexpr int kBM = BM;
   constexpr bool kSwap = T::kSwap;
   extern __shared__ uint8_t smem_raw[];
@@ -741,7 +744,7 @@ __global__ void __launch_bounds__(Tile<BM, BN>::kLaunchThreads, Tile<BM, BN>::kM
   auto stage_done = [&](int j) { return j < n_kt && (j % kSubs == kSubs - 1 || j == n_kt - 1) && j / kSubs + T::kRawStages < n_raw; };
   if constexpr (kSwap) {
     // D^T = B A^T: each warpgroup owns kMB 64-row M blocks of weights (128x256: two, against
-    // 128 activation rows; 256x128: one, against 256). Within each 64-K block, thread c of an
+    // 128 activation rows; 256x128: one, against 256; 128x128: one, against 128). Within each 64-K block, thread c of an
     // MMA quad holds K positions 2c, 2c + 1, 2c + 8, 2c + 9 of the four 16-K MMA steps; they are
     // taken to be the 16 values of scale group c (one 8-byte load and one scale per row), in the
     // order decode8 gives them: step s holds the group's values 4s, 4s + 2 at 2c, 2c + 1 and
@@ -782,8 +785,8 @@ __global__ void __launch_bounds__(Tile<BM, BN>::kLaunchThreads, Tile<BM, BN>::kM
     // stalls until the tensor cores' queue takes it, so in lockstep both warpgroups stalled
     // issuing at the same time and decoded at the same time (trace: ~570 clocks issuing, ~1030
     // decoding per k-tile). In turns, each decodes while the other's wgmma runs. Named barrier 2
-    // passes the turn to warpgroup 1, 3 back to warpgroup 0. Weights are decoded one k-tile ahead
-    // (two register fragments: a wgmma reads its register operand until it completes). The
+    // passes the turn to warpgroup 1, 3 back to warpgroup 0. Weights are decoded one turn ahead
+    // (two sets of register fragments: a wgmma reads its register operand until it completes). The
     // activations come with the raw stage (kPreA), so every compute thread arrives on a slot's
     // "empty" barrier once its wgmma of the slot's last k-tile completed.
     static_assert(T::kPreA, "the swapped tile takes pre-decoded activations");
@@ -791,14 +794,30 @@ __global__ void __launch_bounds__(Tile<BM, BN>::kLaunchThreads, Tile<BM, BN>::kM
     auto release_after = [&](int j) {
       if (stage_done(j)) cutlass::arch::ClusterBarrier::arrive(&empty_bar[(j / kSubs) % T::kRawStages]);
     };
-    if (n_kt > 0) {
-      wait_raw(0);
-      decode_w(0, frag0, 0);
-      if constexpr (T::kMB == 2) decode_w(0, frag0, 1);
-    }
+    // kTurn k-tiles per turn. A warpgroup with one 64-row block against 128 activation rows
+    // runs 256 clocks of wgmma per k-tile, less than one block's decode takes a single warp
+    // (~400-460, latency-bound): two k-tiles per turn give each decode two independent chains.
+    // Trace, swapped 128x128 at 128x7168x16384 split 2 (H100): 811 -> 691 clocks per k-tile,
+    // 63.0 -> 56.5 us back to back, D bit-identical (bench/results/2026-11-22-h100-session10/).
+    constexpr int kTurn = T::kTurn;
+    Tensor frag0b = make_tensor<half_t>(FragLayout{});
+    Tensor frag1b = make_tensor<half_t>(FragLayout{});
+    // Decodes k-tiles j .. j + kTurn - 1 (those below n_kt), waiting for each raw stage first.
+    auto decode_turn = [&](int j, auto& fa, auto& fb) {
+      if (j % kSubs == 0) wait_raw(j / kSubs);
+      decode_w(j, fa, 0);
+      if constexpr (T::kMB == 2) decode_w(j, fa, 1);
+      if constexpr (kTurn == 2) {
+        if (j + 1 < n_kt) {
+          if ((j + 1) % kSubs == 0) wait_raw((j + 1) / kSubs);
+          decode_w(j + 1, fb, 0);
+        }
+      }
+    };
+    if (n_kt > 0) decode_turn(0, frag0, frag0b);
     stamp(1);
-    auto step = [&](int i, auto& cur, auto& next) {
-      BSG_TRACE(i, 0);
+    auto step = [&](int i, auto& cur, auto& curb, auto& next, auto& nextb) {
+      BSG_TRACE(i / kTurn, 0);
       if (wg == 0) {
         if (i > 0) asm volatile("bar.sync 3, %0;\n" ::"n"(kThreads) : "memory");
       } else {
@@ -806,32 +825,39 @@ __global__ void __launch_bounds__(Tile<BM, BN>::kLaunchThreads, Tile<BM, BN>::kM
       }
       warpgroup_fence_operand(acc);
       warpgroup_fence_operand(cur);
+      if constexpr (kTurn == 2) warpgroup_fence_operand(curb);
       warpgroup_arrive();
       CUTE_UNROLL
       for (int kb = 0; kb < 4; ++kb) {
         if constexpr ((BSG_SM90_ABLATE & 2) == 0) cute::gemm(mma, cur(_, _, kb), tCrB(_, _, kb, i % T::kDecBufs), acc);
       }
+      if constexpr (kTurn == 2) {
+        if (i + 1 < n_kt) {
+          CUTE_UNROLL
+          for (int kb = 0; kb < 4; ++kb) {
+            if constexpr ((BSG_SM90_ABLATE & 2) == 0) cute::gemm(mma, curb(_, _, kb), tCrB(_, _, kb, (i + 1) % T::kDecBufs), acc);
+          }
+        }
+      }
       warpgroup_commit_batch();
       if (wg == 0) asm volatile("bar.arrive 2, %0;\n" ::"n"(kThreads) : "memory");
-      else if (i + 1 < n_kt) asm volatile("bar.arrive 3, %0;\n" ::"n"(kThreads) : "memory");
-      BSG_TRACE(i, 1);
-      if (i + 1 < n_kt) {
-        if ((i + 1) % kSubs == 0) wait_raw((i + 1) / kSubs);
-        decode_w(i + 1, next, 0);
-        if constexpr (T::kMB == 2) decode_w(i + 1, next, 1);
-      }
-      BSG_TRACE(i, 2);
+      else if (i + kTurn < n_kt) asm volatile("bar.arrive 3, %0;\n" ::"n"(kThreads) : "memory");
+      BSG_TRACE(i / kTurn, 1);
+      if (i + kTurn < n_kt) decode_turn(i + kTurn, next, nextb);
+      BSG_TRACE(i / kTurn, 2);
       warpgroup_wait<0>();
-      BSG_TRACE(i, 3);
+      BSG_TRACE(i / kTurn, 3);
       warpgroup_fence_operand(acc);
       warpgroup_fence_operand(cur);
-      BSG_TRACE(i, 4);
+      if constexpr (kTurn == 2) warpgroup_fence_operand(curb);
+      BSG_TRACE(i / kTurn, 4);
       release_after(i);
-      BSG_TRACE(i, 5);
+      if constexpr (kTurn == 2) release_after(i + 1);
+      BSG_TRACE(i / kTurn, 5);
     };
-    for (int i = 0; i < n_kt; i += 2) {
-      step(i, frag0, frag1);
-      if (i + 1 < n_kt) step(i + 1, frag1, frag0);
+    for (int i = 0; i < n_kt; i += 2 * kTurn) {
+      step(i, frag0, frag0b, frag1, frag1b);
+      if (i + kTurn < n_kt) step(i + kTurn, frag1, frag1b, frag0, frag0b);
     }
     compute_sync();  // both warpgroups' wgmma done: the epilogue reuses the buffers
   } else {
@@ -1067,9 +1093,9 @@ __global__ void __launch_bounds__(Tile<BM, BN>::kLaunchThreads, Tile<BM, BN>::kM
   stamp(3);
 }
 
-template <int BM, int BN, class OutT>
+template <int BM, int BN, bool Swap, class OutT>
 struct Gemm {
-  using T = Tile<BM, BN>;
+  using T = Tile<BM, BN, Swap>;
   static constexpr int kBM = BM;
 
   static int64_t tiles(const KernelArgs& a) {
@@ -1142,9 +1168,9 @@ struct Gemm {
     static std::atomic<uint64_t> configured{0};  // devices whose shared-memory limit is raised
     const uint64_t bit = uint64_t(1) << (a.device_id & 63);
     if (!(configured.load() & bit)) {
-      cudaError_t e = cudaFuncSetAttribute(gemm_kernel<BM, BN, OutT, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmem);
+      cudaError_t e = cudaFuncSetAttribute(gemm_kernel<BM, BN, Swap, OutT, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmem);
       if (e == cudaSuccess && kClusterInstance)
-        e = cudaFuncSetAttribute(gemm_kernel<BM, BN, OutT, kClusterInstance>, cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmem);
+        e = cudaFuncSetAttribute(gemm_kernel<BM, BN, Swap, OutT, kClusterInstance>, cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmem);
       if (e == cudaSuccess && T::kPreA) e = cudaFuncSetAttribute(predecode_a, cudaFuncAttributeMaxDynamicSharedMemorySize, kPreSmem);
       if (e != cudaSuccess) return {int32_t(cutlass::Status::kErrorInternal), int32_t(e)};
       configured.fetch_or(bit);
@@ -1185,8 +1211,8 @@ struct Gemm {
     const dim3 grid(unsigned(tiles(a)), unsigned(a.split_k));
     const bool cluster = cluster_reducible(a.split_k);
     const KernelLaunch launch(grid, T::kLaunchThreads, cluster ? a.split_k : 1, T::kSmem, static_cast<cudaStream_t>(a.stream), T::kPreA);
-    const cudaError_t e = cluster ? cudaLaunchKernelEx(&launch.cfg, gemm_kernel<BM, BN, OutT, kClusterInstance>, p, map_a, map_b)
-                                  : cudaLaunchKernelEx(&launch.cfg, gemm_kernel<BM, BN, OutT, false>, p, map_a, map_b);
+    const cudaError_t e = cluster ? cudaLaunchKernelEx(&launch.cfg, gemm_kernel<BM, BN, Swap, OutT, kClusterInstance>, p, map_a, map_b)
+                                  : cudaLaunchKernelEx(&launch.cfg, gemm_kernel<BM, BN, Swap, OutT, false>, p, map_a, map_b);
     return {int32_t(e == cudaSuccess ? cutlass::Status::kSuccess : cutlass::Status::kErrorInternal), int32_t(e)};
   }
 
@@ -1215,9 +1241,10 @@ struct OutType<cutlass::bfloat16_t> { using type = __nv_bfloat16; };
 }  // namespace bsg::sm90
 
 // Used by the generated translation units. The SM90 tile is tm x tn x 64 on one SM (Tile says which
-// tm x tn), no cluster in the table (the kernel forms its own for split-K).
-#define BSG_SM90_KERNEL(fn, sms, tm, tn, tk, cm, cn, out_type)                                   \
-  static_assert((sms) == 1 && (tk) == 64 && (cm) == 1 && (cn) == 1, "SM90 tile");                \
-  bsg::KernelEntry fn() {                                                                        \
-    return bsg::sm90::Gemm<tm, tn, typename bsg::sm90::OutType<out_type>::type>::entry();        \
+// tm x tn), no cluster in the table (the kernel forms its own for split-K); swapped: the table's
+// BSG_SM90_SWAPPED list names the config.
+#define BSG_SM90_KERNEL(fn, sms, tm, tn, tk, cm, cn, out_type, swapped)                            \
+  static_assert((sms) == 1 && (tk) == 64 && (cm) == 1 && (cn) == 1, "SM90 tile");                  \
+  bsg::KernelEntry fn() {                                                                          \
+    return bsg::sm90::Gemm<tm, tn, swapped, typename bsg::sm90::OutType<out_type>::type>::entry(); \
   }

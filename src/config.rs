@@ -21,6 +21,10 @@ pub struct ConfigInfo {
     pub tile: [u32; 3],
     /// Cluster M x N.
     pub cluster: [u32; 2],
+    /// SM90: the kernel swaps the operands (the weights are wgmma's register operand, the
+    /// activations are decoded once per GEMM by a pre-pass into the workspace; one CTA per SM;
+    /// split-K reduced through a cluster). `BSG_SM90_SWAPPED` in the table.
+    pub swapped: bool,
     /// Output types the table builds for this architecture.
     pub outputs: &'static [OutType],
 }
@@ -117,7 +121,7 @@ pub fn check_split_k(config: Config, p: &Problem, split_k: u32) -> Result<u32> {
     Ok(split_k)
 }
 
-/// Splits of 2 to this many K ranges of the SM90 swapped tiles (128x256, 256x128) are reduced
+/// Splits of 2 to this many K ranges of the SM90 swapped configs ([`ConfigInfo::swapped`]) are reduced
 /// through a thread-block cluster per output tile (`kMaxClusterSplit` in `cpp/sm90_gemm.cuh`);
 /// other splits and tiles go through global memory.
 pub const SM90_MAX_CLUSTER_SPLIT: u32 = 8;
@@ -128,7 +132,8 @@ pub type ClusterCounts = [usize; SM90_MAX_CLUSTER_SPLIT as usize - 1];
 
 /// Whether `config` reduces a split of `split_k` ranges through a cluster of that many CTAs.
 pub fn cluster_reduced(config: Config, split_k: u32) -> bool {
-    matches!(config, Config::Sm90_128x256x64 | Config::Sm90_256x128x64) && (2..=SM90_MAX_CLUSTER_SPLIT).contains(&split_k)
+    let i = config.info();
+    i.arch == 90 && i.swapped && (2..=SM90_MAX_CLUSTER_SPLIT).contains(&split_k)
 }
 
 /// Cluster counts that no GPU limits: for callers that do not know their device's (see
@@ -142,7 +147,7 @@ pub const ANY_CLUSTERS: ClusterCounts = [usize::MAX; SM90_MAX_CLUSTER_SPLIT as u
 ///   k-tiles, else at most one CTA per SM. Short ranges lose more to the reduction than a shared
 ///   SM gains, and an SM holding two CTAs while others hold one sets the time: 128x4096x7168
 ///   splits 4 / 5 / 8 take 32.6 / 44.2 / 34.7 us; 256x4096x7168 splits 2 / 4 take 51.1 / 46.9.
-/// - 128x256 and 256x128 (one CTA per SM): at most one CTA per SM, and no more than a
+/// - The swapped tiles (one CTA per SM): at most one CTA per SM, and no more than a
 ///   cluster's 8 ranges unless each keeps 32 k-tiles. A cluster split takes fewer ranges until
 ///   every tile's cluster fits on the GPU at once (`max_clusters`, per cluster size): the rest
 ///   would wait for a second wave (H100, 30 clusters of 4 at most: 1024x1024x8192 with 32 tiles x 4 took 92.5 us, 28
@@ -158,7 +163,7 @@ pub fn split_k(config: Config, p: &Problem, sm_count: usize, max_clusters: &Clus
     let tiles = config.tiles(p);
     let k_tiles = p.k.div_ceil(i.tile[2] as usize);
     let ranges = |ctas: usize| (ctas / tiles).min(k_tiles / 4).clamp(1, 16);
-    if i.tile[0] == 128 && i.tile[1] < 256 {
+    if !i.swapped && i.tile[0] == 128 && i.tile[1] < 256 {
         let two = ranges(2 * sm_count);
         return if k_tiles / two >= 28 { two } else { ranges(sm_count) } as u32;
     }
@@ -246,7 +251,16 @@ mod tests {
             }
             let k_tile = if info.arch == 100 { 256 } else { 64 };
             assert_eq!(info.tile[2], k_tile, "{c}: K tile");
+            // What the SM90 kernel's Tile static_asserts, checked here on the table: 128x256 and
+            // 256x128 exist only swapped, 128x64 only not, 128x128 both ways.
+            let t = [info.tile[0], info.tile[1]];
+            if info.swapped {
+                assert!(info.arch == 90 && [[128, 256], [256, 128], [128, 128]].contains(&t), "{c}");
+            } else if info.arch == 90 {
+                assert!([[128, 64], [128, 128]].contains(&t), "{c}");
+            }
         }
+        assert!(Config::Sm90_Swapped_128x128x64.info().swapped && !Config::Sm90_128x128x64.info().swapped);
         assert_eq!(Config::from_name("nope"), None);
     }
 
@@ -288,14 +302,20 @@ mod tests {
         // swapped tile keeps the lowered split (1024x1024x8192 50.4 vs 51.3 us for 128x128); at
         // M = 1024 and 256 that is 256x128, whose 32 tiles split alike.
         let tall = Config::Sm90_256x128x64;
+        let no_narrow = |c: Config| c != Config::Sm90_Swapped_128x128x64;
         for (p, c) in [(Problem::new(1024, 1024, 8192), tall), (Problem::new(128, 8192, 16384), wide), (Problem::new(256, 4096, 7168), tall)] {
             for t in [wide, c] {
                 assert_eq!(split_k(t, &p, 132, &H100), 3, "{p:?} {t}");
                 assert_eq!(split_k(t, &p, 132, &ANY_CLUSTERS), 4, "{p:?} {t}");
             }
-            assert_eq!(select(90, &p, 132, &H100, all), Some(c), "{p:?}");
-            assert_eq!(select(90, &p, 132, &ANY_CLUSTERS, all), Some(c), "{p:?}");
+            assert_eq!(select(90, &p, 132, &H100, no_narrow), Some(c), "{p:?}");
+            assert_eq!(select(90, &p, 132, &ANY_CLUSTERS, no_narrow), Some(c), "{p:?}");
         }
+        let narrow = Config::Sm90_Swapped_128x128x64;
+        assert_eq!(split_k(narrow, &Problem::new(128, 8192, 16384), 132, &H100), 2); // 64 tiles, clusters of 2 fit (66)
+        assert_eq!(split_k(narrow, &Problem::new(128, 4096, 7168), 132, &H100), 3); // 32 tiles: of 4 do not fit (30), of 3 do
+        assert_eq!(split_k(narrow, &Problem::new(128, 4096, 7168), 132, &ANY_CLUSTERS), 4);
+        assert!(cluster_reduced(narrow, 2) && !cluster_reduced(narrow, 1));
         // 40 tiles: clusters of 3 do not fit either (39), of 2 do, and 128x256 at split 2 is
         // still the faster (56.5 vs 64.2 us for 128x128 split 3 at 128x10240x8192).
         assert_eq!(split_k(wide, &Problem::new(128, 10240, 8192), 132, &H100), 2);

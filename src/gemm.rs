@@ -162,8 +162,9 @@ pub fn plan(p: &Problem, out: OutType, lens: &BufferLens, device: &DeviceFacts, 
 /// overlaps the previous call's tail.)
 ///
 /// Device memory: the workspace grows to the largest call's need and is kept. On Hopper it holds
-/// split-K partials where a split goes through global memory, and for `Sm90_128x256x64` and
-/// `Sm90_256x128x64` (the picks for most shapes) the activations decoded once per call to FP16:
+/// split-K partials where a split goes through global memory, and for the swapped configs
+/// (`Sm90_128x256x64`, `Sm90_256x128x64`, `Sm90_Swapped_128x128x64`: the picks for most shapes)
+/// the activations decoded once per call to FP16:
 /// 2 * L * M * K bytes plus 256 KiB (4.3 MB at M = 128, K = 16384; 128 MiB at 8192^3).
 ///
 /// ```no_run

@@ -105,15 +105,15 @@ fn sm90_split_k_rules_agree_with_the_kernels() {
 
 /// The split-K heuristic's notion of a cluster reduction (`cluster_reduced`, which keeps those
 /// clusters within one wave) is the kernels' own: exactly those splits ask for no split-K
-/// workspace. The swapped tiles' (128x256, 256x128) workspace also holds their pre-decoded
-/// activations, FP16 (L, M, K rounded up to 64), at its end and past the split-K counters
-/// (256 KiB, which other configs sharing the workspace need zero), so those two always count.
+/// workspace. The swapped configs' workspace also holds their pre-decoded activations, FP16 (L,
+/// M, K rounded up to 64), at its end and past the split-K counters (256 KiB, which other configs
+/// sharing the workspace need zero), so those always count.
 #[test]
 fn cluster_split_rule_agrees_with_the_kernels() {
     let p = Problem::new(130, 7168, 8224).batch(2);
     let mut checked = 0;
     for c in built_configs().into_iter().filter(|c| c.info().arch == 90) {
-        let swapped = matches!(c, Config::Sm90_128x256x64 | Config::Sm90_256x128x64);
+        let swapped = c.info().swapped;
         let pre = if swapped { 256 * 1024 + 2 * p.l * p.m * p.k.div_ceil(64) * 64 } else { 0 };
         for &out in c.info().outputs.iter().filter(|o| c.is_built(**o)) {
             for split in 1u32..=9 {

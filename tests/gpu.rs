@@ -208,14 +208,14 @@ fn sm90_every_config_and_output() -> Outcome {
 fn sm90_split_k_values_and_determinism() -> Outcome {
     let base = hopper()?;
     let (a, b) = contest(128, 512, 2048, 1, 30);
-    // Partial tiles in M and N, two batches, alpha and beta with C (splits 2, 3, 4 and 7 of
-    // 128x256 and 256x128 go through the cluster's shared memory, 32 and the other tiles'
-    // through the workspace).
+    // Partial tiles in M and N, two batches, alpha and beta with C (splits 2, 3, 4 and 7 of the
+    // swapped configs go through the cluster's shared memory, 32 and the other tiles' through
+    // the workspace).
     let (ae, be) = contest(130, 264, 2048, 2, 33);
     let (ar, br) = (Nvfp4Matrix::random_realistic(128, 2048, 1, seed() ^ 31).unwrap(), Nvfp4Matrix::random_realistic(512, 2048, 1, seed() ^ 32).unwrap());
     for split in [1u32, 2, 3, 4, 7, 32] {
         let g = BlockScaledGemm::new(base.stream().clone()).unwrap().with_split_k(Some(split));
-        for c in [Config::Sm90_128x128x64, Config::Sm90_128x64x64, Config::Sm90_128x256x64, Config::Sm90_256x128x64] {
+        for c in Config::ALL.iter().copied().filter(|c| c.info().arch == 90) {
             run_sm90::<f16>(&g, &a, &b, 1.0, 0.0, c, true);
             run_sm90::<bf16>(&g, &ae, &be, 0.5, 1.5, c, true);
             let first = run_sm90::<f32>(&g, &ar, &br, 1.0, 0.0, c, false);
@@ -274,7 +274,7 @@ fn sm90_split_k_clusters_fit_in_one_wave() -> Outcome {
     }
     for (m, n, k) in [(128, 7168, 16384), (128, 8192, 16384), (1024, 1024, 8192), (256, 7168, 7168), (128, 16384, 4096), (128, 4096, 7168), (128, 4096, 16384), (128, 2048, 7168), (512, 1536, 7168)] {
         let p = Problem::new(m, n, k);
-        for c in [Config::Sm90_128x256x64, Config::Sm90_256x128x64] {
+        for c in Config::ALL.iter().copied().filter(|c| c.info().swapped) {
             let s = blockscaled_gemm::config_split_k(c, &p, d.sm_count, &d.max_clusters);
             let tiles = c.tiles(&p);
             if blockscaled_gemm::cluster_reduced(c, s) {
@@ -502,8 +502,8 @@ fn fp4_output_chains_into_the_next_gemm() -> Outcome {
     // programmatically, must still read all of D1 (the pre-pass waits for GEMM 1's completion).
     let mut pairs = vec![(None, None)];
     if g.device().arch() == Some(90) {
-        let (wide, tall) = (Some(Config::Sm90_128x256x64), Some(Config::Sm90_256x128x64));
-        pairs.extend([(wide, wide), (wide, tall), (tall, tall), (tall, wide)]);
+        let (wide, tall, narrow) = (Some(Config::Sm90_128x256x64), Some(Config::Sm90_256x128x64), Some(Config::Sm90_Swapped_128x128x64));
+        pairs.extend([(wide, wide), (wide, tall), (tall, tall), (tall, wide), (narrow, narrow), (narrow, wide)]);
     }
     let mut got2 = Vec::new();
     for (c1, c2) in pairs {
