@@ -177,6 +177,21 @@ pub fn split_k(config: Config, p: &Problem, sm_count: usize, max_clusters: &Clus
     split
 }
 
+/// Modelled time (microseconds, H100 SXM) of the swapped 128x256 or 128x128 tile on `p` at
+/// `split`: per wave, the fixed costs (first raw stage; after the loop the cluster reduction and
+/// the epilogue) plus one K range's k-tiles at the loop's rate. From the timeline and trace of
+/// each (bench/results/2026-11-22-h100-session10/): 128x256 2.9 + 6.1 us at split 4, 1220
+/// clocks per k-tile; 128x128 2.2 + 4.3 us at split 2, 691 clocks per k-tile; 1.9 GHz. Without
+/// split-K both take the 2.5 us epilogue measured for 256x128 at 2048^3.
+fn swapped_estimate_us(config: Config, p: &Problem, split: u32, sm_count: usize) -> f64 {
+    let (first, reduce, clocks) = if config == Config::Sm90_Swapped_128x128x64 { (2.2, 4.3, 691.0) } else { (2.9, 6.1, 1220.0) };
+    let after = if split > 1 { reduce } else { 2.5 };
+    let ctas = config.tiles(p) * split as usize;
+    let waves = ctas.div_ceil(sm_count.max(1)) as f64;
+    let range = p.k.div_ceil(64).div_ceil(split.max(1) as usize) as f64;
+    waves * (first + after + range * clocks / 1900.0)
+}
+
 /// Picks a configuration of architecture `arch` for `p`, among those `available` says are
 /// built: the explicit entry of the shape table if it has one, else the largest tile that still
 /// gives every SM a tile (`sm_count`), else the config that occupies the most SMs (ties: the
@@ -208,11 +223,31 @@ pub fn select(arch: u32, p: &Problem, sm_count: usize, max_clusters: &ClusterCou
         // 51.1-51.5, 768x7168x2048 51.0-51.7 vs 54.5-55.6, 1024x1024x8192 split 3 44.1-44.7 vs
         // 45.7-46.1, 2048^3 30.6-30.8 vs 32.4-32.6, 8192^3 1649-1669 vs 1680-1696; equal at
         // 512x512x7168 split 8 and 512x4096x512 split 2.
+        //
+        // At M <= 128 the swapped 128x128 tile stands in for 128x256 where swapped_estimate_us
+        // says it is faster: twice the CTAs, so a smaller split and half the partial tile to
+        // reduce, but a loop ~13 % slower per output (each CTA streams the activations for half
+        // the weight rows). Product bench, H100, per launch (back to back), 128x256 forced in the
+        // same runs (bench/results/2026-11-22-h100-session10/ab/, final/): 128x7168x2048
+        // 17.6-18.3 (15.4-15.6) vs 19.3-19.5 (16.4-16.5) us, 128x4096x7168 27.2-27.3 (23.2-23.4)
+        // vs 28.5-28.7 (24.4-24.5), 128x2048x7168 20.8 (16.6-16.7) vs 24.5-24.7 (20.5-20.6),
+        // 128x8192x16384 60.5-61.1 (56.8-57.6) vs 70.9-71.0 (67.9-68.3), 128x1024x4096 15.7-19.1
+        // (12.2-12.5) vs 19.8 (16.3; 128x128 unswapped 22.5), 128x16384x4096 34.2-34.4 vs
+        // 37.2-37.3. It keeps 128x256 where the ranges are long: 128x7168x16384 (ablate, back to
+        // back 56.4-56.6 vs 54.4-54.8), 128x7168x8192 (33.2-33.3 vs 32.7-33.0), 128x4096x16384
+        // (equal).
         let pad = |rows: usize| p.m.div_ceil(rows) * rows;
-        let swapped = [Config::Sm90_256x128x64, Config::Sm90_128x256x64]
+        let mut swapped = [Config::Sm90_256x128x64, Config::Sm90_128x256x64]
             .into_iter()
             .filter(|c| candidates.contains(c))
             .find(|&c| c == Config::Sm90_128x256x64 || pad(256) * 10 <= pad(128) * 11);
+        let narrow = Config::Sm90_Swapped_128x128x64;
+        if swapped == Some(Config::Sm90_128x256x64) && p.m <= 128 && candidates.contains(&narrow) {
+            let est = |c: Config| swapped_estimate_us(c, p, split_k(c, p, sm_count, max_clusters), sm_count);
+            if est(narrow) < est(Config::Sm90_128x256x64) {
+                swapped = Some(narrow);
+            }
+        }
         if let Some(s) = swapped.filter(|&s| s.tiles(p) * split_k(s, p, sm_count, max_clusters) as usize * 3 >= sm_count) {
             return Some(s);
         }
@@ -311,16 +346,23 @@ mod tests {
             assert_eq!(select(90, &p, 132, &H100, no_narrow), Some(c), "{p:?}");
             assert_eq!(select(90, &p, 132, &ANY_CLUSTERS, no_narrow), Some(c), "{p:?}");
         }
+        // The swapped 128x128 tile: 64 tiles, clusters of 2 fit (66). Where 128x256 is held to
+        // split 3 (96 CTAs), it is the faster (ablate: 57.1 vs 68.0 us); with 128x256 at split 4
+        // (no cluster limit) the model keeps 128x256.
         let narrow = Config::Sm90_Swapped_128x128x64;
-        assert_eq!(split_k(narrow, &Problem::new(128, 8192, 16384), 132, &H100), 2); // 64 tiles, clusters of 2 fit (66)
-        assert_eq!(split_k(narrow, &Problem::new(128, 4096, 7168), 132, &H100), 3); // 32 tiles: of 4 do not fit (30), of 3 do
+        assert_eq!(split_k(narrow, &Problem::new(128, 8192, 16384), 132, &H100), 2);
+        assert_eq!(select(90, &Problem::new(128, 8192, 16384), 132, &H100, all), Some(narrow));
+        assert_eq!(select(90, &Problem::new(128, 8192, 16384), 132, &ANY_CLUSTERS, all), Some(wide));
+        // 32 tiles at 128x4096x7168: clusters of 4 do not fit (30), of 3 do.
+        assert_eq!(split_k(narrow, &Problem::new(128, 4096, 7168), 132, &H100), 3);
         assert_eq!(split_k(narrow, &Problem::new(128, 4096, 7168), 132, &ANY_CLUSTERS), 4);
+        assert_eq!(select(90, &Problem::new(128, 4096, 7168), 132, &H100, all), Some(narrow));
         assert!(cluster_reduced(narrow, 2) && !cluster_reduced(narrow, 1));
         // 40 tiles: clusters of 3 do not fit either (39), of 2 do, and 128x256 at split 2 is
         // still the faster (56.5 vs 64.2 us for 128x128 split 3 at 128x10240x8192).
         assert_eq!(split_k(wide, &Problem::new(128, 10240, 8192), 132, &H100), 2);
         assert_eq!(select(90, &Problem::new(128, 10240, 8192), 132, &H100, all), Some(wide));
-        assert_eq!(select(90, &Problem::new(128, 10240, 8192), 132, &ANY_CLUSTERS, all), Some(wide));
+        assert_eq!(select(90, &Problem::new(128, 10240, 8192), 132, &ANY_CLUSTERS, all), Some(wide)); // also against 128x128 swapped (80 tiles, no split)
         // 16 tiles: 15 clusters of 8 or 7 fit, 17 of 6 (128x4096x7168: 30.2 us at split 6, 44.4 at
         // 8); 24 tiles: 22 of 5, 30 of 4; 8 tiles: all 8 ranges.
         for (p, s) in [(Problem::new(128, 4096, 7168), 6), (Problem::new(128, 4096, 16384), 6), (Problem::new(512, 1536, 7168), 4), (Problem::new(128, 2048, 7168), 8)] {
@@ -349,7 +391,9 @@ mod tests {
         let no_narrow = |c| c != Config::Sm100_1Sm_128x64x256;
         assert_ne!(select(100, &Problem::new(128, 7168, 16384), 148, &ANY_CLUSTERS, no_narrow), Some(Config::Sm100_1Sm_128x64x256));
         // SM90: a swapped tile once its CTAs occupy a third of the SMs (256x128 where M pads
-        // little, else 128x256); else 128x128.
+        // little, else 128x256); else 128x128. (The swapped 128x128 left out first: below.)
+        let every = all;
+        let all = |c: Config| c != Config::Sm90_Swapped_128x128x64;
         assert_eq!(select(90, &Problem::new(128, 7168, 16384), 132, &ANY_CLUSTERS, all), Some(Config::Sm90_128x256x64)); // 28 tiles x split 4, 64 k-tiles each
         assert_eq!(select(90, &Problem::new(2048, 2048, 2048), 132, &ANY_CLUSTERS, all), Some(Config::Sm90_256x128x64)); // 128 tiles
         assert_eq!(select(90, &Problem::new(256, 7168, 7168), 132, &ANY_CLUSTERS, all), Some(Config::Sm90_256x128x64)); // 56 x split 2, 56 k-tiles
@@ -373,6 +417,18 @@ mod tests {
         assert_eq!(select(90, &Problem::new(2048, 2048, 2048), 132, &ANY_CLUSTERS, no_tall), Some(Config::Sm90_128x256x64));
         let neither = |c: Config| c != Config::Sm90_128x256x64 && c != Config::Sm90_256x128x64;
         assert_eq!(select(90, &Problem::new(2048, 2048, 2048), 132, &ANY_CLUSTERS, neither), Some(Config::Sm90_128x128x64));
+        // At M <= 128 the swapped 128x128 stands in for 128x256 where modelled faster
+        // (swapped_estimate_us): short K ranges, where the fixed costs weigh, or more CTAs.
+        let all = every;
+        let narrow = Some(Config::Sm90_Swapped_128x128x64);
+        for (m, n, k) in [(128, 4096, 7168), (128, 7168, 2048), (128, 3072, 1536), (128, 7168, 512), (128, 2048, 7168), (128, 1536, 7168), (128, 7168, 4096), (64, 7168, 2048), (128, 1024, 4096)] {
+            assert_eq!(select(90, &Problem::new(m, n, k), 132, &ANY_CLUSTERS, all), narrow, "{m}x{n}x{k}");
+        }
+        // Long K ranges keep 128x256 (128x7168x16384: 54.4-54.8 vs 56.4-56.6 us); M > 128 and
+        // the few-CTA cases (the third-of-the-SMs rule) are as before.
+        for (m, n, k, c) in [(128, 7168, 16384, Config::Sm90_128x256x64), (128, 7168, 8192, Config::Sm90_128x256x64), (256, 7168, 7168, Config::Sm90_256x128x64), (640, 24576, 1024, Config::Sm90_128x256x64), (128, 512, 2048, Config::Sm90_128x128x64)] {
+            assert_eq!(select(90, &Problem::new(m, n, k), 132, &ANY_CLUSTERS, all), Some(c), "{m}x{n}x{k}");
+        }
         assert_eq!(select(80, &Problem::new(128, 128, 128), 132, &ANY_CLUSTERS, all), None);
         assert_eq!(select(100, &Problem::new(128, 128, 128), 148, &ANY_CLUSTERS, |_| false), None);
     }
