@@ -744,12 +744,13 @@ __global__ void __launch_bounds__(Tile<BM, BN, Swap>::kLaunchThreads, Tile<BM, B
   auto stage_done = [&](int j) { return j < n_kt && (j % kSubs == kSubs - 1 || j == n_kt - 1) && j / kSubs + T::kRawStages < n_raw; };
   if constexpr (kSwap) {
     // D^T = B A^T: each warpgroup owns kMB 64-row M blocks of weights (128x256: two, against
-    // 128 activation rows; 256x128: one, against 256; 128x128: one, against 128). Within each 64-K block, thread c of an
-    // MMA quad holds K positions 2c, 2c + 1, 2c + 8, 2c + 9 of the four 16-K MMA steps; they are
-    // taken to be the 16 values of scale group c (one 8-byte load and one scale per row), in the
-    // order decode8 gives them: step s holds the group's values 4s, 4s + 2 at 2c, 2c + 1 and
-    // 4s + 1, 4s + 3 at 2c + 8, 2c + 9. The activations go to shared memory in the same order, so
-    // every product still pairs equal K and each wgmma sums the same 16 products.
+    // 128 activation rows; 256x128: one, against 256; 128x128: one, against 128). Within each
+    // 64-K block, thread c of an MMA quad holds K positions 2c, 2c + 1, 2c + 8, 2c + 9 of the
+    // four 16-K MMA steps; they are taken to be the 16 values of scale group c (one 8-byte load
+    // and one scale per row), in the order decode8 gives them: step s holds the group's values
+    // 4s, 4s + 2 at 2c, 2c + 1 and 4s + 1, 4s + 3 at 2c + 8, 2c + 9. The activations go to shared
+    // memory in the same order, so every product still pairs equal K and each wgmma sums the
+    // same 16 products.
     Tensor tCrB = wg_mma.make_fragment_B(wg_mma.partition_B(sA));  // (MMA, MMA_N, MMA_K, bufs)
     using FragLayout = Layout<Shape<Shape<_2, _2, _2>, Int<T::kMB>, _4>>;  // (MMA values, M blocks, steps), compact
     Tensor frag0 = make_tensor<half_t>(FragLayout{});
@@ -1140,10 +1141,10 @@ struct Gemm {
   static constexpr int64_t kMaxSplitTiles = 65536;
   static constexpr size_t kCountersBytes = kMaxSplitTiles * 4;
 
-  // The swapped tiles (one CTA per SM). A 128x128 cluster instance (session 4, H100) was
-  // faster at 128x7168x2048 split 4 (20.2 vs 24.4 us) but slower at 128x4096x7168 split 4 (41.0
-  // vs 33.6) and 1024x1024x8192 split 4 (68.0 vs 51.2), for reasons not yet measured, so that
-  // tile keeps the global path.
+  // The swapped tiles (one CTA per SM). A cluster instance of the unswapped 128x128 (two CTAs
+  // per SM; session 4, H100) was faster at 128x7168x2048 split 4 (20.2 vs 24.4 us) but slower at
+  // 128x4096x7168 split 4 (41.0 vs 33.6) and 1024x1024x8192 split 4 (68.0 vs 51.2), for reasons
+  // not yet measured, so that tile keeps the global path.
   static constexpr bool kClusterInstance = T::kSwap;
   static constexpr bool cluster_reducible(int split_k) { return kClusterInstance && split_k > 1 && split_k <= kMaxClusterSplit; }
 
