@@ -224,25 +224,28 @@ pub fn select(arch: u32, p: &Problem, sm_count: usize, max_clusters: &ClusterCou
         // 45.7-46.1, 2048^3 30.6-30.8 vs 32.4-32.6, 8192^3 1649-1669 vs 1680-1696; equal at
         // 512x512x7168 split 8 and 512x4096x512 split 2.
         //
-        // At M <= 128 the swapped 128x128 tile stands in for 128x256 where swapped_estimate_us
-        // says it is faster: twice the CTAs, so a smaller split and half the partial tile to
-        // reduce, but a loop ~13 % slower per output (each CTA streams the activations for half
-        // the weight rows). Product bench, H100, per launch (back to back), 128x256 forced in the
-        // same runs (bench/results/2026-11-22-h100-session10/ab/, final/): 128x7168x2048
+        // The swapped 128x128 tile stands in for 128x256 where swapped_estimate_us says it is
+        // faster: twice the CTAs, so a smaller split and half the partial tile to reduce, but a
+        // loop ~13 % slower per output (each CTA streams the activations for half the weight
+        // rows). Product bench, H100, per launch (back to back), 128x256 forced in the same runs
+        // (bench/results/2026-11-22-h100-session10/ab/, final/, ab-m.txt): 128x7168x2048
         // 17.6-18.3 (15.4-15.6) vs 19.3-19.5 (16.4-16.5) us, 128x4096x7168 27.2-27.3 (23.2-23.4)
         // vs 28.5-28.7 (24.4-24.5), 128x2048x7168 20.8 (16.6-16.7) vs 24.5-24.7 (20.5-20.6),
         // 128x8192x16384 60.5-61.1 (56.8-57.6) vs 70.9-71.0 (67.9-68.3), 128x1024x4096 15.7-19.1
         // (12.2-12.5) vs 19.8 (16.3; 128x128 unswapped 22.5), 128x16384x4096 34.2-34.4 vs
         // 37.2-37.3. It keeps 128x256 where the ranges are long: 128x7168x16384 (ablate, back to
         // back 56.4-56.6 vs 54.4-54.8), 128x7168x8192 (33.2-33.3 vs 32.7-33.0), 128x4096x16384
-        // (equal).
+        // (equal). Beyond M = 128 the model ranks them as measured: 640x7168x2048 50.0-50.1 vs
+        // 55.8-56.3, 384x1536x4096 21.0 vs 23.3 go to 128x128; 384x7168x2304 38.3 vs 33.4,
+        // 640x4096x4096 59.7-60.0 vs 53.1-53.7, 1152x2048x4096 61.7-62.0 vs 55.2-55.4 stay; within
+        // 3 % either way at 384x2048x7168 and 384x4096x7168.
         let pad = |rows: usize| p.m.div_ceil(rows) * rows;
         let mut swapped = [Config::Sm90_256x128x64, Config::Sm90_128x256x64]
             .into_iter()
             .filter(|c| candidates.contains(c))
             .find(|&c| c == Config::Sm90_128x256x64 || pad(256) * 10 <= pad(128) * 11);
         let narrow = Config::Sm90_Swapped_128x128x64;
-        if swapped == Some(Config::Sm90_128x256x64) && p.m <= 128 && candidates.contains(&narrow) {
+        if swapped == Some(Config::Sm90_128x256x64) && candidates.contains(&narrow) {
             let est = |c: Config| swapped_estimate_us(c, p, split_k(c, p, sm_count, max_clusters), sm_count);
             if est(narrow) < est(Config::Sm90_128x256x64) {
                 swapped = Some(narrow);
@@ -417,16 +420,18 @@ mod tests {
         assert_eq!(select(90, &Problem::new(2048, 2048, 2048), 132, &ANY_CLUSTERS, no_tall), Some(Config::Sm90_128x256x64));
         let neither = |c: Config| c != Config::Sm90_128x256x64 && c != Config::Sm90_256x128x64;
         assert_eq!(select(90, &Problem::new(2048, 2048, 2048), 132, &ANY_CLUSTERS, neither), Some(Config::Sm90_128x128x64));
-        // At M <= 128 the swapped 128x128 stands in for 128x256 where modelled faster
-        // (swapped_estimate_us): short K ranges, where the fixed costs weigh, or more CTAs.
+        // The swapped 128x128 stands in for 128x256 where modelled faster (swapped_estimate_us):
+        // short K ranges, where the fixed costs weigh, or more CTAs.
         let all = every;
         let narrow = Some(Config::Sm90_Swapped_128x128x64);
-        for (m, n, k) in [(128, 4096, 7168), (128, 7168, 2048), (128, 3072, 1536), (128, 7168, 512), (128, 2048, 7168), (128, 1536, 7168), (128, 7168, 4096), (64, 7168, 2048), (128, 1024, 4096)] {
+        for (m, n, k) in [(128, 4096, 7168), (128, 7168, 2048), (128, 3072, 1536), (128, 7168, 512), (128, 2048, 7168), (128, 1536, 7168), (128, 7168, 4096), (64, 7168, 2048), (128, 1024, 4096), (640, 7168, 2048), (384, 1536, 4096)] {
             assert_eq!(select(90, &Problem::new(m, n, k), 132, &ANY_CLUSTERS, all), narrow, "{m}x{n}x{k}");
         }
-        // Long K ranges keep 128x256 (128x7168x16384: 54.4-54.8 vs 56.4-56.6 us); M > 128 and
-        // the few-CTA cases (the third-of-the-SMs rule) are as before.
-        for (m, n, k, c) in [(128, 7168, 16384, Config::Sm90_128x256x64), (128, 7168, 8192, Config::Sm90_128x256x64), (256, 7168, 7168, Config::Sm90_256x128x64), (640, 24576, 1024, Config::Sm90_128x256x64), (128, 512, 2048, Config::Sm90_128x128x64)] {
+        // Long K ranges keep 128x256 (128x7168x16384: 54.4-54.8 vs 56.4-56.6 us), as do outputs
+        // that fill the GPU with 128x256 tiles; 256x128 and the few-CTA cases (the
+        // third-of-the-SMs rule) are as before.
+        let wide = Config::Sm90_128x256x64;
+        for (m, n, k, c) in [(128, 7168, 16384, wide), (128, 7168, 8192, wide), (384, 7168, 2304, wide), (640, 4096, 4096, wide), (1152, 2048, 4096, wide), (640, 24576, 1024, wide), (256, 7168, 7168, Config::Sm90_256x128x64), (128, 512, 2048, Config::Sm90_128x128x64)] {
             assert_eq!(select(90, &Problem::new(m, n, k), 132, &ANY_CLUSTERS, all), Some(c), "{m}x{n}x{k}");
         }
         assert_eq!(select(80, &Problem::new(128, 128, 128), 132, &ANY_CLUSTERS, all), None);
