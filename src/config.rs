@@ -143,8 +143,8 @@ pub const ANY_CLUSTERS: ClusterCounts = [usize::MAX; SM90_MAX_CLUSTER_SPLIT as u
 /// K ranges the SM90 kernel splits `p` into (1 elsewhere), at most 16, each of at least 4
 /// k-tiles of 64, for outputs with too few tiles to occupy the GPU (H100 sweeps:
 /// bench/results/2026-11-22-h100-session5/sweeps/):
-/// - 128x128 (two CTAs per SM fit): two CTAs on every SM where each range keeps at least 28
-///   k-tiles, else at most one CTA per SM. Short ranges lose more to the reduction than a shared
+/// - The unswapped tiles (two CTAs per SM fit): two CTAs on every SM where each range keeps at
+///   least 28 k-tiles, else at most one CTA per SM. Short ranges lose more to the reduction than a shared
 ///   SM gains, and an SM holding two CTAs while others hold one sets the time: 128x4096x7168
 ///   splits 4 / 5 / 8 take 32.6 / 44.2 / 34.7 us; 256x4096x7168 splits 2 / 4 take 51.1 / 46.9.
 /// - The swapped tiles (one CTA per SM): at most one CTA per SM, and no more than a
@@ -163,7 +163,7 @@ pub fn split_k(config: Config, p: &Problem, sm_count: usize, max_clusters: &Clus
     let tiles = config.tiles(p);
     let k_tiles = p.k.div_ceil(i.tile[2] as usize);
     let ranges = |ctas: usize| (ctas / tiles).min(k_tiles / 4).clamp(1, 16);
-    if !i.swapped && i.tile[0] == 128 && i.tile[1] < 256 {
+    if !i.swapped {
         let two = ranges(2 * sm_count);
         return if k_tiles / two >= 28 { two } else { ranges(sm_count) } as u32;
     }
