@@ -18,7 +18,8 @@
 //
 // Decode: the e2m1 nibble s|e1 e0 m, re-placed as the e4m3 byte s<<7 | (e1 e0 m)<<2, is exactly
 // value * 2^-6 (subnormal codes too), so one cvt.rn.f16x2.e4m3x2 and one multiply by sf * 2^6
-// (at most 448 * 64 = 28672, an FP16 number) give a * sf.
+// (at most 448 * 64 = 28672, an FP16 number) give a * sf (the swapped 128x128 multiplies by sf
+// alone and its accumulators by 64 at the end: Tile::kWScaleLow).
 //
 // Split-K: K is cut into `split_k` ranges (grid.y); each CTA stores its FP32 partial tile in the
 // workspace, and the last CTA of a tile to arrive (per-tile counter) sums the partials in split
@@ -234,6 +235,15 @@ struct Tile {
   static constexpr bool kSwap = Swap;
   static constexpr int kMB = BN / 128;  // kSwap: 64-row M blocks of weights per warpgroup
   static constexpr int kTurn = kSwap && kMB == 1 && BM == 128 ? 2 : 1;  // kSwap: k-tiles per ping-pong turn
+  // The swapped 128x128: the weights' scale goes into decode8 as converted, without
+  // decode8_scales' 2^6, so weights come out as w * sf * 2^-6 (exact in FP16: at least 2^-16,
+  // at most 6 significant bits), and the accumulators are multiplied by 64 after the main loop
+  // (exact: every product and partial sum is scaled by the same power of two, and none is an
+  // FP32 subnormal, the smallest nonzero product being 2^-26). It saves that multiply and the
+  // scale's permute, 2 of ~35 instructions per 16 weights: 128x4096x7168 split 3 23.36 -> 23.02
+  // us back to back, 128x7168x16384 split 2 57.3 -> 56.1, D bit-identical (H100, session 11);
+  // 128x256 and 256x128 ran 0.2-0.4 us slower with it and keep the 2^6 in the scale.
+  static constexpr bool kWScaleLow = kSwap && kMB == 1 && BM == 128;
   // kSwap: the activations come decoded (FP16, a * sf) from a pre-pass (predecode_a) through
   // TMA, straight into the wgmma's 128B-swizzled buffers: decoded once per GEMM instead of once
   // per CTA of every N tile, at the price of 2 * L * M * K bytes of workspace. Decoding them in
@@ -319,18 +329,30 @@ __device__ __forceinline__ uint32_t e2m1_lo_to_e4m3(uint32_t w) { return ((w << 
 // decode8 takes, undoing its e4m3 placement's 2^-6 (448 * 64 = 28672 is still an FP16 number).
 __device__ __forceinline__ uint32_t decode8_scales(uint32_t two_scales_f16) { return hmul2(two_scales_f16, 0x54005400u); }
 
+// a times the low half of s in both halves: HMUL2 reads s.H0_H0, so no permute builds the pair.
+__device__ __forceinline__ uint32_t hmul2_lo(uint32_t a, uint32_t s) {
+  const __half2 r = __hmul2(*reinterpret_cast<const __half2*>(&a), __low2half2(*reinterpret_cast<const __half2*>(&s)));
+  return *reinterpret_cast<const uint32_t*>(&r);
+}
+
 // 8 e2m1 values (one 32-bit word, element 2i in the low nibble of byte i) times scale2 (one
-// scale of decode8_scales in both halves), as 8 FP16 values in the order 0 2 1 3 4 6 5 7: both operands are decoded
+// scale of decode8_scales in both halves; with kLowScale, any FP16 factor in the low half), as 8
+// FP16 values in the order 0 2 1 3 4 6 5 7: both operands are decoded
 // alike, so the dot product is unchanged (each wgmma still sums the same 16 products) and the
 // two byte permutes that would restore element order are saved, as are the shifts: the high half
 // of a word goes to the conversion as it is (F2FP reads R.H1).
+template <bool kLowScale = false>
 __device__ __forceinline__ uint4 decode8(uint32_t w, uint32_t scale2) {
   const uint32_t even = e2m1_lo_to_e4m3(w), odd = e2m1_lo_to_e4m3(w >> 4);  // elements 0, 2, 4, 6 and 1, 3, 5, 7
+  auto mul = [&](uint32_t v) {
+    if constexpr (kLowScale) return hmul2_lo(v, scale2);
+    else return hmul2(v, scale2);
+  };
   uint4 r;
-  r.x = hmul2(e4m3x2_to_f16x2(even), scale2);
-  r.y = hmul2(e4m3x2_to_f16x2(odd), scale2);
-  r.z = hmul2(e4m3x2_hi_to_f16x2(even), scale2);
-  r.w = hmul2(e4m3x2_hi_to_f16x2(odd), scale2);
+  r.x = mul(e4m3x2_to_f16x2(even));
+  r.y = mul(e4m3x2_to_f16x2(odd));
+  r.z = mul(e4m3x2_hi_to_f16x2(even));
+  r.w = mul(e4m3x2_hi_to_f16x2(odd));
   return r;
 }
 
@@ -771,9 +793,16 @@ __global__ void __launch_bounds__(Tile<BM, BN, Swap>::kLaunchThreads, Tile<BM, B
       CUTE_UNROLL
       for (int h = 0; h < 2; ++h) {
         const uint2 q = *reinterpret_cast<const uint2*>(base + w_raw + (8 * h + 128 * mb) * (kRawK / 2) + sub * 32);
-        const uint32_t sc = decode8_scales(e4m3x2_to_f16x2(base[w_sf + 8 * h * 16 + mb * T::kSfStage + sub * 512]));
-        const uint32_t s = __byte_perm(sc, sc, 0x1010);
-        const uint4 v0 = decode8(q.x, s), v1 = decode8(q.y, s);
+        const uint32_t sf = e4m3x2_to_f16x2(base[w_sf + 8 * h * 16 + mb * T::kSfStage + sub * 512]);  // low half
+        uint4 v0, v1;
+        if constexpr (T::kWScaleLow) {
+          v0 = decode8<true>(q.x, sf);
+          v1 = decode8<true>(q.y, sf);
+        } else {
+          const uint32_t sc = decode8_scales(sf), s = __byte_perm(sc, sc, 0x1010);
+          v0 = decode8(q.x, s);
+          v1 = decode8(q.y, s);
+        }
         const uint32_t v[8] = {v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w};
         CUTE_UNROLL
         for (int st = 0; st < 4; ++st) {
@@ -861,6 +890,10 @@ __global__ void __launch_bounds__(Tile<BM, BN, Swap>::kLaunchThreads, Tile<BM, B
       if (i + kTurn < n_kt) step(i + kTurn, frag1, frag1b, frag0, frag0b);
     }
     compute_sync();  // both warpgroups' wgmma done: the epilogue reuses the buffers
+    if constexpr (T::kWScaleLow) {
+      CUTE_UNROLL
+      for (int i = 0; i < size(acc); ++i) acc(i) *= 64.f;  // the weights' 2^-6 (Tile::kWScaleLow)
+    }
   } else {
     // Both operands into the swizzled FP16 buffers, for the SS wgmma.
     Operand<kBM> opA;
