@@ -99,11 +99,11 @@ const SM100_SHAPES: &[((usize, usize, usize), Config)] = &[
 
 /// Output tiles an SM90 split-K launch may have: its counters sit in a fixed region of the
 /// workspace (`cpp/sm90_gemm.cuh`, `kMaxSplitTiles`).
-pub const MAX_SPLIT_TILES: usize = 65536;
+pub const SM90_MAX_SPLIT_TILES: usize = 65536;
 
 /// The K ranges a forced split-K factor gives `config` on `p`: SM100 configs ignore it (1:
 /// CUTLASS schedules them); SM90 configs take at most one range per 64-K tile, at most 65535,
-/// and split only outputs of at most [`MAX_SPLIT_TILES`] tiles.
+/// and split only outputs of at most [`SM90_MAX_SPLIT_TILES`] tiles.
 pub fn check_split_k(config: Config, p: &Problem, split_k: u32) -> Result<u32> {
     let i = config.info();
     if i.arch != 90 {
@@ -115,8 +115,8 @@ pub fn check_split_k(config: Config, p: &Problem, split_k: u32) -> Result<u32> {
         return bad(format!("must be in 1..={} (K / 64 rounded up, at most 65535)", k_tiles.min(65535)));
     }
     let tiles = config.tiles(p);
-    if split_k > 1 && tiles > MAX_SPLIT_TILES {
-        return bad(format!("split-K needs at most {MAX_SPLIT_TILES} output tiles, {config} gives {tiles}"));
+    if split_k > 1 && tiles > SM90_MAX_SPLIT_TILES {
+        return bad(format!("split-K needs at most {SM90_MAX_SPLIT_TILES} output tiles, {config} gives {tiles}"));
     }
     Ok(split_k)
 }

@@ -73,7 +73,7 @@ fn cutlass_can_implement_agrees_with_validation() {
 }
 
 /// The SM90 kernels' split-K limits (ranges per 64-K tile, 65535, and the fixed counter region
-/// of the workspace: at most `MAX_SPLIT_TILES` tiles) as the C++ `can_implement` states them.
+/// of the workspace: at most `SM90_MAX_SPLIT_TILES` tiles) as the C++ `can_implement` states them.
 #[test]
 fn sm90_split_k_rules_agree_with_the_kernels() {
     let sm90: Vec<Config> = built_configs().into_iter().filter(|c| c.info().arch == 90).collect();
