@@ -181,10 +181,11 @@ pub fn split_k(config: Config, p: &Problem, sm_count: usize, max_clusters: &Clus
 /// `split`: per wave, the fixed costs (first raw stage; after the loop the cluster reduction and
 /// the epilogue) plus one K range's k-tiles at the loop's rate. From the timeline and trace of
 /// each (bench/results/2026-11-22-h100-session10/): 128x256 2.9 + 6.1 us at split 4, 1220
-/// clocks per k-tile; 128x128 2.2 + 4.3 us at split 2, 691 clocks per k-tile; 1.9 GHz. Without
-/// split-K both take the 2.5 us epilogue measured for 256x128 at 2048^3.
+/// clocks per k-tile; 128x128 2.2 + 4.3 us at split 2, 677 clocks per k-tile (691 before its
+/// scale change, Tile::kWScaleLow: trace 1346-1354 clocks per turn of two k-tiles, session 11);
+/// 1.9 GHz. Without split-K both take the 2.5 us epilogue measured for 256x128 at 2048^3.
 fn swapped_estimate_us(config: Config, p: &Problem, split: u32, sm_count: usize) -> f64 {
-    let (first, reduce, clocks) = if config == Config::Sm90_Swapped_128x128x64 { (2.2, 4.3, 691.0) } else { (2.9, 6.1, 1220.0) };
+    let (first, reduce, clocks) = if config == Config::Sm90_Swapped_128x128x64 { (2.2, 4.3, 677.0) } else { (2.9, 6.1, 1220.0) };
     let after = if split > 1 { reduce } else { 2.5 };
     let ctas = config.tiles(p) * split as usize;
     let waves = ctas.div_ceil(sm_count.max(1)) as f64;
@@ -238,7 +239,17 @@ pub fn select(arch: u32, p: &Problem, sm_count: usize, max_clusters: &ClusterCou
         // (equal). Beyond M = 128 the model ranks them as measured: 640x7168x2048 50.0-50.1 vs
         // 55.8-56.3, 384x1536x4096 21.0 vs 23.3 go to 128x128; 384x7168x2304 38.3 vs 33.4,
         // 640x4096x4096 59.7-60.0 vs 53.1-53.7, 1152x2048x4096 61.7-62.0 vs 55.2-55.4 stay; within
-        // 3 % either way at 384x2048x7168 and 384x4096x7168.
+        // 3 % either way at 384x2048x7168 and 384x4096x7168. At 677 clocks per k-tile (session
+        // 11) the model moves 11 more shapes to the swapped 128x128; product bench, both forced,
+        // two rounds, back to back (bench/results/2026-11-23-h100-session11/rule.txt):
+        // 640x16384x4096 134.7-135.2 vs 141.0-141.2 us, 128x16384x7168 47.4-47.5 vs 49.1-49.3,
+        // 640x3072x7168 49.4-49.7 vs 51.2, 384x4096x7168 47.1 vs 48.8, 384x1024x16384 36.4-36.5
+        // vs 38.0-38.2, 128x3072x16384 33.2-33.4 vs 34.7, 640x2048x7168 48.9-49.2 vs 50.4-50.6,
+        // 128x10240x7168 46.4-46.5 vs 47.7; equal within 0.5 us at 128x7168x8192,
+        // 384x2048x8192 and 640x1536x8192. Of 1653 grid shapes 27 move; nine more measured
+        // (rule2.txt): 384x24576x4096 132.6-133.9 vs 141.3-142.1, 640x14336x4096 134.2-134.9 vs
+        // 141.5-143.6, 640x7168x1024 30.5 vs 33.0-33.3, 384x14336x1024 30.8-31.0 vs 33.3-33.6 and
+        // four more 0.5-2.6 us faster; one loss, 64x7168x8192 32.3-32.6 vs 31.5-32.0.
         let pad = |rows: usize| p.m.div_ceil(rows) * rows;
         let mut swapped = [Config::Sm90_256x128x64, Config::Sm90_128x256x64]
             .into_iter()
@@ -424,14 +435,15 @@ mod tests {
         // short K ranges, where the fixed costs weigh, or more CTAs.
         let all = every;
         let narrow = Some(Config::Sm90_Swapped_128x128x64);
-        for (m, n, k) in [(128, 4096, 7168), (128, 7168, 2048), (128, 3072, 1536), (128, 7168, 512), (128, 2048, 7168), (128, 1536, 7168), (128, 7168, 4096), (64, 7168, 2048), (128, 1024, 4096), (640, 7168, 2048), (384, 1536, 4096)] {
+        for (m, n, k) in [(128, 4096, 7168), (128, 7168, 2048), (128, 3072, 1536), (128, 7168, 512), (128, 2048, 7168), (128, 1536, 7168), (128, 7168, 4096), (64, 7168, 2048), (128, 1024, 4096), (640, 7168, 2048), (384, 1536, 4096), (128, 16384, 7168), (640, 16384, 4096), (384, 4096, 7168), (128, 3072, 16384), (128, 7168, 8192)] {
             assert_eq!(select(90, &Problem::new(m, n, k), 132, &ANY_CLUSTERS, all), narrow, "{m}x{n}x{k}");
         }
+        // (128x7168x8192 is a tie since session 11: 32.8-32.9 vs 32.6-33.2 us back to back.)
         // Long K ranges keep 128x256 (128x7168x16384: 54.4-54.8 vs 56.4-56.6 us), as do outputs
         // that fill the GPU with 128x256 tiles; 256x128 and the few-CTA cases (the
         // third-of-the-SMs rule) are as before.
         let wide = Config::Sm90_128x256x64;
-        for (m, n, k, c) in [(128, 7168, 16384, wide), (128, 7168, 8192, wide), (384, 7168, 2304, wide), (640, 4096, 4096, wide), (1152, 2048, 4096, wide), (640, 24576, 1024, wide), (256, 7168, 7168, Config::Sm90_256x128x64), (128, 512, 2048, Config::Sm90_128x128x64)] {
+        for (m, n, k, c) in [(128, 7168, 16384, wide), (384, 7168, 2304, wide), (640, 4096, 4096, wide), (1152, 2048, 4096, wide), (640, 24576, 1024, wide), (256, 7168, 7168, Config::Sm90_256x128x64), (128, 512, 2048, Config::Sm90_128x128x64)] {
             assert_eq!(select(90, &Problem::new(m, n, k), 132, &ANY_CLUSTERS, all), Some(c), "{m}x{n}x{k}");
         }
         assert_eq!(select(80, &Problem::new(128, 128, 128), 132, &ANY_CLUSTERS, all), None);
