@@ -234,8 +234,10 @@ struct Tile {
   // tile of 128x256: twice the CTAs for an output, half the split-K partial per CTA).
   static constexpr bool kSwap = Swap;
   static constexpr int kMB = BN / 128;  // kSwap: 64-row M blocks of weights per warpgroup
-  static constexpr int kTurn = kSwap && kMB == 1 && BM == 128 ? 2 : 1;  // kSwap: k-tiles per ping-pong turn
-  // The swapped 128x128: the weights' scale goes into decode8 as converted, without
+  // The swapped 128x128: one 64-row weight block per warpgroup against 128 activation rows.
+  static constexpr bool kSwap128 = kSwap && kMB == 1 && BM == 128;
+  static constexpr int kTurn = kSwap128 ? 2 : 1;  // kSwap: k-tiles per ping-pong turn
+  // kSwap128: the weights' scale goes into decode8 as converted, without
   // decode8_scales' 2^6, so weights come out as w * sf * 2^-6 (exact in FP16: at least 2^-16,
   // at most 6 significant bits), and the accumulators are multiplied by 64 after the main loop
   // (exact: every product and partial sum is scaled by the same power of two, and none is an
@@ -243,7 +245,7 @@ struct Tile {
   // scale's permute, 2 of ~35 instructions per 16 weights: 128x4096x7168 split 3 23.36 -> 23.02
   // us back to back, 128x7168x16384 split 2 57.3 -> 56.1, D bit-identical (H100, session 11);
   // 128x256 and 256x128 ran 0.2-0.4 us slower with it and keep the 2^6 in the scale.
-  static constexpr bool kWScaleLow = kSwap && kMB == 1 && BM == 128;
+  static constexpr bool kWScaleLow = kSwap128;
   // kSwap: the activations come decoded (FP16, a * sf) from a pre-pass (predecode_a) through
   // TMA, straight into the wgmma's 128B-swizzled buffers: decoded once per GEMM instead of once
   // per CTA of every N tile, at the price of 2 * L * M * K bytes of workspace. Decoding them in
