@@ -15,17 +15,15 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
 /// Architectures the table may name, and how nvcc builds each.
-const ARCHES: &[(u32, &str, &str, &str)] = &[
-    // (arch, BSG_ARCHS name, -gencode, template header)
-    (100, "sm100", "arch=compute_100a,code=sm_100a", "sm100_gemm.cuh"),
-    (90, "sm90", "arch=compute_90a,code=sm_90a", "sm90_gemm.cuh"),
+const ARCHES: &[(u32, &str, &str, &str, &[&str])] = &[
+    // (arch, BSG_ARCHS name, -gencode, host adapter header, folders of `cpp/` its kernels include)
+    (100, "sm100", "arch=compute_100a,code=sm_100a", "sm100/gemm.cuh", &["sm100"]),
+    (90, "sm90", "arch=compute_90a,code=sm_90a", "sm90/gemm.cuh", &["sm90", "common"]),
 ];
 
 /// Host-only translation units in `cpp/`, compiled by nvcc (they include CUTLASS headers).
-const HOST_SOURCES: &[&str] = &["status.cu", "host_reference.cu"];
+const HOST_SOURCES: &[&str] = &["host/status.cu", "host/host_reference.cu"];
 
-/// Output types, in the order of `OutType::index` on the Rust side.
-const OUT_NAMES: [&str; 5] = ["F16", "Bf16", "F32", "Nvfp4", "Nvfp4Ue8m0"];
 
 struct Config {
     name: String,
@@ -54,7 +52,7 @@ impl Output {
 fn main() {
     let root = PathBuf::from(env("CARGO_MANIFEST_DIR").unwrap());
     let out_dir = PathBuf::from(env("OUT_DIR").unwrap());
-    for p in ["cpp", "include", "src/ffi.rs", "third_party/pins.txt", "third_party/fetch.py"] {
+    for p in ["cpp", "include", "src/sys/bridge.rs", "third_party/pins.txt", "third_party/fetch.py"] {
         println!("cargo:rerun-if-changed={}", root.join(p).display());
     }
     for v in ["NVCC", "CUDA_HOME", "CUTLASS_DIR", "BSG_ARCHS", "BSG_CACHE_DIR", "BSG_NVCC_JOBS", "NVCC_CCBIN", "XDG_CACHE_HOME"] {
@@ -62,11 +60,14 @@ fn main() {
     }
 
     let table = std::fs::read_to_string(root.join("cpp/configs.def")).expect("read cpp/configs.def");
-    let (configs, outputs) = parse_table(&table);
-    std::fs::write(out_dir.join("configs.rs"), rust_table(&configs, &outputs)).unwrap();
-
+    let abi = std::fs::read_to_string(root.join("include/blockscaled_gemm/kernel_abi.h")).expect("read kernel_abi.h");
+    let out_names = out_kinds(&abi);
+    let (configs, outputs) = parse_table(&table, &out_names);
     let archs = requested_archs(&configs);
+    std::fs::write(out_dir.join("configs.rs"), rust_table(&configs, &outputs, &archs)).unwrap();
+
     let tools = Toolchain::locate(&root);
+    generate_abi(&root, &tools, &out_dir);
     let cache = cache_dir().join("objects");
     std::fs::create_dir_all(&cache).expect("create the object cache directory");
 
@@ -75,10 +76,18 @@ fn main() {
     common.update(tools.nvcc_version.as_bytes());
     common.update(tools.host_cxx_version.as_bytes());
     common.update(tools.cutlass_identity.as_bytes());
-    // The ABI header every kernel includes; each kernel adds its own template header below (the
-    // templates include nothing else of ours: keep it so, or hash what they include).
+    // The ABI header every kernel includes; each architecture adds the folders of `cpp/` its
+    // kernels include (ARCHES), so a change to one architecture's parts rebuilds only its kernels.
     hash_tree(&mut common, &root.join("include"), &["h"]);
     let common = common.finalize();
+    let arch_sources: Vec<(u32, Vec<u8>)> = ARCHES.iter().map(|(arch, _, _, _, dirs)| {
+        let mut h = Sha256::new();
+        for d in *dirs {
+            h.update(d.as_bytes());
+            hash_tree(&mut h, &root.join("cpp").join(d), &["cuh", "h"]);
+        }
+        (*arch, h.finalize().to_vec())
+    }).collect();
 
     let gen_dir = out_dir.join("gen");
     std::fs::create_dir_all(&gen_dir).unwrap();
@@ -88,12 +97,13 @@ fn main() {
         if !archs.contains(&c.arch) {
             continue;
         }
-        let (_, _, gencode, header) = ARCHES.iter().find(|a| a.0 == c.arch).unwrap();
+        let (_, _, gencode, header, _) = ARCHES.iter().find(|a| a.0 == c.arch).unwrap();
+        let parts = &arch_sources.iter().find(|a| a.0 == c.arch).unwrap().1;
         for o in &outputs {
             if !o.applies_to(c) {
                 continue;
             }
-            let out_index = OUT_NAMES.iter().position(|n| *n == o.name).unwrap();
+            let out_index = out_names.iter().position(|n| *n == o.name).unwrap();
             let func = format!("bsg_entry_{}_{}", c.name.to_lowercase(), o.name.to_lowercase());
             // SM90 kernels also take the operand order; SM100's text stays as it was (its
             // objects are cached by this text, and each takes minutes of nvcc).
@@ -107,8 +117,7 @@ fn main() {
                 ty = o.cutlass_type,
             );
             let flags = tools.nvcc_flags(&root, gencode);
-            let header_text = std::fs::read(root.join("cpp").join(header)).expect("template header");
-            let key = object_key(&common, &[&header_text, src.as_bytes()], &flags);
+            let key = object_key(&common, &[parts, src.as_bytes()], &flags);
             let src_path = gen_dir.join(format!("{func}.cu"));
             std::fs::write(&src_path, &src).unwrap();
             let obj = cache.join(format!("{func}-{}.o", &key[..24]));
@@ -121,7 +130,7 @@ fn main() {
     for name in HOST_SOURCES {
         let flags = tools.nvcc_flags(&root, ARCHES[0].2);
         let src = std::fs::read(root.join("cpp").join(name)).unwrap();
-        let stem = name.trim_end_matches(".cu");
+        let stem = name.trim_start_matches("host/").trim_end_matches(".cu");
         let obj = cache.join(format!("{stem}-{}.o", &object_key(&common, &[&src], &flags)[..24]));
         jobs.push((root.join("cpp").join(name), obj, flags));
     }
@@ -135,8 +144,8 @@ fn main() {
         println!("cargo:warning=blockscaled-gemm: {}", log.trim());
     }
 
-    cxx_build::bridge("src/ffi.rs")
-        .file("cpp/bridge.cpp")
+    cxx_build::bridge("src/sys/bridge.rs")
+        .file("cpp/host/bridge.cpp")
         .include(root.join("include"))
         .include(&gen_dir)
         .objects(&objects)
@@ -157,13 +166,42 @@ fn main() {
     println!("cargo:rustc-env=BSG_BUILT_ARCHS={}", built.join(","));
 }
 
+/// The Rust side of `include/blockscaled_gemm/kernel_abi.h`, generated by bindgen at every build,
+/// so the launch arguments, status, kinds and limits have one declaration. libclang comes from
+/// `LIBCLANG_PATH` if set, else from the pinned PyPI wheel `third_party/fetch.py` unpacks beside
+/// nvcc, else from the system (clang-sys's search).
+fn generate_abi(root: &Path, tools: &Toolchain, out_dir: &Path) {
+    if env("LIBCLANG_PATH").is_none() {
+        if let Some(dir) = &tools.libclang_dir {
+            // SAFETY (of the process environment): build scripts run single-threaded here.
+            std::env::set_var("LIBCLANG_PATH", dir);
+        }
+    }
+    let header = root.join("include/blockscaled_gemm/kernel_abi.h");
+    let bindings = bindgen::Builder::default()
+        .header(header.display().to_string())
+        .clang_args(["-x", "c++", "-std=c++17", "-DBSG_ABI_BINDGEN"])
+        .enable_cxx_namespaces()
+        .allowlist_type("bsg::KernelArgs")
+        .allowlist_type("bsg::KernelStatus")
+        .allowlist_type("bsg::OutKind")
+        .allowlist_type("bsg::SfOperand")
+        .allowlist_var("BSG_.*")
+        .rustified_enum("bsg::.*")
+        .derive_default(true)
+        .derive_eq(true)
+        .generate()
+        .unwrap_or_else(|e| panic!("bindgen on {}: {e} (set LIBCLANG_PATH to a folder holding libclang.so)", header.display()));
+    bindings.write_to_file(out_dir.join("kernel_abi.rs")).expect("write kernel_abi.rs");
+}
+
 fn env(k: &str) -> Option<String> {
     std::env::var(k).ok().filter(|v| !v.is_empty())
 }
 
 /// Parses `BSG_CONFIG(...)`, `BSG_OUTPUT(...)` and `BSG_SM90_SWAPPED(...)` lines; anything else
 /// is ignored.
-fn parse_table(text: &str) -> (Vec<Config>, Vec<Output>) {
+fn parse_table(text: &str, out_names: &[String]) -> (Vec<Config>, Vec<Output>) {
     let mut configs = Vec::new();
     let mut outputs = Vec::new();
     let mut swapped: Option<Vec<String>> = None;
@@ -187,7 +225,7 @@ fn parse_table(text: &str) -> (Vec<Config>, Vec<Output>) {
                 continue;
             }
             assert_eq!(a.len(), 4, "configs.def: BSG_OUTPUT needs 4 fields: {line}");
-            assert!(OUT_NAMES.contains(&a[0].as_str()), "configs.def: output {} is not one of {OUT_NAMES:?}", a[0]);
+            assert!(out_names.contains(&a[0]), "configs.def: output {} is not one of kernel_abi.h's OutKind {out_names:?}", a[0]);
             let arches = a[1].split('|').map(|s| s.trim().parse().expect("configs.def: output arches")).collect();
             let configs = (a[3] != "all").then(|| a[3].split('|').map(|s| s.trim().to_string()).collect());
             outputs.push(Output { name: a[0].clone(), arches, cutlass_type: a[2].clone(), configs });
@@ -214,9 +252,23 @@ fn parse_table(text: &str) -> (Vec<Config>, Vec<Output>) {
     (configs, outputs)
 }
 
+/// The output kinds of `enum class OutKind : int32_t { F16 = 0, ... }` in the launch ABI, in
+/// index order: the one list of output types (configs.def names them, Rust maps to them).
+fn out_kinds(abi: &str) -> Vec<String> {
+    let line = abi.lines().find(|l| l.trim_start().starts_with("enum class OutKind")).expect("kernel_abi.h: enum class OutKind");
+    let body = &line[line.find('{').expect("OutKind {") + 1..line.rfind('}').expect("OutKind }")];
+    let kinds: Vec<(String, usize)> = body.split(',').map(|kv| {
+        let (k, v) = kv.split_once('=').expect("kernel_abi.h: OutKind values are explicit");
+        (k.trim().to_string(), v.trim().parse().expect("kernel_abi.h: OutKind value"))
+    }).collect();
+    assert!(kinds.iter().enumerate().all(|(i, k)| k.1 == i), "kernel_abi.h: OutKind values must be 0, 1, 2, ...");
+    kinds.into_iter().map(|k| k.0).collect()
+}
+
 /// The Rust side of the table: `Config` and its facts, generated so it cannot drift.
-fn rust_table(configs: &[Config], outputs: &[Output]) -> String {
+fn rust_table(configs: &[Config], outputs: &[Output], archs: &[u32]) -> String {
     let mut s = String::from("// Generated by build.rs from cpp/configs.def.\n\n");
+    writeln!(s, "/// Architectures whose kernels this build holds (`BSG_ARCHS`).\nconst BUILT_ARCHS: &[u32] = &{archs:?};\n").unwrap();
     s += "/// A kernel configuration from `cpp/configs.def` (tile M x N x K, SMs per MMA, cluster).\n";
     s += "#[allow(non_camel_case_types)]\n#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]\n#[non_exhaustive]\npub enum Config {\n";
     for c in configs {
@@ -268,6 +320,8 @@ struct Toolchain {
     nvcc_version: String,
     host_cxx_version: String,
     cutlass_identity: String,
+    /// The pinned libclang wheel's library folder, when fetched.
+    libclang_dir: Option<PathBuf>,
 }
 
 impl Toolchain {
@@ -304,7 +358,9 @@ impl Toolchain {
         let ccbin = env("NVCC_CCBIN").unwrap_or_else(|| "g++".into());
         let host_cxx_version = run_version(Command::new(&ccbin).arg("--version"), &ccbin);
         let include = cuda_root.join("include");
-        Toolchain { nvcc, cuobjdump, cuda_include: include.exists().then_some(include), cudart_lib_dir, cutlass, nvcc_version, host_cxx_version, cutlass_identity }
+        let libclang = tp.join("libclang");
+        let libclang_dir = libclang.join("libclang.so").exists().then_some(libclang);
+        Toolchain { nvcc, cuobjdump, cuda_include: include.exists().then_some(include), cudart_lib_dir, cutlass, nvcc_version, host_cxx_version, cutlass_identity, libclang_dir }
     }
 
     fn nvcc_flags(&self, root: &Path, gencode: &str) -> Vec<String> {

@@ -1,40 +1,50 @@
-//! Benchmark of `BlockScaledGemm` on the shapes of SPEC.md §6 (not a test).
+//! Benchmark of `BlockScaledGemm` measured the way engines run it (not a test; bench/README.md
+//! has the method and the current table).
 //!
-//! Each shape: contest-style data copied into enough device buffer sets to rotate through more
-//! than twice the L2 size; D poisoned (0xFF bytes, NaN) before every run; 10 warm-up runs; each
-//! of `--runs` runs (at least 100) timed alone with a pair of CUDA events; the median reported,
-//! with TFLOP/s, GB/s (the NVFP4 bytes a GEMM must move) and the ratio to the floor (the larger of
-//! the NVFP4 bytes at 3.0 TB/s and the FP16 tensor-core work at 800 TFLOP/s, SPEC.md §6). The
-//! output of the last timed run is verified against the exact reference on sampled rows. Then the
-//! same `--runs` launches go back to back between one pair of events, without the poisoning in
-//! between (`b2b_us`: the mean; what a sequence of GEMMs sees, where each launch may overlap the
-//! end of the one before).
-//! cuBLAS figures come from `--baselines FILE` (JSON written by bench/torch_baselines.py in the
-//! same device session) or, when absent, from SPEC.md §6, labelled as such.
+//! Per shape and output type, in one run: data copied into enough device buffer sets to rotate
+//! through more than twice the L2; 10 warm-up launches; then
+//! - `ours_launch_us`: each of `--runs` launches alone between a pair of CUDA events, D poisoned
+//!   (0xFF bytes) before each; the median;
+//! - `ours_b2b_us`: `--runs` launches back to back between one pair of events; the mean;
+//! - `ours_graph_us`: a CUDA graph of `--graph-calls` launches (rotating the sets) replayed
+//!   `--replays` times between events; the median replay over the calls in it;
+//! - `host_enqueue_us`: host time per call while queueing the back-to-back launches.
+//!   The output of each of the three timings is checked bit for bit against the exact CPU
+//!   reference on sampled rows (`exact`).
+//! The floor is max(bytes / device-to-device copy bandwidth measured in this run, FP16 MMA time
+//! at 800 TFLOP/s). cuBLAS figures come from `--baselines FILE` (bench/baselines.py, run in the
+//! same device session by `run.sh bench`), graph-replayed like ours; absent, they are null.
 //!
-//! `--out nvfp4` (or `nvfp4-ue8m0`) times the FP4-output epilogue instead (D and its scale
-//! factors poisoned before each run, checked byte for byte on sampled rows).
-//!
-//! `cargo run --release --example bench -- [--runs 100] [--baselines FILE] [--shape MxNxK]... [--out nvfp4]`
+//! `cargo run --release --example bench -- [--shape MxNxK]... [--out f16,nvfp4] [--json FILE]`
+
+use std::time::Instant;
 
 use blockscaled_gemm::compare::{compare, compare_fp4};
-use blockscaled_gemm::layout::from_tiled;
 use blockscaled_gemm::fp4_out;
+use blockscaled_gemm::layout::from_tiled;
 use blockscaled_gemm::reference::{self, Accumulation};
 use blockscaled_gemm::{reference_gemm, BlockScaledGemm, Config, Nvfp4Matrix, Nvfp4Operand, Nvfp4Output, OutType, Problem};
 use clap::Parser;
-use cudarc::driver::{sys::CUdevice_attribute, CudaContext, CudaSlice, DevicePtrMut};
+use cudarc::driver::sys::{CUdevice_attribute, CUevent_flags, CUgraphInstantiate_flags, CUstreamCaptureMode};
+use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtrMut};
 use half::f16;
+use std::sync::Arc;
 
 #[derive(Parser)]
 struct Cli {
-    /// Timed runs per shape (the median is reported); at least 100.
+    /// Timed launches per measurement (the median or mean is reported); at least 100.
     #[arg(long, default_value_t = 100)]
     runs: usize,
-    /// JSON from bench/torch_baselines.py: {"MxNxK": {"bf16_us": .., "fp8_us": ..}, ...}.
+    /// Launches captured in one CUDA graph (at least 20).
+    #[arg(long, default_value_t = 20)]
+    graph_calls: usize,
+    /// Timed replays of the graph.
+    #[arg(long, default_value_t = 20)]
+    replays: usize,
+    /// JSON from bench/baselines.py (cuBLAS bf16 and FP8, graph-replayed, same device session).
     #[arg(long)]
     baselines: Option<std::path::PathBuf>,
-    /// Shapes to run (default: SPEC.md §6), e.g. --shape 128x7168x16384.
+    /// Shapes to run (default: the ten of bench/README.md), e.g. --shape 128x7168x16384.
     #[arg(long)]
     shape: Vec<String>,
     /// Force a config by name.
@@ -43,145 +53,93 @@ struct Cli {
     /// Force the SM90 split-K count.
     #[arg(long)]
     split_k: Option<u32>,
-    /// Output type: f16, nvfp4 or nvfp4-ue8m0.
+    /// Output types, comma-separated: f16, bf16, f32, nvfp4, nvfp4-ue8m0.
     #[arg(long, default_value = "f16")]
     out: String,
-    /// Also write the table as JSON lines here.
+    /// Write one JSON object per shape and output type here (JSON lines).
     #[arg(long)]
     json: Option<std::path::PathBuf>,
+    /// Commit recorded in the JSON (default: the one this binary was built from, if known).
+    #[arg(long)]
+    commit: Option<String>,
 }
 
-/// SPEC.md §6, H100 SXM 80 GB, 2026-11-21: (shape, cuBLAS bf16 us, cuBLAS FP8 us).
-const SPEC_BASELINES: &[((usize, usize, usize), f64, f64)] = &[
-    ((128, 7168, 16384), 103.8, 56.3),
-    ((128, 4096, 7168), 34.1, 20.6),
-    ((128, 7168, 2048), 19.7, 13.9),
-    ((2048, 2048, 2048), 28.4, 19.3),
-    ((8192, 8192, 8192), 1566.0, 877.0),
+const DEFAULT_SHAPES: &[(usize, usize, usize)] = &[
+    (1, 4096, 7168),
+    (1, 7168, 16384),
+    (16, 4096, 7168),
+    (64, 4096, 7168),
+    (128, 4096, 7168),
+    (128, 7168, 2048),
+    (128, 7168, 16384),
+    (256, 4096, 7168),
+    (2048, 2048, 2048),
+    (8192, 8192, 8192),
 ];
+
+type Sets = Vec<(CudaSlice<u8>, CudaSlice<u8>, CudaSlice<u8>, CudaSlice<u8>)>;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let cli = Cli::parse();
-    assert!(cli.runs >= 100, "--runs must be at least 100");
+    if cli.runs < 100 || cli.graph_calls < 20 || cli.replays < 1 {
+        eprintln!("bench: --runs must be at least 100, --graph-calls at least 20, --replays at least 1");
+        std::process::exit(2);
+    }
     if !BlockScaledGemm::driver_present() {
         eprintln!("bench: no NVIDIA driver on this machine");
         std::process::exit(3);
     }
-    let out = OutType::ALL.into_iter().find(|o| o.name() == cli.out && (o.sfd().is_some() || *o == OutType::F16)).ok_or("--out: f16, nvfp4 or nvfp4-ue8m0")?;
+    let mut outs = Vec::new();
+    for name in cli.out.split(',') {
+        match OutType::ALL.into_iter().find(|o| o.name() == name) {
+            Some(o) => outs.push(o),
+            None => {
+                eprintln!("bench: --out {name}: one of f16, bf16, f32, nvfp4, nvfp4-ue8m0");
+                std::process::exit(2);
+            }
+        }
+    }
+    let mut shapes = Vec::new();
+    for s in &cli.shape {
+        let v: Vec<usize> = s.split('x').filter_map(|x| x.parse().ok()).collect();
+        if v.len() != 3 {
+            eprintln!("bench: --shape {s}: expected MxNxK");
+            std::process::exit(2);
+        }
+        shapes.push((v[0], v[1], v[2]));
+    }
+    if shapes.is_empty() {
+        shapes = DEFAULT_SHAPES.to_vec();
+    }
     let ctx = CudaContext::new(0)?;
-    let stream = ctx.default_stream();
+    // Graph capture needs a stream of our own and no cudarc event tracking (BlockScaledGemm docs).
+    // SAFETY: this program orders every buffer's uses on the one stream below.
+    unsafe { ctx.disable_event_tracking() };
+    let stream = ctx.new_stream()?;
     let gemm = BlockScaledGemm::new(stream.clone())?.with_split_k(cli.split_k);
     let l2 = ctx.attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE)? as usize;
-    let name = ctx.name()?;
-    let baselines = cli.baselines.as_ref().map(|p| std::fs::read_to_string(p).map(|s| parse_baselines(&s))).transpose()?;
-    let shapes: Vec<(usize, usize, usize)> = if cli.shape.is_empty() {
-        SPEC_BASELINES.iter().map(|s| s.0).collect()
-    } else {
-        cli.shape.iter().map(|s| {
-            let v: Vec<usize> = s.split('x').map(|x| x.parse().expect("shape MxNxK")).collect();
-            (v[0], v[1], v[2])
-        }).collect()
+    let gpu = ctx.name()?;
+    let commit = cli.commit.clone().or_else(|| option_env!("BSG_COMMIT").map(str::to_string)).unwrap_or_else(|| "unknown".into());
+    let baselines = match &cli.baselines {
+        Some(p) => Some(Baselines::read(p)?),
+        None => None,
     };
-    println!("device: {name}, {} SMs, L2 {} MB; median of {} runs after 10 warm-ups; output {out}", gemm.device().sm_count, l2 >> 20, cli.runs);
-    println!("{:>16} {:>24} {:>5} {:>10} {:>8} {:>8} {:>8} {:>9} {:>7} {:>11} {:>10} {:>8}", "MxNxK", "config", "split", "median_us", "b2b_us", "TFLOP/s", "GB/s", "floor_us", "x_floor", "cublas_bf16", "cublas_fp8", "check");
+    let copy_gbps = copy_bandwidth(&stream)?;
+    println!("device: {gpu}, {} SMs, L2 {} MB, copy {copy_gbps:.0} GB/s; commit {commit}", gemm.device().sm_count, l2 >> 20);
+    println!("{:>16} {:>6} {:>24} {:>5} {:>9} {:>8} {:>8} {:>8} {:>8} {:>10} {:>9} {:>7} {:>6}", "MxNxK", "out", "config", "split", "launch_us", "b2b_us", "graph_us", "host_us", "floor_us", "bf16_graph", "fp8_graph", "x_floor", "check");
     let mut json = String::new();
-    for (m, n, k) in shapes {
-        let a = Nvfp4Matrix::random_contest(m, k, 1, 1)?;
-        let b = Nvfp4Matrix::random_contest(n, k, 1, 2)?;
-        // Verified rows; for FP4 outputs they also set the norm constant (top scale near 448).
-        let rows: Vec<usize> = (0..m.min(64)).map(|i| i * (m - 1) / (m.min(64) - 1).max(1)).collect();
-        let a_rows = a.select_rows(&rows);
-        // FP4: the exact accumulators of those rows, for the norm constant and the check.
-        let acc = out.sfd().map(|_| reference::accumulators(&Problem::new(rows.len(), n, k), a_rows.data(), a_rows.scales(), b.data(), b.scales(), Accumulation::Exact)).transpose()?;
-        let st = acc.as_ref().map_or(1.0, |acc| 6.0 * 448.0 / acc.iter().fold(1e-30f32, |x, v| x.max(v.abs())));
-        let p = Problem::new(m, n, k).norm_constant(st);
-        let config = match &cli.config {
-            Some(c) => Config::from_name(c).ok_or("unknown --config")?,
-            None => gemm.select_config(&p, out)?,
-        };
-        let split = cli.split_k.unwrap_or_else(|| blockscaled_gemm::config_split_k(config, &p, gemm.device().sm_count, &gemm.device().max_clusters));
-        let set_bytes = p.a_bytes() + p.b_bytes() + p.sfa_bytes() + p.sfb_bytes();
-        let sets = (2 * l2 / set_bytes + 1).max(2);
-        let mut bufs = Vec::new();
-        for _ in 0..sets {
-            bufs.push((stream.clone_htod(a.data())?, stream.clone_htod(a.scales())?, stream.clone_htod(b.data())?, stream.clone_htod(b.scales())?));
+    for &(m, n, k) in &shapes {
+        for &out in &outs {
+            let r = bench_one(&cli, &gemm, &stream, l2, copy_gbps, (m, n, k), out)?;
+            let (bf16, fp8) = baselines.as_ref().map_or((None, None), |b| b.get(m, n, k));
+            let fmt = |x: Option<f64>| x.map_or("-".to_string(), |v| format!("{v:.2}"));
+            println!("{:>16} {:>6} {:>24} {:>5} {:>9.2} {:>8.2} {:>8.2} {:>8.2} {:>8.2} {:>10} {:>9} {:>7.2} {:>6}", format!("{m}x{n}x{k}"), out.name(), r.config.to_string(), r.split,
+                r.launch_us, r.b2b_us, r.graph_us, r.host_us, r.floor_us, fmt(bf16), fmt(fp8), r.graph_us / r.floor_us, if r.exact { "exact" } else { "FAILED" });
+            let num = |x: Option<f64>| x.map_or("null".to_string(), |v| format!("{v:.3}"));
+            json += &format!(
+                "{{\"op\":\"gemm\",\"gpu\":\"{gpu}\",\"commit\":\"{commit}\",\"m\":{m},\"n\":{n},\"k\":{k},\"l\":1,\"out\":\"{}\",\"config\":\"{}\",\"split_k\":{},\"runs\":{},\"graph_calls\":{},\"ours_launch_us\":{:.3},\"ours_b2b_us\":{:.3},\"ours_graph_us\":{:.3},\"host_enqueue_us\":{:.3},\"cublas_bf16_graph_us\":{},\"cublas_fp8_graph_us\":{},\"floor_us\":{:.3},\"copy_gbps\":{copy_gbps:.1},\"exact\":{}}}\n",
+                out.name(), r.config, r.split, cli.runs, cli.graph_calls, r.launch_us, r.b2b_us, r.graph_us, r.host_us, num(bf16), num(fp8), r.floor_us, r.exact);
         }
-        // D as bytes: f16 elements, or packed e2m1 plus the scale factors.
-        let d_bytes = if out.sfd().is_some() { out.d_bytes(p.cd_elems()) } else { 2 * p.cd_elems() };
-        let mut d: CudaSlice<u8> = stream.alloc_zeros(d_bytes)?;
-        let mut sfd: CudaSlice<u8> = stream.alloc_zeros(p.sfd_bytes())?;
-        let launch = |i: usize, d: &mut CudaSlice<u8>, sfd: &mut CudaSlice<u8>| -> Result<(), blockscaled_gemm::Error> {
-            let (av, asf, bv, bsf) = &bufs[i % sets];
-            let (oa, ob) = (Nvfp4Operand::new(av, asf), Nvfp4Operand::new(bv, bsf));
-            if out.sfd().is_some() {
-                gemm.gemm_fp4(&p, out, oa, ob, Nvfp4Output::new(d, sfd), Some(config)).map(|_| ())
-            } else {
-                // SAFETY: every 2-byte pattern is an f16, and the buffer holds 2 * L*M*N bytes.
-                let mut dh = unsafe { d.transmute_mut::<f16>(p.cd_elems()) }.expect("2 bytes per f16");
-                gemm.gemm(&p, oa, ob, &mut dh, Some(config)).map(|_| ())
-            }
-        };
-        for i in 0..10 {
-            launch(i, &mut d, &mut sfd)?;
-        }
-        let event = || stream.record_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT));
-        let mut events = Vec::with_capacity(cli.runs);
-        for i in 0..cli.runs {
-            poison(&stream, &mut d)?;
-            poison(&stream, &mut sfd)?;
-            let start = event()?;
-            launch(i, &mut d, &mut sfd)?;
-            let end = event()?;
-            events.push((start, end));
-        }
-        stream.synchronize()?;
-        let mut us: Vec<f64> = events.iter().map(|(s, e)| s.elapsed_ms(e).map(|ms| ms as f64 * 1e3)).collect::<Result<_, _>>()?;
-        us.sort_by(|x, y| x.partial_cmp(y).unwrap());
-        let median = us[us.len() / 2];
-        // The last run's output, checked on the sampled rows against the exact reference.
-        let got = stream.clone_dtoh(&d)?;
-        // Back to back (after the output above was fetched: these launches are not poisoned).
-        let start = event()?;
-        for i in 0..cli.runs {
-            launch(i, &mut d, &mut sfd)?;
-        }
-        let end = event()?;
-        end.synchronize()?;
-        let b2b = start.elapsed_ms(&end)? as f64 * 1e3 / cli.runs as f64;
-        let passed = match out.sfd() {
-            Some(format) => {
-                let pr = Problem::new(rows.len(), n, k).norm_constant(st);
-                let (want_d, want_sfd) = fp4_out::epilogue(&pr, acc.as_deref().expect("computed for FP4"), None, format);
-                let got_sfd = from_tiled(&stream.clone_dtoh(&sfd)?, m, n / 16, 1);
-                let got_d: Vec<u8> = rows.iter().flat_map(|&r| got[r * n / 2..][..n / 2].iter().copied()).collect();
-                let got_sf: Vec<u8> = rows.iter().flat_map(|&r| got_sfd[r * n / 16..][..n / 16].iter().copied()).collect();
-                let cmp = compare_fp4(&got_d, &got_sf, &want_d, &from_tiled(&want_sfd, rows.len(), n / 16, 1), n);
-                if !cmp.byte_equal() {
-                    eprintln!("{m}x{n}x{k}: verification failed: {cmp}");
-                }
-                cmp.byte_equal()
-            }
-            None => {
-                let want: Vec<f16> = reference_gemm(&a_rows, &b, 1.0, 0.0, None)?;
-                let got_rows: Vec<f16> = rows.iter().flat_map(|&r| got[r * n * 2..][..n * 2].chunks_exact(2).map(|x| f16::from_le_bytes([x[0], x[1]]))).collect();
-                let cmp = compare(&got_rows, &want, 0.0, 0.0);
-                if !cmp.passed() {
-                    eprintln!("{m}x{n}x{k}: verification failed: {cmp}");
-                }
-                cmp.passed()
-            }
-        };
-        let bytes = (set_bytes + d_bytes + if out.sfd().is_some() { p.sfd_bytes() } else { 0 }) as f64;
-        let floor = (bytes / 3.0e12).max(p.flops() / 800e12) * 1e6;
-        let (bf16, fp8, src) = match baselines.as_ref().and_then(|b| b.iter().find(|x| x.0 == (m, n, k)).map(|x| (x.1, x.2))) {
-            Some((x, y)) => (x, y, "measured"),
-            None => SPEC_BASELINES.iter().find(|x| x.0 == (m, n, k)).map_or((f64::NAN, f64::NAN, "none"), |x| (x.1, x.2, "SPEC.md")),
-        };
-        let shape = format!("{m}x{n}x{k}");
-        let check = if passed { "exact" } else { "FAILED" };
-        println!("{shape:>16} {:>24} {split:>5} {median:>10.2} {b2b:>8.2} {:>8.1} {:>8.0} {floor:>9.2} {:>7.2} {bf16:>11.1} {fp8:>10.1} {check:>8}{}", config.to_string(), p.flops() / median / 1e6, bytes / median / 1e3, median / floor, if src == "measured" { "" } else { " (cuBLAS: SPEC.md)" });
-        json += &format!("{{\"shape\":\"{shape}\",\"device\":\"{name}\",\"config\":\"{config}\",\"split_k\":{split},\"out\":\"{out}\",\"runs\":{},\"median_us\":{median:.3},\"b2b_us\":{b2b:.3},\"min_us\":{:.3},\"tflops\":{:.2},\"gbps\":{:.1},\"floor_us\":{floor:.3},\"x_floor\":{:.3},\"cublas_bf16_us\":{bf16},\"cublas_fp8_us\":{fp8},\"cublas_source\":\"{src}\",\"check\":\"{check}\"}}\n",
-            cli.runs, us[0], p.flops() / median / 1e6, bytes / median / 1e3, median / floor);
     }
     if let Some(path) = &cli.json {
         std::fs::write(path, json)?;
@@ -189,27 +147,216 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     Ok(())
 }
 
-fn poison(stream: &std::sync::Arc<cudarc::driver::CudaStream>, d: &mut CudaSlice<u8>) -> Result<(), cudarc::driver::DriverError> {
+struct Result1 {
+    config: Config,
+    split: u32,
+    launch_us: f64,
+    b2b_us: f64,
+    graph_us: f64,
+    host_us: f64,
+    floor_us: f64,
+    exact: bool,
+}
+
+#[allow(clippy::too_many_arguments)]
+fn bench_one(cli: &Cli, gemm: &BlockScaledGemm, stream: &Arc<CudaStream>, l2: usize, copy_gbps: f64, (m, n, k): (usize, usize, usize), out: OutType) -> Result<Result1, Box<dyn std::error::Error>> {
+    let a = Nvfp4Matrix::random_contest(m, k, 1, 1)?;
+    let b = Nvfp4Matrix::random_contest(n, k, 1, 2)?;
+    // Verified rows; for FP4 outputs they also set the norm constant (top scale near 448).
+    let rows: Vec<usize> = (0..m.min(64)).map(|i| i * (m - 1) / (m.min(64) - 1).max(1)).collect();
+    let a_rows = a.select_rows(&rows);
+    let acc = out.sfd().map(|_| reference::accumulators(&Problem::new(rows.len(), n, k), a_rows.data(), a_rows.scales(), b.data(), b.scales(), Accumulation::Exact)).transpose()?;
+    let st = acc.as_ref().map_or(1.0, |acc| 6.0 * 448.0 / acc.iter().fold(1e-30f32, |x, v| x.max(v.abs())));
+    let p = Problem::new(m, n, k).norm_constant(st);
+    let config = match &cli.config {
+        Some(c) => Config::from_name(c).ok_or("unknown --config")?,
+        None => gemm.select_config(&p, out)?,
+    };
+    let split = cli.split_k.unwrap_or_else(|| blockscaled_gemm::config_split_k(config, &p, gemm.device().sm_count, &gemm.device().max_clusters));
+    let set_bytes = p.a_bytes() + p.b_bytes() + p.sfa_bytes() + p.sfb_bytes();
+    let n_sets = (2 * l2 / set_bytes + 1).max(2);
+    let mut sets: Sets = Vec::new();
+    for _ in 0..n_sets {
+        sets.push((stream.clone_htod(a.data())?, stream.clone_htod(a.scales())?, stream.clone_htod(b.data())?, stream.clone_htod(b.scales())?));
+    }
+    let elem = match out {
+        OutType::F32 => 4,
+        _ => 2,
+    };
+    let d_bytes = if out.sfd().is_some() { out.d_bytes(p.cd_elems()) } else { elem * p.cd_elems() };
+    let mut d: CudaSlice<u8> = stream.alloc_zeros(d_bytes)?;
+    let mut sfd: CudaSlice<u8> = stream.alloc_zeros(p.sfd_bytes().max(1))?;
+    gemm.reserve_workspace(gemm.workspace_size(&p, out, Some(config))?)?;
+    let launch = |i: usize, d: &mut CudaSlice<u8>, sfd: &mut CudaSlice<u8>| -> Result<(), blockscaled_gemm::Error> {
+        let (av, asf, bv, bsf) = &sets[i % n_sets];
+        let (oa, ob) = (Nvfp4Operand::new(av, asf), Nvfp4Operand::new(bv, bsf));
+        // SAFETY: every bit pattern is a value of these types, and the buffer holds d_bytes bytes.
+        match out {
+            OutType::Nvfp4 | OutType::Nvfp4Ue8m0 => gemm.gemm_fp4(&p, out, oa, ob, Nvfp4Output::new(d, &mut sfd.slice_mut(..p.sfd_bytes())), Some(config)).map(|_| ()),
+            OutType::F16 => gemm.gemm(&p, oa, ob, &mut unsafe { d.transmute_mut::<f16>(p.cd_elems()) }.expect("2 bytes each"), Some(config)).map(|_| ()),
+            OutType::Bf16 => gemm.gemm(&p, oa, ob, &mut unsafe { d.transmute_mut::<half::bf16>(p.cd_elems()) }.expect("2 bytes each"), Some(config)).map(|_| ()),
+            OutType::F32 => gemm.gemm(&p, oa, ob, &mut unsafe { d.transmute_mut::<f32>(p.cd_elems()) }.expect("4 bytes each"), Some(config)).map(|_| ()),
+        }
+    };
+    let check = |d: &CudaSlice<u8>, sfd: &CudaSlice<u8>| -> Result<bool, Box<dyn std::error::Error>> {
+        let got = stream.clone_dtoh(d)?;
+        Ok(match out.sfd() {
+            Some(format) => {
+                let pr = Problem::new(rows.len(), n, k).norm_constant(st);
+                let (want_d, want_sfd) = fp4_out::epilogue(&pr, acc.as_deref().expect("computed for FP4"), None, format);
+                let got_sfd = from_tiled(&stream.clone_dtoh(&sfd.slice(..p.sfd_bytes()))?, m, n / 16, 1);
+                let got_d: Vec<u8> = rows.iter().flat_map(|&r| got[r * n / 2..][..n / 2].iter().copied()).collect();
+                let got_sf: Vec<u8> = rows.iter().flat_map(|&r| got_sfd[r * n / 16..][..n / 16].iter().copied()).collect();
+                let cmp = compare_fp4(&got_d, &got_sf, &want_d, &from_tiled(&want_sfd, rows.len(), n / 16, 1), n);
+                if !cmp.byte_equal() {
+                    eprintln!("{m}x{n}x{k} {out}: verification failed: {cmp}");
+                }
+                cmp.byte_equal()
+            }
+            None => {
+                let row_bytes = n * elem;
+                let pick: Vec<u8> = rows.iter().flat_map(|&r| got[r * row_bytes..][..row_bytes].iter().copied()).collect();
+                let ok = match out {
+                    OutType::F16 => exact_rows::<f16>(&pick, &a_rows, &b),
+                    OutType::Bf16 => exact_rows::<half::bf16>(&pick, &a_rows, &b),
+                    _ => exact_rows::<f32>(&pick, &a_rows, &b),
+                }?;
+                if !ok {
+                    eprintln!("{m}x{n}x{k} {out}: verification failed");
+                }
+                ok
+            }
+        })
+    };
+    for i in 0..10 {
+        launch(i, &mut d, &mut sfd)?;
+    }
+    let event = || stream.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT));
+    // Per launch, D poisoned before each.
+    let mut events = Vec::with_capacity(cli.runs);
+    for i in 0..cli.runs {
+        poison(stream, &mut d)?;
+        poison(stream, &mut sfd)?;
+        let start = event()?;
+        launch(i, &mut d, &mut sfd)?;
+        events.push((start, event()?));
+    }
+    stream.synchronize()?;
+    let mut us: Vec<f64> = events.iter().map(|(s, e)| s.elapsed_ms(e).map(|ms| ms as f64 * 1e3)).collect::<Result<_, _>>()?;
+    us.sort_by(|x, y| x.total_cmp(y));
+    let launch_us = us[us.len() / 2];
+    let mut exact = check(&d, &sfd)?;
+    // Back to back, and the host's time to queue them.
+    poison(stream, &mut d)?;
+    let start = event()?;
+    let t = Instant::now();
+    for i in 0..cli.runs {
+        launch(i, &mut d, &mut sfd)?;
+    }
+    let host_us = t.elapsed().as_secs_f64() * 1e6 / cli.runs as f64;
+    let end = event()?;
+    end.synchronize()?;
+    let b2b_us = start.elapsed_ms(&end)? as f64 * 1e3 / cli.runs as f64;
+    exact &= check(&d, &sfd)?;
+    // A graph of graph_calls launches, replayed.
+    poison(stream, &mut d)?;
+    stream.synchronize()?;
+    stream.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)?;
+    let captured = (0..cli.graph_calls).try_for_each(|i| launch(i, &mut d, &mut sfd));
+    let graph = stream.end_capture(CUgraphInstantiate_flags(0))?;
+    captured?;
+    let graph = graph.ok_or("capture gave no graph")?;
+    graph.upload()?;
+    for _ in 0..3 {
+        graph.launch()?;
+    }
+    let mut reps = Vec::with_capacity(cli.replays);
+    for _ in 0..cli.replays {
+        let s = event()?;
+        graph.launch()?;
+        reps.push((s, event()?));
+    }
+    stream.synchronize()?;
+    let mut g: Vec<f64> = reps.iter().map(|(s, e)| s.elapsed_ms(e).map(|ms| ms as f64 * 1e3 / cli.graph_calls as f64)).collect::<Result<_, _>>()?;
+    g.sort_by(|x, y| x.total_cmp(y));
+    let graph_us = g[g.len() / 2];
+    exact &= check(&d, &sfd)?;
+    let out_bytes = d_bytes + if out.sfd().is_some() { p.sfd_bytes() } else { 0 };
+    let floor_us = (((set_bytes + out_bytes) as f64) / (copy_gbps * 1e9)).max(p.flops() / 800e12) * 1e6;
+    Ok(Result1 { config, split, launch_us, b2b_us, graph_us, host_us, floor_us, exact })
+}
+
+/// The sampled rows (bytes of D's type) equal the exact reference bit for bit.
+fn exact_rows<T: blockscaled_gemm::OutputElement + le::FromLe>(got: &[u8], a_rows: &Nvfp4Matrix, b: &Nvfp4Matrix) -> Result<bool, blockscaled_gemm::Error> {
+    let want: Vec<T> = reference_gemm(a_rows, b, 1.0, 0.0, None)?;
+    let got: Vec<T> = got.chunks_exact(std::mem::size_of::<T>()).map(T::from_le).collect();
+    Ok(compare(&got, &want, 0.0, 0.0).passed())
+}
+
+mod le {
+    /// Reads one value from its little-endian bytes.
+    pub trait FromLe {
+        fn from_le(b: &[u8]) -> Self;
+    }
+    impl FromLe for half::f16 {
+        fn from_le(b: &[u8]) -> Self {
+            half::f16::from_le_bytes([b[0], b[1]])
+        }
+    }
+    impl FromLe for half::bf16 {
+        fn from_le(b: &[u8]) -> Self {
+            half::bf16::from_le_bytes([b[0], b[1]])
+        }
+    }
+    impl FromLe for f32 {
+        fn from_le(b: &[u8]) -> Self {
+            f32::from_le_bytes([b[0], b[1], b[2], b[3]])
+        }
+    }
+}
+
+fn poison(stream: &Arc<CudaStream>, d: &mut CudaSlice<u8>) -> Result<(), cudarc::driver::DriverError> {
     let bytes = d.len();
     let (ptr, _guard) = d.device_ptr_mut(stream);
     // SAFETY: ptr is a live allocation of `bytes` bytes, ordered on this stream by the guard.
     unsafe { cudarc::driver::result::memset_d8_async(ptr, 0xFF, bytes, stream.cu_stream()) }
 }
 
-/// Minimal reader for the baselines file: lines of `"MxNxK": {"bf16_us": x, "fp8_us": y}`.
-fn parse_baselines(s: &str) -> Vec<((usize, usize, usize), f64, f64)> {
-    let num = |t: &str, key: &str| -> Option<f64> {
-        let i = t.find(key)? + key.len();
-        let rest = t[i..].trim_start_matches(|c: char| c == '"' || c == ':' || c.is_whitespace());
-        rest.split([',', '}']).next()?.trim().parse().ok()
-    };
-    s.split("\"").collect::<Vec<_>>().windows(2).filter_map(|w| {
-        let dims: Vec<usize> = w[0].split('x').filter_map(|x| x.parse().ok()).collect();
-        if dims.len() != 3 || !w[1].trim_start().starts_with(':') {
-            return None;
-        }
-        let tail = &s[s.find(&format!("\"{}\"", w[0]))?..];
-        let entry = &tail[..tail.find('}')? + 1];
-        Some(((dims[0], dims[1], dims[2]), num(entry, "bf16_us")?, num(entry, "fp8_us")?))
-    }).collect()
+/// Device-to-device copy bandwidth, bytes read plus written per second, in GB/s: 512 MiB copied
+/// 10 times, the median.
+fn copy_bandwidth(stream: &Arc<CudaStream>) -> Result<f64, Box<dyn std::error::Error>> {
+    let bytes = 512 << 20;
+    let src: CudaSlice<u8> = stream.alloc_zeros(bytes)?;
+    let mut dst: CudaSlice<u8> = stream.alloc_zeros(bytes)?;
+    stream.memcpy_dtod(&src, &mut dst)?;
+    let mut t = Vec::new();
+    for _ in 0..10 {
+        let s = stream.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
+        stream.memcpy_dtod(&src, &mut dst)?;
+        let e = stream.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
+        e.synchronize()?;
+        t.push(s.elapsed_ms(&e)? as f64);
+    }
+    t.sort_by(|x, y| x.total_cmp(y));
+    Ok(2.0 * bytes as f64 / (t[t.len() / 2] * 1e-3) / 1e9)
+}
+
+/// cuBLAS figures from bench/baselines.py's JSON: {"shapes": {"MxNxK": {"cublas_bf16_graph_us":
+/// x, "cublas_fp8_graph_us": y, ...}}}; a minimal reader (no JSON crate for one file).
+struct Baselines(String);
+
+impl Baselines {
+    fn read(path: &std::path::Path) -> std::io::Result<Baselines> {
+        std::fs::read_to_string(path).map(Baselines)
+    }
+    fn get(&self, m: usize, n: usize, k: usize) -> (Option<f64>, Option<f64>) {
+        let Some(i) = self.0.find(&format!("\"{m}x{n}x{k}\"")) else { return (None, None) };
+        let rest = &self.0[i..];
+        let entry = &rest[..rest.find('}').unwrap_or(rest.len())];
+        let num = |key: &str| -> Option<f64> {
+            let j = entry.find(&format!("\"{key}\""))? + key.len() + 2;
+            entry[j..].trim_start_matches([':', ' ']).split([',', '}', '\n']).next()?.trim().parse().ok()
+        };
+        (num("cublas_bf16_graph_us"), num("cublas_fp8_graph_us"))
+    }
 }

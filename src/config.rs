@@ -43,7 +43,8 @@ impl Config {
 
     /// Whether this build holds the kernel for this config and output (see `BSG_ARCHS`).
     pub fn is_built(self, out: OutType) -> bool {
-        crate::ffi::bridge::kernel_built(self.info().index, out.index())
+        let i = self.info();
+        BUILT_ARCHS.contains(&i.arch) && i.outputs.contains(&out)
     }
 
     /// The compute capability this config's machine code runs on.
@@ -98,8 +99,8 @@ const SM100_SHAPES: &[((usize, usize, usize), Config)] = &[
 ];
 
 /// Output tiles an SM90 split-K launch may have: its counters sit in a fixed region of the
-/// workspace (`cpp/sm90_gemm.cuh`, `kMaxSplitTiles`).
-pub const SM90_MAX_SPLIT_TILES: usize = 65536;
+/// workspace (`BSG_SM90_MAX_SPLIT_TILES` in the launch ABI).
+pub const SM90_MAX_SPLIT_TILES: usize = crate::sys::SM90_MAX_SPLIT_TILES;
 
 /// The K ranges a forced split-K factor gives `config` on `p`: SM100 configs ignore it (1:
 /// CUTLASS schedules them); SM90 configs take at most one range per 64-K tile, at most 65535,
@@ -111,8 +112,9 @@ pub fn check_split_k(config: Config, p: &Problem, split_k: u32) -> Result<u32> {
     }
     let bad = |rule: String| Err(Error::InvalidData { what: "split_k", detail: format!("{split_k}: {rule}") });
     let k_tiles = p.k.div_ceil(i.tile[2] as usize);
-    if split_k == 0 || split_k as usize > k_tiles || split_k > 65535 {
-        return bad(format!("must be in 1..={} (K / 64 rounded up, at most 65535)", k_tiles.min(65535)));
+    let max = crate::sys::SM90_MAX_SPLIT_K;
+    if split_k == 0 || split_k as usize > k_tiles || split_k > max {
+        return bad(format!("must be in 1..={} (K / 64 rounded up, at most {max})", k_tiles.min(max as usize)));
     }
     let tiles = config.tiles(p);
     if split_k > 1 && tiles > SM90_MAX_SPLIT_TILES {
@@ -122,9 +124,9 @@ pub fn check_split_k(config: Config, p: &Problem, split_k: u32) -> Result<u32> {
 }
 
 /// Splits of 2 to this many K ranges of the SM90 swapped configs ([`ConfigInfo::swapped`]) are reduced
-/// through a thread-block cluster per output tile (`kMaxClusterSplit` in `cpp/sm90_gemm.cuh`);
-/// other splits and tiles go through global memory.
-pub const SM90_MAX_CLUSTER_SPLIT: u32 = 8;
+/// through a thread-block cluster per output tile (`BSG_SM90_MAX_CLUSTER_SPLIT` in the launch
+/// ABI); other splits and tiles go through global memory.
+pub const SM90_MAX_CLUSTER_SPLIT: u32 = crate::sys::SM90_MAX_CLUSTER_SPLIT;
 
 /// Per cluster size 2 to [`SM90_MAX_CLUSTER_SPLIT`], how many clusters of that many thread
 /// blocks (one block per SM) a device runs at once.

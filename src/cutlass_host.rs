@@ -4,13 +4,13 @@
 
 use crate::config::Config;
 use crate::error::{Error, Result};
-use crate::ffi::bridge;
+use crate::sys::{self as bridge, KernelArgs};
 use crate::problem::{check_operand_lens, OutType, Problem, SfdFormat};
 
-fn args(p: &Problem) -> bridge::LaunchArgs {
+fn args(p: &Problem) -> KernelArgs {
     // Aligned, never dereferenced: these calls only inspect shapes and layouts.
     let x = 1 << 20;
-    bridge::LaunchArgs { a: x, sfa: x, b: x, sfb: x, c: x, d: x, sfd: x, norm_constant: x, sm_count: 1, ..crate::gemm::launch_args(p) }
+    KernelArgs { a: x, sfa: x, b: x, sfb: x, c: x, d: x, sfd: x, norm_constant_ptr: x, sm_count: 1, ..crate::gemm::launch_args(p) }
 }
 
 fn built(config: Config, out: OutType) -> Result<()> {
@@ -21,11 +21,11 @@ fn built(config: Config, out: OutType) -> Result<()> {
 }
 
 /// The host arguments of a query about `config` with `out` output on `p` in `split_k` ranges.
-fn split_args(config: Config, out: OutType, p: &Problem, split_k: u32) -> Result<bridge::LaunchArgs> {
+fn split_args(config: Config, out: OutType, p: &Problem, split_k: u32) -> Result<KernelArgs> {
     built(config, out)?;
     p.check_dims(i32::MAX as usize)?;
     let split_k = i32::try_from(split_k).map_err(|_| Error::InvalidData { what: "split_k", detail: format!("{split_k}: above i32::MAX") })?;
-    Ok(bridge::LaunchArgs { split_k, ..args(p) })
+    Ok(KernelArgs { split_k, ..args(p) })
 }
 
 /// CUTLASS `GemmUniversalAdapter::can_implement` for `config` with `out` output on `p`

@@ -164,6 +164,27 @@ pub enum Error {
         /// The bad value and the rule.
         detail: String,
     },
+    /// A call during CUDA graph capture needs more workspace than is reserved; it allocated
+    /// nothing and left the capture valid.
+    #[error("workspace: this call needs {need} bytes and {have} are reserved, and allocating during CUDA graph capture is not allowed; call BlockScaledGemm::reserve_workspace (sizes from workspace_size) or run the call once before capturing")]
+    WorkspaceDuringCapture {
+        /// Bytes the call needs.
+        need: usize,
+        /// Bytes reserved.
+        have: usize,
+    },
+    /// The workspace would grow beyond the limit set with `set_workspace_limit`.
+    #[error("workspace: this call needs {need} bytes, above the limit of {limit} set with set_workspace_limit")]
+    WorkspaceLimit {
+        /// Bytes the call needs.
+        need: usize,
+        /// The limit.
+        limit: usize,
+    },
+    /// A call during CUDA graph capture while cudarc's event tracking is on: its waits on events
+    /// recorded before the capture would invalidate the capture.
+    #[error("CUDA graph capture with cudarc's event tracking on: the buffers' tracking events were recorded outside the capture and waiting on them fails (CUDA_ERROR_STREAM_CAPTURE_ISOLATION); call CudaContext::disable_event_tracking() before allocating the buffers the graph uses, and order their uses yourself")]
+    CaptureEventTracking,
     /// A non-finite input to the quantizer.
     #[error("input element {index} is {value}: the quantizer needs finite values")]
     NonFiniteInput {

@@ -4,11 +4,12 @@
 
 use std::sync::{Arc, Mutex};
 
+use cudarc::driver::sys::{CUdeviceptr, CUstreamCaptureStatus};
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut, SyncOnDrop};
 
 use crate::config::{self, Config};
 use crate::error::{Error, Result};
-use crate::ffi::bridge;
+use crate::sys::{self, KernelArgs};
 use crate::formats::{OutputElement, PackedFp4, ScaleByte};
 use crate::problem::{check_align, check_len, check_operand_lens, d_rule, OutType, Problem};
 
@@ -149,10 +150,10 @@ pub fn plan(p: &Problem, out: OutType, lens: &BufferLens, device: &DeviceFacts, 
 /// NVFP4 x NVFP4 block-scaled GEMM on one CUDA stream:
 /// `D = alpha * dec(A) dec(B)ᵀ + beta * C`, with A (L, M, K) and B (L, N, K) both K-major
 /// (PyTorch `a @ b.T`), scales per 16 elements of K in the 128x4 tiled layout, FP32
-/// accumulation, and D in f16, bf16 or f32.
+/// accumulation, and D in f16, bf16 or f32 (or NVFP4: [`Self::gemm_fp4`]).
 ///
-/// It is `Send + Sync`: the workspace sits behind a mutex held from allocation until the launch
-/// is queued, and every launch goes to the one stream, which orders workspace reuse.
+/// It is `Send + Sync`: the workspace sits behind a mutex held until the launch is queued, and
+/// every launch goes to the one stream, which orders workspace reuse.
 ///
 /// Stream ordering: every launch goes to the stream as usual, so the next operation on it sees D
 /// complete. On Hopper the kernel also allows programmatic dependent launch: a next kernel that
@@ -161,11 +162,25 @@ pub fn plan(p: &Problem, out: OutType, lens: &BufferLens, device: &DeviceFacts, 
 /// before it reads D, as such kernels do by contract. (This crate's own pre-pass does, and so
 /// overlaps the previous call's tail.)
 ///
-/// Device memory: the workspace grows to the largest call's need and is kept. On Hopper it holds
-/// split-K partials where a split goes through global memory, and for the swapped configs
+/// Workspace: device memory the kernels use besides their operands. On Hopper it holds split-K
+/// partials where a split goes through global memory, and for the swapped configs
 /// (`Sm90_128x256x64`, `Sm90_256x128x64`, `Sm90_Swapped_128x128x64`: the picks for most shapes)
-/// the activations decoded once per call to FP16:
-/// 2 * L * M * K bytes plus 256 KiB (4.3 MB at M = 128, K = 16384; 128 MiB at 8192^3).
+/// the activations decoded once per call to FP16: 2 * L * M * K bytes plus 256 KiB (4.3 MB at
+/// M = 128, K = 16384; 128 MiB at 8192^3). [`Self::workspace_size`] tells a call's need,
+/// [`Self::reserve_workspace`] allocates ahead, [`Self::set_workspace_limit`] bounds it. A call
+/// grows it when needed, except during CUDA graph capture, where it returns
+/// [`Error::WorkspaceDuringCapture`] instead of allocating. Memory it grew out of is kept until
+/// the `BlockScaledGemm` is dropped (a captured graph may still use it) or
+/// [`Self::release_workspace`] is called.
+///
+/// CUDA graphs: a call does no allocation (once the workspace suffices), no host
+/// synchronisation and no host-to-device copy, so it can be captured; every value (alpha, beta,
+/// the FP4 norm constant) is captured by value. Capture needs a stream other than the legacy
+/// default stream, and cudarc's event tracking off for the buffers the graph uses
+/// (`CudaContext::disable_event_tracking()` before allocating them): its waits on events recorded
+/// before the capture would break it, so a call during capture with tracking on returns
+/// [`Error::CaptureEventTracking`] before touching the stream. Graphs must not be replayed after
+/// the `BlockScaledGemm` whose calls they captured is dropped.
 ///
 /// ```no_run
 /// use blockscaled_gemm::{BlockScaledGemm, Nvfp4Matrix, Nvfp4Operand, Problem};
@@ -193,23 +208,31 @@ pub struct BlockScaledGemm {
     split_k: Option<u32>,
 }
 
-/// Device memory the launches share, held under one lock from its write until the launch is
-/// queued; the one stream orders its reuse.
+/// Device memory this crate allocates itself, with the driver directly: no cudarc event
+/// tracking, so using it never waits on events (which capture would reject).
+struct DeviceBuffer {
+    ptr: CUdeviceptr,
+    bytes: usize,
+}
+
+/// Device memory the launches share, held under one lock until the launch is queued; the one
+/// stream orders its reuse.
 #[derive(Default)]
 struct Scratch {
     /// Zeroed when allocated, never by a launch: the SM90 kernel's split-K counters live at its
-    /// start and each launch leaves them zero (the swapped tiles' decoded activations lie past
-    /// them).
-    workspace: Option<CudaSlice<u8>>,
-    /// The norm constant of FP4 outputs (the kernels read it from device memory, as CUTLASS's
-    /// `norm_constant_ptr`), and the bits last copied there: an unchanged value is not copied
-    /// again (a copy from pageable memory waits for the stream).
-    norm_constant: Option<(CudaSlice<f32>, u32)>,
+    /// start and each launch leaves them zero.
+    workspace: Option<DeviceBuffer>,
+    /// Buffers the workspace grew out of: a captured graph may still use them.
+    retired: Vec<DeviceBuffer>,
+    limit: Option<usize>,
+    /// SM100 FP4 output: CUTLASS's epilogue reads the norm constant through a pointer; each call
+    /// writes its value here in stream order (a memset node when captured).
+    norm_slot: Option<DeviceBuffer>,
 }
 
 /// The launch arguments a problem fixes (shape and scalars); the caller sets the rest.
-pub(crate) fn launch_args(p: &Problem) -> bridge::LaunchArgs {
-    bridge::LaunchArgs { m: p.m as i32, n: p.n as i32, k: p.k as i32, l: p.l as i32, alpha: p.alpha, beta: p.beta, split_k: 1, ..Default::default() }
+pub(crate) fn launch_args(p: &Problem) -> KernelArgs {
+    KernelArgs { m: p.m as i32, n: p.n as i32, k: p.k as i32, l: p.l as i32, alpha: p.alpha, beta: p.beta, split_k: 1, norm_constant: p.norm_constant, ..Default::default() }
 }
 
 impl BlockScaledGemm {
@@ -361,13 +384,14 @@ impl BlockScaledGemm {
     {
         let out = TO::OUT;
         let config = self.plan_checked(p, out, &a, &b, c, &[("D", d.len(), d.stream())], forced)?;
+        let capturing = self.capture_check()?;
         let stream = &self.stream;
         let (([pa, psfa], _ga), ([pb, psfb], _gb)) = (a.ptrs(stream), b.ptrs(stream));
         let (pd, _gd) = d.device_ptr_mut(stream);
         let c_ptr = c.map(|c| c.device_ptr(stream));
         // Without C the kernel gets D as its C pointer; beta is 0, so it never reads it.
         let pc = c_ptr.as_ref().map_or(pd, |(p, _)| *p);
-        self.launch(p, out, config, bridge::LaunchArgs { a: pa, sfa: psfa, b: pb, sfb: psfb, c: pc, d: pd, ..launch_args(p) })
+        self.launch(p, out, config, capturing, KernelArgs { a: pa, sfa: psfa, b: pb, sfb: psfb, c: pc, d: pd, ..launch_args(p) })
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -380,19 +404,34 @@ impl BlockScaledGemm {
             return Err(Error::InvalidData { what: "out", detail: format!("{out}: gemm_fp4 writes the FP4 outputs nvfp4 or nvfp4-ue8m0; use gemm for {out}") });
         }
         let config = self.plan_checked(p, out, &a, &b, c, &[("D", d.values.len(), d.values.stream()), ("SFD", d.scales.len(), d.scales.stream())], forced)?;
+        let capturing = self.capture_check()?;
         let stream = &self.stream;
         let (([pa, psfa], _ga), ([pb, psfb], _gb)) = (a.ptrs(stream), b.ptrs(stream));
         let (pd, _gd) = d.values.device_ptr_mut(stream);
         let (psfd, _gsfd) = d.scales.device_ptr_mut(stream);
         let c_ptr = c.map(|c| c.device_ptr(stream));
         let pc = c_ptr.as_ref().map_or(pd, |(p, _)| *p);
-        self.launch(p, out, config, bridge::LaunchArgs { a: pa, sfa: psfa, b: pb, sfb: psfb, c: pc, d: pd, sfd: psfd, ..launch_args(p) })
+        self.launch(p, out, config, capturing, KernelArgs { a: pa, sfa: psfa, b: pb, sfb: psfb, c: pc, d: pd, sfd: psfd, ..launch_args(p) })
     }
 
-    /// Checks alignment and `can_implement`, prepares the shared device memory and queues the
-    /// kernel. `args` holds the problem and the buffers' addresses (SFD 0 unless FP4); the caller
-    /// holds every buffer's guard across this call.
-    fn launch(&self, p: &Problem, out: OutType, config: Config, mut args: bridge::LaunchArgs) -> Result<Config> {
+    /// Whether the stream is capturing a graph; during capture with cudarc's event tracking on,
+    /// the typed error that names the fix (before any buffer's guard would wait on an event
+    /// recorded outside the capture and invalidate it).
+    fn capture_check(&self) -> Result<bool> {
+        let ctx = self.stream.context();
+        ctx.bind_to_thread()?;
+        let capturing = self.stream.capture_status()? != CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+        if capturing && ctx.is_managing_stream_synchronization() {
+            return Err(Error::CaptureEventTracking);
+        }
+        Ok(capturing)
+    }
+
+    /// Checks alignment, fills in the stream, device and workspace, and crosses the FFI line once
+    /// to check and queue the kernel; grows the workspace and tries again when the kernel asks for
+    /// more (never during capture). `args` holds the problem and the buffers' addresses (SFD 0
+    /// unless FP4); the caller holds every buffer's guard across this call.
+    fn launch(&self, p: &Problem, out: OutType, config: Config, capturing: bool, mut args: KernelArgs) -> Result<Config> {
         let stream = &self.stream;
         for (name, addr) in [("A", args.a), ("SFA", args.sfa), ("B", args.b), ("SFB", args.sfb), ("C", args.c), ("D", args.d), ("SFD", args.sfd)] {
             if !(name == "SFD" && out.sfd().is_none()) {
@@ -403,56 +442,155 @@ impl BlockScaledGemm {
         args.device_id = self.device.ordinal as i32;
         args.sm_count = self.device.sm_count as i32;
         args.split_k = self.split_k_for(config, p)? as i32;
-        let mut guard = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
-        let scratch = &mut *guard; // one borrow per field below
-        stream.context().bind_to_thread()?;
-        let norm_guard = if out.sfd().is_some() {
-            if scratch.norm_constant.is_none() {
-                scratch.norm_constant = Some((stream.alloc_zeros::<f32>(1)?, 0.0f32.to_bits()));
-            }
-            let (slot, bits) = scratch.norm_constant.as_mut().expect("allocated above");
-            if *bits != p.norm_constant.to_bits() {
-                stream.memcpy_htod(&[p.norm_constant], slot)?;
-                *bits = p.norm_constant.to_bits();
-            }
-            Some(slot.device_ptr(stream))
-        } else {
-            None
-        };
-        if let Some((ptr, _)) = &norm_guard {
-            args.norm_constant = *ptr;
+        if out.sfd().is_some() && p.sfd_bytes() != p.l * p.m * (p.n / 16) {
+            // The kernels leave the padding of the SFD tiles unwritten; the launch zeroes it (once
+            // every check has passed) so the buffer can feed the next GEMM.
+            args.sfd_bytes = p.sfd_bytes() as u64;
         }
         let (index, out_index) = (config.info().index, out.index());
-        if !bridge::can_implement(index, out_index, &args) {
-            return Err(Error::CannotImplement { config, m: p.m, n: p.n, k: p.k, l: p.l });
+        let mut guard = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
+        let scratch = &mut *guard;
+        if out.sfd().is_some() && config.info().arch == 100 {
+            if scratch.norm_slot.is_none() {
+                scratch.norm_slot = Some(DeviceBuffer::zeroed(stream, 4, capturing)?);
+            }
+            let slot = scratch.norm_slot.as_ref().expect("allocated above").ptr;
+            // SAFETY: the slot is our own live 4-byte allocation; the memset is queued on the
+            // stream ahead of the kernel that reads it.
+            unsafe { cudarc::driver::sys::cuMemsetD32Async(slot, p.norm_constant.to_bits(), 1, stream.cu_stream()) }.result()?;
+            args.norm_constant_ptr = slot;
         }
-        if out.sfd().is_some() && p.sfd_bytes() != p.l * p.m * (p.n / 16) {
-            // The kernels leave the padding of the SFD tiles unwritten; zero it so the buffer can
-            // feed the next GEMM (padding scales must be finite, SPEC.md §3).
-            // SAFETY: `args.sfd` is the caller's live, guarded SFD buffer of `p.sfd_bytes()` bytes.
-            unsafe { cudarc::driver::result::memset_d8_async(args.sfd, 0, p.sfd_bytes(), stream.cu_stream()) }?;
+        loop {
+            if let Some(w) = &scratch.workspace {
+                args.workspace = w.ptr;
+                args.workspace_bytes = w.bytes as u64;
+            }
+            // SAFETY: every address is a live device allocation of the checked length on this
+            // stream's device, 16-byte aligned; the caller's guards and our lock live until the
+            // launch is queued. The kernel checks the workspace it is given against its need and
+            // launches nothing when it is short.
+            let status = unsafe { sys::launch(index, out_index, &args) };
+            match status.cutlass_status {
+                0 => {}
+                NOT_BUILT => return Err(Error::NotBuilt { config, out }),
+                WORKSPACE_NULL if status.workspace_needed > args.workspace_bytes => {
+                    let need = status.workspace_needed as usize;
+                    if capturing {
+                        return Err(Error::WorkspaceDuringCapture { need, have: args.workspace_bytes as usize });
+                    }
+                    scratch.grow(stream, need)?;
+                    continue;
+                }
+                INVALID_PROBLEM => return Err(Error::CannotImplement { config, m: p.m, n: p.n, k: p.k, l: p.l }),
+                code => return Err(Error::Cutlass { code, name: sys::cutlass_status_name(code) }),
+            }
+            if status.cuda_error != 0 {
+                return Err(Error::CudaRuntime { code: status.cuda_error, name: sys::cuda_error_name(status.cuda_error) });
+            }
+            return Ok(config);
         }
-        let need = bridge::workspace_size(index, out_index, &args);
-        if need > 0 && scratch.workspace.as_ref().is_none_or(|w| w.len() < need) {
-            scratch.workspace = Some(stream.alloc_zeros::<u8>(need)?);
+    }
+
+    /// Workspace bytes a call of [`Self::gemm`] (or [`Self::gemm_fp4`] with output `out`) on `p`
+    /// needs, with `config` or the one the heuristic picks. A host-side query: nothing runs on the
+    /// device.
+    pub fn workspace_size(&self, p: &Problem, out: OutType, config: Option<Config>) -> Result<usize> {
+        let lens = BufferLens::for_problem(p, out, p.beta != 0.0);
+        let config = plan(p, out, &lens, &self.device, config, |c, o| c.is_built(o))?;
+        let args = KernelArgs { split_k: self.split_k_for(config, p)? as i32, sm_count: self.device.sm_count as i32, ..launch_args(p) };
+        Ok(sys::workspace_size(config.info().index, out.index(), &args))
+    }
+
+    /// Makes the workspace at least `bytes` (allocated and zeroed now, on this stream): calls that
+    /// need at most this then allocate nothing, so they can be captured in a CUDA graph.
+    pub fn reserve_workspace(&self, bytes: usize) -> Result<()> {
+        let capturing = self.capture_check()?;
+        let mut scratch = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
+        if scratch.workspace.as_ref().is_some_and(|w| w.bytes >= bytes) {
+            return Ok(());
         }
-        let ws_guard = scratch.workspace.as_mut().filter(|_| need > 0).map(|w| w.device_ptr_mut(stream));
-        if let Some((ptr, _)) = &ws_guard {
-            args.workspace = *ptr;
-            args.workspace_bytes = need;
+        if capturing {
+            let have = scratch.workspace.as_ref().map_or(0, |w| w.bytes);
+            return Err(Error::WorkspaceDuringCapture { need: bytes, have });
         }
-        // SAFETY: every pointer is a live device allocation of the checked length on this
-        // stream's device, 16-byte aligned, and its guard lives until after the launch is queued.
-        let status = unsafe { bridge::launch(index, out_index, &args) };
-        drop(ws_guard);
-        drop(norm_guard);
-        if status.cutlass_status != 0 {
-            return Err(Error::Cutlass { code: status.cutlass_status, name: bridge::cutlass_status_name(status.cutlass_status) });
+        scratch.grow(&self.stream, bytes)
+    }
+
+    /// Bytes of the current workspace.
+    pub fn workspace_bytes(&self) -> usize {
+        self.scratch.lock().unwrap_or_else(|e| e.into_inner()).workspace.as_ref().map_or(0, |w| w.bytes)
+    }
+
+    /// Bounds the workspace: a call that would grow it beyond `limit` bytes returns
+    /// [`Error::WorkspaceLimit`] instead (`None`: no bound).
+    pub fn set_workspace_limit(&self, limit: Option<usize>) {
+        self.scratch.lock().unwrap_or_else(|e| e.into_inner()).limit = limit;
+    }
+
+    /// Frees the workspace and every buffer it grew out of, after waiting for the stream; the
+    /// next call allocates again.
+    ///
+    /// # Safety
+    /// No CUDA graph that captured a call of this `BlockScaledGemm` may be launched afterwards:
+    /// it would use the freed memory.
+    pub unsafe fn release_workspace(&self) -> Result<()> {
+        let mut scratch = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
+        self.stream.synchronize()?;
+        scratch.retired.clear();
+        scratch.workspace = None;
+        Ok(())
+    }
+}
+
+/// Statuses the launch path tells apart (the launch ABI's, checked against `cutlass::Status`).
+const NOT_BUILT: i32 = sys::STATUS_NOT_BUILT;
+const INVALID_PROBLEM: i32 = sys::STATUS_INVALID_PROBLEM;
+const WORKSPACE_NULL: i32 = sys::STATUS_WORKSPACE_NULL;
+
+impl DeviceBuffer {
+    /// `bytes` of device memory, zeroed in stream order. Refused during capture.
+    fn zeroed(stream: &CudaStream, bytes: usize, capturing: bool) -> Result<DeviceBuffer> {
+        if capturing {
+            return Err(Error::WorkspaceDuringCapture { need: bytes, have: 0 });
         }
-        if status.cuda_error != 0 {
-            return Err(Error::CudaRuntime { code: status.cuda_error, name: bridge::cuda_error_name(status.cuda_error) });
+        stream.context().bind_to_thread()?;
+        // SAFETY: a plain allocation of the current context; freed in Drop after the stream
+        // that uses it has drained.
+        let ptr = unsafe { cudarc::driver::result::malloc_sync(bytes.max(1)) }?;
+        let buf = DeviceBuffer { ptr, bytes };
+        // SAFETY: ptr holds `bytes` bytes; the memset is ordered before any launch on the stream.
+        unsafe { cudarc::driver::result::memset_d8_async(ptr, 0, bytes, stream.cu_stream()) }?;
+        Ok(buf)
+    }
+}
+
+impl Drop for DeviceBuffer {
+    fn drop(&mut self) {
+        // SAFETY: allocated by malloc_sync; the owner drains its stream before dropping.
+        let _ = unsafe { cudarc::driver::result::free_sync(self.ptr) };
+    }
+}
+
+impl Scratch {
+    /// A workspace of at least `need` bytes; the old one is kept (a captured graph may use it).
+    fn grow(&mut self, stream: &CudaStream, need: usize) -> Result<()> {
+        if let Some(limit) = self.limit {
+            if need > limit {
+                return Err(Error::WorkspaceLimit { need, limit });
+            }
         }
-        Ok(config)
+        let buf = DeviceBuffer::zeroed(stream, need, false)?;
+        if let Some(old) = self.workspace.replace(buf) {
+            self.retired.push(old);
+        }
+        Ok(())
+    }
+}
+
+impl Drop for BlockScaledGemm {
+    fn drop(&mut self) {
+        // Our buffers are freed once the stream no longer uses them.
+        let _ = self.stream.synchronize();
     }
 }
 

@@ -8,14 +8,13 @@
 //! - [`formats`], [`layout`], [`Nvfp4Matrix`]: NVFP4 values, the 128x4 tiled scale layout, host
 //!   tensors, generators and a ModelOpt-style quantizer.
 //!
-//! Layers, bottom up: `ffi` (cxx bridge, unsafe), [`cutlass_host`] (host-side CUTLASS queries),
-//! [`gemm`] (the safe API).
+//! Layers, bottom up: `sys` (the launch ABI through bindgen and the cxx bridge, unsafe),
+//! [`cutlass_host`] (host-side queries of the kernels), [`gemm`] (the safe API).
 mod clusters;
 pub mod compare;
 mod config;
 pub mod cutlass_host;
 mod error;
-mod ffi;
 pub mod formats;
 pub mod fp4_out;
 pub mod gemm;
@@ -23,6 +22,7 @@ pub mod layout;
 mod matrix;
 mod problem;
 pub mod reference;
+mod sys;
 
 pub use config::{check_split_k, cluster_reduced, select as select_config, split_k as config_split_k, ClusterCounts, Config, ConfigInfo, ANY_CLUSTERS, SM90_MAX_CLUSTER_SPLIT, SM90_MAX_SPLIT_TILES};
 pub use error::{Error, Result};

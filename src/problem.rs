@@ -53,14 +53,18 @@ impl OutType {
             _ => None,
         }
     }
-    /// Index in the kernel table (the order of [`Self::ALL`]).
+    /// Index in the kernel table: the launch ABI's `OutKind`.
     pub const fn index(self) -> u32 {
+        self.kind() as u32
+    }
+    pub(crate) const fn kind(self) -> crate::sys::OutKind {
+        use crate::sys::OutKind as K;
         match self {
-            OutType::F16 => 0,
-            OutType::Bf16 => 1,
-            OutType::F32 => 2,
-            OutType::Nvfp4 => 3,
-            OutType::Nvfp4Ue8m0 => 4,
+            OutType::F16 => K::F16,
+            OutType::Bf16 => K::Bf16,
+            OutType::F32 => K::F32,
+            OutType::Nvfp4 => K::Nvfp4,
+            OutType::Nvfp4Ue8m0 => K::Nvfp4Ue8m0,
         }
     }
     /// Lower-case name: "f16", "bf16", "f32", "nvfp4", "nvfp4-ue8m0".

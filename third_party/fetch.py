@@ -5,6 +5,7 @@ Reads third_party/pins.txt (name, version, sha256), downloads each wheel with pi
 cache outside the checkout, verifies its sha256, and unpacks:
   third_party/cuda/nvidia/cu13/{bin,include,lib,nvvm}   nvcc 13.0, cudart, cuobjdump, nvdisasm
   third_party/cutlass/{include,tools,examples}           CUTLASS 4.2.0 (cutlass_library/source)
+  third_party/libclang/libclang.so                       libclang 18, for bindgen in build.rs
 A stamp file records the pins, so a second run does nothing. Standard library only.
 """
 import hashlib
@@ -21,6 +22,7 @@ PINS = os.path.join(HERE, "pins.txt")
 STAMP = os.path.join(HERE, ".stamp")
 CUDA_DIR = os.path.join(HERE, "cuda")
 CUTLASS_DIR = os.path.join(HERE, "cutlass")
+LIBCLANG_DIR = os.path.join(HERE, "libclang")
 PLATFORMS = ["manylinux2014_x86_64", "manylinux_2_17_x86_64", "manylinux_2_12_x86_64",
              "manylinux2010_x86_64", "manylinux_2_27_x86_64", "manylinux_2_28_x86_64"]
 
@@ -97,13 +99,16 @@ def main():
         return
     cache = wheel_cache()
     wheels = [(n, download(cache, n, v, s)) for n, v, s in pins]
-    for d in (CUDA_DIR, CUTLASS_DIR):
+    for d in (CUDA_DIR, CUTLASS_DIR, LIBCLANG_DIR):
         shutil.rmtree(d, ignore_errors=True)
     with tempfile.TemporaryDirectory(dir=HERE) as tmp:
         for name, whl in wheels:
             extract(whl, tmp)
         shutil.move(os.path.join(tmp, "nvidia"), os.path.join(CUDA_DIR, "nvidia"))
         shutil.move(os.path.join(tmp, "cutlass_library", "source"), CUTLASS_DIR)
+        clang = [d for d in os.listdir(tmp) if d.startswith("libclang-") and d.endswith(".data")]
+        if clang:
+            shutil.move(os.path.join(tmp, clang[0], "platlib", "clang", "native"), LIBCLANG_DIR)
     bins = [os.path.join(CUDA_DIR, "nvidia", "cu13", d) for d in ("bin", "nvvm/bin")]
     for d in bins:  # some wheels do not record the executable bit
         for root, _, files in os.walk(d):

@@ -1,61 +1,96 @@
-// Plain C++ interface between the nvcc-built kernel translation units and the cxx bridge.
-// No CUTLASS or CUDA headers here: the bridge is compiled by the host C++ compiler.
+// The one declaration of what crosses between Rust and the kernels: the launch arguments, the
+// status, the output and operand kinds, and the limits both sides apply. Fixed-width types only
+// and no CUDA or CUTLASS headers: the host C++ bridge, the nvcc translation units and bindgen
+// (build.rs, which generates the Rust side from this file) all read it.
 #pragma once
-#include <cstddef>
-#include <cstdint>
+
+#include <stdint.h>
+
+// Split-K through a thread-block cluster: at most the portable cluster size of CTAs.
+#define BSG_SM90_MAX_CLUSTER_SPLIT 8
+// Output tiles of an SM90 launch that reduces split-K through global memory: the workspace
+// reserves one counter for each, at its start.
+#define BSG_SM90_MAX_SPLIT_TILES 65536
+// K ranges of one SM90 launch (grid.y).
+#define BSG_SM90_MAX_SPLIT_K 65535
+
+// KernelStatus::cutlass_status: cutlass::Status values (cpp/host/status.cu checks them), and one
+// of ours.
+#define BSG_STATUS_SUCCESS 0
+#define BSG_STATUS_INVALID_PROBLEM 4
+#define BSG_STATUS_WORKSPACE_NULL 6
+#define BSG_STATUS_NOT_BUILT (-1)
 
 namespace bsg {
 
-// One launch, already validated by Rust (shapes, lengths, alignment, architecture).
+// Output types, in the order of cpp/configs.def's BSG_OUTPUT lines.
+enum class OutKind : int32_t { F16 = 0, Bf16 = 1, F32 = 2, Nvfp4 = 3, Nvfp4Ue8m0 = 4 };
+
+// Which scale-factor operand a layout query is about.
+enum class SfOperand : int32_t { A = 0, B = 1 };
+
+// One launch, already validated by Rust (shapes, lengths, alignment, architecture). Device
+// addresses and the stream are integers (CUdeviceptr, CUstream).
 struct KernelArgs {
   int32_t m, n, k, l;
-  const void* a;    // packed e2m1, (L, M, K/2) bytes, K-major
-  const void* sfa;  // ue4m3 scales, 128x4 tiled layout
-  const void* b;    // packed e2m1, (L, N, K/2) bytes, K-major
-  const void* sfb;
-  const void* c;    // (L, M, N) row-major, D's type (f32 for FP4 output); d itself when beta == 0
-  void* d;          // (L, M, N) row-major; FP4 output: packed e2m1, two per byte
+  uint64_t a;    // packed e2m1, (L, M, K/2) bytes, K-major
+  uint64_t sfa;  // ue4m3 scales, 128x4 tiled layout
+  uint64_t b;    // packed e2m1, (L, N, K/2) bytes, K-major
+  uint64_t sfb;
+  uint64_t c;    // (L, M, N) row-major, D's type (f32 for FP4 output); d itself when beta == 0
+  uint64_t d;    // (L, M, N) row-major; FP4 output: packed e2m1, two per byte
   float alpha, beta;
-  void* workspace;
-  size_t workspace_bytes;
-  void* stream;     // cudaStream_t / CUstream
+  uint64_t workspace;
+  uint64_t workspace_bytes;
+  uint64_t stream;
   int32_t device_id;
   int32_t sm_count;
-  int32_t split_k;  // K ranges reduced in the workspace (SM90 kernels; 1 for CUTLASS SM100)
-  // FP4 output only (null otherwise): the generated scale factors, one per 16 outputs along N in
-  // the 128x4 tiled layout over (M, N/16), and a device pointer to the normalization constant.
-  void* sfd;
-  const float* norm_constant;
+  int32_t split_k;  // K ranges (SM90 kernels; 1 for CUTLASS SM100)
+  // FP4 output only: the normalization constant by value (SM90), and a device address that holds
+  // it (SM100: CUTLASS's epilogue reads a pointer; Rust writes it in stream order).
+  float norm_constant;
+  uint64_t norm_constant_ptr;
+  // FP4 output only: the generated scale factors, one per 16 outputs along N in the 128x4 tiled
+  // layout over (M, N/16); their padding is zeroed by the launch.
+  uint64_t sfd;
+  uint64_t sfd_bytes;
 };
+
+// The outcome of a launch: cutlass::Status and cudaError_t as integers, and the workspace bytes
+// the problem needs (filled whenever the status is kErrorWorkspaceNull: nothing was launched).
+struct KernelStatus {
+  int32_t cutlass_status;
+  int32_t cuda_error;
+  uint64_t workspace_needed;
+};
+
+}  // namespace bsg
+
+#ifdef __cplusplus
+#ifndef BSG_ABI_BINDGEN
+#include <cstddef>
+namespace bsg {
 
 // Output tag of the table (cpp/configs.def): D in e2m1 with generated scale factors of type Sf
 // (cutlass::float_ue4m3_t: NVFP4; cutlass::float_ue8m0_t: CUTLASS example 72b).
 template <class Sf>
 struct Fp4Out {};
 
-// CUTLASS status (cutlass::Status as int) and CUDA runtime error (cudaError_t as int).
-struct KernelStatus {
-  int32_t cutlass_status;
-  int32_t cuda_error;
-};
-
-// Which scale-factor operand a layout query is about.
-enum class SfOperand : int32_t { A = 0, B = 1 };
-
 // Entry points one instantiation exports; the bridge holds a table of these.
 struct KernelEntry {
   KernelStatus (*run)(const KernelArgs&);
   size_t (*workspace_size)(const KernelArgs&);
   bool (*can_implement)(const KernelArgs&);
-  // Offsets CUTLASS's host-side SF layout gives for every (row, k/16, batch) of the problem,
+  // Offsets the kernel's SF layout gives for every (row, k/16, batch) of the problem,
   // row-fastest within k within batch; returns the layout's cosize (bytes of one buffer), or -1
   // when `len` does not equal rows * (k/16) * l.
-  int64_t (*sf_offsets)(int32_t m, int32_t n, int32_t k, int32_t l, SfOperand which, int64_t* out,
-                        size_t len);
+  int64_t (*sf_offsets)(int32_t m, int32_t n, int32_t k, int32_t l, SfOperand which, int64_t* out, size_t len);
 };
 
 }  // namespace bsg
 
-// Names for status codes (cpp/status.cu).
+// Names for status codes (cpp/host/status.cu).
 const char* bsg_cutlass_status_name(int32_t code);
 const char* bsg_cuda_error_name(int32_t code);
+#endif
+#endif

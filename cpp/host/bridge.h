@@ -1,18 +1,15 @@
-// Declarations of the functions the cxx bridge (src/ffi.rs) calls. Host C++ only.
+// Declarations of the functions the cxx bridge (src/sys/bridge.rs) calls. Host C++ only.
 #pragma once
 #include <cstdint>
 
+#include "blockscaled_gemm/kernel_abi.h"
 #include "rust/cxx.h"
 
 namespace bsg {
 
-struct LaunchArgs;
-struct LaunchStatus;
-
-bool kernel_built(uint32_t config, uint32_t out);
-bool can_implement(uint32_t config, uint32_t out, const LaunchArgs& args);
-size_t workspace_size(uint32_t config, uint32_t out, const LaunchArgs& args);
-LaunchStatus launch(uint32_t config, uint32_t out, const LaunchArgs& args);
+KernelStatus launch(uint32_t config, uint32_t out, const KernelArgs& args);
+bool can_implement(uint32_t config, uint32_t out, const KernelArgs& args);
+size_t workspace_size(uint32_t config, uint32_t out, const KernelArgs& args);
 int64_t sf_offsets(uint32_t config, uint32_t out, int32_t m, int32_t n, int32_t k, int32_t l, bool operand_b,
                    rust::Slice<int64_t> offsets);
 void host_gemm_fp4(int32_t m, int32_t n, int32_t k, int32_t l, rust::Slice<const uint8_t> a,

@@ -1,8 +1,8 @@
-// The cxx bridge: looks kernels up in the table build.rs generated and forwards plain structs.
-// Every check happens in Rust before these are called; nothing here throws.
-#include "blockscaled-gemm/cpp/bridge.h"
+// The cxx bridge: looks kernels up in the table build.rs generated and forwards the launch ABI's
+// structs as they are. Rust checks every argument before these are called; nothing here throws.
+#include "blockscaled-gemm/cpp/host/bridge.h"
 
-#include "blockscaled-gemm/src/ffi.rs.h"
+#include "blockscaled-gemm/src/sys/bridge.rs.h"
 #include "blockscaled_gemm/kernel_abi.h"
 
 // One entry function per kernel in this build: BSG_KERNEL(config index, output index, function).
@@ -10,7 +10,7 @@
 #include "kernel_table.inc"
 #undef BSG_KERNEL
 
-// CUTLASS's host reference (cpp/host_reference.cu).
+// CUTLASS's host reference (cpp/host/host_reference.cu).
 void bsg_host_gemm_fp4(int32_t m, int32_t n, int32_t k, int32_t l, const uint8_t* a, const uint8_t* sfa,
                        const uint8_t* b, const uint8_t* sfb, const float* c, float alpha, float beta,
                        float norm_constant, bool sfd_ue8m0, uint8_t* d, uint8_t* sfd);
@@ -43,32 +43,22 @@ const KernelEntry* find(uint32_t config, uint32_t out) {
   return nullptr;
 }
 
-KernelArgs convert(const LaunchArgs& a) {
-  auto ptr = [](uint64_t p) { return reinterpret_cast<void*>(static_cast<uintptr_t>(p)); };
-  return KernelArgs{a.m, a.n, a.k, a.l, ptr(a.a), ptr(a.sfa), ptr(a.b), ptr(a.sfb), ptr(a.c), ptr(a.d),
-                    a.alpha, a.beta, ptr(a.workspace), a.workspace_bytes, ptr(a.stream), a.device_id, a.sm_count,
-                    a.split_k, ptr(a.sfd), reinterpret_cast<const float*>(static_cast<uintptr_t>(a.norm_constant))};
-}
-
 }  // namespace
 
-bool kernel_built(uint32_t config, uint32_t out) { return find(config, out) != nullptr; }
-
-bool can_implement(uint32_t config, uint32_t out, const LaunchArgs& args) {
+KernelStatus launch(uint32_t config, uint32_t out, const KernelArgs& args) {
   const KernelEntry* e = find(config, out);
-  return e && e->can_implement(convert(args));
+  if (!e) return KernelStatus{BSG_STATUS_NOT_BUILT, 0, 0};
+  return e->run(args);
 }
 
-size_t workspace_size(uint32_t config, uint32_t out, const LaunchArgs& args) {
+bool can_implement(uint32_t config, uint32_t out, const KernelArgs& args) {
   const KernelEntry* e = find(config, out);
-  return e ? e->workspace_size(convert(args)) : 0;
+  return e && e->can_implement(args);
 }
 
-LaunchStatus launch(uint32_t config, uint32_t out, const LaunchArgs& args) {
+size_t workspace_size(uint32_t config, uint32_t out, const KernelArgs& args) {
   const KernelEntry* e = find(config, out);
-  if (!e) return LaunchStatus{-1, 0};
-  KernelStatus s = e->run(convert(args));
-  return LaunchStatus{s.cutlass_status, s.cuda_error};
+  return e ? e->workspace_size(args) : 0;
 }
 
 int64_t sf_offsets(uint32_t config, uint32_t out, int32_t m, int32_t n, int32_t k, int32_t l, bool operand_b,

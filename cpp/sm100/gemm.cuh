@@ -97,22 +97,22 @@ struct Gemm {
     typename Adapter::Arguments args{
         p.l > 1 ? cutlass::gemm::GemmUniversalMode::kBatched : cutlass::gemm::GemmUniversalMode::kGemm,
         {p.m, p.n, p.k, p.l},
-        {static_cast<const typename ElementAB::DataType*>(p.a),
+        {reinterpret_cast<const typename ElementAB::DataType*>(p.a),
          cutlass::make_cute_packed_stride(StrideA{}, {p.m, p.k, p.l}),
-         static_cast<const typename ElementAB::DataType*>(p.b),
+         reinterpret_cast<const typename ElementAB::DataType*>(p.b),
          cutlass::make_cute_packed_stride(StrideB{}, {p.n, p.k, p.l}),
-         static_cast<const typename ElementAB::ScaleFactorType*>(p.sfa),
+         reinterpret_cast<const typename ElementAB::ScaleFactorType*>(p.sfa),
          SfConfig::tile_atom_to_shape_SFA(shape),
-         static_cast<const typename ElementAB::ScaleFactorType*>(p.sfb),
+         reinterpret_cast<const typename ElementAB::ScaleFactorType*>(p.sfb),
          SfConfig::tile_atom_to_shape_SFB(shape)},
         {{p.alpha, p.beta},
-         static_cast<const ElementC*>(p.c),
+         reinterpret_cast<const ElementC*>(p.c),
          cutlass::make_cute_packed_stride(StrideC{}, {p.m, p.n, p.l}),
-         static_cast<ElementD*>(p.d),
+         reinterpret_cast<ElementD*>(p.d),
          cutlass::make_cute_packed_stride(StrideD{}, {p.m, p.n, p.l})}};
     if constexpr (kFp4Out) {
-      args.epilogue.thread.block_scale_factor_ptr = static_cast<typename Traits::Sf*>(p.sfd);
-      args.epilogue.thread.norm_constant_ptr = p.norm_constant;
+      args.epilogue.thread.block_scale_factor_ptr = reinterpret_cast<typename Traits::Sf*>(p.sfd);
+      args.epilogue.thread.norm_constant_ptr = reinterpret_cast<const float*>(p.norm_constant_ptr);
     }
     args.hw_info.device_id = p.device_id;
     args.hw_info.sm_count = p.sm_count;
@@ -121,7 +121,7 @@ struct Gemm {
 
   static bool can_implement(const KernelArgs& p) {
     if (p.split_k != 1) return false;  // CUTLASS's own schedulers; no split-K here
-    if (kFp4Out && (!p.sfd || !p.norm_constant)) return false;
+    if (kFp4Out && (!p.sfd || !p.norm_constant_ptr)) return false;
     return Adapter::can_implement(arguments(p)) == cutlass::Status::kSuccess;
   }
 
@@ -129,14 +129,25 @@ struct Gemm {
     return Adapter::get_workspace_size(arguments(p));
   }
 
+  // Every check comes before the first write or launch, so a refused call leaves memory as it
+  // was. A CUDA error another library left pending on this thread is cleared first: CUTLASS reads
+  // cudaGetLastError after its launch, and would report that one as this launch's failure.
   static KernelStatus run(const KernelArgs& p) {
+    if (!can_implement(p)) return KernelStatus{BSG_STATUS_INVALID_PROBLEM, 0, 0};
     Adapter gemm;
     auto args = arguments(p);
-    auto stream = static_cast<cudaStream_t>(p.stream);
-    cutlass::Status st = gemm.can_implement(args);
-    if (st == cutlass::Status::kSuccess) st = gemm.initialize(args, p.workspace, stream);
+    const size_t need = Adapter::get_workspace_size(args);
+    if (need > p.workspace_bytes) return KernelStatus{BSG_STATUS_WORKSPACE_NULL, 0, uint64_t(need)};
+    auto stream = reinterpret_cast<cudaStream_t>(p.stream);
+    (void)cudaGetLastError();
+    if (p.sfd_bytes) {  // the epilogue leaves the padding of the SFD tiles unwritten
+      if (cudaError_t e = cudaMemsetAsync(reinterpret_cast<void*>(p.sfd), 0, p.sfd_bytes, stream); e != cudaSuccess)
+        return KernelStatus{int32_t(cutlass::Status::kErrorInternal), int32_t(e), 0};
+    }
+    cutlass::Status st = gemm.initialize(args, reinterpret_cast<void*>(p.workspace), stream);
     if (st == cutlass::Status::kSuccess) st = gemm.run(stream);
-    return KernelStatus{static_cast<int32_t>(st), static_cast<int32_t>(cudaGetLastError())};
+    const cudaError_t e = st == cutlass::Status::kSuccess ? cudaSuccess : cudaGetLastError();
+    return KernelStatus{static_cast<int32_t>(st), static_cast<int32_t>(e), 0};
   }
 
   static int64_t sf_offsets(int32_t m, int32_t n, int32_t k, int32_t l, SfOperand which,

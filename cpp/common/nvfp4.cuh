@@ -1,0 +1,140 @@
+// Every NVFP4 conversion the kernels do, in one place, with its algebra.
+//
+// Decode (e2m1 x ue4m3 -> FP16, exact):
+//   An e2m1 nibble s|e1 e0 m, re-placed as the e4m3 byte s<<7 | (e1 e0 m)<<2, has the same
+//   exponent and mantissa bits shifted into e4m3's fields (bias 7 instead of 1), so it is
+//   exactly value * 2^-6, subnormal codes (0, 0.5) included. One cvt.rn.f16x2.e4m3x2 turns two
+//   such bytes into FP16; one HMUL2 by sf * 2^6 (at most 448 * 64 = 28672, an FP16 number) gives
+//   value * sf. value * sf has at most 6 significant bits (2 of e2m1 times 4 of e4m3) and lies in
+//   [2^-10, 2688], so FP16 holds it exactly, and FP16 x FP16 products are exact in FP32.
+//   decode8<kLowScale = true> multiplies by sf alone (no 2^6): the results are value * sf * 2^-6,
+//   still exact (at least 2^-16, 6 significant bits); the caller multiplies its FP32 sums by 64.
+//
+// Encode (FP4 output, CUTLASS example 72b's LinCombBlockScaleFactor): written as CUTLASS's host
+//   reference does it (gett.hpp, compute_1d_scaling_factor_and_quantized_output) so results match
+//   it bit for bit: IEEE operations one at a time, NaN-propagating min/max in its operand order,
+//   float_ue4m3_t / float_ue8m0_t from float, round-to-nearest-even onto e2m1.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+#include <type_traits>
+
+#include "cutlass/float8.h"
+
+namespace bsg {
+
+// ---- decode ----
+
+__device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t two_bytes) {
+  uint32_t out;
+  uint16_t in = static_cast<uint16_t>(two_bytes);
+  asm("cvt.rn.f16x2.e4m3x2 %0, %1;\n" : "=r"(out) : "h"(in));
+  return out;
+}
+
+__device__ __forceinline__ uint32_t e4m3x2_hi_to_f16x2(uint32_t four_bytes) {
+  uint32_t out;
+  asm("{\n .reg .b16 lo, hi;\n mov.b32 {lo, hi}, %1;\n cvt.rn.f16x2.e4m3x2 %0, hi;\n}\n" : "=r"(out) : "r"(four_bytes));
+  return out;
+}
+
+__device__ __forceinline__ uint32_t hmul2(uint32_t a, uint32_t b) {
+  __half2 r = __hmul2(*reinterpret_cast<__half2*>(&a), *reinterpret_cast<__half2*>(&b));
+  return *reinterpret_cast<uint32_t*>(&r);
+}
+
+// a times the low half of s in both halves: HMUL2 reads s.H0_H0, so no permute builds the pair.
+__device__ __forceinline__ uint32_t hmul2_lo(uint32_t a, uint32_t s) {
+  const __half2 r = __hmul2(*reinterpret_cast<const __half2*>(&a), __low2half2(*reinterpret_cast<const __half2*>(&s)));
+  return *reinterpret_cast<const uint32_t*>(&r);
+}
+
+// The low nibble of each byte of w as the e4m3 byte s<<7 | (e1 e0 m)<<2: value * 2^-6.
+__device__ __forceinline__ uint32_t e2m1_lo_to_e4m3(uint32_t w) { return ((w << 2) & 0x1C1C1C1Cu) | ((w << 4) & 0x80808080u); }
+
+// Two scales in FP16 times 2^6: the scale operand decode8 takes, undoing the placement's 2^-6.
+__device__ __forceinline__ uint32_t decode8_scales(uint32_t two_scales_f16) { return hmul2(two_scales_f16, 0x54005400u); }
+
+// 8 e2m1 values (one 32-bit word, element 2i in the low nibble of byte i) times scale2, as 8 FP16
+// values in the order 0 2 1 3 4 6 5 7. Both MMA operands are decoded alike, so each dot product is
+// unchanged, and the byte permutes and shifts that would restore element order are saved (the
+// high half of a word goes to the conversion as it is: F2FP reads R.H1). scale2: one scale of
+// decode8_scales in both halves; with kLowScale, any FP16 factor in the low half.
+template <bool kLowScale = false>
+__device__ __forceinline__ uint4 decode8(uint32_t w, uint32_t scale2) {
+  const uint32_t even = e2m1_lo_to_e4m3(w), odd = e2m1_lo_to_e4m3(w >> 4);  // elements 0, 2, 4, 6 and 1, 3, 5, 7
+  auto mul = [&](uint32_t v) {
+    if constexpr (kLowScale) return hmul2_lo(v, scale2);
+    else return hmul2(v, scale2);
+  };
+  uint4 r;
+  r.x = mul(e4m3x2_to_f16x2(even));
+  r.y = mul(e4m3x2_to_f16x2(odd));
+  r.z = mul(e4m3x2_hi_to_f16x2(even));
+  r.w = mul(e4m3x2_hi_to_f16x2(odd));
+  return r;
+}
+
+// ---- encode (FP4 output) ----
+
+__device__ __forceinline__ float max_nan(float l, float r) { return l > r || isnan(l) ? l : r; }
+__device__ __forceinline__ float min_nan(float l, float r) { return l < r || isnan(l) ? l : r; }
+
+template <class Sf>
+__device__ __forceinline__ uint8_t sf_from_float(float x) {
+  if constexpr (std::is_same_v<Sf, cutlass::float_ue4m3_t>) {
+    // Unsigned: the sign is dropped; round to nearest even, saturating at 448; NaN is 0x7F.
+    uint16_t two;
+    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;\n" : "=h"(two) : "f"(0.f), "f"(fabsf(x)));
+    return uint8_t(two & 0xFF);
+  } else {
+    // float_ue8m0_t: the exponent, rounded up unless the mantissa is zero; satfinite at 2^127;
+    // NaN and infinities (exponent 0xFF) give 0xFF. Selects, no branches.
+    const uint32_t bits = __float_as_uint(x);
+    const uint32_t e = (bits >> 23) & 0xFF;
+    const uint32_t mant = bits & 0x7FFFFF;
+    const uint32_t up = uint32_t(mant > 0 && e != 0xFE && !(e == 0 && mant <= 0x400000));
+    return uint8_t(e == 0xFF ? 0xFFu : e + up);
+  }
+}
+
+template <class Sf>
+__device__ __forceinline__ float sf_to_float(uint8_t b) {
+  if constexpr (std::is_same_v<Sf, cutlass::float_ue4m3_t>) {
+    return __half2float(__ushort_as_half(uint16_t(e4m3x2_to_f16x2(b) & 0xFFFF)));
+  } else {
+    // 0 is 2^-127, 0xFF NaN.
+    return __uint_as_float(b == 0 ? 0x00400000u : (b == 0xFF ? 0x7FFFFFFFu : uint32_t(b) << 23));
+  }
+}
+
+// Round to nearest even onto e2m1, saturating at 6, the sign kept (zeros too); NaN gives 6 with
+// the NaN's sign. The code is the number of rounding points at or below |x| (`>` where the lower
+// neighbour's code is even, `>=` where it is odd): selects, no branches.
+__device__ __forceinline__ uint32_t e2m1_from_float(float x) {
+  const uint32_t sign = (__float_as_uint(x) >> 28) & 8u;
+  const float m = fabsf(x);
+  const uint32_t code = uint32_t(m > 0.25f) + uint32_t(m >= 0.75f) + uint32_t(m > 1.25f) + uint32_t(m >= 1.75f) +
+                        uint32_t(m > 2.5f) + uint32_t(m >= 3.5f) + uint32_t(m > 5.0f);
+  return sign | (isnan(x) ? 7u : code);
+}
+
+// ---- 16-bit and f32 outputs ----
+
+template <class T>
+__device__ __forceinline__ float load_out(const T* p) {
+  if constexpr (std::is_same_v<T, float>) return *p;
+  else if constexpr (std::is_same_v<T, __half>) return __half2float(*p);
+  else return __bfloat162float(*p);
+}
+template <class T>
+__device__ __forceinline__ T to_out(float v) {
+  if constexpr (std::is_same_v<T, float>) return v;
+  else if constexpr (std::is_same_v<T, __half>) return __float2half_rn(v);
+  else return __float2bfloat16_rn(v);
+}
+
+}  // namespace bsg

@@ -1,0 +1,51 @@
+// PTX wrappers the SM90 parts share: bulk and tensor copies into shared memory, distributed
+// shared memory, and the GMMA 128-byte swizzle on byte addresses.
+#pragma once
+
+#include <cuda.h>
+
+#include <cstdint>
+
+namespace bsg {
+
+// 3-D tensor tile (k byte, row, batch) into shared memory, completing on an mbarrier (TMA).
+__device__ __forceinline__ void tma_load_3d(uint32_t dst, const CUtensorMap* map, int c0, int c1, int c2, uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(bar)
+      : "memory");
+}
+// Contiguous bytes into shared memory, completing on an mbarrier.
+__device__ __forceinline__ void bulk_load(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst), "l"(src),
+               "r"(bytes), "r"(bar)
+               : "memory");
+}
+
+// Address of the same shared-memory location in the CTA of rank `rank` of this cluster.
+__device__ __forceinline__ uint32_t peer_smem(const void* local, uint32_t rank) {
+  uint32_t out;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(out) : "r"(static_cast<uint32_t>(__cvta_generic_to_shared(local))), "r"(rank));
+  return out;
+}
+__device__ __forceinline__ float4 ld_peer(uint32_t addr) {
+  float4 v;
+  asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];\n" : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "r"(addr) : "memory");
+  return v;
+}
+
+// Byte offset of the 16-byte chunk `chunk` (8 halves, 0..7) of row `row` in a K-major FP16 tile of
+// 64-half rows with the GMMA 128-byte swizzle (8-row, 1024-byte atoms stacked along the rows):
+// the layout of GMMA::Layout_K_SW128_Atom tiled by tile_to_shape, on byte addresses.
+__device__ __forceinline__ uint32_t sw128_offset(int row, int chunk) {
+  return uint32_t((row >> 3) * 1024 + (row & 7) * 128 + ((chunk ^ (row & 7)) << 4));
+}
+
+// Lets the stream's next kernel, if launched programmatically, be scheduled; it waits for this
+// grid's completion (griddep_wait) before it touches memory.
+__device__ __forceinline__ void griddep_launch_dependents() { asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory"); }
+// Waits until the grid this one depends on programmatically has completed and its writes are
+// visible; a no-op without such a dependency.
+__device__ __forceinline__ void griddep_wait() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
+
+}  // namespace bsg

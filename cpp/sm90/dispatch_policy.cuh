@@ -1,0 +1,131 @@
+// SM90 kernel policies: the main-loop schedules as tag types, the split-K reduction tags, the
+// tile (its shared-memory plan and MMA), the kernel parameters and what an output tag means.
+// Design and the measurements behind each choice: bench/DESIGN.md.
+#pragma once
+
+#include <cstdint>
+#include <type_traits>
+
+#include "blockscaled_gemm/kernel_abi.h"
+#include "common/instrument.cuh"
+#include "cute/arch/mma_sm90.hpp"
+#include "cute/atom/mma_atom.hpp"
+#include "cute/atom/mma_traits_sm90_gmma.hpp"
+#include "cute/tensor.hpp"
+
+namespace bsg::sm90 {
+
+using namespace cute;
+
+constexpr int kBK = 64;          // K per MMA k-tile: one 128-byte swizzle row of FP16, one scale column block
+constexpr int kThreads = 256;    // the two compute warpgroups
+constexpr int kRawK = BSG_SM90_RAW_K;  // K per raw (packed) stage: kRawK / 2 contiguous bytes of every row
+constexpr int kSubs = kRawK / kBK;     // k-tiles per raw stage
+static_assert(kSubs >= 1 && kSubs * kBK == kRawK && kRawK / 2 <= 256, "raw stage K");
+
+// Split-K through the cluster's shared memory: up to the portable cluster size.
+constexpr int kMaxClusterSplit = BSG_SM90_MAX_CLUSTER_SPLIT;
+
+// Main-loop schedules.
+// Both operands decoded from the raw stage into 128B-swizzled FP16 buffers, SS wgmma; thread 0
+// issues the loads behind its wgmma; two CTAs per SM.
+struct MainloopSmemDecode {};
+// Operands swapped (D^T = B A^T): the weights decoded straight into register fragments (RS
+// wgmma), the activations pre-decoded to FP16 once per GEMM (predecode.cuh) and loaded by TMA; a
+// producer warpgroup issues the loads, the two compute warpgroups take turns at the tensor cores.
+struct MainloopSwappedRegisterDecode {};
+
+// Split-K reductions (split_k > 1): partial tiles in global memory, summed in split order by the
+// last CTA of a tile; or through the cluster's distributed shared memory.
+struct ReduceGlobal {};
+struct ReduceCluster {};
+
+struct Params {
+  int32_t m, n, k, l, split_k;
+  const uint8_t* a;
+  const uint8_t* sfa;
+  const uint8_t* b;
+  const uint8_t* sfb;
+  const void* c;
+  void* d;
+  float alpha, beta;
+  uint32_t* counters;  // one per output tile, zero on entry and on exit
+  float* partials;     // [split][tile][acc / 4][thread] float4
+  uint8_t* sfd;        // FP4 output only
+  float norm_constant;  // FP4 output only
+};
+
+template <int BM, int BN, class Schedule>
+struct Tile {
+  static constexpr bool kSwap = std::is_same_v<Schedule, MainloopSwappedRegisterDecode>;
+  static_assert(kSwap || std::is_same_v<Schedule, MainloopSmemDecode>, "schedule tag");
+  static_assert((BM == 128 && (BN == 64 || BN == 128 || BN == 256)) || (BM == 256 && BN == 128), "tile M x N");
+  static_assert(kSwap == (BN == 256 || BM == 256) || (kSwap && BM == 128 && BN == 128),
+                "128x256 and 256x128 exist only swapped, 128x64 only unswapped; 128x128 both ways");
+  using Mainloop = Schedule;
+  static constexpr int kBM = BM;
+  static constexpr int kBN = BN;
+  // Swapped: each warpgroup owns BN / 2 weight rows, kMB 64-row M blocks of the MMA: 128x256 two
+  // against 128 activation rows; 256x128 one against 256; 128x128 one against 128.
+  static constexpr int kMB = BN / 128;
+  static constexpr bool kSwap128 = kSwap && kMB == 1 && BM == 128;
+  // Swapped: k-tiles per ping-pong turn (the swapped 128x128's decode needs two chains to hide).
+  static constexpr int kTurn = kSwap128 ? 2 : 1;
+  // The swapped 128x128 decodes weights with the scale as converted (decode8<true>) and multiplies
+  // its FP32 sums by 64 after the loop; the other swapped tiles keep the 2^6 in the scale.
+  static constexpr bool kWScaleLow = kSwap128;
+  // Swapped: activations arrive pre-decoded (FP16, a * sf) through TMA.
+  static constexpr bool kPreA = kSwap;
+  static constexpr int kSfChunksB = (BN + 127) / 128;
+  // Unswapped keeps two CTAs per SM; BM = 256's FP16 activation buffers fit three stages.
+  static constexpr int kRawStages = !kSwap ? 2 : BM == 256 ? 3 : 4;
+  // Raw stage (TMA destination): A rows x kRawK/2 bytes, B rows likewise, then the scales of the
+  // kSubs k-tiles: kSubs x 512 bytes per 128-row block (A: one unless kPreA, B: 1-2).
+  static constexpr int kRawA = kPreA ? 0 : kBM * kRawK / 2;
+  static constexpr int kRawB = BN * kRawK / 2;
+  static constexpr int kSfStage = kSubs * 512;  // scale bytes of one 128-row block per raw stage
+  static constexpr int kSfB = kRawA + kRawB + (kPreA ? 0 : kSfStage);  // B's scales in a raw stage
+  static constexpr int kRawBytes = kSfB + kSfStage * kSfChunksB;
+  using SmemAtom = GMMA::Layout_K_SW128_Atom<half_t>;  // 8 x 64 halves, 128-byte swizzle
+  // kPreA: one FP16 buffer per k-tile of every raw stage (k-tile i in buffer i % kDecBufs), filled
+  // with the raw stage and freed with it. Unswapped: two, decoded one k-tile ahead.
+  static constexpr int kDecBufs = kPreA ? kSubs * kRawStages : 2;
+  using SmemLayoutA = decltype(tile_to_shape(SmemAtom{}, make_shape(Int<kBM>{}, Int<kBK>{}, Int<kDecBufs>{})));
+  using SmemLayoutB = decltype(tile_to_shape(SmemAtom{}, make_shape(Int<BN>{}, Int<kBK>{}, Int<kDecBufs>{})));
+  // MMA M x N: activations x weights, or (kSwap) weights x activations.
+  using MmaShape = std::conditional_t<kSwap, Shape<Int<BN>, Int<kBM>>, Shape<Int<kBM>, Int<BN>>>;
+  using TiledMma = std::conditional_t<
+      kSwap,
+      decltype(make_tiled_mma(
+          SM90::GMMA::rs_op_selector<half_t, half_t, float, Shape<_64, Int<kBM>, _16>, GMMA::Major::K, GMMA::Major::K>(),
+          Layout<Shape<_2, _1, _1>>{})),
+      decltype(make_tiled_mma(
+          SM90::GMMA::ss_op_selector<half_t, half_t, float, Shape<_64, Int<BN>, _16>, GMMA::Major::K, GMMA::Major::K>(),
+          Layout<Shape<_2, _1, _1>>{}))>;
+  static constexpr int kDecA = kBM * kBK * 2 * kDecBufs;  // bytes
+  static constexpr int kDecB = kSwap ? 0 : BN * kBK * 2 * kDecBufs;
+  static constexpr int kSmem = 1024 + kDecA + kDecB + kRawStages * kRawBytes;  // 1024: swizzle alignment
+  static constexpr int kMinBlocks = kSwap ? 1 : 2;
+  // Swapped: a producer warpgroup (128 threads, one of which issues every raw stage) whose
+  // registers setmaxnreg hands to the compute warpgroups (accumulators plus two register
+  // fragments of weights). Unswapped: 256 threads, thread 0 issues.
+  static constexpr int kLaunchThreads = kThreads + (kSwap ? 128 : 0);
+  static constexpr int kAcc = kBM * BN / kThreads;  // accumulator floats per thread
+  // Split-K through the cluster: the swapped tiles (one CTA per SM) only.
+  static constexpr bool kClusterReduce = kSwap;
+};
+
+// What an output tag means to the kernel: N's multiple (16 bytes of D) and, for FP4 output
+// (Fp4Out<Sf>, whose C is f32), the scale-factor type.
+template <class T>
+struct OutputInfo {
+  using Sf = void;
+  static constexpr int kNMultiple = 16 / sizeof(T);
+};
+template <class SfT>
+struct OutputInfo<Fp4Out<SfT>> {
+  using Sf = SfT;
+  static constexpr int kNMultiple = 32;
+};
+
+}  // namespace bsg::sm90

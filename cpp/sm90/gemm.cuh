@@ -1,0 +1,151 @@
+// SM90 host adapter: checks, workspace, TMA descriptors and the launches (the activation pre-pass,
+// then the GEMM) of one instantiation, and the entry the generated translation units export.
+#pragma once
+
+#include <cuda.h>
+#include <cudaTypedefs.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <algorithm>
+#include <atomic>
+#include <climits>
+#include <cstdint>
+
+#include "blockscaled_gemm/kernel_abi.h"
+#include "common/launch.h"
+#include "common/scale_layout.cuh"
+#include "cutlass/cutlass.h"
+#include "sm90/dispatch_policy.cuh"
+#include "sm90/kernel.cuh"
+#include "sm90/predecode.cuh"
+#include "sm90/tile_scheduler.cuh"
+
+namespace bsg::sm90 {
+
+template <int BM, int BN, class Schedule, class OutT>
+struct Gemm {
+  using T = Tile<BM, BN, Schedule>;
+  using Sched = TileScheduler<T>;
+  // The instance a split of 2 to kMaxClusterSplit launches (the global one where T has none).
+  using SplitReduce = std::conditional_t<T::kClusterReduce, ReduceCluster, ReduceGlobal>;
+  static constexpr int kBM = BM;
+
+  static int64_t tiles(const KernelArgs& a) { return Sched::tiles(a); }
+
+  static bool can_implement(const KernelArgs& a) {
+    if (a.m <= 0 || a.n <= 0 || a.k <= 0 || a.l <= 0 || a.k % 32 != 0) return false;
+    if (a.n % OutputInfo<OutT>::kNMultiple != 0) return false;
+    if (!std::is_void_v<typename OutputInfo<OutT>::Sf> && !a.sfd) return false;
+    const int k_tiles = (a.k + kBK - 1) / kBK;
+    return tiles(a) <= INT_MAX && a.split_k >= 1 && a.split_k <= k_tiles && a.split_k <= BSG_SM90_MAX_SPLIT_K &&
+           (a.split_k == 1 || tiles(a) <= Sched::kMaxSplitTiles);
+  }
+
+  // TMA descriptor of a packed operand: (row_bytes, rows, batch) bytes, boxes of kRawK / 2 bytes x
+  // box_rows rows; or (f16) of the pre-decoded activations: (row_bytes / 2, rows, batch) halves,
+  // boxes of 64 halves x box_rows rows in the GMMA 128-byte swizzle. Reads past a row, the rows or
+  // the batch are zero-filled.
+  static bool encode(CUtensorMap* map, const void* base, int64_t row_bytes, int64_t rows, int64_t batch, uint32_t box_rows,
+                     bool f16 = false) {
+    static PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
+      void* f = nullptr;
+      cudaDriverEntryPointQueryResult q;
+      if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &q) != cudaSuccess ||
+          q != cudaDriverEntryPointSuccess)
+        return static_cast<PFN_cuTensorMapEncodeTiled_v12000>(nullptr);
+      return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
+    }();
+    if (!fn) return false;
+    const cuuint64_t dims[3] = {cuuint64_t(f16 ? row_bytes / 2 : row_bytes), cuuint64_t(rows), cuuint64_t(batch)};
+    const cuuint64_t strides[2] = {cuuint64_t(row_bytes), cuuint64_t(row_bytes * rows)};
+    const cuuint32_t box[3] = {f16 ? uint32_t(kBK) : uint32_t(kRawK / 2), box_rows, 1};
+    const cuuint32_t elem[3] = {1, 1, 1};
+    return fn(map, f16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_UINT8, 3, const_cast<void*>(base), dims, strides,
+              box, elem, CU_TENSOR_MAP_INTERLEAVE_NONE, f16 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_NONE,
+              CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+  }
+
+  static size_t workspace_size(const KernelArgs& a) { return Sched::workspace_size(a); }
+
+  // Every check comes before the first write or launch, so a refused call leaves memory as it was.
+  static KernelStatus run(const KernelArgs& a) {
+    if (!can_implement(a)) return {BSG_STATUS_INVALID_PROBLEM, 0, 0};
+    if (workspace_size(a) > a.workspace_bytes) return {BSG_STATUS_WORKSPACE_NULL, 0, uint64_t(workspace_size(a))};
+    void* const workspace = reinterpret_cast<void*>(a.workspace);
+    const auto stream = reinterpret_cast<cudaStream_t>(a.stream);
+    static std::atomic<uint64_t> configured{0};  // devices whose shared-memory limit is raised
+    const uint64_t bit = uint64_t(1) << (a.device_id & 63);
+    if (!(configured.load() & bit)) {
+      cudaError_t e = cudaFuncSetAttribute(gemm_kernel<T, OutT, ReduceGlobal>, cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmem);
+      if (e == cudaSuccess && T::kClusterReduce)
+        e = cudaFuncSetAttribute(gemm_kernel<T, OutT, SplitReduce>, cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmem);
+      if (e == cudaSuccess && T::kPreA) e = cudaFuncSetAttribute(predecode_a, cudaFuncAttributeMaxDynamicSharedMemorySize, kPreSmem);
+      if (e != cudaSuccess) return {int32_t(cutlass::Status::kErrorInternal), int32_t(e), 0};
+      configured.fetch_or(bit);
+    }
+    uint8_t* const pre = static_cast<uint8_t*>(workspace) + Sched::pre_a_offset(a);
+    CUtensorMap map_a, map_b;
+    const bool mapped = T::kPreA ? encode(&map_a, pre, Sched::k_pad(a) * 2, a.m, a.l, kBM, true)
+                                 : encode(&map_a, reinterpret_cast<const void*>(a.a), a.k / 2, a.m, a.l, kBM);
+    if (!mapped || !encode(&map_b, reinterpret_cast<const void*>(a.b), a.k / 2, a.n, a.l, BN))
+      return {int32_t(cutlass::Status::kErrorInternal), 0, 0};
+    // The kernels leave the padding of the SFD tiles unwritten: zero it for the next GEMM.
+    if (a.sfd_bytes) {
+      if (cudaError_t e = cudaMemsetAsync(reinterpret_cast<void*>(a.sfd), 0, a.sfd_bytes, stream); e != cudaSuccess)
+        return {int32_t(cutlass::Status::kErrorInternal), int32_t(e), 0};
+    }
+    if constexpr (T::kPreA) {
+      // Programmatic launch, one CTA of kPreThreads per SM (the reserved shared memory keeps two
+      // off one SM and off an SM a GEMM CTA holds).
+      const int64_t items = int64_t(a.l) * a.m * (Sched::k_pad(a) / kBK) * 2;
+      const int64_t blocks = std::max<int64_t>(1, std::min<int64_t>((items + kPreThreads - 1) / kPreThreads, a.sm_count));
+      const KernelLaunch pre_launch(dim3(unsigned(blocks)), kPreThreads, 1, kPreSmem, stream, true);
+      if (cudaError_t e = cudaLaunchKernelEx(&pre_launch.cfg, predecode_a, reinterpret_cast<const uint8_t*>(a.a), reinterpret_cast<const uint8_t*>(a.sfa),
+                                             reinterpret_cast<uint4*>(pre), int(a.m), int(a.k), int(a.l));
+          e != cudaSuccess)
+        return {int32_t(cutlass::Status::kErrorInternal), int32_t(e), 0};
+    }
+    Params p{a.m, a.n, a.k, a.l, a.split_k,
+             reinterpret_cast<const uint8_t*>(a.a), reinterpret_cast<const uint8_t*>(a.sfa),
+             reinterpret_cast<const uint8_t*>(a.b), reinterpret_cast<const uint8_t*>(a.sfb),
+             reinterpret_cast<const void*>(a.c), reinterpret_cast<void*>(a.d), a.alpha, a.beta,
+             static_cast<uint32_t*>(workspace),
+             reinterpret_cast<float*>(static_cast<uint8_t*>(workspace) + (a.split_k > 1 ? Sched::kCountersBytes : 0)),
+             reinterpret_cast<uint8_t*>(a.sfd), a.norm_constant};
+    const dim3 grid(unsigned(tiles(a)), unsigned(a.split_k));
+    const bool cluster = Sched::cluster_reducible(a.split_k);
+    const KernelLaunch launch(grid, T::kLaunchThreads, cluster ? a.split_k : 1, T::kSmem, stream, T::kPreA);
+    const cudaError_t e = cluster ? cudaLaunchKernelEx(&launch.cfg, gemm_kernel<T, OutT, SplitReduce>, p, map_a, map_b)
+                                  : cudaLaunchKernelEx(&launch.cfg, gemm_kernel<T, OutT, ReduceGlobal>, p, map_a, map_b);
+    return {int32_t(e == cudaSuccess ? cutlass::Status::kSuccess : cutlass::Status::kErrorInternal), int32_t(e), 0};
+  }
+
+  // The layout the kernels index scales with, for the host-side agreement test.
+  static int64_t sf_offsets(int32_t m, int32_t n, int32_t k, int32_t l, SfOperand which, int64_t* out, size_t len) {
+    return sf_offsets_of(which == SfOperand::A ? m : n, k, l, out, len);
+  }
+
+  static KernelEntry entry() { return KernelEntry{&run, &workspace_size, &can_implement, &sf_offsets}; }
+};
+
+template <class T>
+struct OutType { using type = T; };
+template <>
+struct OutType<cutlass::half_t> { using type = __half; };
+template <>
+struct OutType<cutlass::bfloat16_t> { using type = __nv_bfloat16; };
+
+template <bool kSwapped>
+using Schedule = std::conditional_t<kSwapped, MainloopSwappedRegisterDecode, MainloopSmemDecode>;
+
+}  // namespace bsg::sm90
+
+// Used by the generated translation units. The SM90 tile is tm x tn x 64 on one SM, no cluster in
+// the table (the kernel forms its own for split-K); swapped: the table's BSG_SM90_SWAPPED list
+// names the config.
+#define BSG_SM90_KERNEL(fn, sms, tm, tn, tk, cm, cn, out_type, swapped)                                                        \
+  static_assert((sms) == 1 && (tk) == 64 && (cm) == 1 && (cn) == 1, "SM90 tile");                                              \
+  bsg::KernelEntry fn() {                                                                                                      \
+    return bsg::sm90::Gemm<tm, tn, bsg::sm90::Schedule<swapped>, typename bsg::sm90::OutType<out_type>::type>::entry(); \
+  }

@@ -1,0 +1,71 @@
+// The swapped tiles' activation pre-pass: A (packed e2m1, tiled ue4m3 scales) decoded once per
+// GEMM to FP16 a * sf, (L, M, k_pad) with k_pad = K rounded up to 64, each 64-K block in the
+// order the swapped main loop's MMA steps read (act_chunks) so that TMA's 128-byte swizzle lays
+// it out as an in-CTA decode would; K past the end is 0.
+#pragma once
+
+#include <cstdint>
+
+#include "common/nvfp4.cuh"
+#include "common/ptx.cuh"
+#include "common/scale_layout.cuh"
+#include "cute/config.hpp"
+
+namespace bsg::sm90 {
+
+// One row's 64-K block (packed bytes q0 | q1, its four scales sf4) for thread parity
+// hh = shift / 4: chunk st (8 halves) holds MMA step st's K positions 8 hh .. 8 hh + 7, i.e. for
+// each scale group c the values 4 st + hh and 4 st + hh + 2 (mainloop_swapped.cuh says why this
+// order). Decoded as decode8 does.
+__device__ __forceinline__ void act_chunks(uint4 q0, uint4 q1, uint32_t sf4, int shift, uint4 (&ch)[4]) {
+  const uint32_t s01 = decode8_scales(e4m3x2_to_f16x2(sf4)), s23 = decode8_scales(e4m3x2_hi_to_f16x2(sf4));
+  const uint32_t sc[4] = {__byte_perm(s01, s01, 0x1010), __byte_perm(s01, s01, 0x3232), __byte_perm(s23, s23, 0x1010),
+                          __byte_perm(s23, s23, 0x3232)};
+  const uint32_t w[4][2] = {{q0.x, q0.y}, {q0.z, q0.w}, {q1.x, q1.y}, {q1.z, q1.w}};  // [group][word]
+  CUTE_UNROLL
+  for (int wd = 0; wd < 2; ++wd) {
+    uint32_t lo[4], hi[4];
+    CUTE_UNROLL
+    for (int c = 0; c < 4; ++c) {
+      const uint32_t e = e2m1_lo_to_e4m3(w[c][wd] >> shift);  // this parity's values
+      lo[c] = hmul2(e4m3x2_to_f16x2(e), sc[c]);     // step 2 wd
+      hi[c] = hmul2(e4m3x2_hi_to_f16x2(e), sc[c]);  // step 2 wd + 1
+    }
+    ch[2 * wd] = make_uint4(lo[0], lo[1], lo[2], lo[3]);
+    ch[2 * wd + 1] = make_uint4(hi[0], hi[1], hi[2], hi[3]);
+  }
+}
+
+constexpr int kPreThreads = 1024;       // predecode_a's launch bound
+constexpr int kPreSmem = 120 * 1024;    // reserved, unused: keeps one pre-pass CTA per SM
+
+// One work item per (batch, row, 64-K block, parity), strided over the grid. Launched
+// programmatically behind the previous kernel: nothing is read or written before griddep_wait
+// returns; then the GEMM may be scheduled, and it issues its first weights while this runs.
+// Static: every translation unit that includes this keeps its own.
+static __global__ void __launch_bounds__(kPreThreads) predecode_a(const uint8_t* a, const uint8_t* sfa, uint4* out, int m, int k, int l) {
+  griddep_wait();
+  griddep_launch_dependents();
+  const int kb_n = (k + 63) / 64;
+  const int64_t items = int64_t(l) * m * kb_n * 2;
+  for (int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; idx < items; idx += int64_t(gridDim.x) * blockDim.x) {
+    const int hh = int(idx % 2), kb = int((idx / 2) % kb_n);
+    const int64_t rowb = idx / 2 / kb_n;  // batch * m + row
+    const int64_t batch = rowb / m;
+    const int row = int(rowb % m);
+    const bool whole = kb * 64 + 64 <= k;  // else 32 K (K % 32 == 0): groups 2 and 3 are past K
+    const uint8_t* src = a + rowb * (k / 2) + kb * 32;
+    const uint4 q0 = *reinterpret_cast<const uint4*>(src);
+    const uint4 q1 = whole ? *reinterpret_cast<const uint4*>(src + 16) : make_uint4(0, 0, 0, 0);
+    const int64_t sp = sf_cols_padded(k);
+    uint32_t sf4 = *reinterpret_cast<const uint32_t*>(sfa + batch * sf_batch_bytes(m, sp) + sf_offset(row, 4 * kb, sp));
+    if (!whole) sf4 &= 0xFFFFu;  // 0 * 0, whatever the padding scales hold
+    uint4 ch[4];
+    act_chunks(q0, q1, sf4, 4 * hh, ch);
+    uint4* dst = out + (rowb * kb_n + kb) * 8;  // 8 chunks of 16 bytes per 64-K block
+    CUTE_UNROLL
+    for (int st = 0; st < 4; ++st) dst[2 * st + hh] = ch[st];
+  }
+}
+
+}  // namespace bsg::sm90

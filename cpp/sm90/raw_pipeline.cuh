@@ -1,0 +1,105 @@
+// The SM90 main loops' loads: a ring of kRawStages raw stages in shared memory, each filled by one
+// thread (TMA boxes of packed FP4 rows or pre-decoded FP16 activations, bulk copies of the scale
+// chunks) and completing on its "full" mbarrier; with a producer warpgroup, a stage is refilled
+// once every compute thread has arrived on its "empty" mbarrier.
+#pragma once
+
+#include <cuda.h>
+
+#include <cstdint>
+
+#include "common/ptx.cuh"
+#include "common/scale_layout.cuh"
+#include "cutlass/arch/barrier.h"
+#include "sm90/dispatch_policy.cuh"
+#include "sm90/tile_scheduler.cuh"
+
+namespace bsg::sm90 {
+
+// The parts of a raw stage `issue` sends: B and its scales (and the barrier's transaction count),
+// A (and, without kPreA, its scales). The swapped tiles issue B's before the pre-pass has ended.
+constexpr int kIssueB = 1, kIssueA = 2;
+
+template <class T>
+struct RawPipeline {
+  uint64_t* full;   // [kRawStages] transaction barriers
+  uint64_t* empty;  // [kRawStages] (producer warpgroup only) every compute thread arrives
+  uint32_t raw_s, dec_a_s;
+  const CUtensorMap* map_a;
+  const CUtensorMap* map_b;
+  const uint8_t* sfa_rows;
+  const uint8_t* sfb_rows;
+  int64_t sp;
+  int sfb_chunks;
+  const TileWork& w;
+
+  __device__ __forceinline__ RawPipeline(const Params& p, const TileWork& work, uint64_t* full_bar, uint64_t* empty_bar, uint8_t* raw,
+                                         void* dec_a, const CUtensorMap* ma, const CUtensorMap* mb)
+      : full(full_bar), empty(empty_bar), map_a(ma), map_b(mb), w(work) {
+    sp = sf_cols_padded(p.k);
+    sfa_rows = p.sfa + w.batch * sf_batch_bytes(p.m, sp) + int64_t(w.m0 / 128) * (sp / 4) * 512;
+    sfb_rows = p.sfb + w.batch * sf_batch_bytes(p.n, sp) + int64_t(w.n0 / 128) * (sp / 4) * 512;
+    sfb_chunks = min(T::kSfChunksB, (p.n + 127) / 128 - w.n0 / 128);  // 128-row blocks of B inside N
+    raw_s = static_cast<uint32_t>(__cvta_generic_to_shared(raw));
+    dec_a_s = static_cast<uint32_t>(__cvta_generic_to_shared(dec_a));
+  }
+
+  // Thread 0, before the CTA barrier that publishes them.
+  __device__ __forceinline__ void init_barriers() const {
+    for (int s = 0; s < T::kRawStages; ++s) {
+      cutlass::arch::ClusterTransactionBarrier::init(&full[s], 1);
+      cutlass::arch::ClusterBarrier::init(&empty[s], kThreads);
+    }
+    cutlass::arch::fence_barrier_init();
+  }
+
+  // Raw stage r (k-tiles kt_begin + kSubs r ...), the copies `what` names.
+  __device__ __forceinline__ void issue(int r, int what = kIssueA | kIssueB) const {
+    constexpr int kBM = T::kBM;
+    const int slot = r % T::kRawStages;
+    const uint32_t bar = static_cast<uint32_t>(__cvta_generic_to_shared(&full[slot]));
+    const uint32_t base = raw_s + slot * T::kRawBytes;
+    const int kt = w.kt_begin + kSubs * r;
+    const uint32_t sf_bytes = min(kSubs, w.kt_end - kt) * 512;
+    // kPreA: every box of FP16 activations is whole (zero-filled past K_pad, M or the batch).
+    constexpr uint32_t kPreBytes = T::kPreA ? kSubs * kBM * kBK * 2 : 0;
+    const uint32_t bytes = kPreBytes + T::kRawA + T::kRawB + sf_bytes * ((T::kPreA ? 0 : 1) + sfb_chunks);
+    if (what & kIssueB) cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&full[slot], bytes);
+    if constexpr ((BSG_SM90_ABLATE & 4) == 0) {
+      if (what & kIssueB) {
+        tma_load_3d(base + T::kRawA, map_b, kt * (kBK / 2), w.n0, int(w.batch), bar);
+        for (int c = 0; c < sfb_chunks; ++c)
+          bulk_load(base + T::kSfB + T::kSfStage * c, sfb_rows + c * (sp / 4) * 512 + int64_t(kt) * 512, sf_bytes, bar);
+      }
+      if (what & kIssueA) {
+        if constexpr (T::kPreA) {
+          for (int s = 0; s < kSubs; ++s)
+            tma_load_3d(dec_a_s + (slot * kSubs + s) * (kBM * kBK * 2), map_a, (kt + s) * kBK, w.m0, int(w.batch), bar);
+        } else {
+          tma_load_3d(base, map_a, kt * (kBK / 2), w.m0, int(w.batch), bar);
+          bulk_load(base + T::kRawA + T::kRawB, sfa_rows + int64_t(kt) * 512, sf_bytes, bar);
+        }
+      }
+    } else if (what & kIssueB) {
+      // Ablation: no loads; complete the transaction count without moving data.
+      asm volatile("mbarrier.complete_tx.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(bytes));
+    }
+  }
+
+  __device__ __forceinline__ void wait(int r) const {
+    cutlass::arch::ClusterTransactionBarrier::wait(&full[r % T::kRawStages], (r / T::kRawStages) & 1);
+  }
+  __device__ __forceinline__ void wait_empty(int r) const {
+    cutlass::arch::ClusterBarrier::wait(&empty[r % T::kRawStages], ((r / T::kRawStages) - 1) & 1);
+  }
+  // Whether k-tile j is the last of its raw stage and a later stage is due in that slot.
+  __device__ __forceinline__ bool stage_done(int j) const {
+    return j < w.n_kt && (j % kSubs == kSubs - 1 || j == w.n_kt - 1) && j / kSubs + T::kRawStages < w.n_raw;
+  }
+  // Producer warpgroup: this compute thread is done with k-tile j.
+  __device__ __forceinline__ void release_after(int j) const {
+    if (stage_done(j)) cutlass::arch::ClusterBarrier::arrive(&empty[(j / kSubs) % T::kRawStages]);
+  }
+};
+
+}  // namespace bsg::sm90

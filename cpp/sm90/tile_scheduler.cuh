@@ -1,0 +1,82 @@
+// SM90 static tile scheduler: one CTA per (output tile, K range). grid.x enumerates the tiles of
+// every batch, rastered in groups of kGroupM tile rows with N fastest inside a group, so the CTAs
+// that run together share a few rows of activations across many columns of weights; grid.y is the
+// K range. It also owns the workspace layout the schedule needs (split-K counters and partials,
+// then the pre-decoded activations of the swapped tiles).
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+
+#include "sm90/dispatch_policy.cuh"
+
+namespace bsg::sm90 {
+
+// Where one CTA works: its output tile and its range of k-tiles.
+struct TileWork {
+  int64_t tile;   // linear tile index over all batches (grid.x)
+  int64_t batch;
+  int m0, n0;     // first output row and column
+  int split;      // K range index (grid.y)
+  int kt_begin, kt_end, n_kt;
+  int n_raw;      // raw stages of kSubs k-tiles
+};
+
+template <class T>
+struct TileScheduler {
+  static constexpr int kGroupM = T::kBM == 256 ? 4 : 8;
+
+  __device__ __forceinline__ static TileWork work(const Params& p) {
+    constexpr int kBM = T::kBM, BN = T::kBN;
+    TileWork w;
+    const int tiles_m = (p.m + kBM - 1) / kBM;
+    const int tiles_n = (p.n + BN - 1) / BN;
+    w.tile = blockIdx.x;
+    const int64_t in_batch = w.tile % (int64_t(tiles_m) * tiles_n);
+    const int group = int(in_batch / (int64_t(kGroupM) * tiles_n));
+    const int group_rows = min(kGroupM, tiles_m - group * kGroupM);
+    const int in_group = int(in_batch - int64_t(group) * kGroupM * tiles_n);
+    const int tm = group * kGroupM + in_group % group_rows;
+    const int tn = in_group / group_rows;
+    w.batch = w.tile / (int64_t(tiles_m) * tiles_n);
+    w.m0 = tm * kBM;
+    w.n0 = tn * BN;
+    w.split = blockIdx.y;
+    const int k_tiles = (p.k + kBK - 1) / kBK;
+    w.kt_begin = int(int64_t(k_tiles) * w.split / p.split_k);
+    w.kt_end = int(int64_t(k_tiles) * (w.split + 1) / p.split_k);
+    w.n_kt = w.kt_end - w.kt_begin;
+    w.n_raw = (w.n_kt + kSubs - 1) / kSubs;
+    return w;
+  }
+
+  // ---- host side ----
+
+  static int64_t tiles(const KernelArgs& a) {
+    return int64_t((a.m + T::kBM - 1) / T::kBM) * ((a.n + T::kBN - 1) / T::kBN) * a.l;
+  }
+
+  // The counter region does not depend on the problem, so a reused workspace never holds an
+  // earlier call's partials where this call's counters are.
+  static constexpr int64_t kMaxSplitTiles = BSG_SM90_MAX_SPLIT_TILES;
+  static constexpr size_t kCountersBytes = kMaxSplitTiles * 4;
+
+  static constexpr bool cluster_reducible(int split_k) { return T::kClusterReduce && split_k > 1 && split_k <= kMaxClusterSplit; }
+
+  // Split-K's counters and partials, then (kPreA) the decoded activations at a 1024-byte boundary,
+  // never over the counter region: one workspace serves every config, and another config's
+  // split-K launch needs its counters still zero.
+  static size_t split_bytes(const KernelArgs& a) {
+    if (a.split_k <= 1 || cluster_reducible(a.split_k)) return 0;
+    return kCountersBytes + size_t(a.split_k) * size_t(tiles(a)) * T::kBM * T::kBN * sizeof(float);
+  }
+  static int64_t k_pad(const KernelArgs& a) { return (int64_t(a.k) + kBK - 1) / kBK * kBK; }
+  static size_t pre_a_offset(const KernelArgs& a) { return (std::max(split_bytes(a), kCountersBytes) + 1023) / 1024 * 1024; }
+  static size_t workspace_size(const KernelArgs& a) {
+    if (!T::kPreA) return split_bytes(a);
+    return pre_a_offset(a) + size_t(a.l) * size_t(a.m) * size_t(k_pad(a)) * 2;
+  }
+};
+
+}  // namespace bsg::sm90

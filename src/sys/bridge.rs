@@ -1,0 +1,32 @@
+//! The cxx bridge to the C++ shim (`cpp/host/bridge.cpp`): kernel launches through the table
+//! build.rs generates, and the host-side queries the tests use.
+
+#[cxx::bridge(namespace = "bsg")]
+pub(crate) mod ffi {
+    unsafe extern "C++" {
+        include!("blockscaled-gemm/cpp/host/bridge.h");
+
+        type KernelArgs = crate::sys::KernelArgs;
+        type KernelStatus = crate::sys::KernelStatus;
+
+        /// The one call a GEMM makes: checks, the workspace it needs, and the launches.
+        /// `cutlass_status` -1: the kernel is not in this build.
+        ///
+        /// # Safety
+        /// Every address in `args` must be valid for the problem on the stream's device.
+        unsafe fn launch(config: u32, out: u32, args: &KernelArgs) -> KernelStatus;
+        /// Host-only queries (no device is touched): `can_implement` and the workspace bytes.
+        fn can_implement(config: u32, out: u32, args: &KernelArgs) -> bool;
+        fn workspace_size(config: u32, out: u32, args: &KernelArgs) -> usize;
+        #[allow(clippy::too_many_arguments)]
+        fn sf_offsets(config: u32, out: u32, m: i32, n: i32, k: i32, l: i32, operand_b: bool, offsets: &mut [i64]) -> i64;
+        /// CUTLASS's host reference `Gemm3x` with `SfStrategy::SfDGen` (example 72b's check).
+        #[allow(clippy::too_many_arguments)]
+        fn host_gemm_fp4(m: i32, n: i32, k: i32, l: i32, a: &[u8], sfa: &[u8], b: &[u8], sfb: &[u8], c: &[f32], alpha: f32, beta: f32, norm_constant: f32, sfd_ue8m0: bool, d: &mut [u8], sfd: &mut [u8]);
+        fn host_sfd_cosize(m: i32, n: i32, l: i32) -> i64;
+        /// CUTLASS's host conversions from f32: 0 e2m1, 1 ue4m3, 2 ue8m0.
+        fn host_convert(kind: i32, x: &[f32], out: &mut [u8]);
+        fn cutlass_status_name(code: i32) -> String;
+        fn cuda_error_name(code: i32) -> String;
+    }
+}

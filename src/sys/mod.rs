@@ -1,0 +1,36 @@
+//! The unsafe bottom layer: the launch ABI as bindgen generates it from
+//! `include/blockscaled_gemm/kernel_abi.h` (the one declaration of the launch arguments, status,
+//! output and operand kinds and shared limits), and the cxx bridge to the C++ shim, which takes
+//! those structs as trivial extern types. Only the layers above (`gemm`, `cutlass_host`) call
+//! into it, after validating every argument.
+
+#[allow(dead_code, non_camel_case_types, non_upper_case_globals, non_snake_case, clippy::all)]
+mod abi {
+    include!(concat!(env!("OUT_DIR"), "/kernel_abi.rs"));
+}
+mod bridge;
+
+pub(crate) use abi::root::bsg::{KernelArgs, KernelStatus, OutKind};
+pub(crate) use bridge::ffi::*;
+
+/// Split-K through a thread-block cluster: at most this many K ranges (the portable cluster size).
+pub(crate) const SM90_MAX_CLUSTER_SPLIT: u32 = abi::root::BSG_SM90_MAX_CLUSTER_SPLIT;
+/// Output tiles of an SM90 launch whose split-K goes through global memory.
+pub(crate) const SM90_MAX_SPLIT_TILES: usize = abi::root::BSG_SM90_MAX_SPLIT_TILES as usize;
+/// `KernelStatus::cutlass_status` values (`cutlass::Status`, and -1 for a kernel not in the build).
+pub(crate) const STATUS_NOT_BUILT: i32 = abi::root::BSG_STATUS_NOT_BUILT;
+pub(crate) const STATUS_INVALID_PROBLEM: i32 = abi::root::BSG_STATUS_INVALID_PROBLEM as i32;
+pub(crate) const STATUS_WORKSPACE_NULL: i32 = abi::root::BSG_STATUS_WORKSPACE_NULL as i32;
+/// K ranges of one SM90 launch.
+pub(crate) const SM90_MAX_SPLIT_K: u32 = abi::root::BSG_SM90_MAX_SPLIT_K;
+
+// SAFETY: KernelArgs and KernelStatus are plain C structs of integers and floats (bindgen's
+// layout tests hold them to the C++ layout), so moving them by value across cxx is sound.
+unsafe impl cxx::ExternType for KernelArgs {
+    type Id = cxx::type_id!("bsg::KernelArgs");
+    type Kind = cxx::kind::Trivial;
+}
+unsafe impl cxx::ExternType for KernelStatus {
+    type Id = cxx::type_id!("bsg::KernelStatus");
+    type Kind = cxx::kind::Trivial;
+}
