@@ -72,11 +72,7 @@ def contenders(op, m, n, k, gen):
             # (N, K/2) uint8, two 4-bit codes a byte (even k in the high nibble); scales and zeros
             # (K/128, N, 2) bf16: w = (q - 8) * scale + zero.
             q = torch.randint(0, 256, (n, k // 2), device="cuda", dtype=torch.uint8, generator=gen)
-            try:
-                packed = torch._convert_weight_to_int4pack(q, 8)
-            except RuntimeError:  # PyTorch before 2.5 took the codes as int32 (N, K)
-                q32 = torch.stack([q >> 4, q & 15], -1).reshape(n, k).to(torch.int32)
-                packed = torch._convert_weight_to_int4pack(q32, 8)
+            packed = torch._convert_weight_to_int4pack(q, 8)  # PyTorch >= 2.5: uint8 codes
             sz = torch.stack([torch.full((k // GROUP, n), 0.01), torch.zeros(k // GROUP, n)], -1)
             return randn(m, k), packed, sz.to("cuda", torch.bfloat16).contiguous()
         out["int4_tinygemm"] = (
