@@ -1,0 +1,186 @@
+#!/usr/bin/env python3
+"""Turns a bench JSONL (examples/bench --json) into a plot and the README table.
+
+  python3 bench/report.py RESULTS.jsonl [--png OUT.png] [--readme README.md ...]
+
+Each line: one JSON object with op ("gemm"), gpu, commit, m, n, k, l, out, config,
+ours_launch_us, ours_b2b_us, ours_graph_us, host_enqueue_us, cublas_bf16_graph_us,
+cublas_fp8_graph_us, floor_us, exact. Rows with op "gemm" (or none) are used, in file order;
+extra fields and nulls are fine.
+- --png: time / floor_us per shape (log scale), one subplot per output type, one marker series
+  per contender (ours graph, back to back, per launch; cuBLAS bf16 and FP8 graph), the floor at 1.
+- --readme: in each file, replaces the lines between `<!-- bench-table:begin -->` and
+  `<!-- bench-table:end -->` with a markdown table of the rows, one sentence per cuBLAS
+  contender comparing ours_graph_us with that contender's graph time (like for like, same run;
+  nothing else is claimed) and the source line. A file without exactly one pair of markers:
+  exit 2, naming it, before any file is written. Running it twice gives the same file.
+"""
+import argparse
+import json
+import os
+import sys
+
+BEGIN, END = "<!-- bench-table:begin -->", "<!-- bench-table:end -->"
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SERIES = [  # (field, legend, marker)
+    ("ours_graph_us", "ours, CUDA graph", "o"),
+    ("ours_b2b_us", "ours, back to back", "s"),
+    ("ours_launch_us", "ours, per launch", "^"),
+    ("cublas_bf16_graph_us", "cuBLAS bf16, CUDA graph", "x"),
+    ("cublas_fp8_graph_us", "cuBLAS FP8, CUDA graph", "+"),
+]
+CUBLAS = [("cublas_bf16_graph_us", "cuBLAS bf16"), ("cublas_fp8_graph_us", "cuBLAS FP8")]
+
+
+def load(path):
+    rows = []
+    with open(path) as f:
+        for i, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                sys.exit(f"{path}:{i}: not JSON: {e}")
+            if row.get("op", "gemm") == "gemm":
+                rows.append(row)
+    if not rows:
+        sys.exit(f"{path}: no gemm rows")
+    return rows
+
+
+def shape(r):
+    s = f"{r.get('m')}x{r.get('n')}x{r.get('k')}"
+    return s if r.get("l") in (None, 1) else f"{s}x{r['l']}"
+
+
+def num(v):
+    return v if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+
+def fmt(v):
+    v = num(v)
+    if v is None:
+        return "-"
+    return f"{v:.2f}" if v < 10 else f"{v:.1f}" if v < 1000 else f"{v:.0f}"
+
+
+def joined(rows, key):
+    return ", ".join(dict.fromkeys(str(r.get(key)) for r in rows if r.get(key) is not None)) or "?"
+
+
+def plot(rows, png):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter
+
+    outs = list(dict.fromkeys(str(r.get("out")) for r in rows))
+    fig, axes = plt.subplots(len(outs), 1, squeeze=False, figsize=(max(7, 0.8 * len(rows) / len(outs) + 3), 3.6 * len(outs)))
+    for ax, out in zip(axes[:, 0], outs):
+        sub = [r for r in rows if str(r.get("out")) == out]
+        xs = range(len(sub))
+        for field, label, marker in SERIES:
+            pts = [(x, num(r.get(field)) / num(r.get("floor_us"))) for x, r in zip(xs, sub)
+                   if num(r.get(field)) and num(r.get("floor_us"))]
+            if pts:
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], marker, label=label, ms=7,
+                        mfc="none" if marker in "os^" else None)
+        ax.axhline(1, color="k", lw=0.8, ls="--", label="floor")
+        ax.set_yscale("log")
+        ax.set_ylim(bottom=min(0.8, ax.get_ylim()[0]))
+        for axis in (ax.yaxis.set_major_formatter, ax.yaxis.set_minor_formatter):
+            axis(FuncFormatter(lambda v, _: f"{v:g}"))
+        ax.set_xticks(list(xs), [shape(r) for r in sub], rotation=30, ha="right", fontsize=8)
+        ax.set_ylabel("time / floor")
+        ax.set_title(f"output {out}", fontsize=10)
+        ax.grid(True, which="both", axis="y", alpha=0.3)
+    axes[0, 0].legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
+    fig.suptitle(f"{joined(rows, 'gpu')}, commit {joined(rows, 'commit')}")
+    fig.tight_layout()
+    fig.savefig(png, dpi=120)
+
+
+def comparison(rows, field, name):
+    """One sentence: where ours_graph_us beats, ties or loses to `field` (same-run rows only)."""
+    several_outs = len({str(r.get("out")) for r in rows}) > 1
+    unit = "rows" if several_outs or len({shape(r) for r in rows}) < len(rows) else "shapes"
+    faster, slower, tied = [], [], []
+    for r in rows:
+        ours, theirs = num(r.get("ours_graph_us")), num(r.get(field))
+        if not ours or not theirs:
+            continue
+        label = shape(r) + (f" {r.get('out')}" if several_outs else "")
+        ratio = f"{theirs / ours:.2f}"
+        item = f"{label} ({theirs / ours:.3f}x)" if ratio == "1.00" else f"{label} ({ratio}x)"
+        (faster if ours < theirs else slower if ours > theirs else tied).append(item)
+    n = len(faster) + len(slower) + len(tied)
+    if n == 0:
+        return f"No row has both our graph time and a {name} graph time."
+    s = f"Faster than {name} (graph vs graph, same run) at {len(faster)} of {n} {unit}"
+    s += f": {', '.join(faster)}" if faster else ""
+    s += f"; slower at {len(slower)}: {', '.join(slower)}" if slower else "; slower at none"
+    s += f"; equal at {len(tied)}: {', '.join(tied)}" if tied else ""
+    if n < len(rows):
+        s += f"; {len(rows) - n} {unit} without both figures"
+    s += f" (in brackets: {name} time / ours)"
+    return s + "."
+
+
+def table(rows, source):
+    head = ["M x N x K", "out", "config", "ours graph us", "ours b2b us", "ours per launch us",
+            "host enqueue us", "cuBLAS bf16 graph us", "cuBLAS FP8 graph us", "floor us",
+            "ours/floor", "exact"]
+    lines = ["", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        g, fl = num(r.get("ours_graph_us")), num(r.get("floor_us"))
+        ex = r.get("exact")
+        cells = [shape(r), str(r.get("out") or "-"), f"`{r['config']}`" if r.get("config") else "-"]
+        cells += [fmt(r.get(f)) for f in ("ours_graph_us", "ours_b2b_us", "ours_launch_us",
+                                          "host_enqueue_us", "cublas_bf16_graph_us",
+                                          "cublas_fp8_graph_us", "floor_us")]
+        cells += [f"{g / fl:.2f}" if g and fl else "-", "yes" if ex is True else "no" if ex is False else "-"]
+        lines.append("| " + " | ".join(cells) + " |")
+    for f, name in CUBLAS:
+        lines += ["", comparison(rows, f, name)]
+    lines += ["", f"Source: {source} ({joined(rows, 'gpu')}, commit {joined(rows, 'commit')})", ""]
+    return "\n".join(lines)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("jsonl")
+    p.add_argument("--png", help="write the plot here")
+    p.add_argument("--readme", action="append", default=[], help="file with the bench-table markers (repeatable)")
+    args = p.parse_args()
+    rows = load(args.jsonl)
+
+    texts = {}
+    for path in args.readme:
+        try:
+            lines = open(path).read().split("\n")
+        except OSError as e:
+            print(f"{path}: {e}", file=sys.stderr)
+            sys.exit(2)
+        b = [i for i, l in enumerate(lines) if l.strip() == BEGIN]
+        e = [i for i, l in enumerate(lines) if l.strip() == END]
+        if len(b) != 1 or len(e) != 1 or b[0] > e[0]:
+            print(f"{path}: needs exactly one line {BEGIN} followed by one line {END}", file=sys.stderr)
+            sys.exit(2)
+        texts[path] = (lines, b[0], e[0])
+
+    if args.png:
+        plot(rows, args.png)
+    src = os.path.abspath(args.jsonl)
+    src = os.path.relpath(src, ROOT) if src.startswith(ROOT + os.sep) else args.jsonl
+    body = table(rows, src)
+    for path, (lines, b, e) in texts.items():
+        new = "\n".join(lines[:b + 1] + [body] + lines[e:])
+        if new != "\n".join(lines):
+            with open(path, "w") as f:
+                f.write(new)
+        print(f"{path}: table of {len(rows)} rows", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
