@@ -105,12 +105,16 @@ fn exact_dot_units(a: &Decoded, i: usize, b: &Decoded, j: usize, k: usize) -> st
     Ok(total)
 }
 
-/// Checks the raw operand buffers of a reference call.
-fn check_operands(p: &Problem, a: &[u8], sfa: &[u8], b: &[u8], sfb: &[u8]) -> Result<()> {
+/// Checks the raw operand buffers of a reference call whose output holds `out_elem_bytes` bytes
+/// per element of (L, M, N), and `sfd` for FP4 output scale factors: the shape, every count
+/// within the host's largest allocation (so no product of the dimensions below overflows), and
+/// the four lengths.
+fn check_operands(p: &Problem, a: &[u8], sfa: &[u8], b: &[u8], sfb: &[u8], out_elem_bytes: usize, sfd: bool) -> Result<()> {
     p.check_dims(usize::MAX)?;
     if !p.k.is_multiple_of(SF_VEC) {
         return Err(Error::KMultiple { k: p.k, multiple: SF_VEC, why: "one scale per 16 elements of K" });
     }
+    p.check_counts(out_elem_bytes, sfd, isize::MAX as usize, "the largest host allocation is isize::MAX bytes")?;
     check_operand_lens(p, [a.len(), sfa.len(), b.len(), sfb.len()])
 }
 
@@ -137,7 +141,7 @@ pub enum Accumulation {
 
 /// The f32 accumulators (L, M, N) of `sum_k dec(A) sfa dec(B) sfb`, summed as `mode` says.
 pub fn accumulators(p: &Problem, a: &[u8], sfa: &[u8], b: &[u8], sfb: &[u8], mode: Accumulation) -> Result<Vec<f32>> {
-    check_operands(p, a, sfa, b, sfb)?;
+    check_operands(p, a, sfa, b, sfb, std::mem::size_of::<f32>(), false)?;
     let (m, n, k) = (p.m, p.n, p.k);
     let mut out = vec![0f32; p.cd_elems()];
     for l in 0..p.l {
@@ -182,6 +186,7 @@ pub fn gemm_fp4(p: &Problem, a: &[u8], sfa: &[u8], b: &[u8], sfb: &[u8], c: Opti
         return Err(Error::InvalidData { what: "N", detail: format!("{}: FP4 output needs whole groups of 16 outputs per row", p.n) });
     }
     p.check_norm_constant()?;
+    check_operands(p, a, sfa, b, sfb, std::mem::size_of::<f32>(), true)?;
     check_c(p, c.map(<[f32]>::len))?;
     let acc = accumulators(p, a, sfa, b, sfb, mode)?;
     Ok(crate::fp4_out::epilogue(p, &acc, c, format))
@@ -192,7 +197,7 @@ pub fn gemm_fp4(p: &Problem, a: &[u8], sfa: &[u8], b: &[u8], sfb: &[u8], c: Opti
 /// `c` (L, M, N) row-major when given. K must be a multiple of 16. C is read only when
 /// beta != 0 (the kernels do not load it otherwise).
 pub fn gemm<T: OutputElement>(p: &Problem, a: &[u8], sfa: &[u8], b: &[u8], sfb: &[u8], c: Option<&[T]>) -> Result<Vec<T>> {
-    check_operands(p, a, sfa, b, sfb)?;
+    check_operands(p, a, sfa, b, sfb, std::mem::size_of::<T>(), false)?;
     check_c(p, c.map(<[T]>::len))?;
     const TILE_M: usize = 8;
     let (m, n, k) = (p.m, p.n, p.k);
