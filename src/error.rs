@@ -181,6 +181,14 @@ pub enum Error {
         /// Where the limit comes from.
         why: &'static str,
     },
+    /// A host allocation failed.
+    #[error("{what}: cannot allocate {bytes} bytes of host memory")]
+    HostMemory {
+        /// What was being allocated.
+        what: &'static str,
+        /// Bytes asked for.
+        bytes: usize,
+    },
     /// A non-finite input to the quantizer.
     #[error("input element {index} is {value}: the quantizer needs finite values")]
     NonFiniteInput {
