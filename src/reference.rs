@@ -226,6 +226,58 @@ pub fn gemm<T: OutputElement>(p: &Problem, a: &[u8], sfa: &[u8], b: &[u8], sfb: 
     Ok(out)
 }
 
+/// One output's K sum as the verdict of [`crate::compare`] needs it.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Dot {
+    /// `sum_k a_k b_k` (block-scaled values), exact, then rounded once to f64; NaN where a scale
+    /// of the row or column is NaN.
+    pub sum: f64,
+    /// `sum_k |a_k b_k|`, exact, then rounded once to f64: the scale of the FP32 summation error
+    /// bound. NaN with `sum`.
+    pub abs_sum: f64,
+}
+
+/// The exact K sums of every output (L, M, N) and the sums of their products' magnitudes, on raw
+/// buffers laid out as for [`gemm`]. Both are exact integers in units of 2^-20 before the one
+/// rounding to f64 (relative error at most 2^-53).
+pub fn dots(p: &Problem, a: &[u8], sfa: &[u8], b: &[u8], sfb: &[u8]) -> Result<Vec<Dot>> {
+    check_operands(p, a, sfa, b, sfb, std::mem::size_of::<Dot>(), false)?;
+    let (m, n, k) = (p.m, p.n, p.k);
+    let unit = 1.0 / (1u64 << 20) as f64;
+    let mut out = vec![Dot { sum: 0.0, abs_sum: 0.0 }; p.cd_elems()];
+    for l in 0..p.l {
+        let bd = decode(b, sfb, n, k, l, 0..n);
+        out[l * m * n..][..m * n].par_chunks_mut(n).enumerate().for_each(|(i, row)| {
+            let ad = decode(a, sfa, m, k, l, i..i + 1);
+            for (j, o) in row.iter_mut().enumerate() {
+                *o = match exact_dot_and_abs_units(&ad, 0, &bd, j, k) {
+                    Some((sum, abs)) => Dot { sum: sum as f64 * unit, abs_sum: abs as f64 * unit },
+                    None => Dot { sum: f64::NAN, abs_sum: f64::NAN },
+                };
+            }
+        });
+    }
+    Ok(out)
+}
+
+/// [`exact_dot_units`] and `sum_k |a_k b_k|` in the same units; `None` when a row has NaN scales.
+fn exact_dot_and_abs_units(a: &Decoded, i: usize, b: &Decoded, j: usize, k: usize) -> Option<(i128, i128)> {
+    if a.nan_rows[i] || b.nan_rows[j] {
+        return None;
+    }
+    let kb = k / SF_VEC;
+    let (av, bv) = (&a.vals[i * k..][..k], &b.vals[j * k..][..k]);
+    let (asf, bsf) = (&a.scales[i * kb..][..kb], &b.scales[j * kb..][..kb]);
+    let (mut sum, mut abs) = (0i128, 0i128);
+    for s in 0..kb {
+        let (x, y) = (&av[s * 16..][..16], &bv[s * 16..][..16]);
+        let scale = (asf[s] * bsf[s]) as i128; // below 2^36 in magnitude
+        sum += block_dot(x, y) as i128 * scale;
+        abs += x.iter().zip(y).map(|(&p, &q)| (p as i32 * q as i32).abs()).sum::<i32>() as i128 * scale.abs();
+    }
+    Some((sum, abs))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
