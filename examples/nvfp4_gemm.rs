@@ -8,6 +8,17 @@
 //! scale factors and codes group by group: byte for byte where the FP32 sums are exact (contest
 //! data), else within one e2m1 step with the scale factor equal or its neighbour.
 //!
+//! Verification of f16, bf16 and f32 output (`--tolerance`): `bound` (the default) passes an
+//! element that equals the exact result rounded once, or lies within the rigorous bound of FP32
+//! summation in any order plus the output type's rounding (`blockscaled_gemm::compare` derives
+//! it), and reports the worst element with its bound; `contest` is the contest's
+//! |got - want| <= 1e-3 + 1e-3 |want|, which also fails correct results (sums that cancel to near
+//! 0, values near a bf16 rounding boundary). Beyond `--check-budget` multiply-adds of reference
+//! work, evenly spread rows are verified (first and last included).
+//!
+//! Sizes and scalars are validated by the library's rules before any data is made, on both
+//! devices, so `--device cpu` refuses what the GPU path refuses.
+//!
 //! Exit codes: 0 passed, 1 verification failed or the GPU run failed, 2 bad input, 3 no GPU
 //! this build can run on.
 //!
@@ -23,7 +34,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Instant;
 
-use blockscaled_gemm::compare::{compare, compare_fp4, Comparison};
+use blockscaled_gemm::compare::{compare, compare_fp4, sample_rows, verify_matrices, SAMPLE_BUDGET};
 use blockscaled_gemm::layout::{from_tiled, padded_rows, padded_sf_cols, sf_bytes, sf_cols};
 use blockscaled_gemm::fp4_out;
 use blockscaled_gemm::reference::{self, Accumulation};
@@ -87,6 +98,19 @@ struct Cli {
     /// Print one JSON line with the result instead of the report.
     #[arg(long)]
     json: bool,
+    /// Verification criterion of f16, bf16 and f32 output: exact or within the FP32 bound
+    /// (bound), or the contest's atol = rtol = 1e-3 (contest).
+    #[arg(long, value_enum, default_value_t = ToleranceArg::Bound)]
+    tolerance: ToleranceArg,
+    /// Multiply-adds of reference work verification may spend; beyond it, rows are sampled.
+    #[arg(long, default_value_t = SAMPLE_BUDGET as u64)]
+    check_budget: u64,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, ValueEnum)]
+enum ToleranceArg {
+    Bound,
+    Contest,
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -176,19 +200,57 @@ fn parse_config(cli: &Cli) -> Result<Option<Config>, Exit> {
     }
 }
 
-/// Inputs and the problem, with the kernels' K rule checked on every path.
+/// Inputs and the problem, validated by the kernels' rules on every path (the CPU keeps them so
+/// both devices accept the same problems). Generated data is validated before it is made, so a
+/// bad size exits 2 at once instead of exhausting memory first.
 fn prepare<T: OutputElement + safetensors_dtype::HasDtype>(cli: &Cli) -> Result<(Inputs<T>, Problem), Exit> {
+    let out = cli.out_type();
+    // FP4 output: the default norm constant comes from the data later (and is checked there).
+    let problem = |m: usize, n: usize, k: usize, l: usize| Problem::new(m, n, k).batch(l).scalars(cli.alpha, cli.beta).norm_constant(cli.norm_constant.unwrap_or(1.0));
+    if cli.input.is_none() {
+        let p = problem(cli.m, cli.n, cli.k, cli.l);
+        p.validate(out, cli.beta != 0.0)?;
+        check_host_memory(cli, &p)?;
+    }
     let inputs = match &cli.input {
         Some(path) => load::<T>(path, cli.beta)?,
         None => generate::<T>(cli)?,
     };
     let (a, b) = (&inputs.a, &inputs.b);
-    let p = Problem::new(a.rows(), b.rows(), a.k()).batch(a.batch()).scalars(cli.alpha, cli.beta);
-    if !p.k.is_multiple_of(32) {
-        // The kernels' rule; the CPU path keeps it so both accept the same files.
-        return Err(bad(format!("K = {}: must be a multiple of 32 (rows of packed A and B are whole 16-byte units)", p.k)));
-    }
+    let p = problem(a.rows(), b.rows(), a.k(), a.batch());
+    p.validate(out, inputs.c.is_some())?;
     Ok((inputs, p))
+}
+
+/// Refuses a generated run whose host buffers alone (A, B and their scales, C, D, and for
+/// realistic data the f32 values they are quantized from) exceed the memory the system reports
+/// available, instead of letting the allocator abort or the OOM killer end the process.
+fn check_host_memory(cli: &Cli, p: &Problem) -> Result<(), Exit> {
+    let Some(available) = mem_available() else { return Ok(()) };
+    let out = cli.out_type();
+    let cd = p.cd_elems() as f64;
+    let elem = if out.sfd().is_some() { 4.0 } else { (out.bits() / 8) as f64 };
+    let mut need = [p.a_bytes(), p.b_bytes(), p.sfa_bytes(), p.sfb_bytes()].iter().map(|&x| x as f64).sum::<f64>() + cd * elem;
+    if cli.beta != 0.0 {
+        need += cd * elem;
+    }
+    if matches!(cli.data, DataArg::Realistic) {
+        // One operand's f32 values and codes at a time.
+        need += 5.0 * p.l as f64 * p.m.max(p.n) as f64 * p.k as f64;
+    }
+    if need > available as f64 {
+        let gib = |x: f64| x / (1u64 << 30) as f64;
+        return Err(bad(format!("M = {}, N = {}, K = {}, L = {}: the host buffers need about {:.1} GiB, {:.1} GiB is available", p.m, p.n, p.k, p.l, gib(need), gib(available as f64))));
+    }
+    Ok(())
+}
+
+/// MemAvailable of /proc/meminfo in bytes, where the system reports it.
+fn mem_available() -> Option<u64> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = info.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    kb.checked_mul(1024)
 }
 
 /// The stream of device 0, or exit 3 with what is missing.
@@ -232,7 +294,6 @@ fn run<T: OutputElement + DeviceRepr + safetensors_dtype::HasDtype>(cli: &Cli) -
     }
     let stream = gpu_stream()?;
     let gemm = BlockScaledGemm::new(stream.clone())?;
-    p.validate(out, inputs.c.is_some())?;
     let up = |v: &[u8]| stream.clone_htod(v).map_err(Error::from);
     let (av, asf, bv, bsf) = (up(a.data())?, up(a.scales())?, up(b.data())?, up(b.scales())?);
     let c_dev = inputs.c.as_ref().map(|c| stream.clone_htod(c)).transpose().map_err(Error::from)?;
@@ -248,9 +309,8 @@ fn run<T: OutputElement + DeviceRepr + safetensors_dtype::HasDtype>(cli: &Cli) -
     let ran = launch()?;
     let ms = time_launches(cli, &stream, &mut launch)?;
     let got = stream.clone_dtoh(&d).map_err(Error::from)?;
-    let rows = sample_rows(&p);
-    let (cmp, checked) = verify(&inputs, &p, &rows, &got)?;
-    let check = Check { passed: cmp.passed(), bad: cmp.bad, max_abs: Some(cmp.max_abs), checked, detail: format!("{checked} elements checked against the exact reference: {cmp}") };
+    let rows = sample_rows(&p, cli.check_budget as u128);
+    let check = verify(cli, &inputs, &p, &rows, &got)?;
     save(cli, &inputs, &p, vec![("d".into(), T::DTYPE, d_shape(&p, p.n), T::encode(&got))])?;
     report(cli, &p, "gpu", &ran.to_string(), Some(&check), ms, p.flops() / ms / 1e9, traffic(&p, out) / ms / 1e6);
     Ok(check.passed)
@@ -261,8 +321,8 @@ fn run_fp4(cli: &Cli) -> Result<bool, Exit> {
     let config = parse_config(cli)?;
     let (inputs, p) = prepare::<f32>(cli)?;
     let out = cli.out_type();
-    let format = out.sfd().expect("an FP4 output");
-    let rows = sample_rows(&p);
+    let Some(format) = out.sfd() else { return Err(bad(format!("--out {out}: not an FP4 output"))) };
+    let rows = sample_rows(&p, cli.check_budget as u128);
     let a_rows = if rows.len() == p.m { inputs.a.clone() } else { inputs.a.select_rows(&rows) };
     let pr = Problem { m: rows.len(), ..p };
     // The exact accumulators of the verified rows: they set the default norm constant and, on
@@ -272,8 +332,7 @@ fn run_fp4(cli: &Cli) -> Result<bool, Exit> {
         Some(st) => (st, None),
         None => {
             let acc = acc_rows()?;
-            let amax = acc.iter().fold(0f32, |m, v| m.max((v * p.alpha).abs()));
-            (if amax > 0.0 && amax.is_finite() { 6.0 * 448.0 / amax } else { 1.0 }, Some(acc))
+            (default_norm_constant(&acc, p.alpha)?, Some(acc))
         }
     };
     let (p, pr) = (p.norm_constant(st), pr.norm_constant(st));
@@ -321,44 +380,65 @@ fn run_fp4(cli: &Cli) -> Result<bool, Exit> {
     let got_d_rows = pick_rows(&got_d, &rows, p.m, p.n / 2, p.l);
     let cmp = compare_fp4(&got_d_rows, &got_sf_rows, &want_d, &from_tiled(&want_sfd, rows.len(), groups, p.l), p.n);
     let exactly = if cmp.byte_equal() { "byte for byte" } else { "within one e2m1 step" };
-    let check = Check { passed: cmp.within_one_step(), bad: cmp.sfd_far + cmp.codes_far, max_abs: None, checked: cmp.codes, detail: format!("{} rows against the exact reference ({exactly}; norm constant {st}): {cmp}", rows.len()) };
+    let check = Check { passed: cmp.within_one_step(), bad: cmp.sfd_far + cmp.codes_far, max_abs: None, worst_ratio: None, checked: cmp.codes, detail: format!("{} rows against the exact reference ({exactly}; norm constant {st}): {cmp}", rows.len()) };
     save(cli, &inputs, &p, fp4_tensors(got_d, got_sfd))?;
     report(cli, &p, "gpu", &ran.to_string(), Some(&check), ms, p.flops() / ms / 1e9, traffic(&p, out) / ms / 1e6);
     Ok(check.passed)
+}
+
+/// The default norm constant of an FP4 output, `6 * 448 / max|alpha * acc|` over the verified
+/// rows' exact accumulators (1 where they are all 0), or exit 2 saying to pass one where it is
+/// not a finite, positive f32 (a tiny or huge alpha).
+fn default_norm_constant(acc: &[f32], alpha: f32) -> Result<f32, Exit> {
+    let amax = acc.iter().fold(0f64, |m, &v| m.max((v as f64 * alpha as f64).abs()));
+    if amax == 0.0 {
+        return Ok(1.0);
+    }
+    let st = 6.0 * 448.0 / amax;
+    match st as f32 {
+        x if x.is_finite() && x > 0.0 => Ok(x),
+        _ => Err(bad(format!("alpha = {alpha:e}: the default norm constant 6 * 448 / max|alpha * A·Bᵀ| = {st:e} is not a finite, positive f32; pass --norm-constant"))),
+    }
 }
 
 /// A verification's outcome, for the report.
 struct Check {
     passed: bool,
     bad: usize,
+    /// The contest criterion's largest |got - want|.
     max_abs: Option<f64>,
+    /// The FP32-bound criterion's worst |got - exact| / bound.
+    worst_ratio: Option<f64>,
     checked: usize,
     detail: String,
 }
 
-/// The rows verification covers: all when M*N*K*L is at most 2^33 multiply-adds (about 2 s of
-/// reference on 2 cores), otherwise R rows spread evenly over M (first and last included), with
-/// R chosen to keep the reference under 2^33.
-fn sample_rows(p: &Problem) -> Vec<usize> {
-    const BUDGET: usize = 1 << 33;
-    let (m, n) = (p.m, p.n);
-    if m * n * p.k * p.l <= BUDGET {
-        return (0..m).collect();
-    }
-    let r = (BUDGET / (n * p.k * p.l)).clamp(2, m);
-    let mut v: Vec<usize> = (0..r).map(|i| i * (m - 1) / (r - 1)).collect();
-    v.dedup();
-    v
-}
-
-/// Verifies the GPU result against the reference on `rows` (every column).
-fn verify<T: OutputElement>(inputs: &Inputs<T>, p: &Problem, rows: &[usize], got: &[T]) -> Result<(Comparison, usize), Exit> {
+/// Verifies the GPU result on `rows` (every column) by `--tolerance`.
+fn verify<T: OutputElement>(cli: &Cli, inputs: &Inputs<T>, p: &Problem, rows: &[usize], got: &[T]) -> Result<Check, Exit> {
     let (m, n) = (p.m, p.n);
     let a = if rows.len() == m { inputs.a.clone() } else { inputs.a.select_rows(rows) };
     let c_rows = inputs.c.as_ref().map(|c| pick_rows(c, rows, m, n, p.l));
-    let want: Vec<T> = reference_gemm(&a, &inputs.b, p.alpha, p.beta, c_rows.as_deref())?;
     let got_rows = pick_rows(got, rows, m, n, p.l);
-    Ok((compare(&got_rows, &want, 1e-3, 1e-3), want.len()))
+    let checked = got_rows.len();
+    let sampled = if rows.len() == m { String::new() } else { format!(" ({} of {m} rows)", rows.len()) };
+    Ok(match cli.tolerance {
+        ToleranceArg::Bound => {
+            let v = verify_matrices(&a, &inputs.b, p.alpha, p.beta, c_rows.as_deref(), &got_rows)?;
+            // The worst element's place in D: its index counts the verified rows only.
+            let at = v.worst.map_or(String::new(), |w| {
+                let (b, r, j) = (w.index / (rows.len() * n), (w.index / n) % rows.len(), w.index % n);
+                format!(" [index {} is D[l={b}, m={}, n={j}]]", w.index, rows[r])
+            });
+            let detail = format!("{checked} elements{sampled} against the exact reference, exact or within the FP32 bound: {v}{at}");
+            Check { passed: v.passed(), bad: v.failed, max_abs: None, worst_ratio: v.worst.map(|w| w.ratio), checked, detail }
+        }
+        ToleranceArg::Contest => {
+            let want: Vec<T> = reference_gemm(&a, &inputs.b, p.alpha, p.beta, c_rows.as_deref())?;
+            let cmp = compare(&got_rows, &want, 1e-3, 1e-3);
+            let detail = format!("{checked} elements{sampled} against the exact reference, contest tolerance: {cmp}");
+            Check { passed: cmp.passed(), bad: cmp.bad, max_abs: Some(cmp.max_abs), worst_ratio: None, checked, detail }
+        }
+    })
 }
 
 fn pick_rows<T: Copy>(x: &[T], rows: &[usize], m: usize, n: usize, l: usize) -> Vec<T> {
@@ -376,12 +456,18 @@ fn traffic(p: &Problem, out: OutType) -> f64 {
 fn report(cli: &Cli, p: &Problem, device: &str, config: &str, check: Option<&Check>, ms: f64, tflops: f64, gbps: f64) {
     let out = cli.out_type();
     if cli.json {
-        let (passed, bad, max_abs, checked) = match check {
-            Some(c) => (c.passed.to_string(), c.bad.to_string(), c.max_abs.map_or("null".into(), |x| format!("{x:e}")), c.checked.to_string()),
-            None => ("null".into(), "null".into(), "null".into(), "0".into()),
+        let (passed, bad, max_abs, worst_ratio, checked) = match check {
+            Some(c) => (c.passed.to_string(), c.bad.to_string(), num(c.max_abs), num(c.worst_ratio), c.checked.to_string()),
+            None => ("null".into(), "null".into(), "null".into(), "null".into(), "0".into()),
         };
-        println!("{{\"m\":{},\"n\":{},\"k\":{},\"l\":{},\"alpha\":{},\"beta\":{},\"out\":\"{out}\",\"device\":\"{device}\",\"config\":\"{config}\",\"passed\":{passed},\"bad\":{bad},\"max_abs\":{max_abs},\"checked\":{checked},\"avg_ms\":{ms:.6},\"tflops\":{tflops:.4},\"gbps\":{gbps:.3}}}",
-            p.m, p.n, p.k, p.l, p.alpha, p.beta);
+        let criterion = match cli.tolerance {
+            _ if out.sfd().is_some() => "fp4-groups",
+            ToleranceArg::Bound => "fp32-bound",
+            ToleranceArg::Contest => "contest",
+        };
+        let (alpha, beta, ms, tflops, gbps) = (num(Some(p.alpha)), num(Some(p.beta)), num(Some(ms)), num(Some(tflops)), num(Some(gbps)));
+        println!("{{\"m\":{},\"n\":{},\"k\":{},\"l\":{},\"alpha\":{alpha},\"beta\":{beta},\"out\":\"{out}\",\"device\":\"{device}\",\"config\":\"{config}\",\"criterion\":\"{criterion}\",\"passed\":{passed},\"bad\":{bad},\"max_abs\":{max_abs},\"worst_ratio\":{worst_ratio},\"checked\":{checked},\"avg_ms\":{ms},\"tflops\":{tflops},\"gbps\":{gbps}}}",
+            p.m, p.n, p.k, p.l);
         return;
     }
     println!("  Problem: {}x{}x{} L={} alpha={} beta={} out={out}", p.m, p.n, p.k, p.l, p.alpha, p.beta);
@@ -393,6 +479,14 @@ fn report(cli: &Cli, p: &Problem, device: &str, config: &str, check: Option<&Che
     println!("  Avg runtime: {ms:.4} ms");
     println!("  TFLOP/s: {tflops:.3}");
     println!("  GB/s: {gbps:.2}");
+}
+
+/// A JSON number: `null` where the value is absent or not finite (JSON has no NaN or infinity).
+fn num<X: Into<f64> + std::fmt::Display + Copy>(x: Option<X>) -> String {
+    match x {
+        Some(v) if v.into().is_finite() => format!("{v}"),
+        _ => "null".into(),
+    }
 }
 
 impl Cli {
@@ -409,22 +503,19 @@ impl Cli {
 
 fn generate<T: OutputElement>(cli: &Cli) -> Result<Inputs<T>, Exit> {
     let (m, n, k, l) = (cli.m, cli.n, cli.k, cli.l);
-    if k % 32 != 0 {
-        return Err(bad(format!("K = {k}: must be a multiple of 32 (rows of packed A and B are whole 16-byte units)")));
-    }
     let (a, b) = match cli.data {
-        DataArg::Contest => (Nvfp4Matrix::random_contest(m, k, l, cli.seed)?, Nvfp4Matrix::random_contest(n, k, l, cli.seed + 1)?),
+        DataArg::Contest => (Nvfp4Matrix::random_contest(m, k, l, cli.seed)?, Nvfp4Matrix::random_contest(n, k, l, cli.seed.wrapping_add(1))?),
         DataArg::Realistic => {
             let gauss = |rows: usize, seed: u64| {
                 let mut rng = SplitMix64::new(seed);
                 let x: Vec<f32> = (0..l * rows * k).map(|_| rng.normal() as f32).collect();
                 Nvfp4Matrix::quantize_f32(&x, rows, k, l)
             };
-            (gauss(m, cli.seed)?, gauss(n, cli.seed + 1)?)
+            (gauss(m, cli.seed)?, gauss(n, cli.seed.wrapping_add(1))?)
         }
     };
     let c = (cli.beta != 0.0).then(|| {
-        let mut rng = SplitMix64::new(cli.seed + 2);
+        let mut rng = SplitMix64::new(cli.seed.wrapping_add(2));
         (0..l * m * n).map(|_| T::from_f64(rng.below(17) as f64 - 8.0)).collect()
     });
     Ok(Inputs { a, b, c, generated: true })

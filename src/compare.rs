@@ -1,7 +1,73 @@
-//! Comparing an output with the reference: error figures, the count outside tolerance, and a
-//! short report. A NaN matches only a NaN in the reference; it never passes a tolerance check.
+//! Judging an output against the exact reference.
+//!
+//! - [`verdict`] (and [`verify`], [`verify_matrices`]): the criterion results are held to. Per
+//!   element: *exact* (equal to the exact result rounded once to the output type), else *within
+//!   the FP32 bound* derived below, else *failed*; the report names the worst element, its value,
+//!   the reference's and its bound.
+//! - [`compare`]: the contest's `|got - want| <= atol + rtol * |want|` (atol = rtol = 1e-3), kept
+//!   as an option. It rejects legitimate FP32 results: a sum that cancels to near 0 carries an
+//!   absolute error far above 1e-3, and a value near a bf16 rounding boundary may round to the
+//!   neighbour, 2^-8 away relatively.
+//! - [`compare_fp4`]: FP4 outputs, group by group.
+//!
+//! # The FP32 bound
+//!
+//! Every kernel computes each product `p_k = a_k * b_k` (block-scaled values) exactly: an e2m1
+//! value times a ue4m3 scale has at most 5 significant bits and lies in [2^-10, 2688], so it is
+//! exact in FP16 (SPEC.md §2), and a product of two FP16 values is exact in FP32 (22 bits, at
+//! least 2^-20; SM100's block-scaled MMA forms the same products). The K products of one output
+//! are then summed in FP32 in an order the kernel chooses: wgmma or UMMA trees, k-tile after
+//! k-tile, split-K partial sums added at the end.
+//!
+//! *Summation.* With `S = sum_k |p_k|`, any order of summing K terms by two-operand additions,
+//! each with relative error at most `u'`, errs by at most `gamma_{K-1}(u') * S`, where
+//! `gamma_n(u') = n u' / (1 - n u')` (Higham, *Accuracy and Stability of Numerical Algorithms*,
+//! §4.2): the bound depends on the number of additions, not on their order, and split-K only
+//! regroups them (S partials of K terms are still K - 1 additions). Tensor cores are not IEEE
+//! adders: they add several products and the accumulator in one fused step that aligns the
+//! addends to the largest exponent and truncates (Fasi et al., "Numerical behavior of NVIDIA
+//! tensor cores", PeerJ CS 2021; Khattak and Mikaitis 2025 for H100 and B200). A fused step of
+//! t products errs by less than one ulp of its largest addend per truncated addend plus one for
+//! the result: at most `(t + 1) u'` times the sum of its addends' magnitudes, with
+//! `u' = 2^-23` (one ulp, truncation, where round-to-nearest would give half). Counting each
+//! fused step as t + 1 additions, K products in steps of t >= 4 plus at most K / 64 split-K
+//! partials are fewer than `n = 2K` additions, hence
+//!
+//! ```text
+//! |acc - sum_k p_k| <= E_acc = gamma_{2K}(2^-23) * S
+//! ```
+//!
+//! (no underflow: every partial sum is a multiple of 2^-20 or 0). This is a worst-case bound;
+//! typical errors are near `sqrt(K) * 2^-24 * S`. Where `2K * 2^-23 >= 1` (K >= 2^22) it is
+//! infinite and only NaN, infinities beyond overflow and exact results are judged.
+//!
+//! *Epilogue.* `v = alpha * acc + beta * C` in FP32 takes at most three roundings to nearest
+//! (alpha * acc, beta * C and their sum; an FMA takes fewer), each of relative error `u = 2^-24`,
+//! plus at most `2^-126` absolute each where a device flushes subnormals to zero. With
+//! `t = |alpha| (|s| + E_acc)`, `w = |beta C|` and `s` the exact sum:
+//!
+//! ```text
+//! |v - (alpha s + beta C)| <= B = |alpha| E_acc + 3u (t + w) + 3 * 2^-126
+//! ```
+//!
+//! (B also carries `2^-50 (t + w)` for the f64 arithmetic that computes it).
+//!
+//! *Final rounding.* D is `v` rounded to nearest in the output type, a monotone function, so D
+//! lies in `[rnd(x - B), rnd(x + B)]` with `x` the exact result: that interval is the criterion.
+//! It holds half an ulp of the output type on either side at the value (an ulp more where the
+//! interval crosses a power of two), nothing more for f32 output (v is already f32), and
+//! overflow to infinity where `x + B` rounds to infinity. Where `t + w` reaches f32's largest
+//! value an FP32 intermediate may overflow even though `x` is finite; infinities and NaN then
+//! count as within the bound.
+//!
+//! NaN: the exact result is NaN only where a scale is NaN (0x7F) or C holds NaN; then D must be
+//! NaN. A NaN elsewhere fails.
 
+use crate::error::{Error, Result};
 use crate::formats::OutputElement;
+use crate::problem::{check_len, product, OutType, Problem};
+use crate::reference::Dot;
+use crate::Nvfp4Matrix;
 
 /// The result of [`compare`].
 #[derive(Clone, Debug, PartialEq)]
@@ -210,5 +276,363 @@ mod fp4_tests {
         // -0 and +0 are the same point.
         let c = compare_fp4(&[0x08; 8], &[1], &[0x00; 8], &[1], 16);
         assert!(!c.byte_equal() && c.codes_equal == 16);
+    }
+}
+
+/// f32's unit roundoff (round to nearest): 2^-24.
+const U: f64 = 1.0 / (1u64 << 24) as f64;
+
+/// `gamma_{2K}(2^-23)`: the factor of `sum_k |a_k b_k|` that bounds the FP32 summation error of
+/// a K-term dot in any order, tensor-core truncation included (module docs); infinite where
+/// `2K * 2^-23 >= 1`.
+pub fn summation_gamma(k: usize) -> f64 {
+    let nu = 2.0 * k as f64 * (2.0 * U);
+    if nu >= 1.0 { f64::INFINITY } else { nu / (1.0 - nu) }
+}
+
+/// One output element as the verdict sees it: the exact result and how far an FP32 computation
+/// may stray from it before the final rounding.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Expected {
+    /// `alpha * sum + beta * C` from the exact sum, in f64 (NaN or infinite as it comes).
+    pub exact: f64,
+    /// B of the module docs: the largest `|v - exact|` of the FP32 value `v` before D's rounding.
+    pub fp32_bound: f64,
+    /// An FP32 intermediate may overflow (`|alpha| (|s| + E_acc) + |beta C|` reaches f32's
+    /// largest value): an infinite or NaN D is then within the bound.
+    pub may_overflow: bool,
+}
+
+/// The expected values of every output (L, M, N) of `p` from the exact [`Dot`]s of
+/// [`crate::reference::dots`] and C (read only when beta != 0, as the kernels do).
+pub fn expected<T: OutputElement>(p: &Problem, dots: &[Dot], c: Option<&[T]>) -> Result<Vec<Expected>> {
+    check_len("dots", dots.len(), p.cd_elems(), "L * M * N, one per output")?;
+    crate::reference::check_c(p, c.map(<[T]>::len))?;
+    let (alpha, beta) = (p.alpha as f64, p.beta as f64);
+    let gamma = summation_gamma(p.k);
+    // The f64 sums are the exact integers rounded once: S may be 2^-53 below the exact S.
+    let s_round = 1.0 + 2f64.powi(-52);
+    Ok(dots.iter().enumerate().map(|(i, d)| {
+        let bc = match c {
+            Some(c) if beta != 0.0 => beta * c[i].to_f64(),
+            _ => 0.0,
+        };
+        let exact = alpha * d.sum + bc;
+        let e_acc = if d.abs_sum == 0.0 { 0.0 } else { gamma * d.abs_sum * s_round };
+        let (t, w) = (alpha.abs() * (d.sum.abs() + e_acc), bc.abs());
+        let fp32_bound = alpha.abs() * e_acc + (3.0 * U + 2f64.powi(-50)) * (t + w) + 3.0 * f32::MIN_POSITIVE as f64;
+        Expected { exact, fp32_bound, may_overflow: (t + w) * (1.0 + 4.0 * U) >= f32::MAX as f64 }
+    }).collect())
+}
+
+/// How one element fared under [`verdict`].
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Judged {
+    /// Flat index of the element.
+    pub index: usize,
+    /// The result.
+    pub got: f64,
+    /// The reference: the exact result rounded once to the output type.
+    pub reference: f64,
+    /// The exact result.
+    pub exact: f64,
+    /// Its FP32 bound B (see the module docs).
+    pub bound: f64,
+    /// The least FP32 error that explains `got`: the distance from `exact` to the nearest value
+    /// that rounds to `got` in the output type (0 for the reference itself).
+    pub needed: f64,
+    /// `needed / bound`: the share of the bound `got` uses, at most 1 within it; infinite for a
+    /// NaN mismatch.
+    pub ratio: f64,
+}
+
+impl std::fmt::Display for Judged {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "index {}: got {:e}, reference {:e} (exact {:e}); it needs an FP32 error of {:e}, the bound is {:e} ({:.3} of it)",
+            self.index, self.got, self.reference, self.exact, self.needed, self.bound, self.ratio)
+    }
+}
+
+/// The reals that round to `d` in the output type `out`, as `[lo, hi]` (midpoints included;
+/// for an infinity, everything beyond the overflow threshold).
+fn rounding_cell(d: f64, out: OutType) -> (f64, f64) {
+    let (sig, emin, max) = match out {
+        OutType::F16 => (11, -14, 65504.0),
+        OutType::Bf16 => (8, -126, 3.3895313892515355e38),
+        _ => (24, -126, f32::MAX as f64),
+    };
+    let exponent = |a: f64| ((a.to_bits() >> 52) & 0x7FF) as i32 - 1023;
+    let half_ulp = |a: f64| 2f64.powi(exponent(a).max(emin) - sig);
+    if d.is_infinite() {
+        let t = max + half_ulp(max);
+        return if d > 0.0 { (t, f64::INFINITY) } else { (f64::NEG_INFINITY, -t) };
+    }
+    let a = d.abs();
+    let away = half_ulp(a);
+    // Below a power of two the spacing halves (except among subnormals).
+    let toward = if a != 0.0 && a.to_bits() & ((1u64 << 52) - 1) == 0 && exponent(a) > emin { away / 2.0 } else { away };
+    match d {
+        _ if a == 0.0 => (-away, away),
+        _ if d > 0.0 => (d - toward, d + away),
+        _ => (d - away, d + toward),
+    }
+}
+
+/// The result of [`verdict`]: counts and the worst element.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Verdict {
+    /// Elements judged.
+    pub count: usize,
+    /// Elements equal to the reference (-0 and +0 are equal; NaN where the exact result is NaN).
+    pub exact: usize,
+    /// Elements not exact but within the FP32 bound.
+    pub within: usize,
+    /// Elements beyond it.
+    pub failed: usize,
+    /// The failed element with the largest ratio; if none failed, the element that comes
+    /// closest to its bound (`None` when every element is exact).
+    pub worst: Option<Judged>,
+}
+
+impl Verdict {
+    /// True when no element failed.
+    pub fn passed(&self) -> bool {
+        self.failed == 0
+    }
+}
+
+impl std::fmt::Display for Verdict {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.passed() {
+            write!(f, "all {} exact or within the FP32 bound ({} exact, {} within)", self.count, self.exact, self.within)?;
+            if let Some(w) = &self.worst {
+                write!(f, "; closest to its bound: {w}")?;
+            }
+        } else {
+            write!(f, "{} of {} beyond the FP32 bound ({} exact, {} within)", self.failed, self.count, self.exact, self.within)?;
+            if let Some(w) = &self.worst {
+                write!(f, "; worst: {w}")?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Judges `got` against `expected` element by element, by the criterion of the module docs:
+/// exact, else within `[rnd(exact - B), rnd(exact + B)]` in the output type, else failed.
+pub fn verdict<T: OutputElement>(got: &[T], expected: &[Expected]) -> Result<Verdict> {
+    check_len("D", got.len(), expected.len(), "one result per expected element")?;
+    let mut v = Verdict { count: got.len(), exact: 0, within: 0, failed: 0, worst: None };
+    let mut worst_failed = false;
+    for (index, (g, e)) in got.iter().zip(expected).enumerate() {
+        let g = g.to_f64();
+        let reference = T::from_f64(e.exact).to_f64();
+        // Equal values, equal infinities, or NaN where NaN is exact.
+        if g == reference || (g.is_nan() && e.exact.is_nan()) {
+            v.exact += 1;
+            continue;
+        }
+        let judged = |needed: f64, ratio: f64| Judged { index, got: g, reference, exact: e.exact, bound: e.fp32_bound, needed, ratio };
+        let (failed, j) = if !g.is_finite() && e.may_overflow && !e.exact.is_nan() {
+            (false, judged(f64::NAN, 1.0))
+        } else if g.is_nan() || !e.exact.is_finite() {
+            (true, judged(f64::INFINITY, f64::INFINITY))
+        } else {
+            // Rounding is monotone: D can be any value between the roundings of the ends.
+            let lo = T::from_f64(e.exact - e.fp32_bound).to_f64();
+            let hi = T::from_f64(e.exact + e.fp32_bound).to_f64();
+            let (cell_lo, cell_hi) = rounding_cell(g, T::OUT);
+            let needed = if g > e.exact { cell_lo - e.exact } else { e.exact - cell_hi }.max(0.0);
+            let ratio = if needed == 0.0 { 0.0 } else { needed / e.fp32_bound };
+            (!(lo <= g && g <= hi), judged(needed, ratio))
+        };
+        if failed {
+            v.failed += 1;
+        } else {
+            v.within += 1;
+        }
+        // Failed elements outrank the others; then the larger ratio.
+        let better = match &v.worst {
+            None => true,
+            Some(w) => (failed && !worst_failed) || (failed == worst_failed && j.ratio > w.ratio),
+        };
+        if better {
+            v.worst = Some(j);
+            worst_failed = failed;
+        }
+    }
+    Ok(v)
+}
+
+/// Judges a GEMM result `got` (L, M, N) on raw operands laid out as the kernels take them (see
+/// [`crate::reference::gemm`]) by [`verdict`]; C is read only when beta != 0.
+pub fn verify<T: OutputElement>(p: &Problem, a: &[u8], sfa: &[u8], b: &[u8], sfb: &[u8], c: Option<&[T]>, got: &[T]) -> Result<Verdict> {
+    crate::reference::check_c(p, c.map(<[T]>::len))?;
+    let dots = crate::reference::dots(p, a, sfa, b, sfb)?;
+    verdict(got, &expected(p, &dots, c)?)
+}
+
+/// [`verify`] for host matrices, A (L, M, K) and B (L, N, K), as [`crate::reference_gemm`]
+/// takes them (global scales not applied: fold them into alpha).
+pub fn verify_matrices<T: OutputElement>(a: &Nvfp4Matrix, b: &Nvfp4Matrix, alpha: f32, beta: f32, c: Option<&[T]>, got: &[T]) -> Result<Verdict> {
+    if a.k() != b.k() || a.batch() != b.batch() {
+        return Err(Error::InvalidData { what: "operands", detail: format!("A is (L={}, K={}), B is (L={}, K={}): K and L must agree", a.batch(), a.k(), b.batch(), b.k()) });
+    }
+    let p = Problem::new(a.rows(), b.rows(), a.k()).batch(a.batch()).scalars(alpha, beta);
+    verify(&p, a.data(), a.scales(), b.data(), b.scales(), c, got)
+}
+
+/// The default budget of [`sample_rows`]: 2^33 multiply-adds of the reference, about 2 s on
+/// 2 cores.
+pub const SAMPLE_BUDGET: u128 = 1 << 33;
+
+/// The rows of M a verification covers within `budget` multiply-adds of the reference: all when
+/// `M * N * K * L` fits, else R rows spread evenly over M, first and last included, with R the
+/// most that fit but at least 2 (1 when M = 1).
+pub fn sample_rows(p: &Problem, budget: u128) -> Vec<usize> {
+    let m = p.m;
+    let per_row = product(&[p.n, p.k, p.l]);
+    if m == 0 || per_row.saturating_mul(m as u128) <= budget {
+        return (0..m).collect();
+    }
+    let r = (budget / per_row.max(1)).max(2).min(m as u128) as usize;
+    if r == 1 {
+        return vec![0];
+    }
+    let mut rows: Vec<usize> = (0..r).map(|i| (i as u128 * (m as u128 - 1) / (r as u128 - 1)) as usize).collect();
+    rows.dedup();
+    rows
+}
+
+#[cfg(test)]
+mod verdict_tests {
+    use super::*;
+    use half::{bf16, f16};
+
+    fn one(exact: f64, fp32_bound: f64) -> Vec<Expected> {
+        vec![Expected { exact, fp32_bound, may_overflow: false }]
+    }
+
+    #[test]
+    fn bf16_rounding_near_a_boundary() {
+        // exact just below the midpoint of 1 and 1 + 2^-7: the reference is 1. An FP32 value
+        // within B of it may lie above the midpoint and round to 1 + 2^-7.
+        let exact = 1.0 + 2f64.powi(-8) - 2f64.powi(-20);
+        let up = [bf16::from_f64(1.0 + 2f64.powi(-7))];
+        let v = verdict(&up, &one(exact, 2f64.powi(-19))).unwrap();
+        assert!(v.passed() && v.within == 1, "{v}");
+        let w = v.worst.unwrap();
+        // It needs the FP32 value at the midpoint at least: 2^-20 of a bound of 2^-19.
+        assert_eq!((w.needed, w.bound, w.ratio), (2f64.powi(-20), 2f64.powi(-19), 0.5), "{w}");
+        // With B below the distance to the midpoint that rounding is not legitimate.
+        let v = verdict(&up, &one(exact, 2f64.powi(-21))).unwrap();
+        assert!(!v.passed(), "{v}");
+        let w = v.worst.unwrap();
+        assert!(w.ratio == 2.0 && w.got == 1.0 + 2f64.powi(-7) && w.reference == 1.0 && w.exact == exact, "{w}");
+        assert!(v.to_string().contains("1 of 1 beyond the FP32 bound"), "{v}");
+        // The reference itself is exact, whatever B.
+        let v = verdict(&[bf16::from_f64(1.0)], &one(exact, 0.0)).unwrap();
+        assert_eq!((v.exact, v.within, v.failed), (1, 0, 0));
+    }
+
+    #[test]
+    fn off_by_the_bound_passes_and_a_step_more_fails() {
+        // f32 output: D is the FP32 value itself; the interval is [rnd(x - B), rnd(x + B)].
+        let (x, b) = (0.1f64, 3e-7f64);
+        let hi = (x + b) as f32;
+        let lo = (x - b) as f32;
+        let e = one(x, b);
+        assert!(verdict(&[hi], &e).unwrap().passed());
+        assert!(verdict(&[lo], &e).unwrap().passed());
+        let v = verdict(&[f32::from_bits(hi.to_bits() + 1)], &e).unwrap();
+        assert!(!v.passed() && v.worst.unwrap().ratio > 1.0, "{v}");
+        assert!(!verdict(&[f32::from_bits(lo.to_bits() - 1)], &e).unwrap().passed());
+        // Cancellation near zero: a tiny exact result, an FP32 error far above 1e-3 that the
+        // bound allows and the contest tolerance does not.
+        let e = one(1e-6, 0.05);
+        let got = [0.04f32];
+        assert!(verdict(&got, &e).unwrap().passed());
+        assert!(!compare(&got, &[1e-6f32], 1e-3, 1e-3).passed());
+    }
+
+    #[test]
+    fn nan_and_infinity() {
+        let e = one(f64::NAN, 1.0);
+        assert_eq!(verdict(&[f32::NAN], &e).unwrap().exact, 1, "NaN where NaN is exact");
+        let v = verdict(&[1.0f32], &e).unwrap();
+        assert!(!v.passed() && v.worst.unwrap().ratio.is_infinite(), "{v}");
+        let v = verdict(&[f32::NAN], &one(1.0, 1e9)).unwrap();
+        assert!(!v.passed(), "NaN never passes a bound, however wide: {v}");
+        assert!(!verdict(&[f16::INFINITY], &one(1.0, 1e3)).unwrap().passed());
+        // Beyond f16's range the rounding goes to infinity: inf is the reference, or within.
+        assert_eq!(verdict(&[f16::INFINITY], &one(70000.0, 1.0)).unwrap().exact, 1);
+        let v = verdict(&[f16::INFINITY], &one(65519.0, 2.0)).unwrap();
+        assert!(v.passed() && v.within == 1, "65519 + 2 rounds to inf in f16: {v}");
+        assert_eq!(v.worst.unwrap().needed, 1.0, "the overflow threshold is 65520");
+        assert!(!verdict(&[f16::NEG_INFINITY], &one(65519.0, 2.0)).unwrap().passed());
+        // An FP32 intermediate that may overflow: inf and NaN are within.
+        let e = vec![Expected { exact: 1.0, fp32_bound: 1.0, may_overflow: true }];
+        assert!(verdict(&[f32::INFINITY], &e).unwrap().passed());
+        assert!(verdict(&[f32::NAN], &e).unwrap().passed());
+        // An infinite exact result (C holds inf) needs that infinity.
+        assert!(!verdict(&[f32::MAX], &one(f64::INFINITY, 0.0)).unwrap().passed());
+        assert!(verdict(&[1.0f32, 2.0], &one(1.0, 0.0)).is_err(), "lengths");
+    }
+
+    #[test]
+    fn worst_is_the_failed_element_with_the_largest_ratio() {
+        let e: Vec<Expected> = [1.0, 2.0, 3.0, 4.0].iter().map(|&x| Expected { exact: x, fp32_bound: 0.01, may_overflow: false }).collect();
+        let v = verdict(&[1.0f32, 2.005, 3.1, 4.5], &e).unwrap();
+        assert_eq!((v.exact, v.within, v.failed), (1, 1, 2));
+        assert_eq!(v.worst.unwrap().index, 3);
+        let v = verdict(&[1.0f32, 2.005, 3.0, 4.009], &e).unwrap();
+        assert!(v.passed());
+        assert_eq!(v.worst.unwrap().index, 3, "closest to its bound");
+        assert!(v.to_string().starts_with("all 4 exact or within the FP32 bound (2 exact, 2 within)"), "{v}");
+    }
+
+    #[test]
+    fn rounding_cells() {
+        assert_eq!(rounding_cell(1.0, OutType::Bf16), (1.0 - 2f64.powi(-9), 1.0 + 2f64.powi(-8)));
+        assert_eq!(rounding_cell(-3.0, OutType::F16), (-3.0 - 2f64.powi(-10), -3.0 + 2f64.powi(-10)));
+        assert_eq!(rounding_cell(0.0, OutType::F16), (-(2f64.powi(-25)), 2f64.powi(-25)));
+        assert_eq!(rounding_cell(2f64.powi(-14), OutType::F16), (2f64.powi(-14) - 2f64.powi(-25), 2f64.powi(-14) + 2f64.powi(-25)));
+        assert_eq!(rounding_cell(f64::INFINITY, OutType::F16), (65520.0, f64::INFINITY));
+        assert_eq!(rounding_cell(1.0, OutType::F32), (1.0 - 2f64.powi(-25), 1.0 + 2f64.powi(-24)));
+        // Every value in the cell rounds to d, and just outside it does not.
+        for (x, out) in [(1.0f64, OutType::Bf16), (5.0, OutType::F16), (-1e-6, OutType::F16), (3.0e38, OutType::Bf16), (-0.75, OutType::Bf16)] {
+            let r = |x: f64| match out { OutType::Bf16 => <bf16 as OutputElement>::from_f64(x).to_f64(), _ => <f16 as OutputElement>::from_f64(x).to_f64() };
+            let d = r(x);
+            let (lo, hi) = rounding_cell(d, out);
+            let ulp = 2f64.powi(-40) * d.abs().max(1e-30);
+            assert_eq!((r(lo + ulp), r(hi - ulp)), (d, d), "{d} {out:?}");
+            assert_ne!(r(lo - ulp), d, "{d} {out:?}");
+            assert_ne!(r(hi + ulp), d, "{d} {out:?}");
+        }
+    }
+
+    #[test]
+    fn summation_gamma_values() {
+        let g = summation_gamma(7168);
+        let nu = 2.0 * 7168.0 * 2f64.powi(-23);
+        assert!((g - nu / (1.0 - nu)).abs() < 1e-18);
+        assert!(summation_gamma(1 << 22).is_infinite() && summation_gamma((1 << 22) - 1).is_finite());
+    }
+
+    #[test]
+    fn sample_rows_never_panics() {
+        let p = |m: usize, n: usize, k: usize, l: usize| Problem::new(m, n, k).batch(l);
+        // Issue 25, finding 3: M = 1 beyond the budget (the old `.clamp(2, m)` panicked).
+        assert_eq!(sample_rows(&p(1, 65536, 131104, 1), SAMPLE_BUDGET), vec![0]);
+        assert_eq!(sample_rows(&p(1, 8, 32, 1), 10), vec![0]);
+        assert_eq!(sample_rows(&p(2, 8, 32, 1), 10), vec![0, 1]);
+        assert_eq!(sample_rows(&p(5, 8, 32, 1), 10), vec![0, 4]);
+        assert_eq!(sample_rows(&p(5, 8, 32, 1), 256 * 3), vec![0, 2, 4]);
+        assert_eq!(sample_rows(&p(5, 8, 32, 1), 256 * 5), vec![0, 1, 2, 3, 4]);
+        // Products beyond u64 and usize: no overflow.
+        let rows = sample_rows(&p(1 << 31, 1 << 31, 1 << 31, 1 << 31), SAMPLE_BUDGET);
+        assert_eq!(rows, vec![0, (1 << 31) - 1]);
+        let rows = sample_rows(&p(usize::MAX, 1, 16, 1), 1 << 20);
+        assert_eq!((rows.len(), rows[0], *rows.last().unwrap()), (65536, 0, usize::MAX - 1));
     }
 }

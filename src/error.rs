@@ -185,6 +185,31 @@ pub enum Error {
     /// recorded before the capture would invalidate the capture.
     #[error("CUDA graph capture with cudarc's event tracking on: the buffers' tracking events were recorded outside the capture and waiting on them fails (CUDA_ERROR_STREAM_CAPTURE_ISOLATION); call CudaContext::disable_event_tracking() before allocating the buffers the graph uses, and order their uses yourself")]
     CaptureEventTracking,
+    /// A count that the dimensions determine (a rounded-up dimension, output tiles, elements or
+    /// bytes of a buffer) is beyond what the kernels' index arithmetic or the host can hold.
+    #[error("{what} ({rule}) is {value} for {dims}: at most {max} ({why})")]
+    SizeLimit {
+        /// What is counted, e.g. "SFA bytes" or "N rounded up".
+        what: &'static str,
+        /// How it is computed from the dimensions.
+        rule: &'static str,
+        /// The dimensions it was computed from, e.g. "M = 1, K = 64, L = 2".
+        dims: String,
+        /// Its value (saturating at `u128::MAX`).
+        value: u128,
+        /// The largest allowed value.
+        max: u128,
+        /// Where the limit comes from.
+        why: &'static str,
+    },
+    /// A host allocation failed.
+    #[error("{what}: cannot allocate {bytes} bytes of host memory")]
+    HostMemory {
+        /// What was being allocated.
+        what: &'static str,
+        /// Bytes asked for.
+        bytes: usize,
+    },
     /// A non-finite input to the quantizer.
     #[error("input element {index} is {value}: the quantizer needs finite values")]
     NonFiniteInput {

@@ -14,14 +14,18 @@ pub const SF_TILE_COLS: usize = 4;
 /// Bytes of one scale tile.
 pub const SF_TILE_BYTES: usize = SF_TILE_ROWS * SF_TILE_COLS;
 
-/// Rows padded to the tile: `ceil(rows / 128) * 128`.
+// The sizes below saturate at `usize::MAX` where the exact size does not fit: no buffer is that
+// long, so a length check against a saturated size fails instead of passing a wrapped one.
+// [`checked_sf_bytes`] says whether the size is exact.
+
+/// Rows padded to the tile: `ceil(rows / 128) * 128` (saturating).
 pub const fn padded_rows(rows: usize) -> usize {
-    rows.div_ceil(SF_TILE_ROWS) * SF_TILE_ROWS
+    rows.div_ceil(SF_TILE_ROWS).saturating_mul(SF_TILE_ROWS)
 }
 
-/// Scale columns padded to the tile: `ceil(cols / 4) * 4`.
+/// Scale columns padded to the tile: `ceil(cols / 4) * 4` (saturating).
 pub const fn padded_sf_cols(sf_cols: usize) -> usize {
-    sf_cols.div_ceil(SF_TILE_COLS) * SF_TILE_COLS
+    sf_cols.div_ceil(SF_TILE_COLS).saturating_mul(SF_TILE_COLS)
 }
 
 /// Scale columns of a K extent: `k / 16` (K is a multiple of 16 wherever scales exist).
@@ -29,14 +33,27 @@ pub const fn sf_cols(k: usize) -> usize {
     k / SF_VEC
 }
 
-/// Bytes of one batch's scales for `rows` x `k`: `padded_rows * padded_sf_cols`.
+/// Bytes of one batch's scales for `rows` x `k`: `padded_rows * padded_sf_cols` (saturating).
 pub const fn sf_batch_bytes(rows: usize, k: usize) -> usize {
-    padded_rows(rows) * padded_sf_cols(sf_cols(k))
+    padded_rows(rows).saturating_mul(padded_sf_cols(sf_cols(k)))
 }
 
-/// Bytes of all `batch` scale buffers for `rows` x `k`.
+/// Bytes of all `batch` scale buffers for `rows` x `k` (saturating).
 pub const fn sf_bytes(rows: usize, k: usize, batch: usize) -> usize {
-    sf_batch_bytes(rows, k) * batch
+    sf_batch_bytes(rows, k).saturating_mul(batch)
+}
+
+/// [`sf_bytes`], or `None` where it does not fit in `usize`.
+pub const fn checked_sf_bytes(rows: usize, k: usize, batch: usize) -> Option<usize> {
+    let (r, c) = (rows.div_ceil(SF_TILE_ROWS), sf_cols(k).div_ceil(SF_TILE_COLS));
+    match r.checked_mul(c) {
+        // One tile is 512 bytes.
+        Some(tiles) => match tiles.checked_mul(SF_TILE_BYTES) {
+            Some(per) => per.checked_mul(batch),
+            None => None,
+        },
+        None => None,
+    }
 }
 
 /// Byte offset of scale (row `r`, scale column `s`) within one batch, for a matrix whose padded
@@ -54,12 +71,12 @@ pub const fn sf_offset_elem(l: usize, r: usize, k_elem: usize, rows: usize, k: u
 /// Converts row-major scales `(batch, rows, sf_cols)` into the tiled layout, zero padding.
 ///
 /// # Panics
-/// If `src.len() != batch * rows * sf_cols`.
+/// If `src.len() != batch * rows * sf_cols`, or the tiled size does not fit in `usize`.
 pub fn to_tiled(src: &[u8], rows: usize, sf_cols: usize, batch: usize) -> Vec<u8> {
-    assert_eq!(src.len(), batch * rows * sf_cols, "to_tiled: source length");
+    assert_eq!(Some(src.len()), batch.checked_mul(rows).and_then(|x| x.checked_mul(sf_cols)), "to_tiled: source length");
     let sp = padded_sf_cols(sf_cols);
-    let per = padded_rows(rows) * sp;
-    let mut out = vec![0u8; per * batch];
+    let per = padded_rows(rows).checked_mul(sp).expect("to_tiled: tiled size overflows usize");
+    let mut out = vec![0u8; per.checked_mul(batch).expect("to_tiled: tiled size overflows usize")];
     for l in 0..batch {
         for r in 0..rows {
             for s in 0..sf_cols {
@@ -76,8 +93,8 @@ pub fn to_tiled(src: &[u8], rows: usize, sf_cols: usize, batch: usize) -> Vec<u8
 /// If `tiled.len() != batch * padded_rows(rows) * padded_sf_cols(sf_cols)`.
 pub fn from_tiled(tiled: &[u8], rows: usize, sf_cols: usize, batch: usize) -> Vec<u8> {
     let sp = padded_sf_cols(sf_cols);
-    let per = padded_rows(rows) * sp;
-    assert_eq!(tiled.len(), per * batch, "from_tiled: tiled length");
+    let per = padded_rows(rows).saturating_mul(sp);
+    assert_eq!(Some(tiled.len()), per.checked_mul(batch), "from_tiled: tiled length");
     let mut out = vec![0u8; batch * rows * sf_cols];
     for l in 0..batch {
         for r in 0..rows {
@@ -158,5 +175,12 @@ mod tests {
         assert_eq!(sf_batch_bytes(1, 32), 128 * 4);
         assert_eq!(sf_batch_bytes(129, 80), 256 * 8);
         assert_eq!(sf_bytes(129, 80, 3), 3 * 256 * 8);
+        assert_eq!(checked_sf_bytes(129, 80, 3), Some(3 * 256 * 8));
+        // Beyond usize: saturated, and None from the checked form (issue 25, finding 5).
+        for (rows, k, batch) in [(1, (1 << 31) - 32, 1 << 30), (usize::MAX, 16, 1), (1, usize::MAX, 1), (1, 16, usize::MAX)] {
+            assert_eq!(checked_sf_bytes(rows, k, batch), None, "{rows} {k} {batch}");
+            assert_eq!(sf_bytes(rows, k, batch), usize::MAX, "{rows} {k} {batch}");
+        }
+        assert_eq!(padded_rows(usize::MAX), usize::MAX);
     }
 }

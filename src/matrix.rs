@@ -117,21 +117,34 @@ impl Nvfp4Matrix {
     fn random_with(rows: usize, k: usize, batch: usize, seed: u64, mut scale: impl FnMut(&mut SplitMix64) -> u8) -> Result<Self> {
         check_shape(rows, k, batch)?;
         let mut rng = SplitMix64::new(seed);
-        let data = rng.bytes(batch * rows * k / 2);
-        let row_major: Vec<u8> = (0..batch * rows * sf_cols(k)).map(|_| scale(&mut rng)).collect();
+        let n = batch * rows * k / 2;
+        let mut data = try_vec::<u8>("generated values", n)?;
+        while data.len() < n {
+            let take = (n - data.len()).min(8);
+            data.extend_from_slice(&rng.next_u64().to_le_bytes()[..take]);
+        }
+        let mut row_major = try_vec::<u8>("generated scales", batch * rows * sf_cols(k))?;
+        row_major.extend((0..batch * rows * sf_cols(k)).map(|_| scale(&mut rng)));
         let scales = crate::layout::to_tiled(&row_major, rows, sf_cols(k), batch);
         Ok(Nvfp4Matrix { rows, k, batch, data, scales, global_scale: None })
     }
 
-    /// Quantizes `values` (batch, rows, k) row-major as NVIDIA ModelOpt does for weights:
+    /// Quantizes `values` (batch, rows, k) row-major as NVIDIA ModelOpt does for weights. Every
+    /// step is one f32 operation rounded to nearest even, in this order:
     ///
-    /// - global scale `g = amax / (6 * 448)` over the whole tensor (1.0 if every value is 0);
-    /// - per 16-element block, `scale = ue4m3(block_amax / 6 / g)` (round to nearest even,
-    ///   saturating at 448; computed in f32);
-    /// - `value = e2m1(x / (scale * g))` (round to nearest even, saturating at ±6; f32).
+    /// - global scale `g = amax / (6 * 448)` over the whole tensor, raised to `2^-126` (the
+    ///   smallest normal f32) where it is smaller, and `g = 1` if every value is 0: for finite
+    ///   input `g` is always finite, normal and positive, so no block scale below divides by 0
+    ///   (an amax below about 1.9e-42 would make `amax / 2688` zero);
+    /// - per 16-element block, `scale = ue4m3(block_amax / 6 / g)` (divisions left to right,
+    ///   ue4m3 rounding to nearest even and saturating at 448): never NaN, since `g > 0`;
+    /// - `s = ue4m3_to_f32(scale) * g`, then per value `code = e2m1(x / s)` (nearest even,
+    ///   saturating at ±6).
     ///
-    /// A block whose scale rounds to 0 (all zeros, or tiny next to the tensor's amax) stores
-    /// zeros. NaN or infinite inputs are an error.
+    /// A block whose scale is 0 (all zeros, or tiny next to the tensor's amax) stores scale byte
+    /// 0 and codes 0 (+0), as vLLM's `scaled_fp4_quant` and FlashInfer do for zero blocks. With
+    /// the raised `g` of a tensor whose amax is below `2688 * 2^-126` (about 3.2e-35), values
+    /// below about `2^-136` (1.1e-41) quantize to 0. NaN or infinite inputs are an error.
     pub fn quantize_f32(values: &[f32], rows: usize, k: usize, batch: usize) -> Result<Self> {
         check_shape(rows, k, batch)?;
         crate::problem::check_len("values", values.len(), batch * rows * k, "batch * rows * k")?;
@@ -139,10 +152,12 @@ impl Nvfp4Matrix {
             return Err(Error::NonFiniteInput { index, value });
         }
         let amax = values.iter().fold(0f32, |m, v| m.max(v.abs()));
-        let g = if amax > 0.0 { amax / (E2M1_MAX * E4M3_MAX) } else { 1.0 };
+        let g = global_scale(amax);
         let kb = sf_cols(k);
-        let mut codes = vec![0u8; values.len()];
-        let mut sf_row_major = vec![0u8; batch * rows * kb];
+        let mut codes = try_vec::<u8>("quantized codes", values.len())?;
+        codes.resize(values.len(), 0);
+        let mut sf_row_major = try_vec::<u8>("block scales", batch * rows * kb)?;
+        sf_row_major.resize(batch * rows * kb, 0);
         for (blk, (src, dst)) in values.chunks_exact(SF_VEC).zip(codes.chunks_exact_mut(SF_VEC)).enumerate() {
             let bamax = src.iter().fold(0f32, |m, v| m.max(v.abs()));
             let sf = e4m3_from_f32(bamax / E2M1_MAX / g);
@@ -251,6 +266,25 @@ impl Nvfp4Matrix {
     }
 }
 
+/// The quantizer's global scale for a tensor of finite values with largest magnitude `amax`
+/// (see [`Nvfp4Matrix::quantize_f32`]): finite, normal and positive.
+fn global_scale(amax: f32) -> f32 {
+    if amax > 0.0 {
+        (amax / (E2M1_MAX * E4M3_MAX)).max(f32::MIN_POSITIVE)
+    } else {
+        1.0
+    }
+}
+
+/// An empty vector with room for `n` elements, or a typed error where the host cannot give it.
+fn try_vec<T>(what: &'static str, n: usize) -> Result<Vec<T>> {
+    let mut v = Vec::new();
+    v.try_reserve_exact(n).map_err(|_| Error::HostMemory { what, bytes: n.saturating_mul(std::mem::size_of::<T>()) })?;
+    Ok(v)
+}
+
+/// Checks a matrix shape: no zero extent, K a multiple of 16, and element and scale counts that
+/// fit in memory, so the products computed from the shape afterwards cannot overflow.
 fn check_shape(rows: usize, k: usize, batch: usize) -> Result<()> {
     for (dim, value) in [("rows", rows), ("K", k), ("batch", batch)] {
         if value == 0 {
@@ -259,6 +293,18 @@ fn check_shape(rows: usize, k: usize, batch: usize) -> Result<()> {
     }
     if !k.is_multiple_of(SF_VEC) {
         return Err(Error::KMultiple { k, multiple: SF_VEC, why: "one scale per 16 elements of K" });
+    }
+    const WHY: &str = "the largest host allocation is isize::MAX bytes";
+    let max = isize::MAX as u128;
+    let dims = || format!("rows = {rows}, K = {k}, batch = {batch}");
+    // Elements, not bytes: the quantizer's input holds 4 bytes per element, the matrix half a byte.
+    let elems = crate::problem::product(&[batch, rows, k]);
+    if elems > max {
+        return Err(Error::SizeLimit { what: "elements", rule: "batch * rows * K", dims: dims(), value: elems, max, why: WHY });
+    }
+    let scales = crate::problem::product(&[batch, padded_rows(rows), padded_sf_cols(sf_cols(k))]);
+    if scales > max {
+        return Err(Error::SizeLimit { what: "tiled scale bytes", rule: "batch * ceil(rows/128)*128 * ceil(K/64)*4", dims: dims(), value: scales, max, why: WHY });
     }
     Ok(())
 }
@@ -365,6 +411,70 @@ mod tests {
         assert!(e.to_string().contains("element 17 is NaN"), "{e}");
         bad[17] = f32::NEG_INFINITY;
         assert!(Nvfp4Matrix::quantize_f32(&bad, 1, 32, 1).is_err());
+    }
+
+    /// Issue 25, finding 4: a tiny amax made `g = amax / 2688` zero and zero blocks' scales
+    /// 0 / 0 = NaN (0x7F). Now g stays normal and positive, zero blocks get scale 0.
+    #[test]
+    fn quantizer_tiny_amax_gives_no_nan() {
+        let mut v = vec![0f32; 32];
+        v[20] = 1e-43;
+        let q = Nvfp4Matrix::quantize_f32(&v, 1, 32, 1).unwrap();
+        let g = q.global_scale().unwrap();
+        assert_eq!(g, f32::MIN_POSITIVE);
+        assert!(q.scales().iter().all(|&b| b != E4M3_NAN), "{:?}", q.scales_row_major());
+        assert_eq!(q.scales_row_major(), vec![0, 0], "the zero block and the one below 2^-136 get scale 0");
+        assert!(q.dequantize().iter().all(|&x| x == 0.0));
+        // Every finite amax gives a finite, normal, positive global scale.
+        for amax in [f32::from_bits(1), 1e-43, 1e-40, 3e-35, 1.0, 1e38, f32::MAX] {
+            let g = global_scale(amax);
+            assert!(g.is_normal() && g > 0.0, "amax {amax}: g = {g}");
+            assert!((amax / E2M1_MAX / g).is_finite() && amax / E2M1_MAX / g <= 448.0 * 1.001, "amax {amax}");
+        }
+        // Tiny data under the raised g (amax below 2688 * 2^-126): within a scale step where the
+        // block scales are normal ue4m3 (block amax above about 1.1e-39); where they are
+        // subnormal (bf16 has f32's range), no further off than 0 or one scale step, and never of
+        // the wrong sign.
+        let mut rng = SplitMix64::new(3);
+        for (sigma, strict) in [(1e-37, true), (1e-40, false)] {
+            let x: Vec<f32> = (0..64).map(|i| if i % 16 == 3 { 0.0 } else { (rng.normal() * sigma) as f32 }).collect();
+            let q = Nvfp4Matrix::quantize_f32(&x, 2, 32, 1).unwrap();
+            let g = q.global_scale().unwrap();
+            assert_eq!(g, f32::MIN_POSITIVE);
+            assert!(q.scales().iter().all(|&b| b != E4M3_NAN));
+            for (i, (a, d)) in x.iter().zip(q.dequantize()).enumerate() {
+                let s = ue4m3_to_f32(q.scale(0, i / 32, (i % 32) / 16)) * g;
+                let within = if strict { (a - d).abs() <= s * 1.0001 } else { (a - d).abs() <= a.abs().max(s) && (d == 0.0 || d.signum() == a.signum()) };
+                assert!(d.is_finite() && within, "sigma {sigma}, element {i}: {a} -> {d}, scale {s}");
+            }
+        }
+        // A block of zeros inside ordinary data: scale byte 0, codes +0.
+        let mut v: Vec<f32> = (0..48).map(|i| i as f32 - 20.0).collect();
+        v[16..32].fill(0.0);
+        let q = Nvfp4Matrix::quantize_f32(&v, 1, 48, 1).unwrap();
+        assert_eq!(q.scale(0, 0, 1), 0);
+        assert!((16..32).all(|kk| q.code(0, 0, kk) == 0));
+        // Huge values stay finite.
+        let q = Nvfp4Matrix::quantize_f32(&[1e38f32; 16], 1, 16, 1).unwrap();
+        assert!(q.dequantize().iter().all(|x| x.is_finite() && (x - 1e38).abs() <= 1e38 * 0.07));
+    }
+
+    /// Issue 25, finding 5: shapes whose counts overflow are typed errors, not panics.
+    #[test]
+    fn shapes_that_overflow_are_typed_errors() {
+        let e = Nvfp4Matrix::quantize_f32(&[], 1 << 32, 1 << 32, 1).unwrap_err();
+        assert!(matches!(e, Error::SizeLimit { what: "elements", value, .. } if value == 1 << 64), "{e}");
+        assert!(e.to_string().contains("rows = 4294967296, K = 4294967296, batch = 1"), "{e}");
+        let e = Nvfp4Matrix::quantize_f32(&[], usize::MAX, 1 << 32, usize::MAX).unwrap_err();
+        assert!(matches!(e, Error::SizeLimit { what: "elements", .. }), "{e}");
+        let e = Nvfp4Matrix::random_contest(1, 1 << 40, 1 << 24, 1).unwrap_err();
+        assert!(matches!(e, Error::SizeLimit { what: "elements", .. }), "{e}");
+        // Elements fit, the padded scales do not: 128 padded rows per row.
+        let e = Nvfp4Matrix::from_parts(1, 16, 1 << 56, vec![], vec![], None).unwrap_err();
+        assert!(matches!(e, Error::SizeLimit { what: "tiled scale bytes", .. }), "{e}");
+        // Counts that fit but memory that is not there: a typed error, not an abort.
+        let e = Nvfp4Matrix::random_contest(1 << 20, 1 << 40, 1, 1).unwrap_err();
+        assert!(matches!(e, Error::HostMemory { bytes, .. } if bytes == 1 << 59), "{e}");
     }
 
     #[test]

@@ -77,9 +77,9 @@ impl OutType {
             OutType::Nvfp4Ue8m0 => "nvfp4-ue8m0",
         }
     }
-    /// Bytes of D for `elems` elements (FP4: two per byte).
+    /// Bytes of D for `elems` elements (FP4: two per byte), saturating at `usize::MAX`.
     pub const fn d_bytes(self, elems: usize) -> usize {
-        elems * self.bits() / 8
+        (elems / 8).saturating_mul(self.bits()).saturating_add(elems % 8 * self.bits() / 8)
     }
 }
 
@@ -130,13 +130,15 @@ impl Problem {
         self.beta = beta;
         self
     }
-    /// Packed bytes of A: `L * M * K / 2`.
+    /// Packed bytes of A: `L * M * K / 2`. Like every count below it saturates at `usize::MAX`
+    /// where the exact count does not fit (no buffer is that long, so a length check against it
+    /// fails instead of passing a wrapped count); [`Self::validate`] rejects such problems.
     pub const fn a_bytes(&self) -> usize {
-        self.l * self.m * self.k / 2
+        self.l.saturating_mul(self.m).saturating_mul(self.k) / 2
     }
     /// Packed bytes of B: `L * N * K / 2`.
     pub const fn b_bytes(&self) -> usize {
-        self.l * self.n * self.k / 2
+        self.l.saturating_mul(self.n).saturating_mul(self.k) / 2
     }
     /// Bytes of SFA in the tiled layout.
     pub const fn sfa_bytes(&self) -> usize {
@@ -148,7 +150,7 @@ impl Problem {
     }
     /// Elements of C and D: `L * M * N`.
     pub const fn cd_elems(&self) -> usize {
-        self.l * self.m * self.n
+        self.l.saturating_mul(self.m).saturating_mul(self.n)
     }
     /// Bytes of the generated scale factors of an FP4 output (tiled over (M, N/16)).
     pub const fn sfd_bytes(&self) -> usize {
@@ -169,10 +171,21 @@ impl Problem {
         Ok(())
     }
 
-    /// Checks the shape rules every kernel shares: dimensions in 1..=i32::MAX with byte counts
-    /// that fit, K % 32 == 0 (16-byte rows of packed A and B), N a multiple of 16 bytes of output,
-    /// finite alpha and beta, and for FP4 output a finite, positive norm constant. `has_c` says
-    /// whether a C matrix is given.
+    /// The largest M, N or K the kernels take: they round each up to a multiple of their tile
+    /// (at most 256) in 32-bit signed integers, so `ceil(x / 256) * 256` must fit in an i32.
+    pub const MAX_EXTENT: usize = i32::MAX as usize - 255;
+    /// The most output tiles of 64 x 64 (the smallest tile extent either way round) over all
+    /// batches: the kernels count tiles and size their grids in 32-bit signed integers.
+    pub const MAX_TILES: usize = i32::MAX as usize;
+    /// The largest byte count of any buffer: the kernels' strides and offsets are 64-bit signed.
+    pub const MAX_BYTES: usize = i64::MAX as usize;
+
+    /// Checks the shape rules every kernel shares: dimensions in 1..=i32::MAX, M, N and K at most
+    /// [`Self::MAX_EXTENT`], at most [`Self::MAX_TILES`] output tiles, every buffer (A, B, their
+    /// tiled scales, C, D and for FP4 output SFD) at most [`Self::MAX_BYTES`], K % 32 == 0
+    /// (16-byte rows of packed A and B), N a multiple of 16 bytes of output, finite alpha and
+    /// beta, and for FP4 output a finite, positive norm constant. `has_c` says whether a C
+    /// matrix is given. Every count the crate derives from a validated problem fits in `usize`.
     pub fn validate(&self, out: OutType, has_c: bool) -> Result<()> {
         self.check_dims(i32::MAX as usize)?;
         if !self.k.is_multiple_of(32) {
@@ -181,12 +194,10 @@ impl Problem {
         if !self.n.is_multiple_of(out.n_multiple()) {
             return Err(Error::NMultiple { n: self.n, multiple: out.n_multiple(), out });
         }
-        // Every byte count must fit in usize (and the kernels' 64-bit strides).
-        let fits = |a: usize, b: usize, c: usize| a.checked_mul(b).and_then(|x| x.checked_mul(c)).is_some_and(|x| x <= i64::MAX as usize);
-        let widest = self.m.max(self.n);
-        if !fits(self.l, widest, self.k) || !fits(self.l * self.m, self.n, out.bits().div_ceil(8)) {
-            return Err(Error::Dimension { dim: "L", value: self.l, max: i64::MAX as usize / (widest * self.k.max(self.n)) });
-        }
+        self.check_index_limits()?;
+        // For FP4 outputs C is f32 and D half a byte: C is the larger.
+        let cd_elem_bytes = if out.sfd().is_some() { 4 } else { out.bits() / 8 };
+        self.check_counts(cd_elem_bytes, out.sfd().is_some(), Self::MAX_BYTES, "byte counts and offsets are 64-bit signed in the kernels")?;
         for (name, value) in [("alpha", self.alpha), ("beta", self.beta)] {
             if !value.is_finite() {
                 return Err(Error::NonFiniteScalar { name, value });
@@ -201,6 +212,54 @@ impl Problem {
         Ok(())
     }
 
+    /// The limits of the kernels' 32-bit index arithmetic: [`Self::MAX_EXTENT`] and
+    /// [`Self::MAX_TILES`]. Assumes dimensions of at most i32::MAX ([`Self::check_dims`]).
+    fn check_index_limits(&self) -> Result<()> {
+        const WHY: &str = "the kernels round M, N and K up to tile multiples in 32-bit signed integers";
+        for (what, rule, dim, value) in [("M rounded up", "ceil(M/256)*256", "M", self.m), ("N rounded up", "ceil(N/256)*256", "N", self.n), ("K rounded up", "ceil(K/256)*256", "K", self.k)] {
+            if value > Self::MAX_EXTENT {
+                return Err(Error::SizeLimit { what, rule, dims: format!("{dim} = {value}"), value: value.div_ceil(256) as u128 * 256, max: i32::MAX as u128, why: WHY });
+            }
+        }
+        let tiles = product(&[self.m.div_ceil(64), self.n.div_ceil(64), self.l]);
+        if tiles > Self::MAX_TILES as u128 {
+            return Err(Error::SizeLimit {
+                what: "output tiles",
+                rule: "ceil(M/64) * ceil(N/64) * L",
+                dims: format!("M = {}, N = {}, L = {}", self.m, self.n, self.l),
+                value: tiles,
+                max: Self::MAX_TILES as u128,
+                why: "the kernels count tiles and size their grids in 32-bit signed integers",
+            });
+        }
+        Ok(())
+    }
+
+    /// Checks that every buffer's byte count is at most `max`: A, B, SFA, SFB, C and D with
+    /// `cd_elem_bytes` bytes per element, and with `sfd` the FP4 output's scale factors. `why`
+    /// names the limit in the error.
+    pub(crate) fn check_counts(&self, cd_elem_bytes: usize, sfd: bool, max: usize, why: &'static str) -> Result<()> {
+        let (m, n, k, l) = (self.m, self.n, self.k, self.l);
+        let sf = |rows: usize, cols: usize| product(&[l, layout::padded_rows(rows), layout::padded_sf_cols(layout::sf_cols(cols))]);
+        let mk = || format!("M = {m}, K = {k}, L = {l}");
+        let nk = || format!("N = {n}, K = {k}, L = {l}");
+        let mn = || format!("M = {m}, N = {n}, L = {l}");
+        let counts: [(&'static str, &'static str, u128, &dyn Fn() -> String); 6] = [
+            ("A bytes", "L * M * K / 2", product(&[l, m, k]) / 2, &mk),
+            ("B bytes", "L * N * K / 2", product(&[l, n, k]) / 2, &nk),
+            ("SFA bytes", "L * ceil(M/128)*128 * ceil(K/64)*4", sf(m, k), &mk),
+            ("SFB bytes", "L * ceil(N/128)*128 * ceil(K/64)*4", sf(n, k), &nk),
+            ("C and D bytes", "L * M * N * bytes per element", product(&[l, m, n, cd_elem_bytes]), &mn),
+            ("SFD bytes", "L * ceil(M/128)*128 * ceil(N/64)*4", if sfd { sf(m, n) } else { 0 }, &mn),
+        ];
+        for (what, rule, value, dims) in counts {
+            if value > max as u128 {
+                return Err(Error::SizeLimit { what, rule, dims: dims(), value, max: max as u128, why });
+            }
+        }
+        Ok(())
+    }
+
     /// Checks the normalization constant of an FP4 output: finite and > 0.
     pub fn check_norm_constant(&self) -> Result<()> {
         if !(self.norm_constant.is_finite() && self.norm_constant > 0.0) {
@@ -208,6 +267,12 @@ impl Problem {
         }
         Ok(())
     }
+}
+
+/// The product of `factors` in u128, saturating at `u128::MAX` (exact for up to two factors of
+/// any size, and for any number of dimensions that passed [`Problem::check_dims`]).
+pub(crate) fn product(factors: &[usize]) -> u128 {
+    factors.iter().fold(1u128, |acc, &x| acc.saturating_mul(x as u128))
 }
 
 /// Checks one buffer's element count against the problem.
@@ -288,9 +353,43 @@ mod tests {
         // f32 output needs N % 4 only; C makes beta fine.
         Problem::new(128, 260, 256).validate(OutType::F32, false).unwrap();
         Problem::new(128, 256, 256).scalars(1.0, 0.5).validate(OutType::Bf16, true).unwrap();
-        // Byte counts that overflow.
-        let huge = Problem::new(i32::MAX as usize, (i32::MAX - 7) as usize, 1 << 30).batch(i32::MAX as usize);
-        assert!(matches!(huge.validate(OutType::F16, false), Err(Error::Dimension { dim: "L", .. })));
+    }
+
+    /// Sizes at the kernels' 32-bit limits and byte counts beyond 64 bits: typed errors that
+    /// name the count, its rule and the limit, never a panic or a wrapped count.
+    #[test]
+    fn sizes_beyond_the_limits_are_typed_errors() {
+        // N rounded up to 256 leaves i32 (issue 25, finding 1): the kernels' n + 255 wraps.
+        let e = Problem::new(1, 2147483584, 32).validate(OutType::F16, false).unwrap_err();
+        assert!(matches!(e, Error::SizeLimit { what: "N rounded up", value: 2147483648, max: 2147483647, .. }), "{e}");
+        assert!(e.to_string().contains("N = 2147483584") && e.to_string().contains("32-bit"), "{e}");
+        Problem::new(1, Problem::MAX_EXTENT, 32).validate(OutType::F16, false).unwrap();
+        let e = Problem::new(Problem::MAX_EXTENT + 8, 8, 32).validate(OutType::F16, false).unwrap_err();
+        assert!(matches!(e, Error::SizeLimit { what: "M rounded up", .. }), "{e}");
+        // K = 2^31 - 32, as in finding 5: K + 63 wraps in the kernels' k-tile count.
+        let e = Problem::new(1, 4, 2147483616).batch(1 << 30).validate(OutType::F32, false).unwrap_err();
+        assert!(matches!(e, Error::SizeLimit { what: "K rounded up", .. }), "{e}");
+        // At the largest K, L = 2^30: A, B, C and D fit 64 bits, the padded SFA does not.
+        let p = Problem::new(1, 4, Problem::MAX_EXTENT).batch(1 << 30);
+        let e = p.validate(OutType::F32, false).unwrap_err();
+        assert!(matches!(e, Error::SizeLimit { what: "SFA bytes", value, .. } if value == (1u128 << 30) * 128 * (Problem::MAX_EXTENT as u128 / 16)), "{e}");
+        assert!(e.to_string().contains("L * ceil(M/128)*128 * ceil(K/64)*4") && e.to_string().contains("L = 1073741824"), "{e}");
+        // The counts saturate instead of wrapping, so no length check can pass against them.
+        assert_eq!(Problem::new(1, 4, Problem::MAX_EXTENT).batch(i32::MAX as usize).sfa_bytes(), usize::MAX);
+        // A alone beyond 64 bits.
+        let e = Problem::new(64, 64, Problem::MAX_EXTENT - 32 * 7).batch(i32::MAX as usize).validate(OutType::F16, false).unwrap_err();
+        assert!(matches!(e, Error::SizeLimit { what: "A bytes", .. }), "{e}");
+        // Tiles: 2^17 x 2^17 outputs are 2^22 tiles of 64 x 64 per batch; 2^10 batches are 2^32.
+        let e = Problem::new(1 << 17, 1 << 17, 32).batch(1 << 10).validate(OutType::F16, false).unwrap_err();
+        assert!(matches!(e, Error::SizeLimit { what: "output tiles", value, .. } if value == 1 << 32), "{e}");
+        Problem::new(1 << 17, 1 << 17, 32).batch(511).validate(OutType::F16, false).unwrap();
+        // Every count of a validated problem is exact.
+        let p = Problem::new(Problem::MAX_EXTENT, 64, 64).batch(2);
+        p.validate(OutType::F32, false).unwrap();
+        assert_eq!(p.a_bytes(), 2 * Problem::MAX_EXTENT * 32);
+        assert_eq!(p.sfa_bytes(), 2 * Problem::MAX_EXTENT.div_ceil(128) * 128 * 4);
+        assert_eq!(OutType::Nvfp4.d_bytes(usize::MAX), usize::MAX / 8 * 4 + 3);
+        assert_eq!(OutType::F32.d_bytes(usize::MAX), usize::MAX);
     }
 
     #[test]

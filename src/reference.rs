@@ -105,12 +105,16 @@ fn exact_dot_units(a: &Decoded, i: usize, b: &Decoded, j: usize, k: usize) -> st
     Ok(total)
 }
 
-/// Checks the raw operand buffers of a reference call.
-fn check_operands(p: &Problem, a: &[u8], sfa: &[u8], b: &[u8], sfb: &[u8]) -> Result<()> {
+/// Checks the raw operand buffers of a reference call whose output holds `out_elem_bytes` bytes
+/// per element of (L, M, N), and `sfd` for FP4 output scale factors: the shape, every count
+/// within the host's largest allocation (so no product of the dimensions below overflows), and
+/// the four lengths.
+fn check_operands(p: &Problem, a: &[u8], sfa: &[u8], b: &[u8], sfb: &[u8], out_elem_bytes: usize, sfd: bool) -> Result<()> {
     p.check_dims(usize::MAX)?;
     if !p.k.is_multiple_of(SF_VEC) {
         return Err(Error::KMultiple { k: p.k, multiple: SF_VEC, why: "one scale per 16 elements of K" });
     }
+    p.check_counts(out_elem_bytes, sfd, isize::MAX as usize, "the largest host allocation is isize::MAX bytes")?;
     check_operand_lens(p, [a.len(), sfa.len(), b.len(), sfb.len()])
 }
 
@@ -137,7 +141,7 @@ pub enum Accumulation {
 
 /// The f32 accumulators (L, M, N) of `sum_k dec(A) sfa dec(B) sfb`, summed as `mode` says.
 pub fn accumulators(p: &Problem, a: &[u8], sfa: &[u8], b: &[u8], sfb: &[u8], mode: Accumulation) -> Result<Vec<f32>> {
-    check_operands(p, a, sfa, b, sfb)?;
+    check_operands(p, a, sfa, b, sfb, std::mem::size_of::<f32>(), false)?;
     let (m, n, k) = (p.m, p.n, p.k);
     let mut out = vec![0f32; p.cd_elems()];
     for l in 0..p.l {
@@ -182,6 +186,7 @@ pub fn gemm_fp4(p: &Problem, a: &[u8], sfa: &[u8], b: &[u8], sfb: &[u8], c: Opti
         return Err(Error::InvalidData { what: "N", detail: format!("{}: FP4 output needs whole groups of 16 outputs per row", p.n) });
     }
     p.check_norm_constant()?;
+    check_operands(p, a, sfa, b, sfb, std::mem::size_of::<f32>(), true)?;
     check_c(p, c.map(<[f32]>::len))?;
     let acc = accumulators(p, a, sfa, b, sfb, mode)?;
     Ok(crate::fp4_out::epilogue(p, &acc, c, format))
@@ -192,7 +197,7 @@ pub fn gemm_fp4(p: &Problem, a: &[u8], sfa: &[u8], b: &[u8], sfb: &[u8], c: Opti
 /// `c` (L, M, N) row-major when given. K must be a multiple of 16. C is read only when
 /// beta != 0 (the kernels do not load it otherwise).
 pub fn gemm<T: OutputElement>(p: &Problem, a: &[u8], sfa: &[u8], b: &[u8], sfb: &[u8], c: Option<&[T]>) -> Result<Vec<T>> {
-    check_operands(p, a, sfa, b, sfb)?;
+    check_operands(p, a, sfa, b, sfb, std::mem::size_of::<T>(), false)?;
     check_c(p, c.map(<[T]>::len))?;
     const TILE_M: usize = 8;
     let (m, n, k) = (p.m, p.n, p.k);
@@ -219,6 +224,58 @@ pub fn gemm<T: OutputElement>(p: &Problem, a: &[u8], sfa: &[u8], b: &[u8], sfb: 
         });
     }
     Ok(out)
+}
+
+/// One output's K sum as the verdict of [`crate::compare`] needs it.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Dot {
+    /// `sum_k a_k b_k` (block-scaled values), exact, then rounded once to f64; NaN where a scale
+    /// of the row or column is NaN.
+    pub sum: f64,
+    /// `sum_k |a_k b_k|`, exact, then rounded once to f64: the scale of the FP32 summation error
+    /// bound. NaN with `sum`.
+    pub abs_sum: f64,
+}
+
+/// The exact K sums of every output (L, M, N) and the sums of their products' magnitudes, on raw
+/// buffers laid out as for [`gemm`]. Both are exact integers in units of 2^-20 before the one
+/// rounding to f64 (relative error at most 2^-53).
+pub fn dots(p: &Problem, a: &[u8], sfa: &[u8], b: &[u8], sfb: &[u8]) -> Result<Vec<Dot>> {
+    check_operands(p, a, sfa, b, sfb, std::mem::size_of::<Dot>(), false)?;
+    let (m, n, k) = (p.m, p.n, p.k);
+    let unit = 1.0 / (1u64 << 20) as f64;
+    let mut out = vec![Dot { sum: 0.0, abs_sum: 0.0 }; p.cd_elems()];
+    for l in 0..p.l {
+        let bd = decode(b, sfb, n, k, l, 0..n);
+        out[l * m * n..][..m * n].par_chunks_mut(n).enumerate().for_each(|(i, row)| {
+            let ad = decode(a, sfa, m, k, l, i..i + 1);
+            for (j, o) in row.iter_mut().enumerate() {
+                *o = match exact_dot_and_abs_units(&ad, 0, &bd, j, k) {
+                    Some((sum, abs)) => Dot { sum: sum as f64 * unit, abs_sum: abs as f64 * unit },
+                    None => Dot { sum: f64::NAN, abs_sum: f64::NAN },
+                };
+            }
+        });
+    }
+    Ok(out)
+}
+
+/// [`exact_dot_units`] and `sum_k |a_k b_k|` in the same units; `None` when a row has NaN scales.
+fn exact_dot_and_abs_units(a: &Decoded, i: usize, b: &Decoded, j: usize, k: usize) -> Option<(i128, i128)> {
+    if a.nan_rows[i] || b.nan_rows[j] {
+        return None;
+    }
+    let kb = k / SF_VEC;
+    let (av, bv) = (&a.vals[i * k..][..k], &b.vals[j * k..][..k]);
+    let (asf, bsf) = (&a.scales[i * kb..][..kb], &b.scales[j * kb..][..kb]);
+    let (mut sum, mut abs) = (0i128, 0i128);
+    for s in 0..kb {
+        let (x, y) = (&av[s * 16..][..16], &bv[s * 16..][..16]);
+        let scale = (asf[s] * bsf[s]) as i128; // below 2^36 in magnitude
+        sum += block_dot(x, y) as i128 * scale;
+        abs += x.iter().zip(y).map(|(&p, &q)| (p as i32 * q as i32).abs()).sum::<i32>() as i128 * scale.abs();
+    }
+    Some((sum, abs))
 }
 
 #[cfg(test)]

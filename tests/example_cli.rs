@@ -144,13 +144,15 @@ fn generated_round_trip_matches_independent_math() {
 
 #[test]
 fn hand_made_file_with_a_worked_answer() {
-    // M = 2, N = 1, K = 32. Row 0 of A: 1.0 everywhere (code 2), scales 2 and 0.5. Row 1: -6
-    // (code 15) in element 0 only, scale 448. B: 0.5 everywhere (code 1), scales 1 and 4.
-    // D[0] = 16*1*2*0.5*1 + 16*1*0.5*0.5*4 = 16 + 16 = 32; D[1] = -6*448*0.5*1 = -1344.
-    let (m, n, k) = (2usize, 1usize, 32usize);
+    // M = 2, N = 4, K = 32. Row 0 of A: 1.0 everywhere (code 2), scales 2 and 0.5. Row 1: -6
+    // (code 15) in element 0 only, scale 448. Row 0 of B: 0.5 everywhere (code 1), scales 1 and
+    // 4; rows 1 to 3 zero. D[0, 0] = 16*1*2*0.5*1 + 16*1*0.5*0.5*4 = 16 + 16 = 32;
+    // D[1, 0] = -6*448*0.5*1 = -1344; the other columns 0.
+    let (m, n, k) = (2usize, 4usize, 32usize);
     let mut a = vec![0x22u8; 16];
     a.extend(std::iter::once(0x0Fu8).chain(std::iter::repeat_n(0, 15)));
-    let b = vec![0x11u8; 16];
+    let mut b = vec![0x11u8; 16];
+    b.resize(n * k / 2, 0);
     let mut sfa = vec![0u8; 512];
     let mut sfb = vec![0u8; 512];
     sfa[sf_off(0, 0, 4)] = 0x40; // 2.0
@@ -167,9 +169,21 @@ fn hand_made_file_with_a_worked_answer() {
     let st = SafeTensors::deserialize(&bytes).unwrap();
     let d = st.tensor("d").unwrap();
     assert_eq!(d.dtype(), Dtype::F32);
-    assert_eq!(d.shape(), &[2, 1]);
+    assert_eq!(d.shape(), &[2, 4]);
     let v: Vec<f32> = d.data().chunks_exact(4).map(|x| f32::from_le_bytes(x.try_into().unwrap())).collect();
-    assert_eq!(v, vec![32.0, -1344.0]);
+    assert_eq!(v, vec![32.0, 0.0, 0.0, 0.0, -1344.0, 0.0, 0.0, 0.0]);
+    // N = 1 breaks the kernels' 16-byte rows of D: refused on the CPU as on the GPU.
+    let one = tmp("hand-n1.safetensors");
+    write(&one, &[("a", Dtype::U8, vec![m, k / 2], st_a(&f)), ("b", Dtype::U8, vec![1, k / 2], vec![0x11; 16]), ("sfa", Dtype::F8_E4M3, vec![512], vec![0x38; 512]), ("sfb", Dtype::U8, vec![512], vec![0x38; 512])]);
+    let o = run(&["--device", "cpu", "--input", one.to_str().unwrap(), "--out", "f32"]);
+    assert_eq!(code(&o), 2);
+    assert!(stderr_one_line(&o).contains("N = 1: must be a multiple of 4 for f32"), "{}", String::from_utf8_lossy(&o.stderr));
+}
+
+/// The `a` tensor's bytes of a file.
+fn st_a(path: &PathBuf) -> Vec<u8> {
+    let bytes = std::fs::read(path).unwrap();
+    SafeTensors::deserialize(&bytes).unwrap().tensor("a").unwrap().data().to_vec()
 }
 
 #[test]
@@ -244,4 +258,91 @@ fn fp4_output_saved_and_close_to_independent_math() {
         assert_eq!(code(&o), 2, "{all:?}");
         assert!(stderr_one_line(&o).contains(msg), "{all:?}: {}", String::from_utf8_lossy(&o.stderr));
     }
+}
+
+/// Runs `args` and expects exit 2 with one line on stderr containing `msg`, quickly and without
+/// a panic or an abort.
+fn refused(args: &[&str], msg: &str) {
+    let t = std::time::Instant::now();
+    let o = run(args);
+    assert_eq!(code(&o), 2, "{args:?}: {}", String::from_utf8_lossy(&o.stderr));
+    let e = stderr_one_line(&o);
+    assert!(e.contains(msg) && !e.contains("panicked"), "{args:?}: {e}");
+    assert!(o.stdout.is_empty(), "{args:?}: {}", String::from_utf8_lossy(&o.stdout));
+    assert!(t.elapsed().as_secs() < 20, "{args:?} took {:?}: sizes must be refused before any data is made", t.elapsed());
+}
+
+/// Issue 25, finding 2: sizes are validated before data is generated (a 48 GB allocation aborted,
+/// a capacity overflow panicked), on the GPU path too.
+#[test]
+fn bad_sizes_exit_2_before_any_data_is_made() {
+    refused(&["--m", "3000000000", "--n", "8", "--k", "32"], "M = 3000000000: must be at least 1 and at most 2147483647");
+    refused(&["--m", "4611686018427387904", "--n", "8", "--k", "32", "--device", "cpu"], "M = 4611686018427387904");
+    refused(&["--m", "8", "--n", "2147483584", "--k", "32", "--device", "cpu"], "N rounded up");
+    refused(&["--m", "8", "--n", "8", "--k", "32", "--l", "0", "--device", "cpu"], "L = 0");
+    // Valid for the kernels, far beyond this host's memory: refused, not aborted.
+    refused(&["--m", "2147483392", "--n", "8", "--k", "2147483392", "--device", "cpu"], "GiB");
+    refused(&["--m", "2147483392", "--n", "8", "--k", "2147483392", "--device", "cpu", "--data", "realistic"], "GiB");
+}
+
+/// Issue 25, finding 3: verification samples rows without panicking at M = 1.
+#[test]
+fn m_1_samples_one_row() {
+    for out in ["nvfp4", "nvfp4-ue8m0"] {
+        let o = run(&["--device", "cpu", "--out", out, "--m", "1", "--n", "64", "--k", "64", "--check-budget", "100"]);
+        assert_eq!(code(&o), 0, "{out}: {}", String::from_utf8_lossy(&o.stderr));
+    }
+}
+
+/// Issue 25, finding 8: `--device cpu` validates as the GPU path does, and JSON output never
+/// holds NaN or infinity.
+#[test]
+fn cpu_validates_like_the_gpu_and_prints_valid_json() {
+    refused(&["--device", "cpu", "--alpha", "NaN", "--json"], "alpha = NaN: must be finite");
+    refused(&["--device", "cpu", "--beta", "inf", "--json"], "beta = inf: must be finite");
+    // N = 12 with f16 output: the same refusal, with the same message, on either device (the
+    // GPU path validates before it looks for a GPU).
+    for device in ["cpu", "gpu"] {
+        refused(&["--device", device, "--m", "16", "--n", "12", "--k", "64"], "N = 12: must be a multiple of 8 for f16 output");
+    }
+    for args in [&["--alpha", "1e-39"][..], &["--alpha", "-3e38", "--out", "f32"], &["--out", "nvfp4", "--norm-constant", "1e-30"]] {
+        let mut all = vec!["--device", "cpu", "--m", "8", "--n", "32", "--k", "64", "--json"];
+        all.extend_from_slice(args);
+        let o = run(&all);
+        assert_eq!(code(&o), 0, "{all:?}: {}", String::from_utf8_lossy(&o.stderr));
+        let line = String::from_utf8_lossy(&o.stdout).to_string();
+        assert_eq!(line.trim_end().lines().count(), 1, "{line}");
+        assert!(line.starts_with('{') && line.trim_end().ends_with('}'), "{line}");
+        for token in ["NaN", "nan", "inf"] {
+            assert!(!line.contains(token), "{all:?}: {token} in {line}");
+        }
+        assert!(line.contains("\"passed\":null") && line.contains("\"device\":\"cpu\""), "{line}");
+    }
+}
+
+/// Issue 25, finding 9: with a tiny alpha the default norm constant cannot be formed; the user is
+/// told to pass one, not that a value they never gave is bad.
+#[test]
+fn tiny_alpha_asks_for_a_norm_constant() {
+    let base = ["--device", "cpu", "--out", "nvfp4", "--m", "8", "--n", "32", "--k", "64"];
+    let mut args = base.to_vec();
+    args.extend(["--alpha", "1e-39"]);
+    refused(&args, "pass --norm-constant");
+    let e = String::from_utf8_lossy(&run(&args).stderr).to_string();
+    assert!(e.contains("alpha = 1e-39"), "{e}");
+    assert!(!e.contains("norm_constant = inf"), "{e}");
+    args.extend(["--norm-constant", "1e30"]);
+    let o = run(&args);
+    assert_eq!(code(&o), 0, "{}", String::from_utf8_lossy(&o.stderr));
+}
+
+#[test]
+fn tolerance_option() {
+    for t in ["bound", "contest"] {
+        let o = run(&["--device", "cpu", "--m", "8", "--n", "16", "--k", "64", "--tolerance", t]);
+        assert_eq!(code(&o), 0, "{t}: {}", String::from_utf8_lossy(&o.stderr));
+    }
+    let o = run(&["--device", "cpu", "--tolerance", "loose"]);
+    assert_eq!(code(&o), 2);
+    stderr_one_line(&o);
 }
