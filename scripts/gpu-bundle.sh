@@ -8,6 +8,7 @@ cd "$(dirname "$0")/.."
 out=${1:-bundle}
 rm -rf "$out"
 mkdir -p "$out/deps" "$out/examples"
+export BSG_COMMIT=$(git rev-parse --short HEAD)
 cargo build --release --examples
 # Test executables; example_cli finds the example at ../examples/ beside its own folder.
 cargo test --release --no-run --message-format=json 2>/dev/null | python3 -c '
@@ -24,7 +25,7 @@ for line in sys.stdin:
 done
 for ex in nvfp4_gemm bench; do cp "target/release/examples/$ex" "$out/examples/"; done
 strip "$out"/deps/* "$out"/examples/* 2>/dev/null || true
-cp bench/torch_baselines.py "$out/"
+cp bench/baselines.py bench/report.py "$out/"
 cat > "$out/run.sh" <<'RUN'
 #!/usr/bin/env bash
 # What to run: tests (default), sanitize, example [ARGS], bench [ARGS].
@@ -45,14 +46,21 @@ case "${1:-tests}" in
     exit $rc ;;
   example) shift; exec "$here/examples/nvfp4_gemm" "$@" ;;
   bench)
+    # bench [ARGS]: cuBLAS baselines (graph-replayed, when PyTorch is present) and this crate, in
+    # one run; results as <date>-<gpu>-<commit>.jsonl with its plot, in $OUT (or /tmp).
     shift
+    dir=${OUT:-/tmp}
+    gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | grep -oiE 'h100|h200|b200|gb200' | head -1 | tr A-Z a-z)
+    name="$(date +%F)-${gpu:-gpu}-$(cat "$here/COMMIT")"
     base=""
     if python3 -c 'import torch' 2>/dev/null; then
-      python3 "$here/torch_baselines.py" "${OUT:-/tmp}/torch-baselines.json" && base="--baselines ${OUT:-/tmp}/torch-baselines.json"
+      python3 "$here/baselines.py" --out "$dir/$name-baselines.json" && base="--baselines $dir/$name-baselines.json"
     fi
-    exec "$here/examples/bench" $base "$@" ;;
+    "$here/examples/bench" $base --json "$dir/$name.jsonl" "$@" || exit 1
+    python3 "$here/report.py" "$dir/$name.jsonl" --png "$dir/$name.png" || true ;;
   *) echo "usage: run.sh [tests|sanitize|example ARGS|bench ARGS]" >&2; exit 2 ;;
 esac
 RUN
 chmod +x "$out/run.sh"
+echo "$BSG_COMMIT" > "$out/COMMIT"
 du -sh "$out"

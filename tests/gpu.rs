@@ -41,6 +41,8 @@ fn main() {
         ("fp4_output_chains_into_the_next_gemm", fp4_output_chains_into_the_next_gemm),
         ("buffers_on_another_device_are_refused", buffers_on_another_device_are_refused),
         ("general_data_passes_the_verdict", general_data_passes_the_verdict),
+        // Last: it turns cudarc's event tracking off for the buffers made after it.
+        ("graph_capture_replays_with_new_data", graph_capture_replays_with_new_data),
     ];
     let filter: Vec<String> = std::env::args().skip(1).filter(|a| !a.starts_with('-')).collect();
     let (mut passed, mut failed, mut skipped) = (0, 0, 0);
@@ -589,6 +591,116 @@ fn general_data_passes_the_verdict() -> Outcome {
         for c in Config::ALL.iter().copied().filter(|c| c.info().arch == 90) {
             run_sm90::<bf16>(&g, &a, &b, 0.75, 0.0, c, false);
             run_sm90::<f32>(&g, &a, &b, 0.75, -1.5, c, false);
+        }
+    }
+    Ok(())
+}
+
+/// Issue 21: one CUDA graph of six GEMMs (shapes, configs and outputs differ; FP4 with two norm
+/// constants), replayed three times with new inputs copied into the same buffers and a larger
+/// eager call in between; every output against the exact reference. Also: a call during capture
+/// with event tracking on is a typed error, and so is one needing more workspace than reserved.
+fn graph_capture_replays_with_new_data() -> Outcome {
+    use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
+    let g0 = fp4_device()?;
+    let ctx = g0.stream().context().clone();
+    let stream = ctx.new_stream().unwrap();
+    let g = BlockScaledGemm::new(stream.clone()).unwrap();
+    // Tracking on (cudarc's default, several streams): refused before anything is queued.
+    {
+        let p = Problem::new(128, 256, 512);
+        let (a, b) = contest(128, 256, 512, 1, 1);
+        let (av, asf, bv, bsf) = (stream.clone_htod(a.data()).unwrap(), stream.clone_htod(a.scales()).unwrap(), stream.clone_htod(b.data()).unwrap(), stream.clone_htod(b.scales()).unwrap());
+        let mut d = stream.alloc_zeros::<f16>(p.cd_elems()).unwrap();
+        stream.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL).unwrap();
+        let e = g.gemm(&p, Nvfp4Operand::new(&av, &asf), Nvfp4Operand::new(&bv, &bsf), &mut d, None).unwrap_err();
+        let _ = stream.end_capture(CUgraphInstantiate_flags(0));
+        assert!(matches!(e, Error::CaptureEventTracking), "{e}");
+        stream.synchronize().unwrap();
+    }
+    // SAFETY: every buffer below is used on `stream` alone.
+    unsafe { ctx.disable_event_tracking() };
+    struct Case { m: usize, n: usize, k: usize, out: OutType, st: f32, config: Option<Config> }
+    let cases = [
+        Case { m: 1, n: 4096, k: 7168, out: OutType::F16, st: 1.0, config: None },
+        Case { m: 128, n: 7168, k: 2048, out: OutType::Bf16, st: 1.0, config: None },
+        Case { m: 300, n: 512, k: 1024, out: OutType::F32, st: 1.0, config: Some(Config::Sm90_128x128x64) },
+        Case { m: 64, n: 1024, k: 4096, out: OutType::F16, st: 1.0, config: Some(Config::Sm90_128x64x64) },
+        Case { m: 128, n: 2048, k: 1024, out: OutType::Nvfp4, st: 2.0, config: None },
+        Case { m: 200, n: 1024, k: 2048, out: OutType::Nvfp4, st: 0.5, config: None },
+    ];
+    let mut bufs = Vec::new();
+    for c in &cases {
+        let p = Problem::new(c.m, c.n, c.k).norm_constant(c.st);
+        let (a, b) = contest(c.m, c.n, c.k, 1, 7);
+        let up = |x: &[u8]| stream.clone_htod(x).unwrap();
+        let d_bytes = if c.out.sfd().is_some() { c.m * c.n / 2 } else { c.m * c.n * if c.out == OutType::F32 { 4 } else { 2 } };
+        bufs.push((p, up(a.data()), up(a.scales()), up(b.data()), up(b.scales()), stream.alloc_zeros::<u8>(d_bytes).unwrap(), stream.alloc_zeros::<u8>(p.sfd_bytes()).unwrap()));
+    }
+    let launch = |i: usize, bufs: &mut Vec<(Problem, cudarc::driver::CudaSlice<u8>, cudarc::driver::CudaSlice<u8>, cudarc::driver::CudaSlice<u8>, cudarc::driver::CudaSlice<u8>, cudarc::driver::CudaSlice<u8>, cudarc::driver::CudaSlice<u8>)>| -> Result<Config, Error> {
+        let c = &cases[i];
+        let (p, av, asf, bv, bsf, d, sfd) = &mut bufs[i];
+        let (oa, ob) = (Nvfp4Operand::new(&*av, &*asf), Nvfp4Operand::new(&*bv, &*bsf));
+        match c.out {
+            OutType::F16 => g.gemm(p, oa, ob, &mut unsafe { d.transmute_mut::<f16>(p.cd_elems()) }.unwrap(), c.config),
+            OutType::Bf16 => g.gemm(p, oa, ob, &mut unsafe { d.transmute_mut::<bf16>(p.cd_elems()) }.unwrap(), c.config),
+            OutType::F32 => g.gemm(p, oa, ob, &mut unsafe { d.transmute_mut::<f32>(p.cd_elems()) }.unwrap(), c.config),
+            _ => g.gemm_fp4(p, c.out, oa, ob, Nvfp4Output::new(d, sfd), c.config),
+        }
+    };
+    // More workspace than reserved during capture: a typed error, and the capture stays valid.
+    stream.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL).unwrap();
+    let e = launch(1, &mut bufs).unwrap_err();
+    assert!(matches!(e, Error::WorkspaceDuringCapture { .. }), "{e}");
+    assert!(stream.end_capture(CUgraphInstantiate_flags(0)).is_ok());
+    let need = (0..cases.len()).map(|i| g.workspace_size(&bufs[i].0, cases[i].out, cases[i].config).unwrap()).max().unwrap();
+    g.reserve_workspace(need).unwrap();
+    stream.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL).unwrap();
+    for i in 0..cases.len() {
+        launch(i, &mut bufs).unwrap();
+    }
+    let graph = stream.end_capture(CUgraphInstantiate_flags(0)).unwrap().expect("a graph");
+    // A larger eager call on the same object: the workspace grows, the graph's stays alive.
+    let (ba, bb) = contest(2048, 2048, 4096, 1, 11);
+    let big = Problem::new(2048, 2048, 4096);
+    for replay in 0..3u64 {
+        let mut wants = Vec::new();
+        for (i, c) in cases.iter().enumerate() {
+            let (a, b) = contest(c.m, c.n, c.k, 1, 100 + 10 * replay + i as u64);
+            let (_, av, asf, bv, bsf, d, sfd) = &mut bufs[i];
+            stream.memcpy_htod(a.data(), av).unwrap();
+            stream.memcpy_htod(a.scales(), asf).unwrap();
+            stream.memcpy_htod(b.data(), bv).unwrap();
+            stream.memcpy_htod(b.scales(), bsf).unwrap();
+            stream.memcpy_htod(&vec![0xFFu8; d.len()], d).unwrap();
+            stream.memcpy_htod(&vec![0x7Fu8; sfd.len()], sfd).unwrap();
+            wants.push((a, b));
+        }
+        graph.launch().unwrap();
+        if replay == 1 {
+            let (av, asf, bv, bsf) = (stream.clone_htod(ba.data()).unwrap(), stream.clone_htod(ba.scales()).unwrap(), stream.clone_htod(bb.data()).unwrap(), stream.clone_htod(bb.scales()).unwrap());
+            let mut d = stream.alloc_zeros::<f16>(big.cd_elems()).unwrap();
+            g.gemm(&big, Nvfp4Operand::new(&av, &asf), Nvfp4Operand::new(&bv, &bsf), &mut d, None).unwrap();
+            let want: Vec<f16> = reference_gemm(&ba, &bb, 1.0, 0.0, None).unwrap();
+            assert!(compare(&stream.clone_dtoh(&d).unwrap(), &want, 0.0, 0.0).passed(), "eager call between replays");
+        }
+        for (i, c) in cases.iter().enumerate() {
+            let (a, b) = &wants[i];
+            let (p, _, _, _, _, d, sfd) = &bufs[i];
+            let got = stream.clone_dtoh(d).unwrap();
+            let le2 = |x: &[u8]| [x[0], x[1]];
+            let ok = match c.out {
+                OutType::F16 => compare(&got.chunks_exact(2).map(|x| f16::from_le_bytes(le2(x))).collect::<Vec<_>>(), &reference_gemm::<f16>(a, b, 1.0, 0.0, None).unwrap(), 0.0, 0.0).passed(),
+                OutType::Bf16 => compare(&got.chunks_exact(2).map(|x| bf16::from_le_bytes(le2(x))).collect::<Vec<_>>(), &reference_gemm::<bf16>(a, b, 1.0, 0.0, None).unwrap(), 0.0, 0.0).passed(),
+                OutType::F32 => compare(&got.chunks_exact(4).map(|x| f32::from_le_bytes([x[0], x[1], x[2], x[3]])).collect::<Vec<_>>(), &reference_gemm::<f32>(a, b, 1.0, 0.0, None).unwrap(), 0.0, 0.0).passed(),
+                _ => {
+                    let acc = reference::accumulators(p, a.data(), a.scales(), b.data(), b.scales(), Accumulation::Exact).unwrap();
+                    let (wd, wsf) = blockscaled_gemm::fp4_out::epilogue(p, &acc, None, c.out.sfd().unwrap());
+                    let tiled = |x: &[u8]| blockscaled_gemm::layout::from_tiled(x, c.m, c.n / 16, 1);
+                    got == wd && tiled(&stream.clone_dtoh(sfd).unwrap()) == tiled(&wsf)
+                }
+            };
+            assert!(ok, "replay {replay}: case {i} ({}x{}x{} {}) differs from the reference", c.m, c.n, c.k, c.out);
         }
     }
     Ok(())
