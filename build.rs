@@ -5,7 +5,9 @@
 //! Environment: `NVCC` or `CUDA_HOME` (an installed toolkit instead of the pinned PyPI wheels),
 //! `CUTLASS_DIR` (a CUTLASS checkout instead of the pinned wheel), `BSG_ARCHS` (comma list of
 //! architectures to build, e.g. `sm100`), `BSG_CACHE_DIR` (object and wheel cache, default
-//! `~/.cache/blockscaled-gemm`), `BSG_NVCC_JOBS` (parallel nvcc processes; about 4 GiB each).
+//! `~/.cache/blockscaled-gemm`), `BSG_NVCC_JOBS` (parallel nvcc processes; about 4 GiB each),
+//! `BSG_NVCC_DEFINES` (space-separated `NAME=VALUE` macros for experiments, e.g. the stage
+//! switches of `cpp/common/instrument.cuh`; part of each object's cache key).
 
 use sha2::{Digest, Sha256};
 use std::fmt::Write as _;
@@ -55,7 +57,7 @@ fn main() {
     for p in ["cpp", "include", "src/sys/bridge.rs", "third_party/pins.txt", "third_party/fetch.py"] {
         println!("cargo:rerun-if-changed={}", root.join(p).display());
     }
-    for v in ["NVCC", "CUDA_HOME", "CUTLASS_DIR", "BSG_ARCHS", "BSG_CACHE_DIR", "BSG_NVCC_JOBS", "NVCC_CCBIN", "XDG_CACHE_HOME"] {
+    for v in ["NVCC", "CUDA_HOME", "CUTLASS_DIR", "BSG_ARCHS", "BSG_CACHE_DIR", "BSG_NVCC_JOBS", "BSG_NVCC_DEFINES", "NVCC_CCBIN", "XDG_CACHE_HOME"] {
         println!("cargo:rerun-if-env-changed={v}");
     }
 
@@ -377,6 +379,9 @@ impl Toolchain {
         }
         if let Some(cc) = env("NVCC_CCBIN") {
             f.push(format!("-ccbin={cc}"));
+        }
+        if let Some(defs) = env("BSG_NVCC_DEFINES") {
+            f.extend(defs.split_whitespace().map(|d| format!("-D{d}")));
         }
         f
     }

@@ -137,8 +137,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 r.launch_us, r.b2b_us, r.graph_us, r.host_us, r.floor_us, fmt(bf16), fmt(fp8), r.graph_us / r.floor_us, if r.exact { "exact" } else { "FAILED" });
             let num = |x: Option<f64>| x.map_or("null".to_string(), |v| format!("{v:.3}"));
             json += &format!(
-                "{{\"op\":\"gemm\",\"gpu\":\"{gpu}\",\"commit\":\"{commit}\",\"m\":{m},\"n\":{n},\"k\":{k},\"l\":1,\"out\":\"{}\",\"config\":\"{}\",\"split_k\":{},\"runs\":{},\"graph_calls\":{},\"ours_launch_us\":{:.3},\"ours_b2b_us\":{:.3},\"ours_graph_us\":{:.3},\"host_enqueue_us\":{:.3},\"cublas_bf16_graph_us\":{},\"cublas_fp8_graph_us\":{},\"floor_us\":{:.3},\"copy_gbps\":{copy_gbps:.1},\"exact\":{}}}\n",
-                out.name(), r.config, r.split, cli.runs, cli.graph_calls, r.launch_us, r.b2b_us, r.graph_us, r.host_us, num(bf16), num(fp8), r.floor_us, r.exact);
+                "{{\"op\":\"gemm\",\"gpu\":\"{gpu}\",\"commit\":\"{commit}\",\"m\":{m},\"n\":{n},\"k\":{k},\"l\":1,\"out\":\"{}\",\"config\":\"{}\",\"split_k\":{},\"runs\":{},\"graph_calls\":{},\"ours_launch_us\":{:.3},\"ours_b2b_us\":{:.3},\"ours_graph_us\":{:.3},\"host_enqueue_us\":{:.3},\"cublas_bf16_graph_us\":{},\"cublas_fp8_graph_us\":{},\"floor_us\":{:.3},\"copy_gbps\":{copy_gbps:.1},\"workspace_bytes\":{},\"exact\":{}}}\n",
+                out.name(), r.config, r.split, cli.runs, cli.graph_calls, r.launch_us, r.b2b_us, r.graph_us, r.host_us, num(bf16), num(fp8), r.floor_us, r.workspace, r.exact);
         }
     }
     if let Some(path) = &cli.json {
@@ -155,6 +155,7 @@ struct Result1 {
     graph_us: f64,
     host_us: f64,
     floor_us: f64,
+    workspace: usize,
     exact: bool,
 }
 
@@ -186,7 +187,8 @@ fn bench_one(cli: &Cli, gemm: &BlockScaledGemm, stream: &Arc<CudaStream>, l2: us
     let d_bytes = if out.sfd().is_some() { out.d_bytes(p.cd_elems()) } else { elem * p.cd_elems() };
     let mut d: CudaSlice<u8> = stream.alloc_zeros(d_bytes)?;
     let mut sfd: CudaSlice<u8> = stream.alloc_zeros(p.sfd_bytes().max(1))?;
-    gemm.reserve_workspace(gemm.workspace_size(&p, out, Some(config))?)?;
+    let workspace = gemm.workspace_size(&p, out, Some(config))?;
+    gemm.reserve_workspace(workspace)?;
     let launch = |i: usize, d: &mut CudaSlice<u8>, sfd: &mut CudaSlice<u8>| -> Result<(), blockscaled_gemm::Error> {
         let (av, asf, bv, bsf) = &sets[i % n_sets];
         let (oa, ob) = (Nvfp4Operand::new(av, asf), Nvfp4Operand::new(bv, bsf));
@@ -283,7 +285,7 @@ fn bench_one(cli: &Cli, gemm: &BlockScaledGemm, stream: &Arc<CudaStream>, l2: us
     exact &= check(&d, &sfd)?;
     let out_bytes = d_bytes + if out.sfd().is_some() { p.sfd_bytes() } else { 0 };
     let floor_us = (((set_bytes + out_bytes) as f64) / (copy_gbps * 1e9)).max(p.flops() / 800e12) * 1e6;
-    Ok(Result1 { config, split, launch_us, b2b_us, graph_us, host_us, floor_us, exact })
+    Ok(Result1 { config, split, launch_us, b2b_us, graph_us, host_us, floor_us, workspace, exact })
 }
 
 /// The sampled rows (bytes of D's type) equal the exact reference bit for bit.

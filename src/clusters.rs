@@ -8,7 +8,7 @@
 //! driver) with more than half an SM's shared memory stands in for the GEMM kernels, which also
 //! run one block per SM.
 
-use crate::config::{ClusterCounts, SM90_MAX_CLUSTER_SPLIT};
+use crate::dispatch::{ClusterCounts, SM90_MAX_CLUSTER_SPLIT};
 use cudarc::driver::sys::{self, CUdevice_attribute as Attr};
 use cudarc::driver::{CudaContext, DriverError};
 use std::ffi::CString;

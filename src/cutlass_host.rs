@@ -2,7 +2,7 @@
 //! layout CUTLASS computes, `can_implement`, and workspace sizes. The tests use these to hold
 //! the Rust layout and validator to CUTLASS's own.
 
-use crate::config::Config;
+use crate::dispatch::Config;
 use crate::error::{Error, Result};
 use crate::sys::{self as bridge, KernelArgs};
 use crate::problem::{check_operand_lens, OutType, Problem, SfdFormat};
@@ -10,7 +10,7 @@ use crate::problem::{check_operand_lens, OutType, Problem, SfdFormat};
 fn args(p: &Problem) -> KernelArgs {
     // Aligned, never dereferenced: these calls only inspect shapes and layouts.
     let x = 1 << 20;
-    KernelArgs { a: x, sfa: x, b: x, sfb: x, c: x, d: x, sfd: x, norm_constant_ptr: x, sm_count: 1, ..crate::gemm::launch_args(p) }
+    KernelArgs { a: x, sfa: x, b: x, sfb: x, c: x, d: x, sfd: x, norm_constant_ptr: x, sm_count: 1, ..p.launch_args() }
 }
 
 fn built(config: Config, out: OutType) -> Result<()> {

@@ -219,59 +219,37 @@ fn pow2f64(e: i32) -> f64 {
     f64::from_bits(((e + 1023) as u64) << 52)
 }
 
-/// Storage types accepted for packed e2m1 buffers (two values per byte): `u8` and cudarc's
-/// `float4::F4E2M1x2` (feature `f4`).
-pub trait PackedFp4: Copy + Send + Sync + 'static {
-    /// The raw byte.
-    fn to_byte(self) -> u8;
-    /// From a raw byte.
-    fn from_byte(b: u8) -> Self;
+/// A one-byte storage type: `u8` or one of cudarc's typed bytes.
+macro_rules! byte_storage {
+    ($(#[$doc:meta])* $name:ident: $($t:ty),+) => {
+        $(#[$doc])*
+        pub trait $name: Copy + Send + Sync + 'static {
+            /// The raw byte.
+            fn to_byte(self) -> u8;
+            /// From a raw byte.
+            fn from_byte(b: u8) -> Self;
+        }
+        impl $name for u8 {
+            fn to_byte(self) -> u8 { self }
+            fn from_byte(b: u8) -> Self { b }
+        }
+        $(impl $name for $t {
+            fn to_byte(self) -> u8 { self.to_bits() }
+            fn from_byte(b: u8) -> Self { <$t>::from_bits(b) }
+        })+
+    };
 }
 
-impl PackedFp4 for u8 {
-    fn to_byte(self) -> u8 {
-        self
-    }
-    fn from_byte(b: u8) -> Self {
-        b
-    }
-}
-
-impl PackedFp4 for float4::F4E2M1x2 {
-    fn to_byte(self) -> u8 {
-        self.to_bits()
-    }
-    fn from_byte(b: u8) -> Self {
-        float4::F4E2M1x2::from_bits(b)
-    }
-}
-
-/// Storage types accepted for ue4m3 scale buffers: `u8` and `float8::F8E4M3` (cudarc feature
-/// `f8`, PyTorch `float8_e4m3fn`).
-pub trait ScaleByte: Copy + Send + Sync + 'static {
-    /// The raw byte.
-    fn to_byte(self) -> u8;
-    /// From a raw byte.
-    fn from_byte(b: u8) -> Self;
-}
-
-impl ScaleByte for u8 {
-    fn to_byte(self) -> u8 {
-        self
-    }
-    fn from_byte(b: u8) -> Self {
-        b
-    }
-}
-
-impl ScaleByte for float8::F8E4M3 {
-    fn to_byte(self) -> u8 {
-        self.to_bits()
-    }
-    fn from_byte(b: u8) -> Self {
-        float8::F8E4M3::from_bits(b)
-    }
-}
+byte_storage!(
+    /// Storage types accepted for packed e2m1 buffers (two values per byte): `u8` and cudarc's
+    /// `float4::F4E2M1x2` (feature `f4`).
+    PackedFp4: float4::F4E2M1x2
+);
+byte_storage!(
+    /// Storage types accepted for ue4m3 scale buffers: `u8` and `float8::F8E4M3` (cudarc feature
+    /// `f8`, PyTorch `float8_e4m3fn`).
+    ScaleByte: float8::F8E4M3
+);
 
 /// Output element types of the GEMM: `half::f16`, `half::bf16` and `f32`.
 pub trait OutputElement: Copy + Send + Sync + PartialEq + std::fmt::Debug + 'static {

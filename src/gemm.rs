@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 use cudarc::driver::sys::{CUdeviceptr, CUstreamCaptureStatus};
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut, SyncOnDrop};
 
-use crate::config::{self, Config};
+use crate::dispatch::{self, Config};
 use crate::error::{Error, Result};
 use crate::sys::{self, KernelArgs};
 use crate::formats::{OutputElement, PackedFp4, ScaleByte};
@@ -74,7 +74,7 @@ pub struct DeviceFacts {
     /// Clusters of 2 to [`crate::SM90_MAX_CLUSTER_SPLIT`] thread blocks, one block per SM, the
     /// device runs at once (asked of the driver on Hopper; [`crate::ANY_CLUSTERS`] elsewhere or
     /// where it cannot answer): the SM90 heuristic keeps split-K clusters within one wave.
-    pub max_clusters: crate::config::ClusterCounts,
+    pub max_clusters: crate::dispatch::ClusterCounts,
 }
 
 impl DeviceFacts {
@@ -138,7 +138,7 @@ pub fn plan(p: &Problem, out: OutType, lens: &BufferLens, device: &DeviceFacts, 
         None => {
             let unsupported = || Error::UnsupportedDevice { ordinal: device.ordinal, major, minor, supported: SUPPORTED };
             let arch = device.arch().ok_or_else(unsupported)?;
-            config::select(arch, p, device.sm_count, &device.max_clusters, |c| built(c, out)).ok_or_else(unsupported)?
+            dispatch::select(arch, p, device.sm_count, &device.max_clusters, |c| built(c, out)).ok_or_else(unsupported)?
         }
     };
     if !built(config, out) {
@@ -230,11 +230,6 @@ struct Scratch {
     norm_slot: Option<DeviceBuffer>,
 }
 
-/// The launch arguments a problem fixes (shape and scalars); the caller sets the rest.
-pub(crate) fn launch_args(p: &Problem) -> KernelArgs {
-    KernelArgs { m: p.m as i32, n: p.n as i32, k: p.k as i32, l: p.l as i32, alpha: p.alpha, beta: p.beta, split_k: 1, norm_constant: p.norm_constant, ..Default::default() }
-}
-
 impl BlockScaledGemm {
     /// A GEMM that launches on `stream`. Fails with [`Error::NoDriver`] where libcuda is absent.
     pub fn new(stream: Arc<CudaStream>) -> Result<Self> {
@@ -243,7 +238,7 @@ impl BlockScaledGemm {
         let sm_count = ctx.attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?;
         // A failed query leaves the heuristic as it was before it knew of cluster limits (a
         // possible second wave of clusters costs time, never correctness).
-        let max_clusters = if cc.0 == 9 { crate::clusters::max_clusters(ctx).unwrap_or(config::ANY_CLUSTERS) } else { config::ANY_CLUSTERS };
+        let max_clusters = if cc.0 == 9 { crate::clusters::max_clusters(ctx).unwrap_or(dispatch::ANY_CLUSTERS) } else { dispatch::ANY_CLUSTERS };
         let device = DeviceFacts { ordinal: ctx.ordinal(), compute_capability: cc, sm_count: sm_count.max(1) as usize, max_clusters };
         Ok(BlockScaledGemm { stream, device, scratch: Mutex::new(Scratch::default()), split_k: None })
     }
@@ -348,8 +343,8 @@ impl BlockScaledGemm {
 
     fn split_k_for(&self, config: Config, p: &Problem) -> Result<u32> {
         match self.split_k {
-            None => Ok(config::split_k(config, p, self.device.sm_count, &self.device.max_clusters)),
-            Some(s) => config::check_split_k(config, p, s),
+            None => Ok(dispatch::split_k(config, p, self.device.sm_count, &self.device.max_clusters)),
+            Some(s) => dispatch::check_split_k(config, p, s),
         }
     }
 
@@ -391,7 +386,7 @@ impl BlockScaledGemm {
         let c_ptr = c.map(|c| c.device_ptr(stream));
         // Without C the kernel gets D as its C pointer; beta is 0, so it never reads it.
         let pc = c_ptr.as_ref().map_or(pd, |(p, _)| *p);
-        self.launch(p, out, config, capturing, KernelArgs { a: pa, sfa: psfa, b: pb, sfb: psfb, c: pc, d: pd, ..launch_args(p) })
+        self.launch(p, out, config, capturing, KernelArgs { a: pa, sfa: psfa, b: pb, sfb: psfb, c: pc, d: pd, ..p.launch_args() })
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -411,7 +406,7 @@ impl BlockScaledGemm {
         let (psfd, _gsfd) = d.scales.device_ptr_mut(stream);
         let c_ptr = c.map(|c| c.device_ptr(stream));
         let pc = c_ptr.as_ref().map_or(pd, |(p, _)| *p);
-        self.launch(p, out, config, capturing, KernelArgs { a: pa, sfa: psfa, b: pb, sfb: psfb, c: pc, d: pd, sfd: psfd, ..launch_args(p) })
+        self.launch(p, out, config, capturing, KernelArgs { a: pa, sfa: psfa, b: pb, sfb: psfb, c: pc, d: pd, sfd: psfd, ..p.launch_args() })
     }
 
     /// Whether the stream is capturing a graph; during capture with cudarc's event tracking on,
@@ -497,7 +492,7 @@ impl BlockScaledGemm {
     pub fn workspace_size(&self, p: &Problem, out: OutType, config: Option<Config>) -> Result<usize> {
         let lens = BufferLens::for_problem(p, out, p.beta != 0.0);
         let config = plan(p, out, &lens, &self.device, config, |c, o| c.is_built(o))?;
-        let args = KernelArgs { split_k: self.split_k_for(config, p)? as i32, sm_count: self.device.sm_count as i32, ..launch_args(p) };
+        let args = KernelArgs { split_k: self.split_k_for(config, p)? as i32, sm_count: self.device.sm_count as i32, ..p.launch_args() };
         Ok(sys::workspace_size(config.info().index, out.index(), &args))
     }
 
@@ -601,14 +596,14 @@ mod tests {
     fn lens(p: &Problem) -> BufferLens {
         BufferLens::for_problem(p, OutType::F16, false)
     }
-    const B200: DeviceFacts = DeviceFacts { ordinal: 0, compute_capability: (10, 0), sm_count: 148, max_clusters: config::ANY_CLUSTERS };
+    const B200: DeviceFacts = DeviceFacts { ordinal: 0, compute_capability: (10, 0), sm_count: 148, max_clusters: dispatch::ANY_CLUSTERS };
     const H100: DeviceFacts = DeviceFacts { ordinal: 1, compute_capability: (9, 0), sm_count: 132, max_clusters: [66, 39, 30, 22, 17, 15, 15] };
 
     #[test]
     fn plan_checks_every_buffer_and_the_device() {
         let p = Problem::new(256, 512, 1024);
         let all = |_, _| true;
-        assert_eq!(plan(&p, OutType::F16, &lens(&p), &B200, None, all).unwrap(), config::select(100, &p, 148, &config::ANY_CLUSTERS, |_| true).unwrap());
+        assert_eq!(plan(&p, OutType::F16, &lens(&p), &B200, None, all).unwrap(), dispatch::select(100, &p, 148, &dispatch::ANY_CLUSTERS, |_| true).unwrap());
         for (i, name) in ["A", "SFA", "B", "SFB", "D"].iter().enumerate() {
             let mut l = lens(&p);
             let f = [&mut l.a, &mut l.sfa, &mut l.b, &mut l.sfb, &mut l.d];

@@ -8,12 +8,15 @@
 //! - [`formats`], [`layout`], [`Nvfp4Matrix`]: NVFP4 values, the 128x4 tiled scale layout, host
 //!   tensors, generators and a ModelOpt-style quantizer.
 //!
-//! Layers, bottom up: `sys` (the launch ABI through bindgen and the cxx bridge, unsafe),
-//! [`cutlass_host`] (host-side queries of the kernels), [`gemm`] (the safe API).
+//! Layers, bottom up: `sys` (the launch ABI through bindgen and the cxx bridge, unsafe);
+//! `dispatch` (the generated config table and the rule that picks a config and split, pure
+//! functions); [`gemm`] (the safe API: validation, planning, the one place that assembles launch
+//! arguments); beside them the reference side ([`reference`], [`fp4_out`], [`cutlass_host`],
+//! [`compare`]), which never calls the GPU path.
 mod clusters;
 pub mod compare;
-mod config;
 pub mod cutlass_host;
+mod dispatch;
 mod error;
 pub mod formats;
 pub mod fp4_out;
@@ -24,7 +27,7 @@ mod problem;
 pub mod reference;
 mod sys;
 
-pub use config::{check_split_k, cluster_reduced, select as select_config, split_k as config_split_k, ClusterCounts, Config, ConfigInfo, ANY_CLUSTERS, SM90_MAX_CLUSTER_SPLIT, SM90_MAX_SPLIT_TILES};
+pub use dispatch::{check_split_k, cluster_reduced, select as select_config, split_k as config_split_k, ClusterCounts, Config, ConfigInfo, ANY_CLUSTERS, SM90_MAX_CLUSTER_SPLIT, SM90_MAX_SPLIT_TILES};
 pub use error::{Error, Result};
 pub use formats::OutputElement;
 pub use gemm::{BlockScaledGemm, Nvfp4Operand, Nvfp4Output};

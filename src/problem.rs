@@ -110,6 +110,14 @@ pub struct Problem {
 }
 
 impl Problem {
+    /// The launch arguments the problem fixes (shape and scalars); the caller sets the rest.
+    /// Valid only for a problem that passed [`Problem::validate`]'s size limits (32-bit fields).
+    pub(crate) fn launch_args(&self) -> crate::sys::KernelArgs {
+        crate::sys::KernelArgs {
+            m: self.m as i32, n: self.n as i32, k: self.k as i32, l: self.l as i32, alpha: self.alpha, beta: self.beta,
+            split_k: 1, norm_constant: self.norm_constant, ..Default::default()
+        }
+    }
     /// A problem with alpha = 1, beta = 0, L = 1.
     pub const fn new(m: usize, n: usize, k: usize) -> Self {
         Problem { m, n, k, l: 1, alpha: 1.0, beta: 0.0, norm_constant: 1.0 }

@@ -1,5 +1,6 @@
-// Instrumentation for experiments (bench/ablate.cu); build.rs never sets these macros, so product
-// builds compile all of it to nothing.
+// Instrumentation for experiments: set through BSG_NVCC_DEFINES (build.rs), e.g.
+// BSG_NVCC_DEFINES="BSG_SM90_ABLATE=1" cargo run --release --example bench. Product builds set
+// none of them, so all of it compiles to nothing.
 //   BSG_SM90_ABLATE: bit 1 skips the decode, 2 the wgmma, 4 the global loads, 8 the split-K
 //     partials and reduction (each CTA writes its own partial as D), 16 A's decode only
 //     (unswapped tiles): what each stage costs.

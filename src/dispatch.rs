@@ -82,20 +82,12 @@ const fn arch_facts(arch: u32) -> ((i32, i32), &'static str) {
 /// measured (no SM100 machine here): M = 128 takes 128x64 tiles so N/64 CTAs fill more SMs;
 /// M = 256 takes the 2-SM 256x128 tile (one MMA covers both rows of tiles); large M and N take
 /// the 2-SM 256x256 tile.
-const SM100_SHAPES: &[((usize, usize, usize), Config)] = &[
-    ((128, 7168, 16384), Config::Sm100_1Sm_128x64x256),
-    ((128, 4096, 7168), Config::Sm100_1Sm_128x64x256),
-    ((128, 7168, 2048), Config::Sm100_1Sm_128x64x256),
-    ((128, 256, 256), Config::Sm100_1Sm_128x64x256),
-    ((128, 1536, 7168), Config::Sm100_1Sm_128x64x256),
-    ((128, 3072, 1536), Config::Sm100_1Sm_128x64x256),
-    ((256, 7168, 256), Config::Sm100_2Sm_256x128x256),
-    ((256, 7168, 2048), Config::Sm100_2Sm_256x128x256),
-    ((2304, 4608, 7168), Config::Sm100_2Sm_256x256x256),
-    ((384, 7168, 2304), Config::Sm100_1Sm_128x256x256),
-    ((512, 512, 7168), Config::Sm100_1Sm_128x64x256),
-    ((512, 4096, 512), Config::Sm100_2Sm_256x128x256),
-    ((512, 1536, 7168), Config::Sm100_1Sm_128x64x256),
+const SM100_SHAPES: &[(Config, &[(usize, usize, usize)])] = &[
+    (Config::Sm100_1Sm_128x64x256, &[(128, 7168, 16384), (128, 4096, 7168), (128, 7168, 2048), (128, 256, 256),
+        (128, 1536, 7168), (128, 3072, 1536), (512, 512, 7168), (512, 1536, 7168)]),
+    (Config::Sm100_2Sm_256x128x256, &[(256, 7168, 256), (256, 7168, 2048), (512, 4096, 512)]),
+    (Config::Sm100_2Sm_256x256x256, &[(2304, 4608, 7168)]),
+    (Config::Sm100_1Sm_128x256x256, &[(384, 7168, 2304)]),
 ];
 
 /// Output tiles an SM90 split-K launch may have: its counters sit in a fixed region of the
@@ -143,20 +135,14 @@ pub fn cluster_reduced(config: Config, split_k: u32) -> bool {
 pub const ANY_CLUSTERS: ClusterCounts = [usize::MAX; SM90_MAX_CLUSTER_SPLIT as usize - 1];
 
 /// K ranges the SM90 kernel splits `p` into (1 elsewhere), at most 16, each of at least 4
-/// k-tiles of 64, for outputs with too few tiles to occupy the GPU (H100 sweeps:
-/// bench/results/2026-11-22-h100-session5/sweeps/):
-/// - The unswapped tiles (two CTAs per SM fit): two CTAs on every SM where each range keeps at
-///   least 28 k-tiles, else at most one CTA per SM. Short ranges lose more to the reduction than a shared
-///   SM gains, and an SM holding two CTAs while others hold one sets the time: 128x4096x7168
-///   splits 4 / 5 / 8 take 32.6 / 44.2 / 34.7 us; 256x4096x7168 splits 2 / 4 take 51.1 / 46.9.
-/// - The swapped tiles (one CTA per SM): at most one CTA per SM, and no more than a
-///   cluster's 8 ranges unless each keeps 32 k-tiles. A cluster split takes fewer ranges until
-///   every tile's cluster fits on the GPU at once (`max_clusters`, per cluster size): the rest
-///   would wait for a second wave (H100, 30 clusters of 4 at most: 1024x1024x8192 with 32 tiles x 4 took 92.5 us, 28
-///   tiles x 4 at 896x1024x8192 49.4 us; 15 of 8: 128x4096x7168 with 16 tiles x 8 44.4 us, x 6
-///   30.2, x 4 33.2). Clusters of 5 to 8 (session 8, bench/results/2026-11-22-h100-session8/
-///   experiments/c8.txt): 128x2048x7168 8 tiles x 8 25.9 us vs x 4 32.0, 128x4096x16384 16 x 6
-///   45.9 vs 16 x 8 through global memory 50.5.
+/// k-tiles of 64, for outputs with too few tiles to occupy the GPU:
+/// - unswapped tiles (two CTAs per SM fit): two CTAs on every SM where each range keeps at least
+///   28 k-tiles, else at most one CTA per SM;
+/// - swapped tiles (one CTA per SM): at most one CTA per SM, and no more than a cluster's 8
+///   ranges unless each keeps 32 k-tiles; a cluster split takes fewer ranges until every tile's
+///   cluster fits on the GPU at once (`max_clusters`, per cluster size).
+///
+/// The measurements behind each rule: bench/DESIGN.md §5 and §8.
 pub fn split_k(config: Config, p: &Problem, sm_count: usize, max_clusters: &ClusterCounts) -> u32 {
     let i = config.info();
     if i.arch != 90 {
@@ -180,12 +166,9 @@ pub fn split_k(config: Config, p: &Problem, sm_count: usize, max_clusters: &Clus
 }
 
 /// Modelled time (microseconds, H100 SXM) of the swapped 128x256 or 128x128 tile on `p` at
-/// `split`: per wave, the fixed costs (first raw stage; after the loop the cluster reduction and
-/// the epilogue) plus one K range's k-tiles at the loop's rate. From the timeline and trace of
-/// each (bench/results/2026-11-22-h100-session10/): 128x256 2.9 + 6.1 us at split 4, 1220
-/// clocks per k-tile; 128x128 2.2 + 4.3 us at split 2, 677 clocks per k-tile (691 before its
-/// scale change, Tile::kWScaleLow: trace 1346-1354 clocks per turn of two k-tiles, session 11);
-/// 1.9 GHz. Without split-K both take the 2.5 us epilogue measured for 256x128 at 2048^3.
+/// `split`: per wave, the fixed costs (first raw stage; after the loop the cluster reduction or
+/// the epilogue) plus one K range's k-tiles at the loop's rate in clocks at 1.9 GHz. The
+/// constants are measured per tile (timelines and traces, bench/DESIGN.md §8).
 fn swapped_estimate_us(config: Config, p: &Problem, split: u32, sm_count: usize) -> f64 {
     let (first, reduce, clocks) = if config == Config::Sm90_Swapped_128x128x64 { (2.2, 4.3, 677.0) } else { (2.9, 6.1, 1220.0) };
     let after = if split > 1 { reduce } else { 2.5 };
@@ -202,56 +185,19 @@ fn swapped_estimate_us(config: Config, p: &Problem, split: u32, sm_count: usize)
 pub fn select(arch: u32, p: &Problem, sm_count: usize, max_clusters: &ClusterCounts, available: impl Fn(Config) -> bool) -> Option<Config> {
     let candidates: Vec<Config> = Config::ALL.iter().copied().filter(|c| c.info().arch == arch && available(*c)).collect();
     if arch == 100 {
-        if let Some((_, c)) = SM100_SHAPES.iter().find(|(s, c)| *s == (p.m, p.n, p.k) && candidates.contains(c)) {
+        if let Some((c, _)) = SM100_SHAPES.iter().find(|(c, shapes)| shapes.contains(&(p.m, p.n, p.k)) && candidates.contains(c)) {
             return Some(*c);
         }
     }
     if arch == 90 {
-        // Split-K fills the GPU for small outputs, so the choice is about tile efficiency: the
-        // 128x256 tile (one CTA per SM, activations decoded once per GEMM by its pre-pass) once
-        // its CTAs, split-K included, occupy a third of the SMs; else 128x128 (two CTAs per SM).
-        // H100, 128x256 with pre-decoded activations (bench/results/2026-11-22-h100-session8/
-        // sweeps/, best split of each): 128x3072x1536 48 CTAs 17.3 vs 18.4 us, 128x4096x7168 64
-        // CTAs 33.1 vs 32.8, 128x10240x8192 40 x split 2 56.5 vs 64.2 (128x128 split 3, session
-        // 7), 128x8192x16384 32 x 3 71.6 vs 88.1; but 128x2048x7168 32 CTAs 31.8 vs 26.6,
-        // 128x1536x7168 24 CTAs 31.3 vs 25.0. With cluster splits up to 8 (product bench,
-        // rule/rule2-*.txt): 128x4096x7168 16 x 6 30.0 vs 32.8, 128x1536x7168 6 x 8 24.4 vs
-        // 25.7, 128x2048x7168 8 x 8 25.7 vs 25.7; one loss, 128x2048x4096 8 x 8 22.2 vs 21.2.
-        //
-        // The 256x128 tile (activations x weights, one CTA per SM) does twice the MMA work per
-        // decoded weight that 128x256 does: it stands in for 128x256 wherever M pads at most a
-        // tenth more with 256-row tiles. ablate, H100, same split and CTA count, D bit-identical
-        // (bench/results/2026-11-22-h100-session9/experiments/run6.txt, run7.txt; back to back):
-        // 256x7168x7168 split 2 46.6-46.9 vs 49.5-50.2 us, 512x4096x7168 split 2 48.5-48.7 vs
-        // 51.1-51.5, 768x7168x2048 51.0-51.7 vs 54.5-55.6, 1024x1024x8192 split 3 44.1-44.7 vs
-        // 45.7-46.1, 2048^3 30.6-30.8 vs 32.4-32.6, 8192^3 1649-1669 vs 1680-1696; equal at
-        // 512x512x7168 split 8 and 512x4096x512 split 2.
-        //
-        // The swapped 128x128 tile stands in for 128x256 where swapped_estimate_us says it is
-        // faster: twice the CTAs, so a smaller split and half the partial tile to reduce, but a
-        // loop ~13 % slower per output (each CTA streams the activations for half the weight
-        // rows). Product bench, H100, per launch (back to back), 128x256 forced in the same runs
-        // (bench/results/2026-11-22-h100-session10/ab/, final/, ab-m.txt): 128x7168x2048
-        // 17.6-18.3 (15.4-15.6) vs 19.3-19.5 (16.4-16.5) us, 128x4096x7168 27.2-27.3 (23.2-23.4)
-        // vs 28.5-28.7 (24.4-24.5), 128x2048x7168 20.8 (16.6-16.7) vs 24.5-24.7 (20.5-20.6),
-        // 128x8192x16384 60.5-61.1 (56.8-57.6) vs 70.9-71.0 (67.9-68.3), 128x1024x4096 15.7-19.1
-        // (12.2-12.5) vs 19.8 (16.3; 128x128 unswapped 22.5), 128x16384x4096 34.2-34.4 vs
-        // 37.2-37.3. It keeps 128x256 where the ranges are long: 128x7168x16384 (ablate, back to
-        // back 56.4-56.6 vs 54.4-54.8), 128x7168x8192 (33.2-33.3 vs 32.7-33.0), 128x4096x16384
-        // (equal). Beyond M = 128 the model ranks them as measured: 640x7168x2048 50.0-50.1 vs
-        // 55.8-56.3, 384x1536x4096 21.0 vs 23.3 go to 128x128; 384x7168x2304 38.3 vs 33.4,
-        // 640x4096x4096 59.7-60.0 vs 53.1-53.7, 1152x2048x4096 61.7-62.0 vs 55.2-55.4 stay; within
-        // 3 % either way at 384x2048x7168 and 384x4096x7168. At 677 clocks per k-tile (session
-        // 11) the model moves 11 more shapes to the swapped 128x128; product bench, both forced,
-        // two rounds, back to back (bench/results/2026-11-23-h100-session11/rule.txt):
-        // 640x16384x4096 134.7-135.2 vs 141.0-141.2 us, 128x16384x7168 47.4-47.5 vs 49.1-49.3,
-        // 640x3072x7168 49.4-49.7 vs 51.2, 384x4096x7168 47.1 vs 48.8, 384x1024x16384 36.4-36.5
-        // vs 38.0-38.2, 128x3072x16384 33.2-33.4 vs 34.7, 640x2048x7168 48.9-49.2 vs 50.4-50.6,
-        // 128x10240x7168 46.4-46.5 vs 47.7; equal within 0.5 us at 128x7168x8192,
-        // 384x2048x8192 and 640x1536x8192. Of 1653 grid shapes 27 move; nine more measured
-        // (rule2.txt): 384x24576x4096 132.6-133.9 vs 141.3-142.1, 640x14336x4096 134.2-134.9 vs
-        // 141.5-143.6, 640x7168x1024 30.5 vs 33.0-33.3, 384x14336x1024 30.8-31.0 vs 33.3-33.6 and
-        // four more 0.5-2.6 us faster; one loss, 64x7168x8192 32.3-32.6 vs 31.5-32.0.
+        // Split-K fills the GPU for small outputs, so the choice is about tile efficiency
+        // (evidence: bench/DESIGN.md §8):
+        // - a swapped tile once its CTAs, split-K included, occupy a third of the SMs, else the
+        //   unswapped 128x128 (two CTAs per SM);
+        // - of the swapped tiles, 256x128 (twice the MMA work per decoded weight) wherever M pads
+        //   at most a tenth more with 256-row tiles, else 128x256;
+        // - the swapped 128x128 stands in for 128x256 where swapped_estimate_us says it is faster
+        //   (short K ranges, where the fixed costs weigh, or more CTAs at a lower split).
         let pad = |rows: usize| p.m.div_ceil(rows) * rows;
         let mut swapped = [Config::Sm90_256x128x64, Config::Sm90_128x256x64]
             .into_iter()
@@ -349,9 +295,8 @@ mod tests {
         // 28 tiles: clusters of 4 fit (30), the 128x256 tile splits 4 ways.
         assert_eq!(split_k(wide, &Problem::new(128, 7168, 16384), 132, &H100), 4);
         assert_eq!(select(90, &Problem::new(128, 7168, 16384), 132, &H100, all), Some(wide));
-        // 32 tiles: 32 clusters of 4 do not fit (H100: 92.5 us at split 4), 32 of 3 do, and the
-        // swapped tile keeps the lowered split (1024x1024x8192 50.4 vs 51.3 us for 128x128); at
-        // M = 1024 and 256 that is 256x128, whose 32 tiles split alike.
+        // 32 tiles: 32 clusters of 4 do not fit, 32 of 3 do, and the swapped tile keeps the
+        // lowered split; at M = 1024 and 256 that is 256x128, whose 32 tiles split alike.
         let tall = Config::Sm90_256x128x64;
         let no_narrow = |c: Config| c != Config::Sm90_Swapped_128x128x64;
         for (p, c) in [(Problem::new(1024, 1024, 8192), tall), (Problem::new(128, 8192, 16384), wide), (Problem::new(256, 4096, 7168), tall)] {
@@ -363,8 +308,8 @@ mod tests {
             assert_eq!(select(90, &p, 132, &ANY_CLUSTERS, no_narrow), Some(c), "{p:?}");
         }
         // The swapped 128x128 tile: 64 tiles, clusters of 2 fit (66). Where 128x256 is held to
-        // split 3 (96 CTAs), it is the faster (ablate: 57.1 vs 68.0 us); with 128x256 at split 4
-        // (no cluster limit) the model keeps 128x256.
+        // split 3 (96 CTAs), it is the faster; with 128x256 at split 4 (no cluster limit) the
+        // model keeps 128x256.
         let narrow = Config::Sm90_Swapped_128x128x64;
         assert_eq!(split_k(narrow, &Problem::new(128, 8192, 16384), 132, &H100), 2);
         assert_eq!(select(90, &Problem::new(128, 8192, 16384), 132, &H100, all), Some(narrow));
@@ -375,12 +320,12 @@ mod tests {
         assert_eq!(select(90, &Problem::new(128, 4096, 7168), 132, &H100, all), Some(narrow));
         assert!(cluster_reduced(narrow, 2) && !cluster_reduced(narrow, 1));
         // 40 tiles: clusters of 3 do not fit either (39), of 2 do, and 128x256 at split 2 is
-        // still the faster (56.5 vs 64.2 us for 128x128 split 3 at 128x10240x8192).
+        // still the faster.
         assert_eq!(split_k(wide, &Problem::new(128, 10240, 8192), 132, &H100), 2);
         assert_eq!(select(90, &Problem::new(128, 10240, 8192), 132, &H100, all), Some(wide));
         assert_eq!(select(90, &Problem::new(128, 10240, 8192), 132, &ANY_CLUSTERS, all), Some(wide)); // also against 128x128 swapped (80 tiles, no split)
-        // 16 tiles: 15 clusters of 8 or 7 fit, 17 of 6 (128x4096x7168: 30.2 us at split 6, 44.4 at
-        // 8); 24 tiles: 22 of 5, 30 of 4; 8 tiles: all 8 ranges.
+        // 16 tiles: 15 clusters of 8 or 7 fit, 17 of 6; 24 tiles: 22 of 5, 30 of 4; 8 tiles: all
+        // 8 ranges.
         for (p, s) in [(Problem::new(128, 4096, 7168), 6), (Problem::new(128, 4096, 16384), 6), (Problem::new(512, 1536, 7168), 4), (Problem::new(128, 2048, 7168), 8)] {
             assert_eq!(split_k(wide, &p, 132, &H100), s, "{p:?}");
         }
@@ -440,8 +385,7 @@ mod tests {
         for (m, n, k) in [(128, 4096, 7168), (128, 7168, 2048), (128, 3072, 1536), (128, 7168, 512), (128, 2048, 7168), (128, 1536, 7168), (128, 7168, 4096), (64, 7168, 2048), (128, 1024, 4096), (640, 7168, 2048), (384, 1536, 4096), (128, 16384, 7168), (640, 16384, 4096), (384, 4096, 7168), (128, 3072, 16384), (128, 7168, 8192)] {
             assert_eq!(select(90, &Problem::new(m, n, k), 132, &ANY_CLUSTERS, all), narrow, "{m}x{n}x{k}");
         }
-        // (128x7168x8192 is a tie since session 11: 32.8-32.9 vs 32.6-33.2 us back to back.)
-        // Long K ranges keep 128x256 (128x7168x16384: 54.4-54.8 vs 56.4-56.6 us), as do outputs
+        // Long K ranges keep 128x256, as do outputs
         // that fill the GPU with 128x256 tiles; 256x128 and the few-CTA cases (the
         // third-of-the-SMs rule) are as before.
         let wide = Config::Sm90_128x256x64;
