@@ -21,12 +21,35 @@ pub struct ConfigInfo {
     pub tile: [u32; 3],
     /// Cluster M x N.
     pub cluster: [u32; 2],
-    /// SM90: the kernel swaps the operands (the weights are wgmma's register operand, the
-    /// activations are decoded once per GEMM by a pre-pass into the workspace; one CTA per SM;
-    /// split-K reduced through a cluster). `BSG_SM90_SWAPPED` in the table.
-    pub swapped: bool,
+    /// The kernel family (`BSG_SM90_SCHEDULE` in the table for SM90).
+    pub schedule: Schedule,
     /// Output types the table builds for this architecture.
     pub outputs: &'static [OutType],
+}
+
+/// How a configuration's kernel is built: its main-loop schedule.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Schedule {
+    /// SM100: CUTLASS's block-scaled UMMA kernel.
+    Cutlass,
+    /// SM90: both operands decoded into shared memory per CTA, SS wgmma, two CTAs per SM.
+    SmemDecode,
+    /// SM90, operands swapped: the weights are wgmma's register operand, the activations are
+    /// decoded once per GEMM by a pre-pass into the workspace; one CTA per SM; split-K reduced
+    /// through a cluster.
+    SwappedRegisterDecode,
+    /// SM90, small M (decode steps, MoE experts): the weights stream through the SM and are
+    /// decoded into mma.sync fragments, the activations are decoded in the kernel (one launch, no
+    /// workspace but split-K's); tile M is 8 to 64 token rows.
+    StreamWeights,
+}
+
+impl ConfigInfo {
+    /// SM90 with the operands swapped ([`Schedule::SwappedRegisterDecode`]).
+    pub fn swapped(&self) -> bool {
+        self.schedule == Schedule::SwappedRegisterDecode
+    }
 }
 
 impl std::fmt::Display for Config {
@@ -127,7 +150,7 @@ pub type ClusterCounts = [usize; SM90_MAX_CLUSTER_SPLIT as usize - 1];
 /// Whether `config` reduces a split of `split_k` ranges through a cluster of that many CTAs.
 pub fn cluster_reduced(config: Config, split_k: u32) -> bool {
     let i = config.info();
-    i.arch == 90 && i.swapped && (2..=SM90_MAX_CLUSTER_SPLIT).contains(&split_k)
+    i.swapped() && (2..=SM90_MAX_CLUSTER_SPLIT).contains(&split_k)
 }
 
 /// Cluster counts that no GPU limits: for callers that do not know their device's (see
@@ -150,8 +173,12 @@ pub fn split_k(config: Config, p: &Problem, sm_count: usize, max_clusters: &Clus
     }
     let tiles = config.tiles(p);
     let k_tiles = p.k.div_ceil(i.tile[2] as usize);
+    if i.schedule == Schedule::StreamWeights {
+        // One CTA per SM: as many ranges as fit, each of at least two raw stages (8 k-tiles).
+        return (sm_count / tiles).min(k_tiles / 8).clamp(1, STREAM_MAX_SPLIT) as u32;
+    }
     let ranges = |ctas: usize| (ctas / tiles).min(k_tiles / 4).clamp(1, 16);
-    if !i.swapped {
+    if !i.swapped() {
         let two = ranges(2 * sm_count);
         return if k_tiles / two >= 28 { two } else { ranges(sm_count) } as u32;
     }
@@ -164,6 +191,12 @@ pub fn split_k(config: Config, p: &Problem, sm_count: usize, max_clusters: &Clus
     }
     split
 }
+
+/// K ranges of a small-M (stream) launch at most.
+const STREAM_MAX_SPLIT: usize = 32;
+
+/// The small-M configs by tile M, smallest first.
+const STREAM: [Config; 4] = [Config::Sm90_Stream_8x128x64, Config::Sm90_Stream_16x128x64, Config::Sm90_Stream_32x128x64, Config::Sm90_Stream_64x64x64];
 
 /// Modelled time (microseconds, H100 SXM) of the swapped 128x256 or 128x128 tile on `p` at
 /// `split`: per wave, the fixed costs (first raw stage; after the loop the cluster reduction or
@@ -190,6 +223,10 @@ pub fn select(arch: u32, p: &Problem, sm_count: usize, max_clusters: &ClusterCou
         }
     }
     if arch == 90 {
+        // Small M (at most 64 token rows): the stream tile of the fewest rows that holds M.
+        if let Some(c) = STREAM.into_iter().find(|c| p.m <= c.info().tile[0] as usize && candidates.contains(c)) {
+            return Some(c);
+        }
         // Split-K fills the GPU for small outputs, so the choice is about tile efficiency
         // (evidence: bench/DESIGN.md §8):
         // - a swapped tile once its CTAs, split-K included, occupy a third of the SMs, else the
@@ -243,6 +280,11 @@ mod tests {
                 assert_eq!(info.tile[0], 256);
             } else if *c == Config::Sm90_256x128x64 {
                 assert_eq!(info.tile, [256, 128, 64]);
+            } else if info.schedule == Schedule::StreamWeights {
+                // What the stream Tile static_asserts: 8 to 64 token rows, whole float4s per
+                // thread of the summed tile.
+                assert!(info.arch == 90 && [8, 16, 32, 64].contains(&info.tile[0]) && [64, 128].contains(&info.tile[1]), "{c}");
+                assert_eq!(info.tile[0] * info.tile[1] % 1024, 0, "{c}");
             } else {
                 assert_eq!(info.tile[0], 128);
             }
@@ -251,13 +293,13 @@ mod tests {
             // What the SM90 kernel's Tile static_asserts, checked here on the table: 128x256 and
             // 256x128 exist only swapped, 128x64 only not, 128x128 both ways.
             let t = [info.tile[0], info.tile[1]];
-            if info.swapped {
+            if info.swapped() {
                 assert!(info.arch == 90 && [[128, 256], [256, 128], [128, 128]].contains(&t), "{c}");
-            } else if info.arch == 90 {
-                assert!([[128, 64], [128, 128]].contains(&t), "{c}");
+            } else if info.schedule == Schedule::SmemDecode {
+                assert!(info.arch == 90 && [[128, 64], [128, 128]].contains(&t), "{c}");
             }
         }
-        assert!(Config::Sm90_Swapped_128x128x64.info().swapped && !Config::Sm90_128x128x64.info().swapped);
+        assert!(Config::Sm90_Swapped_128x128x64.info().swapped() && !Config::Sm90_128x128x64.info().swapped());
         assert_eq!(Config::from_name("nope"), None);
     }
 
@@ -340,6 +382,28 @@ mod tests {
     }
 
     #[test]
+    fn small_m_takes_the_stream_tiles() {
+        let all = |_| true;
+        let s8 = Config::Sm90_Stream_8x128x64;
+        for (m, c) in [(1, s8), (8, s8), (9, Config::Sm90_Stream_16x128x64), (16, Config::Sm90_Stream_16x128x64), (17, Config::Sm90_Stream_32x128x64), (33, Config::Sm90_Stream_64x64x64), (64, Config::Sm90_Stream_64x64x64)] {
+            assert_eq!(select(90, &Problem::new(m, 4096, 7168), 132, &ANY_CLUSTERS, all), Some(c), "M = {m}");
+            assert_eq!(c.info().schedule, Schedule::StreamWeights);
+        }
+        assert_ne!(select(90, &Problem::new(65, 4096, 7168), 132, &ANY_CLUSTERS, all).unwrap().info().schedule, Schedule::StreamWeights);
+        // Without the stream tiles the earlier rule answers.
+        let no_stream = |c: Config| c.info().schedule != Schedule::StreamWeights;
+        assert_eq!(select(90, &Problem::new(1, 4096, 7168), 132, &ANY_CLUSTERS, no_stream), Some(Config::Sm90_Swapped_128x128x64));
+        // One CTA per SM: K ranges fill the SMs the tiles leave, each of at least 8 k-tiles.
+        assert_eq!(split_k(s8, &Problem::new(1, 4096, 7168), 132, &ANY_CLUSTERS), 4); // 32 tiles
+        assert_eq!(split_k(s8, &Problem::new(1, 7168, 16384), 132, &ANY_CLUSTERS), 2); // 56 tiles
+        assert_eq!(split_k(Config::Sm90_Stream_64x64x64, &Problem::new(64, 4096, 7168), 132, &ANY_CLUSTERS), 2); // 64 tiles
+        assert_eq!(split_k(s8, &Problem::new(1, 512, 16384), 132, &ANY_CLUSTERS), 32); // 4 tiles, at most 32 ranges
+        assert_eq!(split_k(s8, &Problem::new(1, 128, 256), 132, &ANY_CLUSTERS), 1); // 4 k-tiles
+        assert_eq!(split_k(s8, &Problem::new(1, 4096, 7168).batch(4), 132, &ANY_CLUSTERS), 1); // 128 tiles over the batches
+        assert!(!cluster_reduced(s8, 2));
+    }
+
+    #[test]
     fn shape_table_and_general_rule() {
         let all = |_| true;
         assert_eq!(select(100, &Problem::new(128, 7168, 16384), 148, &ANY_CLUSTERS, all), Some(Config::Sm100_1Sm_128x64x256));
@@ -382,7 +446,7 @@ mod tests {
         // short K ranges, where the fixed costs weigh, or more CTAs.
         let all = every;
         let narrow = Some(Config::Sm90_Swapped_128x128x64);
-        for (m, n, k) in [(128, 4096, 7168), (128, 7168, 2048), (128, 3072, 1536), (128, 7168, 512), (128, 2048, 7168), (128, 1536, 7168), (128, 7168, 4096), (64, 7168, 2048), (128, 1024, 4096), (640, 7168, 2048), (384, 1536, 4096), (128, 16384, 7168), (640, 16384, 4096), (384, 4096, 7168), (128, 3072, 16384), (128, 7168, 8192)] {
+        for (m, n, k) in [(128, 4096, 7168), (128, 7168, 2048), (128, 3072, 1536), (128, 7168, 512), (128, 2048, 7168), (128, 1536, 7168), (128, 7168, 4096), (128, 1024, 4096), (640, 7168, 2048), (384, 1536, 4096), (128, 16384, 7168), (640, 16384, 4096), (384, 4096, 7168), (128, 3072, 16384), (128, 7168, 8192)] {
             assert_eq!(select(90, &Problem::new(m, n, k), 132, &ANY_CLUSTERS, all), narrow, "{m}x{n}x{k}");
         }
         // Long K ranges keep 128x256, as do outputs

@@ -113,7 +113,7 @@ fn cluster_split_rule_agrees_with_the_kernels() {
     let p = Problem::new(130, 7168, 8224).batch(2);
     let mut checked = 0;
     for c in built_configs().into_iter().filter(|c| c.info().arch == 90) {
-        let swapped = c.info().swapped;
+        let swapped = c.info().swapped();
         let pre = if swapped { 256 * 1024 + 2 * p.l * p.m * p.k.div_ceil(64) * 64 } else { 0 };
         for &out in c.info().outputs.iter().filter(|o| c.is_built(**o)) {
             for split in 1u32..=9 {

@@ -4,7 +4,7 @@
 use blockscaled_gemm::compare::{compare, compare_fp4, verify_matrices};
 use blockscaled_gemm::fp4_out::sfd_from_f32;
 use blockscaled_gemm::reference::{self, Accumulation};
-use blockscaled_gemm::{reference_gemm, BlockScaledGemm, Config, Error, Nvfp4Matrix, Nvfp4Operand, Nvfp4Output, OutType, OutputElement, Problem};
+use blockscaled_gemm::{reference_gemm, BlockScaledGemm, Config, Error, Nvfp4Matrix, Nvfp4Operand, Nvfp4Output, OutType, OutputElement, Problem, Schedule};
 use cudarc::driver::CudaContext;
 use half::{bf16, f16};
 use std::sync::Arc;
@@ -33,6 +33,7 @@ fn main() {
         ("sm90_every_config_and_output", sm90_every_config_and_output),
         ("sm90_split_k_values_and_determinism", sm90_split_k_values_and_determinism),
         ("sm90_extreme_scales", sm90_extreme_scales),
+        ("sm90_small_m_every_output", sm90_small_m_every_output),
         ("sm90_contest_and_benchmark_shapes", sm90_contest_and_benchmark_shapes),
         ("sm90_workspace_reuse_across_shapes", sm90_workspace_reuse_across_shapes),
         ("sm90_split_k_clusters_fit_in_one_wave", sm90_split_k_clusters_fit_in_one_wave),
@@ -201,6 +202,41 @@ fn sm90_split_k_values_and_determinism() -> Outcome {
     Ok(())
 }
 
+/// The small-M family (issue 23): every token count named there, L = 2, every output type, through
+/// the rule's choice and through each stream config forced (more rows than its tile: several M
+/// tiles). N is not a multiple of the 128-row weight tile and K's 17 k-tiles end inside a raw
+/// stage. Contest data: 16- and 32-bit outputs bit for bit, also with alpha, beta and C; FP4
+/// outputs byte for byte.
+fn sm90_small_m_every_output() -> Outcome {
+    let g = hopper()?;
+    let (n, k, l) = (352, 1088, 2);
+    let streams: Vec<Config> = Config::ALL.iter().copied().filter(|c| c.info().schedule == Schedule::StreamWeights && c.is_built(OutType::F16)).collect();
+    assert!(!streams.is_empty(), "no stream config in this build");
+    let mut rng = blockscaled_gemm::SplitMix64::new(seed() ^ 0x5A);
+    let mut runs = 0;
+    for (i, m) in [1usize, 3, 16, 33, 64, 128, 200].into_iter().enumerate() {
+        let (a, b) = contest(m, n, k, l, 90 + i as u64);
+        let p = Problem::new(m, n, k).batch(l);
+        let mut configs = vec![g.select_config(&p, OutType::F16).unwrap()];
+        configs.extend(streams.iter().copied().filter(|c| !configs.contains(c)));
+        let c32: Vec<f32> = (0..l * m * n).map(|_| rng.below(33) as f32 - 16.0).collect();
+        for config in configs {
+            run_sm90::<f16>(&g, &a, &b, 1.0, 0.0, config, true);
+            run_sm90::<bf16>(&g, &a, &b, 0.5, 2.0, config, true);
+            run_sm90::<f32>(&g, &a, &b, -0.75, 0.5, config, true);
+            for out in [OutType::Nvfp4, OutType::Nvfp4Ue8m0] {
+                let p = p.scalars(0.5, 0.25).norm_constant(96.0);
+                let (ran, d, sfd) = run_fp4(&g, &p, out, &a, &b, Some(&c32), Some(config));
+                let (want_d, want_sfd) = reference::gemm_fp4(&p, a.data(), a.scales(), b.data(), b.scales(), Some(&c32), out.sfd().unwrap(), Accumulation::Exact).unwrap();
+                assert!(d == want_d && sfd == want_sfd, "{ran} {out} {m}x{n}x{k}x{l}: FP4 output differs from the reference");
+            }
+            runs += 5;
+        }
+    }
+    println!("  {runs} small-M runs equal to the reference");
+    Ok(())
+}
+
 fn sm90_extreme_scales() -> Outcome {
     let g = hopper()?;
     // Values and scales at the format's ends: codes +-6 and random, scales 0, 448 and 2^-9.
@@ -244,7 +280,7 @@ fn sm90_split_k_clusters_fit_in_one_wave() -> Outcome {
     }
     for (m, n, k) in [(128, 7168, 16384), (128, 8192, 16384), (1024, 1024, 8192), (256, 7168, 7168), (128, 16384, 4096), (128, 4096, 7168), (128, 4096, 16384), (128, 2048, 7168), (512, 1536, 7168)] {
         let p = Problem::new(m, n, k);
-        for c in Config::ALL.iter().copied().filter(|c| c.info().swapped) {
+        for c in Config::ALL.iter().copied().filter(|c| c.info().swapped()) {
             let s = blockscaled_gemm::config_split_k(c, &p, d.sm_count, &d.max_clusters);
             let tiles = c.tiles(&p);
             if blockscaled_gemm::cluster_reduced(c, s) {

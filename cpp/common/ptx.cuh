@@ -1,5 +1,5 @@
 // PTX wrappers the SM90 parts share: bulk and tensor copies into shared memory, distributed
-// shared memory, and the GMMA 128-byte swizzle on byte addresses.
+// shared memory, the GMMA 128-byte swizzle on byte addresses, mma.sync, programmatic launch.
 #pragma once
 
 #include <cuda.h>
@@ -39,6 +39,16 @@ __device__ __forceinline__ float4 ld_peer(uint32_t addr) {
 // the layout of GMMA::Layout_K_SW128_Atom tiled by tile_to_shape, on byte addresses.
 __device__ __forceinline__ uint32_t sw128_offset(int row, int chunk) {
   return uint32_t((row >> 3) * 1024 + (row & 7) * 128 + ((chunk ^ (row & 7)) << 4));
+}
+
+// d += A B for one m16n8k16 MMA: A (16 x 16, row-major) and B (16 x 8, column-major) FP16 in the
+// registers of the PTX fragment layout, FP32 accumulators.
+__device__ __forceinline__ void mma_m16n8k16_f16_f32(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
+                                                     uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
 // Lets the stream's next kernel, if launched programmatically, be scheduled; it waits for this

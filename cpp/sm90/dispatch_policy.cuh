@@ -13,15 +13,23 @@
 #include "cute/atom/mma_traits_sm90_gmma.hpp"
 #include "cute/tensor.hpp"
 
+// Small-M tile choices by token rows (BM): warps along K, raw stages. Experiments override them
+// through BSG_NVCC_DEFINES, e.g. "BSG_SM90_STREAM_WK(bm)=4".
+#ifndef BSG_SM90_STREAM_WK
+#define BSG_SM90_STREAM_WK(bm) ((bm) <= 16 ? 8 : 4)
+#endif
+#ifndef BSG_SM90_STREAM_STAGES
+#define BSG_SM90_STREAM_STAGES(bm) ((bm) <= 16 ? 4 : 6)
+#endif
+
 namespace bsg::sm90 {
 
 using namespace cute;
 
 constexpr int kBK = 64;          // K per MMA k-tile: one 128-byte swizzle row of FP16, one scale column block
 constexpr int kThreads = 256;    // the two compute warpgroups
-constexpr int kRawK = BSG_SM90_RAW_K;  // K per raw (packed) stage: kRawK / 2 contiguous bytes of every row
-constexpr int kSubs = kRawK / kBK;     // k-tiles per raw stage
-static_assert(kSubs >= 1 && kSubs * kBK == kRawK && kRawK / 2 <= 256, "raw stage K");
+constexpr int kRawK = BSG_SM90_RAW_K;  // K per raw (packed) stage of the wgmma tiles: kRawK / 2 contiguous bytes of every row
+static_assert(kRawK % kBK == 0 && kRawK / 2 <= 256, "raw stage K");
 
 // Split-K through the cluster's shared memory: up to the portable cluster size.
 constexpr int kMaxClusterSplit = BSG_SM90_MAX_CLUSTER_SPLIT;
@@ -34,6 +42,11 @@ struct MainloopSmemDecode {};
 // wgmma), the activations pre-decoded to FP16 once per GEMM (predecode.cuh) and loaded by TMA; a
 // producer warpgroup issues the loads, the two compute warpgroups take turns at the tensor cores.
 struct MainloopSwappedRegisterDecode {};
+// Small M (decode, MoE experts): the weights stream through a ring of raw stages and are decoded in
+// registers straight into mma.sync fragments (weights as the MMA's M, tokens as its N); each warp
+// decodes its own activation fragments from the same stage (no pre-pass); the eight warps split
+// each stage's k-tiles and the tile's weight rows; a producer warp issues.
+struct MainloopStreamWeights {};
 
 // Split-K reductions (split_k > 1): partial tiles in global memory, summed in split order by the
 // last CTA of a tile; or through the cluster's distributed shared memory.
@@ -65,6 +78,8 @@ struct Tile {
   using Mainloop = Schedule;
   static constexpr int kBM = BM;
   static constexpr int kBN = BN;
+  static constexpr int kRawK = ::bsg::sm90::kRawK;
+  static constexpr int kSubs = kRawK / kBK;  // k-tiles per raw stage
   // Swapped: each warpgroup owns BN / 2 weight rows, kMB 64-row M blocks of the MMA: 128x256 two
   // against 128 activation rows; 256x128 one against 256; 128x128 one against 128.
   static constexpr int kMB = BN / 128;
@@ -113,7 +128,77 @@ struct Tile {
   static constexpr int kAcc = kBM * BN / kThreads;  // accumulator floats per thread
   // Split-K through the cluster: the swapped tiles (one CTA per SM) only.
   static constexpr bool kClusterReduce = kSwap;
+  // What the shared parts read of every tile (with kRawK and kSubs above): the TMA boxes of a
+  // packed operand's stage (count along K, bytes each, swizzle), arrivals that free a raw slot,
+  // whether producer warps exit early (then the compute threads synchronize on a named barrier),
+  // and the row pitch in floats of the FP32 output tile in shared memory (unswapped: float2
+  // stores; swapped: transposed scalar stores; both free of bank conflicts).
+  static constexpr int kBoxesK = 1;
+  static constexpr int kBoxBytesK = kRawK / 2;
+  static constexpr bool kSwizzleRaw = false;
+  static constexpr int kEmptyArrivals = kThreads;
+  static constexpr bool kProducerExits = kSwap;
+  static constexpr int kEpiLd = BN + (kSwap ? 4 : 8);
+  // Launched programmatically behind the previous kernel: the swapped tiles behind their pre-pass
+  // (only the activations wait for it); the unswapped kernel never waits, so it is not.
+  static constexpr bool kProgrammatic = kPreA;
 };
+
+// The small-M tile: BM tokens x BN weight rows. Eight compute warps: kWk along K (k-tile j of a
+// raw stage belongs to warp row j), kWn along N (kRW m16 blocks of weight rows each). A raw stage
+// holds kWk k-tiles of both operands as TMA boxes of 128-byte rows in the 128-byte swizzle (so the
+// fragment loads of eight rows at one K offset hit distinct banks) and their scale chunks; one
+// producer warp issues the stages and exits. Accumulators: kRW x (BM / 8) m16n8 fragments per
+// thread, summed over the warp rows in shared memory after the loop.
+template <int BM, int BN>
+struct Tile<BM, BN, MainloopStreamWeights> {
+  using Mainloop = MainloopStreamWeights;
+  static constexpr bool kSwap = false;
+  static constexpr bool kPreA = false;
+  static constexpr bool kClusterReduce = false;
+  static constexpr bool kSwap128 = false;
+  static constexpr int kBM = BM;
+  static constexpr int kBN = BN;
+  static constexpr int kWk = BSG_SM90_STREAM_WK(BM);
+  static constexpr int kWn = 8 / kWk;
+  static constexpr int kRW = BN / (16 * kWn);
+  static constexpr int kNT = BM / 8;
+  static_assert(BM % 8 == 0 && BM <= 64 && (kWk == 4 || kWk == 8) && kRW >= 1 && kRW * 16 * kWn == BN && BN <= 128, "stream tile");
+  static constexpr int kRawK = kBK * kWk;
+  static constexpr int kSubs = kWk;
+  static constexpr int kBoxesK = kWk / 4;
+  static constexpr int kBoxBytesK = 128;
+  static constexpr bool kSwizzleRaw = true;
+  static constexpr int kSfChunksB = 1;
+  static constexpr int kRawA = BM * kRawK / 2;
+  static constexpr int kRawB = BN * kRawK / 2;
+  static constexpr int kSfStage = kSubs * 512;
+  static constexpr int kSfA = kRawA + kRawB;           // A's scales in a raw stage
+  static constexpr int kSfB = kRawA + kRawB + kSfStage;  // B's scales
+  static constexpr int kRawBytes = kSfB + kSfStage;
+  static constexpr int kRawStages = BSG_SM90_STREAM_STAGES(BM);
+  static constexpr int kEmptyArrivals = 8;  // one per compute warp
+  static constexpr bool kProducerExits = true;
+  static constexpr bool kProgrammatic = true;  // every thread waits before its first global access
+  static constexpr int kLaunchThreads = kThreads + 32;
+  static constexpr int kEpiLd = BN + 4;
+  // Per-thread floats of the output tile once the warp rows are summed: whole float4 units.
+  static constexpr int kAcc = BM * BN / kThreads;
+  static_assert(kAcc % 4 == 0, "stream tile: the summed tile is whole float4s per thread");
+  // kWk slabs of the FP32 tile for the sum over warp rows; they reuse the raw stages.
+  static constexpr int kSlab = BM * kEpiLd * 4;
+  static constexpr int kSmem = 1024 + (kRawStages * kRawBytes > kWk * kSlab ? kRawStages * kRawBytes : kWk * kSlab);
+  static constexpr int kMinBlocks = 1;
+  static_assert(kRawA % 1024 == 0 && kRawB % 1024 == 0 && kRawBytes % 1024 == 0, "swizzled boxes start at 1024-byte boundaries");
+};
+
+// The compute threads' barrier. Where producer warps exit early, a named barrier over the kThreads
+// compute threads: barrier 0 spans the whole CTA, exited warps included.
+template <class T>
+__device__ __forceinline__ void compute_sync() {
+  if constexpr (T::kProducerExits) asm volatile("bar.sync 1, %0;\n" ::"n"(kThreads) : "memory");
+  else __syncthreads();
+}
 
 // What an output tag means to the kernel: N's multiple (16 bytes of D) and, for FP4 output
 // (Fp4Out<Sf>, whose C is f32), the scale-factor type.

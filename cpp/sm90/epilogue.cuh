@@ -20,7 +20,7 @@ template <class T>
 struct EpilogueTile {
   // Floats per row of the FP32 tile in shared memory, chosen so the accumulator stores are free of
   // bank conflicts (unswapped: float2 stores; swapped: transposed scalar stores).
-  static constexpr int kLd = T::kBN + (T::kSwap ? 4 : 8);
+  static constexpr int kLd = T::kEpiLd;
   static_assert(T::kBM * kLd * 4 <= T::kSmem - 1024, "the epilogue tile fits the kernel's shared memory");
 
   // The accumulators into the FP32 tile (row-major over the output tile, transposed back for the
@@ -44,7 +44,7 @@ struct EpilogueTile {
 
 template <class T, class OutT, class Reduce>
 struct Epilogue {
-  static constexpr int kBM = T::kBM, BN = T::kBN, kLd = EpilogueTile<T>::kLd;
+  static constexpr int kBM = T::kBM, BN = T::kBN, kLd = T::kEpiLd;
 
   __device__ __forceinline__ static void run(const Params& p, const TileWork& w, const float* tile_s, int tid) {
     constexpr int kW = 16 / sizeof(OutT);  // elements per 16 bytes; N % kW == 0
@@ -91,12 +91,14 @@ struct Epilogue {
       stamp(7);
       cute::cluster_sync();  // no CTA leaves while a peer still reads its shared memory
     } else {
-      __syncthreads();
-      // Unrolled, with 16-byte shared-memory loads.
-      static_assert(kBM * BN / kW % kThreads == 0, "whole chunks per thread");
+      compute_sync<T>();
+      // Unrolled, with 16-byte shared-memory loads; tiles of fewer chunks than threads leave the
+      // rest idle.
+      constexpr int kChunks = kBM * BN / kW;
       CUTE_UNROLL
-      for (int it = 0; it < kBM * BN / kW / kThreads; ++it) {
+      for (int it = 0; it < (kChunks + kThreads - 1) / kThreads; ++it) {
         const int chunk = tid + it * kThreads;
+        if (kChunks % kThreads != 0 && chunk >= kChunks) break;
         const int r = chunk / (BN / kW), col = (chunk % (BN / kW)) * kW;
         float4 v[kW / 4];
         CUTE_UNROLL

@@ -61,7 +61,7 @@ __device__ __forceinline__ void fp4_epilogue(const Params& p, const float* tile_
 
 template <class T, class Sf, class Reduce>
 struct Epilogue<T, Fp4Out<Sf>, Reduce> {
-  static constexpr int kBM = T::kBM, BN = T::kBN, kLd = EpilogueTile<T>::kLd;
+  static constexpr int kBM = T::kBM, BN = T::kBN, kLd = T::kEpiLd;
 
   __device__ __forceinline__ static void run(const Params& p, const TileWork& w, float* tile_s, int tid) {
     int r0 = 0, r1 = kBM;  // the rows of the tile this CTA writes out
@@ -88,7 +88,7 @@ struct Epilogue<T, Fp4Out<Sf>, Reduce> {
         if (r < r1) *reinterpret_cast<float4*>(tile_s + r * kLd + col) = sum[j];
       }
     }
-    __syncthreads();
+    compute_sync<T>();
     fp4_epilogue<Sf, BN>(p, tile_s, kLd, w.m0, w.n0, w.batch, r0, r1);
   }
 };

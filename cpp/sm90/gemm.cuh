@@ -18,18 +18,24 @@
 #include "cutlass/cutlass.h"
 #include "sm90/dispatch_policy.cuh"
 #include "sm90/kernel.cuh"
+#include "sm90/kernel_stream.cuh"
 #include "sm90/predecode.cuh"
 #include "sm90/tile_scheduler.cuh"
 
 namespace bsg::sm90 {
 
-template <int BM, int BN, class Schedule, class OutT>
+// The kernel a tile's schedule launches, per split-K reduction.
+template <class T, class OutT, class Reduce, class Schedule = typename T::Mainloop>
+inline constexpr auto kKernel = &gemm_kernel<T, OutT, Reduce>;
+template <class T, class OutT, class Reduce>
+inline constexpr auto kKernel<T, OutT, Reduce, MainloopStreamWeights> = &stream_kernel<T, OutT>;
+
+template <class T, class OutT>
 struct Gemm {
-  using T = Tile<BM, BN, Schedule>;
   using Sched = TileScheduler<T>;
   // The instance a split of 2 to kMaxClusterSplit launches (the global one where T has none).
   using SplitReduce = std::conditional_t<T::kClusterReduce, ReduceCluster, ReduceGlobal>;
-  static constexpr int kBM = BM;
+  static constexpr int kBM = T::kBM, BN = T::kBN;
 
   static int64_t tiles(const KernelArgs& a) { return Sched::tiles(a); }
 
@@ -42,10 +48,11 @@ struct Gemm {
            (a.split_k == 1 || tiles(a) <= Sched::kMaxSplitTiles);
   }
 
-  // TMA descriptor of a packed operand: (row_bytes, rows, batch) bytes, boxes of kRawK / 2 bytes x
-  // box_rows rows; or (f16) of the pre-decoded activations: (row_bytes / 2, rows, batch) halves,
-  // boxes of 64 halves x box_rows rows in the GMMA 128-byte swizzle. Reads past a row, the rows or
-  // the batch are zero-filled.
+  // TMA descriptor of a packed operand: (row_bytes, rows, batch) bytes, boxes of the tile's
+  // kBoxBytesK bytes x box_rows rows (in the 128-byte swizzle where the tile says so); or (f16) of
+  // the pre-decoded activations: (row_bytes / 2, rows, batch) halves, boxes of 64 halves x
+  // box_rows rows in the GMMA 128-byte swizzle. Reads past a row, the rows or the batch are
+  // zero-filled.
   static bool encode(CUtensorMap* map, const void* base, int64_t row_bytes, int64_t rows, int64_t batch, uint32_t box_rows,
                      bool f16 = false) {
     static PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
@@ -59,10 +66,11 @@ struct Gemm {
     if (!fn) return false;
     const cuuint64_t dims[3] = {cuuint64_t(f16 ? row_bytes / 2 : row_bytes), cuuint64_t(rows), cuuint64_t(batch)};
     const cuuint64_t strides[2] = {cuuint64_t(row_bytes), cuuint64_t(row_bytes * rows)};
-    const cuuint32_t box[3] = {f16 ? uint32_t(kBK) : uint32_t(kRawK / 2), box_rows, 1};
+    const cuuint32_t box[3] = {f16 ? uint32_t(kBK) : uint32_t(T::kBoxBytesK), box_rows, 1};
     const cuuint32_t elem[3] = {1, 1, 1};
+    const bool swizzle = f16 || T::kSwizzleRaw;
     return fn(map, f16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_UINT8, 3, const_cast<void*>(base), dims, strides,
-              box, elem, CU_TENSOR_MAP_INTERLEAVE_NONE, f16 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_NONE,
+              box, elem, CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_NONE,
               CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
   }
 
@@ -77,9 +85,9 @@ struct Gemm {
     static std::atomic<uint64_t> configured{0};  // devices whose shared-memory limit is raised
     const uint64_t bit = uint64_t(1) << (a.device_id & 63);
     if (!(configured.load() & bit)) {
-      cudaError_t e = cudaFuncSetAttribute(gemm_kernel<T, OutT, ReduceGlobal>, cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmem);
+      cudaError_t e = cudaFuncSetAttribute(kKernel<T, OutT, ReduceGlobal>, cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmem);
       if (e == cudaSuccess && T::kClusterReduce)
-        e = cudaFuncSetAttribute(gemm_kernel<T, OutT, SplitReduce>, cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmem);
+        e = cudaFuncSetAttribute(kKernel<T, OutT, SplitReduce>, cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmem);
       if (e == cudaSuccess && T::kPreA) e = cudaFuncSetAttribute(predecode_a, cudaFuncAttributeMaxDynamicSharedMemorySize, kPreSmem);
       if (e != cudaSuccess) return {int32_t(cutlass::Status::kErrorInternal), int32_t(e), 0};
       configured.fetch_or(bit);
@@ -115,9 +123,9 @@ struct Gemm {
              reinterpret_cast<uint8_t*>(a.sfd), a.norm_constant};
     const dim3 grid(unsigned(tiles(a)), unsigned(a.split_k));
     const bool cluster = Sched::cluster_reducible(a.split_k);
-    const KernelLaunch launch(grid, T::kLaunchThreads, cluster ? a.split_k : 1, T::kSmem, stream, T::kPreA);
-    const cudaError_t e = cluster ? cudaLaunchKernelEx(&launch.cfg, gemm_kernel<T, OutT, SplitReduce>, p, map_a, map_b)
-                                  : cudaLaunchKernelEx(&launch.cfg, gemm_kernel<T, OutT, ReduceGlobal>, p, map_a, map_b);
+    const KernelLaunch launch(grid, T::kLaunchThreads, cluster ? a.split_k : 1, T::kSmem, stream, T::kProgrammatic);
+    const cudaError_t e = cluster ? cudaLaunchKernelEx(&launch.cfg, kKernel<T, OutT, SplitReduce>, p, map_a, map_b)
+                                  : cudaLaunchKernelEx(&launch.cfg, kKernel<T, OutT, ReduceGlobal>, p, map_a, map_b);
     return {int32_t(e == cudaSuccess ? cutlass::Status::kSuccess : cutlass::Status::kErrorInternal), int32_t(e), 0};
   }
 
@@ -136,16 +144,13 @@ struct OutType<cutlass::half_t> { using type = __half; };
 template <>
 struct OutType<cutlass::bfloat16_t> { using type = __nv_bfloat16; };
 
-template <bool kSwapped>
-using Schedule = std::conditional_t<kSwapped, MainloopSwappedRegisterDecode, MainloopSmemDecode>;
-
 }  // namespace bsg::sm90
 
 // Used by the generated translation units. The SM90 tile is tm x tn x 64 on one SM, no cluster in
-// the table (the kernel forms its own for split-K); swapped: the table's BSG_SM90_SWAPPED list
-// names the config.
-#define BSG_SM90_KERNEL(fn, sms, tm, tn, tk, cm, cn, out_type, swapped)                                                        \
-  static_assert((sms) == 1 && (tk) == 64 && (cm) == 1 && (cn) == 1, "SM90 tile");                                              \
-  bsg::KernelEntry fn() {                                                                                                      \
-    return bsg::sm90::Gemm<tm, tn, bsg::sm90::Schedule<swapped>, typename bsg::sm90::OutType<out_type>::type>::entry(); \
+// the table (the kernel forms its own for split-K); the schedule is the tag the table's
+// BSG_SM90_SCHEDULE lines give the config (MainloopSmemDecode where none does).
+#define BSG_SM90_KERNEL(fn, sms, tm, tn, tk, cm, cn, out_type, schedule)                                                          \
+  static_assert((sms) == 1 && (tk) == 64 && (cm) == 1 && (cn) == 1, "SM90 tile");                                                 \
+  bsg::KernelEntry fn() {                                                                                                         \
+    return bsg::sm90::Gemm<bsg::sm90::Tile<tm, tn, bsg::sm90::schedule>, typename bsg::sm90::OutType<out_type>::type>::entry(); \
   }

@@ -17,7 +17,7 @@ struct CollectiveMainloop;
 
 // One operand's share of a k-tile for one thread: `kRows` rows of 32 packed bytes, two 16-byte
 // halves each; units u = tid + j * kThreads map to (row u / 2, half u % 2).
-template <int kRows>
+template <class T, int kRows>
 struct Operand {
   static constexpr int kUnits = (kRows * 2 + kThreads - 1) / kThreads;
   // Every unit of every thread is a real one: no per-unit branch, which would keep the compiler
@@ -33,9 +33,9 @@ struct Operand {
     for (int j = 0; j < kUnits; ++j) {
       const int u = tid + j * kThreads, r = u / 2, h = u % 2;
       active[j] = u < kRows * 2;
-      raw_off[j] = r * (kRawK / 2) + h * 16;
+      raw_off[j] = r * (T::kRawK / 2) + h * 16;
       const int in_block = row_in_block0 + r;  // row within the operand's 128-row scale chunks
-      sf_off[j] = (in_block / 128) * (kSubs * 512) + sf_in_chunk(in_block % 128, 2 * h);
+      sf_off[j] = (in_block / 128) * (T::kSubs * 512) + sf_in_chunk(in_block % 128, 2 * h);
       CUTE_UNROLL
       for (int c = 0; c < 4; ++c) dec_off[j][c] = sw128_offset(r, h * 4 + c);
     }
@@ -92,17 +92,17 @@ struct CollectiveMainloop<Tile<BM, BN, MainloopSmemDecode>> {
     constexpr int kBM = BM;
     const int n_kt = w.n_kt;
     BSG_TRACE_INIT
-    Operand<kBM> opA;
-    Operand<BN> opB;
+    Operand<T, kBM> opA;
+    Operand<T, BN> opB;
     opA.init(0, tid);
     opB.init(w.n0 % 128, tid);
     // Decode MMA k-tile i of this split into FP16 buffer `buf`.
     auto decode = [&](int i, int buf) {
       if constexpr ((BSG_SM90_ABLATE & 1) != 0) return;
-      const uint8_t* base = raw + ((i / kSubs) % T::kRawStages) * T::kRawBytes;
-      const int sub = i % kSubs;
-      RawUnits<Operand<kBM>::kUnits> ra;
-      RawUnits<Operand<BN>::kUnits> rb;
+      const uint8_t* base = raw + ((i / T::kSubs) % T::kRawStages) * T::kRawBytes;
+      const int sub = i % T::kSubs;
+      RawUnits<Operand<T, kBM>::kUnits> ra;
+      RawUnits<Operand<T, BN>::kUnits> rb;
       uint8_t* dec_a = reinterpret_cast<uint8_t*>(decA) + buf * (kBM * kBK * 2);
       uint8_t* dec_b = reinterpret_cast<uint8_t*>(decB) + buf * (BN * kBK * 2);
       if constexpr ((BSG_SM90_ABLATE & 16) == 0) ra.load(opA, base, base + T::kRawA + T::kRawB, sub);
@@ -120,13 +120,13 @@ struct CollectiveMainloop<Tile<BM, BN, MainloopSmemDecode>> {
     constexpr int kAhead = T::kDecBufs - 1;
     static_assert(kAhead == 1, "unswapped tiles: two decoded buffers");
     for (int j = 0; j < kAhead && j < n_kt; ++j) {
-      if (j % kSubs == 0) pipe.wait(j / kSubs);
+      if (j % T::kSubs == 0) pipe.wait(j / T::kSubs);
       decode(j, j);
     }
     cutlass::arch::fence_view_async_shared();  // generic-proxy stores, read next by wgmma
     __syncthreads();
     for (int j = 0; j < kAhead; ++j) {
-      if (tid == 0 && pipe.stage_done(j)) pipe.issue(j / kSubs + T::kRawStages);
+      if (tid == 0 && pipe.stage_done(j)) pipe.issue(j / T::kSubs + T::kRawStages);
     }
     stamp(1);
     for (int i = 0; i < n_kt; ++i) {
@@ -142,11 +142,11 @@ struct CollectiveMainloop<Tile<BM, BN, MainloopSmemDecode>> {
       // Thread 0 refills the slot the previous k-tile finished, behind its wgmma issue rather than
       // ahead of it: issuing a stage stalls the issuing warp, and the warpgroup's wgmma waits for
       // all its warps.
-      if (tid == 0 && i > 0 && pipe.stage_done(i - 1 + kAhead)) pipe.issue((i - 1 + kAhead) / kSubs + T::kRawStages);
+      if (tid == 0 && i > 0 && pipe.stage_done(i - 1 + kAhead)) pipe.issue((i - 1 + kAhead) / T::kSubs + T::kRawStages);
       BSG_TRACE(i, 1);
       const int j = i + kAhead;
       if (j < n_kt) {  // decode a later k-tile while the tensor cores work
-        if (j % kSubs == 0) pipe.wait(j / kSubs);
+        if (j % T::kSubs == 0) pipe.wait(j / T::kSubs);
         decode(j, j % T::kDecBufs);
         cutlass::arch::fence_view_async_shared();
       }

@@ -71,17 +71,17 @@ struct CollectiveMainloop<Tile<BM, BN, MainloopSwappedRegisterDecode>> {
     // 128 rows further of block 1 (the RS atom's A layout, two warpgroups along M), so every row's
     // raw bytes and scale lie at constant offsets from the first's (r % 32 + 8 < 32).
     const int w_row = (tid / 128) * 64 + ((tid % 128) / 32) * 16 + (tid % 32) / 4;
-    const int w_raw = T::kRawA + w_row * (kRawK / 2) + 8 * (tid % 4);
+    const int w_raw = T::kRawA + w_row * (T::kRawK / 2) + 8 * (tid % 4);
     const int w_sf = T::kSfB + sf_in_chunk(w_row, tid % 4);
     // M block mb of k-tile i. One call per block: a loop over both blocks scheduled worse.
     auto decode_w = [&](int i, auto& frag, int mb) {
       if constexpr ((BSG_SM90_ABLATE & 1) != 0) return;
-      const uint8_t* base = raw + ((i / kSubs) % T::kRawStages) * T::kRawBytes;
-      const int sub = i % kSubs;
+      const uint8_t* base = raw + ((i / T::kSubs) % T::kRawStages) * T::kRawBytes;
+      const int sub = i % T::kSubs;
       auto regs = recast<uint32_t>(frag);  // register (pair + 2 hi + 4 block + 4 kMB step)
       CUTE_UNROLL
       for (int h = 0; h < 2; ++h) {
-        const uint2 q = *reinterpret_cast<const uint2*>(base + w_raw + (8 * h + 128 * mb) * (kRawK / 2) + sub * 32);
+        const uint2 q = *reinterpret_cast<const uint2*>(base + w_raw + (8 * h + 128 * mb) * (T::kRawK / 2) + sub * 32);
         const uint32_t sf = e4m3x2_to_f16x2(base[w_sf + 8 * h * 16 + mb * T::kSfStage + sub * 512]);  // low half
         uint4 v0, v1;
         if constexpr (T::kWScaleLow) {
@@ -110,12 +110,12 @@ struct CollectiveMainloop<Tile<BM, BN, MainloopSwappedRegisterDecode>> {
     Tensor frag1b = make_tensor<half_t>(FragLayout{});
     // Decodes k-tiles j .. j + kTurn - 1 (those below n_kt), waiting for each raw stage first.
     auto decode_turn = [&](int j, auto& fa, auto& fb) {
-      if (j % kSubs == 0) pipe.wait(j / kSubs);
+      if (j % T::kSubs == 0) pipe.wait(j / T::kSubs);
       decode_w(j, fa, 0);
       if constexpr (T::kMB == 2) decode_w(j, fa, 1);
       if constexpr (kTurn == 2) {
         if (j + 1 < n_kt) {
-          if ((j + 1) % kSubs == 0) pipe.wait((j + 1) / kSubs);
+          if ((j + 1) % T::kSubs == 0) pipe.wait((j + 1) / T::kSubs);
           decode_w(j + 1, fb, 0);
         }
       }

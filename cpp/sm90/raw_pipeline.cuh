@@ -1,7 +1,7 @@
 // The SM90 main loops' loads: a ring of kRawStages raw stages in shared memory, each filled by one
-// thread (TMA boxes of packed FP4 rows or pre-decoded FP16 activations, bulk copies of the scale
-// chunks) and completing on its "full" mbarrier; with a producer warpgroup, a stage is refilled
-// once every compute thread has arrived on its "empty" mbarrier.
+// thread (TMA boxes of packed FP4 rows, kBoxesK along K, or of pre-decoded FP16 activations; bulk
+// copies of the scale chunks) and completing on its "full" mbarrier; with producer warps, a stage
+// is refilled once T::kEmptyArrivals compute threads have arrived on its "empty" mbarrier.
 #pragma once
 
 #include <cuda.h>
@@ -48,35 +48,37 @@ struct RawPipeline {
   __device__ __forceinline__ void init_barriers() const {
     for (int s = 0; s < T::kRawStages; ++s) {
       cutlass::arch::ClusterTransactionBarrier::init(&full[s], 1);
-      cutlass::arch::ClusterBarrier::init(&empty[s], kThreads);
+      cutlass::arch::ClusterBarrier::init(&empty[s], T::kEmptyArrivals);
     }
     cutlass::arch::fence_barrier_init();
   }
 
-  // Raw stage r (k-tiles kt_begin + kSubs r ...), the copies `what` names.
+  // Raw stage r (k-tiles kt_begin + T::kSubs r ...), the copies `what` names.
   __device__ __forceinline__ void issue(int r, int what = kIssueA | kIssueB) const {
     constexpr int kBM = T::kBM;
     const int slot = r % T::kRawStages;
     const uint32_t bar = static_cast<uint32_t>(__cvta_generic_to_shared(&full[slot]));
     const uint32_t base = raw_s + slot * T::kRawBytes;
-    const int kt = w.kt_begin + kSubs * r;
-    const uint32_t sf_bytes = min(kSubs, w.kt_end - kt) * 512;
+    const int kt = w.kt_begin + T::kSubs * r;
+    const uint32_t sf_bytes = min(T::kSubs, w.kt_end - kt) * 512;
     // kPreA: every box of FP16 activations is whole (zero-filled past K_pad, M or the batch).
-    constexpr uint32_t kPreBytes = T::kPreA ? kSubs * kBM * kBK * 2 : 0;
+    constexpr uint32_t kPreBytes = T::kPreA ? T::kSubs * kBM * kBK * 2 : 0;
     const uint32_t bytes = kPreBytes + T::kRawA + T::kRawB + sf_bytes * ((T::kPreA ? 0 : 1) + sfb_chunks);
     if (what & kIssueB) cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&full[slot], bytes);
     if constexpr ((BSG_SM90_ABLATE & 4) == 0) {
       if (what & kIssueB) {
-        tma_load_3d(base + T::kRawA, map_b, kt * (kBK / 2), w.n0, int(w.batch), bar);
+        for (int x = 0; x < T::kBoxesK; ++x)
+          tma_load_3d(base + T::kRawA + x * (T::kBN * T::kBoxBytesK), map_b, kt * (kBK / 2) + x * T::kBoxBytesK, w.n0, int(w.batch), bar);
         for (int c = 0; c < sfb_chunks; ++c)
           bulk_load(base + T::kSfB + T::kSfStage * c, sfb_rows + c * (sp / 4) * 512 + int64_t(kt) * 512, sf_bytes, bar);
       }
       if (what & kIssueA) {
         if constexpr (T::kPreA) {
-          for (int s = 0; s < kSubs; ++s)
-            tma_load_3d(dec_a_s + (slot * kSubs + s) * (kBM * kBK * 2), map_a, (kt + s) * kBK, w.m0, int(w.batch), bar);
+          for (int s = 0; s < T::kSubs; ++s)
+            tma_load_3d(dec_a_s + (slot * T::kSubs + s) * (kBM * kBK * 2), map_a, (kt + s) * kBK, w.m0, int(w.batch), bar);
         } else {
-          tma_load_3d(base, map_a, kt * (kBK / 2), w.m0, int(w.batch), bar);
+          for (int x = 0; x < T::kBoxesK; ++x)
+            tma_load_3d(base + x * (kBM * T::kBoxBytesK), map_a, kt * (kBK / 2) + x * T::kBoxBytesK, w.m0, int(w.batch), bar);
           bulk_load(base + T::kRawA + T::kRawB, sfa_rows + int64_t(kt) * 512, sf_bytes, bar);
         }
       }
@@ -94,11 +96,15 @@ struct RawPipeline {
   }
   // Whether k-tile j is the last of its raw stage and a later stage is due in that slot.
   __device__ __forceinline__ bool stage_done(int j) const {
-    return j < w.n_kt && (j % kSubs == kSubs - 1 || j == w.n_kt - 1) && j / kSubs + T::kRawStages < w.n_raw;
+    return j < w.n_kt && (j % T::kSubs == T::kSubs - 1 || j == w.n_kt - 1) && j / T::kSubs + T::kRawStages < w.n_raw;
   }
-  // Producer warpgroup: this compute thread is done with k-tile j.
+  // One arrival per compute warp (T::kEmptyArrivals of 8): the warp is done with raw stage r.
+  __device__ __forceinline__ void release_stage(int r) const {
+    if (r + T::kRawStages < w.n_raw) cutlass::arch::ClusterBarrier::arrive(&empty[r % T::kRawStages]);
+  }
+  // Producer warps: this compute thread is done with k-tile j.
   __device__ __forceinline__ void release_after(int j) const {
-    if (stage_done(j)) cutlass::arch::ClusterBarrier::arrive(&empty[(j / kSubs) % T::kRawStages]);
+    if (stage_done(j)) cutlass::arch::ClusterBarrier::arrive(&empty[(j / T::kSubs) % T::kRawStages]);
   }
 };
 

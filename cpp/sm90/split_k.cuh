@@ -57,8 +57,9 @@ __device__ __forceinline__ void cluster_sum(const float* local, int split_k, flo
 
 template <class T>
 struct SplitKGlobal {
-  // Stores this CTA's partial tile; the tile's last CTA sums all of them into acc and returns
-  // true, the others return false and leave.
+  // Stores this CTA's partial tile (acc(i), i < T::kAcc, this thread's share in any fixed
+  // order: the accumulator fragment, or units of a tile summed in shared memory); the tile's last
+  // CTA sums all of them into acc and returns true, the others return false and leave.
   template <class Acc>
   __device__ __forceinline__ static bool reduce(const Params& p, const TileWork& w, Acc& acc, int tid) {
     // Split s's partial tile: [split][tile][acc / 4][thread] float4.
@@ -70,19 +71,20 @@ struct SplitKGlobal {
     for (int i = 0; i < T::kAcc / 4; ++i)
       mine[int64_t(i) * kThreads] = make_float4(acc(4 * i), acc(4 * i + 1), acc(4 * i + 2), acc(4 * i + 3));
     __threadfence();
-    __syncthreads();
+    compute_sync<T>();
     __shared__ int last;
     if (tid == 0) {
       last = atomicAdd(p.counters + w.tile, 1u) == uint32_t(p.split_k - 1);
       if (last) p.counters[w.tile] = 0;  // every split has counted: ready for the next launch
     }
-    __syncthreads();
+    compute_sync<T>();
     if (!last) {
       stamp(3);
       return false;
     }
     __threadfence();
-    clear(acc);
+    CUTE_UNROLL
+    for (int i = 0; i < T::kAcc; ++i) acc(i) = 0.f;
     // Fixed order s = 0, 1, ...; the loads of four splits are issued together.
     for (int s0 = 0; s0 < p.split_k; s0 += 4) {
       const int ns = min(4, p.split_k - s0);

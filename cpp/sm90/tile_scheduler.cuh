@@ -20,7 +20,7 @@ struct TileWork {
   int m0, n0;     // first output row and column
   int split;      // K range index (grid.y)
   int kt_begin, kt_end, n_kt;
-  int n_raw;      // raw stages of kSubs k-tiles
+  int n_raw;      // raw stages of T::kSubs k-tiles
 };
 
 template <class T>
@@ -47,7 +47,7 @@ struct TileScheduler {
     w.kt_begin = int(int64_t(k_tiles) * w.split / p.split_k);
     w.kt_end = int(int64_t(k_tiles) * (w.split + 1) / p.split_k);
     w.n_kt = w.kt_end - w.kt_begin;
-    w.n_raw = (w.n_kt + kSubs - 1) / kSubs;
+    w.n_raw = (w.n_kt + T::kSubs - 1) / T::kSubs;
     return w;
   }
 

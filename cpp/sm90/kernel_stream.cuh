@@ -1,0 +1,69 @@
+// The SM90 small-M kernel: wires the parts together. One CTA per (output tile, K range) of the
+// tile scheduler: a producer warp fills the raw ring, eight compute warps run the stream main loop,
+// then their warp rows are summed, split-K reduced through global memory where the launch splits
+// K, and written by the epilogue of the output type.
+#pragma once
+
+#include <cuda.h>
+
+#include <cstdint>
+
+#include "common/instrument.cuh"
+#include "common/ptx.cuh"
+#include "sm90/dispatch_policy.cuh"
+#include "sm90/epilogue.cuh"
+#include "sm90/epilogue_fp4.cuh"
+#include "sm90/mainloop_stream.cuh"
+#include "sm90/raw_pipeline.cuh"
+#include "sm90/split_k.cuh"
+#include "sm90/tile_scheduler.cuh"
+
+namespace bsg::sm90 {
+
+// A thread's floats of the summed tile, as the split-K reduction reads them.
+template <int N>
+struct Units {
+  float v[N];
+  __device__ __forceinline__ float& operator()(int i) { return v[i]; }
+};
+
+template <class T, class OutT>
+__global__ void __launch_bounds__(T::kLaunchThreads, 1)
+    stream_kernel(const __grid_constant__ Params p, const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b) {
+  using Mainloop = CollectiveMainloop<T>;
+  extern __shared__ uint8_t smem_raw[];
+  __shared__ uint64_t raw_bar[T::kRawStages];
+  __shared__ uint64_t empty_bar[T::kRawStages];
+  // 1024-byte alignment for the swizzled boxes.
+  const uint32_t pad = (1024u - (static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw)) & 1023u)) & 1023u;
+  uint8_t* smem = smem_raw + pad;
+  const int tid = threadIdx.x;
+  stamp(0);
+
+  const TileWork w = TileScheduler<T>::work(p);
+  const RawPipeline<T> pipe(p, w, raw_bar, empty_bar, smem, smem, &map_a, &map_b);
+  if (tid == 0) pipe.init_barriers();
+  __syncthreads();
+  if (tid >= kThreads) {  // the producer warp; exited threads hold up no later barrier
+    Mainloop::produce(pipe, w, tid);
+    return;
+  }
+  // Before this thread's first global access (the epilogue's C and D): the previous kernel of a
+  // programmatic launch has completed.
+  griddep_wait();
+
+  float acc[T::kRW][T::kNT][4] = {};
+  Mainloop::run(pipe, w, smem, acc, tid);
+  stamp(2);
+  griddep_launch_dependents();
+  Units<T::kAcc> u;
+  Mainloop::sum_warp_rows(acc, smem, u.v, tid);
+  if constexpr ((BSG_SM90_ABLATE & 8) == 0) {
+    if (p.split_k > 1 && !SplitKGlobal<T>::reduce(p, w, u, tid)) return;
+  }
+  float* tile_s = Mainloop::store_units(u.v, smem, tid);
+  Epilogue<T, OutT, ReduceGlobal>::run(p, w, tile_s, tid);
+  stamp(3);
+}
+
+}  // namespace bsg::sm90

@@ -1,0 +1,143 @@
+// SM90 collective main loop, MainloopStreamWeights (small M: decode steps, MoE experts). The
+// weights are the MMA's M: each warp decodes its rows of a k-tile from the raw stage straight into
+// mma.sync m16n8k16 A fragments and its tokens' activations into B fragments, so nothing decoded
+// is stored and no pre-pass runs. A stage holds kWk k-tiles, one per warp row (warps along K), and
+// the warp rows' partial sums meet in shared memory after the loop (sum_warp_rows), in a fixed
+// order.
+#pragma once
+
+#include "common/nvfp4.cuh"
+#include "common/ptx.cuh"
+#include "common/scale_layout.cuh"
+#include "cute/config.hpp"
+#include "sm90/dispatch_policy.cuh"
+#include "sm90/raw_pipeline.cuh"
+
+namespace bsg::sm90 {
+
+template <class T>
+struct CollectiveMainloop;
+
+// The 8 packed bytes of scale group c (16 values) of k-tile `sub` (0..3 of a box) in row r of a
+// raw box of 128-byte rows in the 128-byte swizzle (16-byte chunk j of row r at chunk j ^ (r % 8)):
+// the eight rows g of an MMA fragment read eight distinct chunks.
+__device__ __forceinline__ uint32_t sw128_group(int r, int sub, int c) {
+  return uint32_t(r * 128 + (((sub * 2 + (c >> 1)) ^ (r & 7)) << 4) + (c & 1) * 8);
+}
+
+// Thread (g, c) of an MMA fragment takes scale group c of its row: decoded as decode8<true>
+// (value * sf * 2^-6 in FP16, exact), v[2 st] goes to MMA step st's K positions 2c, 2c + 1 and
+// v[2 st + 1] to 2c + 8, 2c + 9. Both operands are decoded alike, so every product pairs equal K
+// (the order of mainloop_swapped.cuh), and each product carries 2^-12, undone after the loop.
+__device__ __forceinline__ void decode_group(const uint8_t* box, const uint8_t* sf_chunk, int r, int sub, int c, int sf_row,
+                                             uint32_t (&v)[8]) {
+  const uint2 q = *reinterpret_cast<const uint2*>(box + sw128_group(r, sub, c));
+  const uint32_t sf = e4m3x2_to_f16x2(sf_chunk[sf_in_chunk(sf_row, c)]);
+  const uint4 v0 = decode8<true>(q.x, sf), v1 = decode8<true>(q.y, sf);
+  v[0] = v0.x, v[1] = v0.y, v[2] = v0.z, v[3] = v0.w, v[4] = v1.x, v[5] = v1.y, v[6] = v1.z, v[7] = v1.w;
+}
+
+template <int BM, int BN>
+struct CollectiveMainloop<Tile<BM, BN, MainloopStreamWeights>> {
+  using T = Tile<BM, BN, MainloopStreamWeights>;
+  static constexpr int kRW = T::kRW, kNT = T::kNT;
+  static constexpr bool kProducerWarpgroup = true;  // a producer warp
+
+  // Lane 0 of the producer warp issues every raw stage, each refill once the compute warps have
+  // freed its slot. Nothing is read before the previous kernel completes (programmatic launch).
+  __device__ __forceinline__ static void produce(const RawPipeline<T>& pipe, const TileWork& w, int tid) {
+    if (tid != kThreads) return;
+    griddep_wait();
+    for (int r = 0; r < w.n_raw; ++r) {
+      if (r >= T::kRawStages) pipe.wait_empty(r);
+      pipe.issue(r);
+    }
+  }
+
+  // acc[t][nt]: the m16n8 fragment of weight rows wn * 16 kRW + 16 t + (g, g + 8) and tokens
+  // 8 nt + (2c, 2c + 1), over this warp row's k-tiles (k-tile wk of every stage).
+  __device__ __forceinline__ static void run(const RawPipeline<T>& pipe, const TileWork& w, const uint8_t* raw,
+                                             float (&acc)[kRW][kNT][4], int tid) {
+    const int warp = tid / 32, lane = tid % 32, g = lane / 4, c = lane % 4;
+    const int wn = warp % T::kWn, wk = warp / T::kWn;
+    const int box = wk / 4, sub = wk % 4;
+    const int row0 = wn * 16 * kRW + g;
+    const int wsf = w.n0 % 128 + row0, asf = w.m0 % 128 + g;  // rows in their 128-row scale chunks
+    for (int r = 0; r < w.n_raw; ++r) {
+      pipe.wait(r);
+      if (r * T::kSubs + wk < w.n_kt && (BSG_SM90_ABLATE & 3) != 3) {
+        const uint8_t* st = raw + (r % T::kRawStages) * T::kRawBytes;
+        const uint8_t* a_box = st + box * (BM * 128);
+        const uint8_t* b_box = st + T::kRawA + box * (BN * 128);
+        const uint8_t* sfa = st + T::kSfA + wk * 512;
+        const uint8_t* sfb = st + T::kSfB + wk * 512;
+        uint32_t b[kNT][8];
+        CUTE_UNROLL
+        for (int nt = 0; nt < kNT; ++nt) decode_group(a_box, sfa, nt * 8 + g, sub, c, asf + nt * 8, b[nt]);
+        CUTE_UNROLL
+        for (int t = 0; t < kRW; ++t) {
+          uint32_t w0[8], w1[8];
+          decode_group(b_box, sfb, row0 + 16 * t, sub, c, wsf + 16 * t, w0);
+          decode_group(b_box, sfb, row0 + 16 * t + 8, sub, c, wsf + 16 * t + 8, w1);
+          CUTE_UNROLL
+          for (int s = 0; s < 4; ++s) {
+            CUTE_UNROLL
+            for (int nt = 0; nt < kNT; ++nt)
+              mma_m16n8k16_f16_f32(acc[t][nt], w0[2 * s], w1[2 * s], w0[2 * s + 1], w1[2 * s + 1], b[nt][2 * s], b[nt][2 * s + 1]);
+          }
+        }
+      }
+      __syncwarp();
+      if (lane == 0) pipe.release_stage(r);
+    }
+  }
+
+  // The warp rows' sums: each warp's fragments, times 2^12, go into its row's slab of the FP32
+  // tile (tokens as rows, transposed back; conflict-free with the pitch of BN + 4), then thread
+  // tid sums float4 units tid + j * kThreads of the tile over the slabs in warp-row order into
+  // u[4 j .. 4 j + 3]. The slabs overwrite the raw stages: every warp has passed every stage
+  // (and so every load has landed) before the first store.
+  __device__ __forceinline__ static void sum_warp_rows(const float (&acc)[kRW][kNT][4], uint8_t* smem, float (&u)[T::kAcc], int tid) {
+    const int warp = tid / 32, lane = tid % 32, g = lane / 4, c = lane % 4;
+    const int wn = warp % T::kWn, wk = warp / T::kWn;
+    float* slab = reinterpret_cast<float*>(smem);
+    constexpr int kLd = T::kEpiLd, kSlab = T::kSlab / 4;
+    compute_sync<T>();
+    CUTE_UNROLL
+    for (int t = 0; t < kRW; ++t) {
+      CUTE_UNROLL
+      for (int nt = 0; nt < kNT; ++nt) {
+        CUTE_UNROLL
+        for (int i = 0; i < 4; ++i)
+          slab[wk * kSlab + (nt * 8 + 2 * c + (i & 1)) * kLd + wn * 16 * kRW + 16 * t + g + 8 * (i >> 1)] = acc[t][nt][i] * 4096.f;
+      }
+    }
+    compute_sync<T>();
+    CUTE_UNROLL
+    for (int j = 0; j < T::kAcc / 4; ++j) {
+      const int unit = tid + j * kThreads, row = unit / (BN / 4), col = (unit % (BN / 4)) * 4;
+      float4 s = *reinterpret_cast<const float4*>(slab + row * kLd + col);
+      CUTE_UNROLL
+      for (int q = 1; q < T::kWk; ++q) {
+        const float4 v = *reinterpret_cast<const float4*>(slab + q * kSlab + row * kLd + col);
+        s.x += v.x, s.y += v.y, s.z += v.z, s.w += v.w;
+      }
+      u[4 * j] = s.x, u[4 * j + 1] = s.y, u[4 * j + 2] = s.z, u[4 * j + 3] = s.w;
+    }
+  }
+
+  // Units back into the tile (slab 0), where the epilogue reads them once the compute threads
+  // have synchronized.
+  __device__ __forceinline__ static float* store_units(const float (&u)[T::kAcc], uint8_t* smem, int tid) {
+    float* tile = reinterpret_cast<float*>(smem);
+    compute_sync<T>();  // every thread has read the slabs
+    CUTE_UNROLL
+    for (int j = 0; j < T::kAcc / 4; ++j) {
+      const int unit = tid + j * kThreads, row = unit / (BN / 4), col = (unit % (BN / 4)) * 4;
+      *reinterpret_cast<float4*>(tile + row * T::kEpiLd + col) = make_float4(u[4 * j], u[4 * j + 1], u[4 * j + 2], u[4 * j + 3]);
+    }
+    return tile;
+  }
+};
+
+}  // namespace bsg::sm90
