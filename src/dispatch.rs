@@ -64,10 +64,11 @@ impl Config {
         Config::ALL.iter().copied().find(|c| c.info().name.eq_ignore_ascii_case(name))
     }
 
-    /// Whether this build holds the kernel for this config and output (see `BSG_ARCHS`).
+    /// Whether this build holds the kernel for this config and output (see `BSG_ARCHS` and
+    /// `BSG_CONFIGS`).
     pub fn is_built(self, out: OutType) -> bool {
         let i = self.info();
-        BUILT_ARCHS.contains(&i.arch) && i.outputs.contains(&out)
+        BUILT_ARCHS.contains(&i.arch) && BUILT_CONFIGS.contains(&i.name) && i.outputs.contains(&out)
     }
 
     /// The compute capability this config's machine code runs on.
