@@ -438,8 +438,8 @@ impl BlockScaledGemm {
         args.sm_count = self.device.sm_count as i32;
         args.split_k = self.split_k_for(config, p)? as i32;
         if out.sfd().is_some() && p.sfd_bytes() != p.l * p.m * (p.n / 16) {
-            // The kernels leave the padding of the SFD tiles unwritten; the launch zeroes it (once
-            // every check has passed) so the buffer can feed the next GEMM.
+            // CUTLASS's SM100 epilogue leaves the padding of the SFD tiles unwritten; that launch
+            // zeroes it (once every check has passed) so the buffer can feed the next GEMM.
             args.sfd_bytes = p.sfd_bytes() as u64;
         }
         let (index, out_index) = (config.info().index, out.index());

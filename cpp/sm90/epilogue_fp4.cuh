@@ -59,6 +59,24 @@ __device__ __forceinline__ void fp4_epilogue(const Params& p, const float* tile_
   }
 }
 
+// The SFD bytes no output tile covers are zeroed by the CTAs of the last tiles in M and in N, so
+// the buffer feeds a next GEMM whole (the kernels read the 128x4-tiled layout): rows M up to the
+// 128-row padding for this tile's scale columns (and the column padding, if last in N), and scale
+// columns N/16 up to the 4-column padding for this tile's rows. No memset launch.
+__device__ __forceinline__ void zero_sfd_padding(const Params& p, int m0, int n0, int bm, int bn, int64_t batch, int tid) {
+  const int sp = int(sf_cols_padded(p.n)), mp = (p.m + 127) / 128 * 128;
+  uint8_t* sfd = p.sfd + batch * sf_batch_bytes(p.m, sp);
+  const bool last_m = m0 + bm >= p.m, last_n = n0 + bn >= p.n;
+  if (last_m) {
+    const int c0 = n0 / 16, cols = (last_n ? sp : (n0 + bn) / 16) - c0;
+    for (int i = tid; i < (mp - p.m) * cols; i += kThreads) sfd[sf_offset(p.m + i / cols, c0 + i % cols, sp)] = 0;
+  }
+  if (last_n) {
+    const int rows = min(m0 + bm, p.m) - m0, cols = sp - p.n / 16;
+    for (int i = tid; i < rows * cols; i += kThreads) sfd[sf_offset(m0 + i / cols, p.n / 16 + i % cols, sp)] = 0;
+  }
+}
+
 template <class T, class Sf, class Reduce>
 struct Epilogue<T, Fp4Out<Sf>, Reduce> {
   static constexpr int kBM = T::kBM, BN = T::kBN, kLd = T::kEpiLd;
@@ -90,6 +108,7 @@ struct Epilogue<T, Fp4Out<Sf>, Reduce> {
     }
     compute_sync<T>();
     fp4_epilogue<Sf, BN>(p, tile_s, kLd, w.m0, w.n0, w.batch, r0, r1);
+    if (w.split == 0 || !std::is_same_v<Reduce, ReduceCluster>) zero_sfd_padding(p, w.m0, w.n0, kBM, BN, w.batch, tid);
   }
 };
 

@@ -98,11 +98,6 @@ struct Gemm {
                                  : encode(&map_a, reinterpret_cast<const void*>(a.a), a.k / 2, a.m, a.l, kBM);
     if (!mapped || !encode(&map_b, reinterpret_cast<const void*>(a.b), a.k / 2, a.n, a.l, BN))
       return {int32_t(cutlass::Status::kErrorInternal), 0, 0};
-    // The kernels leave the padding of the SFD tiles unwritten: zero it for the next GEMM.
-    if (a.sfd_bytes) {
-      if (cudaError_t e = cudaMemsetAsync(reinterpret_cast<void*>(a.sfd), 0, a.sfd_bytes, stream); e != cudaSuccess)
-        return {int32_t(cutlass::Status::kErrorInternal), int32_t(e), 0};
-    }
     if constexpr (T::kPreA) {
       // Programmatic launch, one CTA of kPreThreads per SM (the reserved shared memory keeps two
       // off one SM and off an SM a GEMM CTA holds).

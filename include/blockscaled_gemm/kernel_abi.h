@@ -51,7 +51,8 @@ struct KernelArgs {
   float norm_constant;
   uint64_t norm_constant_ptr;
   // FP4 output only: the generated scale factors, one per 16 outputs along N in the 128x4 tiled
-  // layout over (M, N/16); their padding is zeroed by the launch.
+  // layout over (M, N/16); their padding is zeroed by the launch (SM90: by the kernel; SM100: a
+  // memset of sfd_bytes ahead of it, 0 where the layout has no padding).
   uint64_t sfd;
   uint64_t sfd_bytes;
 };
