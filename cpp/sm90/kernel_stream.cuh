@@ -28,7 +28,7 @@ struct Units {
 };
 
 template <class T, class OutT>
-__global__ void __launch_bounds__(T::kLaunchThreads, 1)
+__global__ void __launch_bounds__(T::kLaunchThreads, T::kMinBlocks)
     stream_kernel(const __grid_constant__ Params p, const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b) {
   using Mainloop = CollectiveMainloop<T>;
   extern __shared__ uint8_t smem_raw[];
