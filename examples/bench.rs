@@ -8,7 +8,8 @@
 //! - `ours_b2b_us`: `--runs` launches back to back between one pair of events; the mean;
 //! - `ours_graph_us`: a CUDA graph of `--graph-calls` launches (rotating the sets) replayed
 //!   `--replays` times between events; the median replay over the calls in it;
-//! - `host_enqueue_us`: host time of one call while queueing the back-to-back launches (median).
+//! - `host_enqueue_us`: host time of one call while queueing the back-to-back launches (median);
+//!   `host_plan_us`: of that, the validation and config choice alone (median of 1000).
 //!   The output of each of the three timings is checked bit for bit against the exact CPU
 //!   reference on sampled rows (`exact`).
 //! The floor is max(bytes / device-to-device copy bandwidth measured in this run, FP16 MMA time
@@ -137,8 +138,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 r.launch_us, r.b2b_us, r.graph_us, r.host_us, r.floor_us, fmt(bf16), fmt(fp8), r.graph_us / r.floor_us, if r.exact { "exact" } else { "FAILED" });
             let num = |x: Option<f64>| x.map_or("null".to_string(), |v| format!("{v:.3}"));
             json += &format!(
-                "{{\"op\":\"gemm\",\"gpu\":\"{gpu}\",\"commit\":\"{commit}\",\"m\":{m},\"n\":{n},\"k\":{k},\"l\":1,\"out\":\"{}\",\"config\":\"{}\",\"split_k\":{},\"runs\":{},\"graph_calls\":{},\"ours_launch_us\":{:.3},\"ours_b2b_us\":{:.3},\"ours_graph_us\":{:.3},\"host_enqueue_us\":{:.3},\"cublas_bf16_graph_us\":{},\"cublas_fp8_graph_us\":{},\"floor_us\":{:.3},\"copy_gbps\":{copy_gbps:.1},\"workspace_bytes\":{},\"exact\":{}}}\n",
-                out.name(), r.config, r.split, cli.runs, cli.graph_calls, r.launch_us, r.b2b_us, r.graph_us, r.host_us, num(bf16), num(fp8), r.floor_us, r.workspace, r.exact);
+                "{{\"op\":\"gemm\",\"gpu\":\"{gpu}\",\"commit\":\"{commit}\",\"m\":{m},\"n\":{n},\"k\":{k},\"l\":1,\"out\":\"{}\",\"config\":\"{}\",\"split_k\":{},\"runs\":{},\"graph_calls\":{},\"ours_launch_us\":{:.3},\"ours_b2b_us\":{:.3},\"ours_graph_us\":{:.3},\"host_enqueue_us\":{:.3},\"host_plan_us\":{:.3},\"cublas_bf16_graph_us\":{},\"cublas_fp8_graph_us\":{},\"floor_us\":{:.3},\"copy_gbps\":{copy_gbps:.1},\"workspace_bytes\":{},\"exact\":{}}}\n",
+                out.name(), r.config, r.split, cli.runs, cli.graph_calls, r.launch_us, r.b2b_us, r.graph_us, r.host_us, r.plan_us, num(bf16), num(fp8), r.floor_us, r.workspace, r.exact);
         }
     }
     if let Some(path) = &cli.json {
@@ -154,6 +155,7 @@ struct Result1 {
     b2b_us: f64,
     graph_us: f64,
     host_us: f64,
+    plan_us: f64,
     floor_us: f64,
     workspace: usize,
     exact: bool,
@@ -174,6 +176,15 @@ fn bench_one(cli: &Cli, gemm: &BlockScaledGemm, stream: &Arc<CudaStream>, l2: us
         None => gemm.select_config(&p, out)?,
     };
     let split = cli.split_k.unwrap_or_else(|| blockscaled_gemm::config_split_k(config, &p, gemm.device().sm_count, &gemm.device().max_clusters));
+    // The host's planning alone (validation and the rule), without the launch: median of 1000.
+    let mut plan = Vec::with_capacity(1000);
+    for _ in 0..1000 {
+        let t = Instant::now();
+        std::hint::black_box(gemm.select_config(std::hint::black_box(&p), out)?);
+        plan.push(t.elapsed().as_secs_f64() * 1e6);
+    }
+    plan.sort_by(|x, y| x.total_cmp(y));
+    let plan_us = plan[plan.len() / 2];
     let set_bytes = p.a_bytes() + p.b_bytes() + p.sfa_bytes() + p.sfb_bytes();
     let n_sets = (2 * l2 / set_bytes + 1).max(2);
     let mut sets: Sets = Vec::new();
@@ -288,7 +299,7 @@ fn bench_one(cli: &Cli, gemm: &BlockScaledGemm, stream: &Arc<CudaStream>, l2: us
     exact &= check(&d, &sfd)?;
     let out_bytes = d_bytes + if out.sfd().is_some() { p.sfd_bytes() } else { 0 };
     let floor_us = (((set_bytes + out_bytes) as f64) / (copy_gbps * 1e9)).max(p.flops() / 800e12) * 1e6;
-    Ok(Result1 { config, split, launch_us, b2b_us, graph_us, host_us, floor_us, workspace, exact })
+    Ok(Result1 { config, split, launch_us, b2b_us, graph_us, host_us, plan_us, floor_us, workspace, exact })
 }
 
 /// The sampled rows (bytes of D's type) equal the exact reference bit for bit.
