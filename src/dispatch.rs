@@ -50,6 +50,12 @@ impl ConfigInfo {
     pub fn swapped(&self) -> bool {
         self.schedule == Schedule::SwappedRegisterDecode
     }
+
+    /// Whether small splits of this config meet in a thread-block cluster (one CTA per SM: the
+    /// swapped and the small-M schedules) rather than in global memory.
+    pub fn cluster_reduces(&self) -> bool {
+        matches!(self.schedule, Schedule::SwappedRegisterDecode | Schedule::StreamWeights)
+    }
 }
 
 impl std::fmt::Display for Config {
@@ -139,9 +145,10 @@ pub fn check_split_k(config: Config, p: &Problem, split_k: u32) -> Result<u32> {
     Ok(split_k)
 }
 
-/// Splits of 2 to this many K ranges of the SM90 swapped configs ([`ConfigInfo::swapped`]) are reduced
-/// through a thread-block cluster per output tile (`BSG_SM90_MAX_CLUSTER_SPLIT` in the launch
-/// ABI); other splits and tiles go through global memory.
+/// Splits of 2 to this many K ranges of the SM90 swapped and small-M configs
+/// ([`ConfigInfo::cluster_reduces`]) are reduced through a thread-block cluster per output tile
+/// (`BSG_SM90_MAX_CLUSTER_SPLIT` in the launch ABI); other splits and tiles go through global
+/// memory.
 pub const SM90_MAX_CLUSTER_SPLIT: u32 = crate::sys::SM90_MAX_CLUSTER_SPLIT;
 
 /// Per cluster size 2 to [`SM90_MAX_CLUSTER_SPLIT`], how many clusters of that many thread
@@ -150,8 +157,15 @@ pub type ClusterCounts = [usize; SM90_MAX_CLUSTER_SPLIT as usize - 1];
 
 /// Whether `config` reduces a split of `split_k` ranges through a cluster of that many CTAs.
 pub fn cluster_reduced(config: Config, split_k: u32) -> bool {
-    let i = config.info();
-    i.swapped() && (2..=SM90_MAX_CLUSTER_SPLIT).contains(&split_k)
+    config.info().cluster_reduces() && (2..=SM90_MAX_CLUSTER_SPLIT).contains(&split_k)
+}
+
+/// Whether a launch of `config` on `p` in `split_k` ranges reduces them through clusters: where
+/// the config can ([`cluster_reduced`]) and every tile's cluster fits on the GPU at once
+/// (`max_clusters`); else through global memory (a second wave of clusters cost more than the
+/// global sum).
+pub fn cluster_split(config: Config, p: &Problem, split_k: u32, max_clusters: &ClusterCounts) -> bool {
+    cluster_reduced(config, split_k) && config.tiles(p) <= max_clusters[split_k as usize - 2]
 }
 
 /// Cluster counts that no GPU limits: for callers that do not know their device's (see
@@ -175,7 +189,9 @@ pub fn split_k(config: Config, p: &Problem, sm_count: usize, max_clusters: &Clus
     let tiles = config.tiles(p);
     let k_tiles = p.k.div_ceil(i.tile[2] as usize);
     if i.schedule == Schedule::StreamWeights {
-        // One CTA per SM: as many ranges as fit, each of at least two raw stages (8 k-tiles).
+        // One CTA per SM: as many ranges as fit, each of at least two raw stages (8 k-tiles);
+        // their sum goes through global memory where the clusters would not fit at once
+        // (cluster_split).
         return (sm_count / tiles).min(k_tiles / 8).clamp(1, STREAM_MAX_SPLIT) as u32;
     }
     let ranges = |ctas: usize| (ctas / tiles).min(k_tiles / 4).clamp(1, 16);
@@ -401,7 +417,18 @@ mod tests {
         assert_eq!(split_k(s8, &Problem::new(1, 512, 16384), 132, &ANY_CLUSTERS), 32); // 4 tiles, at most 32 ranges
         assert_eq!(split_k(s8, &Problem::new(1, 128, 256), 132, &ANY_CLUSTERS), 1); // 4 k-tiles
         assert_eq!(split_k(s8, &Problem::new(1, 4096, 7168).batch(4), 132, &ANY_CLUSTERS), 1); // 128 tiles over the batches
-        assert!(!cluster_reduced(s8, 2));
+        assert!(cluster_reduced(s8, 2) && cluster_reduced(s8, SM90_MAX_CLUSTER_SPLIT) && !cluster_reduced(s8, SM90_MAX_CLUSTER_SPLIT + 1));
+        // Clusters that do not all fit at once (32 of 4 > 30): the same split, summed in global
+        // memory.
+        let (p, mut few) = (Problem::new(1, 4096, 7168), ANY_CLUSTERS);
+        few[2] = 30;
+        assert_eq!(split_k(s8, &p, 132, &few), 4);
+        assert!(!cluster_split(s8, &p, 4, &few) && cluster_split(s8, &p, 4, &ANY_CLUSTERS) && cluster_split(s8, &p, 3, &few));
+        // The swapped rule lowers the split until its clusters fit, so they always meet there.
+        let wide = Config::Sm90_128x256x64;
+        let q = Problem::new(128, 7168, 16384);
+        let s = split_k(wide, &q, 132, &few);
+        assert!(!cluster_reduced(wide, s) || cluster_split(wide, &q, s, &few));
     }
 
     #[test]

@@ -436,7 +436,9 @@ impl BlockScaledGemm {
         args.stream = stream.cu_stream() as u64;
         args.device_id = self.device.ordinal as i32;
         args.sm_count = self.device.sm_count as i32;
-        args.split_k = self.split_k_for(config, p)? as i32;
+        let split = self.split_k_for(config, p)?;
+        args.split_k = split as i32;
+        args.split_global = !dispatch::cluster_split(config, p, split, &self.device.max_clusters) as i32;
         if out.sfd().is_some() && p.sfd_bytes() != p.l * p.m * (p.n / 16) {
             // CUTLASS's SM100 epilogue leaves the padding of the SFD tiles unwritten; that launch
             // zeroes it (once every check has passed) so the buffer can feed the next GEMM.
@@ -492,7 +494,9 @@ impl BlockScaledGemm {
     pub fn workspace_size(&self, p: &Problem, out: OutType, config: Option<Config>) -> Result<usize> {
         let lens = BufferLens::for_problem(p, out, p.beta != 0.0);
         let config = plan(p, out, &lens, &self.device, config, |c, o| c.is_built(o))?;
-        let args = KernelArgs { split_k: self.split_k_for(config, p)? as i32, sm_count: self.device.sm_count as i32, ..p.launch_args() };
+        let split = self.split_k_for(config, p)?;
+        let split_global = !dispatch::cluster_split(config, p, split, &self.device.max_clusters) as i32;
+        let args = KernelArgs { split_k: split as i32, split_global, sm_count: self.device.sm_count as i32, ..p.launch_args() };
         Ok(sys::workspace_size(config.info().index, out.index(), &args))
     }
 

@@ -27,7 +27,7 @@ mod problem;
 pub mod reference;
 mod sys;
 
-pub use dispatch::{check_split_k, cluster_reduced, select as select_config, split_k as config_split_k, ClusterCounts, Config, ConfigInfo, Schedule, ANY_CLUSTERS, SM90_MAX_CLUSTER_SPLIT, SM90_MAX_SPLIT_TILES};
+pub use dispatch::{check_split_k, cluster_reduced, cluster_split, select as select_config, split_k as config_split_k, ClusterCounts, Config, ConfigInfo, Schedule, ANY_CLUSTERS, SM90_MAX_CLUSTER_SPLIT, SM90_MAX_SPLIT_TILES};
 pub use error::{Error, Result};
 pub use formats::OutputElement;
 pub use gemm::{BlockScaledGemm, Nvfp4Operand, Nvfp4Output};

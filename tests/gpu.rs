@@ -232,6 +232,18 @@ fn sm90_small_m_every_output() -> Outcome {
             }
             runs += 5;
         }
+        // Splits past a cluster's reach go through global memory: 12 K ranges.
+        if m == 3 || m == 33 {
+            let g12 = BlockScaledGemm::new(g.stream().clone()).unwrap().with_split_k(Some(12));
+            for &config in &streams {
+                run_sm90::<f16>(&g12, &a, &b, 1.0, 0.0, config, true);
+                let p = p.scalars(0.5, 0.25).norm_constant(96.0);
+                let (ran, d, sfd) = run_fp4(&g12, &p, OutType::Nvfp4, &a, &b, Some(&c32), Some(config));
+                let (want_d, want_sfd) = reference::gemm_fp4(&p, a.data(), a.scales(), b.data(), b.scales(), Some(&c32), OutType::Nvfp4.sfd().unwrap(), Accumulation::Exact).unwrap();
+                assert!(d == want_d && sfd == want_sfd, "{ran} split 12 {m}x{n}x{k}x{l}: FP4 output differs from the reference");
+                runs += 2;
+            }
+        }
     }
     println!("  {runs} small-M runs equal to the reference");
     Ok(())
@@ -269,7 +281,8 @@ fn sm90_contest_and_benchmark_shapes() -> Outcome {
 }
 
 /// The driver's count of clusters the device runs at once is plausible, and the heuristic keeps
-/// every split-K cluster of the swapped tiles within it (a second wave doubled the time).
+/// every split-K cluster within it: the swapped tiles by a smaller split, the small-M tiles by the
+/// global sum where clusters of their split would not fit (a second wave doubled the time).
 fn sm90_split_k_clusters_fit_in_one_wave() -> Outcome {
     let g = hopper()?;
     let d = g.device();
@@ -278,14 +291,16 @@ fn sm90_split_k_clusters_fit_in_one_wave() -> Outcome {
     for (i, &n) in d.max_clusters.iter().enumerate() {
         assert!(n >= 1 && n * (i + 2) <= d.sm_count, "{n} clusters of {}", i + 2);
     }
-    for (m, n, k) in [(128, 7168, 16384), (128, 8192, 16384), (1024, 1024, 8192), (256, 7168, 7168), (128, 16384, 4096), (128, 4096, 7168), (128, 4096, 16384), (128, 2048, 7168), (512, 1536, 7168)] {
+    for (m, n, k) in [(1, 4096, 7168), (1, 7168, 16384), (64, 4096, 7168), (128, 7168, 16384), (128, 8192, 16384), (1024, 1024, 8192), (256, 7168, 7168), (128, 16384, 4096), (128, 4096, 7168), (128, 4096, 16384), (128, 2048, 7168), (512, 1536, 7168)] {
         let p = Problem::new(m, n, k);
-        for c in Config::ALL.iter().copied().filter(|c| c.info().swapped()) {
+        for c in Config::ALL.iter().copied().filter(|c| c.info().cluster_reduces()) {
             let s = blockscaled_gemm::config_split_k(c, &p, d.sm_count, &d.max_clusters);
             let tiles = c.tiles(&p);
-            if blockscaled_gemm::cluster_reduced(c, s) {
-                assert!(tiles <= d.max_clusters[s as usize - 2], "{m}x{n}x{k} {c}: {tiles} clusters of {s}");
-            }
+            // The swapped rule lowers the split until its clusters fit; the small-M rule keeps it
+            // and sums in global memory instead.
+            let fits = blockscaled_gemm::cluster_reduced(c, s) && tiles <= d.max_clusters[s as usize - 2];
+            assert!(!blockscaled_gemm::cluster_reduced(c, s) || !c.info().swapped() || fits, "{m}x{n}x{k} {c}: {tiles} clusters of {s}");
+            assert_eq!(blockscaled_gemm::cluster_split(c, &p, s, &d.max_clusters), fits, "{m}x{n}x{k} {c} split {s}");
             print!("  {m}x{n}x{k}: {c} split {s};");
         }
         println!(" chosen {}", g.select_config(&p, OutType::F16).unwrap());

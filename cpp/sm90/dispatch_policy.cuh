@@ -21,12 +21,6 @@
 #ifndef BSG_SM90_STREAM_STAGES
 #define BSG_SM90_STREAM_STAGES(bm) ((bm) <= 16 ? 4 : 6)
 #endif
-#ifndef BSG_SM90_STREAM_MINBLOCKS
-#define BSG_SM90_STREAM_MINBLOCKS(bm) 1
-#endif
-#ifndef BSG_SM90_STREAM_SHARED_ACTS
-#define BSG_SM90_STREAM_SHARED_ACTS(bm) ((bm) >= 32)
-#endif
 
 namespace bsg::sm90 {
 
@@ -53,12 +47,6 @@ struct MainloopSwappedRegisterDecode {};
 // decodes its own activation fragments from the same stage (no pre-pass); the eight warps split
 // each stage's k-tiles and the tile's weight rows; a producer warp issues.
 struct MainloopStreamWeights {};
-// How the stream schedule gets its activation fragments: each warp decodes its own tokens from the
-// raw stage (cheap while a k-tile has few tokens), or the CTA decodes a stage's activations once
-// into shared memory in fragment order and every warp loads them (many tokens, several warps per
-// k-tile).
-struct ActsPerWarp {};
-struct ActsShared {};
 
 // Split-K reductions (split_k > 1): partial tiles in global memory, summed in split order by the
 // last CTA of a tile; or through the cluster's distributed shared memory.
@@ -167,7 +155,7 @@ struct Tile<BM, BN, MainloopStreamWeights> {
   using Mainloop = MainloopStreamWeights;
   static constexpr bool kSwap = false;
   static constexpr bool kPreA = false;
-  static constexpr bool kClusterReduce = false;
+  static constexpr bool kClusterReduce = true;  // splits of 2 to kMaxClusterSplit: no partials through L2
   static constexpr bool kSwap128 = false;
   static constexpr int kBM = BM;
   static constexpr int kBN = BN;
@@ -189,10 +177,6 @@ struct Tile<BM, BN, MainloopStreamWeights> {
   static constexpr int kSfB = kRawA + kRawB + kSfStage;  // B's scales
   static constexpr int kRawBytes = kSfB + kSfStage;
   static constexpr int kRawStages = BSG_SM90_STREAM_STAGES(BM);
-  using Acts = std::conditional_t<BSG_SM90_STREAM_SHARED_ACTS(BM), ActsShared, ActsPerWarp>;
-  // ActsShared: two buffers of a stage's decoded activations, [k-tile][m16n8 column block][lane]
-  // 32 bytes, past the raw ring.
-  static constexpr int kActBuf = std::is_same_v<Acts, ActsShared> ? kWk * (BM / 8) * 1024 : 0;
   static constexpr int kEmptyArrivals = 8;  // one per compute warp
   static constexpr bool kProducerExits = true;
   static constexpr bool kProgrammatic = true;  // every thread waits before its first global access
@@ -203,9 +187,8 @@ struct Tile<BM, BN, MainloopStreamWeights> {
   static_assert(kAcc % 4 == 0, "stream tile: the summed tile is whole float4s per thread");
   // kWk slabs of the FP32 tile for the sum over warp rows; they reuse the raw stages.
   static constexpr int kSlab = BM * kEpiLd * 4;
-  static constexpr int kRing = kRawStages * kRawBytes + 2 * kActBuf;
-  static constexpr int kSmem = 1024 + (kRing > kWk * kSlab ? kRing : kWk * kSlab);
-  static constexpr int kMinBlocks = BSG_SM90_STREAM_MINBLOCKS(BM);
+  static constexpr int kSmem = 1024 + (kRawStages * kRawBytes > kWk * kSlab ? kRawStages * kRawBytes : kWk * kSlab);
+  static constexpr int kMinBlocks = 1;
   static_assert(kRawA % 1024 == 0 && kRawB % 1024 == 0 && kRawBytes % 1024 == 0, "swizzled boxes start at 1024-byte boundaries");
 };
 

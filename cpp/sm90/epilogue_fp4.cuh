@@ -89,7 +89,9 @@ struct Epilogue<T, Fp4Out<Sf>, Reduce> {
       cute::cluster_sync();
       r0 = w.split * kBM / p.split_k;
       r1 = (w.split + 1) * kBM / p.split_k;
-      constexpr int kUnits = (kBM / 2) * (BN / 4) / kThreads;  // float4s per thread, split_k >= 2
+      // float4s per thread for the at most kBM / 2 rows of a slice (split_k >= 2); small tiles
+      // leave threads idle.
+      constexpr int kUnits = ((kBM / 2) * (BN / 4) + kThreads - 1) / kThreads;
       float4 sum[kUnits];
       CUTE_UNROLL
       for (int j = 0; j < kUnits; ++j) {

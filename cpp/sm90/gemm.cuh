@@ -28,7 +28,7 @@ namespace bsg::sm90 {
 template <class T, class OutT, class Reduce, class Schedule = typename T::Mainloop>
 inline constexpr auto kKernel = &gemm_kernel<T, OutT, Reduce>;
 template <class T, class OutT, class Reduce>
-inline constexpr auto kKernel<T, OutT, Reduce, MainloopStreamWeights> = &stream_kernel<T, OutT>;
+inline constexpr auto kKernel<T, OutT, Reduce, MainloopStreamWeights> = &stream_kernel<T, OutT, Reduce>;
 
 template <class T, class OutT>
 struct Gemm {
@@ -117,7 +117,7 @@ struct Gemm {
              reinterpret_cast<float*>(static_cast<uint8_t*>(workspace) + (a.split_k > 1 ? Sched::kCountersBytes : 0)),
              reinterpret_cast<uint8_t*>(a.sfd), a.norm_constant};
     const dim3 grid(unsigned(tiles(a)), unsigned(a.split_k));
-    const bool cluster = Sched::cluster_reducible(a.split_k);
+    const bool cluster = Sched::cluster_reducible(a);
     const KernelLaunch launch(grid, T::kLaunchThreads, cluster ? a.split_k : 1, T::kSmem, stream, T::kProgrammatic);
     const cudaError_t e = cluster ? cudaLaunchKernelEx(&launch.cfg, kKernel<T, OutT, SplitReduce>, p, map_a, map_b)
                                   : cudaLaunchKernelEx(&launch.cfg, kKernel<T, OutT, ReduceGlobal>, p, map_a, map_b);

@@ -1,7 +1,8 @@
 // The SM90 small-M kernel: wires the parts together. One CTA per (output tile, K range) of the
 // tile scheduler: a producer warp fills the raw ring, eight compute warps run the stream main loop,
-// then their warp rows are summed, split-K reduced through global memory where the launch splits
-// K, and written by the epilogue of the output type.
+// then their warp rows are summed, split-K reduced (through the cluster's shared memory for
+// ReduceCluster, else through global memory where the launch splits K) and written by the
+// epilogue of the output type.
 #pragma once
 
 #include <cuda.h>
@@ -27,7 +28,7 @@ struct Units {
   __device__ __forceinline__ float& operator()(int i) { return v[i]; }
 };
 
-template <class T, class OutT>
+template <class T, class OutT, class Reduce>
 __global__ void __launch_bounds__(T::kLaunchThreads, T::kMinBlocks)
     stream_kernel(const __grid_constant__ Params p, const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b) {
   using Mainloop = CollectiveMainloop<T>;
@@ -58,11 +59,11 @@ __global__ void __launch_bounds__(T::kLaunchThreads, T::kMinBlocks)
   griddep_launch_dependents();
   Units<T::kAcc> u;
   Mainloop::sum_warp_rows(acc, smem, u.v, tid);
-  if constexpr ((BSG_SM90_ABLATE & 8) == 0) {
+  if constexpr (std::is_same_v<Reduce, ReduceGlobal> && (BSG_SM90_ABLATE & 8) == 0) {
     if (p.split_k > 1 && !SplitKGlobal<T>::reduce(p, w, u, tid)) return;
   }
   float* tile_s = Mainloop::store_units(u.v, smem, tid);
-  Epilogue<T, OutT, ReduceGlobal>::run(p, w, tile_s, tid);
+  Epilogue<T, OutT, Reduce>::run(p, w, tile_s, tid);
   stamp(3);
 }
 

@@ -56,7 +56,7 @@ struct CollectiveMainloop<Tile<BM, BN, MainloopStreamWeights>> {
 
   // acc[t][nt]: the m16n8 fragment of weight rows wn * 16 kRW + 16 t + (g, g + 8) and tokens
   // 8 nt + (2c, 2c + 1), over this warp row's k-tiles (k-tile wk of every stage).
-  __device__ __forceinline__ static void run(const RawPipeline<T>& pipe, const TileWork& w, uint8_t* raw,
+  __device__ __forceinline__ static void run(const RawPipeline<T>& pipe, const TileWork& w, const uint8_t* raw,
                                              float (&acc)[kRW][kNT][4], int tid) {
     const int warp = tid / 32, lane = tid % 32, g = lane / 4, c = lane % 4;
     const int wn = warp % T::kWn, wk = warp / T::kWn;
@@ -65,11 +65,6 @@ struct CollectiveMainloop<Tile<BM, BN, MainloopStreamWeights>> {
     const int wsf = w.n0 % 128 + row0, asf = w.m0 % 128 + g;  // rows in their 128-row scale chunks
     for (int r = 0; r < w.n_raw; ++r) {
       pipe.wait(r);
-      if constexpr (std::is_same_v<typename T::Acts, ActsShared>) {
-        decode_acts(raw + (r % T::kRawStages) * T::kRawBytes, raw + T::kRawStages * T::kRawBytes + (r % 2) * T::kActBuf, w, tid);
-        // The buffer is whole; the other one, read two stages ago, is free for the next stage.
-        compute_sync<T>();
-      }
       if (r * T::kSubs + wk < w.n_kt && (BSG_SM90_ABLATE & 3) != 3) {
         const uint8_t* st = raw + (r % T::kRawStages) * T::kRawBytes;
         const uint8_t* a_box = st + box * (BM * 128);
@@ -77,17 +72,8 @@ struct CollectiveMainloop<Tile<BM, BN, MainloopStreamWeights>> {
         const uint8_t* sfa = st + T::kSfA + wk * 512;
         const uint8_t* sfb = st + T::kSfB + wk * 512;
         uint32_t b[kNT][8];
-        if constexpr (std::is_same_v<typename T::Acts, ActsShared>) {
-          const uint4* frag = reinterpret_cast<const uint4*>(raw + T::kRawStages * T::kRawBytes + (r % 2) * T::kActBuf) + wk * kNT * 64 + lane;
-          CUTE_UNROLL
-          for (int nt = 0; nt < kNT; ++nt) {
-            const uint4 lo = frag[nt * 64], hi = frag[nt * 64 + 32];
-            b[nt][0] = lo.x, b[nt][1] = lo.y, b[nt][2] = lo.z, b[nt][3] = lo.w, b[nt][4] = hi.x, b[nt][5] = hi.y, b[nt][6] = hi.z, b[nt][7] = hi.w;
-          }
-        } else {
-          CUTE_UNROLL
-          for (int nt = 0; nt < kNT; ++nt) decode_group(a_box, sfa, nt * 8 + g, sub, c, asf + nt * 8, b[nt]);
-        }
+        CUTE_UNROLL
+        for (int nt = 0; nt < kNT; ++nt) decode_group(a_box, sfa, nt * 8 + g, sub, c, asf + nt * 8, b[nt]);
         CUTE_UNROLL
         for (int t = 0; t < kRW; ++t) {
           uint32_t w0[8], w1[8];
@@ -103,25 +89,6 @@ struct CollectiveMainloop<Tile<BM, BN, MainloopStreamWeights>> {
       }
       __syncwarp();
       if (lane == 0) pipe.release_stage(r);
-    }
-  }
-
-  // ActsShared: the CTA decodes raw stage `st`'s activations (every k-tile, token and scale group)
-  // once into `buf`, where fragment lane (token % 8) * 4 + group of column block token / 8 of its
-  // k-tile loads them: the 8 registers decode_group gives, as two 16-byte halves 512 bytes apart
-  // (each half of a block's 32 lanes is contiguous).
-  __device__ __forceinline__ static void decode_acts(const uint8_t* st, uint8_t* buf, const TileWork& w, int tid) {
-    constexpr int kGroups = T::kWk * kNT * 32;
-    static_assert(kGroups % kThreads == 0, "whole groups per thread");
-    CUTE_UNROLL
-    for (int j = 0; j < kGroups / kThreads; ++j) {
-      const int u = tid + j * kThreads, lane = u % 32, nt = (u / 32) % kNT, kt = u / (32 * kNT);
-      const int tok = nt * 8 + lane / 4, c = lane % 4;
-      uint32_t v[8];
-      decode_group(st + (kt / 4) * (BM * 128), st + T::kSfA + kt * 512, tok, kt % 4, c, w.m0 % 128 + tok, v);
-      uint4* dst = reinterpret_cast<uint4*>(buf) + (u / 32) * 64 + lane;
-      dst[0] = make_uint4(v[0], v[1], v[2], v[3]);
-      dst[32] = make_uint4(v[4], v[5], v[6], v[7]);
     }
   }
 

@@ -62,13 +62,15 @@ struct TileScheduler {
   static constexpr int64_t kMaxSplitTiles = BSG_SM90_MAX_SPLIT_TILES;
   static constexpr size_t kCountersBytes = kMaxSplitTiles * 4;
 
-  static constexpr bool cluster_reducible(int split_k) { return T::kClusterReduce && split_k > 1 && split_k <= kMaxClusterSplit; }
+  static bool cluster_reducible(const KernelArgs& a) {
+    return T::kClusterReduce && !a.split_global && a.split_k > 1 && a.split_k <= kMaxClusterSplit;
+  }
 
   // Split-K's counters and partials, then (kPreA) the decoded activations at a 1024-byte boundary,
   // never over the counter region: one workspace serves every config, and another config's
   // split-K launch needs its counters still zero.
   static size_t split_bytes(const KernelArgs& a) {
-    if (a.split_k <= 1 || cluster_reducible(a.split_k)) return 0;
+    if (a.split_k <= 1 || cluster_reducible(a)) return 0;
     return kCountersBytes + size_t(a.split_k) * size_t(tiles(a)) * T::kBM * T::kBN * sizeof(float);
   }
   static int64_t k_pad(const KernelArgs& a) { return (int64_t(a.k) + kBK - 1) / kBK * kBK; }

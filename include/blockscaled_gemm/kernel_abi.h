@@ -46,6 +46,9 @@ struct KernelArgs {
   int32_t device_id;
   int32_t sm_count;
   int32_t split_k;  // K ranges (SM90 kernels; 1 for CUTLASS SM100)
+  // SM90: 1 sends a split of 2 to BSG_SM90_MAX_CLUSTER_SPLIT ranges through global memory where
+  // the config would reduce it in a cluster (Rust: when the clusters would not all fit at once).
+  int32_t split_global;
   // FP4 output only: the normalization constant by value (SM90), and a device address that holds
   // it (SM100: CUTLASS's epilogue reads a pointer; Rust writes it in stream order).
   float norm_constant;
