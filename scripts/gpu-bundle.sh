@@ -37,12 +37,12 @@ case "${1:-tests}" in
     for t in "$here"/deps/*; do echo "== $(basename "$t")"; "$t" || rc=1; done
     exit $rc ;;
   sanitize)
-    # memcheck, racecheck and synccheck over every SM90 config, split-K path and output type, FP4
+    # memcheck, racecheck and synccheck over every SM90 config (small-M ones too), split-K path and output type, FP4
     # outputs included (small shapes), and the captured graph replayed with new data.
     rc=0
     for tool in memcheck racecheck synccheck; do
       echo "== compute-sanitizer --tool $tool"
-      compute-sanitizer --tool $tool --error-exitcode 9 "$here/deps/gpu" sm90_every_config sm90_split_k sm90_extreme fp4_output_exact fp4_output_chains graph_capture || rc=1
+      compute-sanitizer --tool $tool --error-exitcode 9 "$here/deps/gpu" sm90_every_config sm90_split_k sm90_small_m sm90_extreme fp4_output_exact fp4_output_chains graph_capture || rc=1
     done
     exit $rc ;;
   example) shift; exec "$here/examples/nvfp4_gemm" "$@" ;;
