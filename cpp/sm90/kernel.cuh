@@ -27,13 +27,7 @@ template <class T, class OutT, class Reduce>
 __global__ void __launch_bounds__(T::kLaunchThreads, T::kMinBlocks)
     gemm_kernel(const __grid_constant__ Params p, const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b) {
   using Mainloop = CollectiveMainloop<T>;
-  extern __shared__ uint8_t smem_raw[];
-  __shared__ uint64_t raw_bar[T::kRawStages];
-  __shared__ uint64_t empty_bar[T::kRawStages];
-  // 1024-byte alignment for the swizzle atoms, as pointer arithmetic on the __shared__ array so
-  // the compiler keeps shared-memory instructions.
-  const uint32_t pad = (1024u - (static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw)) & 1023u)) & 1023u;
-  uint8_t* smem = smem_raw + pad;
+  uint8_t* smem = aligned_smem();
   half_t* decA = reinterpret_cast<half_t*>(smem);
   half_t* decB = reinterpret_cast<half_t*>(smem + T::kDecA);
   uint8_t* raw = smem + T::kDecA + T::kDecB;
@@ -41,9 +35,7 @@ __global__ void __launch_bounds__(T::kLaunchThreads, T::kMinBlocks)
   stamp(0);
 
   const TileWork w = TileScheduler<T>::work(p);
-  const RawPipeline<T> pipe(p, w, raw_bar, empty_bar, raw, decA, &map_a, &map_b);
-  if (tid == 0) pipe.init_barriers();
-  __syncthreads();
+  const RawPipeline<T> pipe = start_pipeline<T>(p, w, raw, decA, &map_a, &map_b, tid);
   if constexpr (Mainloop::kProducerWarpgroup) {
     // Exited threads do not hold up later CTA or cluster barriers.
     if (tid >= kThreads) {

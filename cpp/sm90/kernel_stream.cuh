@@ -32,19 +32,12 @@ template <class T, class OutT, class Reduce>
 __global__ void __launch_bounds__(T::kLaunchThreads, T::kMinBlocks)
     stream_kernel(const __grid_constant__ Params p, const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b) {
   using Mainloop = CollectiveMainloop<T>;
-  extern __shared__ uint8_t smem_raw[];
-  __shared__ uint64_t raw_bar[T::kRawStages];
-  __shared__ uint64_t empty_bar[T::kRawStages];
-  // 1024-byte alignment for the swizzled boxes.
-  const uint32_t pad = (1024u - (static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw)) & 1023u)) & 1023u;
-  uint8_t* smem = smem_raw + pad;
+  uint8_t* smem = aligned_smem();
   const int tid = threadIdx.x;
   stamp(0);
 
   const TileWork w = TileScheduler<T>::work(p);
-  const RawPipeline<T> pipe(p, w, raw_bar, empty_bar, smem, smem, &map_a, &map_b);
-  if (tid == 0) pipe.init_barriers();
-  __syncthreads();
+  const RawPipeline<T> pipe = start_pipeline<T>(p, w, smem, smem, &map_a, &map_b, tid);
   if (tid >= kThreads) {  // the producer warp; exited threads hold up no later barrier
     Mainloop::produce(pipe, w, tid);
     return;

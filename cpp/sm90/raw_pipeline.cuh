@@ -108,4 +108,26 @@ struct RawPipeline {
   }
 };
 
+// The kernel's dynamic shared memory from its first 1024-byte boundary (swizzle atoms and swizzled
+// boxes), as pointer arithmetic on the __shared__ array so the compiler keeps shared-memory
+// instructions.
+__device__ __forceinline__ uint8_t* aligned_smem() {
+  extern __shared__ uint8_t smem_raw[];
+  const uint32_t pad = (1024u - (static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw)) & 1023u)) & 1023u;
+  return smem_raw + pad;
+}
+
+// Every kernel's start: the CTA's pipeline over `raw` (and `dec_a`) with its barriers initialized
+// and published to all threads.
+template <class T>
+__device__ __forceinline__ RawPipeline<T> start_pipeline(const Params& p, const TileWork& w, uint8_t* raw, void* dec_a,
+                                                         const CUtensorMap* map_a, const CUtensorMap* map_b, int tid) {
+  __shared__ uint64_t full_bar[T::kRawStages];
+  __shared__ uint64_t empty_bar[T::kRawStages];
+  const RawPipeline<T> pipe(p, w, full_bar, empty_bar, raw, dec_a, map_a, map_b);
+  if (tid == 0) pipe.init_barriers();
+  __syncthreads();
+  return pipe;
+}
+
 }  // namespace bsg::sm90
