@@ -68,24 +68,32 @@ fn upload(g: &BlockScaledGemm, m: &Nvfp4Matrix) -> (cudarc::driver::CudaSlice<u8
     (s.clone_htod(m.data()).unwrap(), s.clone_htod(m.scales()).unwrap())
 }
 
+/// One GEMM on the device, D poisoned with NaN first and C = `c` where beta != 0: the config that
+/// ran and D.
+#[allow(clippy::too_many_arguments)]
+fn run_poisoned<T: OutputElement + cudarc::driver::DeviceRepr>(g: &BlockScaledGemm, a: &Nvfp4Matrix, b: &Nvfp4Matrix, alpha: f32, beta: f32, c: &[T], config: Option<Config>) -> (Config, Vec<T>) {
+    let (m, n, k, l) = (a.rows(), b.rows(), a.k(), a.batch());
+    let s = g.stream();
+    let (av, asf) = upload(g, a);
+    let (bv, bsf) = upload(g, b);
+    let mut d = s.clone_htod(&vec![T::from_f64(f64::NAN); l * m * n]).unwrap();
+    let p = Problem::new(m, n, k).batch(l).scalars(alpha, beta);
+    let ran = if beta != 0.0 {
+        let cd = s.clone_htod(c).unwrap();
+        g.gemm_with_c(&p, Nvfp4Operand::new(&av, &asf), Nvfp4Operand::new(&bv, &bsf), &cd, &mut d, config).unwrap()
+    } else {
+        g.gemm(&p, Nvfp4Operand::new(&av, &asf), Nvfp4Operand::new(&bv, &bsf), &mut d, config).unwrap()
+    };
+    (ran, s.clone_dtoh(&d).unwrap())
+}
+
 /// Runs one problem on the device with a NaN-poisoned D and judges every element against the
 /// exact reference by the verdict (contest data sums exactly in FP32: every element is exact).
 fn check<T: OutputElement + cudarc::driver::DeviceRepr>(g: &BlockScaledGemm, m: usize, n: usize, k: usize, l: usize, alpha: f32, beta: f32, config: Option<Config>, seed: u64) {
     let a = Nvfp4Matrix::random_contest(m, k, l, seed).unwrap();
     let b = Nvfp4Matrix::random_contest(n, k, l, seed + 1).unwrap();
     let c: Vec<T> = (0..l * m * n).map(|i| T::from_f64(((i * 7919) % 17) as f64 - 8.0)).collect();
-    let s = g.stream();
-    let (av, asf) = upload(g, &a);
-    let (bv, bsf) = upload(g, &b);
-    let mut d = s.clone_htod(&vec![T::from_f64(f64::NAN); l * m * n]).unwrap();
-    let p = Problem::new(m, n, k).batch(l).scalars(alpha, beta);
-    let ran = if beta != 0.0 {
-        let cd = s.clone_htod(&c).unwrap();
-        g.gemm_with_c(&p, Nvfp4Operand::new(&av, &asf), Nvfp4Operand::new(&bv, &bsf), &cd, &mut d, config).unwrap()
-    } else {
-        g.gemm(&p, Nvfp4Operand::new(&av, &asf), Nvfp4Operand::new(&bv, &bsf), &mut d, config).unwrap()
-    };
-    let got = s.clone_dtoh(&d).unwrap();
+    let (ran, got) = run_poisoned(g, &a, &b, alpha, beta, &c, config);
     let v = verify_matrices(&a, &b, alpha, beta, (beta != 0.0).then_some(&c[..]), &got).unwrap();
     assert!(v.passed(), "{ran} {m}x{n}x{k}x{l}: {v}");
 }
@@ -126,20 +134,9 @@ fn check_accumulation_bound<T: OutputElement>(got: &[T], a: &Nvfp4Matrix, b: &Nv
 #[allow(clippy::too_many_arguments)]
 fn run_sm90<T: OutputElement + cudarc::driver::DeviceRepr>(g: &BlockScaledGemm, a: &Nvfp4Matrix, b: &Nvfp4Matrix, alpha: f32, beta: f32, config: Config, exact: bool) -> Vec<T> {
     let (m, n, k, l) = (a.rows(), b.rows(), a.k(), a.batch());
-    let s = g.stream();
     let mut rng = blockscaled_gemm::SplitMix64::new(seed() ^ 0xC);
     let c: Vec<T> = (0..l * m * n).map(|_| T::from_f64(rng.below(17) as f64 - 8.0)).collect();
-    let (av, asf) = upload(g, a);
-    let (bv, bsf) = upload(g, b);
-    let mut d = s.clone_htod(&vec![T::from_f64(f64::NAN); l * m * n]).unwrap();
-    let p = Problem::new(m, n, k).batch(l).scalars(alpha, beta);
-    let ran = if beta != 0.0 {
-        let cd = s.clone_htod(&c).unwrap();
-        g.gemm_with_c(&p, Nvfp4Operand::new(&av, &asf), Nvfp4Operand::new(&bv, &bsf), &cd, &mut d, Some(config)).unwrap()
-    } else {
-        g.gemm(&p, Nvfp4Operand::new(&av, &asf), Nvfp4Operand::new(&bv, &bsf), &mut d, Some(config)).unwrap()
-    };
-    let got = s.clone_dtoh(&d).unwrap();
+    let (ran, got) = run_poisoned(g, a, b, alpha, beta, &c, Some(config));
     let want: Vec<T> = reference_gemm(a, b, alpha, beta, (beta != 0.0).then_some(&c[..])).unwrap();
     let what = format!("{ran} {m}x{n}x{k}x{l} alpha={alpha} beta={beta} {:?}", T::OUT);
     if exact {
@@ -612,20 +609,9 @@ fn general_data_passes_the_verdict() -> Outcome {
     };
     fn auto<T: OutputElement + cudarc::driver::DeviceRepr>(g: &BlockScaledGemm, a: &Nvfp4Matrix, b: &Nvfp4Matrix, alpha: f32, beta: f32) {
         let (m, n, k, l) = (a.rows(), b.rows(), a.k(), a.batch());
-        let s = g.stream();
         let mut rng = blockscaled_gemm::SplitMix64::new(seed() ^ 0xD);
         let c: Vec<T> = (0..l * m * n).map(|_| T::from_f64(rng.normal() * 256.0)).collect();
-        let (av, asf) = upload(g, a);
-        let (bv, bsf) = upload(g, b);
-        let mut d = s.clone_htod(&vec![T::from_f64(f64::NAN); l * m * n]).unwrap();
-        let p = Problem::new(m, n, k).batch(l).scalars(alpha, beta);
-        let ran = if beta != 0.0 {
-            let cd = s.clone_htod(&c).unwrap();
-            g.gemm_with_c(&p, Nvfp4Operand::new(&av, &asf), Nvfp4Operand::new(&bv, &bsf), &cd, &mut d, None).unwrap()
-        } else {
-            g.gemm(&p, Nvfp4Operand::new(&av, &asf), Nvfp4Operand::new(&bv, &bsf), &mut d, None).unwrap()
-        };
-        let got = s.clone_dtoh(&d).unwrap();
+        let (ran, got) = run_poisoned(g, a, b, alpha, beta, &c, None);
         let v = verify_matrices(a, b, alpha, beta, (beta != 0.0).then_some(&c[..]), &got).unwrap();
         assert!(v.passed(), "{ran} {m}x{n}x{k}x{l} alpha={alpha} beta={beta} {:?}: {v}", T::OUT);
         println!("  {ran} {m}x{n}x{k}x{l} {:?} beta={beta}: {v}", T::OUT);
