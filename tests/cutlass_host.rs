@@ -137,7 +137,8 @@ fn host_queries_refuse_bad_input() {
 }
 
 /// SM100 kernels whose SASS holds a block-scaled UMMA (UTC*MMA with a scale-vector suffix) and
-/// the scale-factor copy into tensor memory (UTCCP); SM90 kernels with HGMMA.
+/// the scale-factor copy into tensor memory (UTCCP); SM90 kernels with HGMMA (the stream tiles:
+/// HMMA).
 #[test]
 fn sass_has_block_scaled_umma() {
     let objs: Vec<&str> = env!("BSG_KERNEL_OBJECTS").split(';').filter(|s| !s.is_empty()).collect();
@@ -156,13 +157,18 @@ fn sass_has_block_scaled_umma() {
             kernels += 1;
         }
         if obj.contains("bsg_entry_sm90") {
-            // Hopper: FP16 warpgroup MMA fed by the on-chip e4m3 -> f16 decode.
-            assert!(sass.contains("HGMMA"), "{obj}: no HGMMA");
+            // Hopper: FP16 MMA fed by the on-chip e4m3 -> f16 decode: warpgroup MMA, or for the
+            // small-M stream tiles mma.sync m16n8k16 (HMMA.16816 with FP32 accumulators).
+            if obj.contains("bsg_entry_sm90_stream") {
+                assert!(sass.contains("HMMA.16816.F32"), "{obj}: no HMMA.16816.F32");
+            } else {
+                assert!(sass.contains("HGMMA"), "{obj}: no HGMMA");
+            }
             assert!(sass.contains("F2FP.F16.E4M3.UNPACK"), "{obj}: no e4m3x2 -> f16x2 decode");
             hopper += 1;
         }
     }
-    eprintln!("{kernels} SM100 kernels with block-scaled UMMA, {hopper} SM90 kernels with HGMMA");
+    eprintln!("{kernels} SM100 kernels with block-scaled UMMA, {hopper} SM90 kernels with HGMMA or HMMA");
     let expected = |arch: u32| built_configs().iter().filter(|c| c.info().arch == arch).map(|c| c.info().outputs.len()).sum::<usize>();
     assert_eq!(kernels, expected(100));
     assert_eq!(hopper, expected(90));
