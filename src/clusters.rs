@@ -1,6 +1,7 @@
 //! How many thread-block clusters a Hopper GPU runs at once, asked of the driver: the SM90
-//! swapped kernels ([`crate::ConfigInfo::swapped`]) reduce split-K through one cluster per output
-//! tile, and clusters beyond this count wait for a second wave (H100 SXM: 66 clusters of 2, 39 of
+//! swapped and small-M kernels ([`crate::ConfigInfo::cluster_reduces`]) reduce small splits
+//! through one cluster per output tile, and clusters beyond this count would wait for a second
+//! wave (H100 SXM: 66 clusters of 2, 39 of
 //! 3, 30 of 4, 22 of 5, 17 of 6, 15 of 7, 15 of 8; 132 SMs).
 //!
 //! The driver answers for a function and a launch configuration; the answer depends only on the

@@ -20,7 +20,8 @@ fn built(config: Config, out: OutType) -> Result<()> {
     Ok(())
 }
 
-/// The host arguments of a query about `config` with `out` output on `p` in `split_k` ranges.
+/// The host arguments of a query about `config` with `out` output on `p` in `split_k` ranges
+/// (a split the config can reduce in a cluster is taken to be, as `split_global` 0 says).
 fn split_args(config: Config, out: OutType, p: &Problem, split_k: u32) -> Result<KernelArgs> {
     built(config, out)?;
     p.check_dims(i32::MAX as usize)?;
@@ -41,10 +42,13 @@ pub fn can_implement_split_k(config: Config, out: OutType, p: &Problem, split_k:
 }
 
 /// Workspace bytes the kernel of `config` with `out` output asks for on `p` with `split_k` K
-/// ranges (the SM90 kernels: a global-memory split-K reduction; none for one range or a split
-/// reduced through a cluster).
-pub fn workspace_size(config: Config, out: OutType, p: &Problem, split_k: u32) -> Result<usize> {
-    Ok(bridge::workspace_size(config.info().index, out.index(), &split_args(config, out, p, split_k)?))
+/// ranges, summed through global memory where `split_global` even if the config could use a
+/// cluster (the launch's choice: [`crate::dispatch::cluster_split`]). SM90 kernels: a
+/// global-memory split-K reduction's counters and partials (none for one range or a split
+/// reduced through a cluster), and the swapped tiles' decoded activations.
+pub fn workspace_size(config: Config, out: OutType, p: &Problem, split_k: u32, split_global: bool) -> Result<usize> {
+    let args = KernelArgs { split_global: split_global as i32, ..split_args(config, out, p, split_k)? };
+    Ok(bridge::workspace_size(config.info().index, out.index(), &args))
 }
 
 /// Byte offsets CUTLASS's `Sm1xxBlockScaledConfig::tile_atom_to_shape_SFA/SFB` layout gives for

@@ -36,8 +36,8 @@ pub enum Schedule {
     /// SM90: both operands decoded into shared memory per CTA, SS wgmma, two CTAs per SM.
     SmemDecode,
     /// SM90, operands swapped: the weights are wgmma's register operand, the activations are
-    /// decoded once per GEMM by a pre-pass into the workspace; one CTA per SM; split-K reduced
-    /// through a cluster.
+    /// decoded once per GEMM by a pre-pass into the workspace; one CTA per SM; small splits
+    /// reduced through a cluster ([`cluster_split`]).
     SwappedRegisterDecode,
     /// SM90, small M (decode steps, MoE experts): the weights stream through the SM and are
     /// decoded into mma.sync fragments, the activations are decoded in the kernel (one launch, no
@@ -146,16 +146,17 @@ pub fn check_split_k(config: Config, p: &Problem, split_k: u32) -> Result<u32> {
 }
 
 /// Splits of 2 to this many K ranges of the SM90 swapped and small-M configs
-/// ([`ConfigInfo::cluster_reduces`]) are reduced through a thread-block cluster per output tile
-/// (`BSG_SM90_MAX_CLUSTER_SPLIT` in the launch ABI); other splits and tiles go through global
-/// memory.
+/// ([`ConfigInfo::cluster_reduces`]) can be reduced through a thread-block cluster per output
+/// tile (`BSG_SM90_MAX_CLUSTER_SPLIT` in the launch ABI); [`cluster_split`] says whether a launch
+/// does; other splits and tiles go through global memory.
 pub const SM90_MAX_CLUSTER_SPLIT: u32 = crate::sys::SM90_MAX_CLUSTER_SPLIT;
 
 /// Per cluster size 2 to [`SM90_MAX_CLUSTER_SPLIT`], how many clusters of that many thread
 /// blocks (one block per SM) a device runs at once.
 pub type ClusterCounts = [usize; SM90_MAX_CLUSTER_SPLIT as usize - 1];
 
-/// Whether `config` reduces a split of `split_k` ranges through a cluster of that many CTAs.
+/// Whether `config` can reduce a split of `split_k` ranges through a cluster of that many CTAs
+/// (a launch does where the clusters also fit: [`cluster_split`]).
 pub fn cluster_reduced(config: Config, split_k: u32) -> bool {
     config.info().cluster_reduces() && (2..=SM90_MAX_CLUSTER_SPLIT).contains(&split_k)
 }
@@ -172,8 +173,12 @@ pub fn cluster_split(config: Config, p: &Problem, split_k: u32, max_clusters: &C
 /// [`crate::gemm::DeviceFacts::max_clusters`]).
 pub const ANY_CLUSTERS: ClusterCounts = [usize::MAX; SM90_MAX_CLUSTER_SPLIT as usize - 1];
 
-/// K ranges the SM90 kernel splits `p` into (1 elsewhere), at most 16, each of at least 4
-/// k-tiles of 64, for outputs with too few tiles to occupy the GPU:
+/// K ranges the SM90 kernel splits `p` into (1 elsewhere), for outputs with too few tiles to
+/// occupy the GPU:
+/// - small-M stream tiles (one CTA per SM): as many ranges as fill the SMs, at most 32, each of
+///   at least 8 k-tiles of 64; summed in global memory where their clusters would not all fit
+///   ([`cluster_split`]);
+/// - unswapped and swapped tiles: at most 16 ranges, each of at least 4 k-tiles;
 /// - unswapped tiles (two CTAs per SM fit): two CTAs on every SM where each range keeps at least
 ///   28 k-tiles, else at most one CTA per SM;
 /// - swapped tiles (one CTA per SM): at most one CTA per SM, and no more than a cluster's 8
@@ -189,9 +194,8 @@ pub fn split_k(config: Config, p: &Problem, sm_count: usize, max_clusters: &Clus
     let tiles = config.tiles(p);
     let k_tiles = p.k.div_ceil(i.tile[2] as usize);
     if i.schedule == Schedule::StreamWeights {
-        // One CTA per SM: as many ranges as fit, each of at least two raw stages (8 k-tiles);
-        // their sum goes through global memory where the clusters would not fit at once
-        // (cluster_split).
+        // One CTA per SM: as many ranges as fit, each of at least 8 k-tiles (one raw stage of
+        // the 8- and 16-row tiles, two of the 32- and 64-row ones).
         return (sm_count / tiles).min(k_tiles / 8).clamp(1, STREAM_MAX_SPLIT) as u32;
     }
     let ranges = |ctas: usize| (ctas / tiles).min(k_tiles / 4).clamp(1, 16);
@@ -229,7 +233,8 @@ fn swapped_estimate_us(config: Config, p: &Problem, split: u32, sm_count: usize)
 }
 
 /// Picks a configuration of architecture `arch` for `p`, among those `available` says are
-/// built: the explicit entry of the shape table if it has one, else the largest tile that still
+/// built: on SM90 at M <= 64 the stream tile of the fewest rows that holds M; the explicit entry
+/// of the shape table if it has one (SM100); else the largest tile that still
 /// gives every SM a tile (`sm_count`), else the config that occupies the most SMs (ties: the
 /// least padded work). `None` when no config of that architecture is available.
 pub fn select(arch: u32, p: &Problem, sm_count: usize, max_clusters: &ClusterCounts, available: impl Fn(Config) -> bool) -> Option<Config> {
@@ -271,6 +276,8 @@ pub fn select(arch: u32, p: &Problem, sm_count: usize, max_clusters: &ClusterCou
             return Some(Config::Sm90_128x128x64);
         }
     }
+    // The stream tiles are for M up to their rows only (partial builds may leave nothing else).
+    let candidates: Vec<Config> = candidates.into_iter().filter(|c| c.info().schedule != Schedule::StreamWeights || p.m <= c.info().tile[0] as usize).collect();
     let area = |c: &Config| c.info().tile[0] as usize * c.info().tile[1] as usize;
     let padded = |c: &Config| {
         let t = c.info().tile;

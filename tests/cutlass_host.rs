@@ -103,9 +103,9 @@ fn sm90_split_k_rules_agree_with_the_kernels() {
     eprintln!("{checked} (SM90 config, shape, split-K) cases agree, {refused} refused by both");
 }
 
-/// The split-K heuristic's notion of a cluster reduction (`cluster_reduced`, which keeps those
-/// clusters within one wave) is the kernels' own: exactly those splits ask for no split-K
-/// workspace. The swapped configs' workspace also holds their pre-decoded activations, FP16 (L,
+/// The split-K heuristic's notion of a cluster reduction (`cluster_reduced`) is the kernels' own:
+/// exactly those splits ask for no split-K workspace, unless the launch sends them through global
+/// memory (`split_global`, where their clusters would not all fit). The swapped configs' workspace also holds their pre-decoded activations, FP16 (L,
 /// M, K rounded up to 64), at its end and past the split-K counters (256 KiB, which other configs
 /// sharing the workspace need zero), so those always count.
 #[test]
@@ -117,7 +117,11 @@ fn cluster_split_rule_agrees_with_the_kernels() {
         let pre = if swapped { 256 * 1024 + 2 * p.l * p.m * p.k.div_ceil(64) * 64 } else { 0 };
         for &out in c.info().outputs.iter().filter(|o| c.is_built(**o)) {
             for split in 1u32..=9 {
-                let ws = workspace_size(c, out, &p, split).unwrap();
+                let ws = workspace_size(c, out, &p, split, false).unwrap();
+                // Sent through global memory, every split asks for its partials.
+                let global = workspace_size(c, out, &p, split, true).unwrap();
+                assert_eq!(global > pre, split > 1, "{c} {out} split {split} global: workspace {global}");
+                assert!(global >= ws, "{c} {out} split {split}: global {global} < {ws}");
                 assert!(ws >= pre, "{c} {out} split {split}: workspace {ws} < {pre} bytes of counters and activations");
                 let split_ws = ws - pre;
                 assert_eq!(split > 1 && split_ws == 0, cluster_reduced(c, split), "{c} {out} split {split}: workspace {ws}");

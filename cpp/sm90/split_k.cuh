@@ -4,7 +4,8 @@
 //    to arrive (per-tile counter) sums them and goes on to the epilogue. The counters sit in a
 //    fixed region at the start of the workspace, zeroed once when it is allocated; each launch
 //    leaves them zero again (the last CTA resets its tile's), so no memset precedes the kernel.
-//  - ReduceCluster (swapped tiles, split_k <= kMaxClusterSplit): the split_k CTAs of a tile form
+//  - ReduceCluster (swapped and stream tiles, split_k <= kMaxClusterSplit, unless the launch says
+//    split_global): the split_k CTAs of a tile form
 //    one cluster; each keeps its partial tile in its own shared memory and the epilogue sums one
 //    slice of rows over all of them straight from the peers' shared memory (cluster_sum).
 #pragma once
