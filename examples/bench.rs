@@ -183,8 +183,7 @@ fn bench_one(cli: &Cli, gemm: &BlockScaledGemm, stream: &Arc<CudaStream>, l2: us
         std::hint::black_box(gemm.select_config(std::hint::black_box(&p), out)?);
         plan.push(t.elapsed().as_secs_f64() * 1e6);
     }
-    plan.sort_by(|x, y| x.total_cmp(y));
-    let plan_us = plan[plan.len() / 2];
+    let plan_us = median(plan);
     let set_bytes = p.a_bytes() + p.b_bytes() + p.sfa_bytes() + p.sfb_bytes();
     let n_sets = (2 * l2 / set_bytes + 1).max(2);
     let mut sets: Sets = Vec::new();
@@ -255,9 +254,7 @@ fn bench_one(cli: &Cli, gemm: &BlockScaledGemm, stream: &Arc<CudaStream>, l2: us
         events.push((start, event()?));
     }
     stream.synchronize()?;
-    let mut us: Vec<f64> = events.iter().map(|(s, e)| s.elapsed_ms(e).map(|ms| ms as f64 * 1e3)).collect::<Result<_, _>>()?;
-    us.sort_by(|x, y| x.total_cmp(y));
-    let launch_us = us[us.len() / 2];
+    let launch_us = median(events.iter().map(|(s, e)| s.elapsed_ms(e).map(|ms| ms as f64 * 1e3)).collect::<Result<_, _>>()?);
     let mut exact = check(&d, &sfd)?;
     // Back to back, and the host's time to queue them.
     poison(stream, &mut d)?;
@@ -269,8 +266,7 @@ fn bench_one(cli: &Cli, gemm: &BlockScaledGemm, stream: &Arc<CudaStream>, l2: us
         host.push(t.elapsed().as_secs_f64() * 1e6);
     }
     let end = event()?;
-    host.sort_by(|x, y| x.total_cmp(y));
-    let host_us = host[host.len() / 2];
+    let host_us = median(host);
     end.synchronize()?;
     let b2b_us = start.elapsed_ms(&end)? as f64 * 1e3 / cli.runs as f64;
     exact &= check(&d, &sfd)?;
@@ -293,13 +289,17 @@ fn bench_one(cli: &Cli, gemm: &BlockScaledGemm, stream: &Arc<CudaStream>, l2: us
         reps.push((s, event()?));
     }
     stream.synchronize()?;
-    let mut g: Vec<f64> = reps.iter().map(|(s, e)| s.elapsed_ms(e).map(|ms| ms as f64 * 1e3 / cli.graph_calls as f64)).collect::<Result<_, _>>()?;
-    g.sort_by(|x, y| x.total_cmp(y));
-    let graph_us = g[g.len() / 2];
+    let graph_us = median(reps.iter().map(|(s, e)| s.elapsed_ms(e).map(|ms| ms as f64 * 1e3 / cli.graph_calls as f64)).collect::<Result<_, _>>()?);
     exact &= check(&d, &sfd)?;
     let out_bytes = d_bytes + if out.sfd().is_some() { p.sfd_bytes() } else { 0 };
     let floor_us = (((set_bytes + out_bytes) as f64) / (copy_gbps * 1e9)).max(p.flops() / 800e12) * 1e6;
     Ok(Result1 { config, split, launch_us, b2b_us, graph_us, host_us, plan_us, floor_us, workspace, exact })
+}
+
+/// The middle value of the sorted samples (upper middle for an even count).
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|x, y| x.total_cmp(y));
+    v[v.len() / 2]
 }
 
 /// The sampled rows (bytes of D's type) equal the exact reference bit for bit.
@@ -353,8 +353,7 @@ fn copy_bandwidth(stream: &Arc<CudaStream>) -> Result<f64, Box<dyn std::error::E
         e.synchronize()?;
         t.push(s.elapsed_ms(&e)? as f64);
     }
-    t.sort_by(|x, y| x.total_cmp(y));
-    Ok(2.0 * bytes as f64 / (t[t.len() / 2] * 1e-3) / 1e9)
+    Ok(2.0 * bytes as f64 / (median(t) * 1e-3) / 1e9)
 }
 
 /// cuBLAS figures from bench/baselines.py's JSON: {"shapes": {"MxNxK": {"cublas_bf16_graph_us":
