@@ -341,11 +341,15 @@ impl BlockScaledGemm {
         self.run_fp4(p, out, a, b, Some(c), d, config)
     }
 
-    fn split_k_for(&self, config: Config, p: &Problem) -> Result<u32> {
-        match self.split_k {
-            None => Ok(dispatch::split_k(config, p, self.device.sm_count, &self.device.max_clusters)),
-            Some(s) => dispatch::check_split_k(config, p, s),
-        }
+    /// The launch's K ranges (the rule's, or the forced count once checked) and whether their sum
+    /// goes through global memory (`split_global`: clusters that would not all fit at once), as
+    /// the launch arguments carry them.
+    fn split_for(&self, config: Config, p: &Problem) -> Result<(i32, i32)> {
+        let split = match self.split_k {
+            None => dispatch::split_k(config, p, self.device.sm_count, &self.device.max_clusters),
+            Some(s) => dispatch::check_split_k(config, p, s)?,
+        };
+        Ok((split as i32, !dispatch::cluster_split(config, p, split, &self.device.max_clusters) as i32))
     }
 
     /// Validates the problem against every buffer's length, picks the config (`forced` or the
@@ -436,9 +440,7 @@ impl BlockScaledGemm {
         args.stream = stream.cu_stream() as u64;
         args.device_id = self.device.ordinal as i32;
         args.sm_count = self.device.sm_count as i32;
-        let split = self.split_k_for(config, p)?;
-        args.split_k = split as i32;
-        args.split_global = !dispatch::cluster_split(config, p, split, &self.device.max_clusters) as i32;
+        (args.split_k, args.split_global) = self.split_for(config, p)?;
         if out.sfd().is_some() && p.sfd_bytes() != p.l * p.m * (p.n / 16) {
             // CUTLASS's SM100 epilogue leaves the padding of the SFD tiles unwritten; that launch
             // zeroes it (once every check has passed) so the buffer can feed the next GEMM.
@@ -494,9 +496,8 @@ impl BlockScaledGemm {
     pub fn workspace_size(&self, p: &Problem, out: OutType, config: Option<Config>) -> Result<usize> {
         let lens = BufferLens::for_problem(p, out, p.beta != 0.0);
         let config = plan(p, out, &lens, &self.device, config, |c, o| c.is_built(o))?;
-        let split = self.split_k_for(config, p)?;
-        let split_global = !dispatch::cluster_split(config, p, split, &self.device.max_clusters) as i32;
-        let args = KernelArgs { split_k: split as i32, split_global, sm_count: self.device.sm_count as i32, ..p.launch_args() };
+        let (split_k, split_global) = self.split_for(config, p)?;
+        let args = KernelArgs { split_k, split_global, sm_count: self.device.sm_count as i32, ..p.launch_args() };
         Ok(sys::workspace_size(config.info().index, out.index(), &args))
     }
 
