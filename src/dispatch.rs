@@ -216,9 +216,6 @@ pub fn split_k(config: Config, p: &Problem, sm_count: usize, max_clusters: &Clus
 /// K ranges of a small-M (stream) launch at most.
 const STREAM_MAX_SPLIT: usize = 32;
 
-/// The small-M configs by tile M, smallest first.
-const STREAM: [Config; 4] = [Config::Sm90_Stream_8x128x64, Config::Sm90_Stream_16x128x64, Config::Sm90_Stream_32x128x64, Config::Sm90_Stream_64x64x64];
-
 /// Modelled time (microseconds, H100 SXM) of the swapped 128x256 or 128x128 tile on `p` at
 /// `split`: per wave, the fixed costs (first raw stage; after the loop the cluster reduction or
 /// the epilogue) plus one K range's k-tiles at the loop's rate in clocks at 1.9 GHz. The
@@ -246,7 +243,8 @@ pub fn select(arch: u32, p: &Problem, sm_count: usize, max_clusters: &ClusterCou
     }
     if arch == 90 {
         // Small M (at most 64 token rows): the stream tile of the fewest rows that holds M.
-        if let Some(c) = STREAM.into_iter().find(|c| p.m <= c.info().tile[0] as usize && candidates.contains(c)) {
+        let stream = candidates.iter().copied().filter(|c| c.info().schedule == Schedule::StreamWeights && p.m <= c.info().tile[0] as usize);
+        if let Some(c) = stream.min_by_key(|c| c.info().tile[0]) {
             return Some(c);
         }
         // Split-K fills the GPU for small outputs, so the choice is about tile efficiency
@@ -276,8 +274,9 @@ pub fn select(arch: u32, p: &Problem, sm_count: usize, max_clusters: &ClusterCou
             return Some(Config::Sm90_128x128x64);
         }
     }
-    // The stream tiles are for M up to their rows only (partial builds may leave nothing else).
-    let candidates: Vec<Config> = candidates.into_iter().filter(|c| c.info().schedule != Schedule::StreamWeights || p.m <= c.info().tile[0] as usize).collect();
+    // The stream tiles serve only the M their rows hold, taken above (partial builds may leave
+    // nothing else here).
+    let candidates: Vec<Config> = candidates.into_iter().filter(|c| c.info().schedule != Schedule::StreamWeights).collect();
     let area = |c: &Config| c.info().tile[0] as usize * c.info().tile[1] as usize;
     let padded = |c: &Config| {
         let t = c.info().tile;
