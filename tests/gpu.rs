@@ -217,15 +217,19 @@ fn sm90_small_m_every_output() -> Outcome {
         let chosen = g.select_config(&p, OutType::F16).unwrap();
         let configs: Vec<Config> = std::iter::once(chosen).chain(streams.iter().copied().filter(|&c| c != chosen)).collect();
         let c32: Vec<f32> = (0..l * m * n).map(|_| rng.below(33) as f32 - 16.0).collect();
+        // FP4 output with C, alpha, beta and a norm constant: D and SFD byte for byte.
+        let fp4 = |g: &BlockScaledGemm, out: OutType, config: Config, split: &str| {
+            let p = p.scalars(0.5, 0.25).norm_constant(96.0);
+            let (ran, d, sfd) = run_fp4(g, &p, out, &a, &b, Some(&c32), Some(config));
+            let (want_d, want_sfd) = reference::gemm_fp4(&p, a.data(), a.scales(), b.data(), b.scales(), Some(&c32), out.sfd().unwrap(), Accumulation::Exact).unwrap();
+            assert!(d == want_d && sfd == want_sfd, "{ran} {out} split {split} {m}x{n}x{k}x{l}: FP4 output differs from the reference");
+        };
         for config in configs {
             run_sm90::<f16>(&g, &a, &b, 1.0, 0.0, config, true);
             run_sm90::<bf16>(&g, &a, &b, 0.5, 2.0, config, true);
             run_sm90::<f32>(&g, &a, &b, -0.75, 0.5, config, true);
             for out in [OutType::Nvfp4, OutType::Nvfp4Ue8m0] {
-                let p = p.scalars(0.5, 0.25).norm_constant(96.0);
-                let (ran, d, sfd) = run_fp4(&g, &p, out, &a, &b, Some(&c32), Some(config));
-                let (want_d, want_sfd) = reference::gemm_fp4(&p, a.data(), a.scales(), b.data(), b.scales(), Some(&c32), out.sfd().unwrap(), Accumulation::Exact).unwrap();
-                assert!(d == want_d && sfd == want_sfd, "{ran} {out} {m}x{n}x{k}x{l}: FP4 output differs from the reference");
+                fp4(&g, out, config, "by rule");
             }
             runs += 5;
         }
@@ -234,10 +238,7 @@ fn sm90_small_m_every_output() -> Outcome {
             let g12 = BlockScaledGemm::new(g.stream().clone()).unwrap().with_split_k(Some(12));
             for &config in &streams {
                 run_sm90::<f16>(&g12, &a, &b, 1.0, 0.0, config, true);
-                let p = p.scalars(0.5, 0.25).norm_constant(96.0);
-                let (ran, d, sfd) = run_fp4(&g12, &p, OutType::Nvfp4, &a, &b, Some(&c32), Some(config));
-                let (want_d, want_sfd) = reference::gemm_fp4(&p, a.data(), a.scales(), b.data(), b.scales(), Some(&c32), OutType::Nvfp4.sfd().unwrap(), Accumulation::Exact).unwrap();
-                assert!(d == want_d && sfd == want_sfd, "{ran} split 12 {m}x{n}x{k}x{l}: FP4 output differs from the reference");
+                fp4(&g12, OutType::Nvfp4, config, "12");
                 runs += 2;
             }
         }
