@@ -20,7 +20,9 @@ struct CollectiveMainloop;
 
 // The 8 packed bytes of scale group c (16 values) of k-tile `sub` (0..3 of a box) in row r of a
 // raw box of 128-byte rows in the 128-byte swizzle (16-byte chunk j of row r at chunk j ^ (r % 8)):
-// the eight rows g of an MMA fragment read eight distinct chunks.
+// the eight rows g of an MMA fragment read eight distinct chunks. The swizzle of sw128_offset
+// (common/ptx.cuh) with row * 128 written directly: through sw128_offset nvcc does not fold
+// (r >> 3) * 1024 + (r & 7) * 128 and the stream kernels grow by ~130 instructions.
 __device__ __forceinline__ uint32_t sw128_group(int r, int sub, int c) {
   return uint32_t(r * 128 + (((sub * 2 + (c >> 1)) ^ (r & 7)) << 4) + (c & 1) * 8);
 }

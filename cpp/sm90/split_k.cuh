@@ -5,9 +5,9 @@
 //    fixed region at the start of the workspace, zeroed once when it is allocated; each launch
 //    leaves them zero again (the last CTA resets its tile's), so no memset precedes the kernel.
 //  - ReduceCluster (swapped and stream tiles, split_k <= kMaxClusterSplit, unless the launch says
-//    split_global): the split_k CTAs of a tile form
-//    one cluster; each keeps its partial tile in its own shared memory and the epilogue sums one
-//    slice of rows over all of them straight from the peers' shared memory (cluster_sum).
+//    split_global): the split_k CTAs of a tile form one cluster; each keeps its partial tile in its
+//    own shared memory and the epilogue sums one slice of rows over all of them straight from the
+//    peers' shared memory (cluster_sum).
 #pragma once
 
 #include <cstdint>
