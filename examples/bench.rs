@@ -16,6 +16,12 @@
 //! at 800 TFLOP/s). cuBLAS figures come from `--baselines FILE` (bench/baselines.py, run in the
 //! same device session by `run.sh bench`), graph-replayed like ours; absent, they are null.
 //!
+//! Then the GPU quantizer (`op` "quantize"), bf16 (1, M, K) with a given global scale, for each
+//! of `--quantize-rows` at K = `--quantize-k`: back to back and from a graph as above, inputs
+//! rotated over more than twice the L2, `gbps` = bytes read + written (scale padding included)
+//! per second of the graph time, against `copy_gbps`; `exact`: codes and scales equal the CPU
+//! quantizer's bit for bit.
+//!
 //! `cargo run --release --example bench -- [--shape MxNxK]... [--out f16,nvfp4] [--json FILE]`
 
 use std::time::Instant;
@@ -24,7 +30,7 @@ use blockscaled_gemm::compare::{compare, compare_fp4};
 use blockscaled_gemm::fp4_out;
 use blockscaled_gemm::layout::from_tiled;
 use blockscaled_gemm::reference::{self, Accumulation};
-use blockscaled_gemm::{reference_gemm, BlockScaledGemm, Config, Nvfp4Matrix, Nvfp4Operand, Nvfp4Output, OutType, Problem};
+use blockscaled_gemm::{reference_gemm, BlockScaledGemm, Config, Nvfp4Matrix, Nvfp4Output, Nvfp4Tensor, OutType, Problem, Quantizer, SplitMix64};
 use clap::Parser;
 use cudarc::driver::sys::{CUdevice_attribute, CUevent_flags, CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtrMut};
@@ -60,6 +66,15 @@ struct Cli {
     /// Write one JSON object per shape and output type here (JSON lines).
     #[arg(long)]
     json: Option<std::path::PathBuf>,
+    /// Rows of the quantizer runs, comma-separated (empty: none).
+    #[arg(long, default_value = "1,16,128,4096,16384")]
+    quantize_rows: String,
+    /// K of the quantizer runs.
+    #[arg(long, default_value_t = 7168)]
+    quantize_k: usize,
+    /// Skip the GEMMs (quantizer runs only).
+    #[arg(long)]
+    no_gemm: bool,
     /// Commit recorded in the JSON (default: the one this binary was built from, if known).
     #[arg(long)]
     commit: Option<String>,
@@ -78,7 +93,7 @@ const DEFAULT_SHAPES: &[(usize, usize, usize)] = &[
     (8192, 8192, 8192),
 ];
 
-type Sets = Vec<(CudaSlice<u8>, CudaSlice<u8>, CudaSlice<u8>, CudaSlice<u8>)>;
+type Sets = Vec<(Nvfp4Tensor, Nvfp4Tensor)>;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let cli = Cli::parse();
@@ -129,7 +144,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("device: {gpu}, {} SMs, L2 {} MB, copy {copy_gbps:.0} GB/s; commit {commit}", gemm.device().sm_count, l2 >> 20);
     println!("{:>16} {:>6} {:>24} {:>5} {:>9} {:>8} {:>8} {:>8} {:>8} {:>10} {:>9} {:>7} {:>6}", "MxNxK", "out", "config", "split", "launch_us", "b2b_us", "graph_us", "host_us", "floor_us", "bf16_graph", "fp8_graph", "x_floor", "check");
     let mut json = String::new();
-    for &(m, n, k) in &shapes {
+    for &(m, n, k) in shapes.iter().filter(|_| !cli.no_gemm) {
         for &out in &outs {
             let r = bench_one(&cli, &gemm, &stream, l2, copy_gbps, (m, n, k), out)?;
             let (bf16, fp8) = baselines.as_ref().map_or((None, None), |b| b.get(m, n, k));
@@ -142,10 +157,89 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 out.name(), r.config, r.split, cli.runs, cli.graph_calls, r.launch_us, r.b2b_us, r.graph_us, r.host_us, r.plan_us, num(bf16), num(fp8), r.floor_us, r.workspace, r.exact);
         }
     }
+    let quantizer = Quantizer::new(stream.clone());
+    let k = cli.quantize_k;
+    for m in cli.quantize_rows.split(',').filter(|s| !s.is_empty()) {
+        let m: usize = m.trim().parse().map_err(|_| format!("--quantize-rows: {m} is not a row count"))?;
+        let r = bench_quantize(&cli, &quantizer, &stream, l2, (m, k))?;
+        let gbps = r.bytes as f64 / (r.graph_us * 1e-6) / 1e9;
+        println!("quantize bf16 {m}x{k}: b2b {:.2} us, graph {:.2} us, host {:.2} us, {gbps:.0} GB/s ({:.0}% of copy), {}", r.b2b_us, r.graph_us, r.host_us, 100.0 * gbps / copy_gbps, if r.exact { "exact" } else { "FAILED" });
+        json += &format!(
+            "{{\"op\":\"quantize\",\"gpu\":\"{gpu}\",\"commit\":\"{commit}\",\"m\":{m},\"k\":{k},\"l\":1,\"input\":\"bf16\",\"runs\":{},\"graph_calls\":{},\"ours_b2b_us\":{:.3},\"ours_graph_us\":{:.3},\"host_enqueue_us\":{:.3},\"bytes\":{},\"gbps\":{gbps:.1},\"copy_gbps\":{copy_gbps:.1},\"exact\":{}}}\n",
+            cli.runs, cli.graph_calls, r.b2b_us, r.graph_us, r.host_us, r.bytes, r.exact);
+    }
     if let Some(path) = &cli.json {
         std::fs::write(path, json)?;
     }
     Ok(())
+}
+
+struct QuantResult {
+    b2b_us: f64,
+    graph_us: f64,
+    host_us: f64,
+    bytes: usize,
+    exact: bool,
+}
+
+/// The quantizer on bf16 (1, m, k) N(0, 1) data with the global scale 4 / 2688 given (a static
+/// activation scale), inputs rotated over more than twice the L2.
+fn bench_quantize(cli: &Cli, q: &Quantizer, stream: &Arc<CudaStream>, l2: usize, (m, k): (usize, usize)) -> Result<QuantResult, Box<dyn std::error::Error>> {
+    let mut rng = SplitMix64::new(7);
+    let x: Vec<half::bf16> = (0..m * k).map(|_| half::bf16::from_f32(rng.normal() as f32)).collect();
+    let g = 4.0 / 2688.0;
+    let want = Nvfp4Matrix::quantize(&x, (1, m, k), Some(g))?;
+    let elems = m * k;
+    let n_sets = (2 * l2 / (2 * elems) + 1).max(2);
+    let big = stream.clone_htod(&x.repeat(n_sets))?;
+    let mut codes: CudaSlice<u8> = stream.alloc_zeros(elems / 2)?;
+    let mut scales: CudaSlice<u8> = stream.alloc_zeros(want.scales().len())?;
+    let launch = |i: usize, codes: &mut CudaSlice<u8>, scales: &mut CudaSlice<u8>| {
+        let set = i % n_sets;
+        q.quantize_into(&big.slice(set * elems..(set + 1) * elems), (1, m, k), g, codes, scales)
+    };
+    let check = |codes: &CudaSlice<u8>, scales: &CudaSlice<u8>| -> Result<bool, Box<dyn std::error::Error>> {
+        Ok(stream.clone_dtoh(codes)? == want.data() && stream.clone_dtoh(scales)? == want.scales())
+    };
+    for i in 0..10 {
+        launch(i, &mut codes, &mut scales)?;
+    }
+    let event = || stream.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT));
+    poison(stream, &mut codes)?;
+    poison(stream, &mut scales)?;
+    let start = event()?;
+    let mut host = Vec::with_capacity(cli.runs);
+    for i in 0..cli.runs {
+        let t = Instant::now();
+        launch(i, &mut codes, &mut scales)?;
+        host.push(t.elapsed().as_secs_f64() * 1e6);
+    }
+    let end = event()?;
+    end.synchronize()?;
+    let b2b_us = start.elapsed_ms(&end)? as f64 * 1e3 / cli.runs as f64;
+    let mut exact = check(&codes, &scales)?;
+    poison(stream, &mut codes)?;
+    poison(stream, &mut scales)?;
+    stream.synchronize()?;
+    stream.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)?;
+    let captured = (0..cli.graph_calls).try_for_each(|i| launch(i, &mut codes, &mut scales));
+    let graph = stream.end_capture(CUgraphInstantiate_flags(0))?;
+    captured?;
+    let graph = graph.ok_or("capture gave no graph")?;
+    graph.upload()?;
+    for _ in 0..3 {
+        graph.launch()?;
+    }
+    let mut reps = Vec::with_capacity(cli.replays);
+    for _ in 0..cli.replays {
+        let s = event()?;
+        graph.launch()?;
+        reps.push((s, event()?));
+    }
+    stream.synchronize()?;
+    let graph_us = median(reps.iter().map(|(s, e)| s.elapsed_ms(e).map(|ms| ms as f64 * 1e3 / cli.graph_calls as f64)).collect::<Result<_, _>>()?);
+    exact &= check(&codes, &scales)?;
+    Ok(QuantResult { b2b_us, graph_us, host_us: median(host), bytes: 2 * elems + elems / 2 + want.scales().len(), exact })
 }
 
 struct Result1 {
@@ -188,7 +282,7 @@ fn bench_one(cli: &Cli, gemm: &BlockScaledGemm, stream: &Arc<CudaStream>, l2: us
     let n_sets = (2 * l2 / set_bytes + 1).max(2);
     let mut sets: Sets = Vec::new();
     for _ in 0..n_sets {
-        sets.push((stream.clone_htod(a.data())?, stream.clone_htod(a.scales())?, stream.clone_htod(b.data())?, stream.clone_htod(b.scales())?));
+        sets.push((Nvfp4Tensor::upload(&a, &stream)?, Nvfp4Tensor::upload(&b, &stream)?));
     }
     let elem = match out {
         OutType::F32 => 4,
@@ -200,8 +294,7 @@ fn bench_one(cli: &Cli, gemm: &BlockScaledGemm, stream: &Arc<CudaStream>, l2: us
     let workspace = gemm.workspace_size(&p, out, Some(config))?;
     gemm.reserve_workspace(workspace)?;
     let launch = |i: usize, d: &mut CudaSlice<u8>, sfd: &mut CudaSlice<u8>| -> Result<(), blockscaled_gemm::Error> {
-        let (av, asf, bv, bsf) = &sets[i % n_sets];
-        let (oa, ob) = (Nvfp4Operand::new(av, asf), Nvfp4Operand::new(bv, bsf));
+        let (oa, ob) = (&sets[i % n_sets].0, &sets[i % n_sets].1);
         // SAFETY: every bit pattern is a value of these types, and the buffer holds d_bytes bytes.
         match out {
             OutType::Nvfp4 | OutType::Nvfp4Ue8m0 => gemm.gemm_fp4(&p, out, oa, ob, Nvfp4Output::new(d, &mut sfd.slice_mut(..p.sfd_bytes())), Some(config)).map(|_| ()),

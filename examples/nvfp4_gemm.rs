@@ -25,7 +25,7 @@
 //! Input files (`--input`, safetensors): `a` and `b` hold packed e2m1 values, dtype U8 with shape
 //! [M, K/2] or [L, M, K/2] (batch outermost, the contest's memory order), or dtype F4 (PyTorch
 //! `float4_e2m1fn_x2`) with shape [M, K] or [L, M, K]; `sfa` and `sfb` hold ue4m3 scale bytes
-//! (F8_E4M3 or U8) in the tiled storage order of SPEC.md §3, flat, or labelled with the
+//! (F8_E4M3 or U8) in the tiled storage order of `blockscaled_gemm::layout`, flat, or labelled with the
 //! contest's permuted shape (32, 4, rest, 4, rest_k, L) or its storage shape
 //! (L, rest, rest_k, 32, 4, 4): in every case the bytes are read in storage order; `c`, when
 //! present, has D's shape ([M, N] or [L, M, N]) and dtype.
@@ -38,7 +38,7 @@ use blockscaled_gemm::compare::{compare, compare_fp4, sample_rows, verify_matric
 use blockscaled_gemm::layout::{from_tiled, padded_rows, padded_sf_cols, sf_bytes, sf_cols};
 use blockscaled_gemm::fp4_out;
 use blockscaled_gemm::reference::{self, Accumulation};
-use blockscaled_gemm::{reference_gemm, BlockScaledGemm, Config, Error, Nvfp4Matrix, Nvfp4Operand, Nvfp4Output, OutType, OutputElement, Problem, SfdFormat, SplitMix64};
+use blockscaled_gemm::{reference_gemm, BlockScaledGemm, Config, Error, Nvfp4Matrix, Nvfp4Output, Nvfp4Tensor, OutType, OutputElement, Problem, SfdFormat, SplitMix64};
 use clap::{Parser, ValueEnum};
 use cudarc::driver::{CudaContext, DeviceRepr};
 use half::{bf16, f16};
@@ -294,13 +294,12 @@ fn run<T: OutputElement + DeviceRepr + safetensors_dtype::HasDtype>(cli: &Cli) -
     }
     let stream = gpu_stream()?;
     let gemm = BlockScaledGemm::new(stream.clone())?;
-    let up = |v: &[u8]| stream.clone_htod(v).map_err(Error::from);
-    let (av, asf, bv, bsf) = (up(a.data())?, up(a.scales())?, up(b.data())?, up(b.scales())?);
+    let (ta, tb) = (Nvfp4Tensor::upload(a, &stream)?, Nvfp4Tensor::upload(b, &stream)?);
     let c_dev = inputs.c.as_ref().map(|c| stream.clone_htod(c)).transpose().map_err(Error::from)?;
     // Poisoned D: an element the kernel does not write fails verification.
     let mut d = stream.clone_htod(&vec![T::from_f64(f64::NAN); p.cd_elems()]).map_err(Error::from)?;
     let mut launch = || -> Result<Config, Error> {
-        let (oa, ob) = (Nvfp4Operand::new(&av, &asf), Nvfp4Operand::new(&bv, &bsf));
+        let (oa, ob) = (&ta, &tb);
         match &c_dev {
             Some(c) => gemm.gemm_with_c(&p, oa, ob, c, &mut d, config),
             None => gemm.gemm(&p, oa, ob, &mut d, config),
@@ -354,13 +353,13 @@ fn run_fp4(cli: &Cli) -> Result<bool, Exit> {
     let stream = gpu_stream()?;
     let gemm = BlockScaledGemm::new(stream.clone())?;
     let up = |v: &[u8]| stream.clone_htod(v).map_err(Error::from);
-    let (av, asf, bv, bsf) = (up(inputs.a.data())?, up(inputs.a.scales())?, up(inputs.b.data())?, up(inputs.b.scales())?);
+    let (ta, tb) = (Nvfp4Tensor::upload(&inputs.a, &stream)?, Nvfp4Tensor::upload(&inputs.b, &stream)?);
     let c_dev = inputs.c.as_ref().map(|c| stream.clone_htod(c)).transpose().map_err(Error::from)?;
     // Poisoned outputs: a code or scale factor the kernel does not write fails verification.
     let mut d = up(&vec![0xEE; p.cd_elems() / 2])?;
     let mut sfd = up(&vec![0x7F; p.sfd_bytes()])?;
     let mut launch = || -> Result<Config, Error> {
-        let (oa, ob) = (Nvfp4Operand::new(&av, &asf), Nvfp4Operand::new(&bv, &bsf));
+        let (oa, ob) = (&ta, &tb);
         let od = Nvfp4Output::new(&mut d, &mut sfd);
         match &c_dev {
             Some(c) => gemm.gemm_fp4_with_c(&p, out, oa, ob, c, od, config),
@@ -509,7 +508,7 @@ fn generate<T: OutputElement>(cli: &Cli) -> Result<Inputs<T>, Exit> {
             let gauss = |rows: usize, seed: u64| {
                 let mut rng = SplitMix64::new(seed);
                 let x: Vec<f32> = (0..l * rows * k).map(|_| rng.normal() as f32).collect();
-                Nvfp4Matrix::quantize_f32(&x, rows, k, l)
+                Nvfp4Matrix::quantize(&x, (l, rows, k), None)
             };
             (gauss(m, cli.seed)?, gauss(n, cli.seed.wrapping_add(1))?)
         }

@@ -19,7 +19,7 @@ for line in sys.stdin:
         print(m["target"]["name"], m["executable"])
 ' | while read -r name exe; do
   case "$name" in
-    cutlass_host) ;;  # needs the build tree (cuobjdump, kernel objects): CI runs it
+    cutlass_host|coexist) ;;  # need the build tree (cuobjdump, kernel objects, cargo): CI runs them
     *) cp "$exe" "$out/deps/$name" ;;
   esac
 done
@@ -42,7 +42,7 @@ case "${1:-tests}" in
     rc=0
     for tool in memcheck racecheck synccheck; do
       echo "== compute-sanitizer --tool $tool"
-      compute-sanitizer --tool $tool --error-exitcode 9 "$here/deps/gpu" sm90_every_config sm90_split_k sm90_small_m sm90_extreme fp4_output_exact fp4_output_chains graph_capture || rc=1
+      compute-sanitizer --tool $tool --error-exitcode 9 "$here/deps/gpu" sm90_every_config sm90_split_k sm90_small_m sm90_extreme fp4_output_exact fp4_output_chains quantized_tensors graph_capture || rc=1
     done
     exit $rc ;;
   example) shift; exec "$here/examples/nvfp4_gemm" "$@" ;;

@@ -14,7 +14,7 @@
 //!
 //! Every kernel computes each product `p_k = a_k * b_k` (block-scaled values) exactly: an e2m1
 //! value times a ue4m3 scale has at most 5 significant bits and lies in [2^-10, 2688], so it is
-//! exact in FP16 (SPEC.md §2), and a product of two FP16 values is exact in FP32 (22 bits, at
+//! exact in FP16 (see [`crate::formats`]), and a product of two FP16 values is exact in FP32 (22 bits, at
 //! least 2^-20; SM100's block-scaled MMA forms the same products). The K products of one output
 //! are then summed in FP32 in an order the kernel chooses: wgmma or UMMA trees, k-tile after
 //! k-tile, split-K partial sums added at the end.
@@ -473,11 +473,13 @@ pub fn verify<T: OutputElement>(p: &Problem, a: &[u8], sfa: &[u8], b: &[u8], sfb
 }
 
 /// [`verify`] for host matrices, A (L, M, K) and B (L, N, K), as [`crate::reference_gemm`]
-/// takes them (global scales not applied: fold them into alpha).
+/// takes them (their global scales folded into alpha, as the GEMM folds them).
 pub fn verify_matrices<T: OutputElement>(a: &Nvfp4Matrix, b: &Nvfp4Matrix, alpha: f32, beta: f32, c: Option<&[T]>, got: &[T]) -> Result<Verdict> {
     if a.k() != b.k() || a.batch() != b.batch() {
         return Err(Error::InvalidData { what: "operands", detail: format!("A is (L={}, K={}), B is (L={}, K={}): K and L must agree", a.batch(), a.k(), b.batch(), b.k()) });
     }
+    // The global scales fold into alpha as the GEMM folds them.
+    let alpha = crate::problem::folded_alpha(alpha, a.global_scale().unwrap_or(1.0), b.global_scale().unwrap_or(1.0))?;
     let p = Problem::new(a.rows(), b.rows(), a.k()).batch(a.batch()).scalars(alpha, beta);
     verify(&p, a.data(), a.scales(), b.data(), b.scales(), c, got)
 }

@@ -108,7 +108,7 @@ const fn arch_facts(arch: u32) -> ((i32, i32), &'static str) {
     }
 }
 
-/// Shapes of SPEC.md §4 with a chosen SM100 config. Chosen by tile counts on a 148-SM B200, not
+/// Benchmark shapes (the B200 contest set) with a chosen SM100 config. Chosen by tile counts on a 148-SM B200, not
 /// measured (no SM100 machine here): M = 128 takes 128x64 tiles so N/64 CTAs fill more SMs;
 /// M = 256 takes the 2-SM 256x128 tile (one MMA covers both rows of tiles); large M and N take
 /// the 2-SM 256x256 tile.

@@ -48,6 +48,16 @@ pub enum Error {
         /// How `want` is computed.
         rule: &'static str,
     },
+    /// An operand tensor's (batch, rows, K) differs from the problem's.
+    #[error("{name}: the tensor is (batch, rows, K) = {got:?}, the problem needs {want:?} (A is (L, M, K), B is (L, N, K))")]
+    OperandShape {
+        /// "A" or "B".
+        name: &'static str,
+        /// The tensor's shape.
+        got: (usize, usize, usize),
+        /// The shape the problem needs.
+        want: (usize, usize, usize),
+    },
     /// A device buffer does not start on a 16-byte boundary (TMA needs it).
     #[error("{name}: device address {addr:#x} is not 16-byte aligned")]
     Misaligned {
@@ -185,6 +195,15 @@ pub enum Error {
     /// recorded before the capture would invalidate the capture.
     #[error("CUDA graph capture with cudarc's event tracking on: the buffers' tracking events were recorded outside the capture and waiting on them fails (CUDA_ERROR_STREAM_CAPTURE_ISOLATION); call CudaContext::disable_event_tracking() before allocating the buffers the graph uses, and order their uses yourself")]
     CaptureEventTracking,
+    /// A call that reads a result back to the host (and so synchronizes) was made while the
+    /// stream is capturing a CUDA graph.
+    #[error("{call} reads a result back to the host, which a CUDA graph cannot capture: {fix}")]
+    HostReadDuringCapture {
+        /// The call.
+        call: &'static str,
+        /// What to do instead.
+        fix: &'static str,
+    },
     /// A count that the dimensions determine (a rounded-up dimension, output tiles, elements or
     /// bytes of a buffer) is beyond what the kernels' index arithmetic or the host can hold.
     #[error("{what} ({rule}) is {value} for {dims}: at most {max} ({why})")]

@@ -114,7 +114,7 @@ pub fn e4m3_from_f32(x: f32) -> u8 {
     sign | ue4m3_magnitude(x.abs() as f64)
 }
 
-/// Decodes a ue4m3 scale byte: the bits of e4m3fn with the sign bit 0 (SPEC.md §2). A byte with
+/// Decodes a ue4m3 scale byte: the bits of e4m3fn with the sign bit 0 ([`crate::formats`]). A byte with
 /// the sign bit set is outside the format; it decodes as the negative e4m3fn value, and
 /// [`crate::Nvfp4Matrix`] refuses such scales.
 #[inline]

@@ -5,46 +5,21 @@
 use std::sync::{Arc, Mutex};
 
 use cudarc::driver::sys::{CUdeviceptr, CUstreamCaptureStatus};
-use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut, SyncOnDrop};
+use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
 
 use crate::dispatch::{self, Config};
 use crate::error::{Error, Result};
 use crate::sys::{self, KernelArgs};
 use crate::formats::{OutputElement, PackedFp4, ScaleByte};
 use crate::problem::{check_align, check_len, check_operand_lens, d_rule, OutType, Problem};
-
-/// One NVFP4 operand on the device: packed e2m1 values (`u8` or `float4::F4E2M1x2`, two per
-/// byte, K contiguous) and its ue4m3 scales (`u8` or `float8::F8E4M3`) in the tiled layout.
-pub struct Nvfp4Operand<'a, V, S> {
-    /// Packed values, (L, rows, K/2) bytes.
-    pub values: &'a V,
-    /// Tiled scales, `layout::sf_bytes(rows, K, L)` bytes.
-    pub scales: &'a S,
-}
-
-impl<'a, V, S> Nvfp4Operand<'a, V, S> {
-    /// Pairs values with their scales.
-    pub fn new(values: &'a V, scales: &'a S) -> Self {
-        Nvfp4Operand { values, scales }
-    }
-}
-
-impl<V, S> Nvfp4Operand<'_, V, S> {
-    /// Device addresses of values and scales, with the guards that order them on `stream`.
-    fn ptrs<'s, TV, TS>(&'s self, stream: &'s CudaStream) -> ([u64; 2], [SyncOnDrop<'s>; 2])
-    where
-        V: DevicePtr<TV>, S: DevicePtr<TS>,
-    {
-        let (v, gv) = self.values.device_ptr(stream);
-        let (s, gs) = self.scales.device_ptr(stream);
-        ([v, s], [gv, gs])
-    }
-}
+use crate::problem::folded_alpha;
+use crate::tensor::Nvfp4Tensor;
 
 /// An FP4 output on the device: packed e2m1 values (`u8` or `float4::F4E2M1x2`, (L, M, N/2)
 /// bytes) and the scale factors the GEMM generates (`p.sfd_bytes()` bytes, the 128x4 tiled
 /// layout over (M, N/16)). With ue4m3 scales ([`OutType::Nvfp4`]) the pair is, as it stands, the
-/// A operand of a next GEMM with K = N: pass `Nvfp4Operand::new(&*values, &*scales)`.
+/// A operand of a next GEMM with K = N and global scale `1 / norm_constant`:
+/// `Nvfp4Tensor::new(values.as_view(), scales.as_view(), (l, m, n), 1.0 / norm_constant)`.
 pub struct Nvfp4Output<'a, V, S> {
     /// Packed values.
     pub values: &'a mut V,
@@ -183,19 +158,18 @@ pub fn plan(p: &Problem, out: OutType, lens: &BufferLens, device: &DeviceFacts, 
 /// the `BlockScaledGemm` whose calls they captured is dropped.
 ///
 /// ```no_run
-/// use blockscaled_gemm::{BlockScaledGemm, Nvfp4Matrix, Nvfp4Operand, Problem};
+/// use blockscaled_gemm::{BlockScaledGemm, Nvfp4Matrix, Nvfp4Tensor, Problem};
 /// use cudarc::driver::CudaContext;
 /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
-/// let stream = CudaContext::new(0)?.default_stream();
+/// let stream = CudaContext::new(0)?.new_stream()?;
 /// let (m, n, k) = (128, 256, 512);
 /// let a = Nvfp4Matrix::random_contest(m, k, 1, 1)?;
 /// let b = Nvfp4Matrix::random_contest(n, k, 1, 2)?;
-/// let (a_v, a_s) = (stream.clone_htod(a.data())?, stream.clone_htod(a.scales())?);
-/// let (b_v, b_s) = (stream.clone_htod(b.data())?, stream.clone_htod(b.scales())?);
+/// let (a_dev, b_dev) = (Nvfp4Tensor::upload(&a, &stream)?, Nvfp4Tensor::upload(&b, &stream)?);
 /// let mut d = stream.alloc_zeros::<half::f16>(m * n)?;
 ///
 /// let gemm = BlockScaledGemm::new(stream.clone())?;
-/// gemm.gemm(&Problem::new(m, n, k), Nvfp4Operand::new(&a_v, &a_s), Nvfp4Operand::new(&b_v, &b_s), &mut d, None)?;
+/// gemm.gemm(&Problem::new(m, n, k), &a_dev, &b_dev, &mut d, None)?;
 /// let d_host = stream.clone_dtoh(&d)?;
 /// let want: Vec<half::f16> = blockscaled_gemm::reference_gemm(&a, &b, 1.0, 0.0, None)?;
 /// assert!(blockscaled_gemm::compare::compare(&d_host, &want, 1e-3, 1e-3).passed());
@@ -254,8 +228,13 @@ impl BlockScaledGemm {
     /// Whether libcuda can be loaded here; check before any other call on a machine that may
     /// have no NVIDIA driver (cudarc panics there).
     pub fn driver_present() -> bool {
-        // SAFETY: only tries to load the library.
-        unsafe { cudarc::driver::sys::is_culib_present() }
+        // The driver library as its installers name it; asked directly, since cudarc's own
+        // `is_culib_present` exists only where cudarc loads libcuda at run time (not with the
+        // `dynamic-linking` another crate of the tree may turn on).
+        ["libcuda.so.1", "libcuda.so", "nvcuda.dll"].into_iter().any(|name| {
+            // SAFETY: loading libcuda runs no initialisers that depend on our state.
+            unsafe { libloading::Library::new(name) }.is_ok()
+        })
     }
 
     /// The device's facts.
@@ -276,7 +255,7 @@ impl BlockScaledGemm {
 
     /// `D = alpha * A Bᵀ` (beta must be 0). `config`: `None` chooses from the shape table.
     /// Returns the config that ran. Asynchronous: synchronize the stream to read D.
-    pub fn gemm<VA, SA, VB, SB, D, TV, TS, TO>(&self, p: &Problem, a: Nvfp4Operand<'_, VA, SA>, b: Nvfp4Operand<'_, VB, SB>, d: &mut D, config: Option<Config>) -> Result<Config>
+    pub fn gemm<VA, SA, VB, SB, D, TV, TS, TO>(&self, p: &Problem, a: &Nvfp4Tensor<VA, SA>, b: &Nvfp4Tensor<VB, SB>, d: &mut D, config: Option<Config>) -> Result<Config>
     where
         VA: DevicePtr<TV>, SA: DevicePtr<TS>, VB: DevicePtr<TV>, SB: DevicePtr<TS>, D: DevicePtrMut<TO>,
         TV: PackedFp4, TS: ScaleByte, TO: OutputElement,
@@ -286,7 +265,7 @@ impl BlockScaledGemm {
 
     /// `D = alpha * A Bᵀ + beta * C`, C with D's type and shape.
     #[allow(clippy::too_many_arguments)]
-    pub fn gemm_with_c<VA, SA, VB, SB, C, D, TV, TS, TO>(&self, p: &Problem, a: Nvfp4Operand<'_, VA, SA>, b: Nvfp4Operand<'_, VB, SB>, c: &C, d: &mut D, config: Option<Config>) -> Result<Config>
+    pub fn gemm_with_c<VA, SA, VB, SB, C, D, TV, TS, TO>(&self, p: &Problem, a: &Nvfp4Tensor<VA, SA>, b: &Nvfp4Tensor<VB, SB>, c: &C, d: &mut D, config: Option<Config>) -> Result<Config>
     where
         VA: DevicePtr<TV>, SA: DevicePtr<TS>, VB: DevicePtr<TV>, SB: DevicePtr<TS>, C: DevicePtr<TO>, D: DevicePtrMut<TO>,
         TV: PackedFp4, TS: ScaleByte, TO: OutputElement,
@@ -302,28 +281,27 @@ impl BlockScaledGemm {
     /// Two layers, the first writing NVFP4 that the second reads as it is:
     ///
     /// ```no_run
-    /// use blockscaled_gemm::{BlockScaledGemm, Nvfp4Matrix, Nvfp4Operand, Nvfp4Output, OutType, Problem};
+    /// use blockscaled_gemm::{BlockScaledGemm, Nvfp4Matrix, Nvfp4Output, Nvfp4Tensor, OutType, Problem};
     /// use cudarc::driver::CudaContext;
     /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// let stream = CudaContext::new(0)?.default_stream();
+    /// let stream = CudaContext::new(0)?.new_stream()?;
     /// let gemm = BlockScaledGemm::new(stream.clone())?;
     /// let (m, n, k, n2) = (128, 4096, 7168, 2048);
-    /// let up = |x: &Nvfp4Matrix| -> Result<_, cudarc::driver::DriverError> { Ok((stream.clone_htod(x.data())?, stream.clone_htod(x.scales())?)) };
-    /// let (a_v, a_s) = up(&Nvfp4Matrix::random_contest(m, k, 1, 1)?)?;
-    /// let (b_v, b_s) = up(&Nvfp4Matrix::random_contest(n, k, 1, 2)?)?;
-    /// let (w_v, w_s) = up(&Nvfp4Matrix::random_contest(n2, n, 1, 3)?)?;
+    /// let x = Nvfp4Tensor::upload(&Nvfp4Matrix::random_contest(m, k, 1, 1)?, &stream)?;
+    /// let w1 = Nvfp4Tensor::upload(&Nvfp4Matrix::random_contest(n, k, 1, 2)?, &stream)?;
+    /// let w2 = Nvfp4Tensor::upload(&Nvfp4Matrix::random_contest(n2, n, 1, 3)?, &stream)?;
     /// let st = 64.0; // 6 * 448 / (the largest |D| expected): keeps SFD inside ue4m3
     /// let p = Problem::new(m, n, k).norm_constant(st);
     /// let mut h = stream.alloc_zeros::<u8>(m * n / 2)?; // e2m1 codes
     /// let mut h_sf = stream.alloc_zeros::<u8>(p.sfd_bytes())?; // generated scale factors
-    /// gemm.gemm_fp4(&p, OutType::Nvfp4, Nvfp4Operand::new(&a_v, &a_s), Nvfp4Operand::new(&b_v, &b_s), Nvfp4Output::new(&mut h, &mut h_sf), None)?;
-    /// // The next layer: K = n, A = (h, h_sf) as they are, 1 / st in alpha.
+    /// gemm.gemm_fp4(&p, OutType::Nvfp4, &x, &w1, Nvfp4Output::new(&mut h, &mut h_sf), None)?;
+    /// // The next layer reads (h, h_sf) as they are, K = n; its global scale is 1 / st.
+    /// let h = Nvfp4Tensor::new(h.as_view(), h_sf.as_view(), (1, m, n), 1.0 / st)?;
     /// let mut y = stream.alloc_zeros::<half::bf16>(m * n2)?;
-    /// let p2 = Problem::new(m, n2, n).scalars(1.0 / st, 0.0);
-    /// gemm.gemm(&p2, Nvfp4Operand::new(&h, &h_sf), Nvfp4Operand::new(&w_v, &w_s), &mut y, None)?;
+    /// gemm.gemm(&Problem::new(m, n2, n), &h, &w2, &mut y, None)?;
     /// # Ok(()) }
     /// ```
-    pub fn gemm_fp4<VA, SA, VB, SB, DV, DS, TV, TS>(&self, p: &Problem, out: OutType, a: Nvfp4Operand<'_, VA, SA>, b: Nvfp4Operand<'_, VB, SB>, d: Nvfp4Output<'_, DV, DS>, config: Option<Config>) -> Result<Config>
+    pub fn gemm_fp4<VA, SA, VB, SB, DV, DS, TV, TS>(&self, p: &Problem, out: OutType, a: &Nvfp4Tensor<VA, SA>, b: &Nvfp4Tensor<VB, SB>, d: Nvfp4Output<'_, DV, DS>, config: Option<Config>) -> Result<Config>
     where
         VA: DevicePtr<TV>, SA: DevicePtr<TS>, VB: DevicePtr<TV>, SB: DevicePtr<TS>, DV: DevicePtrMut<TV>, DS: DevicePtrMut<TS>,
         TV: PackedFp4, TS: ScaleByte,
@@ -333,7 +311,7 @@ impl BlockScaledGemm {
 
     /// [`Self::gemm_fp4`] with `+ beta * C` before the quantization, C in f32 (L, M, N).
     #[allow(clippy::too_many_arguments)]
-    pub fn gemm_fp4_with_c<VA, SA, VB, SB, C, DV, DS, TV, TS>(&self, p: &Problem, out: OutType, a: Nvfp4Operand<'_, VA, SA>, b: Nvfp4Operand<'_, VB, SB>, c: &C, d: Nvfp4Output<'_, DV, DS>, config: Option<Config>) -> Result<Config>
+    pub fn gemm_fp4_with_c<VA, SA, VB, SB, C, DV, DS, TV, TS>(&self, p: &Problem, out: OutType, a: &Nvfp4Tensor<VA, SA>, b: &Nvfp4Tensor<VB, SB>, c: &C, d: Nvfp4Output<'_, DV, DS>, config: Option<Config>) -> Result<Config>
     where
         VA: DevicePtr<TV>, SA: DevicePtr<TS>, VB: DevicePtr<TV>, SB: DevicePtr<TS>, C: DevicePtr<f32>, DV: DevicePtrMut<TV>, DS: DevicePtrMut<TS>,
         TV: PackedFp4, TS: ScaleByte,
@@ -356,13 +334,18 @@ impl BlockScaledGemm {
     /// heuristic's) and checks that every buffer lives on this GEMM's device. `d` lists D's
     /// buffers as (name, length, stream): the values, then for FP4 outputs the scale factors.
     #[allow(clippy::too_many_arguments)]
-    fn plan_checked<VA, SA, VB, SB, C, TV, TS, TC>(&self, p: &Problem, out: OutType, a: &Nvfp4Operand<'_, VA, SA>, b: &Nvfp4Operand<'_, VB, SB>, c: Option<&C>, d: &[(&'static str, usize, &Arc<CudaStream>)], forced: Option<Config>) -> Result<Config>
+    fn plan_checked<VA, SA, VB, SB, C, TV, TS, TC>(&self, p: &Problem, out: OutType, a: &Nvfp4Tensor<VA, SA>, b: &Nvfp4Tensor<VB, SB>, c: Option<&C>, d: &[(&'static str, usize, &Arc<CudaStream>)], forced: Option<Config>) -> Result<Config>
     where
         VA: DevicePtr<TV>, SA: DevicePtr<TS>, VB: DevicePtr<TV>, SB: DevicePtr<TS>, C: DevicePtr<TC>,
     {
-        let lens = BufferLens { a: a.values.len(), sfa: a.scales.len(), b: b.values.len(), sfb: b.scales.len(), c: c.map(|c| c.len()), d: d[0].1, sfd: d.get(1).map(|s| s.1) };
+        for (name, t, rows) in [("A", a.shape(), p.m), ("B", b.shape(), p.n)] {
+            if t != (p.l, rows, p.k) {
+                return Err(Error::OperandShape { name, got: t, want: (p.l, rows, p.k) });
+            }
+        }
+        let lens = BufferLens { a: a.values().len(), sfa: a.scales().len(), b: b.values().len(), sfb: b.scales().len(), c: c.map(|c| c.len()), d: d[0].1, sfd: d.get(1).map(|s| s.1) };
         let config = plan(p, out, &lens, &self.device, forced, |c, o| c.is_built(o))?;
-        let mut buffers = vec![("A", a.values.stream()), ("SFA", a.scales.stream()), ("B", b.values.stream()), ("SFB", b.scales.stream())];
+        let mut buffers = vec![("A", a.values().stream()), ("SFA", a.scales().stream()), ("B", b.values().stream()), ("SFB", b.scales().stream())];
         buffers.extend(d.iter().map(|&(name, _, s)| (name, s)));
         buffers.extend(c.map(|c| ("C", c.stream())));
         let gemm_device = self.device.ordinal;
@@ -376,13 +359,14 @@ impl BlockScaledGemm {
     }
 
     #[allow(clippy::too_many_arguments)]
-    fn run<VA, SA, VB, SB, C, D, TV, TS, TO>(&self, p: &Problem, a: Nvfp4Operand<'_, VA, SA>, b: Nvfp4Operand<'_, VB, SB>, c: Option<&C>, d: &mut D, forced: Option<Config>) -> Result<Config>
+    fn run<VA, SA, VB, SB, C, D, TV, TS, TO>(&self, p: &Problem, a: &Nvfp4Tensor<VA, SA>, b: &Nvfp4Tensor<VB, SB>, c: Option<&C>, d: &mut D, forced: Option<Config>) -> Result<Config>
     where
         VA: DevicePtr<TV>, SA: DevicePtr<TS>, VB: DevicePtr<TV>, SB: DevicePtr<TS>, C: DevicePtr<TO>, D: DevicePtrMut<TO>,
         TV: PackedFp4, TS: ScaleByte, TO: OutputElement,
     {
         let out = TO::OUT;
-        let config = self.plan_checked(p, out, &a, &b, c, &[("D", d.len(), d.stream())], forced)?;
+        let config = self.plan_checked(p, out, a, b, c, &[("D", d.len(), d.stream())], forced)?;
+        let p = &p.scalars(folded_alpha(p.alpha, a.global_scale(), b.global_scale())?, p.beta);
         let capturing = self.capture_check()?;
         let stream = &self.stream;
         let (([pa, psfa], _ga), ([pb, psfb], _gb)) = (a.ptrs(stream), b.ptrs(stream));
@@ -394,7 +378,7 @@ impl BlockScaledGemm {
     }
 
     #[allow(clippy::too_many_arguments)]
-    fn run_fp4<VA, SA, VB, SB, C, DV, DS, TV, TS>(&self, p: &Problem, out: OutType, a: Nvfp4Operand<'_, VA, SA>, b: Nvfp4Operand<'_, VB, SB>, c: Option<&C>, d: Nvfp4Output<'_, DV, DS>, forced: Option<Config>) -> Result<Config>
+    fn run_fp4<VA, SA, VB, SB, C, DV, DS, TV, TS>(&self, p: &Problem, out: OutType, a: &Nvfp4Tensor<VA, SA>, b: &Nvfp4Tensor<VB, SB>, c: Option<&C>, d: Nvfp4Output<'_, DV, DS>, forced: Option<Config>) -> Result<Config>
     where
         VA: DevicePtr<TV>, SA: DevicePtr<TS>, VB: DevicePtr<TV>, SB: DevicePtr<TS>, C: DevicePtr<f32>, DV: DevicePtrMut<TV>, DS: DevicePtrMut<TS>,
         TV: PackedFp4, TS: ScaleByte,
@@ -402,7 +386,8 @@ impl BlockScaledGemm {
         if out.sfd().is_none() {
             return Err(Error::InvalidData { what: "out", detail: format!("{out}: gemm_fp4 writes the FP4 outputs nvfp4 or nvfp4-ue8m0; use gemm for {out}") });
         }
-        let config = self.plan_checked(p, out, &a, &b, c, &[("D", d.values.len(), d.values.stream()), ("SFD", d.scales.len(), d.scales.stream())], forced)?;
+        let config = self.plan_checked(p, out, a, b, c, &[("D", d.values.len(), d.values.stream()), ("SFD", d.scales.len(), d.scales.stream())], forced)?;
+        let p = &p.scalars(folded_alpha(p.alpha, a.global_scale(), b.global_scale())?, p.beta);
         let capturing = self.capture_check()?;
         let stream = &self.stream;
         let (([pa, psfa], _ga), ([pb, psfb], _gb)) = (a.ptrs(stream), b.ptrs(stream));
@@ -413,17 +398,8 @@ impl BlockScaledGemm {
         self.launch(p, out, config, capturing, KernelArgs { a: pa, sfa: psfa, b: pb, sfb: psfb, c: pc, d: pd, sfd: psfd, ..p.launch_args() })
     }
 
-    /// Whether the stream is capturing a graph; during capture with cudarc's event tracking on,
-    /// the typed error that names the fix (before any buffer's guard would wait on an event
-    /// recorded outside the capture and invalidate it).
     fn capture_check(&self) -> Result<bool> {
-        let ctx = self.stream.context();
-        ctx.bind_to_thread()?;
-        let capturing = self.stream.capture_status()? != CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
-        if capturing && ctx.is_managing_stream_synchronization() {
-            return Err(Error::CaptureEventTracking);
-        }
-        Ok(capturing)
+        capture_check(&self.stream)
     }
 
     /// Checks alignment, fills in the stream, device and workspace, and crosses the FFI line once
@@ -540,6 +516,19 @@ impl BlockScaledGemm {
         scratch.workspace = None;
         Ok(())
     }
+}
+
+/// Binds the stream's context to this thread and says whether the stream is capturing a graph;
+/// during capture with cudarc's event tracking on, the typed error that names the fix (before any
+/// buffer's guard would wait on an event recorded outside the capture and invalidate it).
+pub(crate) fn capture_check(stream: &CudaStream) -> Result<bool> {
+    let ctx = stream.context();
+    ctx.bind_to_thread()?;
+    let capturing = stream.capture_status()? != CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+    if capturing && ctx.is_managing_stream_synchronization() {
+        return Err(Error::CaptureEventTracking);
+    }
+    Ok(capturing)
 }
 
 /// Statuses the launch path tells apart (the launch ABI's, checked against `cutlass::Status`).

@@ -1,4 +1,4 @@
-//! The scale-factor layout of CUTLASS SM100/SM120, cuBLAS and PyTorch `to_blocked` (SPEC.md §3).
+//! The scale-factor layout of CUTLASS SM100/SM120, cuBLAS and PyTorch `to_blocked`.
 //!
 //! Scales of an R x S matrix (S = K/16) are stored in 512-byte tiles of 128 rows x 4 scale
 //! columns; R is padded to a multiple of 128 and S to a multiple of 4, K-blocks innermost.

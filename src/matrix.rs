@@ -5,7 +5,7 @@ use crate::formats::{e2m1_from_f32, e2m1_to_f32, e4m3_from_f32, ue4m3_to_f32, E2
 use crate::layout::{padded_rows, padded_sf_cols, sf_batch_bytes, sf_cols, sf_offset, SF_VEC};
 
 /// A (batch, rows, K) NVFP4 tensor: packed e2m1 values, row-major with K contiguous (element 2i
-/// in the low nibble), and ue4m3 scales in the tiled layout of SPEC.md §3 with zero padding,
+/// in the low nibble), and ue4m3 scales in the tiled layout of [`crate::layout`] with zero padding,
 /// plus an optional per-tensor (global) dequantization scale as NVIDIA ModelOpt checkpoints
 /// carry it. The value of element (l, r, k) is `e2m1 * scale * global_scale`.
 #[derive(Clone, Debug, PartialEq)]
@@ -73,9 +73,7 @@ impl Nvfp4Matrix {
         let m = Nvfp4Matrix { rows, k, batch, data, scales, global_scale };
         m.check_scales()?;
         if let Some(g) = global_scale {
-            if !g.is_finite() {
-                return Err(Error::InvalidData { what: "global scale", detail: format!("{g} is not finite") });
-            }
+            check_global_scale(g)?;
         }
         Ok(m)
     }
@@ -129,30 +127,57 @@ impl Nvfp4Matrix {
         Ok(Nvfp4Matrix { rows, k, batch, data, scales, global_scale: None })
     }
 
-    /// Quantizes `values` (batch, rows, k) row-major as NVIDIA ModelOpt does for weights. Every
-    /// step is one f32 operation rounded to nearest even, in this order:
+    /// Quantizes `values` of shape (batch, rows, K), row-major, as NVIDIA ModelOpt does. `T` is
+    /// f32, `half::f16` or `half::bf16` (widened exactly). Every step is one f32 operation rounded
+    /// to nearest even, in this order:
     ///
-    /// - global scale `g = amax / (6 * 448)` over the whole tensor, raised to `2^-126` (the
-    ///   smallest normal f32) where it is smaller, and `g = 1` if every value is 0: for finite
-    ///   input `g` is always finite, normal and positive, so no block scale below divides by 0
-    ///   (an amax below about 1.9e-42 would make `amax / 2688` zero);
+    /// - the global scale `g`: `global_scale` where given (ModelOpt's `input_scale` for
+    ///   activations, or a weight's `weight_scale_2`; finite and positive), else computed as
+    ///   `amax / (6 * 448)` over the whole tensor, raised to `2^-126` (the smallest normal f32)
+    ///   where it is smaller, and `g = 1` if every value is 0: `g` is then always finite, normal
+    ///   and positive, so no block scale below divides by 0;
     /// - per 16-element block, `scale = ue4m3(block_amax / 6 / g)` (divisions left to right,
-    ///   ue4m3 rounding to nearest even and saturating at 448): never NaN, since `g > 0`;
+    ///   ue4m3 rounding to nearest even and saturating at 448, which a given `g` smaller than the
+    ///   computed one can reach): never NaN, since `g > 0`;
     /// - `s = ue4m3_to_f32(scale) * g`, then per value `code = e2m1(x / s)` (nearest even,
     ///   saturating at ±6).
     ///
-    /// A block whose scale is 0 (all zeros, or tiny next to the tensor's amax) stores scale byte
-    /// 0 and codes 0 (+0), as vLLM's `scaled_fp4_quant` and FlashInfer do for zero blocks. With
-    /// the raised `g` of a tensor whose amax is below `2688 * 2^-126` (about 3.2e-35), values
-    /// below about `2^-136` (1.1e-41) quantize to 0. NaN or infinite inputs are an error.
-    pub fn quantize_f32(values: &[f32], rows: usize, k: usize, batch: usize) -> Result<Self> {
-        check_shape(rows, k, batch)?;
-        crate::problem::check_len("values", values.len(), batch * rows * k, "batch * rows * k")?;
-        if let Some((index, &value)) = values.iter().enumerate().find(|(_, v)| !v.is_finite()) {
+    /// The matrix keeps `g` ([`Self::global_scale`]); [`crate::Nvfp4Tensor::upload`] carries it to
+    /// the device and the GEMM folds it into alpha. A block whose scale is 0 (all zeros, or tiny
+    /// next to the tensor's amax) stores scale byte 0 and codes 0 (+0), as vLLM's
+    /// `scaled_fp4_quant` and FlashInfer do for zero blocks. NaN or infinite inputs are an error.
+    ///
+    /// ```
+    /// use blockscaled_gemm::Nvfp4Matrix;
+    /// let x: Vec<half::bf16> = (0..2 * 3 * 32).map(|i| half::bf16::from_f32(i as f32 - 90.0)).collect();
+    /// let q = Nvfp4Matrix::quantize(&x, (2, 3, 32), None)?; // (batch, rows, K)
+    /// assert_eq!((q.batch(), q.rows(), q.k()), (2, 3, 32));
+    /// assert_eq!(q.global_scale(), Some(101.0 / 2688.0)); // amax / (6 * 448)
+    /// let given = Nvfp4Matrix::quantize(&x, (2, 3, 32), Some(0.5))?;
+    /// assert_eq!(given.global_scale(), Some(0.5));
+    /// # Ok::<(), blockscaled_gemm::Error>(())
+    /// ```
+    pub fn quantize<T: HostFloat>(values: &[T], shape: (usize, usize, usize), global_scale: Option<f32>) -> Result<Self> {
+        let wide = T::widen(values);
+        if let Some((index, &value)) = wide.iter().enumerate().find(|(_, v)| !v.is_finite()) {
             return Err(Error::NonFiniteInput { index, value });
         }
-        let amax = values.iter().fold(0f32, |m, v| m.max(v.abs()));
-        let g = global_scale(amax);
+        Self::quantize_unchecked(&wide[..], shape, global_scale)
+    }
+
+    /// [`Self::quantize`] without the check for NaN and infinities, which then follow the GPU
+    /// quantizer's rules ([`crate::Quantizer`]): NaN does not raise its block's amax and encodes as
+    /// +6 (0x7); ±Inf makes its block's scale 448 (0x7E) and encodes as ±6; a computed global
+    /// scale is derived from the largest non-NaN magnitude (Inf where there is an infinity).
+    pub fn quantize_unchecked<T: HostFloat>(values: &[T], shape: (usize, usize, usize), global_scale: Option<f32>) -> Result<Self> {
+        let (batch, rows, k) = shape;
+        check_shape(rows, k, batch)?;
+        crate::problem::check_len("values", values.len(), batch * rows * k, "batch * rows * K")?;
+        if let Some(g) = global_scale {
+            check_global_scale(g)?;
+        }
+        let values: std::borrow::Cow<'_, [f32]> = T::widen(values);
+        let g = global_scale.unwrap_or_else(|| computed_global_scale(values.iter().fold(0f32, |m, v| m.max(v.abs()))));
         let kb = sf_cols(k);
         let mut codes = try_vec::<u8>("quantized codes", values.len())?;
         codes.resize(values.len(), 0);
@@ -169,16 +194,6 @@ impl Nvfp4Matrix {
         }
         let scales = crate::layout::to_tiled(&sf_row_major, rows, kb, batch);
         Ok(Nvfp4Matrix { rows, k, batch, data: crate::formats::pack_e2m1_slice(&codes), scales, global_scale: Some(g) })
-    }
-
-    /// [`Self::quantize_f32`] of f16 values (widened exactly).
-    pub fn quantize_f16(values: &[half::f16], rows: usize, k: usize, batch: usize) -> Result<Self> {
-        Self::quantize_f32(&values.iter().map(|v| v.to_f32()).collect::<Vec<_>>(), rows, k, batch)
-    }
-
-    /// [`Self::quantize_f32`] of bf16 values (widened exactly).
-    pub fn quantize_bf16(values: &[half::bf16], rows: usize, k: usize, batch: usize) -> Result<Self> {
-        Self::quantize_f32(&values.iter().map(|v| v.to_f32()).collect::<Vec<_>>(), rows, k, batch)
     }
 
     /// A matrix of the given rows (in that order) of every batch, with their scales; for
@@ -267,12 +282,51 @@ impl Nvfp4Matrix {
 }
 
 /// The quantizer's global scale for a tensor of finite values with largest magnitude `amax`
-/// (see [`Nvfp4Matrix::quantize_f32`]): finite, normal and positive.
-fn global_scale(amax: f32) -> f32 {
+/// (see [`Nvfp4Matrix::quantize`]): finite, normal and positive.
+pub(crate) fn computed_global_scale(amax: f32) -> f32 {
     if amax > 0.0 {
         (amax / (E2M1_MAX * E4M3_MAX)).max(f32::MIN_POSITIVE)
     } else {
         1.0
+    }
+}
+
+/// A global scale multiplies every value: it must be finite and positive.
+pub(crate) fn check_global_scale(g: f32) -> Result<()> {
+    if !(g.is_finite() && g > 0.0) {
+        return Err(Error::InvalidData { what: "global scale", detail: format!("{g}: must be finite and positive") });
+    }
+    Ok(())
+}
+
+/// Host element types the quantizer reads, widened exactly to f32.
+pub trait HostFloat: Copy + sealed::Sealed {
+    /// The values as f32 (borrowed where they already are).
+    fn widen(values: &[Self]) -> std::borrow::Cow<'_, [f32]>;
+}
+
+mod sealed {
+    pub trait Sealed {}
+    impl Sealed for f32 {}
+    impl Sealed for half::f16 {}
+    impl Sealed for half::bf16 {}
+}
+
+impl HostFloat for f32 {
+    fn widen(values: &[f32]) -> std::borrow::Cow<'_, [f32]> {
+        std::borrow::Cow::Borrowed(values)
+    }
+}
+
+impl HostFloat for half::f16 {
+    fn widen(values: &[Self]) -> std::borrow::Cow<'_, [f32]> {
+        values.iter().map(|v| v.to_f32()).collect()
+    }
+}
+
+impl HostFloat for half::bf16 {
+    fn widen(values: &[Self]) -> std::borrow::Cow<'_, [f32]> {
+        values.iter().map(|v| v.to_f32()).collect()
     }
 }
 
@@ -285,7 +339,7 @@ fn try_vec<T>(what: &'static str, n: usize) -> Result<Vec<T>> {
 
 /// Checks a matrix shape: no zero extent, K a multiple of 16, and element and scale counts that
 /// fit in memory, so the products computed from the shape afterwards cannot overflow.
-fn check_shape(rows: usize, k: usize, batch: usize) -> Result<()> {
+pub(crate) fn check_shape(rows: usize, k: usize, batch: usize) -> Result<()> {
     for (dim, value) in [("rows", rows), ("K", k), ("batch", batch)] {
         if value == 0 {
             return Err(Error::Dimension { dim, value, max: usize::MAX });
@@ -309,12 +363,14 @@ fn check_shape(rows: usize, k: usize, batch: usize) -> Result<()> {
     Ok(())
 }
 
-/// Reference GEMM of two host matrices, D = alpha * A Bᵀ + beta * C, with A (L, M, K) and
-/// B (L, N, K). Global scales are not applied: fold them into `alpha` (SPEC.md §1).
+/// Reference GEMM of two host matrices, D = alpha * ga * gb * A Bᵀ + beta * C, with A (L, M, K)
+/// and B (L, N, K) and ga, gb their global scales (1 where a matrix has none), folded into alpha
+/// left to right in f32 as the GEMM entry points fold them.
 pub fn reference_gemm<T: crate::OutputElement>(a: &Nvfp4Matrix, b: &Nvfp4Matrix, alpha: f32, beta: f32, c: Option<&[T]>) -> Result<Vec<T>> {
     if a.k != b.k || a.batch != b.batch {
         return Err(Error::InvalidData { what: "operands", detail: format!("A is (L={}, K={}), B is (L={}, K={}): K and L must agree", a.batch, a.k, b.batch, b.k) });
     }
+    let alpha = crate::problem::folded_alpha(alpha, a.global_scale.unwrap_or(1.0), b.global_scale.unwrap_or(1.0))?;
     let p = crate::Problem::new(a.rows, b.rows, a.k).batch(a.batch).scalars(alpha, beta);
     crate::reference::gemm(&p, &a.data, &a.scales, &b.data, &b.scales, c)
 }
@@ -387,7 +443,7 @@ mod tests {
         v[3] = 448.0 * 5.0; // tie between 4 and 6 -> 4
         v[4] = 448.0 * 0.25; // tie between 0 and 0.5 -> 0
         v[5] = 448.0 * 0.26;
-        let q = Nvfp4Matrix::quantize_f32(&v, 1, 16, 1).unwrap();
+        let q = Nvfp4Matrix::quantize(&v, (1, 1, 16), None).unwrap();
         assert_eq!(q.global_scale(), Some(1.0));
         assert_eq!(q.scale(0, 0, 0), 0x7E);
         let d = q.dequantize();
@@ -396,21 +452,21 @@ mod tests {
 
     #[test]
     fn quantizer_zero_and_non_finite() {
-        let z = Nvfp4Matrix::quantize_f32(&[0.0; 64], 2, 32, 1).unwrap();
+        let z = Nvfp4Matrix::quantize(&[0.0; 64], (1, 2, 32), None).unwrap();
         assert_eq!(z.global_scale(), Some(1.0));
         assert!(z.dequantize().iter().all(|&x| x == 0.0));
         // A block tiny next to the tensor's amax gets scale 0 and stores zeros.
         let mut v = vec![1e-12f32; 32];
         v[16] = 1e6;
-        let q = Nvfp4Matrix::quantize_f32(&v, 1, 32, 1).unwrap();
+        let q = Nvfp4Matrix::quantize(&v, (1, 1, 32), None).unwrap();
         assert_eq!(q.scale(0, 0, 0), 0);
         assert!(q.dequantize()[..16].iter().all(|&x| x == 0.0));
         let mut bad = vec![1f32; 32];
         bad[17] = f32::NAN;
-        let e = Nvfp4Matrix::quantize_f32(&bad, 1, 32, 1).unwrap_err();
+        let e = Nvfp4Matrix::quantize(&bad, (1, 1, 32), None).unwrap_err();
         assert!(e.to_string().contains("element 17 is NaN"), "{e}");
         bad[17] = f32::NEG_INFINITY;
-        assert!(Nvfp4Matrix::quantize_f32(&bad, 1, 32, 1).is_err());
+        assert!(Nvfp4Matrix::quantize(&bad, (1, 1, 32), None).is_err());
     }
 
     /// Issue 25, finding 4: a tiny amax made `g = amax / 2688` zero and zero blocks' scales
@@ -419,7 +475,7 @@ mod tests {
     fn quantizer_tiny_amax_gives_no_nan() {
         let mut v = vec![0f32; 32];
         v[20] = 1e-43;
-        let q = Nvfp4Matrix::quantize_f32(&v, 1, 32, 1).unwrap();
+        let q = Nvfp4Matrix::quantize(&v, (1, 1, 32), None).unwrap();
         let g = q.global_scale().unwrap();
         assert_eq!(g, f32::MIN_POSITIVE);
         assert!(q.scales().iter().all(|&b| b != E4M3_NAN), "{:?}", q.scales_row_major());
@@ -427,7 +483,7 @@ mod tests {
         assert!(q.dequantize().iter().all(|&x| x == 0.0));
         // Every finite amax gives a finite, normal, positive global scale.
         for amax in [f32::from_bits(1), 1e-43, 1e-40, 3e-35, 1.0, 1e38, f32::MAX] {
-            let g = global_scale(amax);
+            let g = computed_global_scale(amax);
             assert!(g.is_normal() && g > 0.0, "amax {amax}: g = {g}");
             assert!((amax / E2M1_MAX / g).is_finite() && amax / E2M1_MAX / g <= 448.0 * 1.001, "amax {amax}");
         }
@@ -438,7 +494,7 @@ mod tests {
         let mut rng = SplitMix64::new(3);
         for (sigma, strict) in [(1e-37, true), (1e-40, false)] {
             let x: Vec<f32> = (0..64).map(|i| if i % 16 == 3 { 0.0 } else { (rng.normal() * sigma) as f32 }).collect();
-            let q = Nvfp4Matrix::quantize_f32(&x, 2, 32, 1).unwrap();
+            let q = Nvfp4Matrix::quantize(&x, (1, 2, 32), None).unwrap();
             let g = q.global_scale().unwrap();
             assert_eq!(g, f32::MIN_POSITIVE);
             assert!(q.scales().iter().all(|&b| b != E4M3_NAN));
@@ -451,21 +507,21 @@ mod tests {
         // A block of zeros inside ordinary data: scale byte 0, codes +0.
         let mut v: Vec<f32> = (0..48).map(|i| i as f32 - 20.0).collect();
         v[16..32].fill(0.0);
-        let q = Nvfp4Matrix::quantize_f32(&v, 1, 48, 1).unwrap();
+        let q = Nvfp4Matrix::quantize(&v, (1, 1, 48), None).unwrap();
         assert_eq!(q.scale(0, 0, 1), 0);
         assert!((16..32).all(|kk| q.code(0, 0, kk) == 0));
         // Huge values stay finite.
-        let q = Nvfp4Matrix::quantize_f32(&[1e38f32; 16], 1, 16, 1).unwrap();
+        let q = Nvfp4Matrix::quantize(&[1e38f32; 16], (1, 1, 16), None).unwrap();
         assert!(q.dequantize().iter().all(|x| x.is_finite() && (x - 1e38).abs() <= 1e38 * 0.07));
     }
 
     /// Issue 25, finding 5: shapes whose counts overflow are typed errors, not panics.
     #[test]
     fn shapes_that_overflow_are_typed_errors() {
-        let e = Nvfp4Matrix::quantize_f32(&[], 1 << 32, 1 << 32, 1).unwrap_err();
+        let e = Nvfp4Matrix::quantize::<f32>(&[], (1, 1 << 32, 1 << 32), None).unwrap_err();
         assert!(matches!(e, Error::SizeLimit { what: "elements", value, .. } if value == 1 << 64), "{e}");
         assert!(e.to_string().contains("rows = 4294967296, K = 4294967296, batch = 1"), "{e}");
-        let e = Nvfp4Matrix::quantize_f32(&[], usize::MAX, 1 << 32, usize::MAX).unwrap_err();
+        let e = Nvfp4Matrix::quantize::<f32>(&[], (usize::MAX, usize::MAX, 1 << 32), None).unwrap_err();
         assert!(matches!(e, Error::SizeLimit { what: "elements", .. }), "{e}");
         let e = Nvfp4Matrix::random_contest(1, 1 << 40, 1 << 24, 1).unwrap_err();
         assert!(matches!(e, Error::SizeLimit { what: "elements", .. }), "{e}");
@@ -482,7 +538,7 @@ mod tests {
         let mut rng = SplitMix64::new(42);
         let (rows, k) = (256, 1024);
         let x: Vec<f32> = (0..rows * k).map(|_| rng.normal() as f32).collect();
-        let q = Nvfp4Matrix::quantize_f32(&x, rows, k, 1).unwrap();
+        let q = Nvfp4Matrix::quantize(&x, (1, rows, k), None).unwrap();
         let d = q.dequantize();
         let num: f64 = x.iter().zip(&d).map(|(a, b)| (*a as f64 - *b as f64).powi(2)).sum();
         let den: f64 = x.iter().map(|a| (*a as f64).powi(2)).sum();
@@ -496,9 +552,56 @@ mod tests {
             let s = ue4m3_to_f32(q.scale(0, i / k, (i % k) / 16)) * g;
             assert!((a - b).abs() <= s * 1.0001 + 1e-6, "element {i}: {a} -> {b}, scale {s}");
         }
+        // 16-bit inputs quantize as their exact f32 widening does.
         let h: Vec<half::f16> = x.iter().map(|&v| half::f16::from_f32(v)).collect();
-        assert!(Nvfp4Matrix::quantize_f16(&h, rows, k, 1).is_ok());
+        let hw: Vec<f32> = h.iter().map(|v| v.to_f32()).collect();
+        assert_eq!(Nvfp4Matrix::quantize(&h, (1, rows, k), None).unwrap(), Nvfp4Matrix::quantize(&hw, (1, rows, k), None).unwrap());
         let hb: Vec<half::bf16> = x.iter().map(|&v| half::bf16::from_f32(v)).collect();
-        assert!(Nvfp4Matrix::quantize_bf16(&hb, rows, k, 1).is_ok());
+        let bw: Vec<f32> = hb.iter().map(|v| v.to_f32()).collect();
+        assert_eq!(Nvfp4Matrix::quantize(&hb, (1, rows, k), None).unwrap(), Nvfp4Matrix::quantize(&bw, (1, rows, k), None).unwrap());
+    }
+
+    /// The GPU quantizer's rules for NaN and infinities, on the CPU: NaN codes +6 and leaves the
+    /// block's scale to the other values; an infinity saturates its block's scale and codes ±6.
+    #[test]
+    fn unchecked_quantizer_rules_for_nan_and_inf() {
+        let mut x = vec![1.0f32; 48];
+        x[2] = f32::NAN;
+        x[3] = -f32::NAN;
+        x[20] = f32::NEG_INFINITY;
+        x[33] = 3.0;
+        assert!(matches!(Nvfp4Matrix::quantize(&x, (1, 1, 48), Some(1.0)).unwrap_err(), Error::NonFiniteInput { index: 2, .. }));
+        let q = Nvfp4Matrix::quantize_unchecked(&x, (1, 1, 48), Some(1.0)).unwrap();
+        assert_eq!(q.scale(0, 0, 0), e4m3_from_f32(1.0 / 6.0), "NaN does not raise the block's amax");
+        assert_eq!((q.code(0, 0, 2), q.code(0, 0, 3)), (0x7, 0x7), "NaN codes +6 whatever its sign");
+        assert_eq!(q.scale(0, 0, 1), 0x7E, "an infinity saturates its block's scale");
+        assert_eq!(q.code(0, 0, 20), 0xF, "-Inf codes -6");
+        assert_eq!(q.code(0, 0, 21), 0, "1 / 448 rounds to 0");
+        assert_eq!(q.scale(0, 0, 2), e4m3_from_f32(0.5), "an ordinary block is unchanged");
+    }
+
+    /// Issue 22: a given global scale (ModelOpt's `input_scale`) is used as it is; block scales
+    /// saturate at 448 where it is smaller than the data needs; a bad one is a typed error.
+    #[test]
+    fn quantizer_takes_a_given_global_scale() {
+        let x: Vec<f32> = (0..64).map(|i| (i as f32 - 31.5) * 0.25).collect();
+        let own = Nvfp4Matrix::quantize(&x, (1, 2, 32), None).unwrap();
+        let g = own.global_scale().unwrap();
+        assert_eq!(Nvfp4Matrix::quantize(&x, (1, 2, 32), Some(g)).unwrap(), own, "the computed g given back: same result");
+        let given = Nvfp4Matrix::quantize(&x, (1, 2, 32), Some(2.0 * g)).unwrap();
+        assert_eq!(given.global_scale(), Some(2.0 * g));
+        assert_ne!(given.scales(), own.scales());
+        for (i, (a, b)) in x.iter().zip(given.dequantize()).enumerate() {
+            let s = ue4m3_to_f32(given.scale(0, i / 32, (i % 32) / 16)) * 2.0 * g;
+            assert!((a - b).abs() <= s * 1.0001, "element {i}: {a} -> {b}, scale {s}");
+        }
+        let tiny = Nvfp4Matrix::quantize(&x, (1, 2, 32), Some(g / 16.0)).unwrap();
+        assert!(tiny.scales_row_major().iter().all(|&b| b == 0x7E), "block scales saturate at 448");
+        for bad in [0.0, -1.0, f32::NAN, f32::INFINITY] {
+            let e = Nvfp4Matrix::quantize(&x, (1, 2, 32), Some(bad)).unwrap_err().to_string();
+            assert!(e.contains("global scale") && e.contains("finite and positive"), "{bad}: {e}");
+        }
+        let e = Nvfp4Matrix::quantize(&x, (2, 2, 32), None).unwrap_err().to_string();
+        assert!(e.contains("values: holds 64") && e.contains("batch * rows * K"), "{e}");
     }
 }

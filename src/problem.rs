@@ -100,7 +100,8 @@ pub struct Problem {
     pub k: usize,
     /// Batch count.
     pub l: usize,
-    /// Scale of the product.
+    /// Scale of the product; the GEMM entry points multiply it by both operands' global scales
+    /// ([`crate::Nvfp4Tensor::global_scale`]).
     pub alpha: f32,
     /// Scale of C.
     pub beta: f32,
@@ -326,9 +327,28 @@ pub(crate) fn d_rule(p: &Problem, out: OutType) -> (&'static str, usize, &'stati
     }
 }
 
+/// alpha with both operands' global scales folded in, `alpha * ga * gb` left to right in f32 (the
+/// reference folds them the same way, so results stay bit-identical); an error where that
+/// overflows.
+pub(crate) fn folded_alpha(alpha: f32, ga: f32, gb: f32) -> Result<f32> {
+    let folded = alpha * ga * gb;
+    if !folded.is_finite() {
+        return Err(Error::InvalidData { what: "alpha", detail: format!("alpha {alpha} times the global scales {ga} (A) and {gb} (B) is {folded}: must be finite") });
+    }
+    Ok(folded)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn folding_is_left_to_right_and_checked() {
+        assert_eq!(folded_alpha(0.75, 3.0e-3, 7.0e-4).unwrap(), 0.75f32 * 3.0e-3f32 * 7.0e-4f32);
+        assert_eq!(folded_alpha(1.0, 1.0, 1.0).unwrap(), 1.0);
+        let e = folded_alpha(1e30, 1e10, 1.0).unwrap_err().to_string();
+        assert!(e.contains("must be finite") && e.contains("is inf"), "{e}");
+    }
 
     #[test]
     fn every_shape_rule_has_its_error() {

@@ -1,4 +1,4 @@
-//! The exact CPU reference of SPEC.md §1: every product exact, the K sum exact, one rounding.
+//! The exact CPU reference: every product exact, the K sum exact, one rounding.
 //!
 //! Each product `a * sfa * b * sfb` is a multiple of 2^-20 (e2m1 values are multiples of 1/2,
 //! ue4m3 values multiples of 2^-9), so the reference sums integers: e2m1 values times 2 as `i8`,
@@ -193,7 +193,7 @@ pub fn gemm_fp4(p: &Problem, a: &[u8], sfa: &[u8], b: &[u8], sfb: &[u8], c: Opti
 }
 
 /// Reference GEMM on raw buffers laid out as the kernels take them: `a` is (L, M, K/2) packed
-/// bytes, `sfa` the tiled scales of A (SPEC.md §3), `b` and `sfb` likewise for (L, N, K/2),
+/// bytes, `sfa` the tiled scales of A ([`crate::layout`]), `b` and `sfb` likewise for (L, N, K/2),
 /// `c` (L, M, N) row-major when given. K must be a multiple of 16. C is read only when
 /// beta != 0 (the kernels do not load it otherwise).
 pub fn gemm<T: OutputElement>(p: &Problem, a: &[u8], sfa: &[u8], b: &[u8], sfb: &[u8], c: Option<&[T]>) -> Result<Vec<T>> {

@@ -46,7 +46,7 @@ fn write(path: &PathBuf, tensors: &[(&str, Dtype, Vec<usize>, Vec<u8>)]) {
     std::fs::write(path, safetensors::serialize(views, None).unwrap()).unwrap();
 }
 
-/// e2m1 and e4m3 decoded by table and bit formula, and the SPEC.md §3 offset, written out here.
+/// e2m1 and e4m3 decoded by table and bit formula, and the tiled scale offset, written out here.
 fn e2m1(c: u8) -> f64 {
     [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0][(c & 7) as usize] * if c & 8 != 0 { -1.0 } else { 1.0 }
 }

@@ -4,7 +4,8 @@
 use blockscaled_gemm::compare::{compare, compare_fp4, verify_matrices};
 use blockscaled_gemm::fp4_out::sfd_from_f32;
 use blockscaled_gemm::reference::{self, Accumulation};
-use blockscaled_gemm::{reference_gemm, BlockScaledGemm, Config, Error, Nvfp4Matrix, Nvfp4Operand, Nvfp4Output, OutType, OutputElement, Problem, Schedule};
+use blockscaled_gemm::{reference_gemm, BlockScaledGemm, Config, Error, ForeignBuffer, Nvfp4Matrix, Nvfp4Output, Nvfp4Tensor, OutType, OutputElement, Problem, Schedule};
+use cudarc::driver::{CudaSlice, CudaView};
 use cudarc::driver::CudaContext;
 use half::{bf16, f16};
 use std::sync::Arc;
@@ -42,6 +43,9 @@ fn main() {
         ("fp4_output_chains_into_the_next_gemm", fp4_output_chains_into_the_next_gemm),
         ("buffers_on_another_device_are_refused", buffers_on_another_device_are_refused),
         ("general_data_passes_the_verdict", general_data_passes_the_verdict),
+        ("quantized_tensors_need_no_hand_written_alpha", quantized_tensors_need_no_hand_written_alpha),
+        ("threads_with_own_and_shared_gemms", threads_with_own_and_shared_gemms),
+        ("quantizer_matches_the_cpu_bit_for_bit", quantizer_matches_the_cpu_bit_for_bit),
         // Last: it turns cudarc's event tracking off for the buffers made after it.
         ("graph_capture_replays_with_new_data", graph_capture_replays_with_new_data),
     ];
@@ -63,6 +67,16 @@ fn main() {
     }
 }
 
+/// A borrowed device tensor: the A operand (L, M, K) of `p`, global scale 1.
+fn ta<'a>(p: &Problem, v: &'a CudaSlice<u8>, s: &'a CudaSlice<u8>) -> Nvfp4Tensor<CudaView<'a, u8>, CudaView<'a, u8>> {
+    Nvfp4Tensor::new(v.as_view(), s.as_view(), (p.l, p.m, p.k), 1.0).unwrap()
+}
+
+/// The B operand (L, N, K) of `p`, global scale 1.
+fn tb<'a>(p: &Problem, v: &'a CudaSlice<u8>, s: &'a CudaSlice<u8>) -> Nvfp4Tensor<CudaView<'a, u8>, CudaView<'a, u8>> {
+    Nvfp4Tensor::new(v.as_view(), s.as_view(), (p.l, p.n, p.k), 1.0).unwrap()
+}
+
 fn upload(g: &BlockScaledGemm, m: &Nvfp4Matrix) -> (cudarc::driver::CudaSlice<u8>, cudarc::driver::CudaSlice<u8>) {
     let s = g.stream();
     (s.clone_htod(m.data()).unwrap(), s.clone_htod(m.scales()).unwrap())
@@ -80,9 +94,9 @@ fn run_poisoned<T: OutputElement + cudarc::driver::DeviceRepr>(g: &BlockScaledGe
     let p = Problem::new(m, n, k).batch(l).scalars(alpha, beta);
     let ran = if beta != 0.0 {
         let cd = s.clone_htod(c).unwrap();
-        g.gemm_with_c(&p, Nvfp4Operand::new(&av, &asf), Nvfp4Operand::new(&bv, &bsf), &cd, &mut d, config).unwrap()
+        g.gemm_with_c(&p, &ta(&p, &av, &asf), &tb(&p, &bv, &bsf), &cd, &mut d, config).unwrap()
     } else {
-        g.gemm(&p, Nvfp4Operand::new(&av, &asf), Nvfp4Operand::new(&bv, &bsf), &mut d, config).unwrap()
+        g.gemm(&p, &ta(&p, &av, &asf), &tb(&p, &bv, &bsf), &mut d, config).unwrap()
     };
     (ran, s.clone_dtoh(&d).unwrap())
 }
@@ -194,7 +208,10 @@ fn sm90_split_k_values_and_determinism() -> Outcome {
     let g = BlockScaledGemm::new(base.stream().clone()).unwrap().with_split_k(Some(33));
     let (av, asf) = upload(&g, &a);
     let mut d = g.stream().alloc_zeros::<f16>(128 * 512).unwrap();
-    let e = g.gemm(&Problem::new(128, 512, 2048), Nvfp4Operand::new(&av, &asf), Nvfp4Operand::new(&av, &asf), &mut d, Some(Config::Sm90_128x128x64));
+    let p = Problem::new(128, 512, 2048);
+    let av2 = g.stream().alloc_zeros::<u8>(p.b_bytes()).unwrap();
+    let asf2 = g.stream().alloc_zeros::<u8>(p.sfb_bytes()).unwrap();
+    let e = g.gemm(&p, &ta(&p, &av, &asf), &tb(&p, &av2, &asf2), &mut d, Some(Config::Sm90_128x128x64));
     assert!(e.is_err(), "split_k 33 > 32 k-tiles must be refused");
     Ok(())
 }
@@ -364,12 +381,12 @@ fn wrong_architecture_is_refused_and_nothing_is_written() -> Outcome {
     let mut d = s.clone_htod(&poison).unwrap();
     let p = Problem::new(m, n, k);
     for c in Config::ALL.iter().copied().filter(|c| c.compute_capability() != cc) {
-        let e = g.gemm(&p, Nvfp4Operand::new(&av, &asf), Nvfp4Operand::new(&av, &asf), &mut d, Some(c)).unwrap_err();
+        let e = g.gemm(&p, &ta(&p, &av, &asf), &tb(&p, &av, &asf), &mut d, Some(c)).unwrap_err();
         assert!(matches!(e, Error::ArchMismatch { .. }), "{c}: {e}");
         println!("{c} on {cc:?}: {e}");
     }
     if g.device().arch().is_none() {
-        let e = g.gemm(&p, Nvfp4Operand::new(&av, &asf), Nvfp4Operand::new(&av, &asf), &mut d, None).unwrap_err();
+        let e = g.gemm(&p, &ta(&p, &av, &asf), &tb(&p, &av, &asf), &mut d, None).unwrap_err();
         assert!(matches!(e, Error::UnsupportedDevice { .. }), "{e}");
         println!("automatic choice on {cc:?}: {e}");
     }
@@ -386,12 +403,15 @@ fn device_buffer_errors_are_typed() -> Outcome {
     let sf = s.alloc_zeros::<u8>(p.sfa_bytes()).unwrap();
     let short = s.alloc_zeros::<u8>(p.sfa_bytes() - 1).unwrap();
     let mut d = s.alloc_zeros::<f32>(p.cd_elems()).unwrap();
-    let e = g.gemm(&p, Nvfp4Operand::new(&a, &short), Nvfp4Operand::new(&a, &sf), &mut d, None).unwrap_err();
-    assert!(e.to_string().starts_with("SFA: holds"), "{e}");
+    let e = Nvfp4Tensor::new(a.as_view(), short.as_view(), (1, 128, 256), 1.0).unwrap_err();
+    assert!(e.to_string().starts_with("scales: holds"), "{e}");
+    // A tensor of another shape than the problem's: typed, before any launch.
+    let e = g.gemm(&p.batch(1), &ta(&p, &a, &sf), &Nvfp4Tensor::new(a.slice(..64 * 128), sf.as_view(), (1, 128, 128), 1.0).unwrap(), &mut d, None).unwrap_err();
+    assert!(matches!(e, Error::OperandShape { name: "B", got: (1, 128, 128), want: (1, 128, 256) }), "{e}");
     // A view one byte in: misaligned, and refused before any launch (when the arch runs at all).
     let big = s.alloc_zeros::<u8>(p.a_bytes() + 1).unwrap();
-    let view = big.slice(1..);
-    match g.gemm(&p, Nvfp4Operand::new(&view, &sf), Nvfp4Operand::new(&a, &sf), &mut d, None) {
+    let view = Nvfp4Tensor::new(big.slice(1..), sf.as_view(), (1, 128, 256), 1.0).unwrap();
+    match g.gemm(&p, &view, &tb(&p, &a, &sf), &mut d, None) {
         Err(Error::Misaligned { name: "A", .. }) | Err(Error::UnsupportedDevice { .. }) => {}
         other => panic!("expected a misalignment refusal, got {other:?}"),
     }
@@ -417,7 +437,7 @@ fn run_fp4(g: &BlockScaledGemm, p: &Problem, out: OutType, a: &Nvfp4Matrix, b: &
     let (bv, bsf) = upload(g, b);
     let mut d = s.clone_htod(&vec![0xEEu8; p.cd_elems() / 2]).unwrap();
     let mut sfd = s.clone_htod(&vec![0x7Fu8; p.sfd_bytes()]).unwrap();
-    let (aa, bb) = (Nvfp4Operand::new(&av, &asf), Nvfp4Operand::new(&bv, &bsf));
+    let (aa, bb) = (&ta(p, &av, &asf), &tb(p, &bv, &bsf));
     let ran = match c {
         Some(c) => {
             let cd = s.clone_htod(c).unwrap();
@@ -540,9 +560,9 @@ fn fp4_output_chains_into_the_next_gemm() -> Outcome {
         let mut d1 = s.alloc_zeros::<u8>(m * n / 2).unwrap();
         let mut sfd1 = s.clone_htod(&vec![0x7Fu8; p1.sfd_bytes()]).unwrap();
         let mut d2 = s.clone_htod(&vec![f32::NAN; m * n2]).unwrap();
-        let ran1 = g.gemm_fp4(&p1, OutType::Nvfp4, Nvfp4Operand::new(&av, &asf), Nvfp4Operand::new(&bv, &bsf), Nvfp4Output::new(&mut d1, &mut sfd1), c1).unwrap();
+        let ran1 = g.gemm_fp4(&p1, OutType::Nvfp4, &ta(&p1, &av, &asf), &tb(&p1, &bv, &bsf), Nvfp4Output::new(&mut d1, &mut sfd1), c1).unwrap();
         // GEMM 2 straight from the device buffers of GEMM 1, queued right behind it.
-        let ran2 = g.gemm(&p2, Nvfp4Operand::new(&d1, &sfd1), Nvfp4Operand::new(&b2v, &b2s), &mut d2, c2).unwrap();
+        let ran2 = g.gemm(&p2, &ta(&p2, &d1, &sfd1), &tb(&p2, &b2v, &b2s), &mut d2, c2).unwrap();
         // The reference, chained the same way.
         assert_eq!(s.clone_dtoh(&d1).unwrap(), want_d1, "{ran1}: D1");
         assert_eq!(s.clone_dtoh(&sfd1).unwrap(), want_sfd1, "{ran1}: SFD1");
@@ -586,17 +606,17 @@ fn buffers_on_another_device_are_refused() -> Outcome {
         Err(Error::WrongDevice { name: n, buffer_device: 1, gemm_device: 0 }) if n == name => println!("  {name} on device 1: refused"),
         other => panic!("{name} on device 1: expected WrongDevice, got {other:?}"),
     };
-    expect(g.gemm(&p, Nvfp4Operand::new(&av1, &as0), Nvfp4Operand::new(&bv0, &bs0), &mut d0, None), "A");
-    expect(g.gemm(&p, Nvfp4Operand::new(&av0, &as1), Nvfp4Operand::new(&bv0, &bs0), &mut d0, None), "SFA");
-    expect(g.gemm(&p, Nvfp4Operand::new(&av0, &as0), Nvfp4Operand::new(&av1, &bs0), &mut d0, None), "B");
-    expect(g.gemm(&p, Nvfp4Operand::new(&av0, &as0), Nvfp4Operand::new(&bv0, &as1), &mut d0, None), "SFB");
-    expect(g.gemm(&p, Nvfp4Operand::new(&av0, &as0), Nvfp4Operand::new(&bv0, &bs0), &mut d1, None), "D");
+    expect(g.gemm(&p, &ta(&p, &av1, &as0), &tb(&p, &bv0, &bs0), &mut d0, None), "A");
+    expect(g.gemm(&p, &ta(&p, &av0, &as1), &tb(&p, &bv0, &bs0), &mut d0, None), "SFA");
+    expect(g.gemm(&p, &ta(&p, &av0, &as0), &tb(&p, &av1, &bs0), &mut d0, None), "B");
+    expect(g.gemm(&p, &ta(&p, &av0, &as0), &tb(&p, &bv0, &as1), &mut d0, None), "SFB");
+    expect(g.gemm(&p, &ta(&p, &av0, &as0), &tb(&p, &bv0, &bs0), &mut d1, None), "D");
     let c1 = s1.clone_htod(&poison).unwrap();
-    expect(g.gemm_with_c(&p.scalars(1.0, 1.0), Nvfp4Operand::new(&av0, &as0), Nvfp4Operand::new(&bv0, &bs0), &c1, &mut d0, None), "C");
+    expect(g.gemm_with_c(&p.scalars(1.0, 1.0), &ta(&p.scalars(1.0, 1.0), &av0, &as0), &tb(&p.scalars(1.0, 1.0), &bv0, &bs0), &c1, &mut d0, None), "C");
     if Config::ALL.iter().any(|c| c.compute_capability() == g.device().compute_capability && c.is_built(OutType::Nvfp4)) {
         let mut q0 = s0.alloc_zeros::<u8>(128 * 64).unwrap();
         let mut sf1 = s1.alloc_zeros::<u8>(p.sfd_bytes()).unwrap();
-        expect(g.gemm_fp4(&p, OutType::Nvfp4, Nvfp4Operand::new(&av0, &as0), Nvfp4Operand::new(&bv0, &bs0), Nvfp4Output::new(&mut q0, &mut sf1), None), "SFD");
+        expect(g.gemm_fp4(&p, OutType::Nvfp4, &ta(&p, &av0, &as0), &tb(&p, &bv0, &bs0), Nvfp4Output::new(&mut q0, &mut sf1), None), "SFD");
     }
     s0.synchronize().unwrap();
     s1.synchronize().unwrap();
@@ -650,6 +670,196 @@ fn general_data_passes_the_verdict() -> Outcome {
 /// constants), replayed three times with new inputs copied into the same buffers and a larger
 /// eager call in between; every output against the exact reference. Also: a call during capture
 /// with event tracking on is a typed error, and so is one needing more workspace than reserved.
+/// Issue 22: two bf16 tensors quantized with global scales far from 1 (one computed, one given as
+/// a checkpoint gives it), uploaded, multiplied with alpha 1: the result passes the verdict
+/// against the reference (which folds the global scales as the GEMM does) and is within the
+/// quantization error of the bf16 product (dropping the global scales would be off by about
+/// 1e6). D is written through a `ForeignBuffer` over memory another owner holds.
+fn quantized_tensors_need_no_hand_written_alpha() -> Outcome {
+    let g = device()?;
+    let (l, m, n, k) = (2, 40, 256, 1024);
+    let p = Problem::new(m, n, k).batch(l);
+    if let Err(e) = g.select_config(&p, OutType::Bf16) {
+        return Err(format!("no kernel here: {e}"));
+    }
+    let s = g.stream().clone();
+    let mut rng = blockscaled_gemm::SplitMix64::new(seed() ^ 0x22);
+    let x: Vec<bf16> = (0..l * m * k).map(|_| bf16::from_f32(rng.normal() as f32 * 3.0)).collect();
+    let w: Vec<bf16> = (0..l * n * k).map(|_| bf16::from_f32(rng.normal() as f32 * 0.02)).collect();
+    let qa = Nvfp4Matrix::quantize(&x, (l, m, k), None).unwrap();
+    let qb = Nvfp4Matrix::quantize(&w, (l, n, k), Some(0.1 / 2688.0)).unwrap();
+    let (ga, gb) = (qa.global_scale().unwrap(), qb.global_scale().unwrap());
+    assert!(ga * gb < 1e-5, "global scales {ga} {gb} must matter");
+    let (a_dev, b_dev) = (Nvfp4Tensor::upload(&qa, &s).unwrap(), Nvfp4Tensor::upload(&qb, &s).unwrap());
+    let owner = s.clone_htod(&vec![bf16::NAN; l * m * n]).unwrap();
+    let addr = { let (addr, _guard) = cudarc::driver::DevicePtr::device_ptr(&owner, &s); addr };
+    // SAFETY: `owner` holds l*m*n bf16 on this stream's device and outlives `d`.
+    let mut d = unsafe { ForeignBuffer::<bf16>::new(addr, l * m * n, &s) };
+    g.gemm(&p, &a_dev, &b_dev, &mut d, None).unwrap();
+    let got = s.clone_dtoh(&owner).unwrap();
+    check_accumulation_bound(&got, &qa, &qb, 1.0, 0.0, &[], "quantized bf16 tensors");
+    // Against the unquantized product: relative Frobenius error of NVFP4 x NVFP4.
+    let (mut num, mut den) = (0f64, 0f64);
+    for li in 0..l {
+        for i in 0..m {
+            for j in 0..n {
+                let exact: f64 = (0..k).map(|kk| x[(li * m + i) * k + kk].to_f64() * w[(li * n + j) * k + kk].to_f64()).sum();
+                num += (got[(li * m + i) * n + j].to_f64() - exact).powi(2);
+                den += exact * exact;
+            }
+        }
+    }
+    let rel = (num / den).sqrt();
+    println!("quantized bf16 GEMM: relative error {rel:.4} against the bf16 product (global scales {ga:e}, {gb:e})");
+    assert!(rel < 0.25, "relative error {rel}: the global scales were not applied?");
+    Ok(())
+}
+
+/// Issue 25: two threads, each with its own stream and `BlockScaledGemm`, run mixed shapes (small
+/// M through the stream tiles, the swapped tiles with their pre-pass, split-K) for
+/// `BSG_CONCURRENCY_SECS` seconds (default 5), then two threads share one `BlockScaledGemm`;
+/// every output is poisoned first and compared bit for bit with the reference (contest data:
+/// every FP32 sum is exact).
+fn threads_with_own_and_shared_gemms() -> Outcome {
+    let g0 = device()?;
+    let shapes = [(1, 4096, 7168, 1), (16, 2048, 1024, 2), (64, 1024, 2048, 1), (128, 1024, 2048, 1), (200, 512, 768, 1), (256, 1536, 512, 1)];
+    if let Err(e) = g0.select_config(&Problem::new(128, 1024, 2048), OutType::Bf16) {
+        return Err(format!("no kernel here: {e}"));
+    }
+    let secs: f64 = std::env::var("BSG_CONCURRENCY_SECS").ok().and_then(|v| v.parse().ok()).unwrap_or(5.0);
+    let cases: Vec<(Problem, Nvfp4Matrix, Nvfp4Matrix, Vec<bf16>)> = shapes.iter().enumerate().map(|(i, &(m, n, k, l))| {
+        let (a, b) = contest(m, n, k, l, 0x25 + i as u64);
+        let want = reference_gemm(&a, &b, 0.5, 0.0, None).unwrap();
+        (Problem::new(m, n, k).batch(l).scalars(0.5, 0.0), a, b, want)
+    }).collect();
+    let ctx = g0.stream().context().clone();
+    // One pass over the cases from `start`, on `g`; returns how many GEMMs ran.
+    let pass = |g: &BlockScaledGemm, start: usize, tensors: &[(Nvfp4Tensor, Nvfp4Tensor)]| -> usize {
+        for j in 0..cases.len() {
+            let i = (start + j) % cases.len();
+            let (p, _, _, want) = &cases[i];
+            let s = g.stream();
+            let mut d = s.clone_htod(&vec![bf16::NAN; want.len()]).unwrap();
+            let ran = g.gemm(p, &tensors[i].0, &tensors[i].1, &mut d, None).unwrap();
+            let got = s.clone_dtoh(&d).unwrap();
+            let cmp = compare(&got, want, 0.0, 0.0);
+            assert!(cmp.passed(), "{ran} {}x{}x{}x{}: {cmp}", p.m, p.n, p.k, p.l);
+        }
+        cases.len()
+    };
+    let upload_all = |s: &Arc<cudarc::driver::CudaStream>| -> Vec<(Nvfp4Tensor, Nvfp4Tensor)> {
+        cases.iter().map(|(_, a, b, _)| (Nvfp4Tensor::upload(a, s).unwrap(), Nvfp4Tensor::upload(b, s).unwrap())).collect()
+    };
+    let t0 = std::time::Instant::now();
+    let counts: Vec<usize> = std::thread::scope(|scope| {
+        let workers: Vec<_> = (0..2).map(|t| {
+            let (ctx, pass, upload_all) = (ctx.clone(), &pass, &upload_all);
+            scope.spawn(move || {
+                let g = BlockScaledGemm::new(ctx.new_stream().unwrap()).unwrap();
+                let tensors = upload_all(g.stream());
+                let mut done = 0;
+                while t0.elapsed().as_secs_f64() < secs {
+                    done += pass(&g, t * 3 + done, &tensors);
+                }
+                done
+            })
+        }).collect();
+        workers.into_iter().map(|w| w.join().unwrap()).collect()
+    });
+    let shared = BlockScaledGemm::new(ctx.new_stream().unwrap()).unwrap();
+    let tensors = upload_all(shared.stream());
+    std::thread::scope(|scope| {
+        for t in 0..2 {
+            let (shared, tensors, pass) = (&shared, &tensors, &pass);
+            scope.spawn(move || (0..3).for_each(|r| { pass(shared, t + r, tensors); }));
+        }
+    });
+    println!("two threads, own streams, {secs} s: {} and {} GEMMs, all exact; two threads sharing one BlockScaledGemm: {} GEMMs, all exact", counts[0], counts[1], 2 * 3 * cases.len());
+    Ok(())
+}
+
+/// Test data for the quantizer, per 16-value block one of: zeros; exact rounding ties (a block
+/// amax of 6 * 2^e, so the scale is 2^e / g and every other value sits on an e2m1 midpoint);
+/// subnormals of the input type; a huge range (10^-e10 .. 10^e10); plain N(0, 3).
+fn quantizer_data(rng: &mut blockscaled_gemm::SplitMix64, n: usize, e10: i32, tie_exp: i32, tiny: f64) -> Vec<f32> {
+    const TIES: [f32; 7] = [0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0];
+    let mut x = Vec::with_capacity(n);
+    for _ in 0..n / 16 {
+        let sign = |rng: &mut blockscaled_gemm::SplitMix64| if rng.below(2) == 0 { 1.0f32 } else { -1.0 };
+        match rng.below(5) {
+            0 => x.extend([0.0f32; 16]),
+            1 => {
+                let s = 2f32.powi(rng.below(2 * tie_exp as u64 + 1) as i32 - tie_exp);
+                x.push(6.0 * s * sign(rng));
+                for _ in 1..16 {
+                    let t = TIES[rng.below(7) as usize];
+                    x.push(t * s * sign(rng));
+                }
+            }
+            2 => (0..16).for_each(|_| x.push((rng.normal() * tiny) as f32)),
+            3 => (0..16).for_each(|_| x.push((rng.normal() * 10f64.powi(rng.below(2 * e10 as u64 + 1) as i32 - e10)) as f32)),
+            _ => (0..16).for_each(|_| x.push((rng.normal() * 3.0) as f32)),
+        }
+    }
+    x
+}
+
+/// Issue 25: the GPU quantizer equals the CPU one bit for bit (codes, scales with their zero
+/// padding, global scale) for f32, f16 and bf16 inputs, given and computed global scales, odd
+/// shapes, L = 2, zeros, ties, subnormals and huge ranges; outputs poisoned first; NaN and Inf
+/// follow `quantize_unchecked`'s rules.
+fn quantizer_matches_the_cpu_bit_for_bit() -> Outcome {
+    use blockscaled_gemm::Quantizer;
+    let g = device()?;
+    if g.device().arch().is_none() {
+        return Err(format!("compute capability {:?}: the quantizer is built for sm_90a and sm_100a", g.device().compute_capability));
+    }
+    let s = g.stream().clone();
+    let q = Quantizer::new(s.clone());
+    let mut rng = blockscaled_gemm::SplitMix64::new(seed() ^ 0x25);
+    fn same(s: &Arc<cudarc::driver::CudaStream>, t: &Nvfp4Tensor, want: &Nvfp4Matrix, what: &str) {
+        assert_eq!(s.clone_dtoh(t.values()).unwrap(), want.data(), "{what}: codes");
+        assert_eq!(s.clone_dtoh(t.scales()).unwrap(), want.scales(), "{what}: scales");
+        assert_eq!(t.global_scale().to_bits(), want.global_scale().unwrap().to_bits(), "{what}: global scale");
+    }
+    let mut runs = 0;
+    for &(l, m, k) in &[(1, 1, 16), (2, 3, 48), (1, 130, 64), (2, 33, 7168), (1, 200, 1040)] {
+        let x32 = quantizer_data(&mut rng, l * m * k, 30, 20, 1e-39);
+        let x16: Vec<f16> = quantizer_data(&mut rng, l * m * k, 3, 8, 1e-6).iter().map(|&v| f16::from_f32(v)).collect();
+        let xb: Vec<bf16> = x32.iter().map(|&v| bf16::from_f32(v)).collect();
+        let (d32, d16, db) = (s.clone_htod(&x32).unwrap(), s.clone_htod(&x16).unwrap(), s.clone_htod(&xb).unwrap());
+        for given in [None, Some(1.0f32), Some(0.37 / 2688.0)] {
+            let what = |t: &str| format!("{t} (L, M, K) = ({l}, {m}, {k}), global scale {given:?}");
+            same(&s, &q.quantize(&d32, (l, m, k), given).unwrap(), &Nvfp4Matrix::quantize(&x32, (l, m, k), given).unwrap(), &what("f32"));
+            same(&s, &q.quantize(&d16, (l, m, k), given).unwrap(), &Nvfp4Matrix::quantize(&x16, (l, m, k), given).unwrap(), &what("f16"));
+            same(&s, &q.quantize(&db, (l, m, k), given).unwrap(), &Nvfp4Matrix::quantize(&xb, (l, m, k), given).unwrap(), &what("bf16"));
+            runs += 3;
+        }
+        // Into poisoned buffers: every code and every scale byte, padding included, is written.
+        let want = Nvfp4Matrix::quantize(&xb, (l, m, k), Some(0.5)).unwrap();
+        let mut codes = s.clone_htod(&vec![0xEEu8; want.data().len()]).unwrap();
+        let mut scales = s.clone_htod(&vec![0x7Fu8; want.scales().len()]).unwrap();
+        q.quantize_into(&db, (l, m, k), 0.5, &mut codes, &mut scales).unwrap();
+        assert_eq!(s.clone_dtoh(&codes).unwrap(), want.data());
+        assert_eq!(s.clone_dtoh(&scales).unwrap(), want.scales());
+        // A refused call writes nothing.
+        let e = q.quantize_into(&db, (l, m, k), f32::NAN, &mut codes, &mut scales).unwrap_err();
+        assert!(e.to_string().contains("global scale"), "{e}");
+        let e = q.quantize_into(&db.slice(16..), (l, m, k), 0.5, &mut codes, &mut scales).unwrap_err();
+        assert!(e.to_string().starts_with("x: holds"), "{e}");
+        runs += 1;
+    }
+    // NaN and infinities: the documented rules, as quantize_unchecked states them.
+    let mut x = quantizer_data(&mut rng, 4 * 256, 3, 4, 1e-39);
+    for (i, v) in [(3, f32::NAN), (17, f32::INFINITY), (40, f32::NEG_INFINITY), (41, -f32::NAN), (600, f32::INFINITY)] {
+        x[i] = v;
+    }
+    let dx = s.clone_htod(&x).unwrap();
+    same(&s, &q.quantize(&dx, (1, 4, 256), Some(1.0)).unwrap(), &Nvfp4Matrix::quantize_unchecked(&x, (1, 4, 256), Some(1.0)).unwrap(), "NaN and Inf");
+    println!("quantizer: {runs} runs bit-identical to the CPU quantizer, and NaN/Inf by the documented rules");
+    Ok(())
+}
+
 fn graph_capture_replays_with_new_data() -> Outcome {
     use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
     let g0 = fp4_device()?;
@@ -663,7 +873,7 @@ fn graph_capture_replays_with_new_data() -> Outcome {
         let (av, asf, bv, bsf) = (stream.clone_htod(a.data()).unwrap(), stream.clone_htod(a.scales()).unwrap(), stream.clone_htod(b.data()).unwrap(), stream.clone_htod(b.scales()).unwrap());
         let mut d = stream.alloc_zeros::<f16>(p.cd_elems()).unwrap();
         stream.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL).unwrap();
-        let e = g.gemm(&p, Nvfp4Operand::new(&av, &asf), Nvfp4Operand::new(&bv, &bsf), &mut d, None).unwrap_err();
+        let e = g.gemm(&p, &ta(&p, &av, &asf), &tb(&p, &bv, &bsf), &mut d, None).unwrap_err();
         let _ = stream.end_capture(CUgraphInstantiate_flags(0));
         assert!(matches!(e, Error::CaptureEventTracking), "{e}");
         stream.synchronize().unwrap();
@@ -690,7 +900,7 @@ fn graph_capture_replays_with_new_data() -> Outcome {
     let launch = |i: usize, bufs: &mut Vec<(Problem, cudarc::driver::CudaSlice<u8>, cudarc::driver::CudaSlice<u8>, cudarc::driver::CudaSlice<u8>, cudarc::driver::CudaSlice<u8>, cudarc::driver::CudaSlice<u8>, cudarc::driver::CudaSlice<u8>)>| -> Result<Config, Error> {
         let c = &cases[i];
         let (p, av, asf, bv, bsf, d, sfd) = &mut bufs[i];
-        let (oa, ob) = (Nvfp4Operand::new(&*av, &*asf), Nvfp4Operand::new(&*bv, &*bsf));
+        let (oa, ob) = (&ta(p, av, asf), &tb(p, bv, bsf));
         match c.out {
             OutType::F16 => g.gemm(p, oa, ob, &mut unsafe { d.transmute_mut::<f16>(p.cd_elems()) }.unwrap(), c.config),
             OutType::Bf16 => g.gemm(p, oa, ob, &mut unsafe { d.transmute_mut::<bf16>(p.cd_elems()) }.unwrap(), c.config),
@@ -730,7 +940,7 @@ fn graph_capture_replays_with_new_data() -> Outcome {
         if replay == 1 {
             let (av, asf, bv, bsf) = (stream.clone_htod(ba.data()).unwrap(), stream.clone_htod(ba.scales()).unwrap(), stream.clone_htod(bb.data()).unwrap(), stream.clone_htod(bb.scales()).unwrap());
             let mut d = stream.alloc_zeros::<f16>(big.cd_elems()).unwrap();
-            g.gemm(&big, Nvfp4Operand::new(&av, &asf), Nvfp4Operand::new(&bv, &bsf), &mut d, None).unwrap();
+            g.gemm(&big, &ta(&big, &av, &asf), &tb(&big, &bv, &bsf), &mut d, None).unwrap();
             let want: Vec<f16> = reference_gemm(&ba, &bb, 1.0, 0.0, None).unwrap();
             assert!(compare(&stream.clone_dtoh(&d).unwrap(), &want, 0.0, 0.0).passed(), "eager call between replays");
         }

@@ -1,12 +1,16 @@
 #!/usr/bin/env python3
-"""Fetch the pinned CUDA toolchain and CUTLASS headers from PyPI into third_party/.
+"""Fetch the pinned CUDA toolchain and CUTLASS headers from PyPI into a folder outside the source.
 
-Reads third_party/pins.txt (name, version, sha256), downloads each wheel with pip into a wheel
-cache outside the checkout, verifies its sha256, and unpacks:
-  third_party/cuda/nvidia/cu13/{bin,include,lib,nvvm}   nvcc 13.0, cudart, cuobjdump, nvdisasm
-  third_party/cutlass/{include,tools,examples}           CUTLASS 4.2.0 (cutlass_library/source)
-  third_party/libclang/libclang.so                       libclang 18, for bindgen in build.rs
-A stamp file records the pins, so a second run does nothing. Standard library only.
+Usage: fetch.py DEST. build.rs passes `<cache>/toolchain/<hash of pins.txt>`, so the crate's
+source folder is never written (a registry download is read-only, and docs.rs has no network).
+Reads pins.txt beside this script (name, version, sha256), downloads each wheel with pip into
+`<cache>/wheels`, verifies its sha256, and unpacks:
+  DEST/cuda/nvidia/cu13/{bin,include,lib,nvvm}   nvcc 13.0, cudart, cuobjdump, nvdisasm
+  DEST/cutlass/{include,tools,examples}           CUTLASS 4.2.0 (cutlass_library/source)
+  DEST/libclang/libclang.so                       libclang 18, for bindgen in build.rs
+DEST appears whole or not at all (unpacked beside it, then renamed), so concurrent builds and an
+interrupted one never see half a toolchain; a second run finds it and does nothing.
+Standard library only.
 """
 import hashlib
 import os
@@ -19,10 +23,6 @@ import zipfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 PINS = os.path.join(HERE, "pins.txt")
-STAMP = os.path.join(HERE, ".stamp")
-CUDA_DIR = os.path.join(HERE, "cuda")
-CUTLASS_DIR = os.path.join(HERE, "cutlass")
-LIBCLANG_DIR = os.path.join(HERE, "libclang")
 PLATFORMS = ["manylinux2014_x86_64", "manylinux_2_17_x86_64", "manylinux_2_12_x86_64",
              "manylinux2010_x86_64", "manylinux_2_27_x86_64", "manylinux_2_28_x86_64"]
 
@@ -93,31 +93,37 @@ def extract(whl, dest):
 
 
 def main():
-    pins = read_pins()
-    stamp = "\n".join(f"{n} {v} {s}" for n, v, s in pins)
-    if os.path.exists(STAMP) and open(STAMP).read() == stamp:
+    if len(sys.argv) != 2:
+        sys.exit("usage: fetch.py DEST (build.rs passes <cache>/toolchain/<hash of pins.txt>)")
+    dest = os.path.abspath(sys.argv[1])
+    if os.path.isdir(dest):
         return
+    pins = read_pins()
     cache = wheel_cache()
     wheels = [(n, download(cache, n, v, s)) for n, v, s in pins]
-    for d in (CUDA_DIR, CUTLASS_DIR, LIBCLANG_DIR):
-        shutil.rmtree(d, ignore_errors=True)
-    with tempfile.TemporaryDirectory(dir=HERE) as tmp:
+    parent = os.path.dirname(dest)
+    os.makedirs(parent, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=parent) as tmp:
+        unpacked, staged = os.path.join(tmp, "wheels"), os.path.join(tmp, "toolchain")
         for name, whl in wheels:
-            extract(whl, tmp)
-        shutil.move(os.path.join(tmp, "nvidia"), os.path.join(CUDA_DIR, "nvidia"))
-        shutil.move(os.path.join(tmp, "cutlass_library", "source"), CUTLASS_DIR)
-        clang = [d for d in os.listdir(tmp) if d.startswith("libclang-") and d.endswith(".data")]
+            extract(whl, unpacked)
+        os.makedirs(staged)
+        shutil.move(os.path.join(unpacked, "nvidia"), os.path.join(staged, "cuda", "nvidia"))
+        shutil.move(os.path.join(unpacked, "cutlass_library", "source"), os.path.join(staged, "cutlass"))
+        clang = [d for d in os.listdir(unpacked) if d.startswith("libclang-") and d.endswith(".data")]
         if clang:
-            shutil.move(os.path.join(tmp, clang[0], "platlib", "clang", "native"), LIBCLANG_DIR)
-    bins = [os.path.join(CUDA_DIR, "nvidia", "cu13", d) for d in ("bin", "nvvm/bin")]
-    for d in bins:  # some wheels do not record the executable bit
-        for root, _, files in os.walk(d):
-            for f in files:
-                p = os.path.join(root, f)
-                os.chmod(p, os.stat(p).st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
-    with open(STAMP, "w") as f:
-        f.write(stamp)
-    print("fetch.py: toolchain ready in third_party/", file=sys.stderr)
+            shutil.move(os.path.join(unpacked, clang[0], "platlib", "clang", "native"), os.path.join(staged, "libclang"))
+        for d in ("bin", "nvvm/bin"):  # some wheels do not record the executable bit
+            for root, _, files in os.walk(os.path.join(staged, "cuda", "nvidia", "cu13", d)):
+                for f in files:
+                    p = os.path.join(root, f)
+                    os.chmod(p, os.stat(p).st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
+        try:
+            os.rename(staged, dest)
+        except OSError:
+            if not os.path.isdir(dest):  # else a concurrent build finished first: use its copy
+                raise
+    print(f"fetch.py: toolchain ready in {dest}", file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -51,6 +51,8 @@ KernelStatus launch(uint32_t config, uint32_t out, const KernelArgs& args) {
   return e->run(args);
 }
 
+KernelStatus quantize(const QuantizeArgs& args) { return bsg_quantize(args); }
+
 bool can_implement(uint32_t config, uint32_t out, const KernelArgs& args) {
   const KernelEntry* e = find(config, out);
   return e && e->can_implement(args);

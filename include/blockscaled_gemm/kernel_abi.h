@@ -60,6 +60,23 @@ struct KernelArgs {
   uint64_t sfd_bytes;
 };
 
+// Input element types of the quantizer.
+enum class InKind : int32_t { F32 = 0, F16 = 1, Bf16 = 2 };
+
+// One quantizer call (cpp/quant/): x (L, M, K) row-major to packed e2m1 codes (L, M, K/2) and
+// ue4m3 scales in the 128x4 tiled layout, padding zeroed. amax_slot 0: global_scale is used;
+// else the 4 bytes there receive the amax and the global scale is derived from it on the device.
+struct QuantizeArgs {
+  int32_t m, k, l;
+  InKind input;
+  uint64_t x;
+  uint64_t codes;
+  uint64_t scales;
+  float global_scale;
+  uint64_t amax_slot;
+  uint64_t stream;
+};
+
 // The outcome of a launch: cutlass::Status and cudaError_t as integers, and the workspace bytes
 // the problem needs (filled whenever the status is kErrorWorkspaceNull: nothing was launched).
 struct KernelStatus {
@@ -92,6 +109,9 @@ struct KernelEntry {
 };
 
 }  // namespace bsg
+
+// The quantizer's host adapter (cpp/quant/quantize.cu).
+bsg::KernelStatus bsg_quantize(const bsg::QuantizeArgs& args);
 
 // Names for status codes (cpp/host/status.cu).
 const char* bsg_cutlass_status_name(int32_t code);

@@ -8,6 +8,7 @@ pub(crate) mod ffi {
 
         type KernelArgs = crate::sys::KernelArgs;
         type KernelStatus = crate::sys::KernelStatus;
+        type QuantizeArgs = crate::sys::QuantizeArgs;
 
         /// The one call a GEMM makes: checks, the workspace it needs, and the launches.
         /// `cutlass_status` -1: the kernel is not in this build.
@@ -15,6 +16,11 @@ pub(crate) mod ffi {
         /// # Safety
         /// Every address in `args` must be valid for the problem on the stream's device.
         unsafe fn launch(config: u32, out: u32, args: &KernelArgs) -> KernelStatus;
+        /// The NVFP4 quantizer (cpp/quant/): the amax pass when asked, then the quantizer.
+        ///
+        /// # Safety
+        /// Every address in `args` must be valid for the shape on the stream's device.
+        unsafe fn quantize(args: &QuantizeArgs) -> KernelStatus;
         /// Host-only queries (no device is touched): `can_implement` and the workspace bytes.
         fn can_implement(config: u32, out: u32, args: &KernelArgs) -> bool;
         fn workspace_size(config: u32, out: u32, args: &KernelArgs) -> usize;

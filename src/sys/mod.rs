@@ -10,7 +10,7 @@ mod abi {
 }
 mod bridge;
 
-pub(crate) use abi::root::bsg::{KernelArgs, KernelStatus, OutKind};
+pub(crate) use abi::root::bsg::{InKind, KernelArgs, KernelStatus, OutKind, QuantizeArgs};
 pub(crate) use bridge::ffi::*;
 
 /// Split-K through a thread-block cluster: at most this many K ranges (the portable cluster size).
@@ -24,10 +24,14 @@ pub(crate) const STATUS_WORKSPACE_NULL: i32 = abi::root::BSG_STATUS_WORKSPACE_NU
 /// K ranges of one SM90 launch.
 pub(crate) const SM90_MAX_SPLIT_K: u32 = abi::root::BSG_SM90_MAX_SPLIT_K;
 
-// SAFETY: KernelArgs and KernelStatus are plain C structs of integers and floats (bindgen's
+// SAFETY: KernelArgs, QuantizeArgs and KernelStatus are plain C structs of integers and floats (bindgen's
 // layout tests hold them to the C++ layout), so moving them by value across cxx is sound.
 unsafe impl cxx::ExternType for KernelArgs {
     type Id = cxx::type_id!("bsg::KernelArgs");
+    type Kind = cxx::kind::Trivial;
+}
+unsafe impl cxx::ExternType for QuantizeArgs {
+    type Id = cxx::type_id!("bsg::QuantizeArgs");
     type Kind = cxx::kind::Trivial;
 }
 unsafe impl cxx::ExternType for KernelStatus {

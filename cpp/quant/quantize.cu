@@ -1,0 +1,56 @@
+// Host adapter of the quantizer (quantize.cuh): picks the input type, launches the amax pass
+// when the global scale is to be computed, then the quantizer, on the caller's stream. Rust has
+// checked every argument (shape, lengths, alignment, device); launches return their own error,
+// so a stale error another library left on the thread is not reported as ours.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+
+#include "blockscaled_gemm/kernel_abi.h"
+#include "quant/quantize.cuh"
+
+namespace {
+
+template <class T>
+bsg::KernelStatus run(const bsg::QuantizeArgs& a) {
+  const auto stream = reinterpret_cast<cudaStream_t>(a.stream);
+  const T* x = reinterpret_cast<const T*>(a.x);
+  auto* codes = reinterpret_cast<uint8_t*>(a.codes);
+  auto* scales = reinterpret_cast<uint8_t*>(a.scales);
+  auto* amax = reinterpret_cast<uint32_t*>(a.amax_slot);
+  bsg::KernelStatus st{0, 0, 0};
+  if (amax) {
+    if (cudaError_t e = cudaMemsetAsync(amax, 0, sizeof(uint32_t), stream)) {
+      st.cuda_error = e;
+      return st;
+    }
+    const int64_t n = int64_t(a.l) * a.m * a.k;
+    const int blocks = int(std::min<int64_t>((n / 16 + 255) / 256, 4 * 1024));
+    const T* xa = x;
+    int64_t na = n;
+    uint32_t* slot = amax;
+    void* args[] = {&xa, &na, &slot};
+    if (cudaError_t e = cudaLaunchKernel(reinterpret_cast<const void*>(&bsg::quant::amax_kernel<T>), dim3(blocks), dim3(256), args, 0, stream)) {
+      st.cuda_error = e;
+      return st;
+    }
+  }
+  const dim3 grid(unsigned(bsg::sf_cols_padded(a.k) / 4), unsigned((a.m + bsg::quant::kRows - 1) / bsg::quant::kRows), unsigned(a.l));
+  int m = a.m, k = a.k;
+  float g = a.global_scale;
+  const uint32_t* slot = amax;
+  void* args[] = {&x, &codes, &scales, &m, &k, &g, &slot};
+  st.cuda_error = cudaLaunchKernel(reinterpret_cast<const void*>(&bsg::quant::quantize_kernel<T>), grid, dim3(bsg::quant::kRows), args, 0, stream);
+  return st;
+}
+
+}  // namespace
+
+bsg::KernelStatus bsg_quantize(const bsg::QuantizeArgs& a) {
+  switch (a.input) {
+    case bsg::InKind::F32: return run<float>(a);
+    case bsg::InKind::F16: return run<__half>(a);
+    case bsg::InKind::Bf16: return run<__nv_bfloat16>(a);
+  }
+  return bsg::KernelStatus{BSG_STATUS_INVALID_PROBLEM, 0, 0};
+}

@@ -1,0 +1,178 @@
+//! [`Quantizer`]: NVFP4 quantization on the GPU, bit-identical to [`Nvfp4Matrix::quantize`].
+
+use std::sync::{Arc, Mutex};
+
+use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut, DeviceRepr};
+
+use crate::error::{Error, Result};
+use crate::gemm::capture_check;
+use crate::layout::sf_batch_bytes;
+use crate::matrix::{check_global_scale, check_shape, computed_global_scale, HostFloat};
+use crate::problem::{check_align, check_len};
+use crate::sys::{self, InKind, QuantizeArgs};
+use crate::tensor::Nvfp4Tensor;
+
+/// Element types the GPU quantizer reads: f32, `half::f16`, `half::bf16`.
+pub trait QuantInput: HostFloat + DeviceRepr {
+    #[doc(hidden)]
+    const KIND: InKind;
+}
+impl QuantInput for f32 {
+    const KIND: InKind = InKind::F32;
+}
+impl QuantInput for half::f16 {
+    const KIND: InKind = InKind::F16;
+}
+impl QuantInput for half::bf16 {
+    const KIND: InKind = InKind::Bf16;
+}
+
+/// Quantizes (batch, rows, K) tensors to NVFP4 on the GPU, on one cudarc stream: codes and
+/// ue4m3 scales written straight into the 128x4 tiled layout (padding zeroed), by the rules of
+/// [`Nvfp4Matrix::quantize`](crate::Nvfp4Matrix::quantize), bit for bit on finite data. Inputs
+/// are not checked on the device: NaN does not raise its block's scale and encodes as +6 (0x7),
+/// ±Inf gives its block the scale 448 and codes ±6 (the CPU quantizer refuses both;
+/// [`Nvfp4Matrix::quantize_unchecked`](crate::Nvfp4Matrix::quantize_unchecked) follows these rules).
+///
+/// With a given global scale (ModelOpt's `input_scale` for activations) a call is one launch,
+/// allocates nothing with [`Self::quantize_into`] and can be captured in a CUDA graph; with a
+/// computed one an amax pass runs first and the scale is read back to the host (the tensor
+/// carries it to the GEMM), which synchronizes the stream.
+///
+/// ```no_run
+/// use blockscaled_gemm::{BlockScaledGemm, Nvfp4Matrix, Nvfp4Tensor, Problem, Quantizer};
+/// use cudarc::driver::CudaContext;
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let stream = CudaContext::new(0)?.new_stream()?;
+/// let (m, n, k) = (16, 4096, 7168);
+/// let x = stream.clone_htod(&vec![half::bf16::from_f32(0.5); m * k])?; // activations on the GPU
+/// let w = Nvfp4Tensor::upload(&Nvfp4Matrix::random_realistic(n, k, 1, 1)?, &stream)?;
+/// let xq = Quantizer::new(stream.clone()).quantize(&x, (1, m, k), Some(0.5 / 2688.0))?;
+/// let mut y = stream.alloc_zeros::<half::bf16>(m * n)?;
+/// BlockScaledGemm::new(stream.clone())?.gemm(&Problem::new(m, n, k), &xq, &w, &mut y, None)?;
+/// # Ok(()) }
+/// ```
+pub struct Quantizer {
+    stream: Arc<CudaStream>,
+    /// The amax of a computed global scale, reused by every such call.
+    amax: Mutex<Option<CudaSlice<u32>>>,
+}
+
+impl Quantizer {
+    /// A quantizer that launches on `stream`.
+    pub fn new(stream: Arc<CudaStream>) -> Self {
+        Quantizer { stream, amax: Mutex::new(None) }
+    }
+
+    /// The stream launches go to.
+    pub fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+
+    /// Quantizes `x` (batch, rows, K) into `codes` (batch * rows * K / 2 bytes) and `scales`
+    /// (`batch * layout::sf_batch_bytes(rows, K)` bytes) with the given global scale (finite,
+    /// positive). One launch, no allocation, no host synchronisation: capturable.
+    pub fn quantize_into<T, X, C, S>(&self, x: &X, shape: (usize, usize, usize), global_scale: f32, codes: &mut C, scales: &mut S) -> Result<()>
+    where
+        T: QuantInput, X: DevicePtr<T>, C: DevicePtrMut<u8>, S: DevicePtrMut<u8>,
+    {
+        check_global_scale(global_scale)?;
+        self.check(x, shape, codes.len(), scales.len(), [x.stream(), codes.stream(), scales.stream()])?;
+        capture_check(&self.stream)?;
+        let stream = &self.stream;
+        let (px, _gx) = x.device_ptr(stream);
+        let (pc, _gc) = codes.device_ptr_mut(stream);
+        let (ps, _gs) = scales.device_ptr_mut(stream);
+        self.launch::<T>(shape, [px, pc, ps], global_scale, 0)
+    }
+
+    /// Quantizes `x` (batch, rows, K) into new device buffers. `Some(scale)`: that global scale,
+    /// one launch (capturable, but it allocates: reserve with [`Self::quantize_into`] for graphs);
+    /// `None`: computed from the tensor's amax on the GPU and read back, which synchronizes the
+    /// stream (refused during capture).
+    pub fn quantize<T, X>(&self, x: &X, shape: (usize, usize, usize), global_scale: Option<f32>) -> Result<Nvfp4Tensor>
+    where
+        T: QuantInput, X: DevicePtr<T>,
+    {
+        let (batch, rows, k) = shape;
+        if let Some(g) = global_scale {
+            check_global_scale(g)?;
+        }
+        let (code_bytes, scale_bytes) = (batch * rows * k / 2, batch * sf_batch_bytes(rows, k));
+        self.check(x, shape, code_bytes, scale_bytes, [x.stream(), x.stream(), x.stream()])?;
+        let capturing = capture_check(&self.stream)?;
+        if global_scale.is_none() && capturing {
+            return Err(Error::HostReadDuringCapture { call: "Quantizer::quantize with a computed global scale", fix: "pass the global scale (Some), or quantize once before capturing" });
+        }
+        let stream = &self.stream;
+        // SAFETY: every byte is written by the launch below before anyone reads it.
+        let (mut codes, mut scales) = unsafe { (stream.alloc::<u8>(code_bytes)?, stream.alloc::<u8>(scale_bytes)?) };
+        let g = {
+            let mut slot = self.amax.lock().unwrap_or_else(|e| e.into_inner());
+            let (px, _gx) = x.device_ptr(stream);
+            let (pc, _gc) = codes.device_ptr_mut(stream);
+            let (ps, _gs) = scales.device_ptr_mut(stream);
+            match global_scale {
+                Some(g) => {
+                    self.launch::<T>(shape, [px, pc, ps], g, 0)?;
+                    g
+                }
+                None => {
+                    if slot.is_none() {
+                        *slot = Some(stream.alloc_zeros::<u32>(1)?);
+                    }
+                    let amax = slot.as_mut().expect("allocated above");
+                    let pa = amax.device_ptr_mut(stream).0;
+                    self.launch::<T>(shape, [px, pc, ps], 1.0, pa)?;
+                    let bits = stream.clone_dtoh(&*amax)?[0];
+                    computed_global_scale(f32::from_bits(bits))
+                }
+            }
+        };
+        Nvfp4Tensor::new(codes, scales, shape, g)
+    }
+
+    /// The checks every call makes before the FFI line: shape rules and the kernel's 32-bit
+    /// grid, buffer lengths, 16-byte alignment is checked at launch, every buffer on this device.
+    fn check<T, X: DevicePtr<T>>(&self, x: &X, shape: (usize, usize, usize), codes: usize, scales: usize, streams: [&Arc<CudaStream>; 3]) -> Result<()> {
+        let (batch, rows, k) = shape;
+        check_shape(rows, k, batch)?;
+        for (dim, value, max) in [("rows", rows, i32::MAX as usize - 127), ("K", k, i32::MAX as usize), ("batch", batch, 65535)] {
+            if value > max {
+                return Err(Error::Dimension { dim, value, max });
+            }
+        }
+        if rows.div_ceil(128) > 65535 {
+            return Err(Error::Dimension { dim: "rows", value: rows, max: 65535 * 128 });
+        }
+        check_len("x", x.len(), batch * rows * k, "batch * rows * K")?;
+        check_len("codes", codes, batch * rows * k / 2, "batch * rows * K / 2 packed bytes")?;
+        check_len("scales", scales, batch * sf_batch_bytes(rows, k), "batch * ceil(rows/128)*128 * ceil(K/64)*4 tiled bytes")?;
+        let want = self.stream.context().ordinal();
+        for (name, s) in ["x", "codes", "scales"].into_iter().zip(streams) {
+            let have = s.context().ordinal();
+            if have != want {
+                return Err(Error::WrongDevice { name, buffer_device: have, gemm_device: want });
+            }
+        }
+        Ok(())
+    }
+
+    /// Queues the quantizer: `ptrs` are x, codes and scales; `amax_slot` 0 uses `global_scale`.
+    fn launch<T: QuantInput>(&self, (batch, rows, k): (usize, usize, usize), ptrs: [u64; 3], global_scale: f32, amax_slot: u64) -> Result<()> {
+        for (name, addr) in ["x", "codes", "scales"].into_iter().zip(ptrs) {
+            check_align(name, addr)?;
+        }
+        let args = QuantizeArgs {
+            m: rows as i32, k: k as i32, l: batch as i32, input: T::KIND, x: ptrs[0], codes: ptrs[1], scales: ptrs[2],
+            global_scale, amax_slot, stream: self.stream.cu_stream() as u64,
+        };
+        // SAFETY: the addresses are live device buffers of the checked lengths on this stream's
+        // device, 16-byte aligned; the caller holds their guards until this returns.
+        let status = unsafe { sys::quantize(&args) };
+        if status.cuda_error != 0 {
+            return Err(Error::CudaRuntime { code: status.cuda_error, name: sys::cuda_error_name(status.cuda_error) });
+        }
+        Ok(())
+    }
+}

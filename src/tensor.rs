@@ -1,0 +1,165 @@
+//! Device-side NVFP4 tensors: [`Nvfp4Tensor`] (values, tiled scales, shape and the per-tensor
+//! global scale, which the GEMM folds into alpha) and [`ForeignBuffer`] (device memory another
+//! library owns, passed without a copy).
+
+use std::marker::PhantomData;
+use std::sync::Arc;
+
+use cudarc::driver::sys::CUdeviceptr;
+use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut, DeviceSlice, SyncOnDrop};
+
+use crate::error::Result;
+use crate::formats::{PackedFp4, ScaleByte};
+use crate::layout::sf_batch_bytes;
+use crate::matrix::{check_global_scale, check_shape, Nvfp4Matrix};
+
+/// An NVFP4 tensor of shape (batch, rows, K) on the device: packed e2m1 values (two per byte, K
+/// contiguous, element 2i in the low nibble; `u8` or `float4::F4E2M1x2`), ue4m3 block scales
+/// (`u8` or `float8::F8E4M3`) in the 128x4 tiled layout of [`crate::layout`], and the per-tensor
+/// global scale: element (l, r, k) is `e2m1 * scale * global_scale`.
+///
+/// The storage is any cudarc device buffer: an owned [`CudaSlice`] (see [`Self::upload`]), a
+/// borrowed `CudaView` of memory the caller already holds, or a [`ForeignBuffer`] over a raw
+/// device pointer. The GEMM entry points multiply alpha by both operands' global scales, so a
+/// checkpoint's `weight_scale_2` or a quantizer's scale cannot be forgotten.
+///
+/// ```no_run
+/// use blockscaled_gemm::{Nvfp4Matrix, Nvfp4Tensor};
+/// use cudarc::driver::CudaContext;
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let stream = CudaContext::new(0)?.new_stream()?;
+/// // Quantize on the host (the global scale is computed, or pass Some(scale)), then upload.
+/// let x: Vec<half::bf16> = (0..2 * 64 * 256).map(|i| half::bf16::from_f32((i % 97) as f32 - 48.0)).collect();
+/// let w = Nvfp4Tensor::upload(&Nvfp4Matrix::quantize(&x, (2, 64, 256), None)?, &stream)?;
+/// assert_eq!(w.shape(), (2, 64, 256));
+/// // Borrow buffers the engine already holds: no copy; the global scale must be given.
+/// let (values, scales) = (stream.alloc_zeros::<u8>(2 * 64 * 128)?, stream.alloc_zeros::<u8>(2 * 128 * 16)?);
+/// let borrowed = Nvfp4Tensor::new(values.as_view(), scales.as_view(), (2, 64, 256), 1.0)?;
+/// # let _ = borrowed; Ok(()) }
+/// ```
+#[derive(Debug)]
+pub struct Nvfp4Tensor<V = CudaSlice<u8>, S = CudaSlice<u8>> {
+    values: V,
+    scales: S,
+    batch: usize,
+    rows: usize,
+    k: usize,
+    global_scale: f32,
+}
+
+impl<V, S> Nvfp4Tensor<V, S> {
+    /// A tensor over device buffers: `values` holds `batch * rows * k / 2` packed bytes and
+    /// `scales` `batch * layout::sf_batch_bytes(rows, k)` tiled bytes; `global_scale` is finite and
+    /// positive (1.0 where the data has none). K must be a multiple of 16 (one scale per 16
+    /// values); the GEMM adds its own rules (K a multiple of 128 or 256, alignment).
+    pub fn new<TV: PackedFp4, TS: ScaleByte>(values: V, scales: S, shape: (usize, usize, usize), global_scale: f32) -> Result<Self>
+    where
+        V: DeviceSlice<TV>, S: DeviceSlice<TS>,
+    {
+        let (batch, rows, k) = shape;
+        check_shape(rows, k, batch)?;
+        check_global_scale(global_scale)?;
+        crate::problem::check_len("values", values.len(), batch * rows * k / 2, "batch * rows * K / 2 packed bytes")?;
+        crate::problem::check_len("scales", scales.len(), batch * sf_batch_bytes(rows, k), "batch * ceil(rows/128)*128 * ceil(K/64)*4 tiled bytes")?;
+        Ok(Nvfp4Tensor { values, scales, batch, rows, k, global_scale })
+    }
+
+    /// (batch, rows, K): rows are M of an A operand, N of a B operand.
+    pub fn shape(&self) -> (usize, usize, usize) {
+        (self.batch, self.rows, self.k)
+    }
+    /// The per-tensor global scale the GEMM folds into alpha.
+    pub fn global_scale(&self) -> f32 {
+        self.global_scale
+    }
+    /// The packed values.
+    pub fn values(&self) -> &V {
+        &self.values
+    }
+    /// The tiled scales.
+    pub fn scales(&self) -> &S {
+        &self.scales
+    }
+    /// The buffers back, values then scales.
+    pub fn into_parts(self) -> (V, S) {
+        (self.values, self.scales)
+    }
+
+    /// Device addresses of values and scales, with the guards that order them on `stream`.
+    pub(crate) fn ptrs<'s, TV, TS>(&'s self, stream: &'s CudaStream) -> ([u64; 2], [SyncOnDrop<'s>; 2])
+    where
+        V: DevicePtr<TV>, S: DevicePtr<TS>,
+    {
+        let (v, gv) = self.values.device_ptr(stream);
+        let (s, gs) = self.scales.device_ptr(stream);
+        ([v, s], [gv, gs])
+    }
+}
+
+impl Nvfp4Tensor {
+    /// Copies a host matrix to the device on `stream` (its global scale, or 1.0 where it has
+    /// none, comes along).
+    pub fn upload(m: &Nvfp4Matrix, stream: &Arc<CudaStream>) -> Result<Self> {
+        let (values, scales) = (stream.clone_htod(m.data())?, stream.clone_htod(m.scales())?);
+        Nvfp4Tensor::new(values, scales, (m.batch(), m.rows(), m.k()), m.global_scale().unwrap_or(1.0))
+    }
+}
+
+/// Device memory another library owns (a PyTorch or candle tensor, an engine's arena), given to
+/// this crate as a raw device pointer without a copy. It implements cudarc's `DevicePtr` and
+/// `DevicePtrMut`, so it goes wherever a `CudaSlice` does ([`Nvfp4Tensor::new`], the output of
+/// [`crate::BlockScaledGemm::gemm`]). The lifetime ties it to whatever keeps the memory alive.
+///
+/// No events are recorded or waited on: the owner orders its own work against `stream`.
+///
+/// ```no_run
+/// use blockscaled_gemm::ForeignBuffer;
+/// use cudarc::driver::{CudaContext, DevicePtr};
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let stream = CudaContext::new(0)?.new_stream()?;
+/// let owner = stream.alloc_zeros::<half::f16>(4096)?; // stands for another library's tensor
+/// let (addr, _guard) = owner.device_ptr(&stream);
+/// // SAFETY: `owner` holds 4096 f16 on this stream's device and outlives `d`.
+/// let d = unsafe { ForeignBuffer::<half::f16>::new(addr, 4096, &stream) };
+/// # let _ = d; Ok(()) }
+/// ```
+#[derive(Debug)]
+pub struct ForeignBuffer<'a, T> {
+    ptr: CUdeviceptr,
+    len: usize,
+    stream: Arc<CudaStream>,
+    _owner: PhantomData<&'a mut [T]>,
+}
+
+impl<T> ForeignBuffer<'_, T> {
+    /// `len` elements of `T` at device address `ptr`.
+    ///
+    /// # Safety
+    /// `ptr` must point to at least `len * size_of::<T>()` bytes of device memory of `stream`'s
+    /// device, allocated for the whole lifetime, and every other use of that memory must be
+    /// ordered against the work this crate queues on `stream` (same stream, or events).
+    pub unsafe fn new(ptr: u64, len: usize, stream: &Arc<CudaStream>) -> Self {
+        ForeignBuffer { ptr, len, stream: stream.clone(), _owner: PhantomData }
+    }
+}
+
+impl<T> DeviceSlice<T> for ForeignBuffer<'_, T> {
+    fn len(&self) -> usize {
+        self.len
+    }
+    fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+}
+
+impl<T> DevicePtr<T> for ForeignBuffer<'_, T> {
+    fn device_ptr<'a>(&'a self, _stream: &'a CudaStream) -> (CUdeviceptr, SyncOnDrop<'a>) {
+        (self.ptr, SyncOnDrop::Record(None))
+    }
+}
+
+impl<T> DevicePtrMut<T> for ForeignBuffer<'_, T> {
+    fn device_ptr_mut<'a>(&'a mut self, _stream: &'a CudaStream) -> (CUdeviceptr, SyncOnDrop<'a>) {
+        (self.ptr, SyncOnDrop::Record(None))
+    }
+}
