@@ -406,7 +406,7 @@ fn device_buffer_errors_are_typed() -> Outcome {
     let e = Nvfp4Tensor::new(a.as_view(), short.as_view(), (1, 128, 256), 1.0).unwrap_err();
     assert!(e.to_string().starts_with("scales: holds"), "{e}");
     // A tensor of another shape than the problem's: typed, before any launch.
-    let e = g.gemm(&p.batch(1), &ta(&p, &a, &sf), &Nvfp4Tensor::new(a.slice(..64 * 128), sf.as_view(), (1, 128, 128), 1.0).unwrap(), &mut d, None).unwrap_err();
+    let e = g.gemm(&p.batch(1), &ta(&p, &a, &sf), &Nvfp4Tensor::new(a.slice(..64 * 128), sf.slice(..128 * 8), (1, 128, 128), 1.0).unwrap(), &mut d, None).unwrap_err();
     assert!(matches!(e, Error::OperandShape { name: "B", got: (1, 128, 128), want: (1, 128, 256) }), "{e}");
     // A view one byte in: misaligned, and refused before any launch (when the arch runs at all).
     let big = s.alloc_zeros::<u8>(p.a_bytes() + 1).unwrap();
