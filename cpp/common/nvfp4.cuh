@@ -122,6 +122,33 @@ __device__ __forceinline__ uint32_t e2m1_from_float(float x) {
   return sign | (isnan(x) ? 7u : code);
 }
 
+// ---- encode (quantizer) ----
+
+// The e2m1 code of a magnitude m >= 0, rounded to nearest even and saturating at 7 (6.0), by the
+// float-to-integer unit. The e2m1 magnitudes are the integers 0..4 halved below 2, the integers
+// 2, 3, 4 on [2, 4] and the even integers 4, 6 from 4, so the code is RNE(2m) below 2, 2 + RNE(m)
+// on [2, 4) and 4 + RNE(m / 2) from 4. Scaling by a power of two is exact, and an integer tie goes
+// to the even integer exactly where a tie between e2m1 neighbours goes to the even code (1.25:
+// RNE(2.5) = 2, code 2; 2.5: RNE(2.5) = 2, code 4; 5: RNE(2.5) = 2, code 6), so this equals the
+// compares of e2m1_from_float. NaN gives 7.
+__device__ __forceinline__ uint32_t e2m1_magnitude_code(float m) {
+  const float t = m < 2.f ? 2.f * m : (m < 4.f ? m : 0.5f * m);
+  const int base = m < 2.f ? 0 : (m < 4.f ? 2 : 4);
+  return uint32_t(min(__float2int_rn(fminf(t, 8.f)) + base, 7));
+}
+
+// The e2m1 code of RN(x / step) (step > 0), sign kept (zeros too), NaN as +6 (0x7), without a
+// division per value: rcp = RN(1 / step), and x * rcp lies within 2 ulp of x / step, so both have
+// the same code unless x * rcp is within a few ulp of a rounding threshold (0.25, 0.75, 1.25, 1.75,
+// 2.5, 3.5, 5: three significant bits, the low 20 mantissa bits zero); those few take the IEEE
+// division.
+__device__ __forceinline__ uint32_t e2m1_code_of_quotient(float x, float step, float rcp) {
+  float q = x * rcp;
+  if (((__float_as_uint(q) + 16u) & 0xFFFFFu) < 32u) q = x / step;
+  const uint32_t sign = isnan(q) ? 0u : (__float_as_uint(q) >> 28) & 8u;
+  return sign | e2m1_magnitude_code(fabsf(q));
+}
+
 // ---- 16-bit and f32 outputs ----
 
 template <class T>

@@ -24,31 +24,51 @@ namespace bsg::quant {
 // Threads of one block: the 128 rows of one scale chunk.
 constexpr int kRows = 128;
 
-// 16 consecutive inputs (32-byte aligned for 16-bit types, 64-byte for f32) as f32, exactly.
-template <class T>
-__device__ __forceinline__ void load16(const T* p, float (&v)[16]) {
-  if constexpr (sizeof(T) == 4) {
+// Raw 16-byte words holding n consecutive inputs.
+template <class T, int n>
+struct Raw {
+  uint4 w[n * sizeof(T) / 16];
+};
+
+// Values j*16 .. j*16+15 of a Raw as f32, exactly.
+template <class T, int n>
+__device__ __forceinline__ void to_float16(const Raw<T, n>& r, int j, float (&v)[16]) {
+  const uint32_t* u = reinterpret_cast<const uint32_t*>(r.w) + j * 16 * sizeof(T) / 4;
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const float4 q = reinterpret_cast<const float4*>(p)[i];
-      v[4 * i] = q.x, v[4 * i + 1] = q.y, v[4 * i + 2] = q.z, v[4 * i + 3] = q.w;
-    }
-  } else {
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      const uint4 q = reinterpret_cast<const uint4*>(p)[i];
-      const uint32_t w[4] = {q.x, q.y, q.z, q.w};
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const uint16_t lo = uint16_t(w[j] & 0xFFFF), hi = uint16_t(w[j] >> 16);
-        if constexpr (std::is_same_v<T, __half>) {
-          v[8 * i + 2 * j] = __half2float(__ushort_as_half(lo)), v[8 * i + 2 * j + 1] = __half2float(__ushort_as_half(hi));
-        } else {
-          v[8 * i + 2 * j] = __bfloat162float(__ushort_as_bfloat16(lo)), v[8 * i + 2 * j + 1] = __bfloat162float(__ushort_as_bfloat16(hi));
-        }
-      }
+  for (int i = 0; i < 16 * int(sizeof(T)) / 4; ++i) {
+    if constexpr (sizeof(T) == 4) {
+      v[i] = __uint_as_float(u[i]);
+    } else if constexpr (std::is_same_v<T, __half>) {
+      v[2 * i] = __half2float(__ushort_as_half(uint16_t(u[i] & 0xFFFF))), v[2 * i + 1] = __half2float(__ushort_as_half(uint16_t(u[i] >> 16)));
+    } else {
+      v[2 * i] = __bfloat162float(__ushort_as_bfloat16(uint16_t(u[i] & 0xFFFF))), v[2 * i + 1] = __bfloat162float(__ushort_as_bfloat16(uint16_t(u[i] >> 16)));
     }
   }
+}
+
+template <class T, int n>
+__device__ __forceinline__ Raw<T, n> load_raw(const T* p) {
+  Raw<T, n> r;
+#pragma unroll
+  for (int i = 0; i < int(sizeof(r.w) / 16); ++i) r.w[i] = reinterpret_cast<const uint4*>(p)[i];
+  return r;
+}
+
+// One block of 16: its ue4m3 scale, and its codes packed into 8 bytes (element 2i low nibble).
+__device__ __forceinline__ uint32_t quantize16(const float (&v)[16], float g, uint2& packed) {
+  float bamax = 0.f;
+#pragma unroll
+  for (int i = 0; i < 16; ++i) bamax = fmaxf(bamax, fabsf(v[i]));
+  const uint32_t sf = sf_from_float<cutlass::float_ue4m3_t>(bamax / 6.f / g);
+  const float step = sf_to_float<cutlass::float_ue4m3_t>(uint8_t(sf)) * g;
+  uint32_t p[2] = {0, 0};
+  if (step > 0.f) {
+    const float rcp = __frcp_rn(step);
+#pragma unroll
+    for (int i = 0; i < 16; ++i) p[i / 8] |= e2m1_code_of_quotient(v[i], step, rcp) << (4 * (i % 8));
+  }
+  packed = make_uint2(p[0], p[1]);
+  return sf;
 }
 
 // The global scale a tensor of largest magnitude amax gets (the CPU quantizer's rule).
@@ -61,7 +81,7 @@ __global__ void amax_kernel(const T* x, int64_t n, uint32_t* amax_bits) {
   float m = 0.f;
   for (int64_t i = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) * 16; i < n; i += int64_t(gridDim.x) * blockDim.x * 16) {
     float v[16];
-    load16(x + i, v);
+    to_float16(load_raw<T, 16>(x + i), 0, v);
 #pragma unroll
     for (int j = 0; j < 16; ++j) m = fmaxf(m, fabsf(v[j]));
   }
@@ -71,9 +91,10 @@ __global__ void amax_kernel(const T* x, int64_t n, uint32_t* amax_bits) {
 }
 
 // One thread: one row (of a 128-row chunk) and four scale columns, 64 inputs: 32 code bytes and
-// the four scale bytes, which lie side by side in the chunk (one 32-bit store). Rows past M and
-// columns past K/16 write zero scales (the layout's padding). grid: (padded columns / 4,
-// padded rows / 128, L). g_given is used when amax_bits is null.
+// the four scale bytes, which lie side by side in the chunk (one 32-bit store). All 64 inputs are
+// loaded before any is used, so each thread keeps 128-256 bytes in flight. Rows past M and columns
+// past K/16 write zero scales (the layout's padding). grid: (padded columns / 4, padded rows /
+// 128, L). g_given is used when amax_bits is null.
 template <class T>
 __global__ void __launch_bounds__(kRows) quantize_kernel(const T* x, uint8_t* codes, uint8_t* scales, int m, int k, float g_given, const uint32_t* amax_bits) {
   const int row = blockIdx.y * kRows + threadIdx.x, c4 = blockIdx.x, l = blockIdx.z;
@@ -82,27 +103,32 @@ __global__ void __launch_bounds__(kRows) quantize_kernel(const T* x, uint8_t* co
   const float g = amax_bits ? global_from_amax(__uint_as_float(*amax_bits)) : g_given;
   uint32_t four = 0;
   if (row < m) {
-    const int64_t base = (int64_t(l) * m + row) * k;
+    const int64_t base = (int64_t(l) * m + row) * k + int64_t(c4) * 64;
+    if (c4 * 4 + 4 <= cols) {
+      const Raw<T, 64> raw = load_raw<T, 64>(x + base);
+      uint2 packed[4];
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const int s = c4 * 4 + j;
-      if (s >= cols) break;
-      float v[16];
-      load16(x + base + s * 16, v);
-      float bamax = 0.f;
-#pragma unroll
-      for (int i = 0; i < 16; ++i) bamax = fmaxf(bamax, fabsf(v[i]));
-      const uint8_t sf = sf_from_float<cutlass::float_ue4m3_t>(bamax / 6.f / g);
-      const float step = sf_to_float<cutlass::float_ue4m3_t>(sf) * g;
-      uint32_t packed[2] = {0, 0};
-#pragma unroll
-      for (int i = 0; i < 16; ++i) {
-        const float q = v[i] / step;
-        const uint32_t code = step > 0.f ? (isnan(q) ? 7u : e2m1_from_float(q)) : 0u;
-        packed[i / 8] |= code << (4 * (i % 8));
+      for (int j = 0; j < 4; ++j) {
+        float v[16];
+        to_float16(raw, j, v);
+        four |= quantize16(v, g, packed[j]) << (8 * j);
       }
-      *reinterpret_cast<uint2*>(codes + base / 2 + s * 8) = make_uint2(packed[0], packed[1]);
-      four |= uint32_t(sf) << (8 * j);
+      if ((k & 31) == 0) {  // rows of codes start on 16 bytes
+        uint4* dst = reinterpret_cast<uint4*>(codes + base / 2);
+        dst[0] = make_uint4(packed[0].x, packed[0].y, packed[1].x, packed[1].y);
+        dst[1] = make_uint4(packed[2].x, packed[2].y, packed[3].x, packed[3].y);
+      } else {
+#pragma unroll
+        for (int j = 0; j < 4; ++j) reinterpret_cast<uint2*>(codes + base / 2)[j] = packed[j];
+      }
+    } else {
+      for (int j = 0; c4 * 4 + j < cols; ++j) {
+        float v[16];
+        to_float16(load_raw<T, 16>(x + base + j * 16), 0, v);
+        uint2 packed;
+        four |= quantize16(v, g, packed) << (8 * j);
+        *reinterpret_cast<uint2*>(codes + base / 2 + j * 8) = packed;
+      }
     }
   }
   *reinterpret_cast<uint32_t*>(scales + l * sf_batch_bytes(m, sp) + sf_offset(row, int64_t(c4) * 4, sp)) = four;
