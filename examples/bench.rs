@@ -204,42 +204,15 @@ fn bench_quantize(cli: &Cli, q: &Quantizer, stream: &Arc<CudaStream>, l2: usize,
     for i in 0..10 {
         launch(i, &mut codes, &mut scales)?;
     }
-    let event = || stream.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT));
     poison(stream, &mut codes)?;
     poison(stream, &mut scales)?;
-    let start = event()?;
-    let mut host = Vec::with_capacity(cli.runs);
-    for i in 0..cli.runs {
-        let t = Instant::now();
-        launch(i, &mut codes, &mut scales)?;
-        host.push(t.elapsed().as_secs_f64() * 1e6);
-    }
-    let end = event()?;
-    end.synchronize()?;
-    let b2b_us = start.elapsed_ms(&end)? as f64 * 1e3 / cli.runs as f64;
+    let (b2b_us, host_us) = time_back_to_back(cli, stream, |i| launch(i, &mut codes, &mut scales))?;
     let mut exact = check(&codes, &scales)?;
     poison(stream, &mut codes)?;
     poison(stream, &mut scales)?;
-    stream.synchronize()?;
-    stream.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)?;
-    let captured = (0..cli.graph_calls).try_for_each(|i| launch(i, &mut codes, &mut scales));
-    let graph = stream.end_capture(CUgraphInstantiate_flags(0))?;
-    captured?;
-    let graph = graph.ok_or("capture gave no graph")?;
-    graph.upload()?;
-    for _ in 0..3 {
-        graph.launch()?;
-    }
-    let mut reps = Vec::with_capacity(cli.replays);
-    for _ in 0..cli.replays {
-        let s = event()?;
-        graph.launch()?;
-        reps.push((s, event()?));
-    }
-    stream.synchronize()?;
-    let graph_us = median(reps.iter().map(|(s, e)| s.elapsed_ms(e).map(|ms| ms as f64 * 1e3 / cli.graph_calls as f64)).collect::<Result<_, _>>()?);
+    let graph_us = time_graph(cli, stream, |i| launch(i, &mut codes, &mut scales))?;
     exact &= check(&codes, &scales)?;
-    Ok(QuantResult { b2b_us, graph_us, host_us: median(host), bytes: 2 * elems + elems / 2 + want.scales().len(), exact })
+    Ok(QuantResult { b2b_us, graph_us, host_us, bytes: 2 * elems + elems / 2 + want.scales().len(), exact })
 }
 
 struct Result1 {
@@ -351,30 +324,46 @@ fn bench_one(cli: &Cli, gemm: &BlockScaledGemm, stream: &Arc<CudaStream>, l2: us
     let mut exact = check(&d, &sfd)?;
     // Back to back, and the host's time to queue them.
     poison(stream, &mut d)?;
-    let start = event()?;
-    let mut host = Vec::with_capacity(cli.runs);
-    for i in 0..cli.runs {
-        let t = Instant::now();
-        launch(i, &mut d, &mut sfd)?;
-        host.push(t.elapsed().as_secs_f64() * 1e6);
-    }
-    let end = event()?;
-    let host_us = median(host);
-    end.synchronize()?;
-    let b2b_us = start.elapsed_ms(&end)? as f64 * 1e3 / cli.runs as f64;
+    let (b2b_us, host_us) = time_back_to_back(cli, stream, |i| launch(i, &mut d, &mut sfd))?;
     exact &= check(&d, &sfd)?;
     // A graph of graph_calls launches, replayed.
     poison(stream, &mut d)?;
+    let graph_us = time_graph(cli, stream, |i| launch(i, &mut d, &mut sfd))?;
+    exact &= check(&d, &sfd)?;
+    let out_bytes = d_bytes + if out.sfd().is_some() { p.sfd_bytes() } else { 0 };
+    let floor_us = (((set_bytes + out_bytes) as f64) / (copy_gbps * 1e9)).max(p.flops() / 800e12) * 1e6;
+    Ok(Result1 { config, split, launch_us, b2b_us, graph_us, host_us, plan_us, floor_us, workspace, exact })
+}
+
+/// `cli.runs` launches back to back between one pair of events: device us per launch, and the
+/// median host us to queue one.
+fn time_back_to_back<E: Into<Box<dyn std::error::Error>>>(cli: &Cli, stream: &Arc<CudaStream>, mut launch: impl FnMut(usize) -> Result<(), E>) -> Result<(f64, f64), Box<dyn std::error::Error>> {
+    let start = stream.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
+    let mut host = Vec::with_capacity(cli.runs);
+    for i in 0..cli.runs {
+        let t = Instant::now();
+        launch(i).map_err(Into::into)?;
+        host.push(t.elapsed().as_secs_f64() * 1e6);
+    }
+    let end = stream.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
+    end.synchronize()?;
+    Ok((start.elapsed_ms(&end)? as f64 * 1e3 / cli.runs as f64, median(host)))
+}
+
+/// A CUDA graph of `cli.graph_calls` launches, replayed `cli.replays` times between events after
+/// three untimed replays: the median replay's us per launch.
+fn time_graph<E: Into<Box<dyn std::error::Error>>>(cli: &Cli, stream: &Arc<CudaStream>, mut launch: impl FnMut(usize) -> Result<(), E>) -> Result<f64, Box<dyn std::error::Error>> {
     stream.synchronize()?;
     stream.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)?;
-    let captured = (0..cli.graph_calls).try_for_each(|i| launch(i, &mut d, &mut sfd));
+    let captured = (0..cli.graph_calls).try_for_each(&mut launch);
     let graph = stream.end_capture(CUgraphInstantiate_flags(0))?;
-    captured?;
+    captured.map_err(Into::into)?;
     let graph = graph.ok_or("capture gave no graph")?;
     graph.upload()?;
     for _ in 0..3 {
         graph.launch()?;
     }
+    let event = || stream.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT));
     let mut reps = Vec::with_capacity(cli.replays);
     for _ in 0..cli.replays {
         let s = event()?;
@@ -382,11 +371,7 @@ fn bench_one(cli: &Cli, gemm: &BlockScaledGemm, stream: &Arc<CudaStream>, l2: us
         reps.push((s, event()?));
     }
     stream.synchronize()?;
-    let graph_us = median(reps.iter().map(|(s, e)| s.elapsed_ms(e).map(|ms| ms as f64 * 1e3 / cli.graph_calls as f64)).collect::<Result<_, _>>()?);
-    exact &= check(&d, &sfd)?;
-    let out_bytes = d_bytes + if out.sfd().is_some() { p.sfd_bytes() } else { 0 };
-    let floor_us = (((set_bytes + out_bytes) as f64) / (copy_gbps * 1e9)).max(p.flops() / 800e12) * 1e6;
-    Ok(Result1 { config, split, launch_us, b2b_us, graph_us, host_us, plan_us, floor_us, workspace, exact })
+    Ok(median(reps.iter().map(|(s, e)| s.elapsed_ms(e).map(|ms| ms as f64 * 1e3 / cli.graph_calls as f64)).collect::<Result<_, _>>()?))
 }
 
 /// The middle value of the sorted samples (upper middle for an even count).
