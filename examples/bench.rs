@@ -12,6 +12,7 @@
 //!   `host_plan_us`: of that, the validation and config choice alone (median of 1000).
 //!   The output of each of the three timings is checked bit for bit against the exact CPU
 //!   reference on sampled rows (`exact`).
+//!
 //! The floor is max(bytes / device-to-device copy bandwidth measured in this run, FP16 MMA time
 //! at 800 TFLOP/s). cuBLAS figures come from `--baselines FILE` (bench/baselines.py, run in the
 //! same device session by `run.sh bench`), graph-replayed like ours; absent, they are null.
@@ -255,7 +256,7 @@ fn bench_one(cli: &Cli, gemm: &BlockScaledGemm, stream: &Arc<CudaStream>, l2: us
     let n_sets = (2 * l2 / set_bytes + 1).max(2);
     let mut sets: Sets = Vec::new();
     for _ in 0..n_sets {
-        sets.push((Nvfp4Tensor::upload(&a, &stream)?, Nvfp4Tensor::upload(&b, &stream)?));
+        sets.push((Nvfp4Tensor::upload(&a, stream)?, Nvfp4Tensor::upload(&b, stream)?));
     }
     let elem = match out {
         OutType::F32 => 4,

@@ -108,11 +108,14 @@ const fn arch_facts(arch: u32) -> ((i32, i32), &'static str) {
     }
 }
 
+/// (M, N, K).
+type Shape = (usize, usize, usize);
+
 /// Benchmark shapes (the B200 contest set) with a chosen SM100 config. Chosen by tile counts on a 148-SM B200, not
 /// measured (no SM100 machine here): M = 128 takes 128x64 tiles so N/64 CTAs fill more SMs;
 /// M = 256 takes the 2-SM 256x128 tile (one MMA covers both rows of tiles); large M and N take
 /// the 2-SM 256x256 tile.
-const SM100_SHAPES: &[(Config, &[(usize, usize, usize)])] = &[
+const SM100_SHAPES: &[(Config, &[Shape])] = &[
     (Config::Sm100_1Sm_128x64x256, &[(128, 7168, 16384), (128, 4096, 7168), (128, 7168, 2048), (128, 256, 256),
         (128, 1536, 7168), (128, 3072, 1536), (512, 512, 7168), (512, 1536, 7168)]),
     (Config::Sm100_2Sm_256x128x256, &[(256, 7168, 256), (256, 7168, 2048), (512, 4096, 512)]),
