@@ -148,9 +148,10 @@ fn main() {
         }
     }
     let kernel_jobs = jobs.len();
-    // The quantizer: one object with code for every built architecture.
-    if !archs.is_empty() {
-        let gencodes: Vec<&str> = ARCHES.iter().filter(|a| archs.contains(&a.0)).map(|a| a.2).collect();
+    // The quantizer: one object with code for every built architecture (all of them in a build of
+    // none, since the bridge always links it).
+    {
+        let gencodes: Vec<&str> = ARCHES.iter().filter(|a| archs.is_empty() || archs.contains(&a.0)).map(|a| a.2).collect();
         let mut flags = tools.nvcc_flags(&root, gencodes[0]);
         flags.extend(gencodes[1..].iter().map(|g| format!("-gencode={g}")));
         let mut h = Sha256::new();

@@ -195,12 +195,14 @@ pub enum Error {
     /// recorded before the capture would invalidate the capture.
     #[error("CUDA graph capture with cudarc's event tracking on: the buffers' tracking events were recorded outside the capture and waiting on them fails (CUDA_ERROR_STREAM_CAPTURE_ISOLATION); call CudaContext::disable_event_tracking() before allocating the buffers the graph uses, and order their uses yourself")]
     CaptureEventTracking,
-    /// A call that reads a result back to the host (and so synchronizes) was made while the
-    /// stream is capturing a CUDA graph.
-    #[error("{call} reads a result back to the host, which a CUDA graph cannot capture: {fix}")]
-    HostReadDuringCapture {
+    /// A call that allocates or reads a result back to the host was made while its stream is
+    /// capturing a CUDA graph.
+    #[error("{call} cannot be captured in a CUDA graph ({why}): {fix}")]
+    NotCapturable {
         /// The call.
         call: &'static str,
+        /// What it does that capture cannot record.
+        why: &'static str,
         /// What to do instead.
         fix: &'static str,
     },

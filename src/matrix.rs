@@ -167,8 +167,9 @@ impl Nvfp4Matrix {
 
     /// [`Self::quantize`] without the check for NaN and infinities, which then follow the GPU
     /// quantizer's rules ([`crate::Quantizer`]): NaN does not raise its block's amax and encodes as
-    /// +6 (0x7); ±Inf makes its block's scale 448 (0x7E) and encodes as ±6; a computed global
-    /// scale is derived from the largest non-NaN magnitude (Inf where there is an infinity).
+    /// +6 (0x7), or 0 in a block whose scale is 0; with a given global scale ±Inf makes its block's
+    /// scale 448 (0x7E) and encodes as ±6. A computed global scale comes from the largest non-NaN
+    /// magnitude; an infinity leaves none to compute, which is an error.
     pub fn quantize_unchecked<T: HostFloat>(values: &[T], shape: (usize, usize, usize), global_scale: Option<f32>) -> Result<Self> {
         let (batch, rows, k) = shape;
         check_shape(rows, k, batch)?;
@@ -177,7 +178,16 @@ impl Nvfp4Matrix {
             check_global_scale(g)?;
         }
         let values: std::borrow::Cow<'_, [f32]> = T::widen(values);
-        let g = global_scale.unwrap_or_else(|| computed_global_scale(values.iter().fold(0f32, |m, v| m.max(v.abs()))));
+        let g = match global_scale {
+            Some(g) => g,
+            None => {
+                let amax = values.iter().fold(0f32, |m, v| m.max(v.abs()));
+                if amax.is_infinite() {
+                    return Err(Error::InvalidData { what: "values", detail: "hold an infinity, which leaves no finite global scale to compute; pass one".into() });
+                }
+                computed_global_scale(amax)
+            }
+        };
         let kb = sf_cols(k);
         let mut codes = try_vec::<u8>("quantized codes", values.len())?;
         codes.resize(values.len(), 0);
@@ -578,6 +588,8 @@ mod tests {
         assert_eq!(q.code(0, 0, 20), 0xF, "-Inf codes -6");
         assert_eq!(q.code(0, 0, 21), 0, "1 / 448 rounds to 0");
         assert_eq!(q.scale(0, 0, 2), e4m3_from_f32(0.5), "an ordinary block is unchanged");
+        let e = Nvfp4Matrix::quantize_unchecked(&x, (1, 1, 48), None).unwrap_err().to_string();
+        assert!(e.contains("infinity") && e.contains("global scale"), "{e}");
     }
 
     /// Issue 22: a given global scale (ModelOpt's `input_scale`) is used as it is; block scales

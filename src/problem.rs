@@ -329,11 +329,11 @@ pub(crate) fn d_rule(p: &Problem, out: OutType) -> (&'static str, usize, &'stati
 
 /// alpha with both operands' global scales folded in, `alpha * ga * gb` left to right in f32 (the
 /// reference folds them the same way, so results stay bit-identical); an error where that
-/// overflows.
+/// overflows, or underflows to 0 from a nonzero alpha.
 pub(crate) fn folded_alpha(alpha: f32, ga: f32, gb: f32) -> Result<f32> {
     let folded = alpha * ga * gb;
-    if !folded.is_finite() {
-        return Err(Error::InvalidData { what: "alpha", detail: format!("alpha {alpha} times the global scales {ga} (A) and {gb} (B) is {folded}: must be finite") });
+    if !folded.is_finite() || (folded == 0.0 && alpha != 0.0) {
+        return Err(Error::InvalidData { what: "alpha", detail: format!("alpha {alpha} times the global scales {ga} (A) and {gb} (B) is {folded}: must be finite, and nonzero where alpha is") });
     }
     Ok(folded)
 }
@@ -346,6 +346,8 @@ mod tests {
     fn folding_is_left_to_right_and_checked() {
         assert_eq!(folded_alpha(0.75, 3.0e-3, 7.0e-4).unwrap(), 0.75f32 * 3.0e-3f32 * 7.0e-4f32);
         assert_eq!(folded_alpha(1.0, 1.0, 1.0).unwrap(), 1.0);
+        assert_eq!(folded_alpha(0.0, 1e-30, 1e-30).unwrap(), 0.0);
+        assert!(folded_alpha(1.0, 1e-30, 1e-30).unwrap_err().to_string().contains("is 0"));
         let e = folded_alpha(1e30, 1e10, 1.0).unwrap_err().to_string();
         assert!(e.contains("must be finite") && e.contains("is inf"), "{e}");
     }

@@ -12,6 +12,18 @@ use crate::problem::{check_align, check_len};
 use crate::sys::{self, InKind, QuantizeArgs};
 use crate::tensor::Nvfp4Tensor;
 
+/// The shape rules and the kernel's grid limits (rows / 128 in grid.y, L in grid.z), before any
+/// size is computed from the shape.
+fn check_dims((batch, rows, k): (usize, usize, usize)) -> Result<()> {
+    check_shape(rows, k, batch)?;
+    for (dim, value, max) in [("rows", rows, 65535 * 128), ("K", k, i32::MAX as usize), ("batch", batch, 65535)] {
+        if value > max {
+            return Err(Error::Dimension { dim, value, max });
+        }
+    }
+    Ok(())
+}
+
 /// Element types the GPU quantizer reads: f32, `half::f16`, `half::bf16`.
 pub trait QuantInput: HostFloat + DeviceRepr {
     #[doc(hidden)]
@@ -30,14 +42,15 @@ impl QuantInput for half::bf16 {
 /// Quantizes (batch, rows, K) tensors to NVFP4 on the GPU, on one cudarc stream: codes and
 /// ue4m3 scales written straight into the 128x4 tiled layout (padding zeroed), by the rules of
 /// [`Nvfp4Matrix::quantize`](crate::Nvfp4Matrix::quantize), bit for bit on finite data. Inputs
-/// are not checked on the device: NaN does not raise its block's scale and encodes as +6 (0x7),
-/// ±Inf gives its block the scale 448 and codes ±6 (the CPU quantizer refuses both;
+/// are not checked on the device; with a given global scale NaN does not raise its block's scale
+/// and encodes as +6 (0x7), or 0 in a block whose scale is 0, and ±Inf gives its block the scale
+/// 448 and codes ±6 (the CPU quantizer refuses both;
 /// [`Nvfp4Matrix::quantize_unchecked`](crate::Nvfp4Matrix::quantize_unchecked) follows these rules).
 ///
-/// With a given global scale (ModelOpt's `input_scale` for activations) a call is one launch,
-/// allocates nothing with [`Self::quantize_into`] and can be captured in a CUDA graph; with a
-/// computed one an amax pass runs first and the scale is read back to the host (the tensor
-/// carries it to the GEMM), which synchronizes the stream.
+/// With a given global scale (ModelOpt's `input_scale` for activations) a call is one launch, and
+/// [`Self::quantize_into`] allocates nothing and can be captured in a CUDA graph; with a computed
+/// one an amax pass runs first and the scale is read back to the host (the tensor carries it to
+/// the GEMM), which synchronizes the stream.
 ///
 /// ```no_run
 /// use blockscaled_gemm::{BlockScaledGemm, Nvfp4Matrix, Nvfp4Tensor, Problem, Quantizer};
@@ -87,9 +100,9 @@ impl Quantizer {
     }
 
     /// Quantizes `x` (batch, rows, K) into new device buffers. `Some(scale)`: that global scale,
-    /// one launch (capturable, but it allocates: reserve with [`Self::quantize_into`] for graphs);
-    /// `None`: computed from the tensor's amax on the GPU and read back, which synchronizes the
-    /// stream (refused during capture).
+    /// one launch; `None`: computed from the tensor's amax on the GPU and read back, which
+    /// synchronizes the stream (an infinity in `x` leaves no finite scale to compute: an error).
+    /// Refused during graph capture, since it allocates: capture [`Self::quantize_into`].
     pub fn quantize<T, X>(&self, x: &X, shape: (usize, usize, usize), global_scale: Option<f32>) -> Result<Nvfp4Tensor>
     where
         T: QuantInput, X: DevicePtr<T>,
@@ -98,37 +111,39 @@ impl Quantizer {
         if let Some(g) = global_scale {
             check_global_scale(g)?;
         }
+        check_dims(shape)?;
         let (code_bytes, scale_bytes) = (batch * rows * k / 2, batch * sf_batch_bytes(rows, k));
         self.check(x, shape, code_bytes, scale_bytes, [x.stream(), x.stream(), x.stream()])?;
-        let capturing = capture_check(&self.stream)?;
-        if global_scale.is_none() && capturing {
-            return Err(Error::HostReadDuringCapture { call: "Quantizer::quantize with a computed global scale", fix: "pass the global scale (Some), or quantize once before capturing" });
+        if capture_check(&self.stream)? {
+            return Err(Error::NotCapturable { call: "Quantizer::quantize", why: "it allocates its outputs, and with a computed global scale reads it back", fix: "capture Quantizer::quantize_into with a given global scale" });
         }
         let stream = &self.stream;
         // SAFETY: every byte is written by the launch below before anyone reads it.
         let (mut codes, mut scales) = unsafe { (stream.alloc::<u8>(code_bytes)?, stream.alloc::<u8>(scale_bytes)?) };
-        let g = {
-            let mut slot = self.amax.lock().unwrap_or_else(|e| e.into_inner());
-            let (px, _gx) = x.device_ptr(stream);
-            let (pc, _gc) = codes.device_ptr_mut(stream);
-            let (ps, _gs) = scales.device_ptr_mut(stream);
-            match global_scale {
-                Some(g) => {
-                    self.launch::<T>(shape, [px, pc, ps], g, 0)?;
-                    g
+        let (px, _gx) = x.device_ptr(stream);
+        let (pc, _gc) = codes.device_ptr_mut(stream);
+        let (ps, _gs) = scales.device_ptr_mut(stream);
+        let g = match global_scale {
+            Some(g) => {
+                self.launch::<T>(shape, [px, pc, ps], g, 0)?;
+                g
+            }
+            None => {
+                let mut slot = self.amax.lock().unwrap_or_else(|e| e.into_inner());
+                if slot.is_none() {
+                    *slot = Some(stream.alloc_zeros::<u32>(1)?);
                 }
-                None => {
-                    if slot.is_none() {
-                        *slot = Some(stream.alloc_zeros::<u32>(1)?);
-                    }
-                    let amax = slot.as_mut().expect("allocated above");
-                    let pa = amax.device_ptr_mut(stream).0;
-                    self.launch::<T>(shape, [px, pc, ps], 1.0, pa)?;
-                    let bits = stream.clone_dtoh(&*amax)?[0];
-                    computed_global_scale(f32::from_bits(bits))
+                let amax = slot.as_mut().expect("allocated above");
+                let pa = amax.device_ptr_mut(stream).0;
+                self.launch::<T>(shape, [px, pc, ps], 1.0, pa)?;
+                let amax = f32::from_bits(stream.clone_dtoh(&*amax)?[0]);
+                if amax.is_infinite() {
+                    return Err(Error::InvalidData { what: "x", detail: "holds an infinity, which leaves no finite global scale to compute; pass one".into() });
                 }
+                computed_global_scale(amax)
             }
         };
+        drop((_gx, _gc, _gs));
         Nvfp4Tensor::new(codes, scales, shape, g)
     }
 
@@ -136,15 +151,7 @@ impl Quantizer {
     /// grid, buffer lengths, 16-byte alignment is checked at launch, every buffer on this device.
     fn check<T, X: DevicePtr<T>>(&self, x: &X, shape: (usize, usize, usize), codes: usize, scales: usize, streams: [&Arc<CudaStream>; 3]) -> Result<()> {
         let (batch, rows, k) = shape;
-        check_shape(rows, k, batch)?;
-        for (dim, value, max) in [("rows", rows, i32::MAX as usize - 127), ("K", k, i32::MAX as usize), ("batch", batch, 65535)] {
-            if value > max {
-                return Err(Error::Dimension { dim, value, max });
-            }
-        }
-        if rows.div_ceil(128) > 65535 {
-            return Err(Error::Dimension { dim: "rows", value: rows, max: 65535 * 128 });
-        }
+        check_dims(shape)?;
         check_len("x", x.len(), batch * rows * k, "batch * rows * K")?;
         check_len("codes", codes, batch * rows * k / 2, "batch * rows * K / 2 packed bytes")?;
         check_len("scales", scales, batch * sf_batch_bytes(rows, k), "batch * ceil(rows/128)*128 * ceil(K/64)*4 tiled bytes")?;
@@ -170,6 +177,9 @@ impl Quantizer {
         // SAFETY: the addresses are live device buffers of the checked lengths on this stream's
         // device, 16-byte aligned; the caller holds their guards until this returns.
         let status = unsafe { sys::quantize(&args) };
+        if status.cutlass_status != 0 {
+            return Err(Error::Cutlass { code: status.cutlass_status, name: sys::cutlass_status_name(status.cutlass_status) });
+        }
         if status.cuda_error != 0 {
             return Err(Error::CudaRuntime { code: status.cuda_error, name: sys::cuda_error_name(status.cuda_error) });
         }

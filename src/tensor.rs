@@ -110,7 +110,8 @@ impl Nvfp4Tensor {
 /// `DevicePtrMut`, so it goes wherever a `CudaSlice` does ([`Nvfp4Tensor::new`], the output of
 /// [`crate::BlockScaledGemm::gemm`]). The lifetime ties it to whatever keeps the memory alive.
 ///
-/// No events are recorded or waited on: the owner orders its own work against `stream`.
+/// No events are recorded or waited on, whatever stream a call runs on: the owner orders its own
+/// work against every call the buffer is passed to (on that call's stream).
 ///
 /// ```no_run
 /// use blockscaled_gemm::ForeignBuffer;
@@ -136,8 +137,10 @@ impl<T> ForeignBuffer<'_, T> {
     ///
     /// # Safety
     /// `ptr` must point to at least `len * size_of::<T>()` bytes of device memory of `stream`'s
-    /// device, allocated for the whole lifetime, and every other use of that memory must be
-    /// ordered against the work this crate queues on `stream` (same stream, or events).
+    /// device (the device the calls check it against), allocated for as long as the buffer and
+    /// any work queued with it live (the lifetime is the caller's choice and is not checked), and
+    /// every other use of that memory must be ordered against each call the buffer is passed to,
+    /// on that call's stream (the same stream, or events).
     pub unsafe fn new(ptr: u64, len: usize, stream: &Arc<CudaStream>) -> Self {
         ForeignBuffer { ptr, len, stream: stream.clone(), _owner: PhantomData }
     }

@@ -666,10 +666,6 @@ fn general_data_passes_the_verdict() -> Outcome {
     Ok(())
 }
 
-/// Issue 21: one CUDA graph of six GEMMs (shapes, configs and outputs differ; FP4 with two norm
-/// constants), replayed three times with new inputs copied into the same buffers and a larger
-/// eager call in between; every output against the exact reference. Also: a call during capture
-/// with event tracking on is a typed error, and so is one needing more workspace than reserved.
 /// Issue 22: two bf16 tensors quantized with global scales far from 1 (one computed, one given as
 /// a checkpoint gives it), uploaded, multiplied with alpha 1: the result passes the verdict
 /// against the reference (which folds the global scales as the GEMM does) and is within the
@@ -811,8 +807,8 @@ fn quantizer_data(rng: &mut blockscaled_gemm::SplitMix64, n: usize, e10: i32, ti
 fn quantizer_matches_the_cpu_bit_for_bit() -> Outcome {
     use blockscaled_gemm::Quantizer;
     let g = device()?;
-    if g.device().arch().is_none() {
-        return Err(format!("compute capability {:?}: the quantizer is built for sm_90a and sm_100a", g.device().compute_capability));
+    if !Config::ALL.iter().any(|c| c.compute_capability() == g.device().compute_capability && c.is_built(OutType::F16)) {
+        return Err(format!("compute capability {:?}: this build holds no quantizer code for it", g.device().compute_capability));
     }
     let s = g.stream().clone();
     let q = Quantizer::new(s.clone());
@@ -843,10 +839,14 @@ fn quantizer_matches_the_cpu_bit_for_bit() -> Outcome {
         assert_eq!(s.clone_dtoh(&codes).unwrap(), want.data());
         assert_eq!(s.clone_dtoh(&scales).unwrap(), want.scales());
         // A refused call writes nothing.
+        let (poison_codes, poison_scales) = (vec![0xEEu8; want.data().len()], vec![0x7Fu8; want.scales().len()]);
+        s.memcpy_htod(&poison_codes, &mut codes).unwrap();
+        s.memcpy_htod(&poison_scales, &mut scales).unwrap();
         let e = q.quantize_into(&db, (l, m, k), f32::NAN, &mut codes, &mut scales).unwrap_err();
         assert!(e.to_string().contains("global scale"), "{e}");
         let e = q.quantize_into(&db.slice(16..), (l, m, k), 0.5, &mut codes, &mut scales).unwrap_err();
         assert!(e.to_string().starts_with("x: holds"), "{e}");
+        assert_eq!((s.clone_dtoh(&codes).unwrap(), s.clone_dtoh(&scales).unwrap()), (poison_codes, poison_scales), "a refused call wrote");
         runs += 1;
     }
     // NaN and infinities: the documented rules, as quantize_unchecked states them.
@@ -856,10 +856,21 @@ fn quantizer_matches_the_cpu_bit_for_bit() -> Outcome {
     }
     let dx = s.clone_htod(&x).unwrap();
     same(&s, &q.quantize(&dx, (1, 4, 256), Some(1.0)).unwrap(), &Nvfp4Matrix::quantize_unchecked(&x, (1, 4, 256), Some(1.0)).unwrap(), "NaN and Inf");
-    println!("quantizer: {runs} runs bit-identical to the CPU quantizer, and NaN/Inf by the documented rules");
+    let e = q.quantize(&dx, (1, 4, 256), None).unwrap_err().to_string();
+    assert!(e.contains("infinity"), "computed global scale of data with an infinity: {e}");
+    // A tensor whose amax is below 2688 * 2^-126: g = FLT_MIN, block steps below 2^-126 (the
+    // reciprocal would overflow; the kernel divides).
+    let tiny: Vec<f32> = (0..2 * 64).map(|i| (i as f32 - 50.0) * 1e-38).collect();
+    let dt = s.clone_htod(&tiny).unwrap();
+    same(&s, &q.quantize(&dt, (1, 2, 64), None).unwrap(), &Nvfp4Matrix::quantize(&tiny, (1, 2, 64), None).unwrap(), "amax below 2688 * 2^-126");
+    println!("quantizer: {runs} runs bit-identical to the CPU quantizer, NaN/Inf by the documented rules, a FLT_MIN global scale");
     Ok(())
 }
 
+/// Issue 21: one CUDA graph of six GEMMs (shapes, configs and outputs differ; FP4 with two norm
+/// constants), replayed three times with new inputs copied into the same buffers and a larger
+/// eager call in between; every output against the exact reference. Also: a call during capture
+/// with event tracking on is a typed error, and so is one needing more workspace than reserved.
 fn graph_capture_replays_with_new_data() -> Outcome {
     use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
     let g0 = fp4_device()?;

@@ -70,13 +70,19 @@ def download(cache, name, version, sha):
     path = find_wheel(cache, name, version, sha)
     if path:
         return path
-    cmd = [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps",
-           "--only-binary=:all:", "--python-version", "3.11", "-d", cache,
-           f"{name}=={version}"]
-    for p in PLATFORMS:
-        cmd += ["--platform", p]
-    print(f"fetch.py: downloading {name}=={version}", file=sys.stderr)
-    subprocess.run(cmd, check=True)
+    # pip writes into a folder of this process's own; the checked wheel then appears in the cache
+    # by one rename, so a concurrent build never finds (and deletes) a wheel still being written.
+    with tempfile.TemporaryDirectory(dir=cache) as part:
+        cmd = [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps",
+               "--only-binary=:all:", "--python-version", "3.11", "-d", part,
+               f"{name}=={version}"]
+        for p in PLATFORMS:
+            cmd += ["--platform", p]
+        print(f"fetch.py: downloading {name}=={version}", file=sys.stderr)
+        subprocess.run(cmd, check=True)
+        got = find_wheel(part, name, version, sha)
+        if got:
+            os.replace(got, os.path.join(cache, os.path.basename(got)))
     path = find_wheel(cache, name, version, sha)
     if not path:
         sys.exit(f"fetch.py: {name}=={version}: no wheel with sha256 {sha} (checksum mismatch?)")

@@ -63,7 +63,10 @@ __device__ __forceinline__ uint32_t quantize16(const float (&v)[16], float g, ui
   const float step = sf_to_float<cutlass::float_ue4m3_t>(uint8_t(sf)) * g;
   uint32_t p[2] = {0, 0};
   if (step > 0.f) {
-    const float rcp = __frcp_rn(step);
+    // Below 2^-126 the reciprocal overflows (a computed g of FLT_MIN and a subnormal scale make
+    // such steps): a NaN rcp sends every quotient to the division (NaN * x is the canonical NaN,
+    // whose low mantissa bits e2m1_code_of_quotient flags).
+    const float rcp = step >= 0x1p-126f ? __frcp_rn(step) : __int_as_float(0x7FFFFFFF);
 #pragma unroll
     for (int i = 0; i < 16; ++i) p[i / 8] |= e2m1_code_of_quotient(v[i], step, rcp) << (4 * (i % 8));
   }
