@@ -6,6 +6,11 @@
 
 #include <algorithm>
 
+// Rows up to which the quantizer gives each thread one scale column rather than four.
+#ifndef BSG_QUANT_NARROW_ROWS
+#define BSG_QUANT_NARROW_ROWS 2048
+#endif
+
 #include "blockscaled_gemm/kernel_abi.h"
 #include "quant/quantize.cuh"
 
@@ -35,12 +40,16 @@ bsg::KernelStatus run(const bsg::QuantizeArgs& a) {
       return st;
     }
   }
-  const dim3 grid(unsigned(bsg::sf_cols_padded(a.k) / 4), unsigned((a.m + bsg::quant::kRows - 1) / bsg::quant::kRows), unsigned(a.l));
+  // Few rows: a thread per scale column (more threads, shorter chains); many: four columns each.
+  const bool narrow = a.m <= BSG_QUANT_NARROW_ROWS;
+  const int per_thread = narrow ? 1 : 4;
+  const dim3 grid(unsigned(bsg::sf_cols_padded(a.k) / per_thread), unsigned((a.m + bsg::quant::kRows - 1) / bsg::quant::kRows), unsigned(a.l));
   int m = a.m, k = a.k;
   float g = a.global_scale;
   const uint32_t* slot = amax;
   void* args[] = {&x, &codes, &scales, &m, &k, &g, &slot};
-  st.cuda_error = cudaLaunchKernel(reinterpret_cast<const void*>(&bsg::quant::quantize_kernel<T>), grid, dim3(bsg::quant::kRows), args, 0, stream);
+  const void* kernel = narrow ? reinterpret_cast<const void*>(&bsg::quant::quantize_kernel<T, 1>) : reinterpret_cast<const void*>(&bsg::quant::quantize_kernel<T, 4>);
+  st.cuda_error = cudaLaunchKernel(kernel, grid, dim3(bsg::quant::kRows), args, 0, stream);
   return st;
 }
 

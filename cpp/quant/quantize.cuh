@@ -93,48 +93,56 @@ __global__ void amax_kernel(const T* x, int64_t n, uint32_t* amax_bits) {
   if ((threadIdx.x & 31) == 0) atomicMax(amax_bits, __float_as_uint(m));
 }
 
-// One thread: one row (of a 128-row chunk) and four scale columns, 64 inputs: 32 code bytes and
-// the four scale bytes, which lie side by side in the chunk (one 32-bit store). All 64 inputs are
-// loaded before any is used, so each thread keeps 128-256 bytes in flight. Rows past M and columns
-// past K/16 write zero scales (the layout's padding). grid: (padded columns / 4, padded rows /
-// 128, L). g_given is used when amax_bits is null.
-template <class T>
+// One thread: one row (of a 128-row chunk) and kCols scale columns, 16 * kCols inputs: their
+// codes and scale bytes (kCols = 4: the four scale bytes lie side by side in the chunk, one 32-bit
+// store). All inputs of a thread are loaded before any is used. kCols = 4 keeps 128-256 bytes in
+// flight per thread for large M; kCols = 1 gives few rows four times the threads and a quarter of
+// the serial work each. Rows past M and columns past K/16 write zero scales (the layout's
+// padding). grid: (padded columns / kCols, padded rows / 128, L). g_given is used when amax_bits
+// is null.
+template <class T, int kCols>
 __global__ void __launch_bounds__(kRows) quantize_kernel(const T* x, uint8_t* codes, uint8_t* scales, int m, int k, float g_given, const uint32_t* amax_bits) {
-  const int row = blockIdx.y * kRows + threadIdx.x, c4 = blockIdx.x, l = blockIdx.z;
+  static_assert(kCols == 1 || kCols == 4, "one scale byte or one 32-bit word of them per thread");
+  const int row = blockIdx.y * kRows + threadIdx.x, cg = blockIdx.x, l = blockIdx.z;
   const int64_t sp = sf_cols_padded(k);
   const int cols = k / 16;
   const float g = amax_bits ? global_from_amax(__uint_as_float(*amax_bits)) : g_given;
-  uint32_t four = 0;
+  uint32_t sfs = 0;
   if (row < m) {
-    const int64_t base = (int64_t(l) * m + row) * k + int64_t(c4) * 64;
-    if (c4 * 4 + 4 <= cols) {
-      const Raw<T, 64> raw = load_raw<T, 64>(x + base);
-      uint2 packed[4];
+    const int64_t base = (int64_t(l) * m + row) * k + int64_t(cg) * 16 * kCols;
+    if (cg * kCols + kCols <= cols) {
+      const Raw<T, 16 * kCols> raw = load_raw<T, 16 * kCols>(x + base);
+      uint2 packed[kCols];
 #pragma unroll
-      for (int j = 0; j < 4; ++j) {
+      for (int j = 0; j < kCols; ++j) {
         float v[16];
         to_float16(raw, j, v);
-        four |= quantize16(v, g, packed[j]) << (8 * j);
+        sfs |= quantize16(v, g, packed[j]) << (8 * j);
       }
-      if ((k & 31) == 0) {  // rows of codes start on 16 bytes
+      if (kCols == 4 && (k & 31) == 0) {  // rows of codes start on 16 bytes
         uint4* dst = reinterpret_cast<uint4*>(codes + base / 2);
-        dst[0] = make_uint4(packed[0].x, packed[0].y, packed[1].x, packed[1].y);
-        dst[1] = make_uint4(packed[2].x, packed[2].y, packed[3].x, packed[3].y);
+        dst[0] = make_uint4(packed[0].x, packed[0].y, packed[1 % kCols].x, packed[1 % kCols].y);
+        dst[1] = make_uint4(packed[2 % kCols].x, packed[2 % kCols].y, packed[3 % kCols].x, packed[3 % kCols].y);
       } else {
 #pragma unroll
-        for (int j = 0; j < 4; ++j) reinterpret_cast<uint2*>(codes + base / 2)[j] = packed[j];
+        for (int j = 0; j < kCols; ++j) reinterpret_cast<uint2*>(codes + base / 2)[j] = packed[j];
       }
     } else {
-      for (int j = 0; c4 * 4 + j < cols; ++j) {
+      for (int j = 0; cg * kCols + j < cols; ++j) {
         float v[16];
         to_float16(load_raw<T, 16>(x + base + j * 16), 0, v);
         uint2 packed;
-        four |= quantize16(v, g, packed) << (8 * j);
+        sfs |= quantize16(v, g, packed) << (8 * j);
         *reinterpret_cast<uint2*>(codes + base / 2 + j * 8) = packed;
       }
     }
   }
-  *reinterpret_cast<uint32_t*>(scales + l * sf_batch_bytes(m, sp) + sf_offset(row, int64_t(c4) * 4, sp)) = four;
+  uint8_t* sf = scales + l * sf_batch_bytes(m, sp) + sf_offset(row, int64_t(cg) * kCols, sp);
+  if constexpr (kCols == 4) {
+    *reinterpret_cast<uint32_t*>(sf) = sfs;
+  } else {
+    *sf = uint8_t(sfs);
+  }
 }
 
 }  // namespace bsg::quant
