@@ -379,7 +379,8 @@ impl Toolchain {
         let user_cuda = env("NVCC").map(|n| (PathBuf::from(&n), PathBuf::from(n).parent().and_then(Path::parent).map(Path::to_path_buf)))
             .or_else(|| env("CUDA_HOME").map(|h| (PathBuf::from(&h).join("bin/nvcc"), Some(PathBuf::from(h)))));
         let user_cutlass = env("CUTLASS_DIR").map(PathBuf::from);
-        if user_cuda.is_none() || user_cutlass.is_none() {
+        // fetch.py renames the toolchain into place whole, so an existing folder is complete.
+        if (user_cuda.is_none() || user_cutlass.is_none()) && !tp.is_dir() {
             fetch(root, &tp);
         }
         let (nvcc, cuda_root) = user_cuda.unwrap_or((wheel_cuda.join("bin/nvcc"), Some(wheel_cuda.clone())));

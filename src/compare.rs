@@ -63,7 +63,7 @@
 //! NaN: the exact result is NaN only where a scale is NaN (0x7F) or C holds NaN; then D must be
 //! NaN. A NaN elsewhere fails.
 
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::formats::OutputElement;
 use crate::problem::{check_len, product, OutType, Problem};
 use crate::reference::Dot;
@@ -475,12 +475,7 @@ pub fn verify<T: OutputElement>(p: &Problem, a: &[u8], sfa: &[u8], b: &[u8], sfb
 /// [`verify`] for host matrices, A (L, M, K) and B (L, N, K), as [`crate::reference_gemm`]
 /// takes them (their global scales folded into alpha, as the GEMM folds them).
 pub fn verify_matrices<T: OutputElement>(a: &Nvfp4Matrix, b: &Nvfp4Matrix, alpha: f32, beta: f32, c: Option<&[T]>, got: &[T]) -> Result<Verdict> {
-    if a.k() != b.k() || a.batch() != b.batch() {
-        return Err(Error::InvalidData { what: "operands", detail: format!("A is (L={}, K={}), B is (L={}, K={}): K and L must agree", a.batch(), a.k(), b.batch(), b.k()) });
-    }
-    // The global scales fold into alpha as the GEMM folds them.
-    let alpha = crate::problem::folded_alpha(alpha, a.global_scale().unwrap_or(1.0), b.global_scale().unwrap_or(1.0))?;
-    let p = Problem::new(a.rows(), b.rows(), a.k()).batch(a.batch()).scalars(alpha, beta);
+    let p = crate::matrix::pair_problem(a, b, alpha, beta)?;
     verify(&p, a.data(), a.scales(), b.data(), b.scales(), c, got)
 }
 

@@ -330,11 +330,12 @@ impl BlockScaledGemm {
         Ok((split as i32, !dispatch::cluster_split(config, p, split, &self.device.max_clusters) as i32))
     }
 
-    /// Validates the problem against every buffer's length, picks the config (`forced` or the
-    /// heuristic's) and checks that every buffer lives on this GEMM's device. `d` lists D's
+    /// Validates the problem against the operands' shapes and every buffer's length, picks the
+    /// config (`forced` or the heuristic's) and checks that every buffer lives on this GEMM's
+    /// device. Returns the config and the problem with both global scales folded into alpha. `d` lists D's
     /// buffers as (name, length, stream): the values, then for FP4 outputs the scale factors.
     #[allow(clippy::too_many_arguments)]
-    fn plan_checked<VA, SA, VB, SB, C, TV, TS, TC>(&self, p: &Problem, out: OutType, a: &Nvfp4Tensor<VA, SA>, b: &Nvfp4Tensor<VB, SB>, c: Option<&C>, d: &[(&'static str, usize, &Arc<CudaStream>)], forced: Option<Config>) -> Result<Config>
+    fn plan_checked<VA, SA, VB, SB, C, TV, TS, TC>(&self, p: &Problem, out: OutType, a: &Nvfp4Tensor<VA, SA>, b: &Nvfp4Tensor<VB, SB>, c: Option<&C>, d: &[(&'static str, usize, &Arc<CudaStream>)], forced: Option<Config>) -> Result<(Config, Problem)>
     where
         VA: DevicePtr<TV>, SA: DevicePtr<TS>, VB: DevicePtr<TV>, SB: DevicePtr<TS>, C: DevicePtr<TC>,
     {
@@ -348,14 +349,8 @@ impl BlockScaledGemm {
         let mut buffers = vec![("A", a.values().stream()), ("SFA", a.scales().stream()), ("B", b.values().stream()), ("SFB", b.scales().stream())];
         buffers.extend(d.iter().map(|&(name, _, s)| (name, s)));
         buffers.extend(c.map(|c| ("C", c.stream())));
-        let gemm_device = self.device.ordinal;
-        for (name, s) in buffers {
-            let buffer_device = s.context().ordinal();
-            if buffer_device != gemm_device {
-                return Err(Error::WrongDevice { name, buffer_device, gemm_device });
-            }
-        }
-        Ok(config)
+        check_devices(self.device.ordinal, buffers)?;
+        Ok((config, p.scalars(folded_alpha(p.alpha, a.global_scale(), b.global_scale())?, p.beta)))
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -365,8 +360,8 @@ impl BlockScaledGemm {
         TV: PackedFp4, TS: ScaleByte, TO: OutputElement,
     {
         let out = TO::OUT;
-        let config = self.plan_checked(p, out, a, b, c, &[("D", d.len(), d.stream())], forced)?;
-        let p = &p.scalars(folded_alpha(p.alpha, a.global_scale(), b.global_scale())?, p.beta);
+        let (config, folded) = self.plan_checked(p, out, a, b, c, &[("D", d.len(), d.stream())], forced)?;
+        let p = &folded;
         let capturing = self.capture_check()?;
         let stream = &self.stream;
         let (([pa, psfa], _ga), ([pb, psfb], _gb)) = (a.ptrs(stream), b.ptrs(stream));
@@ -386,8 +381,8 @@ impl BlockScaledGemm {
         if out.sfd().is_none() {
             return Err(Error::InvalidData { what: "out", detail: format!("{out}: gemm_fp4 writes the FP4 outputs nvfp4 or nvfp4-ue8m0; use gemm for {out}") });
         }
-        let config = self.plan_checked(p, out, a, b, c, &[("D", d.values.len(), d.values.stream()), ("SFD", d.scales.len(), d.scales.stream())], forced)?;
-        let p = &p.scalars(folded_alpha(p.alpha, a.global_scale(), b.global_scale())?, p.beta);
+        let (config, folded) = self.plan_checked(p, out, a, b, c, &[("D", d.values.len(), d.values.stream()), ("SFD", d.scales.len(), d.scales.stream())], forced)?;
+        let p = &folded;
         let capturing = self.capture_check()?;
         let stream = &self.stream;
         let (([pa, psfa], _ga), ([pb, psfb], _gb)) = (a.ptrs(stream), b.ptrs(stream));
@@ -529,6 +524,17 @@ pub(crate) fn capture_check(stream: &CudaStream) -> Result<bool> {
         return Err(Error::CaptureEventTracking);
     }
     Ok(capturing)
+}
+
+/// That every buffer, named with the stream it belongs to, lives on device `device`.
+pub(crate) fn check_devices<'a>(device: usize, buffers: impl IntoIterator<Item = (&'static str, &'a Arc<CudaStream>)>) -> Result<()> {
+    for (name, s) in buffers {
+        let buffer_device = s.context().ordinal();
+        if buffer_device != device {
+            return Err(Error::WrongDevice { name, buffer_device, gemm_device: device });
+        }
+    }
+    Ok(())
 }
 
 /// Statuses the launch path tells apart (the launch ABI's, checked against `cutlass::Status`).

@@ -68,8 +68,7 @@ impl Nvfp4Matrix {
     /// allowed for real scales but not in the padding, where it would poison valid outputs.
     pub fn from_parts(rows: usize, k: usize, batch: usize, data: Vec<u8>, scales: Vec<u8>, global_scale: Option<f32>) -> Result<Self> {
         check_shape(rows, k, batch)?;
-        crate::problem::check_len("data", data.len(), batch * rows * k / 2, "batch * rows * k / 2 packed bytes")?;
-        crate::problem::check_len("scales", scales.len(), batch * sf_batch_bytes(rows, k), "batch * ceil(rows/128)*128 * ceil(k/64)*4 tiled bytes")?;
+        check_lens(("data", data.len()), scales.len(), (batch, rows, k))?;
         let m = Nvfp4Matrix { rows, k, batch, data, scales, global_scale };
         m.check_scales()?;
         if let Some(g) = global_scale {
@@ -301,6 +300,13 @@ pub(crate) fn computed_global_scale(amax: f32) -> f32 {
     }
 }
 
+/// The lengths of an NVFP4 tensor's two buffers, (batch, rows, K): `values` = (its name, its
+/// length) of the packed codes, and the tiled scales. The shape has passed [`check_shape`].
+pub(crate) fn check_lens(values: (&'static str, usize), scales: usize, (batch, rows, k): (usize, usize, usize)) -> Result<()> {
+    crate::problem::check_len(values.0, values.1, batch * rows * k / 2, "batch * rows * K / 2 packed bytes")?;
+    crate::problem::check_len("scales", scales, batch * sf_batch_bytes(rows, k), "batch * ceil(rows/128)*128 * ceil(K/64)*4 tiled bytes")
+}
+
 /// A global scale multiplies every value: it must be finite and positive.
 pub(crate) fn check_global_scale(g: f32) -> Result<()> {
     if !(g.is_finite() && g > 0.0) {
@@ -377,12 +383,18 @@ pub(crate) fn check_shape(rows: usize, k: usize, batch: usize) -> Result<()> {
 /// and B (L, N, K) and ga, gb their global scales (1 where a matrix has none), folded into alpha
 /// left to right in f32 as the GEMM entry points fold them.
 pub fn reference_gemm<T: crate::OutputElement>(a: &Nvfp4Matrix, b: &Nvfp4Matrix, alpha: f32, beta: f32, c: Option<&[T]>) -> Result<Vec<T>> {
+    let p = pair_problem(a, b, alpha, beta)?;
+    crate::reference::gemm(&p, &a.data, &a.scales, &b.data, &b.scales, c)
+}
+
+/// The problem of `A Bᵀ` for host matrices A (L, M, K) and B (L, N, K) (K and L must agree), with
+/// both global scales folded into alpha as the GEMM entry points fold them.
+pub(crate) fn pair_problem(a: &Nvfp4Matrix, b: &Nvfp4Matrix, alpha: f32, beta: f32) -> Result<crate::Problem> {
     if a.k != b.k || a.batch != b.batch {
         return Err(Error::InvalidData { what: "operands", detail: format!("A is (L={}, K={}), B is (L={}, K={}): K and L must agree", a.batch, a.k, b.batch, b.k) });
     }
     let alpha = crate::problem::folded_alpha(alpha, a.global_scale.unwrap_or(1.0), b.global_scale.unwrap_or(1.0))?;
-    let p = crate::Problem::new(a.rows, b.rows, a.k).batch(a.batch).scalars(alpha, beta);
-    crate::reference::gemm(&p, &a.data, &a.scales, &b.data, &b.scales, c)
+    Ok(crate::Problem::new(a.rows, b.rows, a.k).batch(a.batch).scalars(alpha, beta))
 }
 
 #[cfg(test)]

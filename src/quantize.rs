@@ -5,9 +5,9 @@ use std::sync::{Arc, Mutex};
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut, DeviceRepr};
 
 use crate::error::{Error, Result};
-use crate::gemm::capture_check;
+use crate::gemm::{capture_check, check_devices};
 use crate::layout::sf_batch_bytes;
-use crate::matrix::{check_global_scale, check_shape, computed_global_scale, HostFloat};
+use crate::matrix::{check_global_scale, check_lens, check_shape, computed_global_scale, HostFloat};
 use crate::problem::{check_align, check_len};
 use crate::sys::{self, InKind, QuantizeArgs};
 use crate::tensor::Nvfp4Tensor;
@@ -90,7 +90,9 @@ impl Quantizer {
         T: QuantInput, X: DevicePtr<T>, C: DevicePtrMut<u8>, S: DevicePtrMut<u8>,
     {
         check_global_scale(global_scale)?;
-        self.check(x, shape, codes.len(), scales.len(), [x.stream(), codes.stream(), scales.stream()])?;
+        self.check_input(x, shape)?;
+        check_lens(("codes", codes.len()), scales.len(), shape)?;
+        check_devices(self.stream.context().ordinal(), [("codes", codes.stream()), ("scales", scales.stream())])?;
         capture_check(&self.stream)?;
         let stream = &self.stream;
         let (px, _gx) = x.device_ptr(stream);
@@ -111,9 +113,8 @@ impl Quantizer {
         if let Some(g) = global_scale {
             check_global_scale(g)?;
         }
-        check_dims(shape)?;
+        self.check_input(x, shape)?;
         let (code_bytes, scale_bytes) = (batch * rows * k / 2, batch * sf_batch_bytes(rows, k));
-        self.check(x, shape, code_bytes, scale_bytes, [x.stream(), x.stream(), x.stream()])?;
         if capture_check(&self.stream)? {
             return Err(Error::NotCapturable { call: "Quantizer::quantize", why: "it allocates its outputs, and with a computed global scale reads it back", fix: "capture Quantizer::quantize_into with a given global scale" });
         }
@@ -147,22 +148,14 @@ impl Quantizer {
         Nvfp4Tensor::new(codes, scales, shape, g)
     }
 
-    /// The checks every call makes before the FFI line: shape rules and the kernel's 32-bit
-    /// grid, buffer lengths, 16-byte alignment is checked at launch, every buffer on this device.
-    fn check<T, X: DevicePtr<T>>(&self, x: &X, shape: (usize, usize, usize), codes: usize, scales: usize, streams: [&Arc<CudaStream>; 3]) -> Result<()> {
+    /// The checks on the input every call makes before it computes a size or crosses the FFI
+    /// line: the shape rules and the kernel's grid, x's length, x on this quantizer's device
+    /// (16-byte alignment is checked at launch).
+    fn check_input<T, X: DevicePtr<T>>(&self, x: &X, shape: (usize, usize, usize)) -> Result<()> {
         let (batch, rows, k) = shape;
         check_dims(shape)?;
         check_len("x", x.len(), batch * rows * k, "batch * rows * K")?;
-        check_len("codes", codes, batch * rows * k / 2, "batch * rows * K / 2 packed bytes")?;
-        check_len("scales", scales, batch * sf_batch_bytes(rows, k), "batch * ceil(rows/128)*128 * ceil(K/64)*4 tiled bytes")?;
-        let want = self.stream.context().ordinal();
-        for (name, s) in ["x", "codes", "scales"].into_iter().zip(streams) {
-            let have = s.context().ordinal();
-            if have != want {
-                return Err(Error::WrongDevice { name, buffer_device: have, gemm_device: want });
-            }
-        }
-        Ok(())
+        check_devices(self.stream.context().ordinal(), [("x", x.stream())])
     }
 
     /// Queues the quantizer: `ptrs` are x, codes and scales; `amax_slot` 0 uses `global_scale`.

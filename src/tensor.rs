@@ -10,8 +10,7 @@ use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut, DeviceSlice
 
 use crate::error::Result;
 use crate::formats::{PackedFp4, ScaleByte};
-use crate::layout::sf_batch_bytes;
-use crate::matrix::{check_global_scale, check_shape, Nvfp4Matrix};
+use crate::matrix::{check_global_scale, check_lens, check_shape, Nvfp4Matrix};
 
 /// An NVFP4 tensor of shape (batch, rows, K) on the device: packed e2m1 values (two per byte, K
 /// contiguous, element 2i in the low nibble; `u8` or `float4::F4E2M1x2`), ue4m3 block scales
@@ -59,8 +58,7 @@ impl<V, S> Nvfp4Tensor<V, S> {
         let (batch, rows, k) = shape;
         check_shape(rows, k, batch)?;
         check_global_scale(global_scale)?;
-        crate::problem::check_len("values", values.len(), batch * rows * k / 2, "batch * rows * K / 2 packed bytes")?;
-        crate::problem::check_len("scales", scales.len(), batch * sf_batch_bytes(rows, k), "batch * ceil(rows/128)*128 * ceil(K/64)*4 tiled bytes")?;
+        check_lens(("values", values.len()), scales.len(), shape)?;
         Ok(Nvfp4Tensor { values, scales, batch, rows, k, global_scale })
     }
 

@@ -120,9 +120,11 @@ __global__ void __launch_bounds__(kRows) quantize_kernel(const T* x, uint8_t* co
         sfs |= quantize16(v, g, packed[j]) << (8 * j);
       }
       if (kCols == 4 && (k & 31) == 0) {  // rows of codes start on 16 bytes
-        uint4* dst = reinterpret_cast<uint4*>(codes + base / 2);
-        dst[0] = make_uint4(packed[0].x, packed[0].y, packed[1 % kCols].x, packed[1 % kCols].y);
-        dst[1] = make_uint4(packed[2 % kCols].x, packed[2 % kCols].y, packed[3 % kCols].x, packed[3 % kCols].y);
+        if constexpr (kCols == 4) {
+          uint4* dst = reinterpret_cast<uint4*>(codes + base / 2);
+          dst[0] = make_uint4(packed[0].x, packed[0].y, packed[1].x, packed[1].y);
+          dst[1] = make_uint4(packed[2].x, packed[2].y, packed[3].x, packed[3].y);
+        }
       } else {
 #pragma unroll
         for (int j = 0; j < kCols; ++j) reinterpret_cast<uint2*>(codes + base / 2)[j] = packed[j];
