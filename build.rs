@@ -43,6 +43,7 @@ const SCHEDULES: &[(&str, &str)] = &[
     ("MainloopSmemDecode", "SmemDecode"),
     ("MainloopSwappedRegisterDecode", "SwappedRegisterDecode"),
     ("MainloopStreamWeights", "StreamWeights"),
+    ("MainloopStreamWeightsShortK", "StreamWeightsShortK"),
 ];
 
 struct Output {

@@ -43,6 +43,9 @@ pub enum Schedule {
     /// decoded into mma.sync fragments, the activations are decoded in the kernel (one launch, no
     /// workspace but split-K's); tile M is 8 to 64 token rows.
     StreamWeights,
+    /// [`Schedule::StreamWeights`] in raw stages of four k-tiles (8 and 16 token rows): for short
+    /// K ranges, where the last stage's decode, which no load hides, weighs.
+    StreamWeightsShortK,
 }
 
 impl ConfigInfo {
@@ -54,7 +57,13 @@ impl ConfigInfo {
     /// Whether small splits of this config meet in a thread-block cluster (one CTA per SM: the
     /// swapped and the small-M schedules) rather than in global memory.
     pub fn cluster_reduces(&self) -> bool {
-        matches!(self.schedule, Schedule::SwappedRegisterDecode | Schedule::StreamWeights)
+        self.swapped() || self.streams()
+    }
+
+    /// SM90 small M: the weights stream through the SM ([`Schedule::StreamWeights`] and its
+    /// short-K stages).
+    pub fn streams(&self) -> bool {
+        matches!(self.schedule, Schedule::StreamWeights | Schedule::StreamWeightsShortK)
     }
 }
 
@@ -196,7 +205,7 @@ pub fn split_k(config: Config, p: &Problem, sm_count: usize, max_clusters: &Clus
     }
     let tiles = config.tiles(p);
     let k_tiles = p.k.div_ceil(i.tile[2] as usize);
-    if i.schedule == Schedule::StreamWeights {
+    if i.streams() {
         // One CTA per SM: as many ranges as fit, each of at least 8 k-tiles (one raw stage of
         // the 8- and 16-row tiles, two of the 32- and 64-row ones).
         return (sm_count / tiles).min(k_tiles / 8).clamp(1, STREAM_MAX_SPLIT) as u32;
@@ -218,6 +227,10 @@ pub fn split_k(config: Config, p: &Problem, sm_count: usize, max_clusters: &Clus
 
 /// K ranges of a small-M (stream) launch at most.
 const STREAM_MAX_SPLIT: usize = 32;
+
+/// K ranges of at most this many k-tiles take the stream tiles' short-K stages (bench/DESIGN.md
+/// §12: ranges of 14 to 28 k-tiles gain, 64 and 128 lose).
+const STREAM_SHORT_K: usize = 32;
 
 /// Modelled time (microseconds, H100 SXM) of the swapped 128x256 or 128x128 tile on `p` at
 /// `split`: per wave, the fixed costs (first raw stage; after the loop the cluster reduction or
@@ -245,10 +258,14 @@ pub fn select(arch: u32, p: &Problem, sm_count: usize, max_clusters: &ClusterCou
         }
     }
     if arch == 90 {
-        // Small M (at most 64 token rows): the stream tile of the fewest rows that holds M.
-        let stream = candidates.iter().copied().filter(|c| c.info().schedule == Schedule::StreamWeights && p.m <= c.info().tile[0] as usize);
-        if let Some(c) = stream.min_by_key(|c| c.info().tile[0]) {
-            return Some(c);
+        // Small M (at most 64 token rows): the stream tile of the fewest rows that holds M; in
+        // stages of four k-tiles where each CTA's K range is at most STREAM_SHORT_K k-tiles.
+        let stream = candidates.iter().copied().filter(|c| c.info().streams() && p.m <= c.info().tile[0] as usize);
+        if let Some(rows) = stream.clone().map(|c| c.info().tile[0]).min() {
+            let short = |c: Config| p.k.div_ceil(64).div_ceil(split_k(c, p, sm_count, max_clusters) as usize) <= STREAM_SHORT_K;
+            let want = |c: &Config| (c.info().schedule == Schedule::StreamWeightsShortK) == short(*c);
+            let fewest: Vec<Config> = stream.filter(|c| c.info().tile[0] == rows).collect();
+            return fewest.iter().copied().find(want).or(fewest.first().copied());
         }
         // Split-K fills the GPU for small outputs, so the choice is about tile efficiency
         // (evidence: bench/DESIGN.md §8):
@@ -279,7 +296,7 @@ pub fn select(arch: u32, p: &Problem, sm_count: usize, max_clusters: &ClusterCou
     }
     // The stream tiles serve only the M their rows hold, taken above (partial builds may leave
     // nothing else here).
-    let candidates: Vec<Config> = candidates.into_iter().filter(|c| c.info().schedule != Schedule::StreamWeights).collect();
+    let candidates: Vec<Config> = candidates.into_iter().filter(|c| !c.info().streams()).collect();
     let area = |c: &Config| c.info().tile[0] as usize * c.info().tile[1] as usize;
     let padded = |c: &Config| {
         let t = c.info().tile;
@@ -306,11 +323,12 @@ mod tests {
                 assert_eq!(info.tile[0], 256);
             } else if *c == Config::Sm90_256x128x64 {
                 assert_eq!(info.tile, [256, 128, 64]);
-            } else if info.schedule == Schedule::StreamWeights {
+            } else if info.streams() {
                 // What the stream Tile static_asserts: 8 to 64 token rows, whole float4s per
-                // thread of the summed tile.
+                // thread of the summed tile; four k-tiles a stage leave 16 rows at most.
                 assert!(info.arch == 90 && [8, 16, 32, 64].contains(&info.tile[0]) && [64, 128].contains(&info.tile[1]), "{c}");
                 assert_eq!(info.tile[0] * info.tile[1] % 1024, 0, "{c}");
+                assert!(info.schedule == Schedule::StreamWeights || info.tile[0] <= 16, "{c}");
             } else {
                 assert_eq!(info.tile[0], 128);
             }
@@ -411,13 +429,28 @@ mod tests {
     fn small_m_takes_the_stream_tiles() {
         let all = |_| true;
         let s8 = Config::Sm90_Stream_8x128x64;
-        for (m, c) in [(1, s8), (8, s8), (9, Config::Sm90_Stream_16x128x64), (16, Config::Sm90_Stream_16x128x64), (17, Config::Sm90_Stream_32x128x64), (33, Config::Sm90_Stream_64x64x64), (64, Config::Sm90_Stream_64x64x64)] {
+        let (short8, short16) = (Config::Sm90_StreamShortK_8x128x64, Config::Sm90_StreamShortK_16x128x64);
+        // At N x K = 4096 x 7168 each CTA's range is 28 k-tiles (split 4): short-K stages up to
+        // 16 rows.
+        for (m, c) in [(1, short8), (8, short8), (9, short16), (16, short16), (17, Config::Sm90_Stream_32x128x64), (33, Config::Sm90_Stream_64x64x64), (64, Config::Sm90_Stream_64x64x64)] {
             assert_eq!(select(90, &Problem::new(m, 4096, 7168), 132, &ANY_CLUSTERS, all), Some(c), "M = {m}");
-            assert_eq!(c.info().schedule, Schedule::StreamWeights);
+            assert!(c.info().streams());
         }
-        assert_ne!(select(90, &Problem::new(65, 4096, 7168), 132, &ANY_CLUSTERS, all).unwrap().info().schedule, Schedule::StreamWeights);
+        assert!(!select(90, &Problem::new(65, 4096, 7168), 132, &ANY_CLUSTERS, all).unwrap().info().streams());
+        // Ranges of more than 32 k-tiles keep the eight-k-tile stages: 1x7168x16384 (split 2,
+        // 128 k-tiles), 4x14336x4096 (split 1, 64); 8x7168x2048 is split 2, 16 k-tiles.
+        assert_eq!(select(90, &Problem::new(1, 7168, 16384), 132, &ANY_CLUSTERS, all), Some(s8));
+        assert_eq!(select(90, &Problem::new(4, 14336, 4096), 132, &ANY_CLUSTERS, all), Some(s8));
+        assert_eq!(select(90, &Problem::new(8, 7168, 2048), 132, &ANY_CLUSTERS, all), Some(short8));
+        assert_eq!(select(90, &Problem::new(16, 2048, 7168), 132, &ANY_CLUSTERS, all), Some(short16)); // split 8, 14 k-tiles
+        // Either variant alone serves every K range.
+        let no_short = |c: Config| c.info().schedule != Schedule::StreamWeightsShortK;
+        assert_eq!(select(90, &Problem::new(1, 4096, 7168), 132, &ANY_CLUSTERS, no_short), Some(s8));
+        let no_long = |c: Config| c != s8;
+        assert_eq!(select(90, &Problem::new(1, 7168, 16384), 132, &ANY_CLUSTERS, no_long), Some(short8));
+        assert_eq!(split_k(short8, &Problem::new(1, 4096, 7168), 132, &ANY_CLUSTERS), 4);
         // Without the stream tiles the earlier rule answers.
-        let no_stream = |c: Config| c.info().schedule != Schedule::StreamWeights;
+        let no_stream = |c: Config| !c.info().streams();
         assert_eq!(select(90, &Problem::new(1, 4096, 7168), 132, &ANY_CLUSTERS, no_stream), Some(Config::Sm90_Swapped_128x128x64));
         // One CTA per SM: K ranges fill the SMs the tiles leave, each of at least 8 k-tiles.
         assert_eq!(split_k(s8, &Problem::new(1, 4096, 7168), 132, &ANY_CLUSTERS), 4); // 32 tiles

@@ -45,8 +45,14 @@ struct MainloopSwappedRegisterDecode {};
 // Small M (decode, MoE experts): the weights stream through a ring of raw stages and are decoded in
 // registers straight into mma.sync fragments (weights as the MMA's M, tokens as its N); each warp
 // decodes its own activation fragments from the same stage (no pre-pass); the eight warps split
-// each stage's k-tiles and the tile's weight rows; a producer warp issues.
-struct MainloopStreamWeights {};
+// each stage's k-tiles and the tile's weight rows; a producer warp issues. kStageKTiles: k-tiles
+// per raw stage, 0 for the tile's default (BSG_SM90_STREAM_WK).
+template <int kStageKTiles>
+struct MainloopStream {};
+using MainloopStreamWeights = MainloopStream<0>;
+// The same loop in stages of four k-tiles, eight of them, for the 8- and 16-row tiles: the last
+// stage, whose decode no load hides, is half as long, which pays where a CTA's K range is short.
+using MainloopStreamWeightsShortK = MainloopStream<4>;
 
 // Split-K reductions (split_k > 1): partial tiles in global memory, summed in split order by the
 // last CTA of a tile; or through the cluster's distributed shared memory.
@@ -150,16 +156,16 @@ struct Tile {
 // fragment loads of eight rows at one K offset hit distinct banks) and their scale chunks; one
 // producer warp issues the stages and exits. Accumulators: kRW x (BM / 8) m16n8 fragments per
 // thread, summed over the warp rows in shared memory after the loop.
-template <int BM, int BN>
-struct Tile<BM, BN, MainloopStreamWeights> {
-  using Mainloop = MainloopStreamWeights;
+template <int BM, int BN, int kStageKTiles>
+struct Tile<BM, BN, MainloopStream<kStageKTiles>> {
+  using Mainloop = MainloopStream<kStageKTiles>;
   static constexpr bool kSwap = false;
   static constexpr bool kPreA = false;
   static constexpr bool kClusterReduce = true;  // splits of 2 to kMaxClusterSplit: no partials through L2
   static constexpr bool kSwap128 = false;
   static constexpr int kBM = BM;
   static constexpr int kBN = BN;
-  static constexpr int kWk = BSG_SM90_STREAM_WK(BM);
+  static constexpr int kWk = kStageKTiles ? kStageKTiles : BSG_SM90_STREAM_WK(BM);
   static constexpr int kWn = 8 / kWk;
   static constexpr int kRW = BN / (16 * kWn);
   static constexpr int kNT = BM / 8;
@@ -176,7 +182,7 @@ struct Tile<BM, BN, MainloopStreamWeights> {
   static constexpr int kSfA = kRawA + kRawB;           // A's scales in a raw stage
   static constexpr int kSfB = kRawA + kRawB + kSfStage;  // B's scales
   static constexpr int kRawBytes = kSfB + kSfStage;
-  static constexpr int kRawStages = BSG_SM90_STREAM_STAGES(BM);
+  static constexpr int kRawStages = kStageKTiles ? 32 / kStageKTiles : BSG_SM90_STREAM_STAGES(BM);
   static constexpr int kEmptyArrivals = 8;  // one per compute warp
   static constexpr bool kProducerExits = true;
   static constexpr bool kProgrammatic = true;  // every thread waits before its first global access

@@ -27,8 +27,8 @@ namespace bsg::sm90 {
 // The kernel a tile's schedule launches, per split-K reduction.
 template <class T, class OutT, class Reduce, class Schedule = typename T::Mainloop>
 inline constexpr auto kKernel = &gemm_kernel<T, OutT, Reduce>;
-template <class T, class OutT, class Reduce>
-inline constexpr auto kKernel<T, OutT, Reduce, MainloopStreamWeights> = &stream_kernel<T, OutT, Reduce>;
+template <class T, class OutT, class Reduce, int kStageKTiles>
+inline constexpr auto kKernel<T, OutT, Reduce, MainloopStream<kStageKTiles>> = &stream_kernel<T, OutT, Reduce>;
 
 template <class T, class OutT>
 struct Gemm {

@@ -1,4 +1,4 @@
-// SM90 collective main loop, MainloopStreamWeights (small M: decode steps, MoE experts). The
+// SM90 collective main loop, MainloopStream (small M: decode steps, MoE experts). The
 // weights are the MMA's M: each warp decodes its rows of a k-tile from the raw stage straight into
 // mma.sync m16n8k16 A fragments and its tokens' activations into B fragments, so nothing decoded
 // is stored and no pre-pass runs. A stage holds kWk k-tiles, one per warp row (warps along K), and
@@ -39,9 +39,9 @@ __device__ __forceinline__ void decode_group(const uint8_t* box, const uint8_t* 
   v[0] = v0.x, v[1] = v0.y, v[2] = v0.z, v[3] = v0.w, v[4] = v1.x, v[5] = v1.y, v[6] = v1.z, v[7] = v1.w;
 }
 
-template <int BM, int BN>
-struct CollectiveMainloop<Tile<BM, BN, MainloopStreamWeights>> {
-  using T = Tile<BM, BN, MainloopStreamWeights>;
+template <int BM, int BN, int kStageKTiles>
+struct CollectiveMainloop<Tile<BM, BN, MainloopStream<kStageKTiles>>> {
+  using T = Tile<BM, BN, MainloopStream<kStageKTiles>>;
   static constexpr int kRW = T::kRW, kNT = T::kNT;
   static constexpr bool kProducerWarpgroup = true;  // a producer warp
 
