@@ -41,7 +41,7 @@ pub enum Schedule {
     SwappedRegisterDecode,
     /// SM90, small M (decode steps, MoE experts): the weights stream through the SM and are
     /// decoded into mma.sync fragments, the activations are decoded in the kernel (one launch, no
-    /// workspace but split-K's); tile M is 8 to 64 token rows.
+    /// workspace but split-K's); tile M is 8 to 32 token rows, for M up to 64.
     StreamWeights,
     /// [`Schedule::StreamWeights`] in raw stages of four k-tiles (8 and 16 token rows): for short
     /// K ranges, where the last stage's decode, which no load hides, weighs.
@@ -207,7 +207,7 @@ pub fn split_k(config: Config, p: &Problem, sm_count: usize, max_clusters: &Clus
     let k_tiles = p.k.div_ceil(i.tile[2] as usize);
     if i.streams() {
         // One CTA per SM: as many ranges as fit, each of at least 8 k-tiles (one raw stage of
-        // the 8- and 16-row tiles, two of the 32- and 64-row ones).
+        // eight k-tiles, two of four).
         return (sm_count / tiles).min(k_tiles / 8).clamp(1, STREAM_MAX_SPLIT) as u32;
     }
     let ranges = |ctas: usize| (ctas / tiles).min(k_tiles / 4).clamp(1, 16);
@@ -224,6 +224,9 @@ pub fn split_k(config: Config, p: &Problem, sm_count: usize, max_clusters: &Clus
     }
     split
 }
+
+/// Token rows the stream tiles serve at most.
+const STREAM_MAX_M: usize = 64;
 
 /// K ranges of a small-M (stream) launch at most.
 const STREAM_MAX_SPLIT: usize = 32;
@@ -246,8 +249,8 @@ fn swapped_estimate_us(config: Config, p: &Problem, split: u32, sm_count: usize)
 }
 
 /// Picks a configuration of architecture `arch` for `p`, among those `available` says are
-/// built: on SM90 at M <= 64 the stream tile of the fewest rows that holds M; the explicit entry
-/// of the shape table if it has one (SM100); else the largest tile that still
+/// built: on SM90 at M <= 64 the stream tile of the fewest rows that holds M (else the tallest);
+/// the explicit entry of the shape table if it has one (SM100); else the largest tile that still
 /// gives every SM a tile (`sm_count`), else the config that occupies the most SMs (ties: the
 /// least padded work). `None` when no config of that architecture is available.
 pub fn select(arch: u32, p: &Problem, sm_count: usize, max_clusters: &ClusterCounts, available: impl Fn(Config) -> bool) -> Option<Config> {
@@ -258,13 +261,16 @@ pub fn select(arch: u32, p: &Problem, sm_count: usize, max_clusters: &ClusterCou
         }
     }
     if arch == 90 {
-        // Small M (at most 64 token rows): the stream tile of the fewest rows that holds M; in
+        // Small M (at most 64 token rows): the stream tile of the fewest rows that holds M, else
+        // the tallest (M = 33 to 64: two 32-row tiles, measured faster than one 64-row tile); in
         // stages of four k-tiles where each CTA's K range is at most STREAM_SHORT_K k-tiles.
-        let stream = candidates.iter().copied().filter(|c| c.info().streams() && p.m <= c.info().tile[0] as usize);
-        if let Some(rows) = stream.clone().map(|c| c.info().tile[0]).min() {
+        let stream = candidates.iter().copied().filter(|c| c.info().streams() && p.m <= STREAM_MAX_M);
+        let tile_rows = |c: Config| c.info().tile[0] as usize;
+        let holding = stream.clone().map(tile_rows).filter(|&r| r >= p.m).min();
+        if let Some(rows) = holding.or_else(|| stream.clone().map(tile_rows).max()) {
             let short = |c: Config| p.k.div_ceil(64).div_ceil(split_k(c, p, sm_count, max_clusters) as usize) <= STREAM_SHORT_K;
             let want = |c: &Config| (c.info().schedule == Schedule::StreamWeightsShortK) == short(*c);
-            let fewest: Vec<Config> = stream.filter(|c| c.info().tile[0] == rows).collect();
+            let fewest: Vec<Config> = stream.filter(|&c| tile_rows(c) == rows).collect();
             return fewest.iter().copied().find(want).or(fewest.first().copied());
         }
         // Split-K fills the GPU for small outputs, so the choice is about tile efficiency
@@ -432,7 +438,7 @@ mod tests {
         let (short8, short16) = (Config::Sm90_StreamShortK_8x128x64, Config::Sm90_StreamShortK_16x128x64);
         // At N x K = 4096 x 7168 each CTA's range is 28 k-tiles (split 4): short-K stages up to
         // 16 rows.
-        for (m, c) in [(1, short8), (8, short8), (9, short16), (16, short16), (17, Config::Sm90_Stream_32x128x64), (33, Config::Sm90_Stream_64x64x64), (64, Config::Sm90_Stream_64x64x64)] {
+        for (m, c) in [(1, short8), (8, short8), (9, short16), (16, short16), (17, Config::Sm90_Stream_32x128x64), (33, Config::Sm90_Stream_32x128x64), (64, Config::Sm90_Stream_32x128x64)] {
             assert_eq!(select(90, &Problem::new(m, 4096, 7168), 132, &ANY_CLUSTERS, all), Some(c), "M = {m}");
             assert!(c.info().streams());
         }
@@ -455,7 +461,7 @@ mod tests {
         // One CTA per SM: K ranges fill the SMs the tiles leave, each of at least 8 k-tiles.
         assert_eq!(split_k(s8, &Problem::new(1, 4096, 7168), 132, &ANY_CLUSTERS), 4); // 32 tiles
         assert_eq!(split_k(s8, &Problem::new(1, 7168, 16384), 132, &ANY_CLUSTERS), 2); // 56 tiles
-        assert_eq!(split_k(Config::Sm90_Stream_64x64x64, &Problem::new(64, 4096, 7168), 132, &ANY_CLUSTERS), 2); // 64 tiles
+        assert_eq!(split_k(Config::Sm90_Stream_32x128x64, &Problem::new(64, 4096, 7168), 132, &ANY_CLUSTERS), 2); // 2 x 32 tiles
         assert_eq!(split_k(s8, &Problem::new(1, 512, 16384), 132, &ANY_CLUSTERS), 32); // 4 tiles, at most 32 ranges
         assert_eq!(split_k(s8, &Problem::new(1, 128, 256), 132, &ANY_CLUSTERS), 1); // 4 k-tiles
         assert_eq!(split_k(s8, &Problem::new(1, 4096, 7168).batch(4), 132, &ANY_CLUSTERS), 1); // 128 tiles over the batches
