@@ -109,12 +109,16 @@
 //! - [`formats`], [`layout`], [`Nvfp4Matrix`]: NVFP4 values, the 128x4 tiled scale layout, host
 //!   tensors, generators and the ModelOpt-style quantizer; [`Quantizer`] the same quantizer on
 //!   the GPU, bit for bit.
+//! - `candle` (feature `candle`, off by default): `Nvfp4Linear`, an NVFP4 linear layer on candle's
+//!   CUDA tensors.
 //!
 //! Layers, bottom up: `sys` (the launch ABI through bindgen and the cxx bridge, unsafe);
 //! `dispatch` (the generated config table and the rule that picks a config and split, pure
 //! functions); [`gemm`] and `tensor` (the safe API: validation, planning, the one place that
 //! assembles launch arguments); beside them the reference side ([`reference`](mod@reference),
 //! [`fp4_out`], [`cutlass_host`], [`compare`]), which never calls the GPU path.
+#[cfg(feature = "candle")]
+pub mod candle;
 mod clusters;
 pub mod compare;
 pub mod cutlass_host;

@@ -1,0 +1,95 @@
+//! An NVFP4 linear layer inside a candle program (feature `candle`): random bf16 and f16
+//! activations as candle tensors on the GPU, quantized there and multiplied with an NVFP4 weight
+//! by `Nvfp4Linear`, the result used by a candle op, then judged against the exact CPU reference
+//! (the same activations quantized on the host with the same input scale).
+//!
+//! ```text
+//! cargo run --release --example candle_linear --features candle -- [--m 16] [--n 4096] [--k 7168]
+//! ```
+//! Exits 0 when every element passes, 1 when one does not, 2 without an NVIDIA driver.
+
+use std::error::Error;
+use std::time::Instant;
+
+use blockscaled_gemm::candle::Nvfp4Linear;
+use blockscaled_gemm::compare::verify_matrices;
+use blockscaled_gemm::{BlockScaledGemm, Nvfp4Matrix, OutputElement};
+use candle_core::{DType, Device, Tensor, WithDType};
+use clap::Parser;
+
+#[derive(Parser)]
+#[command(about = "An NVFP4 linear layer on candle tensors, checked against the exact CPU reference")]
+struct Cli {
+    /// Token rows, as two batches of M / 2 (M even) to show a 3-D input.
+    #[arg(long, default_value_t = 16)]
+    m: usize,
+    /// Output features (the weight's rows).
+    #[arg(long, default_value_t = 4096)]
+    n: usize,
+    /// Input features.
+    #[arg(long, default_value_t = 7168)]
+    k: usize,
+    /// Timed forward passes.
+    #[arg(long, default_value_t = 200)]
+    iterations: usize,
+}
+
+fn main() {
+    let cli = Cli::parse();
+    if !BlockScaledGemm::driver_present() {
+        eprintln!("candle_linear: no NVIDIA driver on this machine");
+        std::process::exit(2);
+    }
+    match run(&cli) {
+        Ok(true) => {}
+        Ok(false) => std::process::exit(1),
+        Err(e) => {
+            eprintln!("candle_linear: {e}");
+            std::process::exit(1);
+        }
+    }
+}
+
+fn run(cli: &Cli) -> Result<bool, Box<dyn Error>> {
+    if cli.m == 0 || !cli.m.is_multiple_of(2) {
+        return Err(format!("--m {}: an even number of rows (two batches)", cli.m).into());
+    }
+    let device = Device::new_cuda(0)?;
+    let weight = Nvfp4Matrix::random_realistic(cli.n, cli.k, 1, 7)?;
+    // Activations from randn lie within about 6 sigma: this input scale keeps their block scales
+    // inside ue4m3 (ModelOpt's amax / (6 * 448)).
+    let input_scale = 6.0 / (6.0 * 448.0);
+    let layer = Nvfp4Linear::from_matrix(&weight, input_scale, device.as_cuda_device()?)?;
+    println!("Nvfp4Linear {} -> {} on {:?}; input [2, {}, {}]", cli.k, cli.n, device.location(), cli.m / 2, cli.k);
+    let mut ok = true;
+    ok &= check::<half::bf16>(cli, &device, &layer, &weight, input_scale, DType::BF16)?;
+    ok &= check::<half::f16>(cli, &device, &layer, &weight, input_scale, DType::F16)?;
+    println!("{}", if ok { "PASSED" } else { "FAILED" });
+    Ok(ok)
+}
+
+/// One dtype: forward, a candle op on the result, the verdict against the CPU reference, timing.
+fn check<T: OutputElement + WithDType + blockscaled_gemm::HostFloat>(
+    cli: &Cli, device: &Device, layer: &Nvfp4Linear, weight: &Nvfp4Matrix, input_scale: f32, dtype: DType,
+) -> Result<bool, Box<dyn Error>> {
+    let x = Tensor::randn(0f32, 1.0, (2, cli.m / 2, cli.k), device)?.to_dtype(dtype)?;
+    let y = layer.forward(&x)?;
+    assert_eq!(y.dims(), &[2, cli.m / 2, cli.n]);
+    // An ordinary candle op on the output: it is a tensor like any other.
+    let mean = y.to_dtype(DType::F32)?.abs()?.mean_all()?.to_scalar::<f32>()?;
+
+    let x_host: Vec<T> = x.flatten_all()?.to_vec1()?;
+    let xq = Nvfp4Matrix::quantize(&x_host, (1, cli.m, cli.k), Some(input_scale))?;
+    let got: Vec<T> = y.flatten_all()?.to_vec1()?;
+    let verdict = verify_matrices(&xq, weight, 1.0, 0.0, None, &got)?;
+
+    device.synchronize()?;
+    let start = Instant::now();
+    for _ in 0..cli.iterations {
+        let _ = layer.forward(&x)?;
+    }
+    device.synchronize()?;
+    let us = start.elapsed().as_secs_f64() * 1e6 / cli.iterations as f64;
+    println!("  {dtype:?}: mean |y| {mean:.4}; {verdict}; {us:.1} us per forward (quantize + GEMM + allocations, back to back)");
+    Ok(verdict.passed())
+}

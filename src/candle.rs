@@ -1,0 +1,135 @@
+//! candle integration (feature `candle`): [`Nvfp4Linear`], an NVFP4 linear layer whose input and
+//! output are candle tensors on candle's CUDA device, run on that device's stream.
+//!
+//! `forward` quantizes the input (bf16 or f16, `[..., K]`, contiguous) on the GPU with the
+//! layer's input scale, runs `y = x Wᵀ` against the NVFP4 weight and returns `[..., N]` in the
+//! input's dtype: two launches, no host synchronisation, no copy of the input or output.
+//!
+//! ```no_run
+//! use blockscaled_gemm::candle::Nvfp4Linear;
+//! use blockscaled_gemm::Nvfp4Matrix;
+//! use candle_core::{DType, Device, Tensor};
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let device = Device::new_cuda(0)?;
+//! let (n, k) = (4096, 7168);
+//! // A weight as a checkpoint holds it (here: random), and the activations' input scale.
+//! let w = Nvfp4Matrix::random_realistic(n, k, 1, 7)?;
+//! let layer = Nvfp4Linear::from_matrix(&w, 1.0 / 448.0, device.as_cuda_device()?)?;
+//! let x = Tensor::randn(0f32, 1.0, (2, 16, k), &device)?.to_dtype(DType::BF16)?;
+//! let y = layer.forward(&x)?;
+//! assert_eq!(y.dims(), &[2, 16, n]);
+//! # Ok(()) }
+//! ```
+
+use candle_core::backend::{BackendDevice, BackendStorage};
+use candle_core::{bail, CpuStorage, CudaDevice, CudaStorage, CustomOp1, DType, Layout, Shape, Tensor};
+use cudarc::driver::{CudaSlice, CudaView, DeviceRepr};
+
+use crate::error::Result;
+use crate::formats::OutputElement;
+use crate::gemm::BlockScaledGemm;
+use crate::matrix::{check_global_scale, Nvfp4Matrix};
+use crate::problem::Problem;
+use crate::quantize::{QuantInput, Quantizer};
+use crate::tensor::Nvfp4Tensor;
+
+/// `y = x Wᵀ` with W an NVFP4 weight of shape (N, K) (PyTorch's `Linear` layout) and x quantized
+/// to NVFP4 on the GPU with a fixed global scale (ModelOpt's `input_scale`), on candle tensors.
+/// The GEMM folds both global scales into its alpha.
+pub struct Nvfp4Linear {
+    weight: Nvfp4Tensor,
+    input_scale: f32,
+    device: CudaDevice,
+    gemm: BlockScaledGemm,
+    quantizer: Quantizer,
+}
+
+impl Nvfp4Linear {
+    /// A layer over a weight already on `device` (batch 1: `(1, N, K)`; its buffers on the
+    /// device's stream). `input_scale`: the activations' global scale, finite and positive.
+    pub fn new(weight: Nvfp4Tensor, input_scale: f32, device: &CudaDevice) -> Result<Self> {
+        check_global_scale(input_scale)?;
+        let (batch, n, k) = weight.shape();
+        if batch != 1 {
+            return Err(crate::Error::OperandShape { name: "weight", got: (batch, n, k), want: (1, n, k) });
+        }
+        let stream = device.cuda_stream();
+        Ok(Nvfp4Linear { weight, input_scale, device: device.clone(), gemm: BlockScaledGemm::new(stream.clone())?, quantizer: Quantizer::new(stream) })
+    }
+
+    /// Uploads a host weight (`(1, N, K)`, with its global scale) onto `device`'s stream.
+    pub fn from_matrix(weight: &Nvfp4Matrix, input_scale: f32, device: &CudaDevice) -> Result<Self> {
+        Self::new(Nvfp4Tensor::upload(weight, &device.cuda_stream())?, input_scale, device)
+    }
+
+    /// The weight.
+    pub fn weight(&self) -> &Nvfp4Tensor {
+        &self.weight
+    }
+
+    /// `x` (bf16 or f16, `[..., K]`, on this layer's CUDA device) times the weight transposed:
+    /// `[..., N]` in x's dtype. Asynchronous on the device's stream, as every candle op.
+    pub fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        x.apply_op1_no_bwd(self)
+    }
+
+    /// Quantizes `x` (`rows` x K) and multiplies it with the weight into a new buffer.
+    fn run<T: QuantInput + OutputElement + DeviceRepr>(&self, x: &CudaView<'_, T>, rows: usize) -> Result<CudaSlice<T>> {
+        let (_, n, k) = self.weight.shape();
+        let xq = self.quantizer.quantize(x, (1, rows, k), Some(self.input_scale))?;
+        let stream = self.gemm.stream();
+        // SAFETY: the GEMM below writes every element before anyone reads y; on an error y is
+        // dropped unread.
+        let mut y = unsafe { stream.alloc::<T>(rows * n)? };
+        self.gemm.gemm(&Problem::new(rows, n, k), &xq, &self.weight, &mut y, None)?;
+        Ok(y)
+    }
+}
+
+impl Nvfp4Linear {
+    /// [`Self::run`] on elements `range` of a candle buffer, into a new candle buffer.
+    fn run_storage<T>(&self, x: &CudaStorage, range: std::ops::Range<usize>, rows: usize) -> candle_core::Result<CudaStorage>
+    where
+        T: QuantInput + OutputElement + DeviceRepr + candle_core::cuda::CudaDType,
+    {
+        let y = self.run(&x.as_cuda_slice::<T>()?.slice(range), rows).map_err(candle_core::Error::wrap)?;
+        Ok(CudaStorage::wrap_cuda_slice(y, self.device.clone()))
+    }
+}
+
+impl CustomOp1 for Nvfp4Linear {
+    fn name(&self) -> &'static str {
+        "nvfp4-linear"
+    }
+
+    fn cpu_fwd(&self, _: &CpuStorage, _: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
+        bail!("Nvfp4Linear runs on CUDA devices only (the exact CPU reference is blockscaled_gemm::reference_gemm)")
+    }
+
+    fn cuda_fwd(&self, storage: &CudaStorage, layout: &Layout) -> candle_core::Result<(CudaStorage, Shape)> {
+        let (_, n, k) = self.weight.shape();
+        let Some((start, end)) = layout.contiguous_offsets() else {
+            bail!("Nvfp4Linear: the input must be contiguous (call .contiguous() first)");
+        };
+        let dims = layout.dims();
+        match dims.last() {
+            Some(&last) if last == k => {}
+            last => bail!("Nvfp4Linear: the input's last dimension is {last:?}, the weight's K is {k}"),
+        }
+        let rows = (end - start) / k;
+        if rows == 0 {
+            bail!("Nvfp4Linear: the input {dims:?} has no rows");
+        }
+        if !storage.device().same_device(&self.device) {
+            bail!("Nvfp4Linear: the input is on another CUDA device than the layer");
+        }
+        let y = match storage.dtype() {
+            DType::BF16 => self.run_storage::<half::bf16>(storage, start..end, rows)?,
+            DType::F16 => self.run_storage::<half::f16>(storage, start..end, rows)?,
+            other => bail!("Nvfp4Linear: input dtype {other:?}; bf16 or f16 wanted"),
+        };
+        let mut out = dims.to_vec();
+        *out.last_mut().expect("checked above") = n;
+        Ok((y, Shape::from_dims(&out)))
+    }
+}
