@@ -124,17 +124,20 @@ __device__ __forceinline__ uint32_t e2m1_from_float(float x) {
 
 // ---- encode (quantizer) ----
 
-// The e2m1 code of a magnitude m >= 0, rounded to nearest even and saturating at 7 (6.0), by the
-// float-to-integer unit. The e2m1 magnitudes are the integers 0..4 halved below 2, the integers
-// 2, 3, 4 on [2, 4] and the even integers 4, 6 from 4, so the code is RNE(2m) below 2, 2 + RNE(m)
-// on [2, 4) and 4 + RNE(m / 2) from 4. Scaling by a power of two is exact, and an integer tie goes
-// to the even integer exactly where a tie between e2m1 neighbours goes to the even code (1.25:
-// RNE(2.5) = 2, code 2; 2.5: RNE(2.5) = 2, code 4; 5: RNE(2.5) = 2, code 6), so this equals the
-// compares of e2m1_from_float. NaN gives 7.
+// The e2m1 code of a magnitude m >= 0, rounded to nearest even and saturating at 7 (6.0), by
+// integer operations on m's bits (no conversion unit). Below 1 the e2m1 magnitudes are the
+// multiples of 0.5 (codes 0, 1, 2): adding C = 1.5 * 2^22, whose ulp is 0.5, rounds m onto that
+// grid to nearest even (0.25 -> 0, 0.75 -> 1), and bits(m + C) - bits(C) counts the halves. From 1
+// on, e2m1 keeps one mantissa bit: adding 2^21 - 1 plus that bit to m's bits rounds the mantissa
+// to it to nearest even (a carry moves into the exponent: 1.75 -> 2), and then bits >> 22 =
+// 2 * biased exponent + kept bit = code + 252 (1.0: 254, code 2; 1.5: 255, code 3; 6: 259, code
+// 7), saturated at 7. Ties land where e2m1_from_float's compares put them (1.25 -> 1, 2.5 -> 2,
+// 3.5 -> 4, 5 -> 4), so this equals those compares on every non-negative float; NaN and infinity
+// (exponent all ones) take the second path and give 7.
 __device__ __forceinline__ uint32_t e2m1_magnitude_code(float m) {
-  const float t = m < 2.f ? 2.f * m : (m < 4.f ? m : 0.5f * m);
-  const int base = m < 2.f ? 0 : (m < 4.f ? 2 : 4);
-  return uint32_t(min(__float2int_rn(fminf(t, 8.f)) + base, 7));
+  if (m < 1.f) return __float_as_uint(__fadd_rn(m, 0x1.8p22f)) - __float_as_uint(0x1.8p22f);
+  const uint32_t b = __float_as_uint(m);
+  return min(((b + 0x1FFFFFu + ((b >> 22) & 1u)) >> 22) - 252u, 7u);
 }
 
 // The e2m1 code of RN(x / step) (step > 0), sign kept (zeros too), NaN as +6 (0x7), without a
