@@ -64,6 +64,14 @@ fn run(cli: &Cli) -> Result<bool, Box<dyn Error>> {
     let mut ok = true;
     ok &= check::<half::bf16>(cli, &device, &layer, &weight, input_scale, DType::BF16)?;
     ok &= check::<half::f16>(cli, &device, &layer, &weight, input_scale, DType::F16)?;
+    // One layer shared by two threads (candle's device is on the per-thread default stream; the
+    // layer keeps a GEMM per thread).
+    println!("  two threads sharing the layer:");
+    let results: Vec<bool> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..2).map(|_| scope.spawn(|| check::<half::bf16>(cli, &device, &layer, &weight, input_scale, DType::BF16).map_err(|e| e.to_string()))).collect();
+        handles.into_iter().map(|h| h.join().expect("thread").unwrap_or_else(|e| { eprintln!("candle_linear: {e}"); false })).collect()
+    });
+    ok &= results.iter().all(|&r| r);
     println!("{}", if ok { "PASSED" } else { "FAILED" });
     Ok(ok)
 }

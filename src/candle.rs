@@ -3,7 +3,12 @@
 //!
 //! `forward` quantizes the input (bf16 or f16, `[..., K]`, contiguous) on the GPU with the
 //! layer's input scale, runs `y = x Wᵀ` against the NVFP4 weight and returns `[..., N]` in the
-//! input's dtype: two launches, no host synchronisation, no copy of the input or output.
+//! input's dtype: the quantizer's launch and the GEMM's (two more past 64 rows, with the GEMM's
+//! activation pre-pass), no host synchronisation, no copy of the input or output.
+//!
+//! candle's `Device::new_cuda` runs on the per-thread default stream, a different stream on each
+//! host thread: the layer keeps one GEMM (and so one workspace) per calling thread, so it can be
+//! shared between threads.
 //!
 //! ```no_run
 //! use blockscaled_gemm::candle::Nvfp4Linear;
@@ -20,6 +25,10 @@
 //! assert_eq!(y.dims(), &[2, 16, n]);
 //! # Ok(()) }
 //! ```
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::thread::ThreadId;
 
 use candle_core::backend::{BackendDevice, BackendStorage};
 use candle_core::{bail, CpuStorage, CudaDevice, CudaStorage, CustomOp1, DType, Layout, Shape, Tensor};
@@ -40,7 +49,8 @@ pub struct Nvfp4Linear {
     weight: Nvfp4Tensor,
     input_scale: f32,
     device: CudaDevice,
-    gemm: BlockScaledGemm,
+    /// One GEMM per calling thread (see the module docs); each lives as long as the layer.
+    gemms: Mutex<HashMap<ThreadId, Arc<BlockScaledGemm>>>,
     quantizer: Quantizer,
 }
 
@@ -54,7 +64,21 @@ impl Nvfp4Linear {
             return Err(crate::Error::OperandShape { name: "weight", got: (batch, n, k), want: (1, n, k) });
         }
         let stream = device.cuda_stream();
-        Ok(Nvfp4Linear { weight, input_scale, device: device.clone(), gemm: BlockScaledGemm::new(stream.clone())?, quantizer: Quantizer::new(stream) })
+        let gemm = Arc::new(BlockScaledGemm::new(stream.clone())?);
+        let gemms = Mutex::new(HashMap::from([(std::thread::current().id(), gemm)]));
+        Ok(Nvfp4Linear { weight, input_scale, device: device.clone(), gemms, quantizer: Quantizer::new(stream) })
+    }
+
+    /// This thread's GEMM, made on first use.
+    fn gemm(&self) -> Result<Arc<BlockScaledGemm>> {
+        let mut gemms = self.gemms.lock().unwrap_or_else(|e| e.into_inner());
+        let id = std::thread::current().id();
+        if let Some(g) = gemms.get(&id) {
+            return Ok(g.clone());
+        }
+        let g = Arc::new(BlockScaledGemm::new(self.device.cuda_stream())?);
+        gemms.insert(id, g.clone());
+        Ok(g)
     }
 
     /// Uploads a host weight (`(1, N, K)`, with its global scale) onto `device`'s stream.
@@ -76,12 +100,12 @@ impl Nvfp4Linear {
     /// Quantizes `x` (`rows` x K) and multiplies it with the weight into a new buffer.
     fn run<T: QuantInput + OutputElement + DeviceRepr>(&self, x: &CudaView<'_, T>, rows: usize) -> Result<CudaSlice<T>> {
         let (_, n, k) = self.weight.shape();
+        let gemm = self.gemm()?;
         let xq = self.quantizer.quantize(x, (1, rows, k), Some(self.input_scale))?;
-        let stream = self.gemm.stream();
         // SAFETY: the GEMM below writes every element before anyone reads y; on an error y is
         // dropped unread.
-        let mut y = unsafe { stream.alloc::<T>(rows * n)? };
-        self.gemm.gemm(&Problem::new(rows, n, k), &xq, &self.weight, &mut y, None)?;
+        let mut y = unsafe { gemm.stream().alloc::<T>(rows * n)? };
+        gemm.gemm(&Problem::new(rows, n, k), &xq, &self.weight, &mut y, None)?;
         Ok(y)
     }
 }
@@ -116,20 +140,22 @@ impl CustomOp1 for Nvfp4Linear {
             Some(&last) if last == k => {}
             last => bail!("Nvfp4Linear: the input's last dimension is {last:?}, the weight's K is {k}"),
         }
-        let rows = (end - start) / k;
-        if rows == 0 {
-            bail!("Nvfp4Linear: the input {dims:?} has no rows");
+        let (at, ours) = (storage.device().location(), self.device.location());
+        if at != ours {
+            bail!("Nvfp4Linear: the input is on {at:?}, the layer on {ours:?}");
         }
-        if !storage.device().same_device(&self.device) {
-            bail!("Nvfp4Linear: the input is on another CUDA device than the layer");
+        let dtype = storage.dtype();
+        if !matches!(dtype, DType::BF16 | DType::F16) {
+            bail!("Nvfp4Linear: input dtype {dtype:?}; bf16 or f16 wanted");
         }
-        let y = match storage.dtype() {
-            DType::BF16 => self.run_storage::<half::bf16>(storage, start..end, rows)?,
-            DType::F16 => self.run_storage::<half::f16>(storage, start..end, rows)?,
-            other => bail!("Nvfp4Linear: input dtype {other:?}; bf16 or f16 wanted"),
-        };
         let mut out = dims.to_vec();
         *out.last_mut().expect("checked above") = n;
+        let rows = (end - start) / k;
+        let y = match dtype {
+            _ if rows == 0 => self.device.zeros_impl(&Shape::from_dims(&out), dtype)?, // an empty batch
+            DType::BF16 => self.run_storage::<half::bf16>(storage, start..end, rows)?,
+            _ => self.run_storage::<half::f16>(storage, start..end, rows)?,
+        };
         Ok((y, Shape::from_dims(&out)))
     }
 }

@@ -206,6 +206,12 @@ pub enum Error {
         /// What to do instead.
         fix: &'static str,
     },
+    /// A call from another host thread on a GEMM made on the per-thread default stream
+    /// (`CudaContext::per_thread_stream`, the stream of candle's `Device::new_cuda`): that handle
+    /// names a different stream on each thread, so the call would share the GEMM's workspace
+    /// between two streams.
+    #[error("this BlockScaledGemm was made on the per-thread default stream by another thread: make one on each thread, or make it on a stream of its own (CudaContext::new_stream)")]
+    PerThreadStream,
     /// A count that the dimensions determine (a rounded-up dimension, output tiles, elements or
     /// bytes of a buffer) is beyond what the kernels' index arithmetic or the host can hold.
     #[error("{what} ({rule}) is {value} for {dims}: at most {max} ({why})")]

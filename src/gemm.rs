@@ -128,7 +128,10 @@ pub fn plan(p: &Problem, out: OutType, lens: &BufferLens, device: &DeviceFacts, 
 /// accumulation, and D in f16, bf16 or f32 (or NVFP4: [`Self::gemm_fp4`]).
 ///
 /// It is `Send + Sync`: the workspace sits behind a mutex held until the launch is queued, and
-/// every launch goes to the one stream, which orders workspace reuse.
+/// every launch goes to the one stream, which orders workspace reuse. The per-thread default
+/// stream (`CudaContext::per_thread_stream`, candle's) is another stream on each host thread, so a
+/// GEMM made on it serves the thread that made it and refuses the others
+/// ([`Error::PerThreadStream`]): make one per thread there.
 ///
 /// Stream ordering: every launch goes to the stream as usual, so the next operation on it sees D
 /// complete. On Hopper the kernel also allows programmatic dependent launch: a next kernel that
@@ -180,7 +183,12 @@ pub struct BlockScaledGemm {
     device: DeviceFacts,
     scratch: Mutex<Scratch>,
     split_k: Option<u32>,
+    /// The thread that made it, where its stream is the per-thread default stream.
+    owner: Option<std::thread::ThreadId>,
 }
+
+/// cudarc's handle of the per-thread default stream (`cudaStreamPerThread`).
+const PER_THREAD_STREAM: usize = 0x2;
 
 /// Device memory this crate allocates itself, with the driver directly: no cudarc event
 /// tracking, so using it never waits on events (which capture would reject).
@@ -214,7 +222,8 @@ impl BlockScaledGemm {
         // possible second wave of clusters costs time, never correctness).
         let max_clusters = if cc.0 == 9 { crate::clusters::max_clusters(ctx).unwrap_or(dispatch::ANY_CLUSTERS) } else { dispatch::ANY_CLUSTERS };
         let device = DeviceFacts { ordinal: ctx.ordinal(), compute_capability: cc, sm_count: sm_count.max(1) as usize, max_clusters };
-        Ok(BlockScaledGemm { stream, device, scratch: Mutex::new(Scratch::default()), split_k: None })
+        let owner = (stream.cu_stream() as usize == PER_THREAD_STREAM).then(|| std::thread::current().id());
+        Ok(BlockScaledGemm { stream, device, scratch: Mutex::new(Scratch::default()), split_k: None, owner })
     }
 
     /// Forces the number of K ranges of the SM90 kernels (`None`: the heuristic of
@@ -393,8 +402,18 @@ impl BlockScaledGemm {
         self.launch(p, out, config, capturing, KernelArgs { a: pa, sfa: psfa, b: pb, sfb: psfb, c: pc, d: pd, sfd: psfd, ..p.launch_args() })
     }
 
+    /// The thread check of [`Error::PerThreadStream`], then [`capture_check`]: every call that
+    /// touches the workspace or queues work starts here.
     fn capture_check(&self) -> Result<bool> {
+        self.thread_check()?;
         capture_check(&self.stream)
+    }
+
+    fn thread_check(&self) -> Result<()> {
+        match self.owner {
+            Some(owner) if owner != std::thread::current().id() => Err(Error::PerThreadStream),
+            _ => Ok(()),
+        }
     }
 
     /// Checks alignment, fills in the stream, device and workspace, and crosses the FFI line once
@@ -505,6 +524,7 @@ impl BlockScaledGemm {
     /// No CUDA graph that captured a call of this `BlockScaledGemm` may be launched afterwards:
     /// it would use the freed memory.
     pub unsafe fn release_workspace(&self) -> Result<()> {
+        self.thread_check()?;
         let mut scratch = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
         self.stream.synchronize()?;
         scratch.retired.clear();
@@ -584,8 +604,10 @@ impl Scratch {
 
 impl Drop for BlockScaledGemm {
     fn drop(&mut self) {
-        // Our buffers are freed once the stream no longer uses them.
-        let _ = self.stream.synchronize();
+        // Our buffers are freed once the stream no longer uses them; dropped on another thread, a
+        // GEMM on the per-thread default stream waits for the whole device (that handle would name
+        // this thread's stream).
+        let _ = if self.thread_check().is_ok() { self.stream.synchronize() } else { self.stream.context().synchronize() };
     }
 }
 

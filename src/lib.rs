@@ -35,7 +35,10 @@
 //! A [`BlockScaledGemm`] launches on the one cudarc stream it was made with; every buffer must
 //! live on that stream's device (a typed error otherwise). It is `Send + Sync`: calls from several
 //! threads are serialized by a lock around its workspace and queue on its stream in that order;
-//! for work on several streams at once, make one per stream. Device memory that another library
+//! for work on several streams at once, make one per stream. The per-thread default stream
+//! (`CudaContext::per_thread_stream`, the stream of candle's `Device::new_cuda`) is another stream
+//! on each thread: a GEMM made on it serves the thread that made it ([`Error::PerThreadStream`]
+//! on others). Device memory that another library
 //! owns goes in as a [`ForeignBuffer`] (a raw pointer with a lifetime, no copy):
 //!
 //! ```no_run

@@ -1,8 +1,8 @@
 //! [`Quantizer`]: NVFP4 quantization on the GPU, bit-identical to [`Nvfp4Matrix::quantize`].
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
-use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut, DeviceRepr};
+use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut, DeviceRepr};
 
 use crate::error::{Error, Result};
 use crate::gemm::{capture_check, check_devices};
@@ -67,14 +67,12 @@ impl QuantInput for half::bf16 {
 /// ```
 pub struct Quantizer {
     stream: Arc<CudaStream>,
-    /// The amax of a computed global scale, reused by every such call.
-    amax: Mutex<Option<CudaSlice<u32>>>,
 }
 
 impl Quantizer {
     /// A quantizer that launches on `stream`.
     pub fn new(stream: Arc<CudaStream>) -> Self {
-        Quantizer { stream, amax: Mutex::new(None) }
+        Quantizer { stream }
     }
 
     /// The stream launches go to.
@@ -130,14 +128,13 @@ impl Quantizer {
                 g
             }
             None => {
-                let mut slot = self.amax.lock().unwrap_or_else(|e| e.into_inner());
-                if slot.is_none() {
-                    *slot = Some(stream.alloc_zeros::<u32>(1)?);
-                }
-                let amax = slot.as_mut().expect("allocated above");
+                // Its own slot per call, as its outputs: no device state is shared between calls,
+                // so calls from several threads (on the per-thread default stream, several
+                // streams) cannot meet in it.
+                let mut amax = stream.alloc_zeros::<u32>(1)?;
                 let pa = amax.device_ptr_mut(stream).0;
                 self.launch::<T>(shape, [px, pc, ps], 1.0, pa)?;
-                let amax = f32::from_bits(stream.clone_dtoh(&*amax)?[0]);
+                let amax = f32::from_bits(stream.clone_dtoh(&amax)?[0]);
                 if amax.is_infinite() {
                     return Err(Error::InvalidData { what: "x", detail: "holds an infinity, which leaves no finite global scale to compute; pass one".into() });
                 }

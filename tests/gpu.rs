@@ -45,6 +45,7 @@ fn main() {
         ("general_data_passes_the_verdict", general_data_passes_the_verdict),
         ("quantized_tensors_need_no_hand_written_alpha", quantized_tensors_need_no_hand_written_alpha),
         ("threads_with_own_and_shared_gemms", threads_with_own_and_shared_gemms),
+        ("per_thread_stream_gemm_serves_its_thread", per_thread_stream_gemm_serves_its_thread),
         ("quantizer_matches_the_cpu_bit_for_bit", quantizer_matches_the_cpu_bit_for_bit),
         // Last: it turns cudarc's event tracking off for the buffers made after it.
         ("graph_capture_replays_with_new_data", graph_capture_replays_with_new_data),
@@ -716,6 +717,39 @@ fn quantized_tensors_need_no_hand_written_alpha() -> Outcome {
 /// `BSG_CONCURRENCY_SECS` seconds (default 5), then two threads share one `BlockScaledGemm`;
 /// every output is poisoned first and compared bit for bit with the reference (contest data:
 /// every FP32 sum is exact).
+/// A GEMM on the per-thread default stream (candle's) runs on the thread that made it and
+/// refuses others with a typed error before touching the stream or D; one made on the other
+/// thread runs there.
+fn per_thread_stream_gemm_serves_its_thread() -> Outcome {
+    let g0 = device()?;
+    let p = Problem::new(16, 256, 512);
+    if let Err(e) = g0.select_config(&p, OutType::F16) {
+        return Err(format!("no kernel here: {e}"));
+    }
+    let ctx = g0.stream().context().clone();
+    let s = ctx.per_thread_stream();
+    let (a, b) = contest(p.m, p.n, p.k, 1, 0x77);
+    let want: Vec<f16> = reference_gemm(&a, &b, 1.0, 0.0, None).unwrap();
+    let (ta, tb) = (Nvfp4Tensor::upload(&a, &s).unwrap(), Nvfp4Tensor::upload(&b, &s).unwrap());
+    let g = BlockScaledGemm::new(s.clone()).unwrap();
+    let mut d = s.clone_htod(&vec![f16::NAN; want.len()]).unwrap();
+    g.gemm(&p, &ta, &tb, &mut d, None).unwrap();
+    assert_eq!(s.clone_dtoh(&d).unwrap(), want, "on its own thread");
+    std::thread::scope(|scope| {
+        scope.spawn(|| {
+            let mut d2 = s.clone_htod(&vec![f16::NAN; want.len()]).unwrap();
+            let e = g.gemm(&p, &ta, &tb, &mut d2, None).unwrap_err();
+            assert!(matches!(e, Error::PerThreadStream), "{e}");
+            assert!(s.clone_dtoh(&d2).unwrap().iter().all(|v| v.is_nan()), "a refused call wrote D");
+            let mine = BlockScaledGemm::new(s.clone()).unwrap();
+            mine.gemm(&p, &ta, &tb, &mut d2, None).unwrap();
+            assert_eq!(s.clone_dtoh(&d2).unwrap(), want, "on the other thread, with its own GEMM");
+        });
+    });
+    println!("  per-thread stream: the owner's call exact, another thread's refused (nothing written), its own GEMM exact");
+    Ok(())
+}
+
 fn threads_with_own_and_shared_gemms() -> Outcome {
     let g0 = device()?;
     let shapes = [(1, 4096, 7168, 1), (16, 2048, 1024, 2), (64, 1024, 2048, 1), (128, 1024, 2048, 1), (200, 512, 768, 1), (256, 1536, 512, 1)];
