@@ -331,7 +331,8 @@ mod tests {
                 assert_eq!(info.tile, [256, 128, 64]);
             } else if info.streams() {
                 // What the stream Tile static_asserts: 8 to 64 token rows, whole float4s per
-                // thread of the summed tile; four k-tiles a stage leave 16 rows at most.
+                // thread of the summed tile; and the table's choice: short-K stages for 8 and 16
+                // rows only (measured there).
                 assert!(info.arch == 90 && [8, 16, 32, 64].contains(&info.tile[0]) && [64, 128].contains(&info.tile[1]), "{c}");
                 assert_eq!(info.tile[0] * info.tile[1] % 1024, 0, "{c}");
                 assert!(info.schedule == Schedule::StreamWeights || info.tile[0] <= 16, "{c}");

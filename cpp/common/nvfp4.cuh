@@ -127,13 +127,13 @@ __device__ __forceinline__ uint32_t e2m1_from_float(float x) {
 // The e2m1 code of a magnitude m >= 0, rounded to nearest even and saturating at 7 (6.0), by
 // integer operations on m's bits (no conversion unit). Below 1 the e2m1 magnitudes are the
 // multiples of 0.5 (codes 0, 1, 2): adding C = 1.5 * 2^22, whose ulp is 0.5, rounds m onto that
-// grid to nearest even (0.25 -> 0, 0.75 -> 1), and bits(m + C) - bits(C) counts the halves. From 1
-// on, e2m1 keeps one mantissa bit: adding 2^21 - 1 plus that bit to m's bits rounds the mantissa
-// to it to nearest even (a carry moves into the exponent: 1.75 -> 2), and then bits >> 22 =
-// 2 * biased exponent + kept bit = code + 252 (1.0: 254, code 2; 1.5: 255, code 3; 6: 259, code
-// 7), saturated at 7. Ties land where e2m1_from_float's compares put them (1.25 -> 1, 2.5 -> 2,
-// 3.5 -> 4, 5 -> 4), so this equals those compares on every non-negative float; NaN and infinity
-// (exponent all ones) take the second path and give 7.
+// grid to nearest even (0.25 -> 0.0, 0.75 -> 1.0), and bits(m + C) - bits(C) counts the halves.
+// From 1 on, e2m1 keeps one mantissa bit: adding 2^21 - 1 plus that bit to m's bits rounds the
+// mantissa to it to nearest even (a carry moves into the exponent: 1.75 -> 2.0), and then
+// (bits >> 22) = 2 * biased exponent + kept bit = code + 252 (1.0: 254, code 2; 1.5: 255,
+// code 3; 6.0: 259, code 7), saturated at 7. Ties land where e2m1_from_float's compares put
+// them (1.25 -> 1.0, 2.5 -> 2.0, 3.5 -> 4.0, 5.0 -> 4.0), so this equals those compares on every
+// non-negative float; NaN and infinity (exponent all ones) take the second path and give 7.
 __device__ __forceinline__ uint32_t e2m1_magnitude_code(float m) {
   if (m < 1.f) return __float_as_uint(__fadd_rn(m, 0x1.8p22f)) - __float_as_uint(0x1.8p22f);
   const uint32_t b = __float_as_uint(m);
