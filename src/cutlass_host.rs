@@ -41,6 +41,17 @@ pub fn can_implement_split_k(config: Config, out: OutType, p: &Problem, split_k:
     Ok(bridge::can_implement(config.info().index, out.index(), &split_args(config, out, p, split_k)?))
 }
 
+/// The grouped kernel's own check (`GroupedGemm::can_implement`) of `config` with `out` output
+/// on `p`: the tests hold [`crate::MoeProblem::validate`] to it.
+pub fn can_implement_grouped(config: Config, out: OutType, p: &crate::grouped::MoeProblem) -> Result<bool> {
+    if !config.is_built(out) || !config.info().grouped.contains(&out) {
+        return Err(Error::NotBuilt { config, out });
+    }
+    let dim = |dim: &'static str, v: usize| i32::try_from(v).map_err(|_| Error::Dimension { dim, value: v, max: i32::MAX as usize });
+    let args = bridge::GroupedArgs { rows: dim("T", p.rows)?, n: dim("N", p.n)?, k: dim("K", p.k)?, experts: dim("experts", p.experts)?, ..Default::default() };
+    Ok(bridge::can_implement_grouped(config.info().index, out.index(), &args))
+}
+
 /// Workspace bytes the kernel of `config` with `out` output asks for on `p` with `split_k` K
 /// ranges, summed through global memory where `split_global` even if the config could use a
 /// cluster (the launch's choice: [`crate::dispatch::cluster_split`]). SM90 kernels: a

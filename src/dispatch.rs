@@ -25,6 +25,8 @@ pub struct ConfigInfo {
     pub schedule: Schedule,
     /// Output types the table builds for this architecture.
     pub outputs: &'static [OutType],
+    /// Output types of its grouped (mixture-of-experts) kernels (`BSG_GROUPED`).
+    pub grouped: &'static [OutType],
 }
 
 /// How a configuration's kernel is built: its main-loop schedule.
@@ -248,6 +250,21 @@ fn swapped_estimate_us(config: Config, p: &Problem, split: u32, sm_count: usize)
     waves * (first + after + range * clocks / 1900.0)
 }
 
+/// The grouped (mixture-of-experts) kernel for `rows` stacked rows over `experts` experts:
+/// the stream tile of the fewest rows (among those with a grouped kernel for `out` that
+/// `available` allows) that holds the mean rows per expert `ceil(T / min(E, T))`, else the
+/// tallest; its short-K stages where K is at most STREAM_SHORT_K k-tiles (each work item spans
+/// the whole K). The routing is on the device, so the mean is all the host knows.
+pub fn select_grouped(arch: u32, rows: usize, experts: usize, k: usize, out: OutType, available: impl Fn(Config) -> bool) -> Option<Config> {
+    let candidates: Vec<Config> = Config::ALL.iter().copied().filter(|c| c.info().arch == arch && c.info().grouped.contains(&out) && available(*c)).collect();
+    let mean = rows.div_ceil(experts.min(rows).max(1));
+    let tile_rows = |c: &Config| c.info().tile[0] as usize;
+    let rows_pick = candidates.iter().map(tile_rows).filter(|&r| r >= mean).min().or_else(|| candidates.iter().map(tile_rows).max())?;
+    let short = k.div_ceil(64) <= STREAM_SHORT_K;
+    let fewest: Vec<Config> = candidates.into_iter().filter(|c| tile_rows(c) == rows_pick).collect();
+    fewest.iter().copied().find(|c| (c.info().schedule == Schedule::StreamWeightsShortK) == short).or(fewest.first().copied())
+}
+
 /// Picks a configuration of architecture `arch` for `p`, among those `available` says are
 /// built: on SM90 at M <= 64 the stream tile of the fewest rows that holds M (else the tallest);
 /// the explicit entry of the shape table if it has one (SM100); else the largest tile that still
@@ -315,6 +332,26 @@ pub fn select(arch: u32, p: &Problem, sm_count: usize, max_clusters: &ClusterCou
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn grouped_picks_by_mean_rows_per_expert() {
+        let all = |_| true;
+        // DeepSeek-V3 decode, 8 tokens x top-8 over 256 experts: about one row per expert hit.
+        assert_eq!(select_grouped(90, 64, 256, 7168, OutType::Bf16, all), Some(Config::Sm90_Stream_8x128x64));
+        assert_eq!(select_grouped(90, 64, 256, 2048, OutType::Bf16, all), Some(Config::Sm90_StreamShortK_8x128x64));
+        assert_eq!(select_grouped(90, 120, 8, 7168, OutType::F16, all), Some(Config::Sm90_Stream_16x128x64));
+        assert_eq!(select_grouped(90, 1024, 8, 7168, OutType::F16, all), Some(Config::Sm90_Stream_32x128x64));
+        // No short-K stages of 32 rows: the 32-row tile as it is.
+        assert_eq!(select_grouped(90, 4096, 128, 2048, OutType::F32, all), Some(Config::Sm90_Stream_32x128x64));
+        assert_eq!(select_grouped(90, 64, 8, 7168, OutType::Nvfp4, all), None);
+        assert_eq!(select_grouped(100, 64, 8, 7168, OutType::F16, all), None);
+        assert_eq!(select_grouped(90, 64, 256, 7168, OutType::Bf16, |c| c != Config::Sm90_Stream_8x128x64), Some(Config::Sm90_StreamShortK_8x128x64));
+        for c in Config::ALL {
+            if !c.info().grouped.is_empty() {
+                assert!(c.info().streams(), "{c}: grouped kernels are built on the stream tiles");
+            }
+        }
+    }
 
     #[test]
     fn table_facts() {

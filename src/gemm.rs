@@ -36,6 +36,8 @@ impl<'a, V, S> Nvfp4Output<'a, V, S> {
 
 /// The GPUs this crate's kernels run on, for messages.
 pub const SUPPORTED: &str = "compute capability 10.0 (B200, GB200: sm_100a) and 9.0 (H100, H200: sm_90a)";
+/// The GPUs the grouped GEMM runs on, for messages.
+pub const SUPPORTED_GROUPED: &str = "compute capability 9.0 (H100, H200: sm_90a) for the grouped GEMM (on 10.0, call gemm per expert)";
 
 /// The facts of a device that choose and check a kernel.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -404,7 +406,7 @@ impl BlockScaledGemm {
 
     /// The thread check of [`Error::PerThreadStream`], then [`capture_check`]: every call that
     /// touches the workspace or queues work starts here.
-    fn capture_check(&self) -> Result<bool> {
+    pub(crate) fn capture_check(&self) -> Result<bool> {
         self.thread_check()?;
         capture_check(&self.stream)
     }

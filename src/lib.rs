@@ -130,6 +130,7 @@ mod error;
 pub mod formats;
 pub mod fp4_out;
 pub mod gemm;
+pub mod grouped;
 pub mod layout;
 mod matrix;
 mod problem;
@@ -142,6 +143,7 @@ pub use dispatch::{check_split_k, cluster_reduced, cluster_split, select as sele
 pub use error::{Error, Result};
 pub use formats::OutputElement;
 pub use gemm::{BlockScaledGemm, Nvfp4Output};
+pub use grouped::{MoeActivations, MoeProblem};
 pub use matrix::{reference_gemm, HostFloat, Nvfp4Matrix, SplitMix64};
 pub use problem::{OutType, Problem, SfdFormat};
 pub use quantize::{QuantInput, Quantizer};

@@ -226,6 +226,24 @@ impl Nvfp4Matrix {
         Nvfp4Matrix { rows: rows.len(), k: self.k, batch: self.batch, data, scales, global_scale: self.global_scale }
     }
 
+    /// Batch `l` alone, as a matrix of one batch (its global scale kept).
+    ///
+    /// # Panics
+    /// If `l` is not below the batch count.
+    pub fn batch_slice(&self, l: usize) -> Nvfp4Matrix {
+        assert!(l < self.batch, "batch_slice: batch {l} of {}", self.batch);
+        let (data_len, sf_len) = (self.rows * self.k / 2, sf_batch_bytes(self.rows, self.k));
+        let data = self.data[l * data_len..][..data_len].to_vec();
+        let scales = self.scales[l * sf_len..][..sf_len].to_vec();
+        Nvfp4Matrix { rows: self.rows, k: self.k, batch: 1, data, scales, global_scale: self.global_scale }
+    }
+
+    /// The same codes and scales without a global scale (read as 1).
+    pub fn without_global_scale(mut self) -> Nvfp4Matrix {
+        self.global_scale = None;
+        self
+    }
+
     /// All values as f32, (batch, rows, k) row-major: `e2m1 * scale * global_scale`.
     pub fn dequantize(&self) -> Vec<f32> {
         let g = self.global_scale.unwrap_or(1.0);

@@ -4,7 +4,8 @@
 use blockscaled_gemm::compare::{compare, compare_fp4, verify_matrices};
 use blockscaled_gemm::fp4_out::sfd_from_f32;
 use blockscaled_gemm::reference::{self, Accumulation};
-use blockscaled_gemm::{reference_gemm, BlockScaledGemm, Config, Error, ForeignBuffer, Nvfp4Matrix, Nvfp4Output, Nvfp4Tensor, OutType, OutputElement, Problem};
+use blockscaled_gemm::grouped::{expert_offsets, moe_scales, reference_moe};
+use blockscaled_gemm::{reference_gemm, BlockScaledGemm, MoeActivations, MoeProblem, Config, Error, ForeignBuffer, Nvfp4Matrix, Nvfp4Output, Nvfp4Tensor, OutType, OutputElement, Problem};
 use cudarc::driver::{CudaSlice, CudaView};
 use cudarc::driver::CudaContext;
 use half::{bf16, f16};
@@ -47,8 +48,13 @@ fn main() {
         ("threads_with_own_and_shared_gemms", threads_with_own_and_shared_gemms),
         ("per_thread_stream_gemm_serves_its_thread", per_thread_stream_gemm_serves_its_thread),
         ("quantizer_matches_the_cpu_bit_for_bit", quantizer_matches_the_cpu_bit_for_bit),
-        // Last: it turns cudarc's event tracking off for the buffers made after it.
+        ("grouped_moe_every_config_and_output", grouped_moe_every_config_and_output),
+        ("grouped_moe_routing_edge_cases", grouped_moe_routing_edge_cases),
+        ("grouped_moe_same_bits_as_gemm_per_expert", grouped_moe_same_bits_as_gemm_per_expert),
+        ("grouped_moe_bad_device_offsets_stay_inside_d", grouped_moe_bad_device_offsets_stay_inside_d),
+        // Last: they turn cudarc's event tracking off for the buffers made after them.
         ("graph_capture_replays_with_new_data", graph_capture_replays_with_new_data),
+        ("grouped_moe_captured_follows_device_routing", grouped_moe_captured_follows_device_routing),
     ];
     let filter: Vec<String> = std::env::args().skip(1).filter(|a| !a.starts_with('-')).collect();
     let (mut passed, mut failed, mut skipped) = (0, 0, 0);
@@ -1008,6 +1014,183 @@ fn graph_capture_replays_with_new_data() -> Outcome {
             };
             assert!(ok, "replay {replay}: case {i} ({}x{}x{} {}) differs from the reference", c.m, c.n, c.k, c.out);
         }
+    }
+    Ok(())
+}
+
+/// One grouped call with host data: stacked activations `x` (one batch of T rows) routed by
+/// `offsets` (what the device reads) with A's scales `sfa`, weights `w` (E, N, K), expert scales
+/// `es`; D poisoned with NaN first. The config that ran and D.
+#[allow(clippy::too_many_arguments)]
+fn moe_on_device<T: OutputElement + cudarc::driver::DeviceRepr>(g: &BlockScaledGemm, x: &Nvfp4Matrix, w: &Nvfp4Matrix, sfa: &[u8], offsets: &[i32], es: &[f32], alpha: f32, config: Option<Config>) -> Result<(Config, Vec<T>), Error> {
+    let s = g.stream();
+    let p = MoeProblem::new(x.rows(), w.rows(), x.k(), w.batch()).alpha(alpha);
+    let a = MoeActivations::new(s.clone_htod(x.data()).unwrap(), s.clone_htod(sfa).unwrap(), (x.rows(), x.k()), 1.0)?;
+    let b = Nvfp4Tensor::new(s.clone_htod(w.data()).unwrap(), s.clone_htod(w.scales()).unwrap(), (w.batch(), w.rows(), w.k()), 1.0)?;
+    let (o, e) = (s.clone_htod(offsets).unwrap(), s.clone_htod(es).unwrap());
+    let mut d = s.clone_htod(&vec![T::from_f64(f64::NAN); p.d_elems()]).unwrap();
+    let ran = g.moe_gemm(&p, &a, &b, &o, &e, &mut d, config)?;
+    Ok((ran, s.clone_dtoh(&d).unwrap()))
+}
+
+/// Contest data routed by `counts`: bit for bit against the per-expert reference.
+fn check_moe<T: OutputElement + cudarc::driver::DeviceRepr>(g: &BlockScaledGemm, counts: &[usize], n: usize, k: usize, config: Option<Config>, salt: u64) -> Config {
+    let t: usize = counts.iter().sum();
+    let x = Nvfp4Matrix::random_contest(t, k, 1, seed() ^ salt).unwrap();
+    let w = Nvfp4Matrix::random_contest(n, k, counts.len(), seed() ^ salt ^ 0xE).unwrap();
+    let offsets = expert_offsets(counts).unwrap();
+    let es: Vec<f32> = (0..counts.len()).map(|e| [1.0, 0.5, 2.0, 0.25][e % 4]).collect();
+    let (ran, got) = moe_on_device::<T>(g, &x, &w, &moe_scales(&x, &offsets).unwrap(), &offsets, &es, 0.5, config).unwrap();
+    let want: Vec<T> = reference_moe(&x, &w, &offsets, &es, 0.5).unwrap();
+    let cmp = compare(&got, &want, 0.0, 0.0);
+    assert!(cmp.passed(), "{ran} {:?} T={t} N={n} K={k} E={}: {cmp}", T::OUT, counts.len());
+    ran
+}
+
+fn grouped_moe_every_config_and_output() -> Outcome {
+    let g = hopper()?;
+    let counts = [0, 1, 17, 130, 0, 5, 40, 3];
+    let grouped: Vec<Config> = Config::ALL.iter().copied().filter(|c| !c.info().grouped.is_empty() && c.is_built(OutType::F16)).collect();
+    if grouped.is_empty() {
+        return Err("no grouped kernel in this build".into());
+    }
+    for &c in &grouped {
+        check_moe::<f16>(&g, &counts, 256, 512, Some(c), 1);
+        check_moe::<bf16>(&g, &counts, 128, 1024, Some(c), 2);
+        check_moe::<f32>(&g, &counts, 384, 256, Some(c), 3);
+    }
+    check_moe::<bf16>(&g, &counts, 256, 512, None, 4);
+    // A config without a grouped kernel is refused before anything runs.
+    let x = Nvfp4Matrix::random_contest(8, 256, 1, 5).unwrap();
+    let w = Nvfp4Matrix::random_contest(128, 256, 2, 6).unwrap();
+    let offsets = expert_offsets(&[3, 5]).unwrap();
+    let e = moe_on_device::<f16>(&g, &x, &w, &moe_scales(&x, &offsets).unwrap(), &offsets, &[1.0, 1.0], 1.0, Some(Config::Sm90_128x128x64)).unwrap_err();
+    assert!(matches!(e, Error::NotBuilt { .. }), "{e}");
+    let e = moe_on_device::<f16>(&g, &x, &w, &moe_scales(&x, &offsets).unwrap(), &offsets[..2], &[1.0, 1.0], 1.0, None).unwrap_err();
+    assert!(e.to_string().starts_with("offsets: holds 2"), "{e}");
+    Ok(())
+}
+
+fn grouped_moe_routing_edge_cases() -> Outcome {
+    let g = hopper()?;
+    // One expert holds every row; experts of one row each; 256 experts with top-8 routing of 8
+    // tokens (DeepSeek-V3 decode) with K as its down projection; T not a multiple of anything.
+    check_moe::<bf16>(&g, &[0, 301, 0, 0], 128, 256, None, 10);
+    check_moe::<f16>(&g, &[1; 37], 256, 512, None, 11);
+    let mut rng = blockscaled_gemm::SplitMix64::new(seed() ^ 12);
+    let mut counts = vec![0usize; 256];
+    for _ in 0..8 {
+        let mut picked = Vec::new();
+        while picked.len() < 8 {
+            let e = rng.below(256) as usize;
+            if !picked.contains(&e) {
+                picked.push(e);
+            }
+        }
+        for e in picked {
+            counts[e] += 1;
+        }
+    }
+    let ran = check_moe::<bf16>(&g, &counts, 256, 2048, None, 13);
+    assert_eq!(ran, Config::Sm90_StreamShortK_8x128x64, "decode rows over 256 experts with K = 2048");
+    check_moe::<f32>(&g, &[77, 0, 0, 1, 250, 3], 768, 2048, None, 14);
+    Ok(())
+}
+
+fn grouped_moe_same_bits_as_gemm_per_expert() -> Outcome {
+    let g = hopper()?;
+    let split1 = BlockScaledGemm::new(g.stream().clone()).unwrap().with_split_k(Some(1));
+    // General data: FP32 sums that round; the grouped call must still give gemm's bits.
+    let counts = [33, 0, 7, 64, 100];
+    let (n, k) = (384, 1024);
+    let t: usize = counts.iter().sum();
+    let x = Nvfp4Matrix::random_realistic(t, k, 1, seed() ^ 20).unwrap();
+    let w = Nvfp4Matrix::random_realistic(n, k, counts.len(), seed() ^ 21).unwrap();
+    let offsets = expert_offsets(&counts).unwrap();
+    let es = [0.75f32, 1.0, 3.0e-3, 1.5, 0.1];
+    let sfa = moe_scales(&x, &offsets).unwrap();
+    for config in [Config::Sm90_Stream_8x128x64, Config::Sm90_Stream_32x128x64] {
+        let (_, got) = moe_on_device::<bf16>(&g, &x, &w, &sfa, &offsets, &es, 0.625, Some(config)).unwrap();
+        for e in 0..counts.len() {
+            let (r0, r1) = (offsets[e] as usize, offsets[e + 1] as usize);
+            if r0 == r1 {
+                continue;
+            }
+            let rows: Vec<usize> = (r0..r1).collect();
+            let a = x.select_rows(&rows);
+            let b = w.batch_slice(e);
+            let (_, want) = run_poisoned::<bf16>(&split1, &a, &b, 0.625 * es[e], 0.0, &[], Some(config));
+            assert!(got[r0 * n..r1 * n].iter().zip(&want).all(|(x, y)| x.to_bits() == y.to_bits()), "{config} expert {e}: grouped and gemm differ");
+            check_accumulation_bound(&got[r0 * n..r1 * n], &a, &b, 0.625 * es[e], 0.0, &[], &format!("{config} expert {e}"));
+        }
+    }
+    Ok(())
+}
+
+fn grouped_moe_bad_device_offsets_stay_inside_d() -> Outcome {
+    let g = hopper()?;
+    let (t, n, k) = (100, 256, 512);
+    let x = Nvfp4Matrix::random_contest(t, k, 1, seed() ^ 30).unwrap();
+    let w = Nvfp4Matrix::random_contest(n, k, 4, seed() ^ 31).unwrap();
+    // Decreasing and past T: read as their running maximum clamped to [0, T] = [10, 60, 60, 100,
+    // 100]: expert 0 takes rows 10..60, expert 2 rows 60..100, the others none; rows 0..10 are
+    // left as they were.
+    let device_offsets = [10, 60, 40, 200, 90];
+    let inner: Vec<usize> = (10..100).collect();
+    let sfa_inner = moe_scales(&x.select_rows(&inner), &[0, 50, 50, 90, 90]).unwrap();
+    let mut sfa = vec![0u8; MoeProblem::new(t, n, k, 4).sfa_bytes()];
+    sfa[..sfa_inner.len()].copy_from_slice(&sfa_inner);
+    let es = [1.0f32, 2.0, 0.5, 4.0];
+    let (_, got) = moe_on_device::<f32>(&g, &x, &w, &sfa, &device_offsets, &es, 1.0, None).unwrap();
+    assert!(got[..10 * n].iter().all(|v| v.is_nan()), "rows before the first expert were written");
+    for (e, r0, r1) in [(0usize, 10usize, 60usize), (2, 60, 100)] {
+        let rows: Vec<usize> = (r0..r1).collect();
+        let want: Vec<f32> = reference_gemm(&x.select_rows(&rows), &w.batch_slice(e), es[e], 0.0, None).unwrap();
+        assert!(compare(&got[r0 * n..r1 * n], &want, 0.0, 0.0).passed(), "expert {e}");
+    }
+    Ok(())
+}
+
+fn grouped_moe_captured_follows_device_routing() -> Outcome {
+    use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
+    let g0 = hopper()?;
+    let ctx = g0.stream().context().clone();
+    let stream = ctx.new_stream().unwrap();
+    let g = BlockScaledGemm::new(stream.clone()).unwrap();
+    // SAFETY: every buffer below is used on `stream` alone.
+    unsafe { ctx.disable_event_tracking() };
+    let (t, n, k, experts) = (96, 256, 1024, 16);
+    let p = MoeProblem::new(t, n, k, experts);
+    let w = Nvfp4Matrix::random_contest(n, k, experts, seed() ^ 40).unwrap();
+    let b = Nvfp4Tensor::upload(&w, &stream).unwrap();
+    let mut av = stream.alloc_zeros::<u8>(p.a_bytes()).unwrap();
+    let mut asf = stream.alloc_zeros::<u8>(p.sfa_bytes()).unwrap();
+    let mut offsets = stream.alloc_zeros::<i32>(experts + 1).unwrap();
+    let es = stream.clone_htod(&vec![1.0f32; experts]).unwrap();
+    let mut d = stream.alloc_zeros::<f16>(p.d_elems()).unwrap();
+    stream.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL).unwrap();
+    {
+        let a = MoeActivations::new(av.as_view(), asf.as_view(), (t, k), 1.0).unwrap();
+        g.moe_gemm(&p, &a, &b, &offsets, &es, &mut d, None).unwrap();
+    }
+    let graph = stream.end_capture(CUgraphInstantiate_flags(0)).unwrap().expect("a graph");
+    let mut rng = blockscaled_gemm::SplitMix64::new(seed() ^ 41);
+    for replay in 0..3 {
+        // A new routing each replay, written to the device as a router kernel would.
+        let mut counts = vec![0usize; experts];
+        for _ in 0..t {
+            counts[rng.below(if replay == 2 { 2 } else { experts as u64 }) as usize] += 1;
+        }
+        let o = expert_offsets(&counts).unwrap();
+        let x = Nvfp4Matrix::random_contest(t, k, 1, seed() ^ (50 + replay)).unwrap();
+        stream.memcpy_htod(x.data(), &mut av).unwrap();
+        stream.memcpy_htod(&moe_scales(&x, &o).unwrap(), &mut asf).unwrap();
+        stream.memcpy_htod(&o, &mut offsets).unwrap();
+        stream.memcpy_htod(&vec![f16::NAN; p.d_elems()], &mut d).unwrap();
+        graph.launch().unwrap();
+        let want: Vec<f16> = reference_moe(&x, &w, &o, &vec![1.0; experts], 1.0).unwrap();
+        let cmp = compare(&stream.clone_dtoh(&d).unwrap(), &want, 0.0, 0.0);
+        assert!(cmp.passed(), "replay {replay} ({counts:?}): {cmp}");
     }
     Ok(())
 }

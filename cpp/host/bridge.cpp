@@ -9,6 +9,9 @@
 #define BSG_KERNEL(config, out, fn) bsg::KernelEntry fn();
 #include "kernel_table.inc"
 #undef BSG_KERNEL
+#define BSG_GROUPED_KERNEL(config, out, fn) bsg::GroupedEntry fn();
+#include "grouped_table.inc"
+#undef BSG_GROUPED_KERNEL
 
 // CUTLASS's host reference (cpp/host/host_reference.cu).
 void bsg_host_gemm_fp4(int32_t m, int32_t n, int32_t k, int32_t l, const uint8_t* a, const uint8_t* sfa,
@@ -43,7 +46,41 @@ const KernelEntry* find(uint32_t config, uint32_t out) {
   return nullptr;
 }
 
+struct GroupedRow {
+  uint32_t config, out;
+  GroupedEntry (*entry)();
+};
+
+constexpr GroupedRow kGroupedRows[] = {
+#define BSG_GROUPED_KERNEL(config, out, fn) {config, out, &fn},
+#include "grouped_table.inc"
+#undef BSG_GROUPED_KERNEL
+    {~0u, ~0u, nullptr},
+};
+
+const GroupedEntry* find_grouped(uint32_t config, uint32_t out) {
+  static const auto entries = [] {
+    struct Cache { GroupedEntry e[sizeof(kGroupedRows) / sizeof(GroupedRow)]; } c{};
+    for (size_t i = 0; kGroupedRows[i].entry; ++i) c.e[i] = kGroupedRows[i].entry();
+    return c;
+  }();
+  for (size_t i = 0; kGroupedRows[i].entry; ++i)
+    if (kGroupedRows[i].config == config && kGroupedRows[i].out == out) return &entries.e[i];
+  return nullptr;
+}
+
 }  // namespace
+
+KernelStatus launch_grouped(uint32_t config, uint32_t out, const GroupedArgs& args) {
+  const GroupedEntry* e = find_grouped(config, out);
+  if (!e) return KernelStatus{BSG_STATUS_NOT_BUILT, 0, 0};
+  return e->run(args);
+}
+
+bool can_implement_grouped(uint32_t config, uint32_t out, const GroupedArgs& args) {
+  const GroupedEntry* e = find_grouped(config, out);
+  return e && e->can_implement(args);
+}
 
 KernelStatus launch(uint32_t config, uint32_t out, const KernelArgs& args) {
   const KernelEntry* e = find(config, out);

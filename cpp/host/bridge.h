@@ -19,6 +19,8 @@ void host_gemm_fp4(int32_t m, int32_t n, int32_t k, int32_t l, rust::Slice<const
 int64_t host_sfd_cosize(int32_t m, int32_t n, int32_t l);
 void host_convert(int32_t kind, rust::Slice<const float> x, rust::Slice<uint8_t> out);
 KernelStatus quantize(const QuantizeArgs& args);
+KernelStatus launch_grouped(uint32_t config, uint32_t out, const GroupedArgs& args);
+bool can_implement_grouped(uint32_t config, uint32_t out, const GroupedArgs& args);
 rust::String cutlass_status_name(int32_t code);
 rust::String cuda_error_name(int32_t code);
 

@@ -37,8 +37,8 @@ struct RawPipeline {
                                          void* dec_a, const CUtensorMap* ma, const CUtensorMap* mb)
       : full(full_bar), empty(empty_bar), map_a(ma), map_b(mb), w(work) {
     sp = sf_cols_padded(p.k);
-    sfa_rows = p.sfa + w.batch * sf_batch_bytes(p.m, sp) + int64_t(w.m0 / 128) * (sp / 4) * 512;
-    sfb_rows = p.sfb + w.batch * sf_batch_bytes(p.n, sp) + int64_t(w.n0 / 128) * (sp / 4) * 512;
+    sfa_rows = p.sfa + w.sfa_off;
+    sfb_rows = p.sfb + w.sfb_off;
     sfb_chunks = min(T::kSfChunksB, (p.n + 127) / 128 - w.n0 / 128);  // 128-row blocks of B inside N
     raw_s = static_cast<uint32_t>(__cvta_generic_to_shared(raw));
     dec_a_s = static_cast<uint32_t>(__cvta_generic_to_shared(dec_a));
@@ -75,10 +75,10 @@ struct RawPipeline {
       if (what & kIssueA) {
         if constexpr (T::kPreA) {
           for (int s = 0; s < T::kSubs; ++s)
-            tma_load_3d(dec_a_s + (slot * T::kSubs + s) * (kBM * kBK * 2), map_a, (kt + s) * kBK, w.m0, int(w.batch), bar);
+            tma_load_3d(dec_a_s + (slot * T::kSubs + s) * (kBM * kBK * 2), map_a, (kt + s) * kBK, w.a_row, w.a_batch, bar);
         } else {
           for (int x = 0; x < T::kBoxesK; ++x)
-            tma_load_3d(base + x * (kBM * T::kBoxBytesK), map_a, kt * (kBK / 2) + x * T::kBoxBytesK, w.m0, int(w.batch), bar);
+            tma_load_3d(base + x * (kBM * T::kBoxBytesK), map_a, kt * (kBK / 2) + x * T::kBoxBytesK, w.a_row, w.a_batch, bar);
           bulk_load(base + T::kRawA + T::kRawB, sfa_rows + int64_t(kt) * 512, sf_bytes, bar);
         }
       }

@@ -9,18 +9,22 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "common/scale_layout.cuh"
 #include "sm90/dispatch_policy.cuh"
 
 namespace bsg::sm90 {
 
-// Where one CTA works: its output tile and its range of k-tiles.
+// Where one CTA works: its output tile and its range of k-tiles, and where the loads find the
+// tile's operands (the scheduler owns these: a grouped schedule places experts differently).
 struct TileWork {
   int64_t tile;   // linear tile index over all batches (grid.x)
-  int64_t batch;
+  int64_t batch;  // batch of D and of B (the expert, grouped)
   int m0, n0;     // first output row and column
   int split;      // K range index (grid.y)
   int kt_begin, kt_end, n_kt;
   int n_raw;      // raw stages of T::kSubs k-tiles
+  int a_row, a_batch;        // A's TMA coordinates of the tile's first row
+  int64_t sfa_off, sfb_off;  // bytes from SFA / SFB to the tile's first 128-row scale block
 };
 
 template <class T>
@@ -48,6 +52,11 @@ struct TileScheduler {
     w.kt_end = int(int64_t(k_tiles) * (w.split + 1) / p.split_k);
     w.n_kt = w.kt_end - w.kt_begin;
     w.n_raw = (w.n_kt + T::kSubs - 1) / T::kSubs;
+    w.a_row = w.m0;
+    w.a_batch = int(w.batch);
+    const int64_t sp = sf_cols_padded(p.k);
+    w.sfa_off = w.batch * sf_batch_bytes(p.m, sp) + int64_t(w.m0 / 128) * (sp / 4) * 512;
+    w.sfb_off = w.batch * sf_batch_bytes(p.n, sp) + int64_t(w.n0 / 128) * (sp / 4) * 512;
     return w;
   }
 

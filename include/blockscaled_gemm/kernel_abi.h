@@ -13,6 +13,8 @@
 #define BSG_SM90_MAX_SPLIT_TILES 65536
 // K ranges of one SM90 launch (grid.y).
 #define BSG_SM90_MAX_SPLIT_K 65535
+// Experts of one grouped (MoE) launch: the SM90 kernel keeps their row ranges in shared memory.
+#define BSG_MAX_GROUPS 1024
 
 // KernelStatus::cutlass_status: cutlass::Status values (cpp/host/status.cu checks them), and one
 // of ours.
@@ -58,6 +60,27 @@ struct KernelArgs {
   // memset of sfd_bytes ahead of it, 0 where the layout has no padding).
   uint64_t sfd;
   uint64_t sfd_bytes;
+};
+
+// One grouped (mixture-of-experts) launch, already validated by Rust: for every expert e,
+// D[rows of e] = alpha * expert_alpha[e] * A[rows of e] B[e]^T. The experts' rows of the stacked
+// activations are [offsets[e], offsets[e + 1]), read on the device (int32, E + 1 of them) as
+// their running maximum clamped to [0, rows]: a non-decreasing list inside [0, rows] as it is,
+// anything else as disjoint (possibly empty) ranges inside it, so nothing outside D is written.
+struct GroupedArgs {
+  int32_t rows, n, k, experts;  // T stacked rows; E
+  uint64_t a;             // packed e2m1, (T, K/2) bytes, experts' rows in order
+  uint64_t sfa;           // ue4m3, 128x4 tiled over rows where each expert's rows start at a
+                          // multiple of 128: expert e at sum over j < e of ceil(rows_j / 128) * 128
+  uint64_t b;             // packed e2m1, (E, N, K/2)
+  uint64_t sfb;           // ue4m3, E batches of the 128x4 tiled layout over (N, K/16)
+  uint64_t d;             // (T, N) row-major
+  uint64_t offsets;       // int32 [E + 1]
+  uint64_t expert_alpha;  // float [E], or 0 for ones
+  float alpha;
+  uint64_t stream;
+  int32_t device_id;
+  int32_t sm_count;
 };
 
 // Input element types of the quantizer.
@@ -106,6 +129,12 @@ struct KernelEntry {
   // row-fastest within k within batch; returns the layout's cosize (bytes of one buffer), or -1
   // when `len` does not equal rows * (k/16) * l.
   int64_t (*sf_offsets)(int32_t m, int32_t n, int32_t k, int32_t l, SfOperand which, int64_t* out, size_t len);
+};
+
+// The grouped entry one instantiation exports (cpp/configs.def's BSG_GROUPED lines).
+struct GroupedEntry {
+  KernelStatus (*run)(const GroupedArgs&);
+  bool (*can_implement)(const GroupedArgs&);
 };
 
 }  // namespace bsg

@@ -9,6 +9,7 @@ pub(crate) mod ffi {
         type KernelArgs = crate::sys::KernelArgs;
         type KernelStatus = crate::sys::KernelStatus;
         type QuantizeArgs = crate::sys::QuantizeArgs;
+        type GroupedArgs = crate::sys::GroupedArgs;
 
         /// The one call a GEMM makes: checks, the workspace it needs, and the launches.
         /// `cutlass_status` -1: the kernel is not in this build.
@@ -21,6 +22,13 @@ pub(crate) mod ffi {
         /// # Safety
         /// Every address in `args` must be valid for the shape on the stream's device.
         unsafe fn quantize(args: &QuantizeArgs) -> KernelStatus;
+        /// The grouped (mixture-of-experts) launch of a config's grouped kernel for output `out`.
+        /// `cutlass_status` -1: not in this build.
+        ///
+        /// # Safety
+        /// Every address in `args` must be valid for the problem on the stream's device.
+        unsafe fn launch_grouped(config: u32, out: u32, args: &GroupedArgs) -> KernelStatus;
+        fn can_implement_grouped(config: u32, out: u32, args: &GroupedArgs) -> bool;
         /// Host-only queries (no device is touched): `can_implement` and the workspace bytes.
         fn can_implement(config: u32, out: u32, args: &KernelArgs) -> bool;
         fn workspace_size(config: u32, out: u32, args: &KernelArgs) -> usize;

@@ -10,7 +10,7 @@ mod abi {
 }
 mod bridge;
 
-pub(crate) use abi::root::bsg::{InKind, KernelArgs, KernelStatus, OutKind, QuantizeArgs};
+pub(crate) use abi::root::bsg::{GroupedArgs, InKind, KernelArgs, KernelStatus, OutKind, QuantizeArgs};
 pub(crate) use bridge::ffi::*;
 
 /// Split-K through a thread-block cluster: at most this many K ranges (the portable cluster size).
@@ -21,6 +21,8 @@ pub(crate) const SM90_MAX_SPLIT_TILES: usize = abi::root::BSG_SM90_MAX_SPLIT_TIL
 pub(crate) const STATUS_NOT_BUILT: i32 = abi::root::BSG_STATUS_NOT_BUILT;
 pub(crate) const STATUS_INVALID_PROBLEM: i32 = abi::root::BSG_STATUS_INVALID_PROBLEM as i32;
 pub(crate) const STATUS_WORKSPACE_NULL: i32 = abi::root::BSG_STATUS_WORKSPACE_NULL as i32;
+/// Experts of one grouped launch.
+pub(crate) const MAX_GROUPS: u32 = abi::root::BSG_MAX_GROUPS;
 /// K ranges of one SM90 launch.
 pub(crate) const SM90_MAX_SPLIT_K: u32 = abi::root::BSG_SM90_MAX_SPLIT_K;
 
@@ -32,6 +34,10 @@ unsafe impl cxx::ExternType for KernelArgs {
 }
 unsafe impl cxx::ExternType for QuantizeArgs {
     type Id = cxx::type_id!("bsg::QuantizeArgs");
+    type Kind = cxx::kind::Trivial;
+}
+unsafe impl cxx::ExternType for GroupedArgs {
+    type Id = cxx::type_id!("bsg::GroupedArgs");
     type Kind = cxx::kind::Trivial;
 }
 unsafe impl cxx::ExternType for KernelStatus {

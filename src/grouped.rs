@@ -1,0 +1,418 @@
+//! Grouped GEMM for mixture-of-experts layers, in the form an engine holds after routing
+//! ([`BlockScaledGemm::moe_gemm`]): the activations of all experts stacked by expert, a device
+//! array of expert offsets, the experts' weights stacked as one (E, N, K) tensor, per-expert
+//! scales on the device, one launch. The offsets are read by the kernel, never by the host, so
+//! a forward pass whose routing is decided on the GPU can be captured in a CUDA graph.
+//!
+//! Layouts (those of vLLM's `cutlass_fp4_group_mm` and its `scaled_fp4_experts_quant`):
+//! - A: packed e2m1 (T, K/2), expert e's rows `offsets[e]..offsets[e + 1]`.
+//! - A's scales: the 128x4 tiled layout over rows where expert e's rows start at
+//!   `sum over j < e of ceil(rows_j / 128) * 128` (each expert padded to 128 rows), in a buffer of
+//!   [`MoeProblem::sfa_bytes`], room for every routing. [`moe_scales`] builds it on the host.
+//! - B: an [`Nvfp4Tensor`] of shape (E, N, K): expert e is batch e, scales tiled per batch.
+//! - D: (T, N) row-major; row r belongs to the expert whose range holds it.
+
+use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
+
+use crate::dispatch::{self, Config};
+use crate::error::{Error, Result};
+use crate::formats::{OutputElement, PackedFp4, ScaleByte};
+use crate::gemm::{check_devices, BlockScaledGemm, SUPPORTED_GROUPED};
+use crate::layout::{padded_sf_cols, sf_bytes, sf_cols, sf_offset};
+use crate::matrix::Nvfp4Matrix;
+use crate::problem::{check_align, check_len, folded_alpha, product, OutType, Problem};
+use crate::sys;
+use crate::tensor::Nvfp4Tensor;
+
+/// Experts of one grouped launch, at most.
+pub const MAX_EXPERTS: usize = sys::MAX_GROUPS as usize;
+
+/// A mixture-of-experts GEMM: for every expert e,
+/// `D[rows of e] = alpha * expert_scales[e] * dec(A[rows of e]) dec(B[e])ᵀ`, where `rows` (T)
+/// activation rows are stacked by expert and all experts share N and K.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct MoeProblem {
+    /// T: stacked activation rows (tokens times top-k); 0 launches nothing.
+    pub rows: usize,
+    /// Output columns (each expert's weight rows).
+    pub n: usize,
+    /// Reduction length.
+    pub k: usize,
+    /// E: experts (1 to [`MAX_EXPERTS`]).
+    pub experts: usize,
+    /// Common factor of every expert's output.
+    pub alpha: f32,
+}
+
+impl MoeProblem {
+    /// T stacked rows, N, K and E experts, alpha 1.
+    pub const fn new(rows: usize, n: usize, k: usize, experts: usize) -> Self {
+        MoeProblem { rows, n, k, experts, alpha: 1.0 }
+    }
+    /// With alpha.
+    pub const fn alpha(mut self, alpha: f32) -> Self {
+        self.alpha = alpha;
+        self
+    }
+
+    /// Rows of A's scale layout, room for any routing: each expert's rows padded to 128 take at
+    /// most `T + 127 E` rows, so `floor((T + 127 E) / 128) * 128` (saturating).
+    pub const fn sfa_rows(&self) -> usize {
+        self.rows.saturating_add(self.experts.saturating_mul(127)) / 128 * 128
+    }
+    /// Bytes of A's scales: [`Self::sfa_rows`] times K/16 padded to 4.
+    pub const fn sfa_bytes(&self) -> usize {
+        self.sfa_rows().saturating_mul(padded_sf_cols(sf_cols(self.k)))
+    }
+    /// Bytes of A: T * K / 2.
+    pub const fn a_bytes(&self) -> usize {
+        self.rows.saturating_mul(self.k) / 2
+    }
+    /// Bytes of B: E * N * K / 2.
+    pub const fn b_bytes(&self) -> usize {
+        self.experts.saturating_mul(self.n).saturating_mul(self.k) / 2
+    }
+    /// Bytes of B's scales: E batches of the tiled layout over (N, K/16).
+    pub const fn sfb_bytes(&self) -> usize {
+        sf_bytes(self.n, self.k, self.experts)
+    }
+    /// Elements of D: T * N.
+    pub const fn d_elems(&self) -> usize {
+        self.rows.saturating_mul(self.n)
+    }
+
+    /// The shape rules: those of [`Problem::validate`] for the stacked GEMM (T x N x K) and for B
+    /// as a batch of E, at most [`MAX_EXPERTS`] experts, an output of f16, bf16 or f32, and the
+    /// kernel's 32-bit counts (padded scale rows, work items) in range.
+    pub fn validate(&self, out: OutType) -> Result<()> {
+        if self.experts == 0 || self.experts > MAX_EXPERTS {
+            return Err(Error::Dimension { dim: "experts", value: self.experts, max: MAX_EXPERTS });
+        }
+        if out.sfd().is_some() {
+            return Err(Error::InvalidData { what: "out", detail: format!("{out}: the grouped GEMM writes f16, bf16 or f32 (FP4 output is not grouped yet; call gemm_fp4 per expert)") });
+        }
+        Problem::new(self.rows.max(1), self.n, self.k).scalars(self.alpha, 0.0).validate(out, false)?;
+        Problem::new(1, self.n, self.k).batch(self.experts).validate(out, false)?;
+        let dims = || format!("T = {}, N = {}, E = {}", self.rows, self.n, self.experts);
+        const WHY: &str = "the grouped kernel counts them in 32-bit signed integers";
+        let sf_rows = product(&[self.experts, 127]) + self.rows as u128;
+        let items = (self.rows.div_ceil(8) as u128 + self.experts as u128) * self.n.div_ceil(128) as u128;
+        for (what, rule, value) in [("padded scale rows", "T + 127 * E", sf_rows), ("work items", "(ceil(T/8) + E) * ceil(N/128)", items)] {
+            if value > i32::MAX as u128 {
+                return Err(Error::SizeLimit { what, rule, dims: dims(), value, max: i32::MAX as u128, why: WHY });
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Stacked activations of a mixture-of-experts layer on the device: packed e2m1 values (T, K/2),
+/// their scales in the MoE layout of this module (each expert's rows padded to 128;
+/// [`MoeProblem::sfa_bytes`] bytes) and the per-tensor global scale.
+#[derive(Debug)]
+pub struct MoeActivations<V = CudaSlice<u8>, S = CudaSlice<u8>> {
+    values: V,
+    scales: S,
+    rows: usize,
+    k: usize,
+    global_scale: f32,
+}
+
+impl<V, S> MoeActivations<V, S> {
+    /// Activations of shape (T, K) over device buffers; the lengths are checked against the
+    /// problem by [`BlockScaledGemm::moe_gemm`]. `global_scale`: finite and positive.
+    pub fn new(values: V, scales: S, shape: (usize, usize), global_scale: f32) -> Result<Self> {
+        crate::matrix::check_global_scale(global_scale)?;
+        Ok(MoeActivations { values, scales, rows: shape.0, k: shape.1, global_scale })
+    }
+    /// (T, K).
+    pub fn shape(&self) -> (usize, usize) {
+        (self.rows, self.k)
+    }
+    /// The global scale the GEMM folds into alpha.
+    pub fn global_scale(&self) -> f32 {
+        self.global_scale
+    }
+}
+
+/// Expert offsets (E + 1 entries, 0 to T) of rows stacked by expert, `counts[e]` rows each.
+pub fn expert_offsets(counts: &[usize]) -> Result<Vec<i32>> {
+    let mut out = Vec::with_capacity(counts.len() + 1);
+    let mut at = 0usize;
+    out.push(0);
+    for &c in counts {
+        at = at.checked_add(c).filter(|&t| t <= i32::MAX as usize).ok_or_else(|| Error::InvalidData { what: "counts", detail: format!("the rows add up past {}", i32::MAX) })?;
+        out.push(at as i32);
+    }
+    Ok(out)
+}
+
+/// A's scales in the MoE layout, on the host: the scales of the stacked activations `x` (one
+/// batch of T rows), expert e's rows moved to start at a multiple of 128 as the grouped kernel
+/// reads them, padding zero; [`MoeProblem::sfa_bytes`] bytes for `experts = offsets.len() - 1`.
+/// `offsets` must be non-decreasing from 0 to T.
+pub fn moe_scales(x: &Nvfp4Matrix, offsets: &[i32]) -> Result<Vec<u8>> {
+    check_offsets(offsets, x.rows())?;
+    if x.batch() != 1 {
+        return Err(Error::InvalidData { what: "x", detail: format!("batch {}: the stacked activations are one batch of T rows", x.batch()) });
+    }
+    let p = MoeProblem::new(x.rows(), 32, x.k(), offsets.len() - 1);
+    let (sp, cols) = (padded_sf_cols(sf_cols(x.k())), sf_cols(x.k()));
+    let mut out = vec![0u8; p.sfa_bytes()];
+    let mut start = 0usize;
+    for e in 0..p.experts {
+        let (r0, r1) = (offsets[e] as usize, offsets[e + 1] as usize);
+        for r in r0..r1 {
+            for s in 0..cols {
+                out[sf_offset(start + r - r0, s, sp)] = x.scale(0, r, s);
+            }
+        }
+        start += (r1 - r0).div_ceil(128) * 128;
+    }
+    Ok(out)
+}
+
+/// That `offsets` are E + 1 non-decreasing values from 0 to `rows` (the host-side check of
+/// offsets the caller holds; the kernel's reading of other values is documented on
+/// [`BlockScaledGemm::moe_gemm`]).
+pub fn check_offsets(offsets: &[i32], rows: usize) -> Result<()> {
+    let bad = |detail: String| Err(Error::InvalidData { what: "offsets", detail });
+    if offsets.len() < 2 || offsets.len() > MAX_EXPERTS + 1 {
+        return bad(format!("{} entries: E + 1 with E from 1 to {MAX_EXPERTS}", offsets.len()));
+    }
+    if offsets[0] != 0 || *offsets.last().expect("two or more") as i64 != rows as i64 {
+        return bad(format!("run from {} to {}: they must run from 0 to T = {rows}", offsets[0], offsets[offsets.len() - 1]));
+    }
+    if let Some(e) = offsets.windows(2).position(|w| w[1] < w[0]) {
+        return bad(format!("offsets[{}] = {} is below offsets[{e}] = {}: they must not decrease", e + 1, offsets[e + 1], offsets[e]));
+    }
+    Ok(())
+}
+
+/// The exact result of [`BlockScaledGemm::moe_gemm`] on the host: expert by expert, the
+/// reference GEMM of its rows of `x` (one batch of T rows) and batch e of `w` (E, N, K), with
+/// alpha `(alpha * gx * gw) * expert_scales[e]` rounded as the kernel rounds it.
+pub fn reference_moe<T: OutputElement>(x: &Nvfp4Matrix, w: &Nvfp4Matrix, offsets: &[i32], expert_scales: &[f32], alpha: f32) -> Result<Vec<T>> {
+    check_offsets(offsets, x.rows())?;
+    let experts = offsets.len() - 1;
+    if w.batch() != experts || expert_scales.len() != experts || w.k() != x.k() {
+        return Err(Error::InvalidData { what: "w", detail: format!("(E, N, K) = ({}, {}, {}) with {} expert scales, for {experts} experts of K = {}", w.batch(), w.rows(), w.k(), expert_scales.len(), x.k()) });
+    }
+    let folded = folded_alpha(alpha, x.global_scale().unwrap_or(1.0), w.global_scale().unwrap_or(1.0))?;
+    let n = w.rows();
+    let mut out = vec![T::from_f64(0.0); x.rows() * n];
+    for e in 0..experts {
+        let (r0, r1) = (offsets[e] as usize, offsets[e + 1] as usize);
+        if r0 == r1 {
+            continue;
+        }
+        let rows: Vec<usize> = (r0..r1).collect();
+        let a = x.select_rows(&rows).without_global_scale();
+        let we = w.batch_slice(e).without_global_scale();
+        let d: Vec<T> = crate::matrix::reference_gemm(&a, &we, folded * expert_scales[e], 0.0, None)?;
+        out[r0 * n..r1 * n].copy_from_slice(&d);
+    }
+    Ok(out)
+}
+
+impl BlockScaledGemm {
+    /// The grouped GEMM of a mixture-of-experts layer, in one launch (Hopper):
+    /// `D[rows of e] = alpha * gA * gB * expert_scales[e] * dec(A[rows of e]) dec(B[e])ᵀ` for
+    /// every expert e, with gA and gB the tensors' global scales, in f16, bf16 or f32. Per
+    /// expert the arithmetic is [`Self::gemm`]'s (FP32 sums of exact products, one rounding),
+    /// over the whole K range.
+    ///
+    /// `offsets`: E + 1 `i32` on the device, read by the kernel only (no host synchronisation;
+    /// the call can be captured in a CUDA graph with the routing decided at run time). Valid
+    /// offsets run non-decreasing from 0 to T. Others are read as their running maximum clamped
+    /// to [0, T]: each expert then covers a possibly empty part of the rows, no two share a row,
+    /// rows no expert covers are left as they were, and nothing outside D is written or outside
+    /// A, its scales, B or its scales read. [`check_offsets`] checks offsets the host holds.
+    /// `expert_scales`: E `f32` on the device (the experts' weight global scales; ones where
+    /// there are none). Experts without rows cost nothing.
+    ///
+    /// `config`: `None` picks the stream tile from the mean rows per expert (T / E); a forced
+    /// config must carry a grouped kernel for D's type (`ConfigInfo::grouped`). Returns the
+    /// config that ran; T = 0 launches nothing.
+    #[allow(clippy::too_many_arguments)]
+    pub fn moe_gemm<VA, SA, VB, SB, O, ES, D, TV, TS, TO>(&self, p: &MoeProblem, a: &MoeActivations<VA, SA>, b: &Nvfp4Tensor<VB, SB>, offsets: &O, expert_scales: &ES, d: &mut D, config: Option<Config>) -> Result<Config>
+    where
+        VA: DevicePtr<TV>, SA: DevicePtr<TS>, VB: DevicePtr<TV>, SB: DevicePtr<TS>, O: DevicePtr<i32>, ES: DevicePtr<f32>, D: DevicePtrMut<TO>,
+        TV: PackedFp4, TS: ScaleByte, TO: OutputElement,
+    {
+        let out = TO::OUT;
+        p.validate(out)?;
+        if a.shape() != (p.rows, p.k) {
+            return Err(Error::OperandShape { name: "A", got: (1, a.rows, a.k), want: (1, p.rows, p.k) });
+        }
+        if b.shape() != (p.experts, p.n, p.k) {
+            return Err(Error::OperandShape { name: "B", got: b.shape(), want: (p.experts, p.n, p.k) });
+        }
+        for (name, got, want, rule) in [
+            ("A", a.values.len(), p.a_bytes(), "T * K / 2 packed bytes"),
+            ("SFA", a.scales.len(), p.sfa_bytes(), "floor((T + 127 E) / 128) * 128 * ceil(K/64)*4 scale bytes (each expert padded to 128 rows)"),
+            ("B", b.values().len(), p.b_bytes(), "E * N * K / 2 packed bytes"),
+            ("SFB", b.scales().len(), p.sfb_bytes(), "E * ceil(N/128)*128 * ceil(K/64)*4 tiled scale bytes"),
+            ("offsets", offsets.len(), p.experts + 1, "E + 1 expert offsets"),
+            ("expert_scales", expert_scales.len(), p.experts, "one per expert"),
+            ("D", d.len(), p.d_elems(), "T * N elements"),
+        ] {
+            check_len(name, got, want, rule)?;
+        }
+        let dev = self.device();
+        let config = match config {
+            Some(c) => c,
+            None => {
+                let (major, minor) = dev.compute_capability;
+                let unsupported = || Error::UnsupportedDevice { ordinal: dev.ordinal, major, minor, supported: SUPPORTED_GROUPED };
+                let arch = dev.arch().ok_or_else(unsupported)?;
+                dispatch::select_grouped(arch, p.rows, p.experts, p.k, out, |c| c.is_built(out)).ok_or_else(unsupported)?
+            }
+        };
+        if config.compute_capability() != dev.compute_capability {
+            let (major, minor) = dev.compute_capability;
+            return Err(Error::ArchMismatch { config, need: config.arch_label(), ordinal: dev.ordinal, major, minor });
+        }
+        if !config.info().grouped.contains(&out) || !config.is_built(out) {
+            return Err(Error::NotBuilt { config, out });
+        }
+        check_devices(dev.ordinal, [
+            ("A", a.values.stream()), ("SFA", a.scales.stream()), ("B", b.values().stream()), ("SFB", b.scales().stream()),
+            ("offsets", offsets.stream()), ("expert_scales", expert_scales.stream()), ("D", d.stream()),
+        ])?;
+        let alpha = folded_alpha(p.alpha, a.global_scale, b.global_scale())?;
+        self.capture_check()?;
+        if p.rows == 0 {
+            return Ok(config);
+        }
+        let stream = self.stream();
+        let (pa, _ga) = a.values.device_ptr(stream);
+        let (psfa, _gsfa) = a.scales.device_ptr(stream);
+        let (pb, _gb) = b.values().device_ptr(stream);
+        let (psfb, _gsfb) = b.scales().device_ptr(stream);
+        let (po, _go) = offsets.device_ptr(stream);
+        let (pes, _ges) = expert_scales.device_ptr(stream);
+        let (pd, _gd) = d.device_ptr_mut(stream);
+        for (name, addr) in [("A", pa), ("SFA", psfa), ("B", pb), ("SFB", psfb), ("D", pd)] {
+            check_align(name, addr)?;
+        }
+        let args = sys::GroupedArgs {
+            rows: p.rows as i32, n: p.n as i32, k: p.k as i32, experts: p.experts as i32,
+            a: pa, sfa: psfa, b: pb, sfb: psfb, d: pd, offsets: po, expert_alpha: pes, alpha,
+            stream: stream.cu_stream() as u64, device_id: dev.ordinal as i32, sm_count: dev.sm_count as i32,
+        };
+        // SAFETY: every address is a live device allocation of the checked length on this
+        // stream's device, 16-byte aligned where the kernel loads in 16 bytes; the guards above
+        // live until the launch is queued. The kernel clamps the offsets it reads (see above).
+        let status = unsafe { sys::launch_grouped(config.info().index, out.index(), &args) };
+        match status.cutlass_status {
+            0 => {}
+            sys::STATUS_NOT_BUILT => return Err(Error::NotBuilt { config, out }),
+            sys::STATUS_INVALID_PROBLEM => return Err(Error::CannotImplement { config, m: p.rows, n: p.n, k: p.k, l: p.experts }),
+            code => return Err(Error::Cutlass { code, name: sys::cutlass_status_name(code) }),
+        }
+        if status.cuda_error != 0 {
+            return Err(Error::CudaRuntime { code: status.cuda_error, name: sys::cuda_error_name(status.cuda_error) });
+        }
+        Ok(config)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn offsets_and_their_checks() {
+        assert_eq!(expert_offsets(&[3, 0, 5]).unwrap(), vec![0, 3, 3, 8]);
+        check_offsets(&[0, 3, 3, 8], 8).unwrap();
+        for (o, t, what) in [(vec![0], 0, "1 entries"), (vec![0, 5, 4, 8], 8, "offsets[2] = 4 is below offsets[1] = 5"), (vec![0, 3, 9], 8, "from 0 to 9"), (vec![1, 8], 8, "from 1 to 8")] {
+            let e = check_offsets(&o, t).unwrap_err().to_string();
+            assert!(e.contains(what), "{e}");
+        }
+        assert!(check_offsets(&vec![0; MAX_EXPERTS + 2], 0).is_err());
+    }
+
+    #[test]
+    fn scale_rows_hold_every_routing() {
+        // Each expert's rows padded to 128 never need more than sfa_rows, at the worst routing
+        // (every expert one row past a multiple of 128) and at random ones.
+        let mut rng = crate::SplitMix64::new(7);
+        for _ in 0..2000 {
+            let experts = 1 + rng.below(300) as usize;
+            let counts: Vec<usize> = (0..experts).map(|_| if rng.below(2) == 0 { 0 } else { rng.below(300) as usize }).collect();
+            let t: usize = counts.iter().sum();
+            let need: usize = counts.iter().map(|c| c.div_ceil(128) * 128).sum();
+            assert!(need <= MoeProblem::new(t, 32, 64, experts).sfa_rows(), "{counts:?}");
+        }
+        let worst: Vec<usize> = vec![129; 10];
+        let need: usize = worst.iter().map(|c| c.div_ceil(128) * 128).sum();
+        assert_eq!(need, MoeProblem::new(1290, 32, 64, 10).sfa_rows());
+    }
+
+    #[test]
+    fn moe_scales_place_each_expert_at_a_multiple_of_128() {
+        let x = Nvfp4Matrix::random_contest(300, 128, 1, 3).unwrap();
+        let offsets = expert_offsets(&[130, 0, 1, 169]).unwrap();
+        let s = moe_scales(&x, &offsets).unwrap();
+        let p = MoeProblem::new(300, 32, 128, 4);
+        assert_eq!(s.len(), p.sfa_bytes());
+        let sp = padded_sf_cols(sf_cols(128));
+        // Expert 0 at row 0, expert 2 at 256 (130 rows pad to 256, expert 1 is empty), expert 3 at 384.
+        for (r, at) in [(0, 0), (129, 129), (130, 256), (131, 384), (299, 384 + 168)] {
+            for c in 0..sf_cols(128) {
+                assert_eq!(s[sf_offset(at, c, sp)], x.scale(0, r, c), "row {r}");
+            }
+        }
+        assert_eq!(s[sf_offset(130, 0, sp)], 0, "padding is zero");
+    }
+
+    #[test]
+    fn validate_names_each_rule() {
+        let ok = MoeProblem::new(64, 4096, 7168, 256);
+        ok.validate(OutType::Bf16).unwrap();
+        MoeProblem::new(0, 4096, 7168, 256).validate(OutType::F32).unwrap();
+        assert!(matches!(MoeProblem::new(64, 4096, 7168, 0).validate(OutType::F16), Err(Error::Dimension { dim: "experts", .. })));
+        assert!(matches!(MoeProblem::new(64, 4096, 7168, MAX_EXPERTS + 1).validate(OutType::F16), Err(Error::Dimension { dim: "experts", .. })));
+        assert!(MoeProblem::new(64, 4096, 7168, 8).validate(OutType::Nvfp4).unwrap_err().to_string().contains("not grouped yet"));
+        assert!(matches!(MoeProblem::new(64, 4096, 7000, 8).validate(OutType::F16), Err(Error::KMultiple { .. })));
+        assert!(matches!(MoeProblem::new(64, 4100, 7168, 8).validate(OutType::F16), Err(Error::NMultiple { .. })));
+        let e = MoeProblem::new(Problem::MAX_EXTENT, 4096, 64, 8).validate(OutType::F16).unwrap_err();
+        assert!(matches!(e, Error::SizeLimit { what: "padded scale rows", .. }), "{e}");
+        let e = MoeProblem::new(1 << 22, 1 << 20, 64, 8).validate(OutType::F16).unwrap_err();
+        assert!(matches!(e, Error::SizeLimit { what: "work items", .. }), "{e}");
+        assert!(matches!(MoeProblem::new(64, 4096, 7168, 8).alpha(f32::NAN).validate(OutType::F16), Err(Error::NonFiniteScalar { .. })));
+    }
+
+    #[test]
+    fn kernels_accept_what_validate_accepts() {
+        // The C++ adapters' own checks (host-side, nothing launched) agree with validate on the
+        // edges of its limits.
+        let problems = [MoeProblem::new(1, 32, 32, 1), MoeProblem::new(64, 4096, 7168, 256), MoeProblem::new(5000, 768, 2048, MAX_EXPERTS), MoeProblem::new(Problem::MAX_EXTENT - 127 * 64, 128, 64, 64)];
+        for c in Config::ALL.iter().copied() {
+            for &out in c.info().grouped {
+                if !c.is_built(out) {
+                    continue;
+                }
+                for p in problems {
+                    assert!(p.validate(out).is_ok(), "{p:?}");
+                    assert!(crate::cutlass_host::can_implement_grouped(c, out, &p).unwrap(), "{c} {out} {p:?}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn reference_is_the_per_expert_gemm() {
+        let x = Nvfp4Matrix::random_contest(40, 128, 1, 11).unwrap();
+        let w = Nvfp4Matrix::random_contest(64, 128, 3, 12).unwrap();
+        let offsets = expert_offsets(&[17, 0, 23]).unwrap();
+        let scales = [0.5f32, 3.0, 0.25];
+        let d: Vec<f32> = reference_moe(&x, &w, &offsets, &scales, 0.75).unwrap();
+        for (e, r0, r1) in [(0usize, 0usize, 17usize), (2, 17, 40)] {
+            let rows: Vec<usize> = (r0..r1).collect();
+            let want: Vec<f32> = crate::matrix::reference_gemm(&x.select_rows(&rows), &w.batch_slice(e), 0.75 * scales[e], 0.0, None).unwrap();
+            assert_eq!(&d[r0 * 64..r1 * 64], &want[..]);
+        }
+    }
+}
