@@ -8,11 +8,18 @@ For each shape M x N x K (A: (M, K) activations, W: (N, K) weights, result A @ W
   that _scaled_mm wants;
 - int4_tinygemm (--op w4a16): `torch._weight_int4pack_mm(a, w_packed, 128, scales_and_zeros)`,
   bf16 a, int4 weights in groups of 128 packed by `torch._convert_weight_to_int4pack`.
+- bf16_grouped (--op grouped, cases from --grouped-cases FILE, which `bench --emit-grouped-cases`
+  writes): the mixture-of-experts GEMM on bf16 weights (E, N, K) (weights already dequantized)
+  and activations (T, K) stacked by expert: `torch._grouped_mm(a, w.transpose(-2, -1), offs)`
+  where this PyTorch has it and takes the case (`bf16_grouped_kind` "grouped_mm"), else a loop of
+  `a[rows of e] @ w[e].T` over the experts with rows, all in the one graph (kind "loop").
 
 Method, per contender and shape:
 - S input sets (every tensor of a call cloned S times), S = max(2, ceil(2 * L2 / B) + 1) where B
   is the smallest per-call input size among the shape's contenders, so that every contender
-  rotates through more than twice the L2 (the same S for all of them);
+  rotates through more than twice the L2 (the same S for all of them); grouped: B is the bytes a
+  call touches (the weights of experts with rows, activations, output), and S = 1 where B alone
+  exceeds twice the L2;
 - each set run once eagerly on a side stream (cuBLAS handles, workspaces and heuristics are
   made there, outside the capture; an unsupported call fails here);
 - one CUDA graph captured on that stream of R = S * ceil(20 / S) calls, call i on set i mod S,
@@ -31,6 +38,7 @@ Output JSON (see --help): {"gpu", "l2_bytes", "copy_gbps", "torch", "triton", "c
 string; the script goes on, rewrites the JSON after every shape, and exits 0 once it is written.
 
   python3 bench/baselines.py --out FILE.json [--shape MxNxK ...] [--op gemm|w4a16]
+  python3 bench/baselines.py --out FILE.json --op grouped --grouped-cases CASES.json
 """
 import argparse
 import json
@@ -80,6 +88,68 @@ def contenders(op, m, n, k, gen):
             make_int4,
             lambda a, w, sz: torch._weight_int4pack_mm(a, w, GROUP, sz))
     return out
+
+
+def grouped_contender(n, k, counts, gen):
+    """bf16_grouped for one case: (bytes a call touches, make, call, kind)."""
+    experts, t = len(counts), sum(counts)
+    hit = [e for e in range(experts) if counts[e]]
+    ends = [sum(counts[:e + 1]) for e in range(experts)]
+    nbytes = len(hit) * n * k * 2 + t * k * 2 + t * n * 2
+
+    def make():
+        a = torch.randn(t, k, device="cuda", dtype=torch.bfloat16, generator=gen)
+        w = torch.randn(experts, n, k, device="cuda", dtype=torch.bfloat16, generator=gen)
+        return a, w, torch.tensor(ends, device="cuda", dtype=torch.int32)
+
+    def grouped(a, w, offs):
+        return torch._grouped_mm(a, w.transpose(-2, -1), offs=offs, out_dtype=torch.bfloat16)
+
+    def loop(a, w, offs):
+        starts = [0] + ends[:-1]
+        return [a[starts[e]:ends[e]] @ w[e].T for e in hit]
+
+    kind, call = "loop", loop
+    if hasattr(torch, "_grouped_mm"):
+        try:
+            probe = make()
+            grouped(*probe)
+            torch.cuda.synchronize()
+            kind, call = "grouped_mm", grouped
+        except Exception as e:  # noqa: BLE001 - unsupported here: the loop stands in
+            log(f"torch._grouped_mm refused the case ({type(e).__name__}: {str(e)[:200]}); timing the loop")
+        finally:
+            probe = None
+            free()
+    return nbytes, make, call, kind
+
+
+def run_grouped(name, case, l2):
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    nbytes, make, call, kind = grouped_contender(case["n"], case["k"], case["counts"], gen)
+    nsets = 1 if nbytes > 2 * l2 else math.ceil(2 * l2 / nbytes) + 1
+    calls = nsets * math.ceil(MIN_CALLS / nsets)
+    rec = {"graph_calls": calls, "sets": nsets, "bf16_grouped_kind": kind,
+           "bf16_grouped_graph_us": None, "bf16_grouped_do_bench_us": None}
+    sets = None
+    try:
+        first = make()
+        sets = [first] + [tuple(x.clone() for x in first) for _ in range(nsets - 1)]
+        g_us, db_us, db_err = time_graph(call, sets, calls)
+        rec["bf16_grouped_graph_us"] = round(g_us, 3)
+        rec["bf16_grouped_do_bench_us"] = None if db_us is None else round(db_us, 3)
+        if db_err:
+            rec["bf16_grouped_do_bench_error"] = db_err
+        elif abs(g_us - db_us) > 0.1 * min(g_us, db_us):
+            log(f"WARNING {name}: graph {g_us:.2f} us vs do_bench {db_us:.2f} us (> 10% apart)")
+        log(f"{name}: bf16 grouped ({kind}) {g_us:.2f} us (do_bench {db_us}); {nsets} sets, {calls} calls a graph")
+    except Exception as e:  # noqa: BLE001
+        rec["bf16_grouped_error"] = f"{type(e).__name__}: {e}".strip()[:500]
+        log(f"{name}: failed: {rec['bf16_grouped_error']}")
+    finally:
+        del sets
+        free()
+    return rec
 
 
 def time_graph(call, sets, calls):
@@ -195,9 +265,13 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--out", required=True, help="JSON file to write")
     p.add_argument("--shape", action="append", help="MxNxK (repeatable; default: the bench shapes)")
-    p.add_argument("--op", choices=["gemm", "w4a16"], default="gemm",
-                   help="gemm: cuBLAS bf16 and FP8; w4a16: cuBLAS bf16 and int4 tinygemm")
+    p.add_argument("--op", choices=["gemm", "w4a16", "grouped"], default="gemm",
+                   help="gemm: cuBLAS bf16 and FP8; w4a16: cuBLAS bf16 and int4 tinygemm; "
+                        "grouped: bf16 grouped GEMM over --grouped-cases")
+    p.add_argument("--grouped-cases", help="JSON of the grouped cases (bench --emit-grouped-cases)")
     args = p.parse_args()
+    if args.op == "grouped" and not args.grouped_cases:
+        p.error("--op grouped needs --grouped-cases FILE")
     shapes = args.shape or DEFAULT_SHAPES
     for s in shapes:
         if len(s.split("x")) != 3 or not all(x.isdigit() for x in s.split("x")):
@@ -219,6 +293,14 @@ def main():
         doc["copy_error"] = f"{type(e).__name__}: {e}"
         log(f"copy bandwidth failed: {doc['copy_error']}")
     free()
+    if args.op == "grouped":
+        with open(args.grouped_cases) as f:
+            cases = json.load(f)
+        doc["cases"] = {}
+        for name, case in cases.items():
+            doc["cases"][name] = run_grouped(name, case, props.L2_cache_size)
+            write(args.out, doc)
+        shapes = []
     for s in shapes:
         doc["shapes"][s] = run_shape(args.op, s, props.L2_cache_size)
         write(args.out, doc)

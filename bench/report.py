@@ -14,6 +14,10 @@ extra fields and nulls are fine.
   contender comparing ours_graph_us with that contender's graph time (like for like, same run;
   nothing else is claimed) and the source line. A file without exactly one pair of markers:
   exit 2, naming it, before any file is written. Running it twice gives the same file.
+- --grouped: the rows with op "grouped" instead (case, groups, experts_hit, sum_m, n, k, config,
+  ours_graph_us, host_enqueue_us, loop_graph_us, bf16_grouped_graph_us, floor_us, exact), their
+  table between `<!-- grouped-table:begin -->` and `<!-- grouped-table:end -->`, comparing
+  ours_graph_us with the loop of gemm and with bf16 grouped GEMM; no plot.
 """
 import argparse
 import json
@@ -21,6 +25,7 @@ import os
 import sys
 
 BEGIN, END = "<!-- bench-table:begin -->", "<!-- bench-table:end -->"
+GBEGIN, GEND = "<!-- grouped-table:begin -->", "<!-- grouped-table:end -->"
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SERIES = [  # (field, legend, marker)
     ("ours_graph_us", "ours, CUDA graph", "o"),
@@ -32,7 +37,7 @@ SERIES = [  # (field, legend, marker)
 CUBLAS = [("cublas_bf16_graph_us", "cuBLAS bf16"), ("cublas_fp8_graph_us", "cuBLAS FP8")]
 
 
-def load(path):
+def load(path, op="gemm"):
     rows = []
     with open(path) as f:
         for i, line in enumerate(f, 1):
@@ -42,10 +47,10 @@ def load(path):
                 row = json.loads(line)
             except json.JSONDecodeError as e:
                 sys.exit(f"{path}:{i}: not JSON: {e}")
-            if row.get("op", "gemm") == "gemm":
+            if row.get("op", "gemm") == op:
                 rows.append(row)
     if not rows:
-        sys.exit(f"{path}: no gemm rows")
+        sys.exit(f"{path}: no {op} rows")
     return rows
 
 
@@ -101,16 +106,16 @@ def plot(rows, png):
     fig.savefig(png, dpi=120)
 
 
-def comparison(rows, field, name):
+def comparison(rows, field, name, label_of=shape, units="shapes"):
     """One sentence: where ours_graph_us beats, ties or loses to `field` (same-run rows only)."""
     several_outs = len({str(r.get("out")) for r in rows}) > 1
-    unit = "rows" if several_outs or len({shape(r) for r in rows}) < len(rows) else "shapes"
+    unit = "rows" if several_outs or len({label_of(r) for r in rows}) < len(rows) else units
     faster, slower, tied = [], [], []
     for r in rows:
         ours, theirs = num(r.get("ours_graph_us")), num(r.get(field))
         if not ours or not theirs:
             continue
-        label = shape(r) + (f" {r.get('out')}" if several_outs else "")
+        label = label_of(r) + (f" {r.get('out')}" if several_outs else "")
         ratio = f"{theirs / ours:.2f}"
         item = f"{label} ({theirs / ours:.3f}x)" if ratio == "1.00" else f"{label} ({ratio}x)"
         (faster if ours < theirs else slower if ours > theirs else tied).append(item)
@@ -147,13 +152,35 @@ def table(rows, source):
     return "\n".join(lines)
 
 
+def grouped_table(rows, source):
+    head = ["case", "experts (with rows)", "rows", "N x K", "config", "ours graph us",
+            "host enqueue us", "loop of gemm graph us", "bf16 grouped graph us", "floor us",
+            "ours/floor", "exact"]
+    lines = ["", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        g, fl = num(r.get("ours_graph_us")), num(r.get("floor_us"))
+        ex = r.get("exact")
+        cells = [str(r.get("case")), f"{r.get('groups')} ({r.get('experts_hit')})", str(r.get("sum_m")),
+                 f"{r.get('n')} x {r.get('k')}", f"`{r['config']}`" if r.get("config") else "-"]
+        cells += [fmt(r.get(f)) for f in ("ours_graph_us", "host_enqueue_us", "loop_graph_us",
+                                          "bf16_grouped_graph_us", "floor_us")]
+        cells += [f"{g / fl:.2f}" if g and fl else "-", "yes" if ex is True else "no" if ex is False else "-"]
+        lines.append("| " + " | ".join(cells) + " |")
+    for field, name in [("loop_graph_us", "the loop of gemm"), ("bf16_grouped_graph_us", "bf16 grouped GEMM")]:
+        lines += ["", comparison(rows, field, name, lambda r: str(r.get("case")), "cases")]
+    lines += ["", f"Source: {source} ({joined(rows, 'gpu')}, commit {joined(rows, 'commit')})", ""]
+    return "\n".join(lines)
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("jsonl")
     p.add_argument("--png", help="write the plot here")
     p.add_argument("--readme", action="append", default=[], help="file with the bench-table markers (repeatable)")
+    p.add_argument("--grouped", action="store_true", help="the grouped rows and their table")
     args = p.parse_args()
-    rows = load(args.jsonl)
+    begin, end = (GBEGIN, GEND) if args.grouped else (BEGIN, END)
+    rows = load(args.jsonl, "grouped" if args.grouped else "gemm")
 
     texts = {}
     for path in args.readme:
@@ -162,18 +189,18 @@ def main():
         except OSError as e:
             print(f"{path}: {e}", file=sys.stderr)
             sys.exit(2)
-        b = [i for i, l in enumerate(lines) if l.strip() == BEGIN]
-        e = [i for i, l in enumerate(lines) if l.strip() == END]
+        b = [i for i, l in enumerate(lines) if l.strip() == begin]
+        e = [i for i, l in enumerate(lines) if l.strip() == end]
         if len(b) != 1 or len(e) != 1 or b[0] > e[0]:
-            print(f"{path}: needs exactly one line {BEGIN} followed by one line {END}", file=sys.stderr)
+            print(f"{path}: needs exactly one line {begin} followed by one line {end}", file=sys.stderr)
             sys.exit(2)
         texts[path] = (lines, b[0], e[0])
 
-    if args.png:
+    if args.png and not args.grouped:
         plot(rows, args.png)
     src = os.path.abspath(args.jsonl)
     src = os.path.relpath(src, ROOT) if src.startswith(ROOT + os.sep) else args.jsonl
-    body = table(rows, src)
+    body = grouped_table(rows, src) if args.grouped else table(rows, src)
     for path, (lines, b, e) in texts.items():
         new = "\n".join(lines[:b + 1] + [body] + lines[e:])
         if new != "\n".join(lines):

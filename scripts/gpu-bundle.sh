@@ -38,11 +38,11 @@ case "${1:-tests}" in
     exit $rc ;;
   sanitize)
     # memcheck, racecheck and synccheck over every SM90 config (small-M ones too), split-K path and output type, FP4
-    # outputs included (small shapes), and the captured graph replayed with new data.
+    # outputs included (small shapes), the captured graph replayed with new data, and the grouped kernels.
     rc=0
     for tool in memcheck racecheck synccheck; do
       echo "== compute-sanitizer --tool $tool"
-      compute-sanitizer --tool $tool --error-exitcode 9 "$here/deps/gpu" sm90_every_config sm90_split_k sm90_small_m sm90_extreme fp4_output_exact fp4_output_chains quantized_tensors graph_capture || rc=1
+      compute-sanitizer --tool $tool --error-exitcode 9 "$here/deps/gpu" sm90_every_config sm90_split_k sm90_small_m sm90_extreme fp4_output_exact fp4_output_chains quantized_tensors graph_capture grouped_moe || rc=1
     done
     exit $rc ;;
   example) shift; exec "$here/examples/nvfp4_gemm" "$@" ;;
@@ -56,6 +56,10 @@ case "${1:-tests}" in
     base=""
     if python3 -c 'import torch' 2>/dev/null; then
       python3 "$here/baselines.py" --out "$dir/$name-baselines.json" && base="--baselines $dir/$name-baselines.json"
+      # The grouped cases come from the bench itself (one routing for both sides).
+      "$here/examples/bench" --emit-grouped-cases "$dir/$name-grouped-cases.json" &&
+        python3 "$here/baselines.py" --op grouped --grouped-cases "$dir/$name-grouped-cases.json" --out "$dir/$name-grouped-baselines.json" &&
+        base="$base --grouped-baselines $dir/$name-grouped-baselines.json"
     fi
     "$here/examples/bench" $base --json "$dir/$name.jsonl" "$@" || exit 1
     python3 "$here/report.py" "$dir/$name.jsonl" --png "$dir/$name.png" || true ;;

@@ -216,6 +216,17 @@ pub fn reference_moe<T: OutputElement>(x: &Nvfp4Matrix, w: &Nvfp4Matrix, offsets
 }
 
 impl BlockScaledGemm {
+    /// The config [`Self::moe_gemm`] runs for `p` with output `out` when none is forced (see
+    /// there), or the error it would give.
+    pub fn select_grouped_config(&self, p: &MoeProblem, out: OutType) -> Result<Config> {
+        p.validate(out)?;
+        let dev = self.device();
+        let (major, minor) = dev.compute_capability;
+        let unsupported = || Error::UnsupportedDevice { ordinal: dev.ordinal, major, minor, supported: SUPPORTED_GROUPED };
+        let arch = dev.arch().ok_or_else(unsupported)?;
+        dispatch::select_grouped(arch, p.rows, p.experts, p.k, out, |c| c.is_built(out)).ok_or_else(unsupported)
+    }
+
     /// The grouped GEMM of a mixture-of-experts layer, in one launch (Hopper):
     /// `D[rows of e] = alpha * gA * gB * expert_scales[e] * dec(A[rows of e]) dec(B[e])ᵀ` for
     /// every expert e, with gA and gB the tensors' global scales, in f16, bf16 or f32. Per
@@ -262,12 +273,7 @@ impl BlockScaledGemm {
         let dev = self.device();
         let config = match config {
             Some(c) => c,
-            None => {
-                let (major, minor) = dev.compute_capability;
-                let unsupported = || Error::UnsupportedDevice { ordinal: dev.ordinal, major, minor, supported: SUPPORTED_GROUPED };
-                let arch = dev.arch().ok_or_else(unsupported)?;
-                dispatch::select_grouped(arch, p.rows, p.experts, p.k, out, |c| c.is_built(out)).ok_or_else(unsupported)?
-            }
+            None => self.select_grouped_config(p, out)?,
         };
         if config.compute_capability() != dev.compute_capability {
             let (major, minor) = dev.compute_capability;

@@ -23,7 +23,13 @@
 //! per second of the graph time, against `copy_gbps`; `exact`: codes and scales equal the CPU
 //! quantizer's bit for bit.
 //!
+//! Then the grouped (mixture-of-experts) cases (`op` "grouped", [`grouped`] has the method),
+//! against the loop of `gemm` per expert and bf16 grouped GEMM from `--grouped-baselines FILE`
+//! (bench/baselines.py --op grouped over the cases `--emit-grouped-cases FILE` writes).
+//!
 //! `cargo run --release --example bench -- [--shape MxNxK]... [--out f16,nvfp4] [--json FILE]`
+
+mod grouped;
 
 use std::time::Instant;
 
@@ -76,6 +82,15 @@ struct Cli {
     /// Skip the GEMMs (quantizer runs only).
     #[arg(long)]
     no_gemm: bool,
+    /// Grouped cases to run, comma-separated names, `all` or `none`.
+    #[arg(long, default_value = "all")]
+    grouped: String,
+    /// JSON from bench/baselines.py --op grouped (bf16 grouped GEMM, same device session).
+    #[arg(long)]
+    grouped_baselines: Option<std::path::PathBuf>,
+    /// Write the grouped cases (names, N, K, rows per expert) as JSON here and exit.
+    #[arg(long)]
+    emit_grouped_cases: Option<std::path::PathBuf>,
     /// Commit recorded in the JSON (default: the one this binary was built from, if known).
     #[arg(long)]
     commit: Option<String>,
@@ -98,6 +113,10 @@ type Sets = Vec<(Nvfp4Tensor, Nvfp4Tensor)>;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let cli = Cli::parse();
+    if let Some(path) = &cli.emit_grouped_cases {
+        std::fs::write(path, grouped::cases_json(&grouped::cases()))?;
+        return Ok(());
+    }
     if cli.runs < 100 || cli.graph_calls < 20 || cli.replays < 1 {
         eprintln!("bench: --runs must be at least 100, --graph-calls at least 20, --replays at least 1");
         std::process::exit(2);
@@ -168,6 +187,28 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         json += &format!(
             "{{\"op\":\"quantize\",\"gpu\":\"{gpu}\",\"commit\":\"{commit}\",\"m\":{m},\"k\":{k},\"l\":1,\"input\":\"bf16\",\"runs\":{},\"graph_calls\":{},\"ours_b2b_us\":{:.3},\"ours_graph_us\":{:.3},\"host_enqueue_us\":{:.3},\"bytes\":{},\"gbps\":{gbps:.1},\"copy_gbps\":{copy_gbps:.1},\"exact\":{}}}\n",
             cli.runs, cli.graph_calls, r.b2b_us, r.graph_us, r.host_us, r.bytes, r.exact);
+    }
+    let grouped_baselines = match &cli.grouped_baselines {
+        Some(p) => Some(Baselines::read(p)?),
+        None => None,
+    };
+    let cases: Vec<grouped::Case> = grouped::cases().into_iter().filter(|c| cli.grouped == "all" || cli.grouped.split(',').any(|x| x == c.name)).collect();
+    if !cases.is_empty() {
+        println!("{:>26} {:>5} {:>6} {:>5} {:>26} {:>8} {:>9} {:>8} {:>9} {:>10} {:>8} {:>7} {:>6}", "case", "E", "hit", "T", "config", "b2b_us", "graph_us", "host_us", "loop_us", "bf16_group", "floor_us", "x_floor", "check");
+    }
+    for case in &cases {
+        let r = grouped::bench_case(&cli, &gemm, &stream, l2, copy_gbps, case)?;
+        let t: usize = case.counts.iter().sum();
+        let bf16 = grouped_baselines.as_ref().and_then(|b| b.number(&case.name, "bf16_grouped_graph_us"));
+        let kind = grouped_baselines.as_ref().and_then(|b| b.text(&case.name, "bf16_grouped_kind"));
+        let fmt = |x: Option<f64>| x.map_or("-".to_string(), |v| format!("{v:.2}"));
+        println!("{:>26} {:>5} {:>6} {:>5} {:>26} {:>8.2} {:>9.2} {:>8.2} {:>9.2} {:>10} {:>8.2} {:>7.2} {:>6}", case.name, case.counts.len(), r.experts_hit, t, r.config.to_string(),
+            r.b2b_us, r.graph_us, r.host_us, r.loop_graph_us, fmt(bf16), r.floor_us, r.graph_us / r.floor_us, if r.exact { "exact" } else { "FAILED" });
+        let num = |x: Option<f64>| x.map_or("null".to_string(), |v| format!("{v:.3}"));
+        json += &format!(
+            "{{\"op\":\"grouped\",\"gpu\":\"{gpu}\",\"commit\":\"{commit}\",\"case\":\"{}\",\"groups\":{},\"experts_hit\":{},\"sum_m\":{t},\"n\":{},\"k\":{},\"out\":\"bf16\",\"config\":\"{}\",\"runs\":{},\"graph_calls\":{},\"ours_b2b_us\":{:.3},\"ours_graph_us\":{:.3},\"host_enqueue_us\":{:.3},\"loop_graph_us\":{:.3},\"bf16_grouped_graph_us\":{},\"bf16_grouped_kind\":{},\"floor_us\":{:.3},\"bytes\":{},\"gbps\":{:.1},\"copy_gbps\":{copy_gbps:.1},\"exact\":{}}}\n",
+            case.name, case.counts.len(), r.experts_hit, case.n, case.k, r.config, cli.runs, cli.graph_calls, r.b2b_us, r.graph_us, r.host_us, r.loop_graph_us, num(bf16),
+            kind.map_or("null".to_string(), |k| format!("\"{k}\"")), r.floor_us, r.bytes, r.bytes as f64 / (r.graph_us * 1e-6) / 1e9, r.exact);
     }
     if let Some(path) = &cli.json {
         std::fs::write(path, json)?;
@@ -410,7 +451,7 @@ mod le {
     }
 }
 
-fn poison(stream: &Arc<CudaStream>, d: &mut CudaSlice<u8>) -> Result<(), cudarc::driver::DriverError> {
+fn poison(stream: &Arc<CudaStream>, d: &mut impl DevicePtrMut<u8>) -> Result<(), cudarc::driver::DriverError> {
     let bytes = d.len();
     let (ptr, _guard) = d.device_ptr_mut(stream);
     // SAFETY: ptr is a live allocation of `bytes` bytes, ordered on this stream by the guard.
@@ -444,13 +485,21 @@ impl Baselines {
         std::fs::read_to_string(path).map(Baselines)
     }
     fn get(&self, m: usize, n: usize, k: usize) -> (Option<f64>, Option<f64>) {
-        let Some(i) = self.0.find(&format!("\"{m}x{n}x{k}\"")) else { return (None, None) };
+        let name = format!("{m}x{n}x{k}");
+        (self.number(&name, "cublas_bf16_graph_us"), self.number(&name, "cublas_fp8_graph_us"))
+    }
+    /// The raw value of `key` in the entry named `name` (a shape or a grouped case).
+    fn field(&self, name: &str, key: &str) -> Option<&str> {
+        let i = self.0.find(&format!("\"{name}\""))?;
         let rest = &self.0[i..];
         let entry = &rest[..rest.find('}').unwrap_or(rest.len())];
-        let num = |key: &str| -> Option<f64> {
-            let j = entry.find(&format!("\"{key}\""))? + key.len() + 2;
-            entry[j..].trim_start_matches([':', ' ']).split([',', '}', '\n']).next()?.trim().parse().ok()
-        };
-        (num("cublas_bf16_graph_us"), num("cublas_fp8_graph_us"))
+        let j = entry.find(&format!("\"{key}\""))? + key.len() + 2;
+        Some(entry[j..].trim_start_matches([':', ' ']).split([',', '}', '\n']).next()?.trim())
+    }
+    fn number(&self, name: &str, key: &str) -> Option<f64> {
+        self.field(name, key)?.parse().ok()
+    }
+    fn text(&self, name: &str, key: &str) -> Option<String> {
+        Some(self.field(name, key)?.strip_prefix('"')?.strip_suffix('"')?.to_string())
     }
 }

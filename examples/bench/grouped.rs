@@ -1,0 +1,204 @@
+//! The grouped (mixture-of-experts) cases of the bench (`op` "grouped"): the cases, their
+//! routing, and one case's timings.
+//!
+//! Per case, in one run: stacked contest-data activations (T = sum of the experts' rows, K),
+//! weights (E, N, K) of which eight distinct experts repeat, expert scales 1, bf16 output; buffer
+//! sets rotated so that the bytes a call touches (the weights of the experts with rows, the
+//! activations, their scales and D) cover more than twice the L2 (one set where a call already
+//! touches that much). Timed as `gemm` is: `ours_b2b_us` and `host_enqueue_us` back to back,
+//! `ours_graph_us` from a CUDA graph; `loop_graph_us`: this crate's `gemm` once per expert with
+//! rows, every call of the loop in the same graph. `exact`: sampled rows of every timing equal
+//! the exact reference of their expert bit for bit. The floor is max(bytes touched / the run's
+//! copy bandwidth, FP16 MMA time of the rows at 800 TFLOP/s).
+
+use std::sync::Arc;
+
+use blockscaled_gemm::compare::compare;
+use blockscaled_gemm::grouped::{expert_offsets, moe_scales};
+use blockscaled_gemm::layout::sf_batch_bytes;
+use blockscaled_gemm::{reference_gemm, BlockScaledGemm, Config, MoeActivations, MoeProblem, Nvfp4Matrix, Nvfp4Tensor, Problem, SplitMix64};
+use cudarc::driver::{CudaSlice, CudaStream};
+use half::bf16;
+
+use crate::{poison, time_back_to_back, time_graph, Cli};
+
+/// One grouped case: its name, N, K and the rows each expert receives.
+pub struct Case {
+    pub name: String,
+    pub n: usize,
+    pub k: usize,
+    pub counts: Vec<usize>,
+}
+
+/// Rows per expert of `tokens` tokens each routed to `top_k` distinct experts of `experts`,
+/// drawn with SplitMix64(seed): the same routing on every run.
+fn routing(tokens: usize, experts: usize, top_k: usize, seed: u64) -> Vec<usize> {
+    let mut rng = SplitMix64::new(seed);
+    let mut counts = vec![0usize; experts];
+    for _ in 0..tokens {
+        let mut picked: Vec<usize> = Vec::with_capacity(top_k);
+        while picked.len() < top_k {
+            let e = rng.below(experts as u64) as usize;
+            if !picked.contains(&e) {
+                picked.push(e);
+            }
+        }
+        for e in picked {
+            counts[e] += 1;
+        }
+    }
+    counts
+}
+
+/// The bench's grouped cases: four of fixed sizes, and the expert layers of DeepSeek-V3 (E = 256,
+/// top-8, hidden 7168, expert width 2048) and Qwen3-30B-A3B (E = 128, top-8, hidden 2048, expert
+/// width 768) at 1, 8, 64 and 512 tokens.
+pub fn cases() -> Vec<Case> {
+    let mut v = vec![
+        Case { name: "g8-n4096-k7168".into(), n: 4096, k: 7168, counts: vec![80, 176, 128, 72, 64, 248, 96, 160] },
+        Case { name: "g8-n7168-k2048".into(), n: 7168, k: 2048, counts: vec![40, 76, 168, 72, 164, 148, 196, 160] },
+        Case { name: "g2-n3072-k4096".into(), n: 3072, k: 4096, counts: vec![192, 320] },
+        Case { name: "g2-n4096-k1536".into(), n: 4096, k: 1536, counts: vec![128, 384] },
+    ];
+    for (model, experts, layers) in [("dsv3", 256, [("gate-up", 4096, 7168), ("down", 7168, 2048)]), ("qwen3-30b-a3b", 128, [("gate-up", 1536, 2048), ("down", 2048, 768)])] {
+        for (layer, n, k) in layers {
+            for t in [1, 8, 64, 512] {
+                v.push(Case { name: format!("{model}-{layer}-t{t}"), n, k, counts: routing(t, experts, 8, 0x5eed + t as u64) });
+            }
+        }
+    }
+    v
+}
+
+/// The cases as JSON for bench/baselines.py (`--op grouped --grouped-cases FILE`).
+pub fn cases_json(cases: &[Case]) -> String {
+    let items: Vec<String> = cases.iter().map(|c| {
+        let counts: Vec<String> = c.counts.iter().map(|x| x.to_string()).collect();
+        format!("\"{}\": {{\"n\": {}, \"k\": {}, \"counts\": [{}]}}", c.name, c.n, c.k, counts.join(", "))
+    }).collect();
+    format!("{{{}}}\n", items.join(",\n "))
+}
+
+pub struct GroupedResult {
+    pub config: Config,
+    pub experts_hit: usize,
+    pub b2b_us: f64,
+    pub graph_us: f64,
+    pub host_us: f64,
+    pub loop_graph_us: f64,
+    pub floor_us: f64,
+    pub bytes: usize,
+    pub exact: bool,
+}
+
+/// Device buffers of one set: activations, their MoE-layout scales, weights and weight scales.
+struct Set {
+    a: CudaSlice<u8>,
+    sfa: CudaSlice<u8>,
+    b: CudaSlice<u8>,
+    sfb: CudaSlice<u8>,
+}
+
+pub fn bench_case(cli: &Cli, gemm: &BlockScaledGemm, stream: &Arc<CudaStream>, l2: usize, copy_gbps: f64, case: &Case) -> Result<GroupedResult, Box<dyn std::error::Error>> {
+    let (n, k, experts) = (case.n, case.k, case.counts.len());
+    let t: usize = case.counts.iter().sum();
+    let p = MoeProblem::new(t, n, k, experts);
+    let x = Nvfp4Matrix::random_contest(t, k, 1, 1)?;
+    let unique = experts.min(8);
+    let w8 = Nvfp4Matrix::random_contest(n, k, unique, 2)?;
+    let offsets = expert_offsets(&case.counts)?;
+    let sfa_host = moe_scales(&x, &offsets)?;
+    let hit: Vec<usize> = (0..experts).filter(|&e| case.counts[e] > 0).collect();
+    let (w_bytes, w_sf) = (n * k / 2, sf_batch_bytes(n, k));
+    let bytes = hit.len() * (w_bytes + w_sf) + p.a_bytes() + p.sfa_bytes() + 2 * p.d_elems();
+    let n_sets = if bytes > 2 * l2 { 1 } else { 2 * l2 / bytes + 2 };
+    let mut sets = Vec::with_capacity(n_sets);
+    for _ in 0..n_sets {
+        let mut b: CudaSlice<u8> = stream.alloc_zeros(p.b_bytes())?;
+        let mut sfb: CudaSlice<u8> = stream.alloc_zeros(p.sfb_bytes())?;
+        for e in 0..experts {
+            let u = e % unique;
+            stream.memcpy_htod(&w8.data()[u * w_bytes..][..w_bytes], &mut b.slice_mut(e * w_bytes..(e + 1) * w_bytes))?;
+            stream.memcpy_htod(&w8.scales()[u * w_sf..][..w_sf], &mut sfb.slice_mut(e * w_sf..(e + 1) * w_sf))?;
+        }
+        sets.push(Set { a: stream.clone_htod(x.data())?, sfa: stream.clone_htod(&sfa_host)?, b, sfb });
+    }
+    let offsets_dev = stream.clone_htod(&offsets)?;
+    let ones = stream.clone_htod(&vec![1.0f32; experts])?;
+    let mut d: CudaSlice<bf16> = stream.alloc_zeros(p.d_elems())?;
+    let config = gemm.select_grouped_config(&p, blockscaled_gemm::OutType::Bf16)?;
+    let launch = |i: usize, d: &mut CudaSlice<bf16>| -> Result<(), blockscaled_gemm::Error> {
+        let s = &sets[i % n_sets];
+        let a = MoeActivations::new(s.a.as_view(), s.sfa.as_view(), (t, k), 1.0)?;
+        let b = Nvfp4Tensor::new(s.b.as_view(), s.sfb.as_view(), (experts, n, k), 1.0)?;
+        gemm.moe_gemm(&p, &a, &b, &offsets_dev, &ones, d, Some(config)).map(|_| ())
+    };
+    // The loop of gemm, one call per expert with rows: the expert's rows of A, its scales (the
+    // MoE layout is each expert's own tiled layout, at its padded start), its batch of B.
+    let sp_bytes = |rows: usize| sf_batch_bytes(rows, k);
+    let mut sf_start = Vec::with_capacity(experts);
+    let mut at = 0;
+    for &c in &case.counts {
+        sf_start.push(at);
+        at += sp_bytes(c);
+    }
+    let mut workspace = 0;
+    for &e in &hit {
+        workspace = workspace.max(gemm.workspace_size(&Problem::new(case.counts[e], n, k), blockscaled_gemm::OutType::Bf16, None)?);
+    }
+    gemm.reserve_workspace(workspace)?;
+    let loop_launch = |i: usize, d: &mut CudaSlice<bf16>| -> Result<(), blockscaled_gemm::Error> {
+        let s = &sets[i % n_sets];
+        for &e in &hit {
+            let (r0, r1) = (offsets[e] as usize, offsets[e + 1] as usize);
+            let pe = Problem::new(r1 - r0, n, k);
+            let a = Nvfp4Tensor::new(s.a.slice(r0 * k / 2..r1 * k / 2), s.sfa.slice(sf_start[e]..sf_start[e] + sp_bytes(r1 - r0)), (1, r1 - r0, k), 1.0)?;
+            let b = Nvfp4Tensor::new(s.b.slice(e * w_bytes..(e + 1) * w_bytes), s.sfb.slice(e * w_sf..(e + 1) * w_sf), (1, n, k), 1.0)?;
+            gemm.gemm(&pe, &a, &b, &mut d.slice_mut(r0 * n..r1 * n), None)?;
+        }
+        Ok(())
+    };
+    // Sampled rows of every expert region and the exact reference of their expert (computed
+    // once; each timing's output is checked against it).
+    let rows: Vec<usize> = (0..t.min(48)).map(|i| i * (t - 1) / (t.min(48) - 1).max(1)).collect();
+    let mut wants: Vec<(Vec<usize>, Vec<bf16>)> = Vec::new();
+    for &e in &hit {
+        let (r0, r1) = (offsets[e] as usize, offsets[e + 1] as usize);
+        let mine: Vec<usize> = rows.iter().copied().filter(|&r| r >= r0 && r < r1).collect();
+        if !mine.is_empty() {
+            let want = reference_gemm(&x.select_rows(&mine), &w8.batch_slice(e % unique), 1.0, 0.0, None)?;
+            wants.push((mine, want));
+        }
+    }
+    let check = |d: &CudaSlice<bf16>| -> Result<bool, Box<dyn std::error::Error>> {
+        let got = stream.clone_dtoh(d)?;
+        let ok = wants.iter().all(|(mine, want)| {
+            let got_rows: Vec<bf16> = mine.iter().flat_map(|&r| got[r * n..(r + 1) * n].iter().copied()).collect();
+            compare(&got_rows, want, 0.0, 0.0).passed()
+        });
+        if !ok {
+            eprintln!("{}: verification failed", case.name);
+        }
+        Ok(ok)
+    };
+    for i in 0..10 {
+        launch(i, &mut d)?;
+    }
+    poison_bf16(stream, &mut d)?;
+    let (b2b_us, host_us) = time_back_to_back(cli, stream, |i| launch(i, &mut d))?;
+    let mut exact = check(&d)?;
+    poison_bf16(stream, &mut d)?;
+    let graph_us = time_graph(cli, stream, |i| launch(i, &mut d))?;
+    exact &= check(&d)?;
+    poison_bf16(stream, &mut d)?;
+    let loop_graph_us = time_graph(cli, stream, |i| loop_launch(i, &mut d))?;
+    exact &= check(&d)?;
+    let floor_us = (bytes as f64 / (copy_gbps * 1e9)).max(2.0 * (t * n * k) as f64 / 800e12) * 1e6;
+    Ok(GroupedResult { config, experts_hit: hit.len(), b2b_us, graph_us, host_us, loop_graph_us, floor_us, bytes, exact })
+}
+
+fn poison_bf16(stream: &Arc<CudaStream>, d: &mut CudaSlice<bf16>) -> Result<(), cudarc::driver::DriverError> {
+    let bytes = d.len() * 2;
+    // SAFETY: any byte is a valid u8; the view covers exactly D's bytes.
+    poison(stream, &mut unsafe { d.transmute_mut::<u8>(bytes) }.expect("2 bytes each"))
+}
