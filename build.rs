@@ -322,7 +322,7 @@ fn parse_table(text: &str, out_names: &[String]) -> (Vec<Config>, Vec<Output>) {
     for (outs, names) in &grouped {
         for name in names {
             let c = configs.iter_mut().find(|c| &c.name == name).unwrap_or_else(|| panic!("configs.def: BSG_GROUPED names unknown config {name}"));
-            assert!(c.arch == 90 && c.schedule.starts_with("MainloopStream"), "configs.def: BSG_GROUPED lists {name}, not an SM90 stream config");
+            assert!(c.arch == 90 && (c.schedule.starts_with("MainloopStream") || c.schedule == "MainloopSwappedRegisterDecode"), "configs.def: BSG_GROUPED lists {name}, not an SM90 stream or swapped config");
             for o in outs {
                 assert!(["F16", "Bf16", "F32"].contains(&o.as_str()), "configs.def: BSG_GROUPED output {o}: f16, bf16 or f32");
                 assert!(!c.grouped.contains(o), "configs.def: {name} has grouped {o} twice");

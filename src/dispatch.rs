@@ -250,20 +250,33 @@ fn swapped_estimate_us(config: Config, p: &Problem, split: u32, sm_count: usize)
     waves * (first + after + range * clocks / 1900.0)
 }
 
-/// The grouped (mixture-of-experts) kernel for `rows` stacked rows over `experts` experts:
-/// the stream tile of the fewest rows (among those with a grouped kernel for `out` that
-/// `available` allows) that holds the mean rows per expert `ceil(T / min(E, T))`, else the
-/// tallest; its short-K stages where K is at most STREAM_SHORT_K k-tiles (each work item spans
-/// the whole K). The routing is on the device, so the mean is all the host knows.
+/// The grouped (mixture-of-experts) kernel for `rows` stacked rows over `experts` experts, by
+/// the mean rows per expert `ceil(T / min(E, T))` (the routing is on the device, so the mean is
+/// all the host knows), among the configs with a grouped kernel for `out` that `available`
+/// allows: from GROUPED_SWAPPED_MEAN rows the swapped 128-row tiles (the 128x128 one, else
+/// 128x256); below, the stream tile of the fewest rows that holds the mean, else the tallest, in
+/// its short-K stages where K is at most STREAM_SHORT_K k-tiles (each work item spans the whole
+/// K).
 pub fn select_grouped(arch: u32, rows: usize, experts: usize, k: usize, out: OutType, available: impl Fn(Config) -> bool) -> Option<Config> {
-    let candidates: Vec<Config> = Config::ALL.iter().copied().filter(|c| c.info().arch == arch && c.info().grouped.contains(&out) && available(*c)).collect();
+    let all: Vec<Config> = Config::ALL.iter().copied().filter(|c| c.info().arch == arch && c.info().grouped.contains(&out) && available(*c)).collect();
     let mean = rows.div_ceil(experts.min(rows).max(1));
+    if mean >= GROUPED_SWAPPED_MEAN {
+        if let Some(c) = [Config::Sm90_Swapped_128x128x64, Config::Sm90_128x256x64].into_iter().find(|c| all.contains(c)) {
+            return Some(c);
+        }
+    }
+    let candidates: Vec<Config> = all.into_iter().filter(|c| c.info().streams()).collect();
     let tile_rows = |c: &Config| c.info().tile[0] as usize;
     let rows_pick = candidates.iter().map(tile_rows).filter(|&r| r >= mean).min().or_else(|| candidates.iter().map(tile_rows).max())?;
     let short = k.div_ceil(64) <= STREAM_SHORT_K;
     let fewest: Vec<Config> = candidates.into_iter().filter(|c| tile_rows(c) == rows_pick).collect();
     fewest.iter().copied().find(|c| (c.info().schedule == Schedule::StreamWeightsShortK) == short).or(fewest.first().copied())
 }
+
+/// Mean rows per expert from which the grouped GEMM takes the swapped tiles: the stream tiles
+/// decode each weight tile once per 32 rows and lose to them from about 72 rows in the dense
+/// GEMM (bench/DESIGN.md §12, §14).
+const GROUPED_SWAPPED_MEAN: usize = 64;
 
 /// Picks a configuration of architecture `arch` for `p`, among those `available` says are
 /// built: on SM90 at M <= 64 the stream tile of the fewest rows that holds M (else the tallest);
@@ -340,15 +353,18 @@ mod tests {
         assert_eq!(select_grouped(90, 64, 256, 7168, OutType::Bf16, all), Some(Config::Sm90_Stream_8x128x64));
         assert_eq!(select_grouped(90, 64, 256, 2048, OutType::Bf16, all), Some(Config::Sm90_StreamShortK_8x128x64));
         assert_eq!(select_grouped(90, 120, 8, 7168, OutType::F16, all), Some(Config::Sm90_Stream_16x128x64));
-        assert_eq!(select_grouped(90, 1024, 8, 7168, OutType::F16, all), Some(Config::Sm90_Stream_32x128x64));
         // No short-K stages of 32 rows: the 32-row tile as it is.
         assert_eq!(select_grouped(90, 4096, 128, 2048, OutType::F32, all), Some(Config::Sm90_Stream_32x128x64));
+        // From 64 rows per expert, the swapped 128-row tiles.
+        assert_eq!(select_grouped(90, 1024, 8, 7168, OutType::Bf16, all), Some(Config::Sm90_Swapped_128x128x64));
+        assert_eq!(select_grouped(90, 1024, 8, 7168, OutType::Bf16, |c| c != Config::Sm90_Swapped_128x128x64), Some(Config::Sm90_128x256x64));
+        assert_eq!(select_grouped(90, 63 * 8, 8, 7168, OutType::Bf16, all), Some(Config::Sm90_Stream_32x128x64));
         assert_eq!(select_grouped(90, 64, 8, 7168, OutType::Nvfp4, all), None);
         assert_eq!(select_grouped(100, 64, 8, 7168, OutType::F16, all), None);
         assert_eq!(select_grouped(90, 64, 256, 7168, OutType::Bf16, |c| c != Config::Sm90_Stream_8x128x64), Some(Config::Sm90_StreamShortK_8x128x64));
         for c in Config::ALL {
             if !c.info().grouped.is_empty() {
-                assert!(c.info().streams(), "{c}: grouped kernels are built on the stream tiles");
+                assert!(c.info().streams() || (c.info().swapped() && c.info().tile[0] == 128), "{c}: grouped kernels are built on the stream and swapped 128-row tiles");
             }
         }
     }

@@ -451,35 +451,20 @@ impl BlockScaledGemm {
             unsafe { cudarc::driver::sys::cuMemsetD32Async(slot, p.norm_constant.to_bits(), 1, stream.cu_stream()) }.result()?;
             args.norm_constant_ptr = slot;
         }
-        loop {
-            if let Some(w) = &scratch.workspace {
-                args.workspace = w.ptr;
-                args.workspace_bytes = w.bytes as u64;
-            }
+        let status = scratch.launch(stream, capturing, |workspace, workspace_bytes| {
             // SAFETY: every address is a live device allocation of the checked length on this
             // stream's device, 16-byte aligned; the caller's guards and our lock live until the
             // launch is queued. The kernel checks the workspace it is given against its need and
             // launches nothing when it is short.
-            let status = unsafe { sys::launch(index, out_index, &args) };
-            match status.cutlass_status {
-                0 => {}
-                NOT_BUILT => return Err(Error::NotBuilt { config, out }),
-                WORKSPACE_NULL if status.workspace_needed > args.workspace_bytes => {
-                    let need = status.workspace_needed as usize;
-                    if capturing {
-                        return Err(Error::WorkspaceDuringCapture { need, have: args.workspace_bytes as usize });
-                    }
-                    scratch.grow(stream, need)?;
-                    continue;
-                }
-                INVALID_PROBLEM => return Err(Error::CannotImplement { config, m: p.m, n: p.n, k: p.k, l: p.l }),
-                code => return Err(Error::Cutlass { code, name: sys::cutlass_status_name(code) }),
-            }
-            if status.cuda_error != 0 {
-                return Err(Error::CudaRuntime { code: status.cuda_error, name: sys::cuda_error_name(status.cuda_error) });
-            }
-            return Ok(config);
-        }
+            unsafe { sys::launch(index, out_index, &KernelArgs { workspace, workspace_bytes, ..args }) }
+        })?;
+        status_result(status, config, out, (p.m, p.n, p.k, p.l))
+    }
+
+    /// [`Scratch::launch`] under the lock, for launches that need nothing else of it.
+    pub(crate) fn launch_with_workspace(&self, capturing: bool, launch: impl FnMut(u64, u64) -> sys::KernelStatus) -> Result<sys::KernelStatus> {
+        let mut scratch = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
+        scratch.launch(&self.stream, capturing, launch)
     }
 
     /// Workspace bytes a call of [`Self::gemm`] (or [`Self::gemm_fp4`] with output `out`) on `p`
@@ -588,7 +573,41 @@ impl Drop for DeviceBuffer {
     }
 }
 
+/// The typed outcome of a kernel's status (after any workspace retry): `config`'s launch of a
+/// problem (M, N, K, L) with output `out`.
+pub(crate) fn status_result(status: sys::KernelStatus, config: Config, out: OutType, (m, n, k, l): (usize, usize, usize, usize)) -> Result<Config> {
+    match status.cutlass_status {
+        0 => {}
+        NOT_BUILT => return Err(Error::NotBuilt { config, out }),
+        INVALID_PROBLEM => return Err(Error::CannotImplement { config, m, n, k, l }),
+        code => return Err(Error::Cutlass { code, name: sys::cutlass_status_name(code) }),
+    }
+    if status.cuda_error != 0 {
+        return Err(Error::CudaRuntime { code: status.cuda_error, name: sys::cuda_error_name(status.cuda_error) });
+    }
+    Ok(config)
+}
+
 impl Scratch {
+    /// Calls `launch` with the workspace (address, bytes; 0, 0 where none is allocated) until the
+    /// kernel no longer reports it short: grows it then (never during capture, where that is
+    /// [`Error::WorkspaceDuringCapture`]) and calls again. Returns the last status.
+    fn launch(&mut self, stream: &CudaStream, capturing: bool, mut launch: impl FnMut(u64, u64) -> sys::KernelStatus) -> Result<sys::KernelStatus> {
+        loop {
+            let (ptr, bytes) = self.workspace.as_ref().map_or((0, 0), |w| (w.ptr, w.bytes as u64));
+            let status = launch(ptr, bytes);
+            if status.cutlass_status == WORKSPACE_NULL && status.workspace_needed > bytes {
+                let need = status.workspace_needed as usize;
+                if capturing {
+                    return Err(Error::WorkspaceDuringCapture { need, have: bytes as usize });
+                }
+                self.grow(stream, need)?;
+                continue;
+            }
+            return Ok(status);
+        }
+    }
+
     /// A workspace of at least `need` bytes; the old one is kept (a captured graph may use it).
     fn grow(&mut self, stream: &CudaStream, need: usize) -> Result<()> {
         if let Some(limit) = self.limit {

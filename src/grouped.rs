@@ -17,7 +17,7 @@ use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
 use crate::dispatch::{self, Config};
 use crate::error::{Error, Result};
 use crate::formats::{OutputElement, PackedFp4, ScaleByte};
-use crate::gemm::{check_devices, BlockScaledGemm, SUPPORTED_GROUPED};
+use crate::gemm::{check_devices, status_result, BlockScaledGemm, SUPPORTED_GROUPED};
 use crate::layout::{padded_sf_cols, sf_bytes, sf_cols, sf_offset};
 use crate::matrix::Nvfp4Matrix;
 use crate::problem::{check_align, check_len, folded_alpha, product, OutType, Problem};
@@ -133,6 +133,11 @@ impl<V, S> MoeActivations<V, S> {
     pub fn global_scale(&self) -> f32 {
         self.global_scale
     }
+}
+
+/// The launch arguments' sizes of a validated problem.
+fn grouped_args(p: &MoeProblem) -> sys::GroupedArgs {
+    sys::GroupedArgs { rows: p.rows as i32, n: p.n as i32, k: p.k as i32, experts: p.experts as i32, ..Default::default() }
 }
 
 /// Expert offsets (E + 1 entries, 0 to T) of rows stacked by expert, `counts[e]` rows each.
@@ -287,7 +292,7 @@ impl BlockScaledGemm {
             ("offsets", offsets.stream()), ("expert_scales", expert_scales.stream()), ("D", d.stream()),
         ])?;
         let alpha = folded_alpha(p.alpha, a.global_scale, b.global_scale())?;
-        self.capture_check()?;
+        let capturing = self.capture_check()?;
         if p.rows == 0 {
             return Ok(config);
         }
@@ -303,24 +308,33 @@ impl BlockScaledGemm {
             check_align(name, addr)?;
         }
         let args = sys::GroupedArgs {
-            rows: p.rows as i32, n: p.n as i32, k: p.k as i32, experts: p.experts as i32,
             a: pa, sfa: psfa, b: pb, sfb: psfb, d: pd, offsets: po, expert_alpha: pes, alpha,
             stream: stream.cu_stream() as u64, device_id: dev.ordinal as i32, sm_count: dev.sm_count as i32,
+            ..grouped_args(p)
         };
-        // SAFETY: every address is a live device allocation of the checked length on this
-        // stream's device, 16-byte aligned where the kernel loads in 16 bytes; the guards above
-        // live until the launch is queued. The kernel clamps the offsets it reads (see above).
-        let status = unsafe { sys::launch_grouped(config.info().index, out.index(), &args) };
-        match status.cutlass_status {
-            0 => {}
-            sys::STATUS_NOT_BUILT => return Err(Error::NotBuilt { config, out }),
-            sys::STATUS_INVALID_PROBLEM => return Err(Error::CannotImplement { config, m: p.rows, n: p.n, k: p.k, l: p.experts }),
-            code => return Err(Error::Cutlass { code, name: sys::cutlass_status_name(code) }),
+        let status = self.launch_with_workspace(capturing, |workspace, workspace_bytes| {
+            // SAFETY: every address is a live device allocation of the checked length on this
+            // stream's device, 16-byte aligned where the kernel loads in 16 bytes; the guards
+            // above and the workspace lock live until the launch is queued. The kernel clamps the
+            // offsets it reads (see above) and launches nothing when the workspace is short.
+            unsafe { sys::launch_grouped(config.info().index, out.index(), &sys::GroupedArgs { workspace, workspace_bytes, ..args }) }
+        })?;
+        status_result(status, config, out, (p.rows, p.n, p.k, p.experts))
+    }
+
+    /// Workspace bytes [`Self::moe_gemm`] needs on `p` with output `out` and `config` (or the one
+    /// it would choose): the swapped tiles' activations decoded to FP16 (2 * T * K bytes plus
+    /// 256 KiB), none for the stream tiles. Reserve it ([`Self::reserve_workspace`]) before
+    /// capturing a call in a CUDA graph.
+    pub fn moe_workspace_size(&self, p: &MoeProblem, out: OutType, config: Option<Config>) -> Result<usize> {
+        let config = match config {
+            Some(c) => c,
+            None => self.select_grouped_config(p, out)?,
+        };
+        if !config.info().grouped.contains(&out) || !config.is_built(out) {
+            return Err(Error::NotBuilt { config, out });
         }
-        if status.cuda_error != 0 {
-            return Err(Error::CudaRuntime { code: status.cuda_error, name: sys::cuda_error_name(status.cuda_error) });
-        }
-        Ok(config)
+        Ok(sys::workspace_size_grouped(config.info().index, out.index(), &grouped_args(p)))
     }
 }
 

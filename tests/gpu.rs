@@ -1109,7 +1109,7 @@ fn grouped_moe_same_bits_as_gemm_per_expert() -> Outcome {
     let offsets = expert_offsets(&counts).unwrap();
     let es = [0.75f32, 1.0, 3.0e-3, 1.5, 0.1];
     let sfa = moe_scales(&x, &offsets).unwrap();
-    for config in [Config::Sm90_Stream_8x128x64, Config::Sm90_Stream_32x128x64] {
+    for config in [Config::Sm90_Stream_8x128x64, Config::Sm90_Stream_32x128x64, Config::Sm90_Swapped_128x128x64, Config::Sm90_128x256x64] {
         let (_, got) = moe_on_device::<bf16>(&g, &x, &w, &sfa, &offsets, &es, 0.625, Some(config)).unwrap();
         for e in 0..counts.len() {
             let (r0, r1) = (offsets[e] as usize, offsets[e + 1] as usize);

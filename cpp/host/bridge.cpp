@@ -82,6 +82,11 @@ bool can_implement_grouped(uint32_t config, uint32_t out, const GroupedArgs& arg
   return e && e->can_implement(args);
 }
 
+size_t workspace_size_grouped(uint32_t config, uint32_t out, const GroupedArgs& args) {
+  const GroupedEntry* e = find_grouped(config, out);
+  return e ? e->workspace_size(args) : 0;
+}
+
 KernelStatus launch(uint32_t config, uint32_t out, const KernelArgs& args) {
   const KernelEntry* e = find(config, out);
   if (!e) return KernelStatus{BSG_STATUS_NOT_BUILT, 0, 0};

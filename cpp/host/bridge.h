@@ -21,6 +21,7 @@ void host_convert(int32_t kind, rust::Slice<const float> x, rust::Slice<uint8_t>
 KernelStatus quantize(const QuantizeArgs& args);
 KernelStatus launch_grouped(uint32_t config, uint32_t out, const GroupedArgs& args);
 bool can_implement_grouped(uint32_t config, uint32_t out, const GroupedArgs& args);
+size_t workspace_size_grouped(uint32_t config, uint32_t out, const GroupedArgs& args);
 rust::String cutlass_status_name(int32_t code);
 rust::String cuda_error_name(int32_t code);
 

@@ -1,5 +1,6 @@
-// SM90 grouped host adapter: checks, TMA descriptors and the one launch of the grouped
-// (mixture-of-experts) kernel of a stream tile, and the entry the generated translation units
+// SM90 grouped host adapter: checks, workspace, TMA descriptors and the launch of the grouped
+// (mixture-of-experts) kernel of a stream tile (one persistent launch) or a swapped tile (the
+// pre-pass, then one CTA per possible item), and the entry the generated translation units
 // export (cpp/configs.def's BSG_GROUPED lines).
 #pragma once
 
@@ -19,30 +20,51 @@ namespace bsg::sm90 {
 template <class T, class OutT>
 struct GroupedGemm {
   using Sched = GroupedTileScheduler<T>;
+  static constexpr auto kKernel = [] {
+    if constexpr (T::kPreA) return &grouped_gemm_kernel<T, OutT>;
+    else return &grouped_stream_kernel<T, OutT>;
+  }();
+
+  // The dense layout of the workspace (TileScheduler: decoded activations past the split-K
+  // counters, which stay zero for the dense calls) for T rows at split 1.
+  static KernelArgs dense_view(const GroupedArgs& a) {
+    KernelArgs k{};
+    k.m = a.rows, k.n = a.n, k.k = a.k, k.l = 1, k.split_k = 1;
+    return k;
+  }
+  static size_t workspace_size(const GroupedArgs& a) { return T::kPreA ? TileScheduler<T>::workspace_size(dense_view(a)) : 0; }
   static_assert(std::is_void_v<typename OutputInfo<OutT>::Sf>, "grouped: f16, bf16 and f32 outputs");
 
   static bool can_implement(const GroupedArgs& a) {
     if (a.rows < 1 || a.n < 1 || a.k < 1 || a.k % 32 != 0 || a.experts < 1 || a.experts > Sched::kMaxGroups) return false;
     if (a.n % OutputInfo<OutT>::kNMultiple != 0) return false;
-    // Items and padded scale rows are int on the device.
+    // Items (the swapped tiles' grid: every possible one) and padded scale rows are int on the
+    // device.
     return Sched::max_items(a) <= INT_MAX && int64_t(a.rows) + 127 * int64_t(a.experts) <= INT_MAX;
   }
 
   // Every check comes before the launch, so a refused call leaves memory as it was.
   static KernelStatus run(const GroupedArgs& a) {
     if (!can_implement(a)) return {BSG_STATUS_INVALID_PROBLEM, 0, 0};
-    const auto kernel = &grouped_stream_kernel<T, OutT>;
+    if (workspace_size(a) > a.workspace_bytes) return {BSG_STATUS_WORKSPACE_NULL, 0, uint64_t(workspace_size(a))};
+    const auto kernel = kKernel;
+    const auto stream = reinterpret_cast<cudaStream_t>(a.stream);
     static std::atomic<uint64_t> configured{0};  // devices whose shared-memory limit is raised
     const uint64_t bit = uint64_t(1) << (a.device_id & 63);
     if (!(configured.load() & bit)) {
-      if (cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmem); e != cudaSuccess)
-        return {int32_t(cutlass::Status::kErrorInternal), int32_t(e), 0};
+      cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmem);
+      if (e == cudaSuccess && T::kPreA)
+        e = cudaFuncSetAttribute(predecode_a_grouped<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, kPreSmem);
+      if (e != cudaSuccess) return {int32_t(cutlass::Status::kErrorInternal), int32_t(e), 0};
       configured.fetch_or(bit);
     }
+    uint8_t* const pre = reinterpret_cast<uint8_t*>(a.workspace) + (T::kPreA ? TileScheduler<T>::pre_a_offset(dense_view(a)) : 0);
+    const int64_t k_pad = TileScheduler<T>::k_pad(dense_view(a));
     CUtensorMap map_a, map_b;
     using G = Gemm<T, OutT>;
-    if (!G::encode(&map_a, reinterpret_cast<const void*>(a.a), a.k / 2, a.rows, 1, T::kBM) ||
-        !G::encode(&map_b, reinterpret_cast<const void*>(a.b), a.k / 2, a.n, a.experts, T::kBN))
+    const bool mapped = T::kPreA ? G::encode(&map_a, pre, k_pad * 2, a.rows, 1, T::kBM, true)
+                                 : G::encode(&map_a, reinterpret_cast<const void*>(a.a), a.k / 2, a.rows, 1, T::kBM);
+    if (!mapped || !G::encode(&map_b, reinterpret_cast<const void*>(a.b), a.k / 2, a.n, a.experts, T::kBN))
       return {int32_t(cutlass::Status::kErrorInternal), 0, 0};
     GroupedParams gp{};
     gp.base = Params{a.rows, a.n, a.k, 1, 1,
@@ -53,15 +75,23 @@ struct GroupedGemm {
     gp.offsets = reinterpret_cast<const int32_t*>(a.offsets);
     gp.expert_alpha = reinterpret_cast<const float*>(a.expert_alpha);
     gp.experts = a.experts;
-    // One persistent CTA per SM (the stream tiles' shared memory holds one), fewer where even the
-    // largest routing has fewer items.
-    const int64_t grid = std::max<int64_t>(1, std::min<int64_t>(a.sm_count, Sched::max_items(a)));
-    const KernelLaunch launch(dim3(unsigned(grid)), T::kLaunchThreads, 1, T::kSmem, reinterpret_cast<cudaStream_t>(a.stream), true);
+    if constexpr (T::kPreA) {
+      // As the dense pre-pass: programmatic, one CTA of kPreThreads per SM at most.
+      const int64_t items = int64_t(a.rows) * (k_pad / kBK) * 2;
+      const int64_t blocks = std::max<int64_t>(1, std::min<int64_t>((items + kPreThreads - 1) / kPreThreads, a.sm_count));
+      const KernelLaunch pre_launch(dim3(unsigned(blocks)), kPreThreads, 1, kPreSmem, stream, true);
+      if (cudaError_t e = cudaLaunchKernelEx(&pre_launch.cfg, predecode_a_grouped<T>, gp, reinterpret_cast<uint4*>(pre)); e != cudaSuccess)
+        return {int32_t(cutlass::Status::kErrorInternal), int32_t(e), 0};
+    }
+    // Stream tiles: one persistent CTA per SM (their shared memory holds one), fewer where even
+    // the largest routing has fewer items. Swapped tiles: a CTA for every item any routing has.
+    const int64_t grid = T::kPreA ? Sched::max_items(a) : std::max<int64_t>(1, std::min<int64_t>(a.sm_count, Sched::max_items(a)));
+    const KernelLaunch launch(dim3(unsigned(grid)), T::kLaunchThreads, 1, T::kSmem, stream, true);
     const cudaError_t e = cudaLaunchKernelEx(&launch.cfg, kernel, gp, map_a, map_b);
     return {int32_t(e == cudaSuccess ? cutlass::Status::kSuccess : cutlass::Status::kErrorInternal), int32_t(e), 0};
   }
 
-  static GroupedEntry entry() { return GroupedEntry{&run, &can_implement}; }
+  static GroupedEntry entry() { return GroupedEntry{&run, &can_implement, &workspace_size}; }
 };
 
 }  // namespace bsg::sm90

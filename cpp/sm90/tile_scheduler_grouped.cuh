@@ -1,5 +1,6 @@
-// SM90 grouped tile scheduler (mixture-of-experts): one persistent CTA per SM walks one queue of
-// the work items of every expert, item blockIdx.x, then every gridDim.x-th after it. Items run
+// SM90 grouped tile scheduler (mixture-of-experts): one queue of the work items of every expert;
+// the stream tiles' persistent CTAs walk it (item blockIdx.x, then every gridDim.x-th after it),
+// the swapped tiles take item blockIdx.x of a grid sized for any routing (the rest exit). Items run
 // expert by expert; inside an expert, n-tile by n-tile with its m-tiles adjacent, so CTAs that run
 // together share a weight tile through L2. The experts' row ranges come from device offsets, read
 // once per CTA into shared memory and turned into prefix sums there: the host never learns the
@@ -90,6 +91,18 @@ struct GroupedTileScheduler {
     while (lo < hi) {
       const int mid = (lo + hi) / 2;
       if (s.work_end[mid] > item) hi = mid;
+      else lo = mid + 1;
+    }
+    return lo;
+  }
+
+  // The expert whose rows hold row r, or -1 where none does.
+  __device__ __forceinline__ static int expert_of_row(const Shared& s, int experts, int r) {
+    if (r < s.row[0] || r >= s.row[experts]) return -1;
+    int lo = 0, hi = experts - 1;
+    while (lo < hi) {
+      const int mid = (lo + hi) / 2;
+      if (s.row[mid + 1] > r) hi = mid;
       else lo = mid + 1;
     }
     return lo;

@@ -126,7 +126,10 @@ pub fn bench_case(cli: &Cli, gemm: &BlockScaledGemm, stream: &Arc<CudaStream>, l
     let offsets_dev = stream.clone_htod(&offsets)?;
     let ones = stream.clone_htod(&vec![1.0f32; experts])?;
     let mut d: CudaSlice<bf16> = stream.alloc_zeros(p.d_elems())?;
-    let config = gemm.select_grouped_config(&p, blockscaled_gemm::OutType::Bf16)?;
+    let config = match &cli.grouped_config {
+        Some(name) => Config::from_name(name).ok_or("unknown --grouped-config")?,
+        None => gemm.select_grouped_config(&p, blockscaled_gemm::OutType::Bf16)?,
+    };
     let launch = |i: usize, d: &mut CudaSlice<bf16>| -> Result<(), blockscaled_gemm::Error> {
         let s = &sets[i % n_sets];
         let a = MoeActivations::new(s.a.as_view(), s.sfa.as_view(), (t, k), 1.0)?;
@@ -142,7 +145,7 @@ pub fn bench_case(cli: &Cli, gemm: &BlockScaledGemm, stream: &Arc<CudaStream>, l
         sf_start.push(at);
         at += sp_bytes(c);
     }
-    let mut workspace = 0;
+    let mut workspace = gemm.moe_workspace_size(&p, blockscaled_gemm::OutType::Bf16, Some(config))?;
     for &e in &hit {
         workspace = workspace.max(gemm.workspace_size(&Problem::new(case.counts[e], n, k), blockscaled_gemm::OutType::Bf16, None)?);
     }

@@ -85,6 +85,9 @@ struct Cli {
     /// Grouped cases to run, comma-separated names, `all` or `none`.
     #[arg(long, default_value = "all")]
     grouped: String,
+    /// Force the grouped cases' config by name.
+    #[arg(long)]
+    grouped_config: Option<String>,
     /// JSON from bench/baselines.py --op grouped (bf16 grouped GEMM, same device session).
     #[arg(long)]
     grouped_baselines: Option<std::path::PathBuf>,

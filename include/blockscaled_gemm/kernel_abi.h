@@ -78,6 +78,8 @@ struct GroupedArgs {
   uint64_t offsets;       // int32 [E + 1]
   uint64_t expert_alpha;  // float [E], or 0 for ones
   float alpha;
+  uint64_t workspace;  // the swapped tiles: the activations decoded to FP16 (see KernelStatus)
+  uint64_t workspace_bytes;
   uint64_t stream;
   int32_t device_id;
   int32_t sm_count;
@@ -135,6 +137,7 @@ struct KernelEntry {
 struct GroupedEntry {
   KernelStatus (*run)(const GroupedArgs&);
   bool (*can_implement)(const GroupedArgs&);
+  size_t (*workspace_size)(const GroupedArgs&);
 };
 
 }  // namespace bsg

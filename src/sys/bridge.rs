@@ -29,6 +29,7 @@ pub(crate) mod ffi {
         /// Every address in `args` must be valid for the problem on the stream's device.
         unsafe fn launch_grouped(config: u32, out: u32, args: &GroupedArgs) -> KernelStatus;
         fn can_implement_grouped(config: u32, out: u32, args: &GroupedArgs) -> bool;
+        fn workspace_size_grouped(config: u32, out: u32, args: &GroupedArgs) -> usize;
         /// Host-only queries (no device is touched): `can_implement` and the workspace bytes.
         fn can_implement(config: u32, out: u32, args: &KernelArgs) -> bool;
         fn workspace_size(config: u32, out: u32, args: &KernelArgs) -> usize;
