@@ -118,6 +118,15 @@ fn main() {
     let gen_dir = out_dir.join("gen");
     std::fs::create_dir_all(&gen_dir).unwrap();
     let mut jobs = Vec::new(); // (source, object, gencode)
+    // A generated translation unit: its source written under OUT_DIR, its object cached by the
+    // hash of the source, the architecture's parts and the flags.
+    let kernel_job = |func: &str, src: &str, gencode: &str, parts: &[u8]| {
+        let flags = tools.nvcc_flags(&root, gencode);
+        let key = object_key(&common, &[parts, src.as_bytes()], &flags);
+        let src_path = gen_dir.join(format!("{func}.cu"));
+        std::fs::write(&src_path, src).unwrap();
+        (src_path, cache.join(format!("{func}-{}.o", &key[..24])), flags)
+    };
     let mut table_inc = String::new();
     let mut grouped_inc = String::new();
     for (ci, c) in configs.iter().enumerate() {
@@ -143,12 +152,7 @@ fn main() {
                 tm = c.tile[0], tn = c.tile[1], tk = c.tile[2], cm = c.cluster[0], cn = c.cluster[1],
                 ty = o.cutlass_type,
             );
-            let flags = tools.nvcc_flags(&root, gencode);
-            let key = object_key(&common, &[parts, src.as_bytes()], &flags);
-            let src_path = gen_dir.join(format!("{func}.cu"));
-            std::fs::write(&src_path, &src).unwrap();
-            let obj = cache.join(format!("{func}-{}.o", &key[..24]));
-            jobs.push((src_path, obj, flags));
+            jobs.push(kernel_job(&func, &src, gencode, parts));
             writeln!(table_inc, "BSG_KERNEL({ci}, {out_index}, {func})").unwrap();
         }
         // Its grouped kernels: translation units of their own, so the dense ones stay cached.
@@ -162,12 +166,7 @@ fn main() {
                  BSG_SM90_GROUPED_KERNEL({func}, {tm}, {tn}, {ty}, {schedule})\n",
                 name = c.name, tm = c.tile[0], tn = c.tile[1], ty = out.cutlass_type, schedule = c.schedule,
             );
-            let flags = tools.nvcc_flags(&root, gencode);
-            let key = object_key(&common, &[parts, src.as_bytes()], &flags);
-            let src_path = gen_dir.join(format!("{func}.cu"));
-            std::fs::write(&src_path, &src).unwrap();
-            let obj = cache.join(format!("{func}-{}.o", &key[..24]));
-            jobs.push((src_path, obj, flags));
+            jobs.push(kernel_job(&func, &src, gencode, parts));
             writeln!(grouped_inc, "BSG_GROUPED_KERNEL({ci}, {out_index}, {func})").unwrap();
         }
     }

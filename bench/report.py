@@ -132,20 +132,27 @@ def comparison(rows, field, name, label_of=shape, units="shapes"):
     return s + "."
 
 
+def markdown(head, rows, cells_of):
+    """A markdown table: `head`, then cells_of(row) for each row."""
+    lines = ["", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines += ["| " + " | ".join(cells_of(r)) + " |" for r in rows]
+    return lines
+
+
+def ratio_and_exact(r):
+    g, fl = num(r.get("ours_graph_us")), num(r.get("floor_us"))
+    ex = r.get("exact")
+    return [f"{g / fl:.2f}" if g and fl else "-", "yes" if ex is True else "no" if ex is False else "-"]
+
+
 def table(rows, source):
     head = ["M x N x K", "out", "config", "ours graph us", "ours b2b us", "ours per launch us",
             "host enqueue us", "cuBLAS bf16 graph us", "cuBLAS FP8 graph us", "floor us",
             "ours/floor", "exact"]
-    lines = ["", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for r in rows:
-        g, fl = num(r.get("ours_graph_us")), num(r.get("floor_us"))
-        ex = r.get("exact")
-        cells = [shape(r), str(r.get("out") or "-"), f"`{r['config']}`" if r.get("config") else "-"]
-        cells += [fmt(r.get(f)) for f in ("ours_graph_us", "ours_b2b_us", "ours_launch_us",
-                                          "host_enqueue_us", "cublas_bf16_graph_us",
-                                          "cublas_fp8_graph_us", "floor_us")]
-        cells += [f"{g / fl:.2f}" if g and fl else "-", "yes" if ex is True else "no" if ex is False else "-"]
-        lines.append("| " + " | ".join(cells) + " |")
+    fields = ("ours_graph_us", "ours_b2b_us", "ours_launch_us", "host_enqueue_us",
+              "cublas_bf16_graph_us", "cublas_fp8_graph_us", "floor_us")
+    lines = markdown(head, rows, lambda r: [shape(r), str(r.get("out") or "-"), f"`{r['config']}`" if r.get("config") else "-"]
+                     + [fmt(r.get(f)) for f in fields] + ratio_and_exact(r))
     for f, name in CUBLAS:
         lines += ["", comparison(rows, f, name)]
     lines += ["", f"Source: {source} ({joined(rows, 'gpu')}, commit {joined(rows, 'commit')})", ""]
@@ -156,16 +163,10 @@ def grouped_table(rows, source):
     head = ["case", "experts (with rows)", "rows", "N x K", "config", "ours graph us",
             "host enqueue us", "loop of gemm graph us", "bf16 grouped graph us", "floor us",
             "ours/floor", "exact"]
-    lines = ["", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for r in rows:
-        g, fl = num(r.get("ours_graph_us")), num(r.get("floor_us"))
-        ex = r.get("exact")
-        cells = [str(r.get("case")), f"{r.get('groups')} ({r.get('experts_hit')})", str(r.get("sum_m")),
-                 f"{r.get('n')} x {r.get('k')}", f"`{r['config']}`" if r.get("config") else "-"]
-        cells += [fmt(r.get(f)) for f in ("ours_graph_us", "host_enqueue_us", "loop_graph_us",
-                                          "bf16_grouped_graph_us", "floor_us")]
-        cells += [f"{g / fl:.2f}" if g and fl else "-", "yes" if ex is True else "no" if ex is False else "-"]
-        lines.append("| " + " | ".join(cells) + " |")
+    fields = ("ours_graph_us", "host_enqueue_us", "loop_graph_us", "bf16_grouped_graph_us", "floor_us")
+    lines = markdown(head, rows, lambda r: [str(r.get("case")), f"{r.get('groups')} ({r.get('experts_hit')})", str(r.get("sum_m")),
+                                            f"{r.get('n')} x {r.get('k')}", f"`{r['config']}`" if r.get("config") else "-"]
+                     + [fmt(r.get(f)) for f in fields] + ratio_and_exact(r))
     for field, name in [("loop_graph_us", "the loop of gemm"), ("bf16_grouped_graph_us", "bf16 grouped GEMM")]:
         lines += ["", comparison(rows, field, name, lambda r: str(r.get("case")), "cases")]
     lines += ["", f"Source: {source} ({joined(rows, 'gpu')}, commit {joined(rows, 'commit')})", ""]

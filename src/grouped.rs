@@ -247,9 +247,12 @@ impl BlockScaledGemm {
     /// `expert_scales`: E `f32` on the device (the experts' weight global scales; ones where
     /// there are none). Experts without rows cost nothing.
     ///
-    /// `config`: `None` picks the stream tile from the mean rows per expert (T / E); a forced
-    /// config must carry a grouped kernel for D's type (`ConfigInfo::grouped`). Returns the
-    /// config that ran; T = 0 launches nothing.
+    /// `config`: `None` picks the tile from the mean rows per expert (T / E: a stream tile below
+    /// 64 rows, the swapped 128x128 tile from there); a forced config must carry a grouped kernel
+    /// for D's type (`ConfigInfo::grouped`). The swapped tiles decode the activations once into
+    /// the workspace first, as [`Self::gemm`]'s do: it grows as there, except during capture
+    /// ([`Self::moe_workspace_size`] says how much to reserve). Returns the config that ran;
+    /// T = 0 launches nothing.
     #[allow(clippy::too_many_arguments)]
     pub fn moe_gemm<VA, SA, VB, SB, O, ES, D, TV, TS, TO>(&self, p: &MoeProblem, a: &MoeActivations<VA, SA>, b: &Nvfp4Tensor<VB, SB>, offsets: &O, expert_scales: &ES, d: &mut D, config: Option<Config>) -> Result<Config>
     where

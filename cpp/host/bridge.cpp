@@ -23,51 +23,41 @@ void bsg_host_convert(int32_t kind, const float* x, uint8_t* out, size_t len);
 namespace bsg {
 namespace {
 
+template <class Entry>
 struct Row {
   uint32_t config, out;
-  KernelEntry (*entry)();
+  Entry (*entry)();
 };
 
-constexpr Row kRows[] = {
+constexpr Row<KernelEntry> kRows[] = {
 #define BSG_KERNEL(config, out, fn) {config, out, &fn},
 #include "kernel_table.inc"
 #undef BSG_KERNEL
     {~0u, ~0u, nullptr},
 };
 
-const KernelEntry* find(uint32_t config, uint32_t out) {
-  static const auto entries = [] {
-    struct Cache { KernelEntry e[sizeof(kRows) / sizeof(Row)]; } c{};
-    for (size_t i = 0; kRows[i].entry; ++i) c.e[i] = kRows[i].entry();
-    return c;
-  }();
-  for (size_t i = 0; kRows[i].entry; ++i)
-    if (kRows[i].config == config && kRows[i].out == out) return &entries.e[i];
-  return nullptr;
-}
-
-struct GroupedRow {
-  uint32_t config, out;
-  GroupedEntry (*entry)();
-};
-
-constexpr GroupedRow kGroupedRows[] = {
+constexpr Row<GroupedEntry> kGroupedRows[] = {
 #define BSG_GROUPED_KERNEL(config, out, fn) {config, out, &fn},
 #include "grouped_table.inc"
 #undef BSG_GROUPED_KERNEL
     {~0u, ~0u, nullptr},
 };
 
-const GroupedEntry* find_grouped(uint32_t config, uint32_t out) {
-  static const auto entries = [] {
-    struct Cache { GroupedEntry e[sizeof(kGroupedRows) / sizeof(GroupedRow)]; } c{};
-    for (size_t i = 0; kGroupedRows[i].entry; ++i) c.e[i] = kGroupedRows[i].entry();
+// The entry of (config, out) in a table ended by a null row; each table's entries are made once.
+template <class Entry, size_t N>
+const Entry* find_in(const Row<Entry> (&rows)[N], uint32_t config, uint32_t out) {
+  static const auto entries = [&rows] {
+    struct Cache { Entry e[N]; } c{};
+    for (size_t i = 0; rows[i].entry; ++i) c.e[i] = rows[i].entry();
     return c;
   }();
-  for (size_t i = 0; kGroupedRows[i].entry; ++i)
-    if (kGroupedRows[i].config == config && kGroupedRows[i].out == out) return &entries.e[i];
+  for (size_t i = 0; rows[i].entry; ++i)
+    if (rows[i].config == config && rows[i].out == out) return &entries.e[i];
   return nullptr;
 }
+
+const KernelEntry* find(uint32_t config, uint32_t out) { return find_in(kRows, config, out); }
+const GroupedEntry* find_grouped(uint32_t config, uint32_t out) { return find_in(kGroupedRows, config, out); }
 
 }  // namespace
 
