@@ -55,14 +55,13 @@ impl MoeProblem {
         self
     }
 
-    /// Rows of A's scale layout, room for any routing: each expert's rows padded to 128 take at
-    /// most `T + 127 E` rows, so `floor((T + 127 E) / 128) * 128` (saturating).
+    /// Rows of A's scale layout, room for any routing: [`moe_sfa_rows`].
     pub const fn sfa_rows(&self) -> usize {
-        self.rows.saturating_add(self.experts.saturating_mul(127)) / 128 * 128
+        moe_sfa_rows(self.rows, self.experts)
     }
-    /// Bytes of A's scales: [`Self::sfa_rows`] times K/16 padded to 4.
+    /// Bytes of A's scales: [`moe_sfa_bytes`].
     pub const fn sfa_bytes(&self) -> usize {
-        self.sfa_rows().saturating_mul(padded_sf_cols(sf_cols(self.k)))
+        moe_sfa_bytes(self.rows, self.k, self.experts)
     }
     /// Bytes of A: T * K / 2.
     pub const fn a_bytes(&self) -> usize {
@@ -104,6 +103,18 @@ impl MoeProblem {
         }
         Ok(())
     }
+}
+
+/// Rows of the MoE scale layout for `rows` stacked rows over `experts` experts, room for any
+/// routing: each expert's rows padded to 128 take at most `T + 127 E` rows, so
+/// `floor((T + 127 E) / 128) * 128` (saturating).
+pub const fn moe_sfa_rows(rows: usize, experts: usize) -> usize {
+    rows.saturating_add(experts.saturating_mul(127)) / 128 * 128
+}
+
+/// Bytes of the MoE scale layout: [`moe_sfa_rows`] times K/16 padded to 4 (saturating).
+pub const fn moe_sfa_bytes(rows: usize, k: usize, experts: usize) -> usize {
+    moe_sfa_rows(rows, experts).saturating_mul(padded_sf_cols(sf_cols(k)))
 }
 
 /// Stacked activations of a mixture-of-experts layer on the device: packed e2m1 values (T, K/2),

@@ -6,6 +6,7 @@ use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut, DeviceRepr};
 
 use crate::error::{Error, Result};
 use crate::gemm::{capture_check, check_devices};
+use crate::grouped::{moe_sfa_bytes, moe_sfa_rows, MAX_EXPERTS};
 use crate::layout::sf_batch_bytes;
 use crate::matrix::{check_global_scale, check_lens, check_shape, computed_global_scale, HostFloat};
 use crate::problem::{check_align, check_len};
@@ -99,6 +100,40 @@ impl Quantizer {
         self.launch::<T>(shape, [px, pc, ps], global_scale, 0)
     }
 
+    /// Quantizes the stacked activations of a mixture-of-experts layer, `x` (T, K), whose experts'
+    /// rows `offsets` gives (E + 1 `i32` on the device, read only by the kernel, as
+    /// [`crate::BlockScaledGemm::moe_gemm`] reads them), into `codes` (T * K / 2 bytes) and
+    /// `scales` in the grouped GEMM's layout ([`crate::grouped::moe_sfa_bytes`] bytes: each
+    /// expert's rows from a multiple of 128, padding zeroed), with the given global scale: the A
+    /// operand of `moe_gemm`. Bit for bit the CPU quantizer of the whole (1, T, K) tensor, its
+    /// scales placed by [`crate::grouped::moe_scales`]; codes of rows no expert holds (invalid
+    /// offsets) are left as they were. One launch, no allocation, no host synchronisation:
+    /// capturable.
+    pub fn quantize_moe_into<T, X, O, C, S>(&self, x: &X, (rows, k): (usize, usize), offsets: &O, global_scale: f32, codes: &mut C, scales: &mut S) -> Result<()>
+    where
+        T: QuantInput, X: DevicePtr<T>, O: DevicePtr<i32>, C: DevicePtrMut<u8>, S: DevicePtrMut<u8>,
+    {
+        check_global_scale(global_scale)?;
+        let experts = offsets.len().saturating_sub(1);
+        if experts == 0 || experts > MAX_EXPERTS {
+            return Err(Error::Dimension { dim: "experts (offsets.len() - 1)", value: experts, max: MAX_EXPERTS });
+        }
+        self.check_input(x, (1, rows, k))?;
+        if moe_sfa_rows(rows, experts) > 65535 * 128 {
+            return Err(Error::Dimension { dim: "T + 127 * experts", value: rows + 127 * experts, max: 65535 * 128 });
+        }
+        check_len("codes", codes.len(), rows * k / 2, "T * K / 2 packed bytes")?;
+        check_len("scales", scales.len(), moe_sfa_bytes(rows, k, experts), "floor((T + 127 E) / 128) * 128 * ceil(K/64)*4 scale bytes (each expert padded to 128 rows)")?;
+        check_devices(self.stream.context().ordinal(), [("codes", codes.stream()), ("scales", scales.stream()), ("offsets", offsets.stream())])?;
+        capture_check(&self.stream)?;
+        let stream = &self.stream;
+        let (px, _gx) = x.device_ptr(stream);
+        let (po, _go) = offsets.device_ptr(stream);
+        let (pc, _gc) = codes.device_ptr_mut(stream);
+        let (ps, _gs) = scales.device_ptr_mut(stream);
+        self.launch_args::<T>((1, rows, k), [px, pc, ps], global_scale, 0, (po, experts as i32))
+    }
+
     /// Quantizes `x` (batch, rows, K) into new device buffers. `Some(scale)`: that global scale,
     /// one launch; `None`: computed from the tensor's amax on the GPU and read back, which
     /// synchronizes the stream (an infinity in `x` leaves no finite scale to compute: an error).
@@ -156,13 +191,18 @@ impl Quantizer {
     }
 
     /// Queues the quantizer: `ptrs` are x, codes and scales; `amax_slot` 0 uses `global_scale`.
-    fn launch<T: QuantInput>(&self, (batch, rows, k): (usize, usize, usize), ptrs: [u64; 3], global_scale: f32, amax_slot: u64) -> Result<()> {
+    fn launch<T: QuantInput>(&self, shape: (usize, usize, usize), ptrs: [u64; 3], global_scale: f32, amax_slot: u64) -> Result<()> {
+        self.launch_args::<T>(shape, ptrs, global_scale, amax_slot, (0, 0))
+    }
+
+    /// [`Self::launch`], with `(offsets, experts)` of the MoE layout ((0, 0): the dense one).
+    fn launch_args<T: QuantInput>(&self, (batch, rows, k): (usize, usize, usize), ptrs: [u64; 3], global_scale: f32, amax_slot: u64, (offsets, experts): (u64, i32)) -> Result<()> {
         for (name, addr) in ["x", "codes", "scales"].into_iter().zip(ptrs) {
             check_align(name, addr)?;
         }
         let args = QuantizeArgs {
             m: rows as i32, k: k as i32, l: batch as i32, input: T::KIND, x: ptrs[0], codes: ptrs[1], scales: ptrs[2],
-            global_scale, amax_slot, stream: self.stream.cu_stream() as u64,
+            global_scale, amax_slot, offsets, experts, stream: self.stream.cu_stream() as u64,
         };
         // SAFETY: the addresses are live device buffers of the checked lengths on this stream's
         // device, 16-byte aligned; the caller holds their guards until this returns.

@@ -4,7 +4,7 @@
 use blockscaled_gemm::compare::{compare, compare_fp4, verify_matrices};
 use blockscaled_gemm::fp4_out::sfd_from_f32;
 use blockscaled_gemm::reference::{self, Accumulation};
-use blockscaled_gemm::grouped::{expert_offsets, moe_scales, reference_moe};
+use blockscaled_gemm::grouped::{expert_offsets, moe_sfa_bytes, moe_scales, reference_moe};
 use blockscaled_gemm::{reference_gemm, BlockScaledGemm, MoeActivations, MoeProblem, Config, Error, ForeignBuffer, Nvfp4Matrix, Nvfp4Output, Nvfp4Tensor, OutType, OutputElement, Problem};
 use cudarc::driver::{CudaSlice, CudaView};
 use cudarc::driver::CudaContext;
@@ -52,6 +52,7 @@ fn main() {
         ("grouped_moe_routing_edge_cases", grouped_moe_routing_edge_cases),
         ("grouped_moe_same_bits_as_gemm_per_expert", grouped_moe_same_bits_as_gemm_per_expert),
         ("grouped_moe_bad_device_offsets_stay_inside_d", grouped_moe_bad_device_offsets_stay_inside_d),
+        ("grouped_moe_quantizer_matches_the_cpu", grouped_moe_quantizer_matches_the_cpu),
         // Last: they turn cudarc's event tracking off for the buffers made after them.
         ("graph_capture_replays_with_new_data", graph_capture_replays_with_new_data),
         ("grouped_moe_captured_follows_device_routing", grouped_moe_captured_follows_device_routing),
@@ -1192,5 +1193,62 @@ fn grouped_moe_captured_follows_device_routing() -> Outcome {
         let cmp = compare(&stream.clone_dtoh(&d).unwrap(), &want, 0.0, 0.0);
         assert!(cmp.passed(), "replay {replay} ({counts:?}): {cmp}");
     }
+    Ok(())
+}
+
+fn grouped_moe_quantizer_matches_the_cpu() -> Outcome {
+    let g = hopper()?;
+    let s = g.stream();
+    let q = blockscaled_gemm::Quantizer::new(s.clone());
+    let mut rng = blockscaled_gemm::SplitMix64::new(seed() ^ 60);
+    for (counts, k) in [(vec![130usize, 0, 1, 169], 512usize), (vec![3, 5, 0, 0, 250, 1, 1, 40], 2048), (vec![7], 64)] {
+        let t: usize = counts.iter().sum();
+        let experts = counts.len();
+        // Normal data with zero blocks and a few huge and tiny values.
+        let x: Vec<bf16> = (0..t * k).map(|i| {
+            let v = rng.normal() as f32;
+            bf16::from_f32(if (i / 16) % 11 == 3 { 0.0 } else if i % 97 == 5 { v * 1e4 } else if i % 89 == 7 { v * 1e-6 } else { v })
+        }).collect();
+        let gs = 3.0 / 2688.0;
+        let cpu = Nvfp4Matrix::quantize(&x, (1, t, k), Some(gs)).unwrap();
+        let offsets = expert_offsets(&counts).unwrap();
+        let xd = s.clone_htod(&x).unwrap();
+        let od = s.clone_htod(&offsets).unwrap();
+        let mut codes = s.clone_htod(&vec![0xEEu8; t * k / 2]).unwrap();
+        let mut scales = s.clone_htod(&vec![0x7Fu8; moe_sfa_bytes(t, k, experts)]).unwrap();
+        q.quantize_moe_into(&xd, (t, k), &od, gs, &mut codes, &mut scales).unwrap();
+        assert!(s.clone_dtoh(&codes).unwrap() == cpu.data(), "codes, {counts:?} K={k}");
+        assert!(s.clone_dtoh(&scales).unwrap() == moe_scales(&cpu, &offsets).unwrap(), "scales (padding zero), {counts:?} K={k}");
+        // The GEMM on the GPU-quantized operand gives the bits it gives on the CPU's.
+        let n = 256;
+        let w = Nvfp4Matrix::random_contest(n, k, experts, seed() ^ 61).unwrap();
+        let es = vec![1.0f32; experts];
+        let (_, want) = moe_on_device::<f32>(&g, &cpu.clone().without_global_scale(), &w, &moe_scales(&cpu, &offsets).unwrap(), &offsets, &es, gs, None).unwrap();
+        let p = MoeProblem::new(t, n, k, experts).alpha(gs);
+        let a = MoeActivations::new(codes.as_view(), scales.as_view(), (t, k), 1.0).unwrap();
+        let b = Nvfp4Tensor::new(s.clone_htod(w.data()).unwrap(), s.clone_htod(w.scales()).unwrap(), (experts, n, k), 1.0).unwrap();
+        let mut d = s.clone_htod(&vec![f32::NAN; t * n]).unwrap();
+        g.moe_gemm(&p, &a, &b, &od, &s.clone_htod(&es).unwrap(), &mut d, None).unwrap();
+        assert!(s.clone_dtoh(&d).unwrap().iter().zip(&want).all(|(x, y)| x.to_bits() == y.to_bits()), "GEMM on the GPU-quantized operand, {counts:?}");
+    }
+    // Offsets that decrease and pass T: rows no expert holds keep their codes.
+    let (t, k) = (100, 256);
+    let x: Vec<bf16> = (0..t * k).map(|_| bf16::from_f32(rng.normal() as f32)).collect();
+    let xd = s.clone_htod(&x).unwrap();
+    let od = s.clone_htod(&[10i32, 60, 40, 200, 90]).unwrap();
+    let mut codes = s.clone_htod(&vec![0xEEu8; t * k / 2]).unwrap();
+    let mut scales = s.clone_htod(&vec![0x7Fu8; moe_sfa_bytes(t, k, 4)]).unwrap();
+    q.quantize_moe_into(&xd, (t, k), &od, 1.0, &mut codes, &mut scales).unwrap();
+    let got = s.clone_dtoh(&codes).unwrap();
+    assert!(got[..10 * k / 2].iter().all(|&b| b == 0xEE), "rows before the first expert were written");
+    let cpu = Nvfp4Matrix::quantize(&x, (1, t, k), Some(1.0)).unwrap();
+    assert!(got[10 * k / 2..] == cpu.data()[10 * k / 2..], "the experts' rows");
+    // Refused before anything is written: no experts; scales of the dense layout's length.
+    let e = q.quantize_moe_into(&xd, (t, k), &s.clone_htod(&[0i32]).unwrap(), 1.0, &mut codes, &mut scales).unwrap_err();
+    assert!(matches!(e, Error::Dimension { value: 0, .. }), "{e}");
+    let mut dense = s.alloc_zeros::<u8>(blockscaled_gemm::layout::sf_bytes(t, k, 1)).unwrap();
+    let e = q.quantize_moe_into(&xd, (t, k), &od, 1.0, &mut codes, &mut dense).unwrap_err();
+    assert!(e.to_string().starts_with("scales: holds"), "{e}");
+    println!("MoE quantizer: codes and scales bit-identical to the CPU quantizer and moe_scales, padding zero; the GEMM on them bit-equal");
     Ok(())
 }

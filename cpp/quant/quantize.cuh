@@ -15,7 +15,9 @@
 
 #include <cfloat>
 #include <cstdint>
+#include <type_traits>
 
+#include "common/moe_rows.cuh"
 #include "common/nvfp4.cuh"
 #include "common/scale_layout.cuh"
 
@@ -93,22 +95,38 @@ __global__ void amax_kernel(const T* x, int64_t n, uint32_t* amax_bits) {
   if ((threadIdx.x & 31) == 0) atomicMax(amax_bits, __float_as_uint(m));
 }
 
-// One thread: one row (of a 128-row chunk) and kCols scale columns, 16 * kCols inputs: their
+// Scale layouts the quantizer writes: the dense tiled layout of (L, M, K/16), scale row = input
+// row; or the grouped GEMM's layout of a mixture-of-experts layer's stacked rows (L = 1), scale
+// row sr holding the scales of the row MoeRows maps it to (common/moe_rows.cuh), or padding.
+struct DenseScales {};
+struct MoeScales {};
+
+// One thread: one scale row (of a 128-row chunk) and kCols scale columns, 16 * kCols inputs: their
 // codes and scale bytes (kCols = 4: the four scale bytes lie side by side in the chunk, one 32-bit
 // store). All inputs of a thread are loaded before any is used. kCols = 4 keeps 128-256 bytes in
 // flight per thread for large M; kCols = 1 gives few rows four times the threads and a quarter of
-// the serial work each. Rows past M and columns past K/16 write zero scales (the layout's
-// padding). grid: (padded columns / kCols, padded rows / 128, L). g_given is used when amax_bits
-// is null.
-template <class T, int kCols>
-__global__ void __launch_bounds__(kRows) quantize_kernel(const T* x, uint8_t* codes, uint8_t* scales, int m, int k, float g_given, const uint32_t* amax_bits) {
+// the serial work each. Scale rows that hold no input row (past M; MoE: an expert's padding) and
+// columns past K/16 write zero scales (the layout's padding). grid: (padded columns / kCols,
+// scale rows / 128, L). g_given is used when amax_bits is null. MoeScales: offsets and experts
+// give the experts' rows of the m stacked rows.
+template <class T, int kCols, class Layout>
+__global__ void __launch_bounds__(kRows) quantize_kernel(const T* x, uint8_t* codes, uint8_t* scales, int m, int k, float g_given, const uint32_t* amax_bits,
+                                                         const int32_t* offsets, int experts) {
   static_assert(kCols == 1 || kCols == 4, "one scale byte or one 32-bit word of them per thread");
-  const int row = blockIdx.y * kRows + threadIdx.x, cg = blockIdx.x, l = blockIdx.z;
+  const int srow = blockIdx.y * kRows + threadIdx.x, cg = blockIdx.x, l = blockIdx.z;
+  int row;
+  if constexpr (std::is_same_v<Layout, MoeScales>) {
+    __shared__ MoeRows table;
+    table.prepare(offsets, experts, m, threadIdx.x);
+    row = table.row_of_sf_row(experts, srow);
+  } else {
+    row = srow < m ? srow : -1;
+  }
   const int64_t sp = sf_cols_padded(k);
   const int cols = k / 16;
   const float g = amax_bits ? global_from_amax(__uint_as_float(*amax_bits)) : g_given;
   uint32_t sfs = 0;
-  if (row < m) {
+  if (row >= 0) {
     const int64_t base = (int64_t(l) * m + row) * k + int64_t(cg) * 16 * kCols;
     if (cg * kCols + kCols <= cols) {
       const Raw<T, 16 * kCols> raw = load_raw<T, 16 * kCols>(x + base);
@@ -139,7 +157,7 @@ __global__ void __launch_bounds__(kRows) quantize_kernel(const T* x, uint8_t* co
       }
     }
   }
-  uint8_t* sf = scales + l * sf_batch_bytes(m, sp) + sf_offset(row, int64_t(cg) * kCols, sp);
+  uint8_t* sf = scales + l * sf_batch_bytes(m, sp) + sf_offset(srow, int64_t(cg) * kCols, sp);
   if constexpr (kCols == 4) {
     *reinterpret_cast<uint32_t*>(sf) = sfs;
   } else {

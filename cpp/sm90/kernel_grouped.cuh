@@ -74,8 +74,8 @@ __global__ void __launch_bounds__(kPreThreads) predecode_a_grouped(const __grid_
   const int64_t items = int64_t(p.m) * kb_n * 2, sp = sf_cols_padded(p.k);
   for (int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; idx < items; idx += int64_t(gridDim.x) * blockDim.x) {
     const int row = int(idx / 2 / kb_n);
-    const int e = Sched::expert_of_row(sched, gp.experts, row);
-    const int sr = e < 0 ? 0 : sched.sf_row[e] + row - sched.row[e];
+    const int e = sched.rows.expert_of_row(gp.experts, row);
+    const int sr = e < 0 ? 0 : sched.rows.sf_row[e] + row - sched.rows.row[e];
     const uint8_t* sf_rows = e < 0 ? nullptr : p.sfa + int64_t(sr / 128) * (sp / 4) * 512;
     predecode_item(p.a, sf_rows, sr % 128, out, row, int((idx / 2) % kb_n), int(idx % 2), p.k, kb_n);
   }

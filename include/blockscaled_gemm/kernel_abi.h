@@ -91,6 +91,10 @@ enum class InKind : int32_t { F32 = 0, F16 = 1, Bf16 = 2 };
 // One quantizer call (cpp/quant/): x (L, M, K) row-major to packed e2m1 codes (L, M, K/2) and
 // ue4m3 scales in the 128x4 tiled layout, padding zeroed. amax_slot 0: global_scale is used;
 // else the 4 bytes there receive the amax and the global scale is derived from it on the device.
+// offsets non-zero (L = 1): the stacked activations of a mixture-of-experts layer, `experts`
+// + 1 int32 expert offsets on the device; the scales go to the grouped GEMM's layout (each
+// expert's rows from a multiple of 128, GroupedArgs::sfa), padding zeroed, and rows no expert
+// holds are not written.
 struct QuantizeArgs {
   int32_t m, k, l;
   InKind input;
@@ -99,6 +103,8 @@ struct QuantizeArgs {
   uint64_t scales;
   float global_scale;
   uint64_t amax_slot;
+  uint64_t offsets;
+  int32_t experts;
   uint64_t stream;
 };
 

@@ -1,0 +1,90 @@
+// The rows of a mixture-of-experts layer's stacked activations, as the kernels that read them
+// agree on: expert e's rows are [row[e], row[e + 1]) where row is the device offsets' running
+// maximum clamped to [0, T] (valid offsets as they are; others as disjoint, possibly empty
+// ranges inside [0, T]), and its scales start at scale row sf_row[e], the sum over j < e of its
+// rows rounded up to 128 (vLLM's layout). Built in shared memory by each CTA that needs it.
+#pragma once
+
+#include <cstdint>
+
+#include "blockscaled_gemm/kernel_abi.h"
+
+namespace bsg {
+
+// Warp 0 (lane = its lane): the inclusive prefix sums of f(0), ..., f(n - 1) into out[0..n), each
+// lane a contiguous chunk, then across lanes by shuffles. Returns the total (every lane).
+template <class F>
+__device__ __forceinline__ int warp_inclusive_scan(int lane, int n, F f, int* out) {
+  const int per = (n + 31) / 32, e0 = min(lane * per, n), e1 = min(e0 + per, n);
+  int sum = 0;
+  for (int e = e0; e < e1; ++e) sum += f(e);
+  int incl = sum;
+  for (int d = 1; d < 32; d *= 2) {
+    const int v = __shfl_up_sync(0xffffffffu, incl, d);
+    if (lane >= d) incl += v;
+  }
+  int run = incl - sum;
+  for (int e = e0; e < e1; ++e) run += f(e), out[e] = run;
+  return __shfl_sync(0xffffffffu, incl, 31);
+}
+
+struct MoeRows {
+  static constexpr int kMaxGroups = BSG_MAX_GROUPS;
+  int row[kMaxGroups + 1];
+  int sf_row[kMaxGroups];
+
+  // Every thread of the CTA (offsets: experts + 1 int32, rows: T); ends with a CTA barrier.
+  __device__ void prepare(const int32_t* offsets, int experts, int rows, int tid) {
+    for (int e = tid; e <= experts; e += blockDim.x) row[e] = min(max(offsets[e], 0), rows);
+    __syncthreads();
+    if (tid < 32) {
+      // Running maximum over row[0..experts]: each lane a chunk, then across lanes.
+      const int per = (experts + 1 + 31) / 32, b0 = min(tid * per, experts + 1), b1 = min(b0 + per, experts + 1);
+      int mx = 0;
+      for (int e = b0; e < b1; ++e) mx = max(mx, row[e]);
+      for (int d = 1; d < 32; d *= 2) {
+        const int v = __shfl_up_sync(0xffffffffu, mx, d);
+        if (tid >= d) mx = max(mx, v);
+      }
+      int run = __shfl_up_sync(0xffffffffu, mx, 1);
+      if (tid == 0) run = 0;
+      for (int e = b0; e < b1; ++e) run = max(run, row[e]), row[e] = run;
+      __syncwarp();
+      // sf_row: the exclusive sums of the padded row counts (inclusive ones, less each).
+      warp_inclusive_scan(tid, experts, [&](int e) { return padded(e); }, sf_row);
+      __syncwarp();
+      for (int e = tid; e < experts; e += 32) sf_row[e] -= padded(e);
+    }
+    __syncthreads();
+  }
+
+  __device__ __forceinline__ int rows_of(int e) const { return row[e + 1] - row[e]; }
+  __device__ __forceinline__ int padded(int e) const { return (rows_of(e) + 127) / 128 * 128; }
+
+  // The expert whose rows hold row r, or -1 where none does.
+  __device__ __forceinline__ int expert_of_row(int experts, int r) const {
+    if (r < row[0] || r >= row[experts]) return -1;
+    int lo = 0, hi = experts - 1;
+    while (lo < hi) {
+      const int mid = (lo + hi) / 2;
+      if (row[mid + 1] > r) hi = mid;
+      else lo = mid + 1;
+    }
+    return lo;
+  }
+
+  // The stacked row whose scales sit at scale row sr, or -1 where sr is padding (past its
+  // expert's rows, or past every expert's).
+  __device__ __forceinline__ int row_of_sf_row(int experts, int sr) const {
+    int lo = 0, hi = experts - 1;  // the last expert starting at or before sr
+    while (lo < hi) {
+      const int mid = (lo + hi + 1) / 2;
+      if (sf_row[mid] <= sr) lo = mid;
+      else hi = mid - 1;
+    }
+    const int i = sr - sf_row[lo];
+    return i < rows_of(lo) ? row[lo] + i : -1;
+  }
+};
+
+}  // namespace bsg
