@@ -341,6 +341,7 @@ impl BlockScaledGemm {
     /// 256 KiB), none for the stream tiles. Reserve it ([`Self::reserve_workspace`]) before
     /// capturing a call in a CUDA graph.
     pub fn moe_workspace_size(&self, p: &MoeProblem, out: OutType, config: Option<Config>) -> Result<usize> {
+        p.validate(out)?;
         let config = match config {
             Some(c) => c,
             None => self.select_grouped_config(p, out)?,

@@ -52,6 +52,7 @@ fn main() {
         ("grouped_moe_routing_edge_cases", grouped_moe_routing_edge_cases),
         ("grouped_moe_same_bits_as_gemm_per_expert", grouped_moe_same_bits_as_gemm_per_expert),
         ("grouped_moe_bad_device_offsets_stay_inside_d", grouped_moe_bad_device_offsets_stay_inside_d),
+        ("grouped_moe_persistent_ctas_take_many_items", grouped_moe_persistent_ctas_take_many_items),
         ("grouped_moe_quantizer_matches_the_cpu", grouped_moe_quantizer_matches_the_cpu),
         // Last: they turn cudarc's event tracking off for the buffers made after them.
         ("graph_capture_replays_with_new_data", graph_capture_replays_with_new_data),
@@ -1133,21 +1134,49 @@ fn grouped_moe_bad_device_offsets_stay_inside_d() -> Outcome {
     let (t, n, k) = (100, 256, 512);
     let x = Nvfp4Matrix::random_contest(t, k, 1, seed() ^ 30).unwrap();
     let w = Nvfp4Matrix::random_contest(n, k, 4, seed() ^ 31).unwrap();
-    // Decreasing and past T: read as their running maximum clamped to [0, T] = [10, 60, 60, 100,
-    // 100]: expert 0 takes rows 10..60, expert 2 rows 60..100, the others none; rows 0..10 are
-    // left as they were.
-    let device_offsets = [10, 60, 40, 200, 90];
-    let inner: Vec<usize> = (10..100).collect();
-    let sfa_inner = moe_scales(&x.select_rows(&inner), &[0, 50, 50, 90, 90]).unwrap();
-    let mut sfa = vec![0u8; MoeProblem::new(t, n, k, 4).sfa_bytes()];
-    sfa[..sfa_inner.len()].copy_from_slice(&sfa_inner);
+    // Device offsets that decrease, start below 0, pass T or end below it: read as their running
+    // maximum clamped to [0, T]. Each case: the offsets, the ranges they give (expert, rows), and
+    // the rows no expert holds, which keep the poison; on a stream tile and on the swapped tile
+    // (whose pre-pass decodes uncovered rows to zeros).
+    let cases: [(&[i32], &[(usize, usize, usize)], std::ops::Range<usize>); 2] = [
+        (&[10, 60, 40, 200, 90], &[(0, 10, 60), (2, 60, 100)], 0..10),
+        (&[-5, 60, 40, 80, 90], &[(0, 0, 60), (2, 60, 80), (3, 80, 90)], 90..100),
+    ];
     let es = [1.0f32, 2.0, 0.5, 4.0];
-    let (_, got) = moe_on_device::<f32>(&g, &x, &w, &sfa, &device_offsets, &es, 1.0, None).unwrap();
-    assert!(got[..10 * n].iter().all(|v| v.is_nan()), "rows before the first expert were written");
-    for (e, r0, r1) in [(0usize, 10usize, 60usize), (2, 60, 100)] {
-        let rows: Vec<usize> = (r0..r1).collect();
-        let want: Vec<f32> = reference_gemm(&x.select_rows(&rows), &w.batch_slice(e), es[e], 0.0, None).unwrap();
-        assert!(compare(&got[r0 * n..r1 * n], &want, 0.0, 0.0).passed(), "expert {e}");
+    for (device_offsets, ranges, uncovered) in cases {
+        // A's scales in the layout those ranges give (experts from multiples of 128).
+        let r0 = ranges[0].1;
+        let r1 = ranges.last().unwrap().2;
+        let covered: Vec<usize> = (r0..r1).collect();
+        let mut clamped = vec![0i32; 5];
+        for e in 0..4 {
+            let r = ranges.iter().find(|x| x.0 == e);
+            let end = r.map_or(0, |x| x.2 - r0);
+            clamped[e + 1] = end.max(clamped[e] as usize) as i32;
+        }
+        let sfa_inner = moe_scales(&x.select_rows(&covered), &clamped).unwrap();
+        let mut sfa = vec![0u8; MoeProblem::new(t, n, k, 4).sfa_bytes()];
+        sfa[..sfa_inner.len()].copy_from_slice(&sfa_inner);
+        for config in [Config::Sm90_Stream_16x128x64, Config::Sm90_Swapped_128x128x64] {
+            let (_, got) = moe_on_device::<f32>(&g, &x, &w, &sfa, device_offsets, &es, 1.0, Some(config)).unwrap();
+            assert!(got[uncovered.start * n..uncovered.end * n].iter().all(|v| v.is_nan()), "{config} {device_offsets:?}: rows no expert holds were written");
+            for &(e, a, b) in ranges {
+                let rows: Vec<usize> = (a..b).collect();
+                let want: Vec<f32> = reference_gemm(&x.select_rows(&rows), &w.batch_slice(e), es[e], 0.0, None).unwrap();
+                assert!(compare(&got[a * n..b * n], &want, 0.0, 0.0).passed(), "{config} {device_offsets:?}: expert {e}");
+            }
+        }
+    }
+    Ok(())
+}
+
+fn grouped_moe_persistent_ctas_take_many_items() -> Outcome {
+    // More work items than SMs: the stream tiles' persistent CTAs take several each (barriers
+    // invalidated and initialized again per item), the swapped grid holds more CTAs than SMs.
+    let g = hopper()?;
+    let counts: Vec<usize> = (0..32).map(|e| [32, 0, 17, 45, 1][e % 5]).collect();
+    for config in [Config::Sm90_Stream_8x128x64, Config::Sm90_StreamShortK_16x128x64, Config::Sm90_Swapped_128x128x64] {
+        check_moe::<bf16>(&g, &counts, 1024, 256, Some(config), 70);
     }
     Ok(())
 }

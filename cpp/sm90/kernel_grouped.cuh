@@ -36,8 +36,9 @@ __global__ void __launch_bounds__(T::kLaunchThreads, 1)
   Sched::prepare(gp, sched, tid);
   for (int item = blockIdx.x; item < sched.total; item += gridDim.x) {
     const TileWork w = Sched::work(gp, sched, item);
-    // Barriers initialized afresh for each item: the last item's are all completed and no
-    // thread waits on them any more (the CTA barrier at the end of the loop).
+    // Barriers initialized afresh for each item: the last item's are all completed, no thread
+    // waits on them any more (the CTA barrier at the end of the loop) and thread 0 has
+    // invalidated them.
     const RawPipeline<T> pipe = start_pipeline<T>(gp.base, w, smem, smem, &map_a, &map_b, tid);
     if (tid >= kThreads) {
       Mainloop::produce(pipe, w, tid);
@@ -56,6 +57,7 @@ __global__ void __launch_bounds__(T::kLaunchThreads, 1)
     // loads fill: order these generic-proxy accesses before them.
     cutlass::arch::fence_view_async_shared();
     __syncthreads();
+    if (tid == 0) pipe.inval_barriers();
   }
 }
 

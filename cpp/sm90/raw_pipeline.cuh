@@ -53,6 +53,16 @@ struct RawPipeline {
     cutlass::arch::fence_barrier_init();
   }
 
+  // Thread 0, once every thread is done with them (a CTA barrier): the barriers are no longer
+  // mbarrier objects, so the memory may be initialized again (PTX: init on a valid mbarrier is
+  // undefined).
+  __device__ __forceinline__ void inval_barriers() const {
+    for (int s = 0; s < T::kRawStages; ++s) {
+      asm volatile("mbarrier.inval.shared::cta.b64 [%0];\n" ::"r"(static_cast<uint32_t>(__cvta_generic_to_shared(&full[s]))) : "memory");
+      asm volatile("mbarrier.inval.shared::cta.b64 [%0];\n" ::"r"(static_cast<uint32_t>(__cvta_generic_to_shared(&empty[s]))) : "memory");
+    }
+  }
+
   // Raw stage r (k-tiles kt_begin + T::kSubs r ...), the copies `what` names.
   __device__ __forceinline__ void issue(int r, int what = kIssueA | kIssueB) const {
     constexpr int kBM = T::kBM;

@@ -101,7 +101,7 @@ struct GroupedTileScheduler {
 
   // Items of any routing of `rows` rows over `experts` experts: at most ceil(T / BM) + E m-tiles.
   static int64_t max_items(const GroupedArgs& a) {
-    return (int64_t(a.rows + T::kBM - 1) / T::kBM + a.experts) * ((a.n + T::kBN - 1) / T::kBN);
+    return ((int64_t(a.rows) + T::kBM - 1) / T::kBM + a.experts) * ((int64_t(a.n) + T::kBN - 1) / T::kBN);
   }
 };
 
