@@ -200,6 +200,44 @@ pub fn bench_case(cli: &Cli, gemm: &BlockScaledGemm, stream: &Arc<CudaStream>, l
     Ok(GroupedResult { config, experts_hit: hit.len(), b2b_us, graph_us, host_us, loop_graph_us, floor_us, bytes, exact })
 }
 
+/// The MoE-form quantizer on case `case`'s stacked rows: bf16 (T, K) N(0, 1) data, the case's
+/// routing on the device, global scale 4 / 2688 given; inputs rotated over more than twice the
+/// L2; `exact`: codes and scales equal the CPU quantizer's with `moe_scales`' placement. Bytes:
+/// the input read, the codes and the whole scale buffer (padding included) written.
+pub fn bench_quantize_moe(cli: &Cli, q: &blockscaled_gemm::Quantizer, stream: &Arc<CudaStream>, l2: usize, case: &Case) -> Result<crate::QuantResult, Box<dyn std::error::Error>> {
+    let (t, k) = (case.counts.iter().sum::<usize>(), case.k);
+    let mut rng = SplitMix64::new(7);
+    let x: Vec<bf16> = (0..t * k).map(|_| bf16::from_f32(rng.normal() as f32)).collect();
+    let g = 4.0 / 2688.0;
+    let offsets = expert_offsets(&case.counts)?;
+    let want = Nvfp4Matrix::quantize(&x, (1, t, k), Some(g))?;
+    let want_scales = moe_scales(&want, &offsets)?;
+    let n_sets = (2 * l2 / (2 * t * k) + 1).max(2);
+    let big = stream.clone_htod(&x.repeat(n_sets))?;
+    let offsets_dev = stream.clone_htod(&offsets)?;
+    let mut codes: CudaSlice<u8> = stream.alloc_zeros(t * k / 2)?;
+    let mut scales: CudaSlice<u8> = stream.alloc_zeros(want_scales.len())?;
+    let launch = |i: usize, codes: &mut CudaSlice<u8>, scales: &mut CudaSlice<u8>| {
+        let set = i % n_sets;
+        q.quantize_moe_into(&big.slice(set * t * k..(set + 1) * t * k), (t, k), &offsets_dev, g, codes, scales)
+    };
+    let check = |codes: &CudaSlice<u8>, scales: &CudaSlice<u8>| -> Result<bool, Box<dyn std::error::Error>> {
+        Ok(stream.clone_dtoh(codes)? == want.data() && stream.clone_dtoh(scales)? == want_scales)
+    };
+    for i in 0..10 {
+        launch(i, &mut codes, &mut scales)?;
+    }
+    poison(stream, &mut codes)?;
+    poison(stream, &mut scales)?;
+    let (b2b_us, host_us) = time_back_to_back(cli, stream, |i| launch(i, &mut codes, &mut scales))?;
+    let mut exact = check(&codes, &scales)?;
+    poison(stream, &mut codes)?;
+    poison(stream, &mut scales)?;
+    let graph_us = time_graph(cli, stream, |i| launch(i, &mut codes, &mut scales))?;
+    exact &= check(&codes, &scales)?;
+    Ok(crate::QuantResult { b2b_us, graph_us, host_us, bytes: 2 * t * k + t * k / 2 + want_scales.len(), exact })
+}
+
 fn poison_bf16(stream: &Arc<CudaStream>, d: &mut CudaSlice<bf16>) -> Result<(), cudarc::driver::DriverError> {
     let bytes = d.len() * 2;
     // SAFETY: any byte is a valid u8; the view covers exactly D's bytes.

@@ -191,6 +191,16 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             "{{\"op\":\"quantize\",\"gpu\":\"{gpu}\",\"commit\":\"{commit}\",\"m\":{m},\"k\":{k},\"l\":1,\"input\":\"bf16\",\"runs\":{},\"graph_calls\":{},\"ours_b2b_us\":{:.3},\"ours_graph_us\":{:.3},\"host_enqueue_us\":{:.3},\"bytes\":{},\"gbps\":{gbps:.1},\"copy_gbps\":{copy_gbps:.1},\"exact\":{}}}\n",
             cli.runs, cli.graph_calls, r.b2b_us, r.graph_us, r.host_us, r.bytes, r.exact);
     }
+    // The MoE-form quantizer on the DeepSeek-V3 gate-up cases' stacked rows (K = 7168).
+    for case in grouped::cases().iter().filter(|c| c.name.starts_with("dsv3-gate-up") && (cli.grouped == "all" || cli.grouped.split(',').any(|x| x == c.name))) {
+        let r = grouped::bench_quantize_moe(&cli, &quantizer, &stream, l2, case)?;
+        let (t, k) = (case.counts.iter().sum::<usize>(), case.k);
+        let gbps = r.bytes as f64 / (r.graph_us * 1e-6) / 1e9;
+        println!("quantize moe bf16 {} ({t}x{k}, {} experts): b2b {:.2} us, graph {:.2} us, host {:.2} us, {gbps:.0} GB/s ({:.0}% of copy), {}", case.name, case.counts.len(), r.b2b_us, r.graph_us, r.host_us, 100.0 * gbps / copy_gbps, if r.exact { "exact" } else { "FAILED" });
+        json += &format!(
+            "{{\"op\":\"quantize\",\"layout\":\"moe\",\"case\":\"{}\",\"experts\":{},\"gpu\":\"{gpu}\",\"commit\":\"{commit}\",\"m\":{t},\"k\":{k},\"l\":1,\"input\":\"bf16\",\"runs\":{},\"graph_calls\":{},\"ours_b2b_us\":{:.3},\"ours_graph_us\":{:.3},\"host_enqueue_us\":{:.3},\"bytes\":{},\"gbps\":{gbps:.1},\"copy_gbps\":{copy_gbps:.1},\"exact\":{}}}\n",
+            case.name, case.counts.len(), cli.runs, cli.graph_calls, r.b2b_us, r.graph_us, r.host_us, r.bytes, r.exact);
+    }
     let grouped_baselines = match &cli.grouped_baselines {
         Some(p) => Some(Baselines::read(p)?),
         None => None,
