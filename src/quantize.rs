@@ -104,11 +104,12 @@ impl Quantizer {
     /// rows `offsets` gives (E + 1 `i32` on the device, read only by the kernel, as
     /// [`crate::BlockScaledGemm::moe_gemm`] reads them), into `codes` (T * K / 2 bytes) and
     /// `scales` in the grouped GEMM's layout ([`crate::grouped::moe_sfa_bytes`] bytes: each
-    /// expert's rows from a multiple of 128, padding zeroed), with the given global scale: the A
-    /// operand of `moe_gemm`. Bit for bit the CPU quantizer of the whole (1, T, K) tensor, its
-    /// scales placed by [`crate::grouped::moe_scales`]; codes of rows no expert holds (invalid
-    /// offsets) are left as they were. One launch, no allocation, no host synchronisation:
-    /// capturable.
+    /// expert's rows from a multiple of 128, the rest of its 128-row blocks zeroed), with the
+    /// given global scale: the A operand of `moe_gemm`. Bit for bit the CPU quantizer of the whole
+    /// (1, T, K) tensor, its scales placed by [`crate::grouped::moe_scales`], over the experts'
+    /// blocks; the buffer's rows past them (room for other routings, never read) and the codes
+    /// of rows no expert holds (invalid offsets) are left as they were. One launch, no
+    /// allocation, no host synchronisation: capturable.
     pub fn quantize_moe_into<T, X, O, C, S>(&self, x: &X, (rows, k): (usize, usize), offsets: &O, global_scale: f32, codes: &mut C, scales: &mut S) -> Result<()>
     where
         T: QuantInput, X: DevicePtr<T>, O: DevicePtr<i32>, C: DevicePtrMut<u8>, S: DevicePtrMut<u8>,

@@ -72,19 +72,6 @@ struct MoeRows {
     }
     return lo;
   }
-
-  // The stacked row whose scales sit at scale row sr, or -1 where sr is padding (past its
-  // expert's rows, or past every expert's).
-  __device__ __forceinline__ int row_of_sf_row(int experts, int sr) const {
-    int lo = 0, hi = experts - 1;  // the last expert starting at or before sr
-    while (lo < hi) {
-      const int mid = (lo + hi + 1) / 2;
-      if (sf_row[mid] <= sr) lo = mid;
-      else hi = mid - 1;
-    }
-    const int i = sr - sf_row[lo];
-    return i < rows_of(lo) ? row[lo] + i : -1;
-  }
 };
 
 }  // namespace bsg

@@ -43,10 +43,8 @@ bsg::KernelStatus run(const bsg::QuantizeArgs& a) {
   // Few rows: a thread per scale column (more threads, shorter chains); many: four columns each.
   const bool narrow = a.m <= BSG_QUANT_NARROW_ROWS;
   const int per_thread = narrow ? 1 : 4;
-  // Scale rows: M padded to 128, or (MoE) room for any routing, floor((M + 127 E) / 128) * 128.
   const bool moe = a.offsets != 0;
-  const int64_t sf_rows = moe ? (int64_t(a.m) + 127 * int64_t(a.experts)) / 128 * 128 : (int64_t(a.m) + 127) / 128 * 128;
-  const dim3 grid(unsigned(bsg::sf_cols_padded(a.k) / per_thread), unsigned(sf_rows / bsg::quant::kRows), unsigned(a.l));
+  const dim3 grid(unsigned(bsg::sf_cols_padded(a.k) / per_thread), unsigned((a.m + bsg::quant::kRows - 1) / bsg::quant::kRows), unsigned(a.l));
   int m = a.m, k = a.k, experts = a.experts;
   float g = a.global_scale;
   const uint32_t* slot = amax;
@@ -55,7 +53,7 @@ bsg::KernelStatus run(const bsg::QuantizeArgs& a) {
   using bsg::quant::DenseScales, bsg::quant::MoeScales, bsg::quant::quantize_kernel;
   const void* kernel = moe ? (narrow ? reinterpret_cast<const void*>(&quantize_kernel<T, 1, MoeScales>) : reinterpret_cast<const void*>(&quantize_kernel<T, 4, MoeScales>))
                            : (narrow ? reinterpret_cast<const void*>(&quantize_kernel<T, 1, DenseScales>) : reinterpret_cast<const void*>(&quantize_kernel<T, 4, DenseScales>));
-  if (sf_rows > 0) st.cuda_error = cudaLaunchKernel(kernel, grid, dim3(bsg::quant::kRows), args, 0, stream);
+  st.cuda_error = cudaLaunchKernel(kernel, grid, dim3(bsg::quant::kRows), args, 0, stream);
   return st;
 }
 

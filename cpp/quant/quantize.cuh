@@ -96,31 +96,37 @@ __global__ void amax_kernel(const T* x, int64_t n, uint32_t* amax_bits) {
 }
 
 // Scale layouts the quantizer writes: the dense tiled layout of (L, M, K/16), scale row = input
-// row; or the grouped GEMM's layout of a mixture-of-experts layer's stacked rows (L = 1), scale
-// row sr holding the scales of the row MoeRows maps it to (common/moe_rows.cuh), or padding.
+// row; or the grouped GEMM's layout of a mixture-of-experts layer's stacked rows (L = 1): row r
+// of expert e at scale row sf_row[e] + r - row[e] (common/moe_rows.cuh), and the thread of an
+// expert's last row also zeroes the rest of the expert's 128-row blocks (scale rows past every
+// expert's blocks are not written: no kernel reads them).
 struct DenseScales {};
 struct MoeScales {};
 
-// One thread: one scale row (of a 128-row chunk) and kCols scale columns, 16 * kCols inputs: their
+// One thread: one row (of a 128-row chunk) and kCols scale columns, 16 * kCols inputs: their
 // codes and scale bytes (kCols = 4: the four scale bytes lie side by side in the chunk, one 32-bit
 // store). All inputs of a thread are loaded before any is used. kCols = 4 keeps 128-256 bytes in
 // flight per thread for large M; kCols = 1 gives few rows four times the threads and a quarter of
-// the serial work each. Scale rows that hold no input row (past M; MoE: an expert's padding) and
-// columns past K/16 write zero scales (the layout's padding). grid: (padded columns / kCols,
-// scale rows / 128, L). g_given is used when amax_bits is null. MoeScales: offsets and experts
-// give the experts' rows of the m stacked rows.
+// the serial work each. Rows past M (MoE: rows no expert holds write nothing) and columns past
+// K/16 write zero scales (the layout's padding). grid: (padded columns / kCols, padded rows / 128,
+// L). g_given is used when amax_bits is null. MoeScales: offsets and experts give the experts'
+// rows of the m stacked rows.
 template <class T, int kCols, class Layout>
 __global__ void __launch_bounds__(kRows) quantize_kernel(const T* x, uint8_t* codes, uint8_t* scales, int m, int k, float g_given, const uint32_t* amax_bits,
                                                          const int32_t* offsets, int experts) {
   static_assert(kCols == 1 || kCols == 4, "one scale byte or one 32-bit word of them per thread");
-  const int srow = blockIdx.y * kRows + threadIdx.x, cg = blockIdx.x, l = blockIdx.z;
-  int row;
-  if constexpr (std::is_same_v<Layout, MoeScales>) {
+  const int r = blockIdx.y * kRows + threadIdx.x, cg = blockIdx.x, l = blockIdx.z;
+  constexpr bool kMoe = std::is_same_v<Layout, MoeScales>;
+  // The input row this thread quantizes (-1: none) and the scale row its scales go to; MoE: the
+  // end of its expert's scale blocks where it is the expert's last row (else -1).
+  int row = r < m ? r : -1, srow = r, pad_end = -1;
+  if constexpr (kMoe) {
     __shared__ MoeRows table;
     table.prepare(offsets, experts, m, threadIdx.x);
-    row = table.row_of_sf_row(experts, srow);
-  } else {
-    row = srow < m ? srow : -1;
+    const int e = row < 0 ? -1 : table.expert_of_row(experts, row);
+    if (e < 0) return;
+    srow = table.sf_row[e] + row - table.row[e];
+    if (row == table.row[e + 1] - 1) pad_end = table.sf_row[e] + table.padded(e);
   }
   const int64_t sp = sf_cols_padded(k);
   const int cols = k / 16;
@@ -157,12 +163,14 @@ __global__ void __launch_bounds__(kRows) quantize_kernel(const T* x, uint8_t* co
       }
     }
   }
-  uint8_t* sf = scales + l * sf_batch_bytes(m, sp) + sf_offset(srow, int64_t(cg) * kCols, sp);
-  if constexpr (kCols == 4) {
-    *reinterpret_cast<uint32_t*>(sf) = sfs;
-  } else {
-    *sf = uint8_t(sfs);
-  }
+  const int64_t batch_sf = kMoe ? 0 : l * sf_batch_bytes(m, sp);
+  auto store = [&](int sr, uint32_t v) {
+    uint8_t* sf = scales + batch_sf + sf_offset(sr, int64_t(cg) * kCols, sp);
+    if constexpr (kCols == 4) *reinterpret_cast<uint32_t*>(sf) = v;
+    else *sf = uint8_t(v);
+  };
+  store(srow, sfs);
+  for (int sr = srow + 1; sr < pad_end; ++sr) store(sr, 0);
 }
 
 }  // namespace bsg::quant
