@@ -226,18 +226,8 @@ pub fn bench_quantize_moe(cli: &Cli, q: &blockscaled_gemm::Quantizer, stream: &A
     let check = |codes: &CudaSlice<u8>, scales: &CudaSlice<u8>| -> Result<bool, Box<dyn std::error::Error>> {
         Ok(stream.clone_dtoh(codes)? == want.data() && stream.clone_dtoh(scales)?[..used] == want_scales[..used])
     };
-    for i in 0..10 {
-        launch(i, &mut codes, &mut scales)?;
-    }
-    poison(stream, &mut codes)?;
-    poison(stream, &mut scales)?;
-    let (b2b_us, host_us) = time_back_to_back(cli, stream, |i| launch(i, &mut codes, &mut scales))?;
-    let mut exact = check(&codes, &scales)?;
-    poison(stream, &mut codes)?;
-    poison(stream, &mut scales)?;
-    let graph_us = time_graph(cli, stream, |i| launch(i, &mut codes, &mut scales))?;
-    exact &= check(&codes, &scales)?;
-    Ok(crate::QuantResult { b2b_us, graph_us, host_us, bytes: 2 * t * k + t * k / 2 + want_scales.len(), exact })
+    let bytes = 2 * t * k + t * k / 2 + want_scales.len();
+    crate::time_quantizer(cli, stream, bytes, (&mut codes, &mut scales), launch, check)
 }
 
 fn poison_bf16(stream: &Arc<CudaStream>, d: &mut CudaSlice<bf16>) -> Result<(), cudarc::driver::DriverError> {

@@ -256,18 +256,29 @@ fn bench_quantize(cli: &Cli, q: &Quantizer, stream: &Arc<CudaStream>, l2: usize,
     let check = |codes: &CudaSlice<u8>, scales: &CudaSlice<u8>| -> Result<bool, Box<dyn std::error::Error>> {
         Ok(stream.clone_dtoh(codes)? == want.data() && stream.clone_dtoh(scales)? == want.scales())
     };
+    let bytes = 2 * elems + elems / 2 + want.scales().len();
+    time_quantizer(cli, stream, bytes, (&mut codes, &mut scales), launch, check)
+}
+
+/// A quantizer's timings: 10 warm-up launches, then back to back and from a CUDA graph, its
+/// outputs poisoned before and checked after each; `bytes` moved per call.
+fn time_quantizer<E: Into<Box<dyn std::error::Error>>>(
+    cli: &Cli, stream: &Arc<CudaStream>, bytes: usize, (codes, scales): (&mut CudaSlice<u8>, &mut CudaSlice<u8>),
+    mut launch: impl FnMut(usize, &mut CudaSlice<u8>, &mut CudaSlice<u8>) -> Result<(), E>,
+    check: impl Fn(&CudaSlice<u8>, &CudaSlice<u8>) -> Result<bool, Box<dyn std::error::Error>>,
+) -> Result<QuantResult, Box<dyn std::error::Error>> {
     for i in 0..10 {
-        launch(i, &mut codes, &mut scales)?;
+        launch(i, codes, scales).map_err(Into::into)?;
     }
-    poison(stream, &mut codes)?;
-    poison(stream, &mut scales)?;
-    let (b2b_us, host_us) = time_back_to_back(cli, stream, |i| launch(i, &mut codes, &mut scales))?;
-    let mut exact = check(&codes, &scales)?;
-    poison(stream, &mut codes)?;
-    poison(stream, &mut scales)?;
-    let graph_us = time_graph(cli, stream, |i| launch(i, &mut codes, &mut scales))?;
-    exact &= check(&codes, &scales)?;
-    Ok(QuantResult { b2b_us, graph_us, host_us, bytes: 2 * elems + elems / 2 + want.scales().len(), exact })
+    poison(stream, codes)?;
+    poison(stream, scales)?;
+    let (b2b_us, host_us) = time_back_to_back(cli, stream, |i| launch(i, codes, scales))?;
+    let mut exact = check(codes, scales)?;
+    poison(stream, codes)?;
+    poison(stream, scales)?;
+    let graph_us = time_graph(cli, stream, |i| launch(i, codes, scales))?;
+    exact &= check(codes, scales)?;
+    Ok(QuantResult { b2b_us, graph_us, host_us, bytes, exact })
 }
 
 struct Result1 {
