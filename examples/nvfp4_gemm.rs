@@ -29,6 +29,15 @@
 //! contest's permuted shape (32, 4, rest, 4, rest_k, L) or its storage shape
 //! (L, rest, rest_k, 32, 4, 4): in every case the bytes are read in storage order; `c`, when
 //! present, has D's shape ([M, N] or [L, M, N]) and dtype.
+//!
+//! Checkpoints (`--checkpoint FILE --layer NAME`): the linear layer NAME of an NVFP4 checkpoint
+//! (ModelOpt or compressed-tensors names, `blockscaled_gemm::checkpoint`) is B, N and K come
+//! from it; A is `--m` rows of N(0, 1) activations rounded to bf16 and quantized on the host with
+//! the layer's input scale (computed from their amax where the file has none): NVFP4 x NVFP4,
+//! both global scales folded into alpha. `--save` writes the activations as `x` (bf16 [M, K])
+//! beside `a`, `sfa`, `b`, `sfb`, `global_scale_a`, `global_scale_b` (F32 scalars) and `d`. A bad
+//! file exits 2 naming the tensor and the rule. (W4A16, bf16 activations as they are, is issue
+//! 26's next part.)
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -92,6 +101,12 @@ struct Cli {
     /// Read a, b, sfa, sfb (and c) from this safetensors file; M, N, K, L come from the shapes.
     #[arg(long)]
     input: Option<PathBuf>,
+    /// Run the linear layer `--layer` of this NVFP4 checkpoint (safetensors) on `--m` rows.
+    #[arg(long)]
+    checkpoint: Option<PathBuf>,
+    /// The layer's name prefix in `--checkpoint`, e.g. model.layers.0.mlp.down_proj.
+    #[arg(long)]
+    layer: Option<String>,
     /// Write d (and the generated inputs) to this safetensors file.
     #[arg(long)]
     save: Option<PathBuf>,
@@ -188,6 +203,8 @@ struct Inputs<T> {
     b: Nvfp4Matrix,
     c: Option<Vec<T>>,
     generated: bool,
+    /// The bf16 activations A was quantized from (checkpoint runs).
+    x: Option<Vec<bf16>>,
 }
 
 fn parse_config(cli: &Cli) -> Result<Option<Config>, Exit> {
@@ -207,14 +224,18 @@ fn prepare<T: OutputElement + safetensors_dtype::HasDtype>(cli: &Cli) -> Result<
     let out = cli.out_type();
     // FP4 output: the default norm constant comes from the data later (and is checked there).
     let problem = |m: usize, n: usize, k: usize, l: usize| Problem::new(m, n, k).batch(l).scalars(cli.alpha, cli.beta).norm_constant(cli.norm_constant.unwrap_or(1.0));
-    if cli.input.is_none() {
+    if cli.input.is_some() && cli.checkpoint.is_some() {
+        return Err(bad("--input and --checkpoint: give one"));
+    }
+    if cli.input.is_none() && cli.checkpoint.is_none() {
         let p = problem(cli.m, cli.n, cli.k, cli.l);
         p.validate(out, cli.beta != 0.0)?;
         check_host_memory(cli, &p)?;
     }
-    let inputs = match &cli.input {
-        Some(path) => load::<T>(path, cli.beta)?,
-        None => generate::<T>(cli)?,
+    let inputs = match (&cli.input, &cli.checkpoint) {
+        (Some(path), _) => load::<T>(path, cli.beta)?,
+        (None, Some(path)) => from_checkpoint::<T>(cli, path)?,
+        (None, None) => generate::<T>(cli)?,
     };
     let (a, b) = (&inputs.a, &inputs.b);
     let p = problem(a.rows(), b.rows(), a.k(), a.batch());
@@ -520,7 +541,27 @@ fn generate<T: OutputElement>(cli: &Cli) -> Result<Inputs<T>, Exit> {
         let mut rng = SplitMix64::new(cli.seed.wrapping_add(2));
         (0..l * m * n).map(|_| T::from_f64(rng.below(17) as f64 - 8.0)).collect()
     });
-    Ok(Inputs { a, b, c, generated: true })
+    Ok(Inputs { a, b, c, generated: true, x: None })
+}
+
+/// B from a checkpoint's layer, A from `--m` rows of N(0, 1) bf16 activations quantized with the
+/// layer's input scale (computed where it has none).
+fn from_checkpoint<T: OutputElement>(cli: &Cli, path: &PathBuf) -> Result<Inputs<T>, Exit> {
+    let name = cli.layer.as_deref().ok_or_else(|| bad("--checkpoint needs --layer NAME (the layer's prefix, e.g. model.layers.0.mlp.down_proj)"))?;
+    if cli.l != 1 {
+        return Err(bad(format!("--l {}: a checkpoint layer runs with L = 1", cli.l)));
+    }
+    let layer = blockscaled_gemm::checkpoint::Checkpoint::open(path)?.layer(name)?;
+    let (m, n, k) = (cli.m, layer.weight.rows(), layer.weight.k());
+    Problem::new(m, n, k).scalars(cli.alpha, cli.beta).validate(cli.out_type(), cli.beta != 0.0)?;
+    let mut rng = SplitMix64::new(cli.seed);
+    let x: Vec<bf16> = (0..m * k).map(|_| bf16::from_f64(rng.normal())).collect();
+    let a = Nvfp4Matrix::quantize(&x, (1, m, k), layer.input_scale)?;
+    let c = (cli.beta != 0.0).then(|| {
+        let mut rng = SplitMix64::new(cli.seed.wrapping_add(2));
+        (0..m * n).map(|_| T::from_f64(rng.below(17) as f64 - 8.0)).collect()
+    });
+    Ok(Inputs { a, b: layer.weight, c, generated: true, x: Some(x) })
 }
 
 fn load<T: OutputElement + safetensors_dtype::HasDtype>(path: &PathBuf, beta: f32) -> Result<Inputs<T>, Exit> {
@@ -551,7 +592,7 @@ fn load<T: OutputElement + safetensors_dtype::HasDtype>(path: &PathBuf, beta: f3
         Err(_) if beta != 0.0 => return Err(bad(format!("beta = {beta} but {} has no tensor `c`", path.display()))),
         Err(_) => None,
     };
-    Ok(Inputs { a: am, b: bm, c, generated: false })
+    Ok(Inputs { a: am, b: bm, c, generated: false, x: None })
 }
 
 /// (L, rows, K) of a packed operand.
@@ -609,6 +650,13 @@ fn save<T: OutputElement + safetensors_dtype::HasDtype>(cli: &Cli, inputs: &Inpu
         tensors.push(("sfb".into(), Dtype::F8_E4M3, vec![b.scales().len()], b.scales().to_vec()));
         if let Some(c) = &inputs.c {
             tensors.push(("c".into(), T::DTYPE, d_shape(p, p.n), T::encode(c)));
+        }
+        if let Some(x) = &inputs.x {
+            // Checkpoint runs: the activations, and both global scales (D = alpha * ga * gb * A Bᵀ).
+            tensors.push(("x".into(), Dtype::BF16, vec![p.m, p.k], x.iter().flat_map(|v| v.to_le_bytes()).collect()));
+            for (name, g) in [("global_scale_a", a.global_scale()), ("global_scale_b", b.global_scale())] {
+                tensors.push((name.into(), Dtype::F32, vec![], g.unwrap_or(1.0).to_le_bytes().to_vec()));
+            }
         }
     }
     let views: Vec<(String, safetensors::tensor::TensorView<'_>)> = tensors.iter()

@@ -166,6 +166,22 @@ pub enum Error {
     /// libcuda could not be loaded: no NVIDIA driver on this machine.
     #[error("no NVIDIA driver: libcuda could not be loaded")]
     NoDriver,
+    /// A checkpoint tensor (or the file) that breaks a rule of [`crate::checkpoint`].
+    #[error("{tensor}: {rule}")]
+    Checkpoint {
+        /// The tensor's name (or the file's path).
+        tensor: String,
+        /// The bad value and the rule.
+        rule: String,
+    },
+    /// Reading a file failed.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file.
+        path: String,
+        /// The operating system's error.
+        source: std::io::Error,
+    },
     /// Host-side data that breaks a format rule.
     #[error("{what}: {detail}")]
     InvalidData {

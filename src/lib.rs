@@ -122,6 +122,7 @@
 //! [`fp4_out`], [`cutlass_host`], [`compare`]), which never calls the GPU path.
 #[cfg(feature = "candle")]
 pub mod candle;
+pub mod checkpoint;
 mod clusters;
 pub mod compare;
 pub mod cutlass_host;

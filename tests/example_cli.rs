@@ -346,3 +346,71 @@ fn tolerance_option() {
     assert_eq!(code(&o), 2);
     stderr_one_line(&o);
 }
+
+/// A ModelOpt layer `l` of N x K with row-major scales, written to `path`; `edit` changes the
+/// tensors first.
+fn modelopt_file(path: &PathBuf, n: usize, k: usize, edit: impl Fn(&mut Vec<(&str, Dtype, Vec<usize>, Vec<u8>)>)) {
+    let codes: Vec<u8> = (0..n * k / 2).map(|i| ((i * 7 + 3) % 256) as u8).collect();
+    let scales: Vec<u8> = (0..n * k / 16).map(|i| 0x30 + (i % 9) as u8).collect();
+    let mut t = vec![
+        ("l.weight", Dtype::U8, vec![n, k / 2], codes),
+        ("l.weight_scale", Dtype::F8_E4M3, vec![n, k / 16], scales),
+        ("l.weight_scale_2", Dtype::F32, vec![], 0.01f32.to_le_bytes().to_vec()),
+        ("l.input_scale", Dtype::F32, vec![], (4.0f32 / 2688.0).to_le_bytes().to_vec()),
+    ];
+    edit(&mut t);
+    write(path, &t);
+}
+
+#[test]
+fn checkpoint_layer_runs_and_saves_what_it_ran() {
+    let (n, k, m) = (64, 256, 5);
+    let ck = tmp("ck-good.safetensors");
+    modelopt_file(&ck, n, k, |_| {});
+    let out = tmp("ck-out.safetensors");
+    let o = run(&["--device", "cpu", "--checkpoint", ck.to_str().unwrap(), "--layer", "l", "--m", &m.to_string(), "--out", "f32", "--save", out.to_str().unwrap()]);
+    assert_eq!(code(&o), 0, "{}", String::from_utf8_lossy(&o.stderr));
+    // D against this file's own math: the saved a, sfa, b, sfb and global scales, decoded here.
+    let bytes = std::fs::read(&out).unwrap();
+    let st = SafeTensors::deserialize(&bytes).unwrap();
+    let b_saved = st.tensor("b").unwrap();
+    let ck_bytes = std::fs::read(&ck).unwrap();
+    let ck_st = SafeTensors::deserialize(&ck_bytes).unwrap();
+    assert_eq!(b_saved.data(), ck_st.tensor("l.weight").unwrap().data(), "B is the checkpoint's codes");
+    let scalar = |name: &str| f32::from_le_bytes(st.tensor(name).unwrap().data().try_into().unwrap()) as f64;
+    assert_eq!(scalar("global_scale_b"), 0.01f32 as f64);
+    assert_eq!(scalar("global_scale_a"), (4.0f32 / 2688.0) as f64, "A quantized with the layer's input scale");
+    assert_eq!(st.tensor("x").unwrap().shape(), &[m, k]);
+    let want = independent(&st, m, n, k, 1, scalar("global_scale_a") * scalar("global_scale_b"), 0.0);
+    let d = st.tensor("d").unwrap();
+    let got: Vec<f64> = d.data().chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap()) as f64).collect();
+    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+        assert!((g - w).abs() <= 1e-5 * w.abs().max(1e-30), "d[{i}] = {g}, independent {w}");
+    }
+}
+
+#[test]
+fn bad_checkpoints_exit_2_naming_the_tensor() {
+    let cases: [(&str, &dyn Fn(&mut Vec<(&str, Dtype, Vec<usize>, Vec<u8>)>), &str); 4] = [
+        ("ck-nan.safetensors", &|t| t[1].3[3] = 0x7F, "l.weight_scale: element 3"),
+        ("ck-missing.safetensors", &|t| t.retain(|x| x.0 != "l.weight_scale_2"), "l.weight_scale_2: not in"),
+        ("ck-dtype.safetensors", &|t| t[0].1 = Dtype::I8, "l.weight: dtype I8"),
+        ("ck-neg.safetensors", &|t| t[2].3 = (-1.0f32).to_le_bytes().to_vec(), "l.weight_scale_2: -1"),
+    ];
+    for (file, edit, want) in cases {
+        let ck = tmp(file);
+        modelopt_file(&ck, 32, 64, edit);
+        let o = run(&["--device", "cpu", "--checkpoint", ck.to_str().unwrap(), "--layer", "l", "--m", "2"]);
+        assert_eq!(code(&o), 2, "{file}");
+        let e = stderr_one_line(&o);
+        assert!(e.contains(want), "{file}: {e}");
+    }
+    let ck = tmp("ck-nolayer.safetensors");
+    modelopt_file(&ck, 32, 64, |_| {});
+    let o = run(&["--device", "cpu", "--checkpoint", ck.to_str().unwrap(), "--m", "2"]);
+    assert_eq!(code(&o), 2);
+    assert!(stderr_one_line(&o).contains("--checkpoint needs --layer"));
+    let o = run(&["--device", "cpu", "--checkpoint", ck.to_str().unwrap(), "--layer", "other", "--m", "2"]);
+    assert_eq!(code(&o), 2);
+    assert!(stderr_one_line(&o).contains("other.weight: not in"));
+}

@@ -1,0 +1,369 @@
+//! NVFP4 checkpoints as they ship: a linear layer of a safetensors file in NVIDIA ModelOpt's or
+//! compressed-tensors' names, turned into this crate's operand (the tiled scale layout, the
+//! global scale in this crate's convention), and mixture-of-experts stacks of them.
+//!
+//! | | ModelOpt | compressed-tensors |
+//! |---|---|---|
+//! | packed e2m1, U8 `[N, K/2]` | `weight` | `weight_packed` |
+//! | block scales, F8_E4M3 `[N, K/16]`, row-major | `weight_scale` | `weight_scale` |
+//! | per-tensor scale, F32 `[]` or `[1]` | `weight_scale_2` | `weight_global_scale` |
+//! | activations' per-tensor scale (optional) | `input_scale` | `input_global_scale` |
+//!
+//! Element `2i` of a row sits in the low nibble of its byte in both. ModelOpt's per-tensor
+//! scales multiply (value = e2m1 * block scale * `weight_scale_2`); compressed-tensors' divide
+//! (value = e2m1 * block scale / `weight_global_scale`), so this crate's global scale is
+//! `weight_scale_2`, or `1 / weight_global_scale`, and likewise for the activations.
+//!
+//! Only the file's header is parsed when it is opened; each layer reads its own tensors.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::io::{Read, Seek, SeekFrom};
+use std::path::{Path, PathBuf};
+
+use crate::error::{Error, Result};
+use crate::layout::to_tiled;
+use crate::matrix::Nvfp4Matrix;
+
+/// Which exporter's names a layer uses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Convention {
+    /// NVIDIA ModelOpt: `weight`, `weight_scale`, `weight_scale_2`, `input_scale`.
+    ModelOpt,
+    /// compressed-tensors (vLLM, llm-compressor): `weight_packed`, `weight_scale`,
+    /// `weight_global_scale`, `input_global_scale` (reciprocal scales).
+    CompressedTensors,
+}
+
+/// One linear layer of a checkpoint, as this crate's operands.
+#[derive(Clone, Debug)]
+pub struct CheckpointLayer {
+    /// The weight (1, N, K): codes, tiled scales and its global scale (this crate's convention).
+    pub weight: Nvfp4Matrix,
+    /// The activations' global scale (this crate's convention: the quantizer's `global_scale`),
+    /// where the checkpoint gives one.
+    pub input_scale: Option<f32>,
+    /// The names it was read under.
+    pub convention: Convention,
+}
+
+/// A safetensors file's header: every tensor's dtype, shape and byte range.
+#[derive(Debug)]
+pub struct Checkpoint {
+    path: PathBuf,
+    data_start: u64,
+    file_len: u64,
+    tensors: HashMap<String, TensorEntry>,
+}
+
+#[derive(Debug, Clone)]
+struct TensorEntry {
+    dtype: String,
+    shape: Vec<usize>,
+    range: (u64, u64),
+}
+
+/// The largest header this reads (safetensors' own limit).
+const MAX_HEADER: u64 = 100_000_000;
+
+fn bad(tensor: impl Into<String>, rule: impl Into<String>) -> Error {
+    Error::Checkpoint { tensor: tensor.into(), rule: rule.into() }
+}
+
+impl Checkpoint {
+    /// Opens a safetensors file and reads its header.
+    pub fn open(path: impl AsRef<Path>) -> Result<Self> {
+        let path = path.as_ref().to_path_buf();
+        let io = |source: std::io::Error| Error::Io { path: path.display().to_string(), source };
+        let mut f = File::open(&path).map_err(io)?;
+        let file_len = f.metadata().map_err(io)?.len();
+        let mut n = [0u8; 8];
+        f.read_exact(&mut n).map_err(io)?;
+        let n = u64::from_le_bytes(n);
+        let file = path.display().to_string();
+        if n > MAX_HEADER || 8 + n > file_len {
+            return Err(bad(file, format!("header of {n} bytes: the file holds {file_len} bytes (not a safetensors file?)")));
+        }
+        let mut header = vec![0u8; n as usize];
+        f.read_exact(&mut header).map_err(io)?;
+        let json: serde_json::Value = serde_json::from_slice(&header).map_err(|e| bad(file.clone(), format!("header is not JSON: {e}")))?;
+        let obj = json.as_object().ok_or_else(|| bad(file.clone(), "header is not a JSON object"))?;
+        let data_start = 8 + n;
+        let mut tensors = HashMap::new();
+        for (name, v) in obj {
+            if name == "__metadata__" {
+                continue;
+            }
+            let entry = (|| {
+                let dtype = v.get("dtype")?.as_str()?.to_string();
+                let shape = v.get("shape")?.as_array()?.iter().map(|d| d.as_u64().map(|d| d as usize)).collect::<Option<Vec<_>>>()?;
+                let offs = v.get("data_offsets")?.as_array()?;
+                let (a, b) = (offs.first()?.as_u64()?, offs.get(1)?.as_u64()?);
+                Some(TensorEntry { dtype, shape, range: (a, b) })
+            })()
+            .ok_or_else(|| bad(name.clone(), "header entry needs dtype, shape and data_offsets"))?;
+            if entry.range.0 > entry.range.1 || data_start.checked_add(entry.range.1).is_none_or(|end| end > file_len) {
+                return Err(bad(name.clone(), format!("data_offsets {:?} lie outside the file's {} data bytes", entry.range, file_len - data_start)));
+            }
+            tensors.insert(name.clone(), entry);
+        }
+        Ok(Checkpoint { path, data_start, file_len, tensors })
+    }
+
+    /// The tensor names, sorted.
+    pub fn names(&self) -> Vec<&str> {
+        let mut v: Vec<&str> = self.tensors.keys().map(String::as_str).collect();
+        v.sort_unstable();
+        v
+    }
+
+    fn entry(&self, name: &str) -> Result<&TensorEntry> {
+        self.tensors.get(name).ok_or_else(|| bad(name, format!("not in {}", self.path.display())))
+    }
+
+    /// The bytes of tensor `name`, checked to be `dtype` with `shape` (`None` in `shape`: any
+    /// extent there).
+    fn read(&self, name: &str, dtype: &str, shape: &[Option<usize>], what: &str) -> Result<Vec<u8>> {
+        let e = self.entry(name)?;
+        if e.dtype != dtype {
+            return Err(bad(name, format!("dtype {}: {what} is {dtype}", e.dtype)));
+        }
+        let fits = e.shape.len() == shape.len() && e.shape.iter().zip(shape).all(|(&got, want)| want.is_none_or(|w| w == got));
+        if !fits {
+            let want: Vec<String> = shape.iter().map(|d| d.map_or("_".into(), |d| d.to_string())).collect();
+            return Err(bad(name, format!("shape {:?}: {what} is [{}]", e.shape, want.join(", "))));
+        }
+        let elem = match dtype {
+            "F32" => 4,
+            _ => 1,
+        };
+        let want_bytes = e.shape.iter().try_fold(elem as u64, |acc, &d| acc.checked_mul(d as u64));
+        if want_bytes != Some(e.range.1 - e.range.0) {
+            return Err(bad(name, format!("holds {} bytes, its dtype and shape {:?} make {want_bytes:?}", e.range.1 - e.range.0, e.shape)));
+        }
+        let io = |source: std::io::Error| Error::Io { path: self.path.display().to_string(), source };
+        let mut f = File::open(&self.path).map_err(io)?;
+        if f.metadata().map_err(io)?.len() != self.file_len {
+            return Err(bad(self.path.display().to_string(), "the file changed since it was opened"));
+        }
+        f.seek(SeekFrom::Start(self.data_start + e.range.0)).map_err(io)?;
+        let mut bytes = vec![0u8; (e.range.1 - e.range.0) as usize];
+        f.read_exact(&mut bytes).map_err(io)?;
+        Ok(bytes)
+    }
+
+    /// A per-tensor F32 scale (shape `[]` or `[1]`), finite and positive.
+    fn scalar(&self, name: &str) -> Result<f32> {
+        let shape: &[Option<usize>] = if self.entry(name)?.shape.is_empty() { &[] } else { &[Some(1)] };
+        let b = self.read(name, "F32", shape, "a per-tensor scale")?;
+        let v = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+        if !(v.is_finite() && v > 0.0) {
+            return Err(bad(name, format!("{v}: a per-tensor scale must be finite and positive")));
+        }
+        Ok(v)
+    }
+
+    /// The linear layer `prefix` (e.g. `model.layers.0.mlp.down_proj`): its weight (1, N, K)
+    /// with tiled scales and global scale, and the activations' scale if the file has one, in
+    /// whichever convention its names follow.
+    pub fn layer(&self, prefix: &str) -> Result<CheckpointLayer> {
+        let has = |s: &str| self.tensors.contains_key(&format!("{prefix}.{s}"));
+        let convention = if has("weight_packed") {
+            Convention::CompressedTensors
+        } else if has("weight") {
+            Convention::ModelOpt
+        } else {
+            return Err(bad(format!("{prefix}.weight"), format!("not in {}, nor {prefix}.weight_packed (compressed-tensors)", self.path.display())));
+        };
+        let name = |s: &str| format!("{prefix}.{s}");
+        let (w_name, g_name, in_name) = match convention {
+            Convention::ModelOpt => (name("weight"), name("weight_scale_2"), name("input_scale")),
+            Convention::CompressedTensors => (name("weight_packed"), name("weight_global_scale"), name("input_global_scale")),
+        };
+        let we = self.entry(&w_name)?;
+        if we.shape.len() != 2 {
+            return Err(bad(&w_name, format!("shape {:?}: the packed weight is [N, K/2]", we.shape)));
+        }
+        let (n, k) = (we.shape[0], we.shape[1] * 2);
+        if n == 0 || k == 0 || k % 16 != 0 {
+            return Err(bad(&w_name, format!("shape {:?}: N >= 1 and K = 2 * {} must be a positive multiple of 16 (one scale per 16 values)", we.shape, we.shape[1])));
+        }
+        let data = self.read(&w_name, "U8", &[Some(n), Some(k / 2)], "the packed weight")?;
+        let s_name = name("weight_scale");
+        let scales = self.read(&s_name, "F8_E4M3", &[Some(n), Some(k / 16)], "the block scales, [N, K/16]")?;
+        if let Some(i) = scales.iter().position(|&b| b & 0x80 != 0 || b == 0x7F) {
+            let b = scales[i];
+            let why = if b == 0x7F { "NaN" } else { "negative" };
+            return Err(bad(&s_name, format!("element {i} (row {}, block {}) is {why} (byte 0x{b:02x}): block scales are finite and non-negative", i / (k / 16), i % (k / 16))));
+        }
+        let to_ours = |v: f32, name: &str| -> Result<f32> {
+            let g = match convention {
+                Convention::ModelOpt => v,
+                Convention::CompressedTensors => 1.0 / v,
+            };
+            if !(g.is_finite() && g > 0.0 && g.is_normal()) {
+                return Err(bad(name, format!("{v} gives the global scale {g}: it must be a positive normal f32")));
+            }
+            Ok(g)
+        };
+        let global = to_ours(self.scalar(&g_name)?, &g_name)?;
+        let input_scale = if self.tensors.contains_key(&in_name) { Some(to_ours(self.scalar(&in_name)?, &in_name)?) } else { None };
+        let weight = Nvfp4Matrix::from_parts(n, k, 1, data, to_tiled(&scales, n, k / 16, 1), Some(global))?;
+        Ok(CheckpointLayer { weight, input_scale, convention })
+    }
+
+    /// A mixture-of-experts stack: the layers `prefix_of(0)`, ..., `prefix_of(experts - 1)` (for
+    /// example `|e| format!("model.layers.3.mlp.experts.{e}.down_proj")`) as one (E, N, K)
+    /// matrix of global scale 1, and each expert's global scale: the B operand and the
+    /// `expert_scales` of [`crate::BlockScaledGemm::moe_gemm`]. Every expert must have the same N
+    /// and K.
+    pub fn experts(&self, experts: usize, prefix_of: impl Fn(usize) -> String) -> Result<(Nvfp4Matrix, Vec<f32>)> {
+        if experts == 0 {
+            return Err(Error::Dimension { dim: "experts", value: 0, max: usize::MAX });
+        }
+        let (mut data, mut scales, mut globals) = (Vec::new(), Vec::new(), Vec::with_capacity(experts));
+        let mut nk = None;
+        for e in 0..experts {
+            let prefix = prefix_of(e);
+            let layer = self.layer(&prefix)?;
+            let w = layer.weight;
+            match nk {
+                None => nk = Some((w.rows(), w.k())),
+                Some(first) if first != (w.rows(), w.k()) => {
+                    return Err(bad(prefix, format!("(N, K) = {:?}: expert 0 has {first:?}; an expert stack shares N and K", (w.rows(), w.k()))));
+                }
+                _ => {}
+            }
+            data.extend_from_slice(w.data());
+            scales.extend_from_slice(w.scales());
+            globals.push(w.global_scale().expect("a layer has a global scale"));
+        }
+        let (n, k) = nk.expect("at least one expert");
+        Ok((Nvfp4Matrix::from_parts(n, k, experts, data, scales, None)?, globals))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use safetensors::tensor::TensorView;
+    use safetensors::Dtype;
+
+    /// (name, dtype, shape, bytes) of one tensor to write.
+    type Tensor = (String, Dtype, Vec<usize>, Vec<u8>);
+
+    /// A safetensors file of (name, dtype, shape, bytes) in a fresh temporary folder.
+    fn write(tag: &str, tensors: &[(&str, Dtype, Vec<usize>, Vec<u8>)]) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("bsg-checkpoint-{}-{tag}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let views: Vec<(String, TensorView<'_>)> = tensors.iter().map(|(n, d, s, b)| (n.to_string(), TensorView::new(*d, s.clone(), b).unwrap())).collect();
+        let path = dir.join("model.safetensors");
+        std::fs::write(&path, safetensors::serialize(views, None).unwrap()).unwrap();
+        path
+    }
+
+    fn f32s(v: f32) -> Vec<u8> {
+        v.to_le_bytes().to_vec()
+    }
+
+    /// A quantized weight and the tensors ModelOpt or compressed-tensors would export for it.
+    fn layer_tensors(prefix: &str, conv: Convention, n: usize, k: usize, seed: u64, input: Option<f32>) -> (Nvfp4Matrix, Vec<Tensor>) {
+        let mut rng = crate::SplitMix64::new(seed);
+        let x: Vec<f32> = (0..n * k).map(|_| rng.normal() as f32).collect();
+        let m = Nvfp4Matrix::quantize(&x, (1, n, k), None).unwrap();
+        let g = m.global_scale().unwrap();
+        let (w, gs, inn, gv, iv) = match conv {
+            Convention::ModelOpt => ("weight", "weight_scale_2", "input_scale", g, input),
+            Convention::CompressedTensors => ("weight_packed", "weight_global_scale", "input_global_scale", 1.0 / g, input.map(|s| 1.0 / s)),
+        };
+        let mut t = vec![
+            (format!("{prefix}.{w}"), Dtype::U8, vec![n, k / 2], m.data().to_vec()),
+            (format!("{prefix}.weight_scale"), Dtype::F8_E4M3, vec![n, k / 16], m.scales_row_major()),
+            (format!("{prefix}.{gs}"), Dtype::F32, vec![], f32s(gv)),
+        ];
+        if let Some(v) = iv {
+            t.push((format!("{prefix}.{inn}"), Dtype::F32, vec![1], f32s(v)));
+        }
+        (m, t)
+    }
+
+    fn refs(t: &[Tensor]) -> Vec<(&str, Dtype, Vec<usize>, Vec<u8>)> {
+        t.iter().map(|(a, b, c, d)| (a.as_str(), *b, c.clone(), d.clone())).collect()
+    }
+
+    #[test]
+    fn both_conventions_give_the_quantized_matrix() {
+        for (conv, tag) in [(Convention::ModelOpt, "modelopt"), (Convention::CompressedTensors, "ct")] {
+            let (m, t) = layer_tensors("model.layers.0.mlp.down_proj", conv, 130, 96, 1, Some(0.0123));
+            let ck = Checkpoint::open(write(tag, &refs(&t))).unwrap();
+            let l = ck.layer("model.layers.0.mlp.down_proj").unwrap();
+            assert_eq!(l.convention, conv);
+            assert_eq!(l.weight.data(), m.data());
+            assert_eq!(l.weight.scales(), m.scales(), "tiled as the quantizer tiles them");
+            let want_g = match conv {
+                Convention::ModelOpt => m.global_scale().unwrap(),
+                Convention::CompressedTensors => 1.0 / (1.0 / m.global_scale().unwrap()),
+            };
+            assert_eq!(l.weight.global_scale(), Some(want_g));
+            let want_in = if conv == Convention::ModelOpt { 0.0123f32 } else { 1.0 / (1.0 / 0.0123f32) };
+            assert_eq!(l.input_scale, Some(want_in));
+        }
+    }
+
+    #[test]
+    fn expert_stacks_carry_each_experts_scale() {
+        let mut all = Vec::new();
+        let mut want = Vec::new();
+        for e in 0..3 {
+            let (m, t) = layer_tensors(&format!("mlp.experts.{e}.up_proj"), Convention::ModelOpt, 64, 128, 10 + e as u64, None);
+            all.extend(t);
+            want.push(m);
+        }
+        let ck = Checkpoint::open(write("experts", &refs(&all))).unwrap();
+        let (w, scales) = ck.experts(3, |e| format!("mlp.experts.{e}.up_proj")).unwrap();
+        assert_eq!((w.batch(), w.rows(), w.k(), w.global_scale()), (3, 64, 128, None));
+        for (e, m) in want.iter().enumerate() {
+            assert_eq!(w.batch_slice(e).data(), m.data());
+            assert_eq!(w.batch_slice(e).scales(), m.scales());
+            assert_eq!(scales[e], m.global_scale().unwrap());
+        }
+        let e = ck.experts(4, |e| format!("mlp.experts.{e}.up_proj")).unwrap_err().to_string();
+        assert!(e.starts_with("mlp.experts.3.up_proj.weight: not in"), "{e}");
+    }
+
+    #[test]
+    fn bad_files_name_the_tensor_and_the_rule() {
+        let p = "l";
+        let (_, good) = layer_tensors(p, Convention::ModelOpt, 32, 64, 3, None);
+        let check = |tag: &str, edit: &dyn Fn(&mut Vec<Tensor>), want: &str| {
+            let mut t = good.clone();
+            edit(&mut t);
+            let e = Checkpoint::open(write(tag, &refs(&t))).and_then(|c| c.layer(p)).unwrap_err().to_string();
+            assert!(e.contains(want), "{tag}: {e}");
+        };
+        check("missing", &|t| t.retain(|x| x.0 != "l.weight_scale"), "l.weight_scale: not in");
+        check("noweight", &|t| t.retain(|x| x.0 != "l.weight"), "l.weight: not in");
+        check("dtype", &|t| t[1].1 = Dtype::U8, "l.weight_scale: dtype U8: the block scales");
+        check("shape", &|t| {
+            t[1].2 = vec![16, 8];
+        }, "l.weight_scale: shape [16, 8]");
+        check("k16", &|t| {
+            t[0].2 = vec![32, 36];
+            t[0].3 = vec![0; 32 * 36];
+        }, "positive multiple of 16");
+        check("nan", &|t| t[1].3[5] = 0x7F, "element 5 (row 1, block 1) is NaN");
+        check("neg", &|t| t[1].3[0] = 0x81, "is negative");
+        check("g0", &|t| t[2].3 = f32s(0.0), "l.weight_scale_2: 0: a per-tensor scale must be finite and positive");
+        check("gnan", &|t| t[2].3 = f32s(f32::NAN), "must be finite and positive");
+        check("gshape", &|t| {
+            t[2].2 = vec![2];
+            t[2].3 = [f32s(1.0), f32s(1.0)].concat();
+        }, "a per-tensor scale is [1]");
+        // Not a safetensors file at all.
+        let dir = std::env::temp_dir().join(format!("bsg-checkpoint-{}-junk", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("x"), b"\xff\xff\xff\xff\xff\xff\xff\x7fjunk").unwrap();
+        assert!(Checkpoint::open(dir.join("x")).unwrap_err().to_string().contains("not a safetensors file?"));
+        assert!(matches!(Checkpoint::open(dir.join("missing")).unwrap_err(), Error::Io { .. }));
+    }
+}
