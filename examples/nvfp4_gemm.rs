@@ -102,10 +102,10 @@ struct Cli {
     #[arg(long)]
     input: Option<PathBuf>,
     /// Run the linear layer `--layer` of this NVFP4 checkpoint (safetensors) on `--m` rows.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "input")]
     checkpoint: Option<PathBuf>,
     /// The layer's name prefix in `--checkpoint`, e.g. model.layers.0.mlp.down_proj.
-    #[arg(long)]
+    #[arg(long, requires = "checkpoint")]
     layer: Option<String>,
     /// Write d (and the generated inputs) to this safetensors file.
     #[arg(long)]
@@ -230,7 +230,7 @@ fn prepare<T: OutputElement + safetensors_dtype::HasDtype>(cli: &Cli) -> Result<
     if cli.input.is_none() && cli.checkpoint.is_none() {
         let p = problem(cli.m, cli.n, cli.k, cli.l);
         p.validate(out, cli.beta != 0.0)?;
-        check_host_memory(cli, &p)?;
+        check_host_memory(cli, &p, 0.0)?;
     }
     let inputs = match (&cli.input, &cli.checkpoint) {
         (Some(path), _) => load::<T>(path, cli.beta)?,
@@ -246,12 +246,12 @@ fn prepare<T: OutputElement + safetensors_dtype::HasDtype>(cli: &Cli) -> Result<
 /// Refuses a generated run whose host buffers alone (A, B and their scales, C, D, and for
 /// realistic data the f32 values they are quantized from) exceed the memory the system reports
 /// available, instead of letting the allocator abort or the OOM killer end the process.
-fn check_host_memory(cli: &Cli, p: &Problem) -> Result<(), Exit> {
+fn check_host_memory(cli: &Cli, p: &Problem, extra_bytes: f64) -> Result<(), Exit> {
     let Some(available) = mem_available() else { return Ok(()) };
     let out = cli.out_type();
     let cd = p.cd_elems() as f64;
     let elem = if out.sfd().is_some() { 4.0 } else { (out.bits() / 8) as f64 };
-    let mut need = [p.a_bytes(), p.b_bytes(), p.sfa_bytes(), p.sfb_bytes()].iter().map(|&x| x as f64).sum::<f64>() + cd * elem;
+    let mut need = [p.a_bytes(), p.b_bytes(), p.sfa_bytes(), p.sfb_bytes()].iter().map(|&x| x as f64).sum::<f64>() + cd * elem + extra_bytes;
     if cli.beta != 0.0 {
         need += cd * elem;
     }
@@ -553,7 +553,10 @@ fn from_checkpoint<T: OutputElement>(cli: &Cli, path: &PathBuf) -> Result<Inputs
     }
     let layer = blockscaled_gemm::checkpoint::Checkpoint::open(path)?.layer(name)?;
     let (m, n, k) = (cli.m, layer.weight.rows(), layer.weight.k());
-    Problem::new(m, n, k).scalars(cli.alpha, cli.beta).validate(cli.out_type(), cli.beta != 0.0)?;
+    let p = Problem::new(m, n, k).scalars(cli.alpha, cli.beta);
+    p.validate(cli.out_type(), cli.beta != 0.0)?;
+    // The bf16 activations and their f32 copy in the quantizer, besides the operands.
+    check_host_memory(cli, &p, 6.0 * m as f64 * k as f64)?;
     let mut rng = SplitMix64::new(cli.seed);
     let x: Vec<bf16> = (0..m * k).map(|_| bf16::from_f64(rng.normal())).collect();
     let a = Nvfp4Matrix::quantize(&x, (1, m, k), layer.input_scale)?;

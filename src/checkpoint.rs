@@ -181,10 +181,13 @@ impl Checkpoint {
             Convention::CompressedTensors => (name("weight_packed"), name("weight_global_scale"), name("input_global_scale")),
         };
         let we = self.entry(&w_name)?;
+        if we.dtype != "U8" {
+            return Err(bad(&w_name, format!("dtype {}: the packed weight is U8 (two e2m1 codes a byte)", we.dtype)));
+        }
         if we.shape.len() != 2 {
             return Err(bad(&w_name, format!("shape {:?}: the packed weight is [N, K/2]", we.shape)));
         }
-        let (n, k) = (we.shape[0], we.shape[1] * 2);
+        let (n, k) = (we.shape[0], we.shape[1].checked_mul(2).unwrap_or(0));
         if n == 0 || k == 0 || k % 16 != 0 {
             return Err(bad(&w_name, format!("shape {:?}: N >= 1 and K = 2 * {} must be a positive multiple of 16 (one scale per 16 values)", we.shape, we.shape[1])));
         }
@@ -193,7 +196,7 @@ impl Checkpoint {
         let scales = self.read(&s_name, "F8_E4M3", &[Some(n), Some(k / 16)], "the block scales, [N, K/16]")?;
         if let Some(i) = scales.iter().position(|&b| b & 0x80 != 0 || b == 0x7F) {
             let b = scales[i];
-            let why = if b == 0x7F { "NaN" } else { "negative" };
+            let why = if b & 0x7F == 0x7F { "NaN" } else { "negative" };
             return Err(bad(&s_name, format!("element {i} (row {}, block {}) is {why} (byte 0x{b:02x}): block scales are finite and non-negative", i / (k / 16), i % (k / 16))));
         }
         let to_ours = |v: f32, name: &str| -> Result<f32> {
@@ -216,12 +219,13 @@ impl Checkpoint {
     /// example `|e| format!("model.layers.3.mlp.experts.{e}.down_proj")`) as one (E, N, K)
     /// matrix of global scale 1, and each expert's global scale: the B operand and the
     /// `expert_scales` of [`crate::BlockScaledGemm::moe_gemm`]. Every expert must have the same N
-    /// and K.
+    /// and K. The experts' input scales are not returned (`moe_gemm` takes one activation scale;
+    /// [`Self::layer`] gives each expert's).
     pub fn experts(&self, experts: usize, prefix_of: impl Fn(usize) -> String) -> Result<(Nvfp4Matrix, Vec<f32>)> {
         if experts == 0 {
-            return Err(Error::Dimension { dim: "experts", value: 0, max: usize::MAX });
+            return Err(Error::InvalidData { what: "experts", detail: "0: an expert stack has at least one expert".into() });
         }
-        let (mut data, mut scales, mut globals) = (Vec::new(), Vec::new(), Vec::with_capacity(experts));
+        let (mut data, mut scales, mut globals) = (Vec::new(), Vec::new(), Vec::new());
         let mut nk = None;
         for e in 0..experts {
             let prefix = prefix_of(e);
@@ -230,7 +234,8 @@ impl Checkpoint {
             match nk {
                 None => nk = Some((w.rows(), w.k())),
                 Some(first) if first != (w.rows(), w.k()) => {
-                    return Err(bad(prefix, format!("(N, K) = {:?}: expert 0 has {first:?}; an expert stack shares N and K", (w.rows(), w.k()))));
+                    let name = if layer.convention == Convention::ModelOpt { "weight" } else { "weight_packed" };
+                    return Err(bad(format!("{prefix}.{name}"), format!("(N, K) = {:?}: expert 0 has {first:?}; an expert stack shares N and K", (w.rows(), w.k()))));
                 }
                 _ => {}
             }
@@ -311,6 +316,19 @@ mod tests {
     }
 
     #[test]
+    fn element_2i_is_the_low_nibble() {
+        // Byte 0x21: element 0 is code 1 (0.5), element 1 code 2 (1.0); scale 0x38 is 1.0.
+        let t = [
+            ("l.weight", Dtype::U8, vec![1, 8], vec![0x21u8; 8]),
+            ("l.weight_scale", Dtype::F8_E4M3, vec![1, 1], vec![0x38]),
+            ("l.weight_scale_2", Dtype::F32, vec![], f32s(1.0)),
+        ];
+        let l = Checkpoint::open(write("nibbles", &t)).unwrap().layer("l").unwrap();
+        assert_eq!((l.weight.value(0, 0, 0), l.weight.value(0, 0, 1)), (0.5, 1.0));
+        assert_eq!(l.input_scale, None);
+    }
+
+    #[test]
     fn expert_stacks_carry_each_experts_scale() {
         let mut all = Vec::new();
         let mut want = Vec::new();
@@ -344,6 +362,11 @@ mod tests {
         check("missing", &|t| t.retain(|x| x.0 != "l.weight_scale"), "l.weight_scale: not in");
         check("noweight", &|t| t.retain(|x| x.0 != "l.weight"), "l.weight: not in");
         check("dtype", &|t| t[1].1 = Dtype::U8, "l.weight_scale: dtype U8: the block scales");
+        check("wdtype", &|t| {
+            t[0].1 = Dtype::BF16;
+            t[0].2 = vec![32, 16];
+        }, "l.weight: dtype BF16: the packed weight is U8");
+        check("nan-ff", &|t| t[1].3[2] = 0xFF, "element 2 (row 0, block 2) is NaN");
         check("shape", &|t| {
             t[1].2 = vec![16, 8];
         }, "l.weight_scale: shape [16, 8]");

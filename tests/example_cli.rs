@@ -413,4 +413,12 @@ fn bad_checkpoints_exit_2_naming_the_tensor() {
     let o = run(&["--device", "cpu", "--checkpoint", ck.to_str().unwrap(), "--layer", "other", "--m", "2"]);
     assert_eq!(code(&o), 2);
     assert!(stderr_one_line(&o).contains("other.weight: not in"));
+    // Rows whose activations would not fit in memory: refused before any is made.
+    let o = run(&["--device", "cpu", "--checkpoint", ck.to_str().unwrap(), "--layer", "l", "--m", "2000000000"]);
+    assert_eq!(code(&o), 2);
+    assert!(stderr_one_line(&o).contains("host buffers need"));
+    // --layer alone, or with --input: refused by the option rules.
+    let o = run(&["--device", "cpu", "--layer", "l"]);
+    assert_eq!(code(&o), 2);
+    stderr_one_line(&o);
 }
