@@ -215,6 +215,37 @@ impl Checkpoint {
         Ok(CheckpointLayer { weight, input_scale, convention })
     }
 
+    /// Fused shards (q/k/v, gate/up): the layers `prefixes` stacked along N in that order, as
+    /// one layer, for one GEMM over all of them. They must share K, the weight's global scale and
+    /// the input scale (an engine's fused projection quantized as one tensor exports them
+    /// equal): different global scales cannot share one tensor without re-rounding the block
+    /// scales, so they are an error naming both (run one GEMM per shard then).
+    pub fn fused(&self, prefixes: &[&str]) -> Result<CheckpointLayer> {
+        let (first, rest) = prefixes.split_first().ok_or_else(|| Error::InvalidData { what: "prefixes", detail: "none: a fused layer has at least one shard".into() })?;
+        let base = self.layer(first)?;
+        let gname = |c: Convention, p: &str| format!("{p}.{}", if c == Convention::ModelOpt { "weight_scale_2" } else { "weight_global_scale" });
+        let (k, g) = (base.weight.k(), base.weight.global_scale());
+        let (mut data, mut rows_major, mut n) = (base.weight.data().to_vec(), base.weight.scales_row_major(), base.weight.rows());
+        for p in rest {
+            let l = self.layer(p)?;
+            if l.weight.k() != k {
+                let name = if l.convention == Convention::ModelOpt { "weight" } else { "weight_packed" };
+                return Err(bad(format!("{p}.{name}"), format!("K = {}: {first} has K = {k}; fused shards share K", l.weight.k())));
+            }
+            if l.weight.global_scale() != g {
+                return Err(bad(gname(l.convention, p), format!("global scale {:?}, {} has {g:?}: fused shards need one global scale (run a GEMM per shard)", l.weight.global_scale(), gname(base.convention, first))));
+            }
+            if l.input_scale != base.input_scale {
+                return Err(bad(format!("{p}.input_scale"), format!("{:?}, {first} has {:?}: fused shards share the activations' scale", l.input_scale, base.input_scale)));
+            }
+            data.extend_from_slice(l.weight.data());
+            rows_major.extend_from_slice(&l.weight.scales_row_major());
+            n += l.weight.rows();
+        }
+        let weight = Nvfp4Matrix::from_parts(n, k, 1, data, to_tiled(&rows_major, n, k / 16, 1), g)?;
+        Ok(CheckpointLayer { weight, input_scale: base.input_scale, convention: base.convention })
+    }
+
     /// A mixture-of-experts stack: the layers `prefix_of(0)`, ..., `prefix_of(experts - 1)` (for
     /// example `|e| format!("model.layers.3.mlp.experts.{e}.down_proj")`) as one (E, N, K)
     /// matrix of global scale 1, and each expert's global scale: the B operand and the
@@ -313,6 +344,33 @@ mod tests {
             let want_in = if conv == Convention::ModelOpt { 0.0123f32 } else { 1.0 / (1.0 / 0.0123f32) };
             assert_eq!(l.input_scale, Some(want_in));
         }
+    }
+
+    #[test]
+    fn fused_shards_stack_along_n() {
+        // Three shards of one tensor's quantization (one global scale), as a fused q/k/v exports.
+        let mut rng = crate::SplitMix64::new(21);
+        let (k, ns) = (64, [48usize, 16, 80]);
+        let x: Vec<f32> = (0..ns.iter().sum::<usize>() * k).map(|_| rng.normal() as f32).collect();
+        let whole = Nvfp4Matrix::quantize(&x, (1, 144, k), None).unwrap();
+        let g = whole.global_scale().unwrap();
+        let (mut t, mut at) = (Vec::new(), 0);
+        for (name, n) in ["q", "k", "v"].into_iter().zip(ns) {
+            let part = whole.select_rows(&(at..at + n).collect::<Vec<_>>());
+            t.push((format!("{name}.weight"), Dtype::U8, vec![n, k / 2], part.data().to_vec()));
+            t.push((format!("{name}.weight_scale"), Dtype::F8_E4M3, vec![n, k / 16], part.scales_row_major()));
+            t.push((format!("{name}.weight_scale_2"), Dtype::F32, vec![], f32s(g)));
+            at += n;
+        }
+        let ck = Checkpoint::open(write("fused", &refs(&t))).unwrap();
+        let l = ck.fused(&["q", "k", "v"]).unwrap();
+        assert_eq!((l.weight.data(), l.weight.scales(), l.weight.global_scale()), (whole.data(), whole.scales(), Some(g)));
+        // A shard with another global scale is refused, naming it.
+        t[5].3 = f32s(g * 2.0);
+        let ck = Checkpoint::open(write("fused-bad", &refs(&t))).unwrap();
+        let e = ck.fused(&["q", "k", "v"]).unwrap_err().to_string();
+        assert!(e.starts_with("k.weight_scale_2: global scale") && e.contains("run a GEMM per shard"), "{e}");
+        assert!(ck.fused(&[]).is_err());
     }
 
     #[test]
