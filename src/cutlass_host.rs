@@ -44,7 +44,7 @@ pub fn can_implement_split_k(config: Config, out: OutType, p: &Problem, split_k:
 /// The grouped kernel's own check (`GroupedGemm::can_implement`) of `config` with `out` output
 /// on `p`: the tests hold [`crate::MoeProblem::validate`] to it.
 pub fn can_implement_grouped(config: Config, out: OutType, p: &crate::grouped::MoeProblem) -> Result<bool> {
-    if !config.is_built(out) || !config.info().grouped.contains(&out) {
+    if !config.is_built_grouped(out) {
         return Err(Error::NotBuilt { config, out });
     }
     let dim = |dim: &'static str, v: usize| i32::try_from(v).map_err(|_| Error::Dimension { dim, value: v, max: i32::MAX as usize });

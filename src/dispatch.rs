@@ -88,6 +88,11 @@ impl Config {
         BUILT_ARCHS.contains(&i.arch) && BUILT_CONFIGS.contains(&i.name) && i.outputs.contains(&out)
     }
 
+    /// Whether this build holds this config's grouped kernel for output `out` (`BSG_GROUPED`).
+    pub fn is_built_grouped(self, out: OutType) -> bool {
+        self.is_built(out) && self.info().grouped.contains(&out)
+    }
+
     /// The compute capability this config's machine code runs on.
     pub const fn compute_capability(self) -> (i32, i32) {
         arch_facts(self.info().arch).0

@@ -175,17 +175,31 @@ pub fn moe_scales(x: &Nvfp4Matrix, offsets: &[i32]) -> Result<Vec<u8>> {
     let p = MoeProblem::new(x.rows(), 32, x.k(), offsets.len() - 1);
     let (sp, cols) = (padded_sf_cols(sf_cols(x.k())), sf_cols(x.k()));
     let mut out = vec![0u8; p.sfa_bytes()];
-    let mut start = 0usize;
+    let starts = moe_scale_starts(offsets)?;
     for e in 0..p.experts {
-        let (r0, r1) = (offsets[e] as usize, offsets[e + 1] as usize);
-        for r in r0..r1 {
+        let r0 = offsets[e] as usize;
+        for r in r0..offsets[e + 1] as usize {
             for s in 0..cols {
-                out[sf_offset(start + r - r0, s, sp)] = x.scale(0, r, s);
+                out[sf_offset(starts[e] + r - r0, s, sp)] = x.scale(0, r, s);
             }
         }
-        start += (r1 - r0).div_ceil(128) * 128;
     }
     Ok(out)
+}
+
+/// Where each expert's scales start in the MoE layout, in scale rows, and where the last one's
+/// blocks end: E + 1 entries, expert e's rows rounded up to 128 after expert e - 1's. Times
+/// `layout::padded_sf_cols(K / 16)` they are byte offsets, and each expert's part is the tiled
+/// layout of its own rows (an `Nvfp4Tensor` of (1, rows, K) over it needs no copy). `offsets` as
+/// [`check_offsets`] wants them.
+pub fn moe_scale_starts(offsets: &[i32]) -> Result<Vec<usize>> {
+    check_offsets(offsets, offsets.last().map_or(0, |&t| t.max(0) as usize))?;
+    let mut starts = vec![0usize];
+    for w in offsets.windows(2) {
+        let rows = (w[1] - w[0]) as usize;
+        starts.push(starts.last().expect("one entry at least") + rows.div_ceil(128) * 128);
+    }
+    Ok(starts)
 }
 
 /// That `offsets` are E + 1 non-decreasing values from 0 to `rows` (the host-side check of
@@ -243,6 +257,21 @@ impl BlockScaledGemm {
         dispatch::select_grouped(arch, p.rows, p.experts, p.k, out, |c| c.is_built(out)).ok_or_else(unsupported)
     }
 
+    /// The config a grouped call on `p` runs: `forced` once checked against this device and the
+    /// build, else the rule's ([`Self::select_grouped_config`]).
+    fn grouped_config(&self, p: &MoeProblem, out: OutType, forced: Option<Config>) -> Result<Config> {
+        let Some(config) = forced else { return self.select_grouped_config(p, out) };
+        let dev = self.device();
+        if config.compute_capability() != dev.compute_capability {
+            let (major, minor) = dev.compute_capability;
+            return Err(Error::ArchMismatch { config, need: config.arch_label(), ordinal: dev.ordinal, major, minor });
+        }
+        if !config.is_built_grouped(out) {
+            return Err(Error::NotBuilt { config, out });
+        }
+        Ok(config)
+    }
+
     /// The grouped GEMM of a mixture-of-experts layer, in one launch (Hopper):
     /// `D[rows of e] = alpha * gA * gB * expert_scales[e] * dec(A[rows of e]) dec(B[e])ᵀ` for
     /// every expert e, with gA and gB the tensors' global scales, in f16, bf16 or f32. Per
@@ -290,17 +319,7 @@ impl BlockScaledGemm {
             check_len(name, got, want, rule)?;
         }
         let dev = self.device();
-        let config = match config {
-            Some(c) => c,
-            None => self.select_grouped_config(p, out)?,
-        };
-        if config.compute_capability() != dev.compute_capability {
-            let (major, minor) = dev.compute_capability;
-            return Err(Error::ArchMismatch { config, need: config.arch_label(), ordinal: dev.ordinal, major, minor });
-        }
-        if !config.info().grouped.contains(&out) || !config.is_built(out) {
-            return Err(Error::NotBuilt { config, out });
-        }
+        let config = self.grouped_config(p, out, config)?;
         check_devices(dev.ordinal, [
             ("A", a.values.stream()), ("SFA", a.scales.stream()), ("B", b.values().stream()), ("SFB", b.scales().stream()),
             ("offsets", offsets.stream()), ("expert_scales", expert_scales.stream()), ("D", d.stream()),
@@ -342,13 +361,7 @@ impl BlockScaledGemm {
     /// capturing a call in a CUDA graph.
     pub fn moe_workspace_size(&self, p: &MoeProblem, out: OutType, config: Option<Config>) -> Result<usize> {
         p.validate(out)?;
-        let config = match config {
-            Some(c) => c,
-            None => self.select_grouped_config(p, out)?,
-        };
-        if !config.info().grouped.contains(&out) || !config.is_built(out) {
-            return Err(Error::NotBuilt { config, out });
-        }
+        let config = self.grouped_config(p, out, config)?;
         Ok(sys::workspace_size_grouped(config.info().index, out.index(), &grouped_args(p)))
     }
 }
@@ -400,6 +413,8 @@ mod tests {
             }
         }
         assert_eq!(s[sf_offset(130, 0, sp)], 0, "padding is zero");
+        assert_eq!(moe_scale_starts(&offsets).unwrap(), vec![0, 256, 256, 384, 640]);
+        assert!(moe_scale_starts(&[0, 5, 3]).is_err());
     }
 
     #[test]

@@ -4,7 +4,7 @@
 use blockscaled_gemm::compare::{compare, compare_fp4, verify_matrices};
 use blockscaled_gemm::fp4_out::sfd_from_f32;
 use blockscaled_gemm::reference::{self, Accumulation};
-use blockscaled_gemm::grouped::{expert_offsets, moe_sfa_bytes, moe_scales, reference_moe};
+use blockscaled_gemm::grouped::{expert_offsets, moe_scale_starts, moe_sfa_bytes, moe_scales, reference_moe};
 use blockscaled_gemm::{reference_gemm, BlockScaledGemm, MoeActivations, MoeProblem, Config, Error, ForeignBuffer, Nvfp4Matrix, Nvfp4Output, Nvfp4Tensor, OutType, OutputElement, Problem};
 use cudarc::driver::{CudaSlice, CudaView};
 use cudarc::driver::CudaContext;
@@ -1249,7 +1249,7 @@ fn grouped_moe_quantizer_matches_the_cpu() -> Outcome {
         assert!(s.clone_dtoh(&codes).unwrap() == cpu.data(), "codes, {counts:?} K={k}");
         // The experts' 128-row blocks as moe_scales places them (their padding zero); the rows
         // past them (room for other routings) untouched.
-        let used = counts.iter().map(|c| c.div_ceil(128) * 128).sum::<usize>() * blockscaled_gemm::layout::padded_sf_cols(k / 16);
+        let used = moe_scale_starts(&offsets).unwrap()[experts] * blockscaled_gemm::layout::padded_sf_cols(k / 16);
         let (got, want) = (s.clone_dtoh(&scales).unwrap(), moe_scales(&cpu, &offsets).unwrap());
         assert!(got[..used] == want[..used], "scales of the experts' blocks, {counts:?} K={k}");
         assert!(got[used..].iter().all(|&b| b == 0x7F), "scale rows past the experts' blocks were written, {counts:?} K={k}");

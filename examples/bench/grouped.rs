@@ -14,8 +14,8 @@
 use std::sync::Arc;
 
 use blockscaled_gemm::compare::compare;
-use blockscaled_gemm::grouped::{expert_offsets, moe_scales};
-use blockscaled_gemm::layout::sf_batch_bytes;
+use blockscaled_gemm::grouped::{expert_offsets, moe_scale_starts, moe_scales};
+use blockscaled_gemm::layout::{padded_sf_cols, sf_batch_bytes};
 use blockscaled_gemm::{reference_gemm, BlockScaledGemm, Config, MoeActivations, MoeProblem, Nvfp4Matrix, Nvfp4Tensor, Problem, SplitMix64};
 use cudarc::driver::{CudaSlice, CudaStream};
 use half::bf16;
@@ -138,13 +138,8 @@ pub fn bench_case(cli: &Cli, gemm: &BlockScaledGemm, stream: &Arc<CudaStream>, l
     };
     // The loop of gemm, one call per expert with rows: the expert's rows of A, its scales (the
     // MoE layout is each expert's own tiled layout, at its padded start), its batch of B.
-    let sp_bytes = |rows: usize| sf_batch_bytes(rows, k);
-    let mut sf_start = Vec::with_capacity(experts);
-    let mut at = 0;
-    for &c in &case.counts {
-        sf_start.push(at);
-        at += sp_bytes(c);
-    }
+    let sp = padded_sf_cols(k / 16);
+    let sf_start: Vec<usize> = moe_scale_starts(&offsets)?.iter().map(|r| r * sp).collect();
     let mut workspace = gemm.moe_workspace_size(&p, blockscaled_gemm::OutType::Bf16, Some(config))?;
     for &e in &hit {
         workspace = workspace.max(gemm.workspace_size(&Problem::new(case.counts[e], n, k), blockscaled_gemm::OutType::Bf16, None)?);
@@ -155,7 +150,7 @@ pub fn bench_case(cli: &Cli, gemm: &BlockScaledGemm, stream: &Arc<CudaStream>, l
         for &e in &hit {
             let (r0, r1) = (offsets[e] as usize, offsets[e + 1] as usize);
             let pe = Problem::new(r1 - r0, n, k);
-            let a = Nvfp4Tensor::new(s.a.slice(r0 * k / 2..r1 * k / 2), s.sfa.slice(sf_start[e]..sf_start[e] + sp_bytes(r1 - r0)), (1, r1 - r0, k), 1.0)?;
+            let a = Nvfp4Tensor::new(s.a.slice(r0 * k / 2..r1 * k / 2), s.sfa.slice(sf_start[e]..sf_start[e + 1]), (1, r1 - r0, k), 1.0)?;
             let b = Nvfp4Tensor::new(s.b.slice(e * w_bytes..(e + 1) * w_bytes), s.sfb.slice(e * w_sf..(e + 1) * w_sf), (1, n, k), 1.0)?;
             gemm.gemm(&pe, &a, &b, &mut d.slice_mut(r0 * n..r1 * n), None)?;
         }
@@ -222,7 +217,7 @@ pub fn bench_quantize_moe(cli: &Cli, q: &blockscaled_gemm::Quantizer, stream: &A
         let set = i % n_sets;
         q.quantize_moe_into(&big.slice(set * t * k..(set + 1) * t * k), (t, k), &offsets_dev, g, codes, scales)
     };
-    let used = case.counts.iter().map(|c| c.div_ceil(128) * 128).sum::<usize>() * blockscaled_gemm::layout::padded_sf_cols(k / 16);
+    let used = moe_scale_starts(&offsets)?[case.counts.len()] * padded_sf_cols(k / 16);
     let check = |codes: &CudaSlice<u8>, scales: &CudaSlice<u8>| -> Result<bool, Box<dyn std::error::Error>> {
         Ok(stream.clone_dtoh(codes)? == want.data() && stream.clone_dtoh(scales)?[..used] == want_scales[..used])
     };
