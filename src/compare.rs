@@ -472,6 +472,16 @@ pub fn verify<T: OutputElement>(p: &Problem, a: &[u8], sfa: &[u8], b: &[u8], sfb
     verdict(got, &expected(p, &dots, c)?)
 }
 
+/// Judges a W4A16 result `got` (L, M, N) against the exact sums of
+/// [`crate::reference::w4a16_dots`] by [`verdict`]: each product of an activation and a decoded
+/// weight is exact in FP32, so the FP32 bound is the one of [`verify`]. It assumes no product
+/// falls below f32's normal range (|a b| >= 2^-126 or 0), as activations of a model do.
+pub fn verify_w4a16<TA: crate::w4a16::Activation16, T: OutputElement>(p: &Problem, a: &[TA], b: &[u8], sfb: &[u8], c: Option<&[T]>, got: &[T]) -> Result<Verdict> {
+    crate::reference::check_c(p, c.map(<[T]>::len))?;
+    let dots = crate::reference::w4a16_dots(p, a, b, sfb)?;
+    verdict(got, &expected(p, &dots, c)?)
+}
+
 /// [`verify`] for host matrices, A (L, M, K) and B (L, N, K), as [`crate::reference_gemm`]
 /// takes them (their global scales folded into alpha, as the GEMM folds them).
 pub fn verify_matrices<T: OutputElement>(a: &Nvfp4Matrix, b: &Nvfp4Matrix, alpha: f32, beta: f32, c: Option<&[T]>, got: &[T]) -> Result<Verdict> {

@@ -27,6 +27,8 @@ pub struct ConfigInfo {
     pub outputs: &'static [OutType],
     /// Output types of its grouped (mixture-of-experts) kernels (`BSG_GROUPED`).
     pub grouped: &'static [OutType],
+    /// Output types of its W4A16 kernels (`BSG_W4A16`), each for f16 and bf16 activations.
+    pub w4a16: &'static [OutType],
 }
 
 /// How a configuration's kernel is built: its main-loop schedule.
@@ -91,6 +93,11 @@ impl Config {
     /// Whether this build holds this config's grouped kernel for output `out` (`BSG_GROUPED`).
     pub fn is_built_grouped(self, out: OutType) -> bool {
         self.is_built(out) && self.info().grouped.contains(&out)
+    }
+
+    /// Whether this build holds this config's W4A16 kernels for output `out` (`BSG_W4A16`).
+    pub fn is_built_w4a16(self, out: OutType) -> bool {
+        self.is_built(out) && self.info().w4a16.contains(&out)
     }
 
     /// The compute capability this config's machine code runs on.

@@ -333,7 +333,7 @@ impl BlockScaledGemm {
     /// The launch's K ranges (the rule's, or the forced count once checked) and whether their sum
     /// goes through global memory (`split_global`: clusters that would not all fit at once), as
     /// the launch arguments carry them.
-    fn split_for(&self, config: Config, p: &Problem) -> Result<(i32, i32)> {
+    pub(crate) fn split_for(&self, config: Config, p: &Problem) -> Result<(i32, i32)> {
         let split = match self.split_k {
             None => dispatch::split_k(config, p, self.device.sm_count, &self.device.max_clusters),
             Some(s) => dispatch::check_split_k(config, p, s)?,
@@ -380,7 +380,7 @@ impl BlockScaledGemm {
         let c_ptr = c.map(|c| c.device_ptr(stream));
         // Without C the kernel gets D as its C pointer; beta is 0, so it never reads it.
         let pc = c_ptr.as_ref().map_or(pd, |(p, _)| *p);
-        self.launch(p, out, config, capturing, KernelArgs { a: pa, sfa: psfa, b: pb, sfb: psfb, c: pc, d: pd, ..p.launch_args() })
+        self.launch(p, out, Table::Nvfp4, config, capturing, KernelArgs { a: pa, sfa: psfa, b: pb, sfb: psfb, c: pc, d: pd, ..p.launch_args() })
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -401,7 +401,7 @@ impl BlockScaledGemm {
         let (psfd, _gsfd) = d.scales.device_ptr_mut(stream);
         let c_ptr = c.map(|c| c.device_ptr(stream));
         let pc = c_ptr.as_ref().map_or(pd, |(p, _)| *p);
-        self.launch(p, out, config, capturing, KernelArgs { a: pa, sfa: psfa, b: pb, sfb: psfb, c: pc, d: pd, sfd: psfd, ..p.launch_args() })
+        self.launch(p, out, Table::Nvfp4, config, capturing, KernelArgs { a: pa, sfa: psfa, b: pb, sfb: psfb, c: pc, d: pd, sfd: psfd, ..p.launch_args() })
     }
 
     /// The thread check of [`Error::PerThreadStream`], then [`capture_check`]: every call that
@@ -422,7 +422,7 @@ impl BlockScaledGemm {
     /// to check and queue the kernel; grows the workspace and tries again when the kernel asks for
     /// more (never during capture). `args` holds the problem and the buffers' addresses (SFD 0
     /// unless FP4); the caller holds every buffer's guard across this call.
-    fn launch(&self, p: &Problem, out: OutType, config: Config, capturing: bool, mut args: KernelArgs) -> Result<Config> {
+    pub(crate) fn launch(&self, p: &Problem, out: OutType, table: Table, config: Config, capturing: bool, mut args: KernelArgs) -> Result<Config> {
         let stream = &self.stream;
         for (name, addr) in [("A", args.a), ("SFA", args.sfa), ("B", args.b), ("SFB", args.sfb), ("C", args.c), ("D", args.d), ("SFD", args.sfd)] {
             if !(name == "SFD" && out.sfd().is_none()) {
@@ -456,7 +456,12 @@ impl BlockScaledGemm {
             // stream's device, 16-byte aligned; the caller's guards and our lock live until the
             // launch is queued. The kernel checks the workspace it is given against its need and
             // launches nothing when it is short.
-            unsafe { sys::launch(index, out_index, &KernelArgs { workspace, workspace_bytes, ..args }) }
+            let args = KernelArgs { workspace, workspace_bytes, ..args };
+            match table {
+                Table::Nvfp4 => unsafe { sys::launch(index, out_index, &args) },
+                // SAFETY: as above; A holds L * M * K 16-bit activations of `input`.
+                Table::W4a16(input) => unsafe { sys::launch_w4a16(index, input as u32, out_index, &args) },
+            }
         })?;
         status_result(status, config, out, (p.m, p.n, p.k, p.l))
     }
@@ -542,6 +547,14 @@ pub(crate) fn check_devices<'a>(device: usize, buffers: impl IntoIterator<Item =
         }
     }
     Ok(())
+}
+
+/// The kernel table a launch looks its config up in: NVFP4 x NVFP4, or W4A16 with activations
+/// of the given type.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Table {
+    Nvfp4,
+    W4a16(sys::InKind),
 }
 
 /// Statuses the launch path tells apart (the launch ABI's, checked against `cutlass::Status`).

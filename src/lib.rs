@@ -139,6 +139,7 @@ mod quantize;
 pub mod reference;
 mod sys;
 mod tensor;
+pub mod w4a16;
 
 pub use dispatch::{check_split_k, cluster_reduced, cluster_split, select as select_config, split_k as config_split_k, ClusterCounts, Config, ConfigInfo, Schedule, ANY_CLUSTERS, SM90_MAX_CLUSTER_SPLIT, SM90_MAX_SPLIT_TILES};
 pub use error::{Error, Result};
@@ -149,6 +150,7 @@ pub use matrix::{reference_gemm, HostFloat, Nvfp4Matrix, SplitMix64};
 pub use problem::{OutType, Problem, SfdFormat};
 pub use quantize::{QuantInput, Quantizer};
 pub use tensor::{ForeignBuffer, Nvfp4Tensor};
+pub use w4a16::Activation16;
 
 /// The README's code blocks, compiled by `cargo test --doc` so they cannot rot.
 #[cfg(doctest)]

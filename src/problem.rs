@@ -145,6 +145,10 @@ impl Problem {
     pub const fn a_bytes(&self) -> usize {
         self.l.saturating_mul(self.m).saturating_mul(self.k) / 2
     }
+    /// Elements of a dense (L, M, K) A (W4A16 activations): `L * M * K`.
+    pub const fn a_elems(&self) -> usize {
+        self.l.saturating_mul(self.m).saturating_mul(self.k)
+    }
     /// Packed bytes of B: `L * N * K / 2`.
     pub const fn b_bytes(&self) -> usize {
         self.l.saturating_mul(self.n).saturating_mul(self.k) / 2

@@ -278,6 +278,136 @@ fn exact_dot_and_abs_units(a: &Decoded, i: usize, b: &Decoded, j: usize, k: usiz
     Some((sum, abs))
 }
 
+/// An exact sum of products `m * 2^e` (|m| < 2^47, e >= -BIAS): base-2^32 digits in i128
+/// limbs from 2^-BIAS, each taking up to 2^49 additions before it could overflow. It covers every
+/// product of an f32 (so f16 or bf16) activation and a decoded NVFP4 weight: the activation's
+/// 24-bit integer mantissa (exponent from -149) times e2m1 * 2 (4 bits) times ue4m3 * 2^9
+/// (18 bits), at 2^(e - 10); the largest lands below bit 94 + 160 + 46 of 12 * 32.
+struct ExactSum {
+    limbs: [i128; 12],
+}
+
+impl ExactSum {
+    const BIAS: i32 = 160;
+
+    fn new() -> Self {
+        ExactSum { limbs: [0; 12] }
+    }
+
+    #[inline]
+    fn add(&mut self, m: i64, e: i32) {
+        let s = (e + Self::BIAS) as usize;
+        self.limbs[s / 32] += (m as i128) << (s % 32);
+    }
+
+    /// The sum rounded once to f64 (to nearest even).
+    fn to_f64(&self) -> f64 {
+        let normalize = |d: &mut [i128; 12]| {
+            for i in 0..11 {
+                let carry = d[i] >> 32; // floor: d[i] - carry * 2^32 is in [0, 2^32)
+                d[i] -= carry << 32;
+                d[i + 1] += carry;
+            }
+        };
+        let mut d = self.limbs;
+        normalize(&mut d);
+        let negative = d[11] < 0;
+        if negative {
+            d.iter_mut().for_each(|x| *x = -*x);
+            normalize(&mut d);
+        }
+        let Some(top) = (0..12).rev().find(|&i| d[i] != 0) else { return 0.0 };
+        // The top three digits (at least 65 significant bits) and a sticky bit for the rest,
+        // below the rounding position: one correctly rounded u128 -> f64 conversion.
+        let base = top as isize - 2;
+        let digit = |i: isize| if i < 0 { 0u128 } else { d[i as usize] as u128 };
+        let mut mant = (digit(base + 2) << 64) | (digit(base + 1) << 32) | digit(base);
+        if (0..base.max(0) as usize).any(|i| d[i] != 0) {
+            mant |= 1;
+        }
+        let v = mant as f64 * 2f64.powi(32 * base as i32 - Self::BIAS);
+        if negative { -v } else { v }
+    }
+}
+
+/// An f32's value as `m * 2^e` with m an integer (|m| < 2^24); None for 0 and non-finite values.
+fn split_f32(x: f32) -> Option<(i64, i32)> {
+    if x == 0.0 || !x.is_finite() {
+        return None;
+    }
+    let bits = x.to_bits();
+    let (exp, frac) = (((bits >> 23) & 0xFF) as i32, (bits & 0x7F_FFFF) as i64);
+    let (m, e) = if exp == 0 { (frac, -149) } else { (frac | 0x80_0000, exp - 150) };
+    Some((if bits >> 31 != 0 { -m } else { m }, e))
+}
+
+/// The exact K sums of a W4A16 GEMM (dense activations `a` (L, M, K) of f16 or bf16, NVFP4 `b`
+/// and `sfb` as for [`gemm`]) and the sums of the products' magnitudes, each rounded once to f64:
+/// the [`Dot`]s [`crate::compare::verify_w4a16`] judges by. NaN scales, NaN or infinite
+/// activations give their sums in f64 as they come (NaN or infinite), `abs_sum` NaN.
+pub fn w4a16_dots<TA: crate::w4a16::Activation16>(p: &Problem, a: &[TA], b: &[u8], sfb: &[u8]) -> Result<Vec<Dot>> {
+    check_w4a16_operands(p, a.len(), b, sfb, std::mem::size_of::<Dot>())?;
+    let (m, n, k) = (p.m, p.n, p.k);
+    let kb = k / SF_VEC;
+    let mut out = vec![Dot { sum: 0.0, abs_sum: 0.0 }; p.cd_elems()];
+    for l in 0..p.l {
+        let bd = decode(b, sfb, n, k, l, 0..n);
+        out[l * m * n..][..m * n].par_chunks_mut(n).enumerate().for_each(|(i, row)| {
+            let av: Vec<f32> = a[(l * m + i) * k..][..k].iter().map(|x| x.to_f64() as f32).collect();
+            let parts: Vec<Option<(i64, i32)>> = av.iter().map(|&x| split_f32(x)).collect();
+            let special = av.iter().any(|x| !x.is_finite());
+            for (j, o) in row.iter_mut().enumerate() {
+                let bv = &bd.vals[j * k..][..k];
+                if special || bd.nan_rows[j] {
+                    let sum: f64 = (0..k).map(|kk| av[kk] as f64 * (bv[kk] as f64 * 0.5) * bd.scales_f[j * kb + kk / SF_VEC]).sum();
+                    *o = Dot { sum, abs_sum: f64::NAN };
+                    continue;
+                }
+                let (mut sum, mut abs) = (ExactSum::new(), ExactSum::new());
+                for (kk, part) in parts.iter().enumerate() {
+                    // b = (e2m1 * 2) * (ue4m3 * 2^9) * 2^-10
+                    let w = bv[kk] as i64 * bd.scales[j * kb + kk / SF_VEC];
+                    if let (Some((ma, ea)), true) = (part, w != 0) {
+                        sum.add(ma * w, ea - 10);
+                        abs.add((ma * w).abs(), ea - 10);
+                    }
+                }
+                *o = Dot { sum: sum.to_f64(), abs_sum: abs.to_f64() };
+            }
+        });
+    }
+    Ok(out)
+}
+
+/// The W4A16 reference GEMM: `alpha * sum + beta * C` from the exact sums of [`w4a16_dots`], in
+/// f64, rounded once to the output type. alpha is the caller's whole factor (fold the weight's
+/// global scale in, as the GEMM does).
+pub fn gemm_w4a16<TA: crate::w4a16::Activation16, T: OutputElement>(p: &Problem, a: &[TA], b: &[u8], sfb: &[u8], c: Option<&[T]>) -> Result<Vec<T>> {
+    check_c(p, c.map(<[T]>::len))?;
+    let dots = w4a16_dots(p, a, b, sfb)?;
+    let (alpha, beta) = (p.alpha as f64, p.beta as f64);
+    Ok(dots.iter().enumerate().map(|(i, d)| {
+        let bc = match c {
+            Some(c) if beta != 0.0 => beta * c[i].to_f64(),
+            _ => 0.0,
+        };
+        T::from_f64(alpha * d.sum + bc)
+    }).collect())
+}
+
+/// [`check_operands`] for W4A16: A holds `a_len` activations.
+fn check_w4a16_operands(p: &Problem, a_len: usize, b: &[u8], sfb: &[u8], out_elem_bytes: usize) -> Result<()> {
+    p.check_dims(usize::MAX)?;
+    if !p.k.is_multiple_of(SF_VEC) {
+        return Err(Error::KMultiple { k: p.k, multiple: SF_VEC, why: "one scale per 16 elements of K" });
+    }
+    p.check_counts(out_elem_bytes, false, isize::MAX as usize, "the largest host allocation is isize::MAX bytes")?;
+    check_len("A", a_len, p.a_elems(), "L * M * K activations")?;
+    let rules = crate::problem::operand_rules(p);
+    check_len(rules[2].0, b.len(), rules[2].1, rules[2].2)?;
+    check_len(rules[3].0, sfb.len(), rules[3].1, rules[3].2)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -293,6 +423,66 @@ mod tests {
         }
         let sf: Vec<u8> = scales.iter().map(|&s| e4m3_from_f32(s)).collect();
         (crate::formats::pack_e2m1_slice(&codes), to_tiled(&sf, rows, k / 16, 1))
+    }
+
+    #[test]
+    fn exact_sum_rounds_once() {
+        // 1 + 2^-60 - 1 = 2^-60 exactly (an f64 running sum gives 0).
+        let mut s = ExactSum::new();
+        s.add(1, 0);
+        s.add(1, -60);
+        s.add(-1, 0);
+        assert_eq!(s.to_f64(), 2f64.powi(-60));
+        // 2^53 + 1 + 2^-100: the tie is broken upward by the far-away sticky bit.
+        let mut s = ExactSum::new();
+        s.add(1, 53);
+        s.add(1, 0);
+        s.add(1, -100);
+        assert_eq!(s.to_f64(), 2f64.powi(53) + 2.0);
+        // Without it, to even.
+        let mut s = ExactSum::new();
+        s.add(1, 53);
+        s.add(1, 0);
+        assert_eq!(s.to_f64(), 2f64.powi(53));
+        // Negative, the extremes of the range, and cancellation to zero.
+        let mut s = ExactSum::new();
+        s.add(-(1 << 46), 94);
+        s.add(-3, -159);
+        assert_eq!(s.to_f64(), -(2f64.powi(140) + 3.0 * 2f64.powi(-159)));
+        let mut s = ExactSum::new();
+        for _ in 0..1000 {
+            s.add(12345, -159);
+            s.add(-12345, -159);
+        }
+        assert_eq!(s.to_f64(), 0.0);
+        assert_eq!(split_f32(-1.5), Some((-0xC0_0000, -23)));
+        assert_eq!(split_f32(f32::from_bits(1)), Some((1, -149)));
+        assert_eq!(split_f32(0.0), None);
+    }
+
+    #[test]
+    fn w4a16_reference_by_hand() {
+        // b row 0 = [3, 0.5, 0 ...] scale 2 (block 0), [-4, 0 ...] scale 0.25 (block 1);
+        // a = [1.5, -2, ...1e-3 at 16...] in bf16 with a tiny value far below the others.
+        let mut bvals = vec![0f32; 32];
+        bvals[0] = 3.0;
+        bvals[1] = 0.5;
+        bvals[16] = -4.0;
+        let (b, sfb) = raw(&bvals, &[2.0, 0.25], 1, 32);
+        let mut a = vec![half::bf16::ZERO; 32];
+        a[0] = half::bf16::from_f32(1.5);
+        a[1] = half::bf16::from_f32(-2.0);
+        a[16] = half::bf16::from_f32(2f32.powi(-120));
+        let p = Problem::new(1, 1, 32);
+        let d = w4a16_dots(&p, &a, &b, &sfb).unwrap();
+        // 1.5 * 6 - 2 * 1 - 2^-120 = 7 - 2^-120: exact, rounded once to f64 (2^-120 is below
+        // 7's last bit), so the sum is 7 and the magnitudes 11 + 2^-120 round to 11.
+        assert_eq!(d[0].sum, 7.0 - 2f64.powi(-120));
+        assert_eq!(d[0].abs_sum, 11.0 + 2f64.powi(-120));
+        let out: Vec<f32> = gemm_w4a16(&p.scalars(0.5, 0.0), &a, &b, &sfb, None).unwrap();
+        assert_eq!(out, vec![3.5]);
+        // Wrong A length is a typed error.
+        assert!(matches!(w4a16_dots(&p, &a[..16], &b, &sfb), Err(Error::BufferLength { name: "A", .. })));
     }
 
     #[test]

@@ -1,11 +1,11 @@
 //! GPU integration tests, with their own harness (`harness = false`) so that a test without a
 //! suitable device is counted as skipped, with its reason, never as passed.
 #![allow(clippy::too_many_arguments, clippy::type_complexity)]
-use blockscaled_gemm::compare::{compare, compare_fp4, verify_matrices};
+use blockscaled_gemm::compare::{compare, compare_fp4, verify_matrices, verify_w4a16};
 use blockscaled_gemm::fp4_out::sfd_from_f32;
 use blockscaled_gemm::reference::{self, Accumulation};
 use blockscaled_gemm::grouped::{expert_offsets, moe_scale_starts, moe_sfa_bytes, moe_scales, reference_moe};
-use blockscaled_gemm::{reference_gemm, BlockScaledGemm, MoeActivations, MoeProblem, Config, Error, ForeignBuffer, Nvfp4Matrix, Nvfp4Output, Nvfp4Tensor, OutType, OutputElement, Problem};
+use blockscaled_gemm::{reference_gemm, Activation16, BlockScaledGemm, MoeActivations, MoeProblem, Config, Error, ForeignBuffer, Nvfp4Matrix, Nvfp4Output, Nvfp4Tensor, OutType, OutputElement, Problem};
 use cudarc::driver::{CudaSlice, CudaView};
 use cudarc::driver::CudaContext;
 use half::{bf16, f16};
@@ -54,6 +54,8 @@ fn main() {
         ("grouped_moe_bad_device_offsets_stay_inside_d", grouped_moe_bad_device_offsets_stay_inside_d),
         ("grouped_moe_persistent_ctas_take_many_items", grouped_moe_persistent_ctas_take_many_items),
         ("grouped_moe_quantizer_matches_the_cpu", grouped_moe_quantizer_matches_the_cpu),
+        ("w4a16_every_config_and_output", w4a16_every_config_and_output),
+        ("w4a16_same_bits_as_nvfp4_gemm", w4a16_same_bits_as_nvfp4_gemm),
         // Last: they turn cudarc's event tracking off for the buffers made after them.
         ("graph_capture_replays_with_new_data", graph_capture_replays_with_new_data),
         ("grouped_moe_captured_follows_device_routing", grouped_moe_captured_follows_device_routing),
@@ -1284,5 +1286,94 @@ fn grouped_moe_quantizer_matches_the_cpu() -> Outcome {
     let e = q.quantize_moe_into(&xd, (t, k), &od, 1.0, &mut codes, &mut dense).unwrap_err();
     assert!(e.to_string().starts_with("scales: holds"), "{e}");
     println!("MoE quantizer: codes and the experts' scale blocks bit-identical to the CPU quantizer and moe_scales, their padding zero, rows past them untouched; the GEMM on them bit-equal");
+    Ok(())
+}
+
+/// General NVFP4 weights: every e2m1 code, scales 0x10 to 0x58, global scale `g`.
+fn general_weights(rows: usize, k: usize, l: usize, g: f32, salt: u64) -> Nvfp4Matrix {
+    let mut rng = blockscaled_gemm::SplitMix64::new(seed() ^ salt);
+    let data = rng.bytes(l * rows * k / 2);
+    let sf: Vec<u8> = (0..l * rows * k / 16).map(|_| 0x10 + rng.below(0x49) as u8).collect();
+    Nvfp4Matrix::from_parts(rows, k, l, data, blockscaled_gemm::layout::to_tiled(&sf, rows, k / 16, l), Some(g)).unwrap()
+}
+
+/// One W4A16 GEMM, D poisoned with NaN first (C given where beta != 0): the config that ran and D.
+fn run_w4a16<TA: Activation16, T: OutputElement + cudarc::driver::DeviceRepr>(g: &BlockScaledGemm, p: &Problem, x: &[TA], w: &Nvfp4Matrix, c: &[T], config: Option<Config>) -> Result<(Config, Vec<T>), Error> {
+    let s = g.stream();
+    let xd = s.clone_htod(x).unwrap();
+    let wt = Nvfp4Tensor::upload(w, s).unwrap();
+    let mut d = s.clone_htod(&vec![T::from_f64(f64::NAN); p.cd_elems()]).unwrap();
+    let ran = if p.beta != 0.0 {
+        let cd = s.clone_htod(c).unwrap();
+        g.gemm_w4a16_with_c(p, &xd, &wt, &cd, &mut d, config)?
+    } else {
+        g.gemm_w4a16(p, &xd, &wt, &mut d, config)?
+    };
+    Ok((ran, s.clone_dtoh(&d).unwrap()))
+}
+
+/// Issue 26: W4A16 on M in {1, 3, 16, 33, 128, 200}, L = 2, f16 and bf16 activations (N(0, 1)
+/// times magnitudes from 2^-8 to 2^8), general weights with a global scale, every output type,
+/// beta 0 and -1.5: every element exact or within the FP32 bound of the verdict against the exact
+/// reference; the auto-picked config, then every W4A16 config at M = 33 and 200.
+fn w4a16_every_config_and_output() -> Outcome {
+    let g = hopper()?;
+    fn one<TA: Activation16, T: OutputElement + cudarc::driver::DeviceRepr>(g: &BlockScaledGemm, m: usize, n: usize, k: usize, config: Option<Config>, beta: f32, salt: u64) {
+        let l = 2;
+        let mut rng = blockscaled_gemm::SplitMix64::new(seed() ^ salt);
+        let x: Vec<TA> = (0..l * m * k).map(|i| TA::from_f64(rng.normal() * 2f64.powi((i % 17) as i32 - 8))).collect();
+        let w = general_weights(n, k, l, 0.0123, salt ^ 0x77);
+        let c: Vec<T> = (0..l * m * n).map(|_| T::from_f64(rng.normal() * 64.0)).collect();
+        let p = Problem::new(m, n, k).batch(l).scalars(0.75, beta);
+        let (ran, got) = run_w4a16::<TA, T>(g, &p, &x, &w, &c, config).unwrap();
+        let folded = p.scalars(0.75 * 0.0123, beta);
+        let v = verify_w4a16(&folded, &x, w.data(), w.scales(), (beta != 0.0).then_some(&c[..]), &got).unwrap();
+        assert!(v.passed(), "{ran} {m}x{n}x{k}x{l} {} -> {:?} beta={beta}: {v}", std::any::type_name::<TA>(), T::OUT);
+    }
+    for (i, &m) in [1, 3, 16, 33, 128, 200].iter().enumerate() {
+        let salt = 0x4A16 + i as u64;
+        one::<bf16, bf16>(&g, m, 256, 1024, None, 0.0, salt);
+        one::<bf16, f32>(&g, m, 256, 1024, None, -1.5, salt);
+        one::<f16, f16>(&g, m, 256, 1024, None, 0.0, salt);
+        one::<f16, f32>(&g, m, 256, 1024, None, 0.0, salt);
+        one::<bf16, f16>(&g, m, 128, 7168, None, 0.0, salt);
+        one::<f16, bf16>(&g, m, 128, 2048, None, -1.5, salt);
+    }
+    for c in Config::ALL.iter().copied().filter(|c| c.is_built_w4a16(OutType::Bf16)) {
+        for m in [33, 200] {
+            one::<bf16, bf16>(&g, m, 256, 2048, Some(c), 0.0, 0x4A20 + m as u64);
+            one::<f16, f32>(&g, m, 256, 2048, Some(c), -1.5, 0x4A30 + m as u64);
+        }
+    }
+    // Typed errors, nothing written: an FP4-only config, and A one element short.
+    let p = Problem::new(16, 256, 1024);
+    let x = vec![bf16::ONE; 16 * 1024];
+    let w = general_weights(256, 1024, 1, 1.0, 0x4A40);
+    let e = run_w4a16::<bf16, bf16>(&g, &p, &x, &w, &[], Some(Config::Sm90_128x64x64)).unwrap_err();
+    assert!(matches!(e, Error::NotBuilt { .. }), "{e}");
+    let e = run_w4a16::<bf16, bf16>(&g, &p, &x[1..], &w, &[], None).unwrap_err();
+    assert!(matches!(e, Error::BufferLength { name: "A", .. }), "{e}");
+    Ok(())
+}
+
+/// f16 activations that are exactly NVFP4 values (the decoded A of an NVFP4 x NVFP4 GEMM) give
+/// the bits of `gemm` on the same config and split: the W4A16 kernels pair the same products in
+/// the same order, only A's decode is gone.
+fn w4a16_same_bits_as_nvfp4_gemm() -> Outcome {
+    let g = hopper()?;
+    let (l, n, k) = (2, 256, 2048);
+    for m in [5, 16, 40, 130] {
+        let a = general_weights(m, k, l, 1.0, 0x4A50 + m as u64).without_global_scale();
+        let b = general_weights(n, k, l, 1.0, 0x4A60 + m as u64).without_global_scale();
+        let x: Vec<f16> = a.dequantize().iter().map(|&v| f16::from_f32(v)).collect();
+        assert!(x.iter().zip(a.dequantize()).all(|(h, v)| h.to_f32() == v), "NVFP4 values are f16 values");
+        let p = Problem::new(m, n, k).batch(l);
+        for c in Config::ALL.iter().copied().filter(|c| c.is_built_w4a16(OutType::F32)) {
+            let (_, want) = run_poisoned::<f32>(&g, &a, &b, 1.0, 0.0, &[], Some(c));
+            let (_, got) = run_w4a16::<f16, f32>(&g, &p, &x, &b, &[], Some(c)).unwrap();
+            let same = got.iter().zip(&want).filter(|(x, y)| x.to_bits() == y.to_bits()).count();
+            assert_eq!(same, got.len(), "{c} {m}x{n}x{k}x{l}: {} of {} differ from gemm's bits", got.len() - same, got.len());
+        }
+    }
     Ok(())
 }

@@ -10,6 +10,17 @@
 //   decode8<kLowScale = true> multiplies by sf alone (no 2^6): the results are value * sf * 2^-6,
 //   still exact (at least 2^-16, 6 significant bits); the caller multiplies its FP32 sums by 64.
 //
+// Decode to BF16 (W4A16 with bf16 activations; exact): decode8's placement and conversion give
+//   x = value * 2^-6 in FP16, either +-0 or normal with exponent field E in [8, 11] (value in
+//   [0.5, 6]), i.e. bits 14..10 = 0 1 0 e e. Shifted right by 3 under the mask 0x0FFF, E lands
+//   in BF16's exponent field and the one mantissa bit in its top mantissa bit; x & 0xF000 adds the
+//   sign and bit 13 (1 exactly when x != 0), i.e. 64 to the exponent field. So the BF16 number is
+//   value * 2^-6 * 2^(E + 64 - 127) / 2^(E - 15) = value * 2^-54, and +-0 stays +-0. One LOP3
+//   does both halves (the high half's bits that the shift moves down fall under the mask). One
+//   HMUL2.BF16 by sf * 2^54 (in [2^45, 2^63], exact in BF16: 4 significant bits) gives value *
+//   sf, exact in BF16 (6 significant bits in [2^-10, 2688]); bf16 x bf16 products are exact in
+//   FP32 (16 significant bits), as are FP16 x FP16 ones.
+//
 // Encode (FP4 output, CUTLASS example 72b's LinCombBlockScaleFactor): written as CUTLASS's host
 //   reference does it (gett.hpp, compute_1d_scaling_factor_and_quantized_output) so results match
 //   it bit for bit: IEEE operations one at a time, NaN-propagating min/max in its operand order,
@@ -75,6 +86,35 @@ __device__ __forceinline__ uint4 decode8(uint32_t w, uint32_t scale2) {
   r.y = mul(e4m3x2_to_f16x2(odd));
   r.z = mul(e4m3x2_hi_to_f16x2(even));
   r.w = mul(e4m3x2_hi_to_f16x2(odd));
+  return r;
+}
+
+// Two scales (e4m3 bytes, the low two of sf2) as BF16 sf * 2^54: the scale operand of
+// decode8_bf16. Through FP32: FP16 and FP32 hold every e4m3 value and the power of two exactly.
+__device__ __forceinline__ uint32_t decode8_bf16_scales(uint32_t sf2) {
+  const uint32_t h = e4m3x2_to_f16x2(sf2);
+  const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&h));
+  const __nv_bfloat162 r = __floats2bfloat162_rn(f.x * 0x1p54f, f.y * 0x1p54f);
+  return *reinterpret_cast<const uint32_t*>(&r);
+}
+
+// value * 2^-6 in FP16 (two halves) to value * 2^-54 in BF16: one LOP3 (see the algebra above).
+__device__ __forceinline__ uint32_t bf16_from_scaled_f16x2(uint32_t x) { return ((x >> 3) & 0x0FFF0FFFu) | (x & 0xF000F000u); }
+
+__device__ __forceinline__ uint32_t hmul2_bf16(uint32_t a, uint32_t b) {
+  const __nv_bfloat162 r = __hmul2(*reinterpret_cast<const __nv_bfloat162*>(&a), *reinterpret_cast<const __nv_bfloat162*>(&b));
+  return *reinterpret_cast<const uint32_t*>(&r);
+}
+
+// decode8 in BF16: the same 8 values in the same order, value * sf exactly. scale2: one scale of
+// decode8_bf16_scales in both halves.
+__device__ __forceinline__ uint4 decode8_bf16(uint32_t w, uint32_t scale2) {
+  const uint32_t even = e2m1_lo_to_e4m3(w), odd = e2m1_lo_to_e4m3(w >> 4);
+  uint4 r;
+  r.x = hmul2_bf16(bf16_from_scaled_f16x2(e4m3x2_to_f16x2(even)), scale2);
+  r.y = hmul2_bf16(bf16_from_scaled_f16x2(e4m3x2_to_f16x2(odd)), scale2);
+  r.z = hmul2_bf16(bf16_from_scaled_f16x2(e4m3x2_hi_to_f16x2(even)), scale2);
+  r.w = hmul2_bf16(bf16_from_scaled_f16x2(e4m3x2_hi_to_f16x2(odd)), scale2);
   return r;
 }
 

@@ -12,6 +12,9 @@
 #define BSG_GROUPED_KERNEL(config, out, fn) bsg::GroupedEntry fn();
 #include "grouped_table.inc"
 #undef BSG_GROUPED_KERNEL
+#define BSG_W4A16_KERNEL(config, in, out, fn) bsg::KernelEntry fn();
+#include "w4a16_table.inc"
+#undef BSG_W4A16_KERNEL
 
 // CUTLASS's host reference (cpp/host/host_reference.cu).
 void bsg_host_gemm_fp4(int32_t m, int32_t n, int32_t k, int32_t l, const uint8_t* a, const uint8_t* sfa,
@@ -23,41 +26,51 @@ void bsg_host_convert(int32_t kind, const float* x, uint8_t* out, size_t len);
 namespace bsg {
 namespace {
 
+// `in`: the W4A16 table's activation kind (InKind); 0 in the others.
 template <class Entry>
 struct Row {
-  uint32_t config, out;
+  uint32_t config, in, out;
   Entry (*entry)();
 };
 
 constexpr Row<KernelEntry> kRows[] = {
-#define BSG_KERNEL(config, out, fn) {config, out, &fn},
+#define BSG_KERNEL(config, out, fn) {config, 0, out, &fn},
 #include "kernel_table.inc"
 #undef BSG_KERNEL
-    {~0u, ~0u, nullptr},
+    {~0u, ~0u, ~0u, nullptr},
 };
 
 constexpr Row<GroupedEntry> kGroupedRows[] = {
-#define BSG_GROUPED_KERNEL(config, out, fn) {config, out, &fn},
+#define BSG_GROUPED_KERNEL(config, out, fn) {config, 0, out, &fn},
 #include "grouped_table.inc"
 #undef BSG_GROUPED_KERNEL
-    {~0u, ~0u, nullptr},
+    {~0u, ~0u, ~0u, nullptr},
 };
 
-// The entry of (config, out) in a table ended by a null row; each table's entries are made once.
+constexpr Row<KernelEntry> kW4a16Rows[] = {
+#define BSG_W4A16_KERNEL(config, in, out, fn) {config, in, out, &fn},
+#include "w4a16_table.inc"
+#undef BSG_W4A16_KERNEL
+    {~0u, ~0u, ~0u, nullptr},
+};
+
+// The entry of (config, in, out) in a table ended by a null row; each table's entries are made
+// once.
 template <class Entry, size_t N>
-const Entry* find_in(const Row<Entry> (&rows)[N], uint32_t config, uint32_t out) {
+const Entry* find_in(const Row<Entry> (&rows)[N], uint32_t config, uint32_t in, uint32_t out) {
   static const auto entries = [&rows] {
     struct Cache { Entry e[N]; } c{};
     for (size_t i = 0; rows[i].entry; ++i) c.e[i] = rows[i].entry();
     return c;
   }();
   for (size_t i = 0; rows[i].entry; ++i)
-    if (rows[i].config == config && rows[i].out == out) return &entries.e[i];
+    if (rows[i].config == config && rows[i].in == in && rows[i].out == out) return &entries.e[i];
   return nullptr;
 }
 
-const KernelEntry* find(uint32_t config, uint32_t out) { return find_in(kRows, config, out); }
-const GroupedEntry* find_grouped(uint32_t config, uint32_t out) { return find_in(kGroupedRows, config, out); }
+const KernelEntry* find(uint32_t config, uint32_t out) { return find_in(kRows, config, 0, out); }
+const GroupedEntry* find_grouped(uint32_t config, uint32_t out) { return find_in(kGroupedRows, config, 0, out); }
+const KernelEntry* find_w4a16(uint32_t config, uint32_t in, uint32_t out) { return find_in(kW4a16Rows, config, in, out); }
 
 }  // namespace
 
@@ -74,6 +87,17 @@ bool can_implement_grouped(uint32_t config, uint32_t out, const GroupedArgs& arg
 
 size_t workspace_size_grouped(uint32_t config, uint32_t out, const GroupedArgs& args) {
   const GroupedEntry* e = find_grouped(config, out);
+  return e ? e->workspace_size(args) : 0;
+}
+
+KernelStatus launch_w4a16(uint32_t config, uint32_t in, uint32_t out, const KernelArgs& args) {
+  const KernelEntry* e = find_w4a16(config, in, out);
+  if (!e) return KernelStatus{BSG_STATUS_NOT_BUILT, 0, 0};
+  return e->run(args);
+}
+
+size_t workspace_size_w4a16(uint32_t config, uint32_t in, uint32_t out, const KernelArgs& args) {
+  const KernelEntry* e = find_w4a16(config, in, out);
   return e ? e->workspace_size(args) : 0;
 }
 

@@ -54,6 +54,25 @@ using MainloopStreamWeights = MainloopStream<0>;
 // stage, whose decode no load hides, is half as long, which pays where a CTA's K range is short.
 using MainloopStreamWeightsShortK = MainloopStream<4>;
 
+// The activation operand (A). ActNvfp4: packed e2m1 with ue4m3 scales, decoded like the weights
+// into FP16. ActDense<E>: dense 16-bit (E = half_t or bfloat16_t), loaded as it is (W4A16); the
+// weights are decoded into E. Mma: the MMA's element type.
+struct ActNvfp4 {
+  using Mma = cute::half_t;
+  static constexpr bool kScaled = true;
+};
+template <class E>
+struct ActDense {
+  static_assert(std::is_same_v<E, cute::half_t> || std::is_same_v<E, cute::bfloat16_t>, "W4A16 activations: f16 or bf16");
+  using Mma = E;
+  static constexpr bool kScaled = false;
+};
+
+// What the FP32 sums of a stream tile carry: 2^-6 per operand decoded as decode8<true> (FP16);
+// BF16 weights (decode8_bf16) and dense activations carry none.
+template <class Act>
+inline constexpr float kStreamUnscale = Act::kScaled ? 4096.f : std::is_same_v<typename Act::Mma, cute::half_t> ? 64.f : 1.f;
+
 // Split-K reductions (split_k > 1): partial tiles in global memory, summed in split order by the
 // last CTA of a tile; or through the cluster's distributed shared memory.
 struct ReduceGlobal {};
@@ -74,9 +93,12 @@ struct Params {
   float norm_constant;  // FP4 output only
 };
 
-template <int BM, int BN, class Schedule>
+template <int BM, int BN, class Schedule, class Act = ActNvfp4>
 struct Tile {
+  using Activation = Act;
+  using MmaElement = typename Act::Mma;
   static constexpr bool kSwap = std::is_same_v<Schedule, MainloopSwappedRegisterDecode>;
+  static_assert(Act::kScaled || kSwap, "dense activations: the swapped and stream tiles");
   static_assert(kSwap || std::is_same_v<Schedule, MainloopSmemDecode>, "schedule tag");
   static_assert((BM == 128 && (BN == 64 || BN == 128 || BN == 256)) || (BM == 256 && BN == 128), "tile M x N");
   static_assert(kSwap == (BN == 256 || BM == 256) || (kSwap && BM == 128 && BN == 128),
@@ -94,8 +116,10 @@ struct Tile {
   static constexpr int kTurn = kSwap128 ? 2 : 1;
   // The swapped 128x128 decodes weights with the scale as converted (decode8<true>) and multiplies
   // its FP32 sums by 64 after the loop; the other swapped tiles keep the 2^6 in the scale.
-  static constexpr bool kWScaleLow = kSwap128;
-  // Swapped: activations arrive pre-decoded (FP16, a * sf) through TMA.
+  // (BF16 weights are decoded as value * sf: nothing to undo.)
+  static constexpr bool kWScaleLow = kSwap128 && std::is_same_v<MmaElement, half_t>;
+  // Swapped: activations arrive pre-decoded (FP16, a * sf) or, dense, re-ordered (predecode.cuh)
+  // through TMA.
   static constexpr bool kPreA = kSwap;
   static constexpr int kSfChunksB = (BN + 127) / 128;
   // Unswapped keeps two CTAs per SM; BM = 256's FP16 activation buffers fit three stages.
@@ -107,7 +131,7 @@ struct Tile {
   static constexpr int kSfStage = kSubs * 512;  // scale bytes of one 128-row block per raw stage
   static constexpr int kSfB = kRawA + kRawB + (kPreA ? 0 : kSfStage);  // B's scales in a raw stage
   static constexpr int kRawBytes = kSfB + kSfStage * kSfChunksB;
-  using SmemAtom = GMMA::Layout_K_SW128_Atom<half_t>;  // 8 x 64 halves, 128-byte swizzle
+  using SmemAtom = GMMA::Layout_K_SW128_Atom<MmaElement>;  // 8 x 64 halves, 128-byte swizzle
   // kPreA: one FP16 buffer per k-tile of every raw stage (k-tile i in buffer i % kDecBufs), filled
   // with the raw stage and freed with it. Unswapped: two, decoded one k-tile ahead.
   static constexpr int kDecBufs = kPreA ? kSubs * kRawStages : 2;
@@ -118,10 +142,10 @@ struct Tile {
   using TiledMma = std::conditional_t<
       kSwap,
       decltype(make_tiled_mma(
-          SM90::GMMA::rs_op_selector<half_t, half_t, float, Shape<_64, Int<kBM>, _16>, GMMA::Major::K, GMMA::Major::K>(),
+          SM90::GMMA::rs_op_selector<MmaElement, MmaElement, float, Shape<_64, Int<kBM>, _16>, GMMA::Major::K, GMMA::Major::K>(),
           Layout<Shape<_2, _1, _1>>{})),
       decltype(make_tiled_mma(
-          SM90::GMMA::ss_op_selector<half_t, half_t, float, Shape<_64, Int<BN>, _16>, GMMA::Major::K, GMMA::Major::K>(),
+          SM90::GMMA::ss_op_selector<MmaElement, MmaElement, float, Shape<_64, Int<BN>, _16>, GMMA::Major::K, GMMA::Major::K>(),
           Layout<Shape<_2, _1, _1>>{}))>;
   static constexpr int kDecA = kBM * kBK * 2 * kDecBufs;  // bytes
   static constexpr int kDecB = kSwap ? 0 : BN * kBK * 2 * kDecBufs;
@@ -156,9 +180,14 @@ struct Tile {
 // fragment loads of eight rows at one K offset hit distinct banks) and their scale chunks; one
 // producer warp issues the stages and exits. Accumulators: kRW x (BM / 8) m16n8 fragments per
 // thread, summed over the warp rows in shared memory after the loop.
-template <int BM, int BN, int kStageKTiles>
-struct Tile<BM, BN, MainloopStream<kStageKTiles>> {
+//
+// Dense activations (W4A16): one box of 128-byte rows (64 values) per k-tile, no scales; fewer
+// stages where the default ring would not fit.
+template <int BM, int BN, int kStageKTiles, class Act>
+struct Tile<BM, BN, MainloopStream<kStageKTiles>, Act> {
   using Mainloop = MainloopStream<kStageKTiles>;
+  using Activation = Act;
+  using MmaElement = typename Act::Mma;
   static constexpr bool kSwap = false;
   static constexpr bool kPreA = false;
   static constexpr bool kClusterReduce = true;  // splits of 2 to kMaxClusterSplit: no partials through L2
@@ -173,16 +202,18 @@ struct Tile<BM, BN, MainloopStream<kStageKTiles>> {
   static constexpr int kRawK = kBK * kWk;
   static constexpr int kSubs = kWk;
   static constexpr int kBoxesK = kWk / 4;
+  static constexpr int kBoxesKA = Act::kScaled ? kBoxesK : kWk;  // A's boxes per stage
   static constexpr int kBoxBytesK = 128;
   static constexpr bool kSwizzleRaw = true;
   static constexpr int kSfChunksB = 1;
-  static constexpr int kRawA = BM * kRawK / 2;
+  static constexpr int kRawA = Act::kScaled ? BM * kRawK / 2 : BM * kRawK * 2;
   static constexpr int kRawB = BN * kRawK / 2;
   static constexpr int kSfStage = kSubs * 512;
-  static constexpr int kSfA = kRawA + kRawB;           // A's scales in a raw stage
-  static constexpr int kSfB = kRawA + kRawB + kSfStage;  // B's scales
+  static constexpr int kSfA = kRawA + kRawB;  // A's scales in a raw stage (ActNvfp4)
+  static constexpr int kSfB = kRawA + kRawB + (Act::kScaled ? kSfStage : 0);  // B's scales
   static constexpr int kRawBytes = kSfB + kSfStage;
-  static constexpr int kRawStages = kStageKTiles ? 32 / kStageKTiles : BSG_SM90_STREAM_STAGES(BM);
+  static constexpr int kDefaultStages = kStageKTiles ? 32 / kStageKTiles : BSG_SM90_STREAM_STAGES(BM);
+  static constexpr int kRawStages = kDefaultStages * kRawBytes <= 208 * 1024 ? kDefaultStages : 208 * 1024 / kRawBytes;
   static constexpr int kEmptyArrivals = 8;  // one per compute warp
   static constexpr bool kProducerExits = true;
   static constexpr bool kProgrammatic = true;  // every thread waits before its first global access

@@ -36,6 +36,7 @@ struct Gemm {
   // The instance a split of 2 to kMaxClusterSplit launches (the global one where T has none).
   using SplitReduce = std::conditional_t<T::kClusterReduce, ReduceCluster, ReduceGlobal>;
   static constexpr int kBM = T::kBM, BN = T::kBN;
+  static constexpr bool kDenseA = !T::Activation::kScaled;  // W4A16: a is (L, M, K) 16-bit, sfa unused
 
   static int64_t tiles(const KernelArgs& a) { return Sched::tiles(a); }
 
@@ -88,26 +89,32 @@ struct Gemm {
       cudaError_t e = cudaFuncSetAttribute(kKernel<T, OutT, ReduceGlobal>, cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmem);
       if (e == cudaSuccess && T::kClusterReduce)
         e = cudaFuncSetAttribute(kKernel<T, OutT, SplitReduce>, cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmem);
-      if (e == cudaSuccess && T::kPreA) e = cudaFuncSetAttribute(predecode_a, cudaFuncAttributeMaxDynamicSharedMemorySize, kPreSmem);
+      if constexpr (T::kPreA && kDenseA) {
+        if (e == cudaSuccess) e = cudaFuncSetAttribute(reorder_a, cudaFuncAttributeMaxDynamicSharedMemorySize, kPreSmem);
+      } else if constexpr (T::kPreA) {
+        if (e == cudaSuccess) e = cudaFuncSetAttribute(predecode_a, cudaFuncAttributeMaxDynamicSharedMemorySize, kPreSmem);
+      }
       if (e != cudaSuccess) return {int32_t(cutlass::Status::kErrorInternal), int32_t(e), 0};
       configured.fetch_or(bit);
     }
     uint8_t* const pre = static_cast<uint8_t*>(workspace) + Sched::pre_a_offset(a);
     CUtensorMap map_a, map_b;
-    const bool mapped = T::kPreA ? encode(&map_a, pre, Sched::k_pad(a) * 2, a.m, a.l, kBM, true)
-                                 : encode(&map_a, reinterpret_cast<const void*>(a.a), a.k / 2, a.m, a.l, kBM);
+    const bool mapped = T::kPreA  ? encode(&map_a, pre, Sched::k_pad(a) * 2, a.m, a.l, kBM, true)
+                        : kDenseA ? encode(&map_a, reinterpret_cast<const void*>(a.a), int64_t(a.k) * 2, a.m, a.l, kBM, true)
+                                  : encode(&map_a, reinterpret_cast<const void*>(a.a), a.k / 2, a.m, a.l, kBM);
     if (!mapped || !encode(&map_b, reinterpret_cast<const void*>(a.b), a.k / 2, a.n, a.l, BN))
       return {int32_t(cutlass::Status::kErrorInternal), 0, 0};
     if constexpr (T::kPreA) {
       // Programmatic launch, one CTA of kPreThreads per SM (the reserved shared memory keeps two
       // off one SM and off an SM a GEMM CTA holds).
-      const int64_t items = int64_t(a.l) * a.m * (Sched::k_pad(a) / kBK) * 2;
+      const int64_t items = int64_t(a.l) * a.m * (Sched::k_pad(a) / kBK) * (kDenseA ? 1 : 2);
       const int64_t blocks = std::max<int64_t>(1, std::min<int64_t>((items + kPreThreads - 1) / kPreThreads, a.sm_count));
       const KernelLaunch pre_launch(dim3(unsigned(blocks)), kPreThreads, 1, kPreSmem, stream, true);
-      if (cudaError_t e = cudaLaunchKernelEx(&pre_launch.cfg, predecode_a, reinterpret_cast<const uint8_t*>(a.a), reinterpret_cast<const uint8_t*>(a.sfa),
-                                             reinterpret_cast<uint4*>(pre), int(a.m), int(a.k), int(a.l));
-          e != cudaSuccess)
-        return {int32_t(cutlass::Status::kErrorInternal), int32_t(e), 0};
+      const cudaError_t e = kDenseA ? cudaLaunchKernelEx(&pre_launch.cfg, reorder_a, reinterpret_cast<const uint16_t*>(a.a), reinterpret_cast<uint4*>(pre),
+                                                         int(a.m), int(a.k), int(a.l))
+                                    : cudaLaunchKernelEx(&pre_launch.cfg, predecode_a, reinterpret_cast<const uint8_t*>(a.a),
+                                                         reinterpret_cast<const uint8_t*>(a.sfa), reinterpret_cast<uint4*>(pre), int(a.m), int(a.k), int(a.l));
+      if (e != cudaSuccess) return {int32_t(cutlass::Status::kErrorInternal), int32_t(e), 0};
     }
     Params p{a.m, a.n, a.k, a.l, a.split_k,
              reinterpret_cast<const uint8_t*>(a.a), reinterpret_cast<const uint8_t*>(a.sfa),
@@ -140,6 +147,14 @@ template <>
 struct OutType<cutlass::bfloat16_t> { using type = __nv_bfloat16; };
 
 }  // namespace bsg::sm90
+
+// W4A16 (cpp/configs.def's BSG_W4A16): the same tile with dense activations of type act_type
+// (cutlass::half_t or cutlass::bfloat16_t).
+#define BSG_SM90_W4A16_KERNEL(fn, tm, tn, out_type, schedule, act_type)                                          \
+  bsg::KernelEntry fn() {                                                                                      \
+    return bsg::sm90::Gemm<bsg::sm90::Tile<tm, tn, bsg::sm90::schedule, bsg::sm90::ActDense<act_type>>,          \
+                           typename bsg::sm90::OutType<out_type>::type>::entry();                              \
+  }
 
 // Used by the generated translation units. The SM90 tile is tm x tn x 64 on one SM, no cluster in
 // the table (the kernel forms its own for split-K); the schedule is the tag the table's

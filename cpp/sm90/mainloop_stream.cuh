@@ -31,17 +31,47 @@ __device__ __forceinline__ uint32_t sw128_group(int r, int sub, int c) {
 // (value * sf * 2^-6 in FP16, exact), v[2 st] goes to MMA step st's K positions 2c, 2c + 1 and
 // v[2 st + 1] to 2c + 8, 2c + 9. Both operands are decoded alike, so every product pairs equal K
 // (the order of mainloop_swapped.cuh), and each product carries 2^-12, undone after the loop.
+// E = bfloat16_t (W4A16 with bf16 activations): decode8_bf16, value * sf exactly, no 2^-6.
+template <class E = cute::half_t>
 __device__ __forceinline__ void decode_group(const uint8_t* box, const uint8_t* sf_chunk, int r, int sub, int c, int sf_row,
                                              uint32_t (&v)[8]) {
   const uint2 q = *reinterpret_cast<const uint2*>(box + sw128_group(r, sub, c));
-  const uint32_t sf = e4m3x2_to_f16x2(sf_chunk[sf_in_chunk(sf_row, c)]);
-  const uint4 v0 = decode8<true>(q.x, sf), v1 = decode8<true>(q.y, sf);
+  uint4 v0, v1;
+  if constexpr (std::is_same_v<E, cute::bfloat16_t>) {
+    const uint32_t s = decode8_bf16_scales(sf_chunk[sf_in_chunk(sf_row, c)]), s2 = __byte_perm(s, s, 0x1010);
+    v0 = decode8_bf16(q.x, s2), v1 = decode8_bf16(q.y, s2);
+  } else {
+    const uint32_t sf = e4m3x2_to_f16x2(sf_chunk[sf_in_chunk(sf_row, c)]);
+    v0 = decode8<true>(q.x, sf), v1 = decode8<true>(q.y, sf);
+  }
   v[0] = v0.x, v[1] = v0.y, v[2] = v0.z, v[3] = v0.w, v[4] = v1.x, v[5] = v1.y, v[6] = v1.z, v[7] = v1.w;
 }
 
-template <int BM, int BN, int kStageKTiles>
-struct CollectiveMainloop<Tile<BM, BN, MainloopStream<kStageKTiles>>> {
-  using T = Tile<BM, BN, MainloopStream<kStageKTiles>>;
+// Dense activations (W4A16): thread (g, c) takes the 16 values of group c (K 16c .. 16c + 15 of
+// the k-tile; 16-byte chunks 2c and 2c + 1 of row r of a box of 128-byte rows, 128-byte swizzle)
+// in decode8's order, so they pair with the weights as decode_group's do: v[2 st] = (4 st,
+// 4 st + 2), v[2 st + 1] = (4 st + 1, 4 st + 3).
+__device__ __forceinline__ void load_group_dense(const uint8_t* box, int r, int c, uint32_t (&v)[8]) {
+  const uint4 lo = *reinterpret_cast<const uint4*>(box + r * 128 + (((2 * c) ^ (r & 7)) << 4));
+  const uint4 hi = *reinterpret_cast<const uint4*>(box + r * 128 + (((2 * c + 1) ^ (r & 7)) << 4));
+  const uint32_t q[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};  // values (2i, 2i + 1)
+  CUTE_UNROLL
+  for (int st = 0; st < 4; ++st) {
+    v[2 * st] = __byte_perm(q[2 * st], q[2 * st + 1], 0x5410);
+    v[2 * st + 1] = __byte_perm(q[2 * st], q[2 * st + 1], 0x7632);
+  }
+}
+
+template <class E>
+__device__ __forceinline__ void mma_m16n8k16(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0, uint32_t b1) {
+  if constexpr (std::is_same_v<E, cute::bfloat16_t>) mma_m16n8k16_bf16_f32(d, a0, a1, a2, a3, b0, b1);
+  else mma_m16n8k16_f16_f32(d, a0, a1, a2, a3, b0, b1);
+}
+
+template <int BM, int BN, int kStageKTiles, class Act>
+struct CollectiveMainloop<Tile<BM, BN, MainloopStream<kStageKTiles>, Act>> {
+  using T = Tile<BM, BN, MainloopStream<kStageKTiles>, Act>;
+  using E = typename T::MmaElement;
   static constexpr int kRW = T::kRW, kNT = T::kNT;
   static constexpr bool kProducerWarpgroup = true;  // a producer warp
 
@@ -74,18 +104,24 @@ struct CollectiveMainloop<Tile<BM, BN, MainloopStream<kStageKTiles>>> {
         const uint8_t* sfa = st + T::kSfA + wk * 512;
         const uint8_t* sfb = st + T::kSfB + wk * 512;
         uint32_t b[kNT][8];
-        CUTE_UNROLL
-        for (int nt = 0; nt < kNT; ++nt) decode_group(a_box, sfa, nt * 8 + g, sub, c, asf + nt * 8, b[nt]);
+        if constexpr (Act::kScaled) {
+          CUTE_UNROLL
+          for (int nt = 0; nt < kNT; ++nt) decode_group(a_box, sfa, nt * 8 + g, sub, c, asf + nt * 8, b[nt]);
+        } else {
+          const uint8_t* a_tile = st + wk * (BM * 128);  // dense: k-tile wk's own box
+          CUTE_UNROLL
+          for (int nt = 0; nt < kNT; ++nt) load_group_dense(a_tile, nt * 8 + g, c, b[nt]);
+        }
         CUTE_UNROLL
         for (int t = 0; t < kRW; ++t) {
           uint32_t w0[8], w1[8];
-          decode_group(b_box, sfb, row0 + 16 * t, sub, c, wsf + 16 * t, w0);
-          decode_group(b_box, sfb, row0 + 16 * t + 8, sub, c, wsf + 16 * t + 8, w1);
+          decode_group<E>(b_box, sfb, row0 + 16 * t, sub, c, wsf + 16 * t, w0);
+          decode_group<E>(b_box, sfb, row0 + 16 * t + 8, sub, c, wsf + 16 * t + 8, w1);
           CUTE_UNROLL
           for (int s = 0; s < 4; ++s) {
             CUTE_UNROLL
             for (int nt = 0; nt < kNT; ++nt)
-              mma_m16n8k16_f16_f32(acc[t][nt], w0[2 * s], w1[2 * s], w0[2 * s + 1], w1[2 * s + 1], b[nt][2 * s], b[nt][2 * s + 1]);
+              mma_m16n8k16<E>(acc[t][nt], w0[2 * s], w1[2 * s], w0[2 * s + 1], w1[2 * s + 1], b[nt][2 * s], b[nt][2 * s + 1]);
           }
         }
       }
@@ -94,7 +130,7 @@ struct CollectiveMainloop<Tile<BM, BN, MainloopStream<kStageKTiles>>> {
     }
   }
 
-  // The warp rows' sums: each warp's fragments, times 2^12, go into its row's slab of the FP32
+  // The warp rows' sums: each warp's fragments, times kStreamUnscale, go into its row's slab of the FP32
   // tile (tokens as rows, transposed back; conflict-free with the pitch of BN + 4), then thread
   // tid sums float4 units tid + j * kThreads of the tile over the slabs in warp-row order into
   // u[4 j .. 4 j + 3]. The slabs overwrite the raw stages: every warp has passed every stage
@@ -111,7 +147,7 @@ struct CollectiveMainloop<Tile<BM, BN, MainloopStream<kStageKTiles>>> {
       for (int nt = 0; nt < kNT; ++nt) {
         CUTE_UNROLL
         for (int i = 0; i < 4; ++i)
-          slab[wk * kSlab + (nt * 8 + 2 * c + (i & 1)) * kLd + wn * 16 * kRW + 16 * t + g + 8 * (i >> 1)] = acc[t][nt][i] * 4096.f;
+          slab[wk * kSlab + (nt * 8 + 2 * c + (i & 1)) * kLd + wn * 16 * kRW + 16 * t + g + 8 * (i >> 1)] = acc[t][nt][i] * kStreamUnscale<Act>;
       }
     }
     compute_sync<T>();

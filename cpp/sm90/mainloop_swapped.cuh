@@ -1,6 +1,7 @@
 // SM90 collective main loop, MainloopSwappedRegisterDecode: D^T = B A^T. The weights (B) are
 // decoded from the raw stage straight into wgmma register fragments (RS wgmma); the activations
-// come pre-decoded to FP16 through TMA (predecode.cuh). A producer warpgroup issues the raw
+// come pre-decoded to FP16 (or, dense, re-ordered: W4A16) through TMA (predecode.cuh); the weights
+// are decoded to the activations' type. A producer warpgroup issues the raw
 // stages; the two compute warpgroups take turns at the tensor cores (ping-pong), each decoding
 // its next turn's weights while the other's wgmma runs.
 #pragma once
@@ -18,9 +19,10 @@ namespace bsg::sm90 {
 template <class T>
 struct CollectiveMainloop;
 
-template <int BM, int BN>
-struct CollectiveMainloop<Tile<BM, BN, MainloopSwappedRegisterDecode>> {
-  using T = Tile<BM, BN, MainloopSwappedRegisterDecode>;
+template <int BM, int BN, class Act>
+struct CollectiveMainloop<Tile<BM, BN, MainloopSwappedRegisterDecode, Act>> {
+  using T = Tile<BM, BN, MainloopSwappedRegisterDecode, Act>;
+  using E = typename T::MmaElement;
   static_assert(T::kPreA, "the swapped tile takes pre-decoded activations");
   static constexpr bool kProducerWarpgroup = true;
 
@@ -50,13 +52,13 @@ struct CollectiveMainloop<Tile<BM, BN, MainloopSwappedRegisterDecode>> {
   __device__ __forceinline__ static void consumer_start() { cutlass::arch::warpgroup_reg_alloc<232>(); }
 
   template <class Mma, class Acc>
-  __device__ __forceinline__ static void run(const RawPipeline<T>& pipe, const TileWork& w, uint8_t* raw, half_t* decA, Mma& mma, Acc& acc,
+  __device__ __forceinline__ static void run(const RawPipeline<T>& pipe, const TileWork& w, uint8_t* raw, void* decA, Mma& mma, Acc& acc,
                                              int tid) {
     constexpr int kBM = BM;
     const int n_kt = w.n_kt;
     BSG_TRACE_INIT
     auto wg_mma = mma.get_slice((tid / 128) * 128);
-    Tensor sA = make_tensor(make_smem_ptr(decA), typename T::SmemLayoutA{});
+    Tensor sA = make_tensor(make_smem_ptr(static_cast<E*>(decA)), typename T::SmemLayoutA{});
     // Each warpgroup owns kMB 64-row M blocks of weights. Within each k-tile, thread c of an MMA
     // quad holds K positions 2c, 2c + 1, 2c + 8, 2c + 9 of the four 16-K MMA steps; they are taken
     // to be the 16 values of scale group c (one 8-byte load and one scale per row), in the order
@@ -65,8 +67,8 @@ struct CollectiveMainloop<Tile<BM, BN, MainloopSwappedRegisterDecode>> {
     // product still pairs equal K and each wgmma sums the same 16 products.
     Tensor tCrB = wg_mma.make_fragment_B(wg_mma.partition_B(sA));  // (MMA, MMA_N, MMA_K, bufs)
     using FragLayout = Layout<Shape<Shape<_2, _2, _2>, Int<T::kMB>, _4>>;  // (MMA values, M blocks, steps), compact
-    Tensor frag0 = make_tensor<half_t>(FragLayout{});
-    Tensor frag1 = make_tensor<half_t>(FragLayout{});
+    Tensor frag0 = make_tensor<E>(FragLayout{});
+    Tensor frag1 = make_tensor<E>(FragLayout{});
     // Weights: this thread's rows r, r + 8 (fragment values 0 and 2) of M block 0, and (kMB = 2)
     // 128 rows further of block 1 (the RS atom's A layout, two warpgroups along M), so every row's
     // raw bytes and scale lie at constant offsets from the first's (r % 32 + 8 < 32).
@@ -82,9 +84,14 @@ struct CollectiveMainloop<Tile<BM, BN, MainloopSwappedRegisterDecode>> {
       CUTE_UNROLL
       for (int h = 0; h < 2; ++h) {
         const uint2 q = *reinterpret_cast<const uint2*>(base + w_raw + (8 * h + 128 * mb) * (T::kRawK / 2) + sub * 32);
-        const uint32_t sf = e4m3x2_to_f16x2(base[w_sf + 8 * h * 16 + mb * T::kSfStage + sub * 512]);  // low half
+        const uint8_t sf_byte = base[w_sf + 8 * h * 16 + mb * T::kSfStage + sub * 512];
+        const uint32_t sf = e4m3x2_to_f16x2(sf_byte);  // low half
         uint4 v0, v1;
-        if constexpr (T::kWScaleLow) {
+        if constexpr (std::is_same_v<E, bfloat16_t>) {
+          const uint32_t sc = decode8_bf16_scales(sf_byte), s = __byte_perm(sc, sc, 0x1010);
+          v0 = decode8_bf16(q.x, s);
+          v1 = decode8_bf16(q.y, s);
+        } else if constexpr (T::kWScaleLow) {
           v0 = decode8<true>(q.x, sf);
           v1 = decode8<true>(q.y, sf);
         } else {
@@ -106,8 +113,8 @@ struct CollectiveMainloop<Tile<BM, BN, MainloopSwappedRegisterDecode>> {
     // its wgmma of the slot's last k-tile has completed.
     const int wg = tid / 128;
     constexpr int kTurn = T::kTurn;
-    Tensor frag0b = make_tensor<half_t>(FragLayout{});
-    Tensor frag1b = make_tensor<half_t>(FragLayout{});
+    Tensor frag0b = make_tensor<E>(FragLayout{});
+    Tensor frag1b = make_tensor<E>(FragLayout{});
     // Decodes k-tiles j .. j + kTurn - 1 (those below n_kt), waiting for each raw stage first.
     auto decode_turn = [&](int j, auto& fa, auto& fb) {
       if (j % T::kSubs == 0) pipe.wait(j / T::kSubs);

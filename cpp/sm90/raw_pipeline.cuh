@@ -1,6 +1,6 @@
 // The SM90 main loops' loads: a ring of kRawStages raw stages in shared memory, each filled by one
-// thread (TMA boxes of packed FP4 rows, kBoxesK along K, or of pre-decoded FP16 activations; bulk
-// copies of the scale chunks) and completing on its "full" mbarrier; with producer warps, a stage
+// thread (TMA boxes of packed FP4 rows, kBoxesK along K, of 16-bit activations, pre-decoded or
+// dense; bulk copies of the scale chunks) and completing on its "full" mbarrier; with producer warps, a stage
 // is refilled once T::kEmptyArrivals compute threads have arrived on its "empty" mbarrier.
 #pragma once
 
@@ -37,7 +37,7 @@ struct RawPipeline {
                                          void* dec_a, const CUtensorMap* ma, const CUtensorMap* mb)
       : full(full_bar), empty(empty_bar), map_a(ma), map_b(mb), w(work) {
     sp = sf_cols_padded(p.k);
-    sfa_rows = p.sfa + w.sfa_off;
+    sfa_rows = T::Activation::kScaled ? p.sfa + w.sfa_off : nullptr;
     sfb_rows = p.sfb + w.sfb_off;
     sfb_chunks = min(T::kSfChunksB, (p.n + 127) / 128 - w.n0 / 128);  // 128-row blocks of B inside N
     raw_s = static_cast<uint32_t>(__cvta_generic_to_shared(raw));
@@ -73,7 +73,8 @@ struct RawPipeline {
     const uint32_t sf_bytes = min(T::kSubs, w.kt_end - kt) * 512;
     // kPreA: every box of FP16 activations is whole (zero-filled past K_pad, M or the batch).
     constexpr uint32_t kPreBytes = T::kPreA ? T::kSubs * kBM * kBK * 2 : 0;
-    const uint32_t bytes = kPreBytes + T::kRawA + T::kRawB + sf_bytes * ((T::kPreA ? 0 : 1) + sfb_chunks);
+    constexpr int kSfA = T::kPreA || !T::Activation::kScaled ? 0 : 1;
+    const uint32_t bytes = kPreBytes + T::kRawA + T::kRawB + sf_bytes * (kSfA + sfb_chunks);
     if (what & kIssueB) cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&full[slot], bytes);
     if constexpr ((BSG_SM90_ABLATE & 4) == 0) {
       if (what & kIssueB) {
@@ -86,10 +87,13 @@ struct RawPipeline {
         if constexpr (T::kPreA) {
           for (int s = 0; s < T::kSubs; ++s)
             tma_load_3d(dec_a_s + (slot * T::kSubs + s) * (kBM * kBK * 2), map_a, (kt + s) * kBK, w.a_row, w.a_batch, bar);
-        } else {
+        } else if constexpr (T::Activation::kScaled) {
           for (int x = 0; x < T::kBoxesK; ++x)
             tma_load_3d(base + x * (kBM * T::kBoxBytesK), map_a, kt * (kBK / 2) + x * T::kBoxBytesK, w.a_row, w.a_batch, bar);
           bulk_load(base + T::kRawA + T::kRawB, sfa_rows + int64_t(kt) * 512, sf_bytes, bar);
+        } else {
+          // Dense 16-bit activations: one box of 64 values per k-tile (the map counts elements).
+          for (int x = 0; x < T::kBoxesKA; ++x) tma_load_3d(base + x * (kBM * T::kBoxBytesK), map_a, (kt + x) * kBK, w.a_row, w.a_batch, bar);
         }
       }
     } else if (what & kIssueB) {

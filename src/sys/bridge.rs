@@ -30,6 +30,13 @@ pub(crate) mod ffi {
         unsafe fn launch_grouped(config: u32, out: u32, args: &GroupedArgs) -> KernelStatus;
         fn can_implement_grouped(config: u32, out: u32, args: &GroupedArgs) -> bool;
         fn workspace_size_grouped(config: u32, out: u32, args: &GroupedArgs) -> usize;
+        /// A config's W4A16 kernel (activations of InKind `input`, 16-bit, in `args.a`; `args.sfa`
+        /// unused) for output `out`. `cutlass_status` -1: not in this build.
+        ///
+        /// # Safety
+        /// Every address in `args` must be valid for the problem on the stream's device.
+        unsafe fn launch_w4a16(config: u32, input: u32, out: u32, args: &KernelArgs) -> KernelStatus;
+        fn workspace_size_w4a16(config: u32, input: u32, out: u32, args: &KernelArgs) -> usize;
         /// Host-only queries (no device is touched): `can_implement` and the workspace bytes.
         fn can_implement(config: u32, out: u32, args: &KernelArgs) -> bool;
         fn workspace_size(config: u32, out: u32, args: &KernelArgs) -> usize;
