@@ -36,14 +36,20 @@
 //! the layer's input scale (computed from their amax where the file has none): NVFP4 x NVFP4,
 //! both global scales folded into alpha. `--save` writes the activations as `x` (bf16 [M, K])
 //! beside `a`, `sfa`, `b`, `sfb`, `global_scale_a`, `global_scale_b` (F32 scalars) and `d`. A bad
-//! file exits 2 naming the tensor and the rule. (W4A16, bf16 activations as they are, is issue
-//! 26's next part.)
+//! file exits 2 naming the tensor and the rule.
+//!
+//! `--mode w4a16` (the default with `--checkpoint`): A is the bf16 activations as they are
+//! (`--m` rows of N(0, 1), L = `--l`), B the NVFP4 weights (the layer's, or generated), D =
+//! alpha * gB * A dec(B)ᵀ by `gemm_w4a16` on the GPU or `reference::gemm_w4a16` on the CPU,
+//! verified against the exact W4A16 reference; `--save` writes `x`, `b`, `sfb`,
+//! `global_scale_b` and `d`. `--mode nvfp4` (the default otherwise): A quantized to NVFP4 as
+//! above.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Instant;
 
-use blockscaled_gemm::compare::{compare, compare_fp4, sample_rows, verify_matrices, SAMPLE_BUDGET};
+use blockscaled_gemm::compare::{compare, compare_fp4, sample_rows, verify_matrices, verify_w4a16, SAMPLE_BUDGET};
 use blockscaled_gemm::layout::{from_tiled, padded_rows, padded_sf_cols, sf_bytes, sf_cols};
 use blockscaled_gemm::fp4_out;
 use blockscaled_gemm::reference::{self, Accumulation};
@@ -107,6 +113,10 @@ struct Cli {
     /// The layer's name prefix in `--checkpoint`, e.g. model.layers.0.mlp.down_proj.
     #[arg(long, requires = "checkpoint")]
     layer: Option<String>,
+    /// nvfp4: A quantized to NVFP4 (NVFP4 x NVFP4); w4a16: A as bf16 activations x NVFP4 weights.
+    /// Default: w4a16 with --checkpoint, else nvfp4.
+    #[arg(long, value_enum)]
+    mode: Option<ModeArg>,
     /// Write d (and the generated inputs) to this safetensors file.
     #[arg(long)]
     save: Option<PathBuf>,
@@ -136,6 +146,12 @@ enum OutArg {
     Nvfp4,
     #[value(name = "nvfp4-ue8m0")]
     Nvfp4Ue8m0,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, ValueEnum)]
+enum ModeArg {
+    Nvfp4,
+    W4a16,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, ValueEnum)]
@@ -301,6 +317,9 @@ fn time_launches(cli: &Cli, stream: &std::sync::Arc<cudarc::driver::CudaStream>,
 }
 
 fn run<T: OutputElement + DeviceRepr + safetensors_dtype::HasDtype>(cli: &Cli) -> Result<bool, Exit> {
+    if cli.mode() == ModeArg::W4a16 {
+        return run_w4a16::<T>(cli);
+    }
     let config = parse_config(cli)?;
     let (inputs, p) = prepare::<T>(cli)?;
     let (a, b) = (&inputs.a, &inputs.b);
@@ -309,7 +328,7 @@ fn run<T: OutputElement + DeviceRepr + safetensors_dtype::HasDtype>(cli: &Cli) -
         let t = Instant::now();
         let d: Vec<T> = reference_gemm(a, b, p.alpha, p.beta, inputs.c.as_deref())?;
         let secs = t.elapsed().as_secs_f64();
-        save(cli, &inputs, &p, vec![("d".into(), T::DTYPE, d_shape(&p, p.n), T::encode(&d))])?;
+        save(cli, &inputs, &p, None, vec![("d".into(), T::DTYPE, d_shape(&p, p.n), T::encode(&d))])?;
         report(cli, &p, "cpu", "reference", None, secs * 1e3, p.flops() / secs / 1e12, traffic(&p, out) / secs / 1e9);
         return Ok(true);
     }
@@ -331,8 +350,72 @@ fn run<T: OutputElement + DeviceRepr + safetensors_dtype::HasDtype>(cli: &Cli) -
     let got = stream.clone_dtoh(&d).map_err(Error::from)?;
     let rows = sample_rows(&p, cli.check_budget as u128);
     let check = verify(cli, &inputs, &p, &rows, &got)?;
-    save(cli, &inputs, &p, vec![("d".into(), T::DTYPE, d_shape(&p, p.n), T::encode(&got))])?;
+    save(cli, &inputs, &p, None, vec![("d".into(), T::DTYPE, d_shape(&p, p.n), T::encode(&got))])?;
     report(cli, &p, "gpu", &ran.to_string(), Some(&check), ms, p.flops() / ms / 1e9, traffic(&p, out) / ms / 1e6);
+    Ok(check.passed)
+}
+
+/// W4A16: bf16 activations (the checkpoint run's, else N(0, 1)) times B's NVFP4 weights.
+fn run_w4a16<T: OutputElement + DeviceRepr + safetensors_dtype::HasDtype>(cli: &Cli) -> Result<bool, Exit> {
+    if cli.input.is_some() {
+        return Err(bad("--mode w4a16 runs generated data or --checkpoint (an --input file holds an NVFP4 A)"));
+    }
+    let config = parse_config(cli)?;
+    let (inputs, p) = prepare::<T>(cli)?;
+    let b = &inputs.b;
+    let x: Vec<bf16> = inputs.x.clone().unwrap_or_else(|| {
+        let mut rng = SplitMix64::new(cli.seed.wrapping_add(3));
+        (0..p.a_elems()).map(|_| bf16::from_f64(rng.normal())).collect()
+    });
+    // The reference's alpha: the GEMM folds B's global scale in (f32, alpha * 1 * gB).
+    let folded = p.scalars(p.alpha * 1.0 * b.global_scale().unwrap_or(1.0), p.beta);
+    let (x_bytes, w_bytes) = (2.0 * p.a_elems() as f64, (p.b_bytes() + p.sfb_bytes() + (T::OUT.bits() / 8) * p.cd_elems()) as f64);
+    let traffic = x_bytes + w_bytes;
+    if cli.device == DeviceArg::Cpu {
+        let t = Instant::now();
+        let d: Vec<T> = reference::gemm_w4a16(&folded, &x, b.data(), b.scales(), inputs.c.as_deref())?;
+        let secs = t.elapsed().as_secs_f64();
+        save(cli, &inputs, &p, Some(&x), vec![("d".into(), T::DTYPE, d_shape(&p, p.n), T::encode(&d))])?;
+        report(cli, &p, "cpu", "reference", None, secs * 1e3, p.flops() / secs / 1e12, traffic / secs / 1e9);
+        return Ok(true);
+    }
+    let stream = gpu_stream()?;
+    let gemm = BlockScaledGemm::new(stream.clone())?;
+    let (xd, tb) = (stream.clone_htod(&x).map_err(Error::from)?, Nvfp4Tensor::upload(b, &stream)?);
+    let c_dev = inputs.c.as_ref().map(|c| stream.clone_htod(c)).transpose().map_err(Error::from)?;
+    let mut d = stream.clone_htod(&vec![T::from_f64(f64::NAN); p.cd_elems()]).map_err(Error::from)?;
+    let mut launch = || -> Result<Config, Error> {
+        match &c_dev {
+            Some(c) => gemm.gemm_w4a16_with_c(&p, &xd, &tb, c, &mut d, config),
+            None => gemm.gemm_w4a16(&p, &xd, &tb, &mut d, config),
+        }
+    };
+    let ran = launch()?;
+    let ms = time_launches(cli, &stream, &mut launch)?;
+    let got = stream.clone_dtoh(&d).map_err(Error::from)?;
+    // Sampled rows of every batch, judged against the exact W4A16 reference.
+    let rows = sample_rows(&p, cli.check_budget as u128);
+    let (m, n, k) = (p.m, p.n, p.k);
+    let x_rows = pick_rows(&x, &rows, m, k, p.l);
+    let c_rows = inputs.c.as_ref().map(|c| pick_rows(c, &rows, m, n, p.l));
+    let got_rows = pick_rows(&got, &rows, m, n, p.l);
+    let pr = Problem { m: rows.len(), ..folded };
+    let sampled = if rows.len() == m { String::new() } else { format!(" ({} of {m} rows)", rows.len()) };
+    let check = match cli.tolerance {
+        ToleranceArg::Bound => {
+            let v = verify_w4a16(&pr, &x_rows, b.data(), b.scales(), c_rows.as_deref(), &got_rows)?;
+            let detail = format!("{} elements{sampled} against the exact W4A16 reference, exact or within the FP32 bound: {v}", got_rows.len());
+            Check { passed: v.passed(), bad: v.failed, max_abs: None, worst_ratio: v.worst.map(|w| w.ratio), checked: got_rows.len(), detail }
+        }
+        ToleranceArg::Contest => {
+            let want: Vec<T> = reference::gemm_w4a16(&pr, &x_rows, b.data(), b.scales(), c_rows.as_deref())?;
+            let cmp = compare(&got_rows, &want, 1e-3, 1e-3);
+            let detail = format!("{} elements{sampled} against the exact W4A16 reference, contest tolerance: {cmp}", got_rows.len());
+            Check { passed: cmp.passed(), bad: cmp.bad, max_abs: Some(cmp.max_abs), worst_ratio: None, checked: got_rows.len(), detail }
+        }
+    };
+    save(cli, &inputs, &p, Some(&x), vec![("d".into(), T::DTYPE, d_shape(&p, p.n), T::encode(&got))])?;
+    report(cli, &p, "gpu", &ran.to_string(), Some(&check), ms, p.flops() / ms / 1e9, traffic / ms / 1e6);
     Ok(check.passed)
 }
 
@@ -342,6 +425,9 @@ fn run_fp4(cli: &Cli) -> Result<bool, Exit> {
     let (inputs, p) = prepare::<f32>(cli)?;
     let out = cli.out_type();
     let Some(format) = out.sfd() else { return Err(bad(format!("--out {out}: not an FP4 output"))) };
+    if cli.mode() == ModeArg::W4a16 {
+        return Err(bad(format!("--out {out} with --mode w4a16: W4A16 writes f16, bf16 or f32 (pass --mode nvfp4)")));
+    }
     let rows = sample_rows(&p, cli.check_budget as u128);
     let a_rows = if rows.len() == p.m { inputs.a.clone() } else { inputs.a.select_rows(&rows) };
     let pr = Problem { m: rows.len(), ..p };
@@ -367,7 +453,7 @@ fn run_fp4(cli: &Cli) -> Result<bool, Exit> {
         let t = Instant::now();
         let (d, sfd) = reference::gemm_fp4(&p, inputs.a.data(), inputs.a.scales(), inputs.b.data(), inputs.b.scales(), inputs.c.as_deref(), format, Accumulation::Exact)?;
         let secs = t.elapsed().as_secs_f64();
-        save(cli, &inputs, &p, fp4_tensors(d, sfd))?;
+        save(cli, &inputs, &p, None, fp4_tensors(d, sfd))?;
         report(cli, &p, "cpu", "reference", None, secs * 1e3, p.flops() / secs / 1e12, traffic(&p, out) / secs / 1e9);
         return Ok(true);
     }
@@ -401,7 +487,7 @@ fn run_fp4(cli: &Cli) -> Result<bool, Exit> {
     let cmp = compare_fp4(&got_d_rows, &got_sf_rows, &want_d, &from_tiled(&want_sfd, rows.len(), groups, p.l), p.n);
     let exactly = if cmp.byte_equal() { "byte for byte" } else { "within one e2m1 step" };
     let check = Check { passed: cmp.within_one_step(), bad: cmp.sfd_far + cmp.codes_far, max_abs: None, worst_ratio: None, checked: cmp.codes, detail: format!("{} rows against the exact reference ({exactly}; norm constant {st}): {cmp}", rows.len()) };
-    save(cli, &inputs, &p, fp4_tensors(got_d, got_sfd))?;
+    save(cli, &inputs, &p, None, fp4_tensors(got_d, got_sfd))?;
     report(cli, &p, "gpu", &ran.to_string(), Some(&check), ms, p.flops() / ms / 1e9, traffic(&p, out) / ms / 1e6);
     Ok(check.passed)
 }
@@ -510,6 +596,10 @@ fn num<X: Into<f64> + std::fmt::Display + Copy>(x: Option<X>) -> String {
 }
 
 impl Cli {
+    fn mode(&self) -> ModeArg {
+        self.mode.unwrap_or(if self.checkpoint.is_some() { ModeArg::W4a16 } else { ModeArg::Nvfp4 })
+    }
+
     fn out_type(&self) -> OutType {
         match self.out {
             OutArg::F16 => OutType::F16,
@@ -641,11 +731,21 @@ fn d_shape(p: &Problem, cols: usize) -> Vec<usize> {
     if p.l == 1 { vec![p.m, cols] } else { vec![p.l, p.m, cols] }
 }
 
-/// Writes `outputs` (and the generated inputs) to `--save`.
-fn save<T: OutputElement + safetensors_dtype::HasDtype>(cli: &Cli, inputs: &Inputs<T>, p: &Problem, outputs: Vec<(String, Dtype, Vec<usize>, Vec<u8>)>) -> Result<(), Exit> {
+/// Writes `outputs` (and the generated inputs) to `--save`; W4A16 runs (`w4a16`: the bf16
+/// activations) write `x`, `b`, `sfb` and B's global scale instead of the NVFP4 operands.
+fn save<T: OutputElement + safetensors_dtype::HasDtype>(cli: &Cli, inputs: &Inputs<T>, p: &Problem, w4a16: Option<&[bf16]>, outputs: Vec<(String, Dtype, Vec<usize>, Vec<u8>)>) -> Result<(), Exit> {
     let Some(path) = &cli.save else { return Ok(()) };
     let mut tensors = outputs;
-    if inputs.generated {
+    if let Some(x) = w4a16 {
+        let b = &inputs.b;
+        tensors.push(("x".into(), Dtype::BF16, d_shape(p, p.k), x.iter().flat_map(|v| v.to_le_bytes()).collect()));
+        tensors.push(("b".into(), Dtype::U8, d_shape(&Problem { m: p.n, ..*p }, p.k / 2), b.data().to_vec()));
+        tensors.push(("sfb".into(), Dtype::F8_E4M3, vec![b.scales().len()], b.scales().to_vec()));
+        tensors.push(("global_scale_b".into(), Dtype::F32, vec![], b.global_scale().unwrap_or(1.0).to_le_bytes().to_vec()));
+        if let Some(c) = &inputs.c {
+            tensors.push(("c".into(), T::DTYPE, d_shape(p, p.n), T::encode(c)));
+        }
+    } else if inputs.generated {
         let (a, b) = (&inputs.a, &inputs.b);
         tensors.push(("a".into(), Dtype::U8, d_shape(p, p.k / 2), a.data().to_vec()));
         tensors.push(("b".into(), Dtype::U8, d_shape(&Problem { m: p.n, ..*p }, p.k / 2), b.data().to_vec()));

@@ -42,7 +42,7 @@ case "${1:-tests}" in
     rc=0
     for tool in memcheck racecheck synccheck; do
       echo "== compute-sanitizer --tool $tool"
-      compute-sanitizer --tool $tool --error-exitcode 9 "$here/deps/gpu" sm90_every_config sm90_split_k sm90_small_m sm90_extreme fp4_output_exact fp4_output_chains quantized_tensors graph_capture grouped_moe || rc=1
+      compute-sanitizer --tool $tool --error-exitcode 9 "$here/deps/gpu" sm90_every_config sm90_split_k sm90_small_m sm90_extreme fp4_output_exact fp4_output_chains quantized_tensors graph_capture grouped_moe w4a16 || rc=1
     done
     exit $rc ;;
   example) shift; exec "$here/examples/nvfp4_gemm" "$@" ;;
@@ -56,6 +56,7 @@ case "${1:-tests}" in
     base=""
     if python3 -c 'import torch' 2>/dev/null; then
       python3 "$here/baselines.py" --out "$dir/$name-baselines.json" && base="--baselines $dir/$name-baselines.json"
+      python3 "$here/baselines.py" --op w4a16 --out "$dir/$name-w4a16-baselines.json" && base="$base --w4a16-baselines $dir/$name-w4a16-baselines.json"
       # The grouped cases come from the bench itself (one routing for both sides).
       "$here/examples/bench" --emit-grouped-cases "$dir/$name-grouped-cases.json" &&
         python3 "$here/baselines.py" --op grouped --grouped-cases "$dir/$name-grouped-cases.json" --out "$dir/$name-grouped-baselines.json" &&

@@ -60,11 +60,24 @@ fn sf_off(r: usize, s: usize, sp: usize) -> usize {
 
 /// D from the bytes of a file, in f64: alpha * sum a*sfa*b*sfb + beta * c.
 fn independent(st: &SafeTensors, m: usize, n: usize, k: usize, l: usize, alpha: f64, beta: f64) -> Vec<f64> {
-    let (a, b) = (st.tensor("a").unwrap(), st.tensor("b").unwrap());
-    let (sfa, sfb) = (st.tensor("sfa").unwrap(), st.tensor("sfb").unwrap());
+    let (a, sfa) = (st.tensor("a").unwrap(), st.tensor("sfa").unwrap());
+    let sp = (k / 16).div_ceil(4) * 4;
+    let pa = m.div_ceil(128) * 128 * sp;
+    let a_val = |li: usize, r: usize, kk: usize| {
+        let byte = a.data()[((li * m + r) * k + kk) / 2];
+        e2m1(if kk.is_multiple_of(2) { byte & 15 } else { byte >> 4 }) * e4m3(sfa.data()[li * pa + sf_off(r, kk / 16, sp)])
+    };
+    independent_with(st, m, n, k, l, alpha, beta, &a_val)
+}
+
+/// D in f64 from the saved B (packed e2m1 and tiled scales), C where present, and A's values as
+/// `a_val(batch, row, k)` gives them.
+#[allow(clippy::too_many_arguments)]
+fn independent_with(st: &SafeTensors, m: usize, n: usize, k: usize, l: usize, alpha: f64, beta: f64, a_val: &dyn Fn(usize, usize, usize) -> f64) -> Vec<f64> {
+    let (b, sfb) = (st.tensor("b").unwrap(), st.tensor("sfb").unwrap());
     let c = st.tensor("c").ok().map(|c| c.data().chunks_exact(2).map(|x| half::f16::from_le_bytes([x[0], x[1]]).to_f64()).collect::<Vec<_>>());
     let sp = (k / 16).div_ceil(4) * 4;
-    let (pa, pb) = (m.div_ceil(128) * 128 * sp, n.div_ceil(128) * 128 * sp);
+    let pb = n.div_ceil(128) * 128 * sp;
     let val = |data: &[u8], sf: &[u8], per: usize, rows: usize, li: usize, r: usize, kk: usize| {
         let byte = data[((li * rows + r) * k + kk) / 2];
         e2m1(if kk.is_multiple_of(2) { byte & 15 } else { byte >> 4 }) * e4m3(sf[li * per + sf_off(r, kk / 16, sp)])
@@ -73,7 +86,7 @@ fn independent(st: &SafeTensors, m: usize, n: usize, k: usize, l: usize, alpha: 
     for li in 0..l {
         for i in 0..m {
             for j in 0..n {
-                let s: f64 = (0..k).map(|kk| val(a.data(), sfa.data(), pa, m, li, i, kk) * val(b.data(), sfb.data(), pb, n, li, j, kk)).sum();
+                let s: f64 = (0..k).map(|kk| a_val(li, i, kk) * val(b.data(), sfb.data(), pb, n, li, j, kk)).sum();
                 let cv = c.as_ref().map_or(0.0, |c| c[(li * m + i) * n + j]);
                 d[(li * m + i) * n + j] = alpha * s + if beta != 0.0 { beta * cv } else { 0.0 };
             }
@@ -368,7 +381,7 @@ fn checkpoint_layer_runs_and_saves_what_it_ran() {
     let ck = tmp("ck-good.safetensors");
     modelopt_file(&ck, n, k, |_| {});
     let out = tmp("ck-out.safetensors");
-    let o = run(&["--device", "cpu", "--checkpoint", ck.to_str().unwrap(), "--layer", "l", "--m", &m.to_string(), "--out", "f32", "--save", out.to_str().unwrap()]);
+    let o = run(&["--device", "cpu", "--checkpoint", ck.to_str().unwrap(), "--layer", "l", "--m", &m.to_string(), "--out", "f32", "--mode", "nvfp4", "--save", out.to_str().unwrap()]);
     assert_eq!(code(&o), 0, "{}", String::from_utf8_lossy(&o.stderr));
     // D against this file's own math: the saved a, sfa, b, sfb and global scales, decoded here.
     let bytes = std::fs::read(&out).unwrap();
@@ -387,6 +400,34 @@ fn checkpoint_layer_runs_and_saves_what_it_ran() {
     for (i, (g, w)) in got.iter().zip(&want).enumerate() {
         assert!((g - w).abs() <= 1e-5 * w.abs().max(1e-30), "d[{i}] = {g}, independent {w}");
     }
+}
+
+/// W4A16, the default with --checkpoint: the bf16 activations as they are times the layer's
+/// weights; D against this file's own decode of the saved x, b, sfb and global scale.
+#[test]
+fn checkpoint_layer_w4a16_by_default() {
+    let (n, k, m) = (64, 256, 5);
+    let ck = tmp("ck-w4a16.safetensors");
+    modelopt_file(&ck, n, k, |_| {});
+    let out = tmp("ck-w4a16-out.safetensors");
+    let o = run(&["--device", "cpu", "--checkpoint", ck.to_str().unwrap(), "--layer", "l", "--m", &m.to_string(), "--out", "f32", "--alpha", "0.5", "--save", out.to_str().unwrap()]);
+    assert_eq!(code(&o), 0, "{}", String::from_utf8_lossy(&o.stderr));
+    let bytes = std::fs::read(&out).unwrap();
+    let st = SafeTensors::deserialize(&bytes).unwrap();
+    assert!(st.tensor("a").is_err() && st.tensor("sfa").is_err(), "W4A16 saves no NVFP4 A");
+    let g = f32::from_le_bytes(st.tensor("global_scale_b").unwrap().data().try_into().unwrap());
+    assert_eq!(g, 0.01f32);
+    let x: Vec<f64> = st.tensor("x").unwrap().data().chunks_exact(2).map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f64()).collect();
+    assert_eq!(x.len(), m * k);
+    let want = independent_with(&st, m, n, k, 1, (0.5f32 * g) as f64, 0.0, &|_, r, kk| x[r * k + kk]);
+    let got: Vec<f64> = st.tensor("d").unwrap().data().chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap()) as f64).collect();
+    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+        assert!((g - w).abs() <= 1e-6 * w.abs().max(1e-30), "d[{i}] = {g}, independent {w}");
+    }
+    // FP4 output is NVFP4 x NVFP4 only.
+    let o = run(&["--device", "cpu", "--checkpoint", ck.to_str().unwrap(), "--layer", "l", "--m", "2", "--out", "nvfp4"]);
+    assert_eq!(code(&o), 2);
+    assert!(stderr_one_line(&o).contains("--mode w4a16"));
 }
 
 #[test]
