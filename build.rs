@@ -135,6 +135,7 @@ fn main() {
     let mut table_inc = String::new();
     let mut grouped_inc = String::new();
     let mut w4a16_inc = String::new();
+    let mut w4a16_grouped_inc = String::new();
     let in_names = abi_enum(&abi, "InKind");
     for (ci, c) in configs.iter().enumerate() {
         if !built(c) {
@@ -187,6 +188,15 @@ fn main() {
                 let func = format!("{unit}_{}", o.to_lowercase());
                 writeln!(src, "BSG_SM90_W4A16_KERNEL({func}, {tm}, {tn}, {ty}, {schedule}, {in_type})", tm = c.tile[0], tn = c.tile[1], ty = out.cutlass_type, schedule = c.schedule).unwrap();
                 writeln!(w4a16_inc, "BSG_W4A16_KERNEL({ci}, {in_index}, {out_index}, {func})").unwrap();
+                // Its grouped form, where the config has grouped kernels for this output.
+                if c.grouped.contains(o) {
+                    if !src.contains("gemm_grouped.cuh") {
+                        src += "#include \"sm90/gemm_grouped.cuh\"\n";
+                    }
+                    let gfunc = format!("{unit}_grouped_{}", o.to_lowercase());
+                    writeln!(src, "BSG_SM90_GROUPED_W4A16_KERNEL({gfunc}, {tm}, {tn}, {ty}, {schedule}, {in_type})", tm = c.tile[0], tn = c.tile[1], ty = out.cutlass_type, schedule = c.schedule).unwrap();
+                    writeln!(w4a16_grouped_inc, "BSG_W4A16_GROUPED_KERNEL({ci}, {in_index}, {out_index}, {gfunc})").unwrap();
+                }
             }
             jobs.push(kernel_job(&unit, &src, gencode, parts));
         }
@@ -216,6 +226,7 @@ fn main() {
     std::fs::write(gen_dir.join("kernel_table.inc"), &table_inc).unwrap();
     std::fs::write(gen_dir.join("grouped_table.inc"), &grouped_inc).unwrap();
     std::fs::write(gen_dir.join("w4a16_table.inc"), &w4a16_inc).unwrap();
+    std::fs::write(gen_dir.join("w4a16_grouped_table.inc"), &w4a16_grouped_inc).unwrap();
 
     let compiled = compile_all(&tools, &jobs);
     let objects: Vec<&PathBuf> = jobs.iter().map(|j| &j.1).collect();

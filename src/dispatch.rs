@@ -100,6 +100,12 @@ impl Config {
         self.is_built(out) && self.info().w4a16.contains(&out)
     }
 
+    /// Whether this build holds this config's grouped W4A16 kernels for output `out` (a config
+    /// that `BSG_GROUPED` and `BSG_W4A16` both list).
+    pub fn is_built_grouped_w4a16(self, out: OutType) -> bool {
+        self.is_built_grouped(out) && self.is_built_w4a16(out)
+    }
+
     /// The compute capability this config's machine code runs on.
     pub const fn compute_capability(self) -> (i32, i32) {
         arch_facts(self.info().arch).0

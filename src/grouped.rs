@@ -17,7 +17,7 @@ use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
 use crate::dispatch::{self, Config};
 use crate::error::{Error, Result};
 use crate::formats::{OutputElement, PackedFp4, ScaleByte};
-use crate::gemm::{check_devices, status_result, BlockScaledGemm, SUPPORTED_GROUPED};
+use crate::gemm::{check_devices, status_result, BlockScaledGemm, Table, SUPPORTED_GROUPED};
 use crate::layout::{padded_sf_cols, sf_bytes, sf_cols, sf_offset};
 use crate::matrix::Nvfp4Matrix;
 use crate::problem::{check_align, check_len, folded_alpha, product, OutType, Problem};
@@ -147,7 +147,7 @@ impl<V, S> MoeActivations<V, S> {
 }
 
 /// The launch arguments' sizes of a validated problem.
-fn grouped_args(p: &MoeProblem) -> sys::GroupedArgs {
+pub(crate) fn grouped_args(p: &MoeProblem) -> sys::GroupedArgs {
     sys::GroupedArgs { rows: p.rows as i32, n: p.n as i32, k: p.k as i32, experts: p.experts as i32, ..Default::default() }
 }
 
@@ -249,27 +249,70 @@ impl BlockScaledGemm {
     /// The config [`Self::moe_gemm`] runs for `p` with output `out` when none is forced (see
     /// there), or the error it would give.
     pub fn select_grouped_config(&self, p: &MoeProblem, out: OutType) -> Result<Config> {
-        p.validate(out)?;
-        let dev = self.device();
-        let (major, minor) = dev.compute_capability;
-        let unsupported = || Error::UnsupportedDevice { ordinal: dev.ordinal, major, minor, supported: SUPPORTED_GROUPED };
-        let arch = dev.arch().ok_or_else(unsupported)?;
-        dispatch::select_grouped(arch, p.rows, p.experts, p.k, out, |c| c.is_built(out)).ok_or_else(unsupported)
+        self.grouped_config(p, out, None, |c, o| c.is_built_grouped(o))
     }
 
     /// The config a grouped call on `p` runs: `forced` once checked against this device and the
-    /// build, else the rule's ([`Self::select_grouped_config`]).
-    fn grouped_config(&self, p: &MoeProblem, out: OutType, forced: Option<Config>) -> Result<Config> {
-        let Some(config) = forced else { return self.select_grouped_config(p, out) };
+    /// build (`built`: the grouped kernels of the call's kind), else the rule's over the configs
+    /// `built` allows (see [`Self::select_grouped_config`]).
+    pub(crate) fn grouped_config(&self, p: &MoeProblem, out: OutType, forced: Option<Config>, built: impl Fn(Config, OutType) -> bool) -> Result<Config> {
         let dev = self.device();
+        let (major, minor) = dev.compute_capability;
+        let Some(config) = forced else {
+            p.validate(out)?;
+            let unsupported = || Error::UnsupportedDevice { ordinal: dev.ordinal, major, minor, supported: SUPPORTED_GROUPED };
+            let arch = dev.arch().ok_or_else(unsupported)?;
+            return dispatch::select_grouped(arch, p.rows, p.experts, p.k, out, |c| built(c, out)).ok_or_else(unsupported);
+        };
         if config.compute_capability() != dev.compute_capability {
-            let (major, minor) = dev.compute_capability;
             return Err(Error::ArchMismatch { config, need: config.arch_label(), ordinal: dev.ordinal, major, minor });
         }
-        if !config.is_built_grouped(out) {
+        if !built(config, out) {
             return Err(Error::NotBuilt { config, out });
         }
         Ok(config)
+    }
+
+    /// The launch of a grouped call whose own checks have passed (shape, lengths, config): B,
+    /// the offsets, the expert scales and D's addresses with their guards, alignment, and the
+    /// kernel of `table` (NVFP4, or W4A16 with activations of the given kind) with A at `a`
+    /// (and its scales at `sfa`, 0 for W4A16). T = 0 launches nothing.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn launch_grouped<VB, SB, O, ES, D, TV, TS, TO>(&self, p: &MoeProblem, config: Config, table: Table, (a, sfa): (u64, u64), alpha: f32, b: &Nvfp4Tensor<VB, SB>, offsets: &O, expert_scales: &ES, d: &mut D, capturing: bool) -> Result<Config>
+    where
+        VB: DevicePtr<TV>, SB: DevicePtr<TS>, O: DevicePtr<i32>, ES: DevicePtr<f32>, D: DevicePtrMut<TO>, TO: OutputElement,
+    {
+        let out = TO::OUT;
+        if p.rows == 0 {
+            return Ok(config);
+        }
+        let (dev, stream) = (self.device(), self.stream());
+        let (pb, _gb) = b.values().device_ptr(stream);
+        let (psfb, _gsfb) = b.scales().device_ptr(stream);
+        let (po, _go) = offsets.device_ptr(stream);
+        let (pes, _ges) = expert_scales.device_ptr(stream);
+        let (pd, _gd) = d.device_ptr_mut(stream);
+        for (name, addr) in [("A", a), ("SFA", sfa), ("B", pb), ("SFB", psfb), ("D", pd)] {
+            check_align(name, addr)?;
+        }
+        let args = sys::GroupedArgs {
+            a, sfa, b: pb, sfb: psfb, d: pd, offsets: po, expert_alpha: pes, alpha,
+            stream: stream.cu_stream() as u64, device_id: dev.ordinal as i32, sm_count: dev.sm_count as i32,
+            ..grouped_args(p)
+        };
+        let status = self.launch_with_workspace(capturing, |workspace, workspace_bytes| {
+            let args = sys::GroupedArgs { workspace, workspace_bytes, ..args };
+            // SAFETY: every address is a live device allocation of the checked length on this
+            // stream's device, 16-byte aligned where the kernel loads in 16 bytes; the guards
+            // above (and the caller's for A) and the workspace lock live until the launch is
+            // queued. The kernel clamps the offsets it reads (see moe_gemm) and launches nothing
+            // when the workspace is short.
+            match table {
+                Table::Nvfp4 => unsafe { sys::launch_grouped(config.info().index, out.index(), &args) },
+                Table::W4a16(input) => unsafe { sys::launch_w4a16_grouped(config.info().index, input as u32, out.index(), &args) },
+            }
+        })?;
+        status_result(status, config, out, (p.rows, p.n, p.k, p.experts))
     }
 
     /// The grouped GEMM of a mixture-of-experts layer, in one launch (Hopper):
@@ -319,40 +362,17 @@ impl BlockScaledGemm {
             check_len(name, got, want, rule)?;
         }
         let dev = self.device();
-        let config = self.grouped_config(p, out, config)?;
+        let config = self.grouped_config(p, out, config, |c, o| c.is_built_grouped(o))?;
         check_devices(dev.ordinal, [
             ("A", a.values.stream()), ("SFA", a.scales.stream()), ("B", b.values().stream()), ("SFB", b.scales().stream()),
             ("offsets", offsets.stream()), ("expert_scales", expert_scales.stream()), ("D", d.stream()),
         ])?;
         let alpha = folded_alpha(p.alpha, a.global_scale, b.global_scale())?;
         let capturing = self.capture_check()?;
-        if p.rows == 0 {
-            return Ok(config);
-        }
         let stream = self.stream();
         let (pa, _ga) = a.values.device_ptr(stream);
         let (psfa, _gsfa) = a.scales.device_ptr(stream);
-        let (pb, _gb) = b.values().device_ptr(stream);
-        let (psfb, _gsfb) = b.scales().device_ptr(stream);
-        let (po, _go) = offsets.device_ptr(stream);
-        let (pes, _ges) = expert_scales.device_ptr(stream);
-        let (pd, _gd) = d.device_ptr_mut(stream);
-        for (name, addr) in [("A", pa), ("SFA", psfa), ("B", pb), ("SFB", psfb), ("D", pd)] {
-            check_align(name, addr)?;
-        }
-        let args = sys::GroupedArgs {
-            a: pa, sfa: psfa, b: pb, sfb: psfb, d: pd, offsets: po, expert_alpha: pes, alpha,
-            stream: stream.cu_stream() as u64, device_id: dev.ordinal as i32, sm_count: dev.sm_count as i32,
-            ..grouped_args(p)
-        };
-        let status = self.launch_with_workspace(capturing, |workspace, workspace_bytes| {
-            // SAFETY: every address is a live device allocation of the checked length on this
-            // stream's device, 16-byte aligned where the kernel loads in 16 bytes; the guards
-            // above and the workspace lock live until the launch is queued. The kernel clamps the
-            // offsets it reads (see above) and launches nothing when the workspace is short.
-            unsafe { sys::launch_grouped(config.info().index, out.index(), &sys::GroupedArgs { workspace, workspace_bytes, ..args }) }
-        })?;
-        status_result(status, config, out, (p.rows, p.n, p.k, p.experts))
+        self.launch_grouped(p, config, Table::Nvfp4, (pa, psfa), alpha, b, offsets, expert_scales, d, capturing)
     }
 
     /// Workspace bytes [`Self::moe_gemm`] needs on `p` with output `out` and `config` (or the one
@@ -361,7 +381,7 @@ impl BlockScaledGemm {
     /// capturing a call in a CUDA graph.
     pub fn moe_workspace_size(&self, p: &MoeProblem, out: OutType, config: Option<Config>) -> Result<usize> {
         p.validate(out)?;
-        let config = self.grouped_config(p, out, config)?;
+        let config = self.grouped_config(p, out, config, |c, o| c.is_built_grouped(o))?;
         Ok(sys::workspace_size_grouped(config.info().index, out.index(), &grouped_args(p)))
     }
 }

@@ -10,13 +10,14 @@ use crate::dispatch::{self, Config};
 use crate::error::{Error, Result};
 use crate::formats::{OutputElement, PackedFp4, ScaleByte};
 use crate::gemm::{check_devices, BlockScaledGemm, DeviceFacts, Table};
+use crate::grouped::{grouped_args, MoeProblem};
 use crate::problem::{check_len, folded_alpha, product, OutType, Problem};
 use crate::quantize::QuantInput;
 use crate::sys::{self, KernelArgs};
 use crate::tensor::Nvfp4Tensor;
 
 /// Activation element types of the W4A16 GEMM: `half::f16` and `half::bf16`.
-pub trait Activation16: QuantInput + OutputElement + cudarc::driver::DeviceRepr {}
+pub trait Activation16: QuantInput + OutputElement + cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits {}
 impl Activation16 for half::f16 {}
 impl Activation16 for half::bf16 {}
 
@@ -54,10 +55,7 @@ pub fn plan_w4a16(p: &Problem, out: OutType, lens: &W4a16Lens, device: &DeviceFa
         return Err(Error::InvalidData { what: "out", detail: format!("{out}: the W4A16 GEMM writes f16, bf16 or f32") });
     }
     p.validate(out, lens.c.is_some())?;
-    let a_bytes = product(&[p.l, p.m, p.k, 2]);
-    if a_bytes > Problem::MAX_BYTES as u128 {
-        return Err(Error::SizeLimit { what: "A bytes", rule: "L * M * K * 2", dims: format!("M = {}, K = {}, L = {}", p.m, p.k, p.l), value: a_bytes, max: Problem::MAX_BYTES as u128, why: "byte counts and offsets are 64-bit signed in the kernels" });
-    }
+    check_a16_bytes(p.m, p.k, p.l)?;
     check_len("A", lens.a, p.a_elems(), "L * M * K activations")?;
     check_len("B", lens.b, p.b_bytes(), "L * N * K / 2 packed bytes")?;
     check_len("SFB", lens.sfb, p.sfb_bytes(), "L * ceil(N/128)*128 * ceil(K/64)*4 tiled scale bytes")?;
@@ -167,6 +165,65 @@ impl BlockScaledGemm {
         let pc = c_ptr.as_ref().map_or(pd, |(p, _)| *p);
         self.launch(&folded, out, Table::W4a16(TA::KIND), config, capturing, KernelArgs { a: pa, b: pb, sfb: psfb, c: pc, d: pd, ..folded.launch_args() })
     }
+}
+
+impl BlockScaledGemm {
+    /// The grouped W4A16 GEMM of a mixture-of-experts layer, in one launch (Hopper):
+    /// `D[rows of e] = alpha * gB * expert_scales[e] * A[rows of e] dec(B[e])ᵀ`, A the stacked
+    /// f16 or bf16 activations (T, K) as they are, B the experts' NVFP4 weights (E, N, K). The
+    /// routing, the offsets' rules, the tiles and the workspace are [`Self::moe_gemm`]'s (its
+    /// configs with W4A16 kernels, `ConfigInfo::grouped` and `ConfigInfo::w4a16`); per expert the
+    /// result has the bits of [`Self::gemm_w4a16`] at split 1 on its rows.
+    #[allow(clippy::too_many_arguments)]
+    pub fn moe_gemm_w4a16<A, VB, SB, O, ES, D, TA, TV, TS, TO>(&self, p: &MoeProblem, a: &A, b: &Nvfp4Tensor<VB, SB>, offsets: &O, expert_scales: &ES, d: &mut D, config: Option<Config>) -> Result<Config>
+    where
+        A: DevicePtr<TA>, VB: DevicePtr<TV>, SB: DevicePtr<TS>, O: DevicePtr<i32>, ES: DevicePtr<f32>, D: DevicePtrMut<TO>,
+        TA: Activation16, TV: PackedFp4, TS: ScaleByte, TO: OutputElement,
+    {
+        let out = TO::OUT;
+        p.validate(out)?;
+        check_a16_bytes(p.rows, p.k, 1)?;
+        if b.shape() != (p.experts, p.n, p.k) {
+            return Err(Error::OperandShape { name: "B", got: b.shape(), want: (p.experts, p.n, p.k) });
+        }
+        for (name, got, want, rule) in [
+            ("A", a.len(), p.rows * p.k, "T * K activations"),
+            ("B", b.values().len(), p.b_bytes(), "E * N * K / 2 packed bytes"),
+            ("SFB", b.scales().len(), p.sfb_bytes(), "E * ceil(N/128)*128 * ceil(K/64)*4 tiled scale bytes"),
+            ("offsets", offsets.len(), p.experts + 1, "E + 1 expert offsets"),
+            ("expert_scales", expert_scales.len(), p.experts, "one per expert"),
+            ("D", d.len(), p.d_elems(), "T * N elements"),
+        ] {
+            check_len(name, got, want, rule)?;
+        }
+        let config = self.grouped_config(p, out, config, |c, o| c.is_built_grouped_w4a16(o))?;
+        check_devices(self.device().ordinal, [
+            ("A", a.stream()), ("B", b.values().stream()), ("SFB", b.scales().stream()),
+            ("offsets", offsets.stream()), ("expert_scales", expert_scales.stream()), ("D", d.stream()),
+        ])?;
+        let alpha = folded_alpha(p.alpha, 1.0, b.global_scale())?;
+        let capturing = self.capture_check()?;
+        let (pa, _ga) = a.device_ptr(self.stream());
+        self.launch_grouped(p, config, Table::W4a16(TA::KIND), (pa, 0), alpha, b, offsets, expert_scales, d, capturing)
+    }
+
+    /// Workspace bytes [`Self::moe_gemm_w4a16`] needs on `p` with output `out` and `config` (or
+    /// the one it would choose): the swapped tiles' re-ordered activations (2 * T * K bytes plus
+    /// 256 KiB), none for the stream tiles.
+    pub fn moe_w4a16_workspace_size<TA: Activation16>(&self, p: &MoeProblem, out: OutType, config: Option<Config>) -> Result<usize> {
+        p.validate(out)?;
+        let config = self.grouped_config(p, out, config, |c, o| c.is_built_grouped_w4a16(o))?;
+        Ok(sys::workspace_size_w4a16_grouped(config.info().index, TA::KIND as u32, out.index(), &grouped_args(p)))
+    }
+}
+
+/// A dense 16-bit A of L x M x K: its 2 * L * M * K bytes within the kernels' 64-bit offsets.
+fn check_a16_bytes(m: usize, k: usize, l: usize) -> Result<()> {
+    let a_bytes = product(&[l, m, k, 2]);
+    if a_bytes > Problem::MAX_BYTES as u128 {
+        return Err(Error::SizeLimit { what: "A bytes", rule: "L * M * K * 2", dims: format!("M = {m}, K = {k}, L = {l}"), value: a_bytes, max: Problem::MAX_BYTES as u128, why: "byte counts and offsets are 64-bit signed in the kernels" });
+    }
+    Ok(())
 }
 
 #[cfg(test)]

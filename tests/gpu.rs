@@ -56,6 +56,7 @@ fn main() {
         ("grouped_moe_quantizer_matches_the_cpu", grouped_moe_quantizer_matches_the_cpu),
         ("w4a16_every_config_and_output", w4a16_every_config_and_output),
         ("w4a16_same_bits_as_nvfp4_gemm", w4a16_same_bits_as_nvfp4_gemm),
+        ("w4a16_grouped_moe_every_config", w4a16_grouped_moe_every_config),
         // Last: they turn cudarc's event tracking off for the buffers made after them.
         ("graph_capture_replays_with_new_data", graph_capture_replays_with_new_data),
         ("grouped_moe_captured_follows_device_routing", grouped_moe_captured_follows_device_routing),
@@ -1375,5 +1376,59 @@ fn w4a16_same_bits_as_nvfp4_gemm() -> Outcome {
             assert_eq!(same, got.len(), "{c} {m}x{n}x{k}x{l}: {} of {} differ from gemm's bits", got.len() - same, got.len());
         }
     }
+    Ok(())
+}
+
+/// The grouped W4A16 GEMM: every config with grouped W4A16 kernels, f16 and bf16 activations,
+/// every output; each expert's rows judged by the verdict against the exact W4A16 reference of
+/// that expert, and equal bit for bit to `gemm_w4a16` at split 1 on the same tile.
+fn w4a16_grouped_moe_every_config() -> Outcome {
+    let g = hopper()?;
+    let split1 = BlockScaledGemm::new(g.stream().clone()).unwrap().with_split_k(Some(1));
+    fn one<TA: Activation16, T: OutputElement + cudarc::driver::DeviceRepr>(g: &BlockScaledGemm, split1: &BlockScaledGemm, counts: &[usize], n: usize, k: usize, config: Option<Config>, salt: u64) {
+        let s = g.stream();
+        let (t, experts) = (counts.iter().sum::<usize>(), counts.len());
+        let mut rng = blockscaled_gemm::SplitMix64::new(seed() ^ salt);
+        let x: Vec<TA> = (0..t * k).map(|i| TA::from_f64(rng.normal() * 2f64.powi((i % 13) as i32 - 6))).collect();
+        let gw = 0.0173;
+        let w = general_weights(n, k, experts, gw, salt ^ 0x99);
+        let offsets = expert_offsets(counts).unwrap();
+        let es: Vec<f32> = (0..experts).map(|e| [1.0, 0.5, 2.0, 0.25][e % 4]).collect();
+        let p = MoeProblem::new(t, n, k, experts).alpha(0.5);
+        let (xd, wt) = (s.clone_htod(&x).unwrap(), Nvfp4Tensor::upload(&w, s).unwrap());
+        let (o, e) = (s.clone_htod(&offsets).unwrap(), s.clone_htod(&es).unwrap());
+        let mut d = s.clone_htod(&vec![T::from_f64(f64::NAN); t * n]).unwrap();
+        let ran = g.moe_gemm_w4a16(&p, &xd, &wt, &o, &e, &mut d, config).unwrap();
+        let got = s.clone_dtoh(&d).unwrap();
+        for ex in 0..experts {
+            let (r0, r1) = (offsets[ex] as usize, offsets[ex + 1] as usize);
+            if r0 == r1 {
+                continue;
+            }
+            let we = w.batch_slice(ex);
+            let pe = Problem::new(r1 - r0, n, k).scalars(0.5 * es[ex] * gw, 0.0);
+            let v = verify_w4a16(&pe, &x[r0 * k..r1 * k], we.data(), we.scales(), None, &got[r0 * n..r1 * n]).unwrap();
+            assert!(v.passed(), "{ran} expert {ex} ({} rows) {} -> {:?}: {v}", r1 - r0, std::any::type_name::<TA>(), T::OUT);
+            // The dense W4A16 GEMM on the expert's rows, same tile, split 1: the same bits.
+            let (xe, wte) = (s.clone_htod(&x[r0 * k..r1 * k]).unwrap(), Nvfp4Tensor::upload(&we, s).unwrap());
+            let mut de = s.clone_htod(&vec![T::from_f64(f64::NAN); (r1 - r0) * n]).unwrap();
+            split1.gemm_w4a16(&Problem::new(r1 - r0, n, k).scalars(0.5 * es[ex], 0.0), &xe, &wte, &mut de, Some(ran)).unwrap();
+            let dense = s.clone_dtoh(&de).unwrap();
+            let cmp = compare(&got[r0 * n..r1 * n], &dense, 0.0, 0.0);
+            assert!(cmp.passed(), "{ran} expert {ex}: grouped vs gemm_w4a16: {cmp}");
+        }
+    }
+    let counts = [0, 1, 17, 130, 0, 5, 40, 3];
+    let configs: Vec<Config> = Config::ALL.iter().copied().filter(|c| c.is_built_grouped_w4a16(OutType::Bf16)).collect();
+    if configs.is_empty() {
+        return Err("no grouped W4A16 kernel in this build".into());
+    }
+    for &c in &configs {
+        one::<bf16, bf16>(&g, &split1, &counts, 256, 1024, Some(c), 0x6A1);
+        one::<f16, f32>(&g, &split1, &counts, 128, 512, Some(c), 0x6A2);
+        one::<bf16, f16>(&g, &split1, &counts, 384, 256, Some(c), 0x6A3);
+    }
+    one::<bf16, bf16>(&g, &split1, &counts, 256, 2048, None, 0x6A4);
+    one::<bf16, bf16>(&g, &split1, &[2, 0, 300, 7], 256, 2048, None, 0x6A5);
     Ok(())
 }

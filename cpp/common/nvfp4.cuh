@@ -89,12 +89,12 @@ __device__ __forceinline__ uint4 decode8(uint32_t w, uint32_t scale2) {
   return r;
 }
 
-// Two scales (e4m3 bytes, the low two of sf2) as BF16 sf * 2^54: the scale operand of
-// decode8_bf16. Through FP32: FP16 and FP32 hold every e4m3 value and the power of two exactly.
-__device__ __forceinline__ uint32_t decode8_bf16_scales(uint32_t sf2) {
-  const uint32_t h = e4m3x2_to_f16x2(sf2);
-  const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&h));
-  const __nv_bfloat162 r = __floats2bfloat162_rn(f.x * 0x1p54f, f.y * 0x1p54f);
+// One scale (the e4m3 byte in the low byte of sf) as BF16 sf * 2^54 in both halves: the scale
+// operand of decode8_bf16. Through FP32: FP16 and FP32 hold every e4m3 value and the power of
+// two exactly (NaN stays NaN).
+__device__ __forceinline__ uint32_t decode8_bf16_scale(uint32_t sf) {
+  const float f = __half2float(__ushort_as_half(uint16_t(e4m3x2_to_f16x2(sf) & 0xFFFFu))) * 0x1p54f;
+  const __nv_bfloat162 r = __float2bfloat162_rn(f);
   return *reinterpret_cast<const uint32_t*>(&r);
 }
 
@@ -106,8 +106,8 @@ __device__ __forceinline__ uint32_t hmul2_bf16(uint32_t a, uint32_t b) {
   return *reinterpret_cast<const uint32_t*>(&r);
 }
 
-// decode8 in BF16: the same 8 values in the same order, value * sf exactly. scale2: one scale of
-// decode8_bf16_scales in both halves.
+// decode8 in BF16: the same 8 values in the same order, value * sf exactly. scale2:
+// decode8_bf16_scale's.
 __device__ __forceinline__ uint4 decode8_bf16(uint32_t w, uint32_t scale2) {
   const uint32_t even = e2m1_lo_to_e4m3(w), odd = e2m1_lo_to_e4m3(w >> 4);
   uint4 r;

@@ -15,6 +15,9 @@
 #define BSG_W4A16_KERNEL(config, in, out, fn) bsg::KernelEntry fn();
 #include "w4a16_table.inc"
 #undef BSG_W4A16_KERNEL
+#define BSG_W4A16_GROUPED_KERNEL(config, in, out, fn) bsg::GroupedEntry fn();
+#include "w4a16_grouped_table.inc"
+#undef BSG_W4A16_GROUPED_KERNEL
 
 // CUTLASS's host reference (cpp/host/host_reference.cu).
 void bsg_host_gemm_fp4(int32_t m, int32_t n, int32_t k, int32_t l, const uint8_t* a, const uint8_t* sfa,
@@ -54,6 +57,13 @@ constexpr Row<KernelEntry> kW4a16Rows[] = {
     {~0u, ~0u, ~0u, nullptr},
 };
 
+constexpr Row<GroupedEntry> kW4a16GroupedRows[] = {
+#define BSG_W4A16_GROUPED_KERNEL(config, in, out, fn) {config, in, out, &fn},
+#include "w4a16_grouped_table.inc"
+#undef BSG_W4A16_GROUPED_KERNEL
+    {~0u, ~0u, ~0u, nullptr},
+};
+
 // The entry of (config, in, out) in a table ended by a null row; each table's entries are made
 // once.
 template <class Entry, size_t N>
@@ -71,6 +81,7 @@ const Entry* find_in(const Row<Entry> (&rows)[N], uint32_t config, uint32_t in, 
 const KernelEntry* find(uint32_t config, uint32_t out) { return find_in(kRows, config, 0, out); }
 const GroupedEntry* find_grouped(uint32_t config, uint32_t out) { return find_in(kGroupedRows, config, 0, out); }
 const KernelEntry* find_w4a16(uint32_t config, uint32_t in, uint32_t out) { return find_in(kW4a16Rows, config, in, out); }
+const GroupedEntry* find_w4a16_grouped(uint32_t config, uint32_t in, uint32_t out) { return find_in(kW4a16GroupedRows, config, in, out); }
 
 }  // namespace
 
@@ -98,6 +109,17 @@ KernelStatus launch_w4a16(uint32_t config, uint32_t in, uint32_t out, const Kern
 
 size_t workspace_size_w4a16(uint32_t config, uint32_t in, uint32_t out, const KernelArgs& args) {
   const KernelEntry* e = find_w4a16(config, in, out);
+  return e ? e->workspace_size(args) : 0;
+}
+
+KernelStatus launch_w4a16_grouped(uint32_t config, uint32_t in, uint32_t out, const GroupedArgs& args) {
+  const GroupedEntry* e = find_w4a16_grouped(config, in, out);
+  if (!e) return KernelStatus{BSG_STATUS_NOT_BUILT, 0, 0};
+  return e->run(args);
+}
+
+size_t workspace_size_w4a16_grouped(uint32_t config, uint32_t in, uint32_t out, const GroupedArgs& args) {
+  const GroupedEntry* e = find_w4a16_grouped(config, in, out);
   return e ? e->workspace_size(args) : 0;
 }
 

@@ -24,6 +24,8 @@ bool can_implement_grouped(uint32_t config, uint32_t out, const GroupedArgs& arg
 size_t workspace_size_grouped(uint32_t config, uint32_t out, const GroupedArgs& args);
 KernelStatus launch_w4a16(uint32_t config, uint32_t in, uint32_t out, const KernelArgs& args);
 size_t workspace_size_w4a16(uint32_t config, uint32_t in, uint32_t out, const KernelArgs& args);
+KernelStatus launch_w4a16_grouped(uint32_t config, uint32_t in, uint32_t out, const GroupedArgs& args);
+size_t workspace_size_w4a16_grouped(uint32_t config, uint32_t in, uint32_t out, const GroupedArgs& args);
 rust::String cutlass_status_name(int32_t code);
 rust::String cuda_error_name(int32_t code);
 

@@ -20,6 +20,9 @@ namespace bsg::sm90 {
 template <class T, class OutT>
 struct GroupedGemm {
   using Sched = GroupedTileScheduler<T>;
+  // W4A16: a is (T, K) 16-bit, sfa unused; the swapped tiles' pre-pass is the dense re-order over
+  // all T rows (no scales to place: rows no expert holds are re-ordered and never read).
+  static constexpr bool kDenseA = !T::Activation::kScaled;
   static constexpr auto kKernel = [] {
     if constexpr (T::kPreA) return &grouped_gemm_kernel<T, OutT>;
     else return &grouped_stream_kernel<T, OutT>;
@@ -53,8 +56,11 @@ struct GroupedGemm {
     const uint64_t bit = uint64_t(1) << (a.device_id & 63);
     if (!(configured.load() & bit)) {
       cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmem);
-      if (e == cudaSuccess && T::kPreA)
-        e = cudaFuncSetAttribute(predecode_a_grouped<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, kPreSmem);
+      if constexpr (T::kPreA && kDenseA) {
+        if (e == cudaSuccess) e = cudaFuncSetAttribute(reorder_a, cudaFuncAttributeMaxDynamicSharedMemorySize, kPreSmem);
+      } else if constexpr (T::kPreA) {
+        if (e == cudaSuccess) e = cudaFuncSetAttribute(predecode_a_grouped<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, kPreSmem);
+      }
       if (e != cudaSuccess) return {int32_t(cutlass::Status::kErrorInternal), int32_t(e), 0};
       configured.fetch_or(bit);
     }
@@ -62,8 +68,9 @@ struct GroupedGemm {
     const int64_t k_pad = TileScheduler<T>::k_pad(dense_view(a));
     CUtensorMap map_a, map_b;
     using G = Gemm<T, OutT>;
-    const bool mapped = T::kPreA ? G::encode(&map_a, pre, k_pad * 2, a.rows, 1, T::kBM, true)
-                                 : G::encode(&map_a, reinterpret_cast<const void*>(a.a), a.k / 2, a.rows, 1, T::kBM);
+    const bool mapped = T::kPreA  ? G::encode(&map_a, pre, k_pad * 2, a.rows, 1, T::kBM, true)
+                        : kDenseA ? G::encode(&map_a, reinterpret_cast<const void*>(a.a), int64_t(a.k) * 2, a.rows, 1, T::kBM, true)
+                                  : G::encode(&map_a, reinterpret_cast<const void*>(a.a), a.k / 2, a.rows, 1, T::kBM);
     if (!mapped || !G::encode(&map_b, reinterpret_cast<const void*>(a.b), a.k / 2, a.n, a.experts, T::kBN))
       return {int32_t(cutlass::Status::kErrorInternal), 0, 0};
     GroupedParams gp{};
@@ -77,11 +84,12 @@ struct GroupedGemm {
     gp.experts = a.experts;
     if constexpr (T::kPreA) {
       // As the dense pre-pass: programmatic, one CTA of kPreThreads per SM at most.
-      const int64_t items = int64_t(a.rows) * (k_pad / kBK) * 2;
+      const int64_t items = int64_t(a.rows) * (k_pad / kBK) * (kDenseA ? 1 : 2);
       const int64_t blocks = std::max<int64_t>(1, std::min<int64_t>((items + kPreThreads - 1) / kPreThreads, a.sm_count));
       const KernelLaunch pre_launch(dim3(unsigned(blocks)), kPreThreads, 1, kPreSmem, stream, true);
-      if (cudaError_t e = cudaLaunchKernelEx(&pre_launch.cfg, predecode_a_grouped<T>, gp, reinterpret_cast<uint4*>(pre)); e != cudaSuccess)
-        return {int32_t(cutlass::Status::kErrorInternal), int32_t(e), 0};
+      const cudaError_t e = kDenseA ? cudaLaunchKernelEx(&pre_launch.cfg, reorder_a, reinterpret_cast<const uint16_t*>(a.a), reinterpret_cast<uint4*>(pre), int(a.rows), int(a.k), 1)
+                                    : cudaLaunchKernelEx(&pre_launch.cfg, predecode_a_grouped<T>, gp, reinterpret_cast<uint4*>(pre));
+      if (e != cudaSuccess) return {int32_t(cutlass::Status::kErrorInternal), int32_t(e), 0};
     }
     // Stream tiles: one persistent CTA per SM (their shared memory holds one), fewer where even
     // the largest routing has fewer items. Swapped tiles: a CTA for every item any routing has.
@@ -95,6 +103,14 @@ struct GroupedGemm {
 };
 
 }  // namespace bsg::sm90
+
+// W4A16 (cpp/configs.def's BSG_W4A16 configs that BSG_GROUPED lists too): dense activations of
+// type act_type.
+#define BSG_SM90_GROUPED_W4A16_KERNEL(fn, tm, tn, out_type, schedule, act_type)                                         \
+  bsg::GroupedEntry fn() {                                                                                              \
+    return bsg::sm90::GroupedGemm<bsg::sm90::Tile<tm, tn, bsg::sm90::schedule, bsg::sm90::ActDense<act_type>>,            \
+                                  typename bsg::sm90::OutType<out_type>::type>::entry();                                \
+  }
 
 #define BSG_SM90_GROUPED_KERNEL(fn, tm, tn, out_type, schedule)                                                                       \
   bsg::GroupedEntry fn() {                                                                                                              \

@@ -38,8 +38,8 @@ __device__ __forceinline__ void decode_group(const uint8_t* box, const uint8_t* 
   const uint2 q = *reinterpret_cast<const uint2*>(box + sw128_group(r, sub, c));
   uint4 v0, v1;
   if constexpr (std::is_same_v<E, cute::bfloat16_t>) {
-    const uint32_t s = decode8_bf16_scales(sf_chunk[sf_in_chunk(sf_row, c)]), s2 = __byte_perm(s, s, 0x1010);
-    v0 = decode8_bf16(q.x, s2), v1 = decode8_bf16(q.y, s2);
+    const uint32_t s = decode8_bf16_scale(sf_chunk[sf_in_chunk(sf_row, c)]);
+    v0 = decode8_bf16(q.x, s), v1 = decode8_bf16(q.y, s);
   } else {
     const uint32_t sf = e4m3x2_to_f16x2(sf_chunk[sf_in_chunk(sf_row, c)]);
     v0 = decode8<true>(q.x, sf), v1 = decode8<true>(q.y, sf);

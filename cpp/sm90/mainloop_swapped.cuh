@@ -88,7 +88,7 @@ struct CollectiveMainloop<Tile<BM, BN, MainloopSwappedRegisterDecode, Act>> {
         const uint32_t sf = e4m3x2_to_f16x2(sf_byte);  // low half
         uint4 v0, v1;
         if constexpr (std::is_same_v<E, bfloat16_t>) {
-          const uint32_t sc = decode8_bf16_scales(sf_byte), s = __byte_perm(sc, sc, 0x1010);
+          const uint32_t s = decode8_bf16_scale(sf_byte);
           v0 = decode8_bf16(q.x, s);
           v1 = decode8_bf16(q.y, s);
         } else if constexpr (T::kWScaleLow) {

@@ -37,6 +37,12 @@ pub(crate) mod ffi {
         /// Every address in `args` must be valid for the problem on the stream's device.
         unsafe fn launch_w4a16(config: u32, input: u32, out: u32, args: &KernelArgs) -> KernelStatus;
         fn workspace_size_w4a16(config: u32, input: u32, out: u32, args: &KernelArgs) -> usize;
+        /// The grouped form: `args.a` holds T x K 16-bit activations, `args.sfa` is unused.
+        ///
+        /// # Safety
+        /// Every address in `args` must be valid for the problem on the stream's device.
+        unsafe fn launch_w4a16_grouped(config: u32, input: u32, out: u32, args: &GroupedArgs) -> KernelStatus;
+        fn workspace_size_w4a16_grouped(config: u32, input: u32, out: u32, args: &GroupedArgs) -> usize;
         /// Host-only queries (no device is touched): `can_implement` and the workspace bytes.
         fn can_implement(config: u32, out: u32, args: &KernelArgs) -> bool;
         fn workspace_size(config: u32, out: u32, args: &KernelArgs) -> usize;
