@@ -18,6 +18,11 @@ extra fields and nulls are fine.
   ours_graph_us, host_enqueue_us, loop_graph_us, bf16_grouped_graph_us, floor_us, exact), their
   table between `<!-- grouped-table:begin -->` and `<!-- grouped-table:end -->`, comparing
   ours_graph_us with the loop of gemm and with bf16 grouped GEMM; no plot.
+- --w4a16: the rows with op "w4a16" (m, n, k, input, config, ours_graph_us, host_enqueue_us,
+  cublas_bf16_graph_us, int4_tinygemm_graph_us, floor_us, exact), their table between
+  `<!-- w4a16-table:begin -->` and `<!-- w4a16-table:end -->`, comparing ours_graph_us with cuBLAS
+  bf16 and torch._weight_int4pack_mm, and the NVFP4 GEMM's graph time at the same shape where the
+  file has gemm rows; no plot.
 """
 import argparse
 import json
@@ -26,6 +31,7 @@ import sys
 
 BEGIN, END = "<!-- bench-table:begin -->", "<!-- bench-table:end -->"
 GBEGIN, GEND = "<!-- grouped-table:begin -->", "<!-- grouped-table:end -->"
+WBEGIN, WEND = "<!-- w4a16-table:begin -->", "<!-- w4a16-table:end -->"
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SERIES = [  # (field, legend, marker)
     ("ours_graph_us", "ours, CUDA graph", "o"),
@@ -52,6 +58,12 @@ def load(path, op="gemm"):
     if not rows:
         sys.exit(f"{path}: no {op} rows")
     return rows
+
+
+def _maybe_load(path, op):
+    """The rows with `op`, or none (load() exits where there are none)."""
+    with open(path) as f:
+        return [r for r in (json.loads(l) for l in f if l.strip()) if r.get("op", "gemm") == op]
 
 
 def shape(r):
@@ -173,15 +185,31 @@ def grouped_table(rows, source):
     return "\n".join(lines)
 
 
+def w4a16_table(rows, gemm_rows, source):
+    nvfp4 = {shape(r): num(r.get("ours_graph_us")) for r in gemm_rows}
+    for r in rows:
+        r["nvfp4_graph_us"] = nvfp4.get(shape(r))
+    head = ["M x N x K", "activations", "config", "ours graph us", "host enqueue us", "NVFP4 x NVFP4 graph us",
+            "cuBLAS bf16 graph us", "int4 tinygemm graph us", "floor us", "ours/floor", "exact"]
+    fields = ("ours_graph_us", "host_enqueue_us", "nvfp4_graph_us", "cublas_bf16_graph_us", "int4_tinygemm_graph_us", "floor_us")
+    lines = markdown(head, rows, lambda r: [shape(r), str(r.get("input") or "-"), f"`{r['config']}`" if r.get("config") else "-"]
+                     + [fmt(r.get(f)) for f in fields] + ratio_and_exact(r))
+    for field, name in [("cublas_bf16_graph_us", "cuBLAS bf16"), ("int4_tinygemm_graph_us", "torch._weight_int4pack_mm"), ("nvfp4_graph_us", "the NVFP4 x NVFP4 GEMM")]:
+        lines += ["", comparison(rows, field, name)]
+    lines += ["", f"Source: {source} ({joined(rows, 'gpu')}, commit {joined(rows, 'commit')})", ""]
+    return "\n".join(lines)
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("jsonl")
     p.add_argument("--png", help="write the plot here")
     p.add_argument("--readme", action="append", default=[], help="file with the bench-table markers (repeatable)")
     p.add_argument("--grouped", action="store_true", help="the grouped rows and their table")
+    p.add_argument("--w4a16", action="store_true", help="the W4A16 rows and their table")
     args = p.parse_args()
-    begin, end = (GBEGIN, GEND) if args.grouped else (BEGIN, END)
-    rows = load(args.jsonl, "grouped" if args.grouped else "gemm")
+    begin, end = (GBEGIN, GEND) if args.grouped else (WBEGIN, WEND) if args.w4a16 else (BEGIN, END)
+    rows = load(args.jsonl, "grouped" if args.grouped else "w4a16" if args.w4a16 else "gemm")
 
     texts = {}
     for path in args.readme:
@@ -197,11 +225,14 @@ def main():
             sys.exit(2)
         texts[path] = (lines, b[0], e[0])
 
-    if args.png and not args.grouped:
+    if args.png and not args.grouped and not args.w4a16:
         plot(rows, args.png)
     src = os.path.abspath(args.jsonl)
     src = os.path.relpath(src, ROOT) if src.startswith(ROOT + os.sep) else args.jsonl
-    body = grouped_table(rows, src) if args.grouped else table(rows, src)
+    if args.w4a16:
+        body = w4a16_table(rows, _maybe_load(args.jsonl, "gemm"), src)
+    else:
+        body = grouped_table(rows, src) if args.grouped else table(rows, src)
     for path, (lines, b, e) in texts.items():
         new = "\n".join(lines[:b + 1] + [body] + lines[e:])
         if new != "\n".join(lines):

@@ -107,7 +107,7 @@ struct Gemm {
     if constexpr (T::kPreA) {
       // Programmatic launch, one CTA of kPreThreads per SM (the reserved shared memory keeps two
       // off one SM and off an SM a GEMM CTA holds).
-      const int64_t items = int64_t(a.l) * a.m * (Sched::k_pad(a) / kBK) * (kDenseA ? 1 : 2);
+      const int64_t items = int64_t(a.l) * a.m * (Sched::k_pad(a) / kBK) * (kDenseA ? 8 : 2);
       const int64_t blocks = std::max<int64_t>(1, std::min<int64_t>((items + kPreThreads - 1) / kPreThreads, a.sm_count));
       const KernelLaunch pre_launch(dim3(unsigned(blocks)), kPreThreads, 1, kPreSmem, stream, true);
       const cudaError_t e = kDenseA ? cudaLaunchKernelEx(&pre_launch.cfg, reorder_a, reinterpret_cast<const uint16_t*>(a.a), reinterpret_cast<uint4*>(pre),

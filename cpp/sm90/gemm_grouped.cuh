@@ -84,7 +84,7 @@ struct GroupedGemm {
     gp.experts = a.experts;
     if constexpr (T::kPreA) {
       // As the dense pre-pass: programmatic, one CTA of kPreThreads per SM at most.
-      const int64_t items = int64_t(a.rows) * (k_pad / kBK) * (kDenseA ? 1 : 2);
+      const int64_t items = int64_t(a.rows) * (k_pad / kBK) * (kDenseA ? 8 : 2);
       const int64_t blocks = std::max<int64_t>(1, std::min<int64_t>((items + kPreThreads - 1) / kPreThreads, a.sm_count));
       const KernelLaunch pre_launch(dim3(unsigned(blocks)), kPreThreads, 1, kPreSmem, stream, true);
       const cudaError_t e = kDenseA ? cudaLaunchKernelEx(&pre_launch.cfg, reorder_a, reinterpret_cast<const uint16_t*>(a.a), reinterpret_cast<uint4*>(pre), int(a.rows), int(a.k), 1)

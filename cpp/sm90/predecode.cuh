@@ -79,38 +79,33 @@ static __global__ void __launch_bounds__(kPreThreads) predecode_a(const uint8_t*
 // W4A16: dense 16-bit activations (L, M, K) re-ordered, not decoded, into the same layout: chunk
 // (st, hh) of a 64-K block holds, for each group c, the values 16c + 4st + hh and
 // 16c + 4st + hh + 2 (act_chunks's order, which the weights' decode8 order matches); K past the end
-// is 0. Word i of a 64-K block holds values (2i, 2i + 1).
-__device__ __forceinline__ void reorder_item(const uint16_t* a, uint4* out, int64_t rowb, int kb, int k, int kb_n) {
+// is 0. One thread per output chunk o = 2 st + hh, so eight threads write a block's 128 bytes side
+// by side. Input word i of a block holds values (2i, 2i + 1): group c's pair for step st is words
+// 8c + 2st and 8c + 2st + 1, i.e. 16-byte chunk 2c + st / 2 at words 2 (st % 2) and 2 (st % 2) + 1.
+__device__ __forceinline__ void reorder_chunk(const uint16_t* a, uint4* out, int64_t rowb, int kb, int o, int k, int kb_n) {
   const bool whole = kb * 64 + 64 <= k;  // else 32 K (K % 32 == 0): groups 2 and 3 are past K
   const uint4* src = reinterpret_cast<const uint4*>(a + rowb * k + kb * 64);
-  uint32_t q[32];
+  const int st = o / 2;
+  const uint32_t sel = o % 2 ? 0x7632 : 0x5410;
+  uint32_t w[4];
   CUTE_UNROLL
-  for (int j = 0; j < 8; ++j) {
-    const uint4 v = j < 4 || whole ? src[j] : make_uint4(0, 0, 0, 0);
-    q[4 * j] = v.x, q[4 * j + 1] = v.y, q[4 * j + 2] = v.z, q[4 * j + 3] = v.w;
+  for (int c = 0; c < 4; ++c) {
+    const uint4 q = c < 2 || whole ? src[2 * c + st / 2] : make_uint4(0, 0, 0, 0);
+    w[c] = st % 2 ? __byte_perm(q.z, q.w, sel) : __byte_perm(q.x, q.y, sel);
   }
-  uint4* dst = out + (rowb * kb_n + kb) * 8;
-  CUTE_UNROLL
-  for (int st = 0; st < 4; ++st) {
-    CUTE_UNROLL
-    for (int hh = 0; hh < 2; ++hh) {
-      const uint32_t sel = hh ? 0x7632 : 0x5410;
-      uint32_t c4[4];
-      CUTE_UNROLL
-      for (int c = 0; c < 4; ++c) c4[c] = __byte_perm(q[8 * c + 2 * st], q[8 * c + 2 * st + 1], sel);
-      dst[2 * st + hh] = make_uint4(c4[0], c4[1], c4[2], c4[3]);
-    }
-  }
+  out[(rowb * kb_n + kb) * 8 + o] = make_uint4(w[0], w[1], w[2], w[3]);
 }
 
-// One work item per (batch, row, 64-K block), strided over the grid; launched like predecode_a.
+// One thread per (batch, row, 64-K block, output chunk), strided over the grid; launched like
+// predecode_a. (A thread per whole block, each reading and writing 128 bytes alone, ran at a
+// tenth of copy speed: bench/DESIGN.md §15.)
 static __global__ void __launch_bounds__(kPreThreads) reorder_a(const uint16_t* a, uint4* out, int m, int k, int l) {
   griddep_wait();
   griddep_launch_dependents();
   const int kb_n = (k + 63) / 64;
-  const int64_t items = int64_t(l) * m * kb_n;
+  const int64_t items = int64_t(l) * m * kb_n * 8;
   for (int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; idx < items; idx += int64_t(gridDim.x) * blockDim.x)
-    reorder_item(a, out, idx / kb_n, int(idx % kb_n), k, kb_n);
+    reorder_chunk(a, out, idx / 8 / kb_n, int((idx / 8) % kb_n), int(idx % 8), k, kb_n);
 }
 
 }  // namespace bsg::sm90

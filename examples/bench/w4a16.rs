@@ -1,5 +1,6 @@
-//! The W4A16 rows of the bench (`op` "w4a16"): bf16 activations (N(0, 1)) times NVFP4 weights
-//! (contest data), bf16 output, at every GEMM shape of the run. Buffer sets rotated over more
+//! The W4A16 rows of the bench (`op` "w4a16"): bf16 or f16 activations (`--w4a16-input`;
+//! N(0, 1)) times NVFP4 weights (contest data), output of the activations' type, at every GEMM
+//! shape of the run. Buffer sets rotated over more
 //! than twice the L2; timed as `gemm` is (`ours_b2b_us` and `host_enqueue_us` back to back,
 //! `ours_graph_us` from a CUDA graph). `exact`: sampled rows of every timing pass the verdict
 //! against the exact W4A16 reference (`compare::verify_w4a16`) with no element outside the
@@ -10,9 +11,8 @@
 use std::sync::Arc;
 
 use blockscaled_gemm::compare::verify_w4a16;
-use blockscaled_gemm::{BlockScaledGemm, Config, Nvfp4Matrix, Nvfp4Tensor, OutType, Problem, SplitMix64};
+use blockscaled_gemm::{Activation16, BlockScaledGemm, Config, Nvfp4Matrix, Nvfp4Tensor, Problem, SplitMix64};
 use cudarc::driver::{CudaSlice, CudaStream};
-use half::bf16;
 
 use crate::{poison, time_back_to_back, time_graph, Cli};
 
@@ -26,14 +26,14 @@ pub struct W4a16Result {
     pub exact: bool,
 }
 
-pub fn bench_shape(cli: &Cli, gemm: &BlockScaledGemm, stream: &Arc<CudaStream>, l2: usize, copy_gbps: f64, (m, n, k): (usize, usize, usize)) -> Result<W4a16Result, Box<dyn std::error::Error>> {
+pub fn bench_shape<TA: Activation16>(cli: &Cli, gemm: &BlockScaledGemm, stream: &Arc<CudaStream>, l2: usize, copy_gbps: f64, (m, n, k): (usize, usize, usize)) -> Result<W4a16Result, Box<dyn std::error::Error>> {
     let mut rng = SplitMix64::new(3);
-    let x: Vec<bf16> = (0..m * k).map(|_| bf16::from_f64(rng.normal())).collect();
+    let x: Vec<TA> = (0..m * k).map(|_| TA::from_f64(rng.normal())).collect();
     let w = Nvfp4Matrix::random_contest(n, k, 1, 2)?;
     let p = Problem::new(m, n, k);
     let config = match &cli.config {
         Some(c) => Config::from_name(c).ok_or("unknown --config")?,
-        None => gemm.select_w4a16_config(&p, OutType::Bf16)?,
+        None => gemm.select_w4a16_config(&p, TA::OUT)?,
     };
     let split = cli.split_k.unwrap_or_else(|| blockscaled_gemm::config_split_k(config, &p, gemm.device().sm_count, &gemm.device().max_clusters));
     let set_bytes = 2 * m * k + p.b_bytes() + p.sfb_bytes();
@@ -42,16 +42,16 @@ pub fn bench_shape(cli: &Cli, gemm: &BlockScaledGemm, stream: &Arc<CudaStream>, 
     for _ in 0..n_sets {
         sets.push((stream.clone_htod(&x)?, Nvfp4Tensor::upload(&w, stream)?));
     }
-    let mut d: CudaSlice<bf16> = stream.alloc_zeros(m * n)?;
-    gemm.reserve_workspace(gemm.w4a16_workspace_size::<bf16>(&p, OutType::Bf16, Some(config))?)?;
-    let launch = |i: usize, d: &mut CudaSlice<bf16>| gemm.gemm_w4a16(&p, &sets[i % n_sets].0, &sets[i % n_sets].1, d, Some(config)).map(|_| ());
+    let mut d: CudaSlice<TA> = stream.alloc_zeros(m * n)?;
+    gemm.reserve_workspace(gemm.w4a16_workspace_size::<TA>(&p, TA::OUT, Some(config))?)?;
+    let launch = |i: usize, d: &mut CudaSlice<TA>| gemm.gemm_w4a16(&p, &sets[i % n_sets].0, &sets[i % n_sets].1, d, Some(config)).map(|_| ());
     // Sampled rows, judged against the exact reference of those rows.
     let rows: Vec<usize> = (0..m.min(16)).map(|i| i * (m - 1) / (m.min(16) - 1).max(1)).collect();
-    let x_rows: Vec<bf16> = rows.iter().flat_map(|&r| x[r * k..(r + 1) * k].iter().copied()).collect();
+    let x_rows: Vec<TA> = rows.iter().flat_map(|&r| x[r * k..(r + 1) * k].iter().copied()).collect();
     let pr = Problem::new(rows.len(), n, k).scalars(w.global_scale().unwrap_or(1.0), 0.0);
-    let check = |d: &CudaSlice<bf16>| -> Result<bool, Box<dyn std::error::Error>> {
+    let check = |d: &CudaSlice<TA>| -> Result<bool, Box<dyn std::error::Error>> {
         let got = stream.clone_dtoh(d)?;
-        let picked: Vec<bf16> = rows.iter().flat_map(|&r| got[r * n..(r + 1) * n].iter().copied()).collect();
+        let picked: Vec<TA> = rows.iter().flat_map(|&r| got[r * n..(r + 1) * n].iter().copied()).collect();
         let v = verify_w4a16(&pr, &x_rows, w.data(), w.scales(), None, &picked)?;
         if !v.passed() {
             eprintln!("w4a16 {m}x{n}x{k}: verification failed: {v}");
@@ -61,8 +61,8 @@ pub fn bench_shape(cli: &Cli, gemm: &BlockScaledGemm, stream: &Arc<CudaStream>, 
     for i in 0..10 {
         launch(i, &mut d)?;
     }
-    let as_bytes = |d: &mut CudaSlice<bf16>| -> Result<(), cudarc::driver::DriverError> {
-        // SAFETY: 0xFF bytes are a bf16 NaN; the view covers the buffer.
+    let as_bytes = |d: &mut CudaSlice<TA>| -> Result<(), cudarc::driver::DriverError> {
+        // SAFETY: 0xFF bytes are a NaN of either type; the view covers the buffer.
         poison(stream, &mut unsafe { d.transmute_mut::<u8>(2 * m * n) }.expect("2 bytes each"))
     };
     as_bytes(&mut d)?;
