@@ -106,9 +106,9 @@ impl Quantizer {
     /// `scales` in the grouped GEMM's layout ([`crate::grouped::moe_sfa_bytes`] bytes: each
     /// expert's rows from a multiple of 128, the rest of its 128-row blocks zeroed), with the
     /// given global scale: the A operand of `moe_gemm`. Bit for bit the CPU quantizer of the whole
-    /// (1, T, K) tensor, its scales placed by [`crate::grouped::moe_scales`], over the experts'
-    /// blocks; the buffer's rows past them (room for other routings, never read) and the codes
-    /// of rows no expert holds (invalid offsets) are left as they were. One launch, no
+    /// (1, T, K) tensor, its scales placed by [`crate::grouped::moe_scales`]: the whole scale
+    /// buffer is written (zeroed in stream order, then the experts' rows), the codes of rows no
+    /// expert holds (invalid offsets) are left as they were. A memset and one launch, no
     /// allocation, no host synchronisation: capturable.
     pub fn quantize_moe_into<T, X, O, C, S>(&self, x: &X, (rows, k): (usize, usize), offsets: &O, global_scale: f32, codes: &mut C, scales: &mut S) -> Result<()>
     where
@@ -120,8 +120,10 @@ impl Quantizer {
             return Err(Error::Dimension { dim: "experts (offsets.len() - 1)", value: experts, max: MAX_EXPERTS });
         }
         self.check_input(x, (1, rows, k))?;
-        if moe_sfa_rows(rows, experts) > 65535 * 128 {
-            return Err(Error::Dimension { dim: "T + 127 * experts", value: rows + 127 * experts, max: 65535 * 128 });
+        // The kernel's shared table counts the padded scale rows in 32-bit signed integers (T
+        // itself is bounded by the grid: check_input).
+        if moe_sfa_rows(rows, experts) > i32::MAX as usize {
+            return Err(Error::Dimension { dim: "T + 127 * experts", value: rows + 127 * experts, max: i32::MAX as usize });
         }
         check_len("codes", codes.len(), rows * k / 2, "T * K / 2 packed bytes")?;
         check_len("scales", scales.len(), moe_sfa_bytes(rows, k, experts), "floor((T + 127 E) / 128) * 128 * ceil(K/64)*4 scale bytes (each expert padded to 128 rows)")?;

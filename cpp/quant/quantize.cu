@@ -53,6 +53,15 @@ bsg::KernelStatus run(const bsg::QuantizeArgs& a) {
   using bsg::quant::DenseScales, bsg::quant::MoeScales, bsg::quant::quantize_kernel;
   const void* kernel = moe ? (narrow ? reinterpret_cast<const void*>(&quantize_kernel<T, 1, MoeScales>) : reinterpret_cast<const void*>(&quantize_kernel<T, 4, MoeScales>))
                            : (narrow ? reinterpret_cast<const void*>(&quantize_kernel<T, 1, DenseScales>) : reinterpret_cast<const void*>(&quantize_kernel<T, 4, DenseScales>));
+  if (moe) {
+    // The whole MoE scale buffer (room for any routing) zeroed in stream order: the padding of
+    // each expert's blocks and the rows past them; the kernel writes the experts' rows.
+    const size_t rows = size_t(int64_t(a.m) + 127 * int64_t(a.experts)) / 128 * 128;
+    if (cudaError_t e = cudaMemsetAsync(scales, 0, rows * size_t(bsg::sf_cols_padded(a.k)), stream)) {
+      st.cuda_error = e;
+      return st;
+    }
+  }
   st.cuda_error = cudaLaunchKernel(kernel, grid, dim3(bsg::quant::kRows), args, 0, stream);
   return st;
 }

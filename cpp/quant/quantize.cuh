@@ -97,9 +97,9 @@ __global__ void amax_kernel(const T* x, int64_t n, uint32_t* amax_bits) {
 
 // Scale layouts the quantizer writes: the dense tiled layout of (L, M, K/16), scale row = input
 // row; or the grouped GEMM's layout of a mixture-of-experts layer's stacked rows (L = 1): row r
-// of expert e at scale row sf_row[e] + r - row[e] (common/moe_rows.cuh), and the thread of an
-// expert's last row also zeroes the rest of the expert's 128-row blocks (scale rows past every
-// expert's blocks are not written: no kernel reads them).
+// of expert e at scale row sf_row[e] + r - row[e] (common/moe_rows.cuh), into a buffer the host
+// zeroed first (its padding rows are scattered single bytes in the tiled layout: zeroed here,
+// one thread per expert, they took most of the time at decode sizes).
 struct DenseScales {};
 struct MoeScales {};
 
@@ -117,16 +117,14 @@ __global__ void __launch_bounds__(kRows) quantize_kernel(const T* x, uint8_t* co
   static_assert(kCols == 1 || kCols == 4, "one scale byte or one 32-bit word of them per thread");
   const int r = blockIdx.y * kRows + threadIdx.x, cg = blockIdx.x, l = blockIdx.z;
   constexpr bool kMoe = std::is_same_v<Layout, MoeScales>;
-  // The input row this thread quantizes (-1: none) and the scale row its scales go to; MoE: the
-  // end of its expert's scale blocks where it is the expert's last row (else -1).
-  int row = r < m ? r : -1, srow = r, pad_end = -1;
+  // The input row this thread quantizes (-1: none) and the scale row its scales go to.
+  int row = r < m ? r : -1, srow = r;
   if constexpr (kMoe) {
     __shared__ MoeRows table;
     table.prepare(offsets, experts, m, threadIdx.x);
     const int e = row < 0 ? -1 : table.expert_of_row(experts, row);
     if (e < 0) return;
     srow = table.sf_row[e] + row - table.row[e];
-    if (row == table.row[e + 1] - 1) pad_end = table.sf_row[e] + table.padded(e);
   }
   const int64_t sp = sf_cols_padded(k);
   const int cols = k / 16;
@@ -170,7 +168,6 @@ __global__ void __launch_bounds__(kRows) quantize_kernel(const T* x, uint8_t* co
     else *sf = uint8_t(v);
   };
   store(srow, sfs);
-  for (int sr = srow + 1; sr < pad_end; ++sr) store(sr, 0);
 }
 
 }  // namespace bsg::quant

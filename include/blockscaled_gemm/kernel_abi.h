@@ -93,8 +93,9 @@ enum class InKind : int32_t { F32 = 0, F16 = 1, Bf16 = 2 };
 // else the 4 bytes there receive the amax and the global scale is derived from it on the device.
 // offsets non-zero (L = 1): the stacked activations of a mixture-of-experts layer, `experts`
 // + 1 int32 expert offsets on the device; the scales go to the grouped GEMM's layout (each
-// expert's rows from a multiple of 128, GroupedArgs::sfa), each expert's blocks' padding
-// zeroed; rows no expert holds and scale rows past the experts' blocks are not written.
+// expert's rows from a multiple of 128, GroupedArgs::sfa): the whole buffer (floor((m + 127
+// experts) / 128) * 128 scale rows) is zeroed first, then the experts' rows written; codes of
+// rows no expert holds are not written.
 struct QuantizeArgs {
   int32_t m, k, l;
   InKind input;
