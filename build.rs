@@ -359,25 +359,18 @@ fn parse_table(text: &str, out_names: &[String]) -> (Vec<Config>, Vec<Output>) {
             c.schedule = tag.clone();
         }
     }
-    for (outs, names) in &grouped {
-        for name in names {
-            let c = configs.iter_mut().find(|c| &c.name == name).unwrap_or_else(|| panic!("configs.def: BSG_GROUPED names unknown config {name}"));
-            assert!(c.arch == 90 && (c.schedule.starts_with("MainloopStream") || c.schedule == "MainloopSwappedRegisterDecode"), "configs.def: BSG_GROUPED lists {name}, not an SM90 stream or swapped config");
-            for o in outs {
-                assert!(["F16", "Bf16", "F32"].contains(&o.as_str()), "configs.def: BSG_GROUPED output {o}: f16, bf16 or f32");
-                assert!(!c.grouped.contains(o), "configs.def: {name} has grouped {o} twice");
-                c.grouped.push(o.clone());
-            }
-        }
-    }
-    for (outs, names) in &w4a16 {
-        for name in names {
-            let c = configs.iter_mut().find(|c| &c.name == name).unwrap_or_else(|| panic!("configs.def: BSG_W4A16 names unknown config {name}"));
-            assert!(c.arch == 90 && (c.schedule.starts_with("MainloopStream") || c.schedule == "MainloopSwappedRegisterDecode"), "configs.def: BSG_W4A16 lists {name}, not an SM90 stream or swapped config");
-            for o in outs {
-                assert!(["F16", "Bf16", "F32"].contains(&o.as_str()), "configs.def: BSG_W4A16 output {o}: f16, bf16 or f32");
-                assert!(!c.w4a16.contains(o), "configs.def: {name} has W4A16 {o} twice");
-                c.w4a16.push(o.clone());
+    // BSG_GROUPED and BSG_W4A16: outputs of extra kernels on SM90 stream or swapped configs.
+    for (line, lists, field) in [("BSG_GROUPED", &grouped, 0), ("BSG_W4A16", &w4a16, 1)] {
+        for (outs, names) in lists {
+            for name in names {
+                let c = configs.iter_mut().find(|c| &c.name == name).unwrap_or_else(|| panic!("configs.def: {line} names unknown config {name}"));
+                assert!(c.arch == 90 && (c.schedule.starts_with("MainloopStream") || c.schedule == "MainloopSwappedRegisterDecode"), "configs.def: {line} lists {name}, not an SM90 stream or swapped config");
+                let list = if field == 0 { &mut c.grouped } else { &mut c.w4a16 };
+                for o in outs {
+                    assert!(["F16", "Bf16", "F32"].contains(&o.as_str()), "configs.def: {line} output {o}: f16, bf16 or f32");
+                    assert!(!list.contains(o), "configs.def: {line} gives {name} output {o} twice");
+                    list.push(o.clone());
+                }
             }
         }
     }

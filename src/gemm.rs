@@ -104,6 +104,14 @@ pub fn plan(p: &Problem, out: OutType, lens: &BufferLens, device: &DeviceFacts, 
         (Some(_), None) => check_len("SFD", 0, p.sfd_bytes(), "FP4 output needs its scale-factor buffer")?,
         _ => {}
     }
+    choose_config(p, out, device, forced, SUPPORTED, built)
+}
+
+/// The config a dense call runs once its problem and buffers are checked: `forced` checked against
+/// the device's architecture, else the rule's ([`dispatch::select`]) among the configs `built`
+/// allows (`supported` names the devices in the error where none runs here); then that `built`
+/// holds it for `out`.
+pub(crate) fn choose_config(p: &Problem, out: OutType, device: &DeviceFacts, forced: Option<Config>, supported: &'static str, built: impl Fn(Config, OutType) -> bool) -> Result<Config> {
     let (major, minor) = device.compute_capability;
     let config = match forced {
         Some(c) => {
@@ -113,7 +121,7 @@ pub fn plan(p: &Problem, out: OutType, lens: &BufferLens, device: &DeviceFacts, 
             c
         }
         None => {
-            let unsupported = || Error::UnsupportedDevice { ordinal: device.ordinal, major, minor, supported: SUPPORTED };
+            let unsupported = || Error::UnsupportedDevice { ordinal: device.ordinal, major, minor, supported };
             let arch = device.arch().ok_or_else(unsupported)?;
             dispatch::select(arch, p, device.sm_count, &device.max_clusters, |c| built(c, out)).ok_or_else(unsupported)?
         }

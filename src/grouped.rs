@@ -146,6 +146,21 @@ impl<V, S> MoeActivations<V, S> {
     }
 }
 
+/// The lengths both grouped GEMMs check besides A's: B and its scales, the offsets, the expert
+/// scales and D.
+pub(crate) fn check_moe_lens<VB: DevicePtr<TV>, SB: DevicePtr<TS>, TV, TS>(p: &MoeProblem, b: &Nvfp4Tensor<VB, SB>, offsets: usize, expert_scales: usize, d: usize) -> Result<()> {
+    for (name, got, want, rule) in [
+        ("B", b.values().len(), p.b_bytes(), "E * N * K / 2 packed bytes"),
+        ("SFB", b.scales().len(), p.sfb_bytes(), "E * ceil(N/128)*128 * ceil(K/64)*4 tiled scale bytes"),
+        ("offsets", offsets, p.experts + 1, "E + 1 expert offsets"),
+        ("expert_scales", expert_scales, p.experts, "one per expert"),
+        ("D", d, p.d_elems(), "T * N elements"),
+    ] {
+        check_len(name, got, want, rule)?;
+    }
+    Ok(())
+}
+
 /// The launch arguments' sizes of a validated problem.
 pub(crate) fn grouped_args(p: &MoeProblem) -> sys::GroupedArgs {
     sys::GroupedArgs { rows: p.rows as i32, n: p.n as i32, k: p.k as i32, experts: p.experts as i32, ..Default::default() }
@@ -350,17 +365,9 @@ impl BlockScaledGemm {
         if b.shape() != (p.experts, p.n, p.k) {
             return Err(Error::OperandShape { name: "B", got: b.shape(), want: (p.experts, p.n, p.k) });
         }
-        for (name, got, want, rule) in [
-            ("A", a.values.len(), p.a_bytes(), "T * K / 2 packed bytes"),
-            ("SFA", a.scales.len(), p.sfa_bytes(), "floor((T + 127 E) / 128) * 128 * ceil(K/64)*4 scale bytes (each expert padded to 128 rows)"),
-            ("B", b.values().len(), p.b_bytes(), "E * N * K / 2 packed bytes"),
-            ("SFB", b.scales().len(), p.sfb_bytes(), "E * ceil(N/128)*128 * ceil(K/64)*4 tiled scale bytes"),
-            ("offsets", offsets.len(), p.experts + 1, "E + 1 expert offsets"),
-            ("expert_scales", expert_scales.len(), p.experts, "one per expert"),
-            ("D", d.len(), p.d_elems(), "T * N elements"),
-        ] {
-            check_len(name, got, want, rule)?;
-        }
+        check_len("A", a.values.len(), p.a_bytes(), "T * K / 2 packed bytes")?;
+        check_len("SFA", a.scales.len(), p.sfa_bytes(), "floor((T + 127 E) / 128) * 128 * ceil(K/64)*4 scale bytes (each expert padded to 128 rows)")?;
+        check_moe_lens(p, b, offsets.len(), expert_scales.len(), d.len())?;
         let dev = self.device();
         let config = self.grouped_config(p, out, config, |c, o| c.is_built_grouped(o))?;
         check_devices(dev.ordinal, [

@@ -112,6 +112,10 @@
 //! - [`formats`], [`layout`], [`Nvfp4Matrix`]: NVFP4 values, the 128x4 tiled scale layout, host
 //!   tensors, generators and the ModelOpt-style quantizer; [`Quantizer`] the same quantizer on
 //!   the GPU, bit for bit.
+//! - [`w4a16`]: bf16 or f16 activations as they are times NVFP4 weights
+//!   ([`BlockScaledGemm::gemm_w4a16`], [`BlockScaledGemm::moe_gemm_w4a16`]; Hopper), exact as the
+//!   NVFP4 GEMM, with its exact reference; [`grouped`]: the mixture-of-experts GEMM;
+//!   [`checkpoint`]: NVFP4 checkpoints (ModelOpt, compressed-tensors) as operands.
 //! - `candle` (feature `candle`, off by default): `Nvfp4Linear`, an NVFP4 linear layer on candle's
 //!   CUDA tensors.
 //!

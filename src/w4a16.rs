@@ -6,11 +6,11 @@
 
 use cudarc::driver::{DevicePtr, DevicePtrMut};
 
-use crate::dispatch::{self, Config};
+use crate::dispatch::Config;
 use crate::error::{Error, Result};
 use crate::formats::{OutputElement, PackedFp4, ScaleByte};
-use crate::gemm::{check_devices, BlockScaledGemm, DeviceFacts, Table};
-use crate::grouped::{grouped_args, MoeProblem};
+use crate::gemm::{check_devices, choose_config, BlockScaledGemm, DeviceFacts, Table};
+use crate::grouped::{check_moe_lens, grouped_args, MoeProblem};
 use crate::problem::{check_len, folded_alpha, product, OutType, Problem};
 use crate::quantize::QuantInput;
 use crate::sys::{self, KernelArgs};
@@ -63,24 +63,7 @@ pub fn plan_w4a16(p: &Problem, out: OutType, lens: &W4a16Lens, device: &DeviceFa
         check_len("C", c, p.cd_elems(), "L * M * N elements, like D")?;
     }
     check_len("D", lens.d, p.cd_elems(), "L * M * N elements")?;
-    let (major, minor) = device.compute_capability;
-    let config = match forced {
-        Some(c) => {
-            if c.compute_capability() != device.compute_capability {
-                return Err(Error::ArchMismatch { config: c, need: c.arch_label(), ordinal: device.ordinal, major, minor });
-            }
-            c
-        }
-        None => {
-            let unsupported = || Error::UnsupportedDevice { ordinal: device.ordinal, major, minor, supported: SUPPORTED_W4A16 };
-            let arch = device.arch().ok_or_else(unsupported)?;
-            dispatch::select(arch, p, device.sm_count, &device.max_clusters, |c| built(c, out)).ok_or_else(unsupported)?
-        }
-    };
-    if !built(config, out) {
-        return Err(Error::NotBuilt { config, out });
-    }
-    Ok(config)
+    choose_config(p, out, device, forced, SUPPORTED_W4A16, built)
 }
 
 impl BlockScaledGemm {
@@ -186,16 +169,8 @@ impl BlockScaledGemm {
         if b.shape() != (p.experts, p.n, p.k) {
             return Err(Error::OperandShape { name: "B", got: b.shape(), want: (p.experts, p.n, p.k) });
         }
-        for (name, got, want, rule) in [
-            ("A", a.len(), p.rows * p.k, "T * K activations"),
-            ("B", b.values().len(), p.b_bytes(), "E * N * K / 2 packed bytes"),
-            ("SFB", b.scales().len(), p.sfb_bytes(), "E * ceil(N/128)*128 * ceil(K/64)*4 tiled scale bytes"),
-            ("offsets", offsets.len(), p.experts + 1, "E + 1 expert offsets"),
-            ("expert_scales", expert_scales.len(), p.experts, "one per expert"),
-            ("D", d.len(), p.d_elems(), "T * N elements"),
-        ] {
-            check_len(name, got, want, rule)?;
-        }
+        check_len("A", a.len(), p.rows * p.k, "T * K activations")?;
+        check_moe_lens(p, b, offsets.len(), expert_scales.len(), d.len())?;
         let config = self.grouped_config(p, out, config, |c, o| c.is_built_grouped_w4a16(o))?;
         check_devices(self.device().ordinal, [
             ("A", a.stream()), ("B", b.values().stream()), ("SFB", b.scales().stream()),
