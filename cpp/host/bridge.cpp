@@ -64,24 +64,33 @@ constexpr Row<GroupedEntry> kW4a16GroupedRows[] = {
     {~0u, ~0u, ~0u, nullptr},
 };
 
-// The entry of (config, in, out) in a table ended by a null row; each table's entries are made
-// once.
-template <class Entry, size_t N>
-const Entry* find_in(const Row<Entry> (&rows)[N], uint32_t config, uint32_t in, uint32_t out) {
-  static const auto entries = [&rows] {
+// The entries of a table ended by a null row, made once per table: the template argument is the
+// table itself, so two tables of one type and length never share a cache.
+template <const auto& kTable>
+const auto& entries_of() {
+  using Entry = decltype(kTable[0].entry());
+  constexpr size_t N = sizeof(kTable) / sizeof(kTable[0]);
+  static const auto made = [] {
     struct Cache { Entry e[N]; } c{};
-    for (size_t i = 0; rows[i].entry; ++i) c.e[i] = rows[i].entry();
+    for (size_t i = 0; kTable[i].entry; ++i) c.e[i] = kTable[i].entry();
     return c;
   }();
-  for (size_t i = 0; rows[i].entry; ++i)
-    if (rows[i].config == config && rows[i].in == in && rows[i].out == out) return &entries.e[i];
-  return nullptr;
+  return made.e;
 }
 
-const KernelEntry* find(uint32_t config, uint32_t out) { return find_in(kRows, config, 0, out); }
-const GroupedEntry* find_grouped(uint32_t config, uint32_t out) { return find_in(kGroupedRows, config, 0, out); }
-const KernelEntry* find_w4a16(uint32_t config, uint32_t in, uint32_t out) { return find_in(kW4a16Rows, config, in, out); }
-const GroupedEntry* find_w4a16_grouped(uint32_t config, uint32_t in, uint32_t out) { return find_in(kW4a16GroupedRows, config, in, out); }
+// The entry of (config, in, out) in kTable, or null.
+template <const auto& kTable>
+const auto* find_in(uint32_t config, uint32_t in, uint32_t out) {
+  const auto& entries = entries_of<kTable>();
+  for (size_t i = 0; kTable[i].entry; ++i)
+    if (kTable[i].config == config && kTable[i].in == in && kTable[i].out == out) return &entries[i];
+  return static_cast<decltype(&entries[0])>(nullptr);
+}
+
+const KernelEntry* find(uint32_t config, uint32_t out) { return find_in<kRows>(config, 0, out); }
+const GroupedEntry* find_grouped(uint32_t config, uint32_t out) { return find_in<kGroupedRows>(config, 0, out); }
+const KernelEntry* find_w4a16(uint32_t config, uint32_t in, uint32_t out) { return find_in<kW4a16Rows>(config, in, out); }
+const GroupedEntry* find_w4a16_grouped(uint32_t config, uint32_t in, uint32_t out) { return find_in<kW4a16GroupedRows>(config, in, out); }
 
 }  // namespace
 
