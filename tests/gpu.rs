@@ -60,6 +60,8 @@ fn main() {
         // Last: they turn cudarc's event tracking off for the buffers made after them.
         ("graph_capture_replays_with_new_data", graph_capture_replays_with_new_data),
         ("grouped_moe_captured_follows_device_routing", grouped_moe_captured_follows_device_routing),
+        // Last of all: it resets device 0's primary context.
+        ("gemms_run_after_a_context_reset", gemms_run_after_a_context_reset),
     ];
     let filter: Vec<String> = std::env::args().skip(1).filter(|a| !a.starts_with('-')).collect();
     let (mut passed, mut failed, mut skipped) = (0, 0, 0);
@@ -1345,6 +1347,10 @@ fn w4a16_every_config_and_output() -> Outcome {
             one::<bf16, bf16>(&g, m, 256, 2048, Some(c), 0.0, 0x4A20 + m as u64);
             one::<f16, f32>(&g, m, 256, 2048, Some(c), -1.5, 0x4A30 + m as u64);
         }
+        // K % 64 == 32 (a half k-tile at the end), K below one stage, N not a multiple of the tile.
+        one::<bf16, f16>(&g, 33, 200, 96, Some(c), 0.0, 0x4A50);
+        one::<f16, bf16>(&g, 5, 200, 2080, Some(c), -1.5, 0x4A51);
+        one::<bf16, f32>(&g, 130, 72, 32, Some(c), 0.0, 0x4A52);
     }
     // Typed errors, nothing written: an FP4-only config, and A one element short.
     let p = Problem::new(16, 256, 1024);
@@ -1430,5 +1436,39 @@ fn w4a16_grouped_moe_every_config() -> Outcome {
     }
     one::<bf16, bf16>(&g, &split1, &counts, 256, 2048, None, 0x6A4);
     one::<bf16, bf16>(&g, &split1, &[2, 0, 300, 7], 256, 2048, None, 0x6A5);
+    // K % 64 == 32 and N not a multiple of the tile.
+    for &c in &configs {
+        one::<f16, bf16>(&g, &split1, &counts, 200, 96, Some(c), 0x6A6);
+        one::<bf16, f32>(&g, &split1, &[70, 1], 72, 2080, Some(c), 0x6A7);
+    }
     Ok(())
+}
+
+/// Issue 25 finding 10: a kernel's dynamic shared-memory limit is an attribute of the CUDA
+/// context, so a primary-context reset drops it; set once per process, every later launch failed.
+/// Here the dense (stream and swapped), W4A16 and grouped kernels run, device 0's primary context
+/// is reset, and they run again, exact.
+fn gemms_run_after_a_context_reset() -> Outcome {
+    let run_all = |salt: u64| -> Outcome {
+        let g = hopper()?;
+        check::<bf16>(&g, 16, 256, 1024, 1, 1.0, 0.0, Some(Config::Sm90_Stream_16x128x64), seed() ^ salt);
+        check::<bf16>(&g, 130, 256, 1024, 1, 1.0, 0.0, Some(Config::Sm90_Swapped_128x128x64), seed() ^ salt ^ 1);
+        check_moe::<bf16>(&g, &[3, 0, 130], 256, 512, Some(Config::Sm90_Swapped_128x128x64), salt ^ 2);
+        let p = Problem::new(130, 256, 1024);
+        let x: Vec<bf16> = (0..130 * 1024).map(|i| bf16::from_f32(((i * 37) % 29) as f32 / 8.0 - 1.5)).collect();
+        let w = general_weights(256, 1024, 1, 1.0, salt ^ 3);
+        let (ran, got) = run_w4a16::<bf16, bf16>(&g, &p, &x, &w, &[], Some(Config::Sm90_Swapped_128x128x64)).unwrap();
+        let v = verify_w4a16(&p, &x, w.data(), w.scales(), None, &got).unwrap();
+        assert!(v.passed(), "{ran}: {v}");
+        Ok(())
+    };
+    run_all(0x7E1)?;
+    // SAFETY: every context, stream and buffer of this process was dropped above and in the tests
+    // before; the reset ends device 0's primary context, the next CudaContext::new makes another.
+    unsafe {
+        let mut dev = 0;
+        cudarc::driver::sys::cuDeviceGet(&mut dev, 0).result().expect("device 0");
+        cudarc::driver::sys::cuDevicePrimaryCtxReset_v2(dev).result().expect("primary context reset");
+    }
+    run_all(0x7E2)
 }

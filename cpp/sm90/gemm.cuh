@@ -50,10 +50,10 @@ struct Gemm {
   }
 
   // TMA descriptor of a packed operand: (row_bytes, rows, batch) bytes, boxes of the tile's
-  // kBoxBytesK bytes x box_rows rows (in the 128-byte swizzle where the tile says so); or (f16) of
-  // the pre-decoded activations: (row_bytes / 2, rows, batch) halves, boxes of 64 halves x
-  // box_rows rows in the GMMA 128-byte swizzle. Reads past a row, the rows or the batch are
-  // zero-filled.
+  // kBoxBytesK bytes x box_rows rows (in the 128-byte swizzle where the tile says so); or (f16)
+  // of 16-bit activations (pre-decoded, re-ordered or dense; f16 or bf16 bits, moved as they
+  // are): (row_bytes / 2, rows, batch) elements, boxes of 64 x box_rows in the 128-byte swizzle.
+  // Reads past a row, the rows or the batch are zero-filled.
   static bool encode(CUtensorMap* map, const void* base, int64_t row_bytes, int64_t rows, int64_t batch, uint32_t box_rows,
                      bool f16 = false) {
     static PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
@@ -83,20 +83,20 @@ struct Gemm {
     if (workspace_size(a) > a.workspace_bytes) return {BSG_STATUS_WORKSPACE_NULL, 0, uint64_t(workspace_size(a))};
     void* const workspace = reinterpret_cast<void*>(a.workspace);
     const auto stream = reinterpret_cast<cudaStream_t>(a.stream);
-    static std::atomic<uint64_t> configured{0};  // devices whose shared-memory limit is raised
-    const uint64_t bit = uint64_t(1) << (a.device_id & 63);
-    if (!(configured.load() & bit)) {
-      cudaError_t e = cudaFuncSetAttribute(kKernel<T, OutT, ReduceGlobal>, cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmem);
-      if (e == cudaSuccess && T::kClusterReduce)
-        e = cudaFuncSetAttribute(kKernel<T, OutT, SplitReduce>, cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmem);
-      if constexpr (T::kPreA && kDenseA) {
-        if (e == cudaSuccess) e = cudaFuncSetAttribute(reorder_a, cudaFuncAttributeMaxDynamicSharedMemorySize, kPreSmem);
-      } else if constexpr (T::kPreA) {
-        if (e == cudaSuccess) e = cudaFuncSetAttribute(predecode_a, cudaFuncAttributeMaxDynamicSharedMemorySize, kPreSmem);
-      }
-      if (e != cudaSuccess) return {int32_t(cutlass::Status::kErrorInternal), int32_t(e), 0};
-      configured.fetch_or(bit);
-    }
+    static SmemLimitOnce smem_limit;
+    if (const cudaError_t e = smem_limit.ensure(a.device_id, [] {
+          cudaError_t e = cudaFuncSetAttribute(kKernel<T, OutT, ReduceGlobal>, cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmem);
+          if (e == cudaSuccess && T::kClusterReduce)
+            e = cudaFuncSetAttribute(kKernel<T, OutT, SplitReduce>, cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmem);
+          if constexpr (T::kPreA) {
+            if (e == cudaSuccess)
+              e = kDenseA ? cudaFuncSetAttribute(reorder_a, cudaFuncAttributeMaxDynamicSharedMemorySize, kPreSmem)
+                          : cudaFuncSetAttribute(predecode_a, cudaFuncAttributeMaxDynamicSharedMemorySize, kPreSmem);
+          }
+          return e;
+        });
+        e != cudaSuccess)
+      return {int32_t(cutlass::Status::kErrorInternal), int32_t(e), 0};
     uint8_t* const pre = static_cast<uint8_t*>(workspace) + Sched::pre_a_offset(a);
     CUtensorMap map_a, map_b;
     const bool mapped = T::kPreA  ? encode(&map_a, pre, Sched::k_pad(a) * 2, a.m, a.l, kBM, true)

@@ -52,18 +52,18 @@ struct GroupedGemm {
     if (workspace_size(a) > a.workspace_bytes) return {BSG_STATUS_WORKSPACE_NULL, 0, uint64_t(workspace_size(a))};
     const auto kernel = kKernel;
     const auto stream = reinterpret_cast<cudaStream_t>(a.stream);
-    static std::atomic<uint64_t> configured{0};  // devices whose shared-memory limit is raised
-    const uint64_t bit = uint64_t(1) << (a.device_id & 63);
-    if (!(configured.load() & bit)) {
-      cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmem);
-      if constexpr (T::kPreA && kDenseA) {
-        if (e == cudaSuccess) e = cudaFuncSetAttribute(reorder_a, cudaFuncAttributeMaxDynamicSharedMemorySize, kPreSmem);
-      } else if constexpr (T::kPreA) {
-        if (e == cudaSuccess) e = cudaFuncSetAttribute(predecode_a_grouped<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, kPreSmem);
-      }
-      if (e != cudaSuccess) return {int32_t(cutlass::Status::kErrorInternal), int32_t(e), 0};
-      configured.fetch_or(bit);
-    }
+    static SmemLimitOnce smem_limit;
+    if (const cudaError_t e = smem_limit.ensure(a.device_id, [kernel] {
+          cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmem);
+          if constexpr (T::kPreA && kDenseA) {
+            if (e == cudaSuccess) e = cudaFuncSetAttribute(reorder_a, cudaFuncAttributeMaxDynamicSharedMemorySize, kPreSmem);
+          } else if constexpr (T::kPreA) {
+            if (e == cudaSuccess) e = cudaFuncSetAttribute(predecode_a_grouped<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, kPreSmem);
+          }
+          return e;
+        });
+        e != cudaSuccess)
+      return {int32_t(cutlass::Status::kErrorInternal), int32_t(e), 0};
     uint8_t* const pre = reinterpret_cast<uint8_t*>(a.workspace) + (T::kPreA ? TileScheduler<T>::pre_a_offset(dense_view(a)) : 0);
     const int64_t k_pad = TileScheduler<T>::k_pad(dense_view(a));
     CUtensorMap map_a, map_b;
