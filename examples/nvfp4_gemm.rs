@@ -32,9 +32,10 @@
 //!
 //! Checkpoints (`--checkpoint FILE --layer NAME`): the linear layer NAME of an NVFP4 checkpoint
 //! (ModelOpt or compressed-tensors names, `blockscaled_gemm::checkpoint`) is B, N and K come
-//! from it; A is `--m` rows of N(0, 1) activations rounded to bf16 and quantized on the host with
-//! the layer's input scale (computed from their amax where the file has none): NVFP4 x NVFP4,
-//! both global scales folded into alpha. `--save` writes the activations as `x` (bf16 [M, K])
+//! from it; A is `--m` rows of N(0, 1) activations rounded to bf16, by default used as they are
+//! (W4A16, below); with `--mode nvfp4` quantized on the host with the layer's input scale
+//! (computed from their amax where the file has none): NVFP4 x NVFP4, both global scales folded
+//! into alpha. `--save` writes the activations as `x` (bf16 [M, K])
 //! beside `a`, `sfa`, `b`, `sfb`, `global_scale_a`, `global_scale_b` (F32 scalars) and `d`. A bad
 //! file exits 2 naming the tensor and the rule.
 //!

@@ -88,7 +88,7 @@ impl MoeProblem {
             return Err(Error::Dimension { dim: "experts", value: self.experts, max: MAX_EXPERTS });
         }
         if out.sfd().is_some() {
-            return Err(Error::InvalidData { what: "out", detail: format!("{out}: the grouped GEMM writes f16, bf16 or f32 (FP4 output is not grouped yet; call gemm_fp4 per expert)") });
+            return Err(Error::InvalidData { what: "out", detail: format!("{out}: the grouped GEMMs write f16, bf16 or f32 (FP4 output is not grouped yet; for NVFP4 x NVFP4, call gemm_fp4 per expert)") });
         }
         Problem::new(self.rows.max(1), self.n, self.k).scalars(self.alpha, 0.0).validate(out, false)?;
         Problem::new(1, self.n, self.k).batch(self.experts).validate(out, false)?;
@@ -264,18 +264,18 @@ impl BlockScaledGemm {
     /// The config [`Self::moe_gemm`] runs for `p` with output `out` when none is forced (see
     /// there), or the error it would give.
     pub fn select_grouped_config(&self, p: &MoeProblem, out: OutType) -> Result<Config> {
-        self.grouped_config(p, out, None, |c, o| c.is_built_grouped(o))
+        self.grouped_config(p, out, None, SUPPORTED_GROUPED, |c, o| c.is_built_grouped(o))
     }
 
     /// The config a grouped call on `p` runs: `forced` once checked against this device and the
     /// build (`built`: the grouped kernels of the call's kind), else the rule's over the configs
     /// `built` allows (see [`Self::select_grouped_config`]).
-    pub(crate) fn grouped_config(&self, p: &MoeProblem, out: OutType, forced: Option<Config>, built: impl Fn(Config, OutType) -> bool) -> Result<Config> {
+    pub(crate) fn grouped_config(&self, p: &MoeProblem, out: OutType, forced: Option<Config>, supported: &'static str, built: impl Fn(Config, OutType) -> bool) -> Result<Config> {
         let dev = self.device();
         let (major, minor) = dev.compute_capability;
         let Some(config) = forced else {
             p.validate(out)?;
-            let unsupported = || Error::UnsupportedDevice { ordinal: dev.ordinal, major, minor, supported: SUPPORTED_GROUPED };
+            let unsupported = || Error::UnsupportedDevice { ordinal: dev.ordinal, major, minor, supported };
             let arch = dev.arch().ok_or_else(unsupported)?;
             return dispatch::select_grouped(arch, p.rows, p.experts, p.k, out, |c| built(c, out)).ok_or_else(unsupported);
         };
@@ -369,7 +369,7 @@ impl BlockScaledGemm {
         check_len("SFA", a.scales.len(), p.sfa_bytes(), "floor((T + 127 E) / 128) * 128 * ceil(K/64)*4 scale bytes (each expert padded to 128 rows)")?;
         check_moe_lens(p, b, offsets.len(), expert_scales.len(), d.len())?;
         let dev = self.device();
-        let config = self.grouped_config(p, out, config, |c, o| c.is_built_grouped(o))?;
+        let config = self.grouped_config(p, out, config, SUPPORTED_GROUPED, |c, o| c.is_built_grouped(o))?;
         check_devices(dev.ordinal, [
             ("A", a.values.stream()), ("SFA", a.scales.stream()), ("B", b.values().stream()), ("SFB", b.scales().stream()),
             ("offsets", offsets.stream()), ("expert_scales", expert_scales.stream()), ("D", d.stream()),
@@ -388,7 +388,7 @@ impl BlockScaledGemm {
     /// capturing a call in a CUDA graph.
     pub fn moe_workspace_size(&self, p: &MoeProblem, out: OutType, config: Option<Config>) -> Result<usize> {
         p.validate(out)?;
-        let config = self.grouped_config(p, out, config, |c, o| c.is_built_grouped(o))?;
+        let config = self.grouped_config(p, out, config, SUPPORTED_GROUPED, |c, o| c.is_built_grouped(o))?;
         Ok(sys::workspace_size_grouped(config.info().index, out.index(), &grouped_args(p)))
     }
 }

@@ -72,7 +72,8 @@ impl BlockScaledGemm {
     /// alpha, FP32 accumulation, D in f16, bf16 or f32. On Hopper the weights are decoded on chip
     /// to A's type (exactly) and the activations read as they are; the tiles and the split-K
     /// rule are [`Self::gemm`]'s (stream tiles up to M = 64, then the swapped tiles, which
-    /// re-order A once per call into the workspace: 2 * L * M * K bytes plus 256 KiB). Capturable
+    /// re-order A once per call into the workspace: about 2 * L * M * K bytes, exactly
+    /// [`Self::w4a16_workspace_size`]). Capturable
     /// like [`Self::gemm`]. SM100 has no W4A16 kernel here: [`Error::UnsupportedDevice`] (quantize
     /// the activations with [`crate::Quantizer`] and call [`Self::gemm`] there).
     ///
@@ -171,7 +172,7 @@ impl BlockScaledGemm {
         }
         check_len("A", a.len(), p.rows * p.k, "T * K activations")?;
         check_moe_lens(p, b, offsets.len(), expert_scales.len(), d.len())?;
-        let config = self.grouped_config(p, out, config, |c, o| c.is_built_grouped_w4a16(o))?;
+        let config = self.grouped_config(p, out, config, SUPPORTED_W4A16, |c, o| c.is_built_grouped_w4a16(o))?;
         check_devices(self.device().ordinal, [
             ("A", a.stream()), ("B", b.values().stream()), ("SFB", b.scales().stream()),
             ("offsets", offsets.stream()), ("expert_scales", expert_scales.stream()), ("D", d.stream()),
@@ -183,11 +184,11 @@ impl BlockScaledGemm {
     }
 
     /// Workspace bytes [`Self::moe_gemm_w4a16`] needs on `p` with output `out` and `config` (or
-    /// the one it would choose): the swapped tiles' re-ordered activations (2 * T * K bytes plus
-    /// 256 KiB), none for the stream tiles.
+    /// the one it would choose): the swapped tiles' re-ordered activations (about 2 * T * K
+    /// bytes: K rounded up to 64, after the split-K counters), none for the stream tiles.
     pub fn moe_w4a16_workspace_size<TA: Activation16>(&self, p: &MoeProblem, out: OutType, config: Option<Config>) -> Result<usize> {
         p.validate(out)?;
-        let config = self.grouped_config(p, out, config, |c, o| c.is_built_grouped_w4a16(o))?;
+        let config = self.grouped_config(p, out, config, SUPPORTED_W4A16, |c, o| c.is_built_grouped_w4a16(o))?;
         Ok(sys::workspace_size_w4a16_grouped(config.info().index, TA::KIND as u32, out.index(), &grouped_args(p)))
     }
 }
@@ -236,7 +237,7 @@ mod tests {
         // A's bytes past i64::MAX while every NVFP4 count fits.
         let huge = Problem::new(1 << 30, 16, 1 << 30).batch(4);
         let e = plan_w4a16(&huge, OutType::F32, &W4a16Lens::for_problem(&huge, false), &hopper(), None, all).unwrap_err();
-        assert!(matches!(e, Error::SizeLimit { .. }), "{e}");
+        assert!(matches!(e, Error::SizeLimit { what: "A bytes", .. }), "{e}");
     }
 
     #[test]

@@ -15,8 +15,8 @@
 //   [0.5, 6]), i.e. bits 14..10 = 0 1 0 e e. Shifted right by 3 under the mask 0x0FFF, E lands
 //   in BF16's exponent field and the one mantissa bit in its top mantissa bit; x & 0xF000 adds the
 //   sign and bit 13 (1 exactly when x != 0), i.e. 64 to the exponent field. So the BF16 number is
-//   value * 2^-6 * 2^(E + 64 - 127) / 2^(E - 15) = value * 2^-54, and +-0 stays +-0. One LOP3
-//   does both halves (the high half's bits that the shift moves down fall under the mask). One
+//   value * 2^-6 * 2^(E + 64 - 127) / 2^(E - 15) = value * 2^-54, and +-0 stays +-0. A shift and
+//   one LOP3 do both halves (the high half's bits that the shift moves down fall under the mask). One
 //   HMUL2.BF16 by sf * 2^54 (in [2^45, 2^63], exact in BF16: 4 significant bits) gives value *
 //   sf, exact in BF16 (6 significant bits in [2^-10, 2688]); bf16 x bf16 products are exact in
 //   FP32 (16 significant bits), as are FP16 x FP16 ones.
@@ -98,7 +98,8 @@ __device__ __forceinline__ uint32_t decode8_bf16_scale(uint32_t sf) {
   return *reinterpret_cast<const uint32_t*>(&r);
 }
 
-// value * 2^-6 in FP16 (two halves) to value * 2^-54 in BF16: one LOP3 (see the algebra above).
+// value * 2^-6 in FP16 (two halves) to value * 2^-54 in BF16: a shift and a LOP3 (the algebra
+// above).
 __device__ __forceinline__ uint32_t bf16_from_scaled_f16x2(uint32_t x) { return ((x >> 3) & 0x0FFF0FFFu) | (x & 0xF000F000u); }
 
 __device__ __forceinline__ uint32_t hmul2_bf16(uint32_t a, uint32_t b) {

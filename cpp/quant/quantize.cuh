@@ -97,9 +97,9 @@ __global__ void amax_kernel(const T* x, int64_t n, uint32_t* amax_bits) {
 
 // Scale layouts the quantizer writes: the dense tiled layout of (L, M, K/16), scale row = input
 // row; or the grouped GEMM's layout of a mixture-of-experts layer's stacked rows (L = 1): row r
-// of expert e at scale row sf_row[e] + r - row[e] (common/moe_rows.cuh), into a buffer the host
-// zeroed first (its padding rows are scattered single bytes in the tiled layout: zeroed here,
-// one thread per expert, they took most of the time at decode sizes).
+// of expert e at scale row sf_row[e] + r - row[e] (common/moe_rows.cuh), into a buffer the launch
+// zeroed first with a memset (the padding rows are scattered single bytes of the tiled layout;
+// zeroing them here, one thread per expert, took most of the time at decode sizes).
 struct DenseScales {};
 struct MoeScales {};
 
