@@ -21,9 +21,14 @@ use std::fs::File;
 use std::io::{Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 
+use std::sync::Arc;
+
+use cudarc::driver::CudaStream;
+
 use crate::error::{Error, Result};
 use crate::layout::to_tiled;
 use crate::matrix::Nvfp4Matrix;
+use crate::tensor::Nvfp4Tensor;
 
 /// Which exporter's names a layer uses.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -45,6 +50,17 @@ pub struct CheckpointLayer {
     pub input_scale: Option<f32>,
     /// The names it was read under.
     pub convention: Convention,
+}
+
+/// A layer's checked tensors before they become operands.
+struct RawLayer {
+    n: usize,
+    k: usize,
+    data: Vec<u8>,
+    scales: Vec<u8>,
+    global: f32,
+    input_scale: Option<f32>,
+    convention: Convention,
 }
 
 /// A safetensors file's header: every tensor's dtype, shape and byte range.
@@ -163,10 +179,9 @@ impl Checkpoint {
         Ok(v)
     }
 
-    /// The linear layer `prefix` (e.g. `model.layers.0.mlp.down_proj`): its weight (1, N, K)
-    /// with tiled scales and global scale, and the activations' scale if the file has one, in
-    /// whichever convention its names follow.
-    pub fn layer(&self, prefix: &str) -> Result<CheckpointLayer> {
+    /// A layer's tensors as the file holds them, checked: packed codes, row-major scales, the
+    /// global and input scales in this crate's convention.
+    fn raw_layer(&self, prefix: &str) -> Result<RawLayer> {
         let has = |s: &str| self.tensors.contains_key(&format!("{prefix}.{s}"));
         let convention = if has("weight_packed") {
             Convention::CompressedTensors
@@ -211,8 +226,26 @@ impl Checkpoint {
         };
         let global = to_ours(self.scalar(&g_name)?, &g_name)?;
         let input_scale = if self.tensors.contains_key(&in_name) { Some(to_ours(self.scalar(&in_name)?, &in_name)?) } else { None };
-        let weight = Nvfp4Matrix::from_parts(n, k, 1, data, to_tiled(&scales, n, k / 16, 1), Some(global))?;
-        Ok(CheckpointLayer { weight, input_scale, convention })
+        Ok(RawLayer { n, k, data, scales, global, input_scale, convention })
+    }
+
+    /// The linear layer `prefix` (e.g. `model.layers.0.mlp.down_proj`): its weight (1, N, K)
+    /// with tiled scales and global scale, and the activations' scale if the file has one, in
+    /// whichever convention its names follow.
+    pub fn layer(&self, prefix: &str) -> Result<CheckpointLayer> {
+        let r = self.raw_layer(prefix)?;
+        let weight = Nvfp4Matrix::from_parts(r.n, r.k, 1, r.data, to_tiled(&r.scales, r.n, r.k / 16, 1), Some(r.global))?;
+        Ok(CheckpointLayer { weight, input_scale: r.input_scale, convention: r.convention })
+    }
+
+    /// [`Self::layer`] on the device: the packed weight and its row-major block scales are
+    /// uploaded as the file holds them (after the same checks) and the scales re-tiled on the GPU
+    /// ([`Nvfp4Tensor::from_row_major_scales`]), in `stream`'s order. Returns the weight and the
+    /// activations' scale.
+    pub fn layer_to_device(&self, prefix: &str, stream: &Arc<CudaStream>) -> Result<(Nvfp4Tensor, Option<f32>)> {
+        let r = self.raw_layer(prefix)?;
+        let (values, scales) = (stream.clone_htod(&r.data)?, stream.clone_htod(&r.scales)?);
+        Ok((Nvfp4Tensor::from_row_major_scales(values, &scales, (1, r.n, r.k), r.global, stream)?, r.input_scale))
     }
 
     /// Fused shards (q/k/v, gate/up): the layers `prefixes` stacked along N in that order, as

@@ -8,9 +8,12 @@ use std::sync::Arc;
 use cudarc::driver::sys::CUdeviceptr;
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut, DeviceSlice, SyncOnDrop};
 
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::formats::{PackedFp4, ScaleByte};
+use crate::layout::sf_batch_bytes;
 use crate::matrix::{check_global_scale, check_lens, check_shape, Nvfp4Matrix};
+use crate::problem::check_len;
+use crate::sys;
 
 /// An NVFP4 tensor of shape (batch, rows, K) on the device: packed e2m1 values (two per byte, K
 /// contiguous, element 2i in the low nibble; `u8` or `float4::F4E2M1x2`), ue4m3 block scales
@@ -100,6 +103,46 @@ impl Nvfp4Tensor {
     pub fn upload(m: &Nvfp4Matrix, stream: &Arc<CudaStream>) -> Result<Self> {
         let (values, scales) = (stream.clone_htod(m.data())?, stream.clone_htod(m.scales())?);
         Nvfp4Tensor::new(values, scales, (m.batch(), m.rows(), m.k()), m.global_scale().unwrap_or(1.0))
+    }
+
+    /// A tensor from packed values and **row-major** e4m3 block scales `(batch, rows, K/16)`, as
+    /// checkpoints store them, both already on the device: the scales are re-tiled into the 128x4
+    /// layout on the GPU, into a new buffer (padding zeroed), in `stream`'s order; `row_major` is
+    /// only read, `values` taken as they are. Scale bytes are moved, not checked (a NaN scale
+    /// stays NaN: [`crate::checkpoint`] checks them on the host).
+    pub fn from_row_major_scales<S: DevicePtr<u8>>(values: CudaSlice<u8>, row_major: &S, shape: (usize, usize, usize), global_scale: f32, stream: &Arc<CudaStream>) -> Result<Self> {
+        let (batch, rows, k) = shape;
+        check_shape(rows, k, batch)?;
+        check_global_scale(global_scale)?;
+        for (dim, value) in [("rows", rows), ("K / 16", k / 16), ("batch", batch)] {
+            if value > i32::MAX as usize {
+                return Err(Error::Dimension { dim, value, max: i32::MAX as usize });
+            }
+        }
+        let cols = k / 16;
+        let want = batch.checked_mul(rows).and_then(|x| x.checked_mul(cols)).ok_or(Error::Dimension { dim: "batch * rows * K / 16", value: usize::MAX, max: isize::MAX as usize })?;
+        check_len("scales", row_major.len(), want, "batch * rows * K/16 row-major scale bytes")?;
+        let tiled_len = (sf_batch_bytes(rows, k) as u128) * batch as u128;
+        if tiled_len > isize::MAX as u128 {
+            return Err(Error::Dimension { dim: "tiled scale bytes", value: usize::MAX, max: isize::MAX as usize });
+        }
+        for (name, s) in [("values", values.stream()), ("scales", row_major.stream())] {
+            crate::gemm::check_devices(stream.context().ordinal(), [(name, s)])?;
+        }
+        stream.context().bind_to_thread()?;
+        // SAFETY: every byte is written by the kernel below (padding included) before any read.
+        let mut tiled = unsafe { stream.alloc::<u8>(tiled_len as usize) }?;
+        {
+            let (src, _gs) = row_major.device_ptr(stream);
+            let (dst, _gd) = tiled.device_ptr_mut(stream);
+            // SAFETY: src holds batch * rows * K/16 bytes and dst the tiled layout's bytes on this
+            // stream's device (checked above); the guards live until the launch is queued.
+            let st = unsafe { sys::tile_scales(src, dst, rows as i32, cols as i32, batch as i32, stream.cu_stream() as u64) };
+            if st.cuda_error != 0 {
+                return Err(Error::CudaRuntime { code: st.cuda_error, name: sys::cuda_error_name(st.cuda_error) });
+            }
+        }
+        Nvfp4Tensor::new(values, tiled, shape, global_scale)
     }
 }
 

@@ -57,6 +57,7 @@ fn main() {
         ("w4a16_every_config_and_output", w4a16_every_config_and_output),
         ("w4a16_same_bits_as_nvfp4_gemm", w4a16_same_bits_as_nvfp4_gemm),
         ("w4a16_grouped_moe_every_config", w4a16_grouped_moe_every_config),
+        ("row_major_scales_tiled_on_the_gpu", row_major_scales_tiled_on_the_gpu),
         // Last: they turn cudarc's event tracking off for the buffers made after them.
         ("graph_capture_replays_with_new_data", graph_capture_replays_with_new_data),
         ("grouped_moe_captured_follows_device_routing", grouped_moe_captured_follows_device_routing),
@@ -1471,4 +1472,53 @@ fn gemms_run_after_a_context_reset() -> Outcome {
         cudarc::driver::sys::cuDevicePrimaryCtxReset_v2(dev).result().expect("primary context reset");
     }
     run_all(0x7E2)
+}
+
+/// Issue 26: row-major block scales (as checkpoints store them) re-tiled on the GPU equal the host
+/// layout's bytes, padding zero, for shapes with rows and scale columns off the 128 x 4 grid and
+/// two batches; the tensor made so multiplies as the uploaded host matrix does.
+fn row_major_scales_tiled_on_the_gpu() -> Outcome {
+    let g = device()?;
+    let s = g.stream().clone();
+    for &(batch, rows, k) in &[(1usize, 1usize, 16usize), (2, 200, 112), (1, 128, 7168), (3, 129, 48)] {
+        let mut rng = blockscaled_gemm::SplitMix64::new(seed() ^ (rows * 31 + k) as u64);
+        let rm: Vec<u8> = (0..batch * rows * k / 16).map(|_| rng.below(0x7F) as u8).collect();
+        let want = blockscaled_gemm::layout::to_tiled(&rm, rows, k / 16, batch);
+        let values = s.clone_htod(&vec![0x21u8; batch * rows * k / 2]).unwrap();
+        let t = Nvfp4Tensor::from_row_major_scales(values, &s.clone_htod(&rm).unwrap(), (batch, rows, k), 0.5, &s).unwrap();
+        assert_eq!(s.clone_dtoh(t.scales()).unwrap(), want, "{batch}x{rows}x{k}");
+    }
+    // Through a GEMM: a host-quantized weight, its scales handed over row-major.
+    if g.device().arch() == Some(90) {
+        let (m, n, k) = (16, 256, 1024);
+        let a = Nvfp4Matrix::random_contest(m, k, 1, seed() ^ 0x51).unwrap();
+        let b = general_weights(n, k, 1, 0.25, 0x52);
+        let rm = blockscaled_gemm::layout::from_tiled(b.scales(), n, k / 16, 1);
+        let bt = Nvfp4Tensor::from_row_major_scales(s.clone_htod(b.data()).unwrap(), &s.clone_htod(&rm).unwrap(), (1, n, k), 0.25, &s).unwrap();
+        let at = Nvfp4Tensor::upload(&a, &s).unwrap();
+        let mut d = s.clone_htod(&vec![f32::NAN; m * n]).unwrap();
+        g.gemm(&Problem::new(m, n, k), &at, &bt, &mut d, None).unwrap();
+        let got = s.clone_dtoh(&d).unwrap();
+        let v = verify_matrices(&a, &b, 1.0, 0.0, None, &got).unwrap();
+        assert!(v.passed(), "{v}");
+    }
+    // A checkpoint layer converted on the device equals the host conversion, byte for byte.
+    let (n, k) = (200, 112);
+    let w = general_weights(n, k, 1, 1.0, 0x53);
+    let rm = blockscaled_gemm::layout::from_tiled(w.scales(), n, k / 16, 1);
+    let path = std::env::temp_dir().join(format!("bsg-gpu-ck-{}.safetensors", std::process::id()));
+    let scale2 = 0.01f32.to_le_bytes();
+    let tensors = [("l.weight", safetensors::Dtype::U8, vec![n, k / 2], w.data()), ("l.weight_scale", safetensors::Dtype::F8_E4M3, vec![n, k / 16], &rm[..]), ("l.weight_scale_2", safetensors::Dtype::F32, vec![], &scale2[..])];
+    let views: Vec<(String, safetensors::tensor::TensorView<'_>)> = tensors.iter().map(|(name, dt, shape, bytes)| (name.to_string(), safetensors::tensor::TensorView::new(*dt, shape.clone(), bytes).unwrap())).collect();
+    std::fs::write(&path, safetensors::serialize(views, None).unwrap()).unwrap();
+    let ck = blockscaled_gemm::checkpoint::Checkpoint::open(&path).unwrap();
+    let (dev, input_scale) = ck.layer_to_device("l", &s).unwrap();
+    let host = ck.layer("l").unwrap();
+    assert_eq!((s.clone_dtoh(dev.values()).unwrap(), s.clone_dtoh(dev.scales()).unwrap()), (host.weight.data().to_vec(), host.weight.scales().to_vec()));
+    assert_eq!((dev.shape(), dev.global_scale(), input_scale), ((1, n, k), 0.01, None));
+    std::fs::remove_file(&path).ok();
+    // A wrong row-major length is a typed error.
+    let e = Nvfp4Tensor::from_row_major_scales(s.clone_htod(&[0u8; 64]).unwrap(), &s.clone_htod(&[0u8; 7]).unwrap(), (1, 8, 16), 1.0, &s).unwrap_err();
+    assert!(matches!(e, Error::BufferLength { name: "scales", .. }), "{e}");
+    Ok(())
 }

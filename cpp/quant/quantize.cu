@@ -68,6 +68,22 @@ bsg::KernelStatus run(const bsg::QuantizeArgs& a) {
 
 }  // namespace
 
+// Checked by Rust: lengths (batch * rows * cols bytes in, the tiled layout's bytes out), sizes
+// within int64.
+bsg::KernelStatus bsg_tile_scales(const uint8_t* src, uint8_t* dst, int32_t rows, int32_t cols, int32_t batch, uint64_t stream) {
+  const int64_t sp = (int64_t(cols) + 3) / 4 * 4;
+  const int64_t per = (int64_t(rows) + 127) / 128 * 128 * sp / 4, words = per * batch;
+  const int blocks = int(std::min<int64_t>((words + 255) / 256, 8 * 1024));
+  auto* out = reinterpret_cast<uint32_t*>(dst);
+  int r = rows, c = cols;
+  int64_t p = per, w = words;
+  void* args[] = {&src, &out, &r, &c, &p, &w};
+  bsg::KernelStatus st{0, 0, 0};
+  st.cuda_error = cudaLaunchKernel(reinterpret_cast<const void*>(&bsg::quant::tile_scales_kernel), dim3(std::max(blocks, 1)), dim3(256), args, 0,
+                                   reinterpret_cast<cudaStream_t>(stream));
+  return st;
+}
+
 bsg::KernelStatus bsg_quantize(const bsg::QuantizeArgs& a) {
   switch (a.input) {
     case bsg::InKind::F32: return run<float>(a);

@@ -170,4 +170,25 @@ __global__ void __launch_bounds__(kRows) quantize_kernel(const T* x, uint8_t* co
   store(srow, sfs);
 }
 
+// Row-major ue4m3 scales (batch, rows, cols), as checkpoints store them, into the 128x4 tiled
+// layout (common/scale_layout.cuh) with its padding zeroed: one thread per 32-bit word of the
+// output (one row's four scale columns of a chunk), so the stores run side by side; the reads are
+// 4 bytes of a row each.
+__global__ void tile_scales_kernel(const uint8_t* src, uint32_t* dst, int rows, int cols, int64_t words_per_batch, int64_t words) {
+  const int64_t sp = (cols + 3) / 4 * 4;
+  for (int64_t w = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; w < words; w += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t b = w / words_per_batch, in_batch = w % words_per_batch;
+    const int64_t chunk = in_batch / 128, q = in_batch % 128;  // 512-byte chunk, its word
+    const int64_t row = chunk / (sp / 4) * 128 + (q % 4) * 32 + q / 4, col0 = chunk % (sp / 4) * 4;
+    uint32_t v = 0;
+    if (row < rows) {
+      const uint8_t* s = src + (b * rows + row) * cols;
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+        if (col0 + j < cols) v |= uint32_t(s[col0 + j]) << (8 * j);
+    }
+    dst[w] = v;
+  }
+}
+
 }  // namespace bsg::quant

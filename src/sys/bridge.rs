@@ -22,6 +22,13 @@ pub(crate) mod ffi {
         /// # Safety
         /// Every address in `args` must be valid for the shape on the stream's device.
         unsafe fn quantize(args: &QuantizeArgs) -> KernelStatus;
+        /// Row-major scales (batch, rows, cols) at `src` to the 128x4 tiled layout at `dst`
+        /// (padding zeroed), on `stream`.
+        ///
+        /// # Safety
+        /// `src` must hold batch * rows * cols bytes and `dst` the tiled layout's bytes, on the
+        /// stream's device.
+        unsafe fn tile_scales(src: u64, dst: u64, rows: i32, cols: i32, batch: i32, stream: u64) -> KernelStatus;
         /// The grouped (mixture-of-experts) launch of a config's grouped kernel for output `out`.
         /// `cutlass_status` -1: not in this build.
         ///
