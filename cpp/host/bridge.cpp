@@ -96,49 +96,42 @@ const GroupedEntry* find_w4a16_grouped(uint32_t config, uint32_t in, uint32_t ou
 
 }  // namespace
 
-KernelStatus launch_grouped(uint32_t config, uint32_t out, const GroupedArgs& args) {
-  const GroupedEntry* e = find_grouped(config, out);
-  if (!e) return KernelStatus{BSG_STATUS_NOT_BUILT, 0, 0};
-  return e->run(args);
+// An entry's run and workspace query, NOT_BUILT and 0 where this build lacks it.
+template <class Entry, class Args>
+KernelStatus run_or_not_built(const Entry* e, const Args& args) {
+  return e ? e->run(args) : KernelStatus{BSG_STATUS_NOT_BUILT, 0, 0};
 }
+template <class Entry, class Args>
+size_t workspace_or_zero(const Entry* e, const Args& args) {
+  return e ? e->workspace_size(args) : 0;
+}
+
+KernelStatus launch_grouped(uint32_t config, uint32_t out, const GroupedArgs& args) { return run_or_not_built(find_grouped(config, out), args); }
 
 bool can_implement_grouped(uint32_t config, uint32_t out, const GroupedArgs& args) {
   const GroupedEntry* e = find_grouped(config, out);
   return e && e->can_implement(args);
 }
 
-size_t workspace_size_grouped(uint32_t config, uint32_t out, const GroupedArgs& args) {
-  const GroupedEntry* e = find_grouped(config, out);
-  return e ? e->workspace_size(args) : 0;
-}
+size_t workspace_size_grouped(uint32_t config, uint32_t out, const GroupedArgs& args) { return workspace_or_zero(find_grouped(config, out), args); }
 
 KernelStatus launch_w4a16(uint32_t config, uint32_t in, uint32_t out, const KernelArgs& args) {
-  const KernelEntry* e = find_w4a16(config, in, out);
-  if (!e) return KernelStatus{BSG_STATUS_NOT_BUILT, 0, 0};
-  return e->run(args);
+  return run_or_not_built(find_w4a16(config, in, out), args);
 }
 
 size_t workspace_size_w4a16(uint32_t config, uint32_t in, uint32_t out, const KernelArgs& args) {
-  const KernelEntry* e = find_w4a16(config, in, out);
-  return e ? e->workspace_size(args) : 0;
+  return workspace_or_zero(find_w4a16(config, in, out), args);
 }
 
 KernelStatus launch_w4a16_grouped(uint32_t config, uint32_t in, uint32_t out, const GroupedArgs& args) {
-  const GroupedEntry* e = find_w4a16_grouped(config, in, out);
-  if (!e) return KernelStatus{BSG_STATUS_NOT_BUILT, 0, 0};
-  return e->run(args);
+  return run_or_not_built(find_w4a16_grouped(config, in, out), args);
 }
 
 size_t workspace_size_w4a16_grouped(uint32_t config, uint32_t in, uint32_t out, const GroupedArgs& args) {
-  const GroupedEntry* e = find_w4a16_grouped(config, in, out);
-  return e ? e->workspace_size(args) : 0;
+  return workspace_or_zero(find_w4a16_grouped(config, in, out), args);
 }
 
-KernelStatus launch(uint32_t config, uint32_t out, const KernelArgs& args) {
-  const KernelEntry* e = find(config, out);
-  if (!e) return KernelStatus{BSG_STATUS_NOT_BUILT, 0, 0};
-  return e->run(args);
-}
+KernelStatus launch(uint32_t config, uint32_t out, const KernelArgs& args) { return run_or_not_built(find(config, out), args); }
 
 KernelStatus quantize(const QuantizeArgs& args) { return bsg_quantize(args); }
 
@@ -151,10 +144,7 @@ bool can_implement(uint32_t config, uint32_t out, const KernelArgs& args) {
   return e && e->can_implement(args);
 }
 
-size_t workspace_size(uint32_t config, uint32_t out, const KernelArgs& args) {
-  const KernelEntry* e = find(config, out);
-  return e ? e->workspace_size(args) : 0;
-}
+size_t workspace_size(uint32_t config, uint32_t out, const KernelArgs& args) { return workspace_or_zero(find(config, out), args); }
 
 int64_t sf_offsets(uint32_t config, uint32_t out, int32_t m, int32_t n, int32_t k, int32_t l, bool operand_b,
                    rust::Slice<int64_t> offsets) {
