@@ -6,11 +6,6 @@
 
 #include <algorithm>
 
-// Rows up to which the quantizer gives each thread one scale column rather than four.
-#ifndef BSG_QUANT_NARROW_ROWS
-#define BSG_QUANT_NARROW_ROWS 2048
-#endif
-
 #include "blockscaled_gemm/kernel_abi.h"
 #include "quant/quantize.cuh"
 
@@ -40,19 +35,20 @@ bsg::KernelStatus run(const bsg::QuantizeArgs& a) {
       return st;
     }
   }
-  // Few rows: a thread per scale column (more threads, shorter chains); many: four columns each.
-  const bool narrow = a.m <= BSG_QUANT_NARROW_ROWS;
-  const int per_thread = narrow ? 1 : 4;
   const bool moe = a.offsets != 0;
-  const dim3 grid(unsigned(bsg::sf_cols_padded(a.k) / per_thread), unsigned((a.m + bsg::quant::kRows - 1) / bsg::quant::kRows), unsigned(a.l));
+  // Row groups of kWarps rows, as many as the grid's y takes (warps stride over the rest); the
+  // MoE form's blocks each build the expert table first, so about 2048 blocks in all there.
+  const int64_t rows = moe ? a.m : (int64_t(a.m) + 127) / 128 * 128;
+  const int64_t col_blocks = (bsg::sf_cols_padded(a.k) + 31) / 32;
+  const int64_t groups = std::min<int64_t>({(rows + bsg::quant::kWarps - 1) / bsg::quant::kWarps, 65535, moe ? (2048 + col_blocks - 1) / col_blocks : 65535});
+  const dim3 grid(unsigned(col_blocks), unsigned(std::max<int64_t>(groups, 1)), unsigned(a.l));
   int m = a.m, k = a.k, experts = a.experts;
   float g = a.global_scale;
   const uint32_t* slot = amax;
   const int32_t* offsets = reinterpret_cast<const int32_t*>(a.offsets);
   void* args[] = {&x, &codes, &scales, &m, &k, &g, &slot, &offsets, &experts};
   using bsg::quant::DenseScales, bsg::quant::MoeScales, bsg::quant::quantize_kernel;
-  const void* kernel = moe ? (narrow ? reinterpret_cast<const void*>(&quantize_kernel<T, 1, MoeScales>) : reinterpret_cast<const void*>(&quantize_kernel<T, 4, MoeScales>))
-                           : (narrow ? reinterpret_cast<const void*>(&quantize_kernel<T, 1, DenseScales>) : reinterpret_cast<const void*>(&quantize_kernel<T, 4, DenseScales>));
+  const void* kernel = moe ? reinterpret_cast<const void*>(&quantize_kernel<T, MoeScales>) : reinterpret_cast<const void*>(&quantize_kernel<T, DenseScales>);
   if (moe) {
     // The whole MoE scale buffer (room for any routing) zeroed in stream order: the padding of
     // each expert's blocks and the rows past them; the kernel writes the experts' rows.
@@ -62,7 +58,7 @@ bsg::KernelStatus run(const bsg::QuantizeArgs& a) {
       return st;
     }
   }
-  st.cuda_error = cudaLaunchKernel(kernel, grid, dim3(bsg::quant::kRows), args, 0, stream);
+  st.cuda_error = cudaLaunchKernel(kernel, grid, dim3(bsg::quant::kThreads), args, 0, stream);
   return st;
 }
 

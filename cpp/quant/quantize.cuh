@@ -23,8 +23,8 @@
 
 namespace bsg::quant {
 
-// Threads of one block: the 128 rows of one scale chunk.
-constexpr int kRows = 128;
+// Threads of one quantizer block: kWarps warps, one row each at a time.
+constexpr int kThreads = 128, kWarps = kThreads / 32;
 
 // Raw 16-byte words holding n consecutive inputs.
 template <class T, int n>
@@ -103,71 +103,45 @@ __global__ void amax_kernel(const T* x, int64_t n, uint32_t* amax_bits) {
 struct DenseScales {};
 struct MoeScales {};
 
-// One thread: one row (of a 128-row chunk) and kCols scale columns, 16 * kCols inputs: their
-// codes and scale bytes (kCols = 4: the four scale bytes lie side by side in the chunk, one 32-bit
-// store). All inputs of a thread are loaded before any is used. kCols = 4 keeps 128-256 bytes in
-// flight per thread for large M; kCols = 1 gives few rows four times the threads and a quarter of
-// the serial work each. Rows past M (MoE: rows no expert holds write nothing) and columns past
-// K/16 write zero scales (the layout's padding). grid: (padded columns / kCols, padded rows / 128,
-// L). g_given is used when amax_bits is null. MoeScales: offsets and experts give the experts'
-// rows of the m stacked rows.
-template <class T, int kCols, class Layout>
-__global__ void __launch_bounds__(kRows) quantize_kernel(const T* x, uint8_t* codes, uint8_t* scales, int m, int k, float g_given, const uint32_t* amax_bits,
+// One warp: one row, 32 consecutive scale columns (lane j: column 32 blockIdx.x + j, its 16
+// inputs), so a warp's loads and code stores are contiguous (16 x 32 bytes of bf16 in, 256 bytes
+// of codes out); four lanes' scale bytes are one 32-bit word of the tiled layout, stored by the
+// first of them. Warps stride over the rows: the dense layout's padded rows (ceil(M/128) * 128:
+// rows past M write zero scales), or the MoE form's stacked rows (rows no expert holds write
+// nothing). Columns past K/16 up to the padded count write zero scales. grid: (padded columns /
+// 32, row groups, L). g_given is used when amax_bits is null.
+template <class T, class Layout>
+__global__ void __launch_bounds__(kThreads) quantize_kernel(const T* x, uint8_t* codes, uint8_t* scales, int m, int k, float g_given, const uint32_t* amax_bits,
                                                          const int32_t* offsets, int experts) {
-  static_assert(kCols == 1 || kCols == 4, "one scale byte or one 32-bit word of them per thread");
-  const int r = blockIdx.y * kRows + threadIdx.x, cg = blockIdx.x, l = blockIdx.z;
   constexpr bool kMoe = std::is_same_v<Layout, MoeScales>;
-  // The input row this thread quantizes (-1: none) and the scale row its scales go to.
-  int row = r < m ? r : -1, srow = r;
-  if constexpr (kMoe) {
-    __shared__ MoeRows table;
-    table.prepare(offsets, experts, m, threadIdx.x);
-    const int e = row < 0 ? -1 : table.expert_of_row(experts, row);
-    if (e < 0) return;
-    srow = table.sf_row[e] + row - table.row[e];
-  }
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, l = blockIdx.z;
+  const int cols = k / 16, cg = blockIdx.x * 32 + lane;
   const int64_t sp = sf_cols_padded(k);
-  const int cols = k / 16;
+  __shared__ MoeRows table;
+  if constexpr (kMoe) table.prepare(offsets, experts, m, threadIdx.x);
   const float g = amax_bits ? global_from_amax(__uint_as_float(*amax_bits)) : g_given;
-  uint32_t sfs = 0;
-  if (row >= 0) {
-    const int64_t base = (int64_t(l) * m + row) * k + int64_t(cg) * 16 * kCols;
-    if (cg * kCols + kCols <= cols) {
-      const Raw<T, 16 * kCols> raw = load_raw<T, 16 * kCols>(x + base);
-      uint2 packed[kCols];
-#pragma unroll
-      for (int j = 0; j < kCols; ++j) {
-        float v[16];
-        to_float16(raw, j, v);
-        sfs |= quantize16(v, g, packed[j]) << (8 * j);
-      }
-      if (kCols == 4 && (k & 31) == 0) {  // rows of codes start on 16 bytes
-        if constexpr (kCols == 4) {
-          uint4* dst = reinterpret_cast<uint4*>(codes + base / 2);
-          dst[0] = make_uint4(packed[0].x, packed[0].y, packed[1].x, packed[1].y);
-          dst[1] = make_uint4(packed[2].x, packed[2].y, packed[3].x, packed[3].y);
-        }
-      } else {
-#pragma unroll
-        for (int j = 0; j < kCols; ++j) reinterpret_cast<uint2*>(codes + base / 2)[j] = packed[j];
-      }
-    } else {
-      for (int j = 0; cg * kCols + j < cols; ++j) {
-        float v[16];
-        to_float16(load_raw<T, 16>(x + base + j * 16), 0, v);
-        uint2 packed;
-        sfs |= quantize16(v, g, packed) << (8 * j);
-        *reinterpret_cast<uint2*>(codes + base / 2 + j * 8) = packed;
-      }
-    }
-  }
+  const int row_end = kMoe ? m : (m + 127) / 128 * 128;
   const int64_t batch_sf = kMoe ? 0 : l * sf_batch_bytes(m, sp);
-  auto store = [&](int sr, uint32_t v) {
-    uint8_t* sf = scales + batch_sf + sf_offset(sr, int64_t(cg) * kCols, sp);
-    if constexpr (kCols == 4) *reinterpret_cast<uint32_t*>(sf) = v;
-    else *sf = uint8_t(v);
-  };
-  store(srow, sfs);
+  for (int r = blockIdx.y * kWarps + warp; r < row_end; r += gridDim.y * kWarps) {
+    int srow = r;  // the scale row
+    if constexpr (kMoe) {
+      const int e = table.expert_of_row(experts, r);
+      if (e < 0) continue;  // the whole warp: one row
+      srow = table.sf_row[e] + r - table.row[e];
+    }
+    uint32_t sf = 0;
+    if (r < m && cg < cols) {
+      const int64_t base = (int64_t(l) * m + r) * k + int64_t(cg) * 16;
+      float v[16];
+      to_float16(load_raw<T, 16>(x + base), 0, v);
+      uint2 packed;
+      sf = quantize16(v, g, packed);
+      *reinterpret_cast<uint2*>(codes + base / 2) = packed;
+    }
+    const uint32_t word = sf | __shfl_down_sync(0xFFFFFFFFu, sf, 1) << 8 | __shfl_down_sync(0xFFFFFFFFu, sf, 2) << 16 |
+                          __shfl_down_sync(0xFFFFFFFFu, sf, 3) << 24;
+    if (lane % 4 == 0 && cg < sp) *reinterpret_cast<uint32_t*>(scales + batch_sf + sf_offset(srow, cg, sp)) = word;
+  }
 }
 
 // Row-major ue4m3 scales (batch, rows, cols), as checkpoints store them, into the 128x4 tiled
