@@ -241,7 +241,7 @@ impl Checkpoint {
     /// [`Self::layer`] on the device: the packed weight and its row-major block scales are
     /// uploaded as the file holds them (after the same checks) and the scales re-tiled on the GPU
     /// ([`Nvfp4Tensor::from_row_major_scales`]), in `stream`'s order. Returns the weight and the
-    /// activations' scale.
+    /// activations' scale. Not during CUDA graph capture (it allocates and copies).
     pub fn layer_to_device(&self, prefix: &str, stream: &Arc<CudaStream>) -> Result<(Nvfp4Tensor, Option<f32>)> {
         let r = self.raw_layer(prefix)?;
         let (values, scales) = (stream.clone_htod(&r.data)?, stream.clone_htod(&r.scales)?);

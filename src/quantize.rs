@@ -13,8 +13,8 @@ use crate::problem::{check_align, check_len};
 use crate::sys::{self, InKind, QuantizeArgs};
 use crate::tensor::Nvfp4Tensor;
 
-/// The shape rules and the kernel's grid limits (rows / 128 in grid.y, L in grid.z), before any
-/// size is computed from the shape.
+/// The shape rules and the kernel's limits (rows: its row loop counts in int32, striding by the
+/// grid; L in grid.z), before any size is computed from the shape.
 fn check_dims((batch, rows, k): (usize, usize, usize)) -> Result<()> {
     check_shape(rows, k, batch)?;
     for (dim, value, max) in [("rows", rows, 65535 * 128), ("K", k, i32::MAX as usize), ("batch", batch, 65535)] {
@@ -121,7 +121,7 @@ impl Quantizer {
         }
         self.check_input(x, (1, rows, k))?;
         // The kernel's shared table counts the padded scale rows in 32-bit signed integers (T
-        // itself is bounded by the grid: check_input).
+        // itself is bounded by check_input).
         if moe_sfa_rows(rows, experts) > i32::MAX as usize {
             return Err(Error::Dimension { dim: "T + 127 * experts", value: rows + 127 * experts, max: i32::MAX as usize });
         }

@@ -105,11 +105,12 @@ impl Nvfp4Tensor {
         Nvfp4Tensor::new(values, scales, (m.batch(), m.rows(), m.k()), m.global_scale().unwrap_or(1.0))
     }
 
-    /// A tensor from packed values and **row-major** e4m3 block scales `(batch, rows, K/16)`, as
+    /// A tensor from packed values and **row-major** ue4m3 block scales `(batch, rows, K/16)`, as
     /// checkpoints store them, both already on the device: the scales are re-tiled into the 128x4
     /// layout on the GPU, into a new buffer (padding zeroed), in `stream`'s order; `row_major` is
     /// only read, `values` taken as they are. Scale bytes are moved, not checked (a NaN scale
-    /// stays NaN: [`crate::checkpoint`] checks them on the host).
+    /// stays NaN: [`crate::checkpoint`] checks them on the host). It allocates, so it is refused
+    /// during CUDA graph capture ([`Error::NotCapturable`]): convert at load time.
     pub fn from_row_major_scales<S: DevicePtr<u8>>(values: CudaSlice<u8>, row_major: &S, shape: (usize, usize, usize), global_scale: f32, stream: &Arc<CudaStream>) -> Result<Self> {
         let (batch, rows, k) = shape;
         check_shape(rows, k, batch)?;
@@ -119,19 +120,17 @@ impl Nvfp4Tensor {
                 return Err(Error::Dimension { dim, value, max: i32::MAX as usize });
             }
         }
+        // check_shape bounds every count below: the products fit.
         let cols = k / 16;
-        let want = batch.checked_mul(rows).and_then(|x| x.checked_mul(cols)).ok_or(Error::Dimension { dim: "batch * rows * K / 16", value: usize::MAX, max: isize::MAX as usize })?;
-        check_len("scales", row_major.len(), want, "batch * rows * K/16 row-major scale bytes")?;
-        let tiled_len = (sf_batch_bytes(rows, k) as u128) * batch as u128;
-        if tiled_len > isize::MAX as u128 {
-            return Err(Error::Dimension { dim: "tiled scale bytes", value: usize::MAX, max: isize::MAX as usize });
+        check_len("values", values.len(), batch * rows * k / 2, "batch * rows * K / 2 packed bytes")?;
+        check_len("scales", row_major.len(), batch * rows * cols, "batch * rows * K/16 row-major scale bytes")?;
+        let tiled_len = batch * sf_batch_bytes(rows, k);
+        crate::gemm::check_devices(stream.context().ordinal(), [("values", values.stream()), ("scales", row_major.stream())])?;
+        if crate::gemm::capture_check(stream)? {
+            return Err(Error::NotCapturable { call: "Nvfp4Tensor::from_row_major_scales", why: "it allocates the tiled scales", fix: "convert when loading the weights, before capturing" });
         }
-        for (name, s) in [("values", values.stream()), ("scales", row_major.stream())] {
-            crate::gemm::check_devices(stream.context().ordinal(), [(name, s)])?;
-        }
-        stream.context().bind_to_thread()?;
         // SAFETY: every byte is written by the kernel below (padding included) before any read.
-        let mut tiled = unsafe { stream.alloc::<u8>(tiled_len as usize) }?;
+        let mut tiled = unsafe { stream.alloc::<u8>(tiled_len) }?;
         {
             let (src, _gs) = row_major.device_ptr(stream);
             let (dst, _gd) = tiled.device_ptr_mut(stream);

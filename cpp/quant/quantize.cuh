@@ -103,13 +103,20 @@ __global__ void amax_kernel(const T* x, int64_t n, uint32_t* amax_bits) {
 struct DenseScales {};
 struct MoeScales {};
 
+// The MoE form's expert table, in shared memory (only its instantiations reference it, so the
+// dense ones hold none).
+__device__ __forceinline__ MoeRows& moe_table() {
+  __shared__ MoeRows table;
+  return table;
+}
+
 // One warp: one row, 32 consecutive scale columns (lane j: column 32 blockIdx.x + j, its 16
 // inputs), so a warp's loads and code stores are contiguous (16 x 32 bytes of bf16 in, 256 bytes
 // of codes out); four lanes' scale bytes are one 32-bit word of the tiled layout, stored by the
 // first of them. Warps stride over the rows: the dense layout's padded rows (ceil(M/128) * 128:
 // rows past M write zero scales), or the MoE form's stacked rows (rows no expert holds write
 // nothing). Columns past K/16 up to the padded count write zero scales. grid: (padded columns /
-// 32, row groups, L). g_given is used when amax_bits is null.
+// 32 rounded up, row groups, L). g_given is used when amax_bits is null.
 template <class T, class Layout>
 __global__ void __launch_bounds__(kThreads) quantize_kernel(const T* x, uint8_t* codes, uint8_t* scales, int m, int k, float g_given, const uint32_t* amax_bits,
                                                          const int32_t* offsets, int experts) {
@@ -117,14 +124,14 @@ __global__ void __launch_bounds__(kThreads) quantize_kernel(const T* x, uint8_t*
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, l = blockIdx.z;
   const int cols = k / 16, cg = blockIdx.x * 32 + lane;
   const int64_t sp = sf_cols_padded(k);
-  __shared__ MoeRows table;
-  if constexpr (kMoe) table.prepare(offsets, experts, m, threadIdx.x);
+  if constexpr (kMoe) moe_table().prepare(offsets, experts, m, threadIdx.x);
   const float g = amax_bits ? global_from_amax(__uint_as_float(*amax_bits)) : g_given;
   const int row_end = kMoe ? m : (m + 127) / 128 * 128;
   const int64_t batch_sf = kMoe ? 0 : l * sf_batch_bytes(m, sp);
   for (int r = blockIdx.y * kWarps + warp; r < row_end; r += gridDim.y * kWarps) {
     int srow = r;  // the scale row
     if constexpr (kMoe) {
+      const MoeRows& table = moe_table();
       const int e = table.expert_of_row(experts, r);
       if (e < 0) continue;  // the whole warp: one row
       srow = table.sf_row[e] + r - table.row[e];
@@ -149,7 +156,7 @@ __global__ void __launch_bounds__(kThreads) quantize_kernel(const T* x, uint8_t*
 // output (one row's four scale columns of a chunk), so the stores run side by side; the reads are
 // 4 bytes of a row each.
 __global__ void tile_scales_kernel(const uint8_t* src, uint32_t* dst, int rows, int cols, int64_t words_per_batch, int64_t words) {
-  const int64_t sp = (cols + 3) / 4 * 4;
+  const int64_t sp = (int64_t(cols) + 3) / 4 * 4;
   for (int64_t w = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; w < words; w += int64_t(gridDim.x) * blockDim.x) {
     const int64_t b = w / words_per_batch, in_batch = w % words_per_batch;
     const int64_t chunk = in_batch / 128, q = in_batch % 128;  // 512-byte chunk, its word
