@@ -110,12 +110,18 @@ fn exact_dot_units(a: &Decoded, i: usize, b: &Decoded, j: usize, k: usize) -> st
 /// within the host's largest allocation (so no product of the dimensions below overflows), and
 /// the four lengths.
 fn check_operands(p: &Problem, a: &[u8], sfa: &[u8], b: &[u8], sfb: &[u8], out_elem_bytes: usize, sfd: bool) -> Result<()> {
+    check_reference_shape(p, out_elem_bytes, sfd)?;
+    check_operand_lens(p, [a.len(), sfa.len(), b.len(), sfb.len()])
+}
+
+/// The shape rules every reference call shares: dimensions, K a multiple of 16, every count
+/// within the host's largest allocation.
+fn check_reference_shape(p: &Problem, out_elem_bytes: usize, sfd: bool) -> Result<()> {
     p.check_dims(usize::MAX)?;
     if !p.k.is_multiple_of(SF_VEC) {
         return Err(Error::KMultiple { k: p.k, multiple: SF_VEC, why: "one scale per 16 elements of K" });
     }
-    p.check_counts(out_elem_bytes, sfd, isize::MAX as usize, "the largest host allocation is isize::MAX bytes")?;
-    check_operand_lens(p, [a.len(), sfa.len(), b.len(), sfb.len()])
+    p.check_counts(out_elem_bytes, sfd, isize::MAX as usize, "the largest host allocation is isize::MAX bytes")
 }
 
 /// Checks C against the problem: its length when given, and that beta != 0 has one.
@@ -346,6 +352,12 @@ fn split_f32(x: f32) -> Option<(i64, i32)> {
 /// the [`Dot`]s [`crate::compare::verify_w4a16`] judges by. NaN scales, NaN or infinite
 /// activations give their sums in f64 as they come (NaN or infinite), `abs_sum` NaN.
 pub fn w4a16_dots<TA: crate::w4a16::Activation16>(p: &Problem, a: &[TA], b: &[u8], sfb: &[u8]) -> Result<Vec<Dot>> {
+    w4a16_sums(p, a, b, sfb, true)
+}
+
+/// [`w4a16_dots`]; without `with_abs` the magnitudes' sums are not formed (`abs_sum` 0), for the
+/// reference GEMM, which needs the sums alone.
+fn w4a16_sums<TA: crate::w4a16::Activation16>(p: &Problem, a: &[TA], b: &[u8], sfb: &[u8], with_abs: bool) -> Result<Vec<Dot>> {
     check_w4a16_operands(p, a.len(), b, sfb, std::mem::size_of::<Dot>())?;
     let (m, n, k) = (p.m, p.n, p.k);
     let kb = k / SF_VEC;
@@ -369,10 +381,12 @@ pub fn w4a16_dots<TA: crate::w4a16::Activation16>(p: &Problem, a: &[TA], b: &[u8
                     let w = bv[kk] as i64 * bd.scales[j * kb + kk / SF_VEC];
                     if let (Some((ma, ea)), true) = (part, w != 0) {
                         sum.add(ma * w, ea - 10);
-                        abs.add((ma * w).abs(), ea - 10);
+                        if with_abs {
+                            abs.add((ma * w).abs(), ea - 10);
+                        }
                     }
                 }
-                *o = Dot { sum: sum.to_f64(), abs_sum: abs.to_f64() };
+                *o = Dot { sum: sum.to_f64(), abs_sum: if with_abs { abs.to_f64() } else { 0.0 } };
             }
         });
     }
@@ -384,7 +398,7 @@ pub fn w4a16_dots<TA: crate::w4a16::Activation16>(p: &Problem, a: &[TA], b: &[u8
 /// global scale in, as the GEMM does).
 pub fn gemm_w4a16<TA: crate::w4a16::Activation16, T: OutputElement>(p: &Problem, a: &[TA], b: &[u8], sfb: &[u8], c: Option<&[T]>) -> Result<Vec<T>> {
     check_c(p, c.map(<[T]>::len))?;
-    let dots = w4a16_dots(p, a, b, sfb)?;
+    let dots = w4a16_sums(p, a, b, sfb, false)?;
     let (alpha, beta) = (p.alpha as f64, p.beta as f64);
     Ok(dots.iter().enumerate().map(|(i, d)| {
         let bc = match c {
@@ -397,11 +411,7 @@ pub fn gemm_w4a16<TA: crate::w4a16::Activation16, T: OutputElement>(p: &Problem,
 
 /// [`check_operands`] for W4A16: A holds `a_len` activations.
 fn check_w4a16_operands(p: &Problem, a_len: usize, b: &[u8], sfb: &[u8], out_elem_bytes: usize) -> Result<()> {
-    p.check_dims(usize::MAX)?;
-    if !p.k.is_multiple_of(SF_VEC) {
-        return Err(Error::KMultiple { k: p.k, multiple: SF_VEC, why: "one scale per 16 elements of K" });
-    }
-    p.check_counts(out_elem_bytes, false, isize::MAX as usize, "the largest host allocation is isize::MAX bytes")?;
+    check_reference_shape(p, out_elem_bytes, false)?;
     check_len("A", a_len, p.a_elems(), "L * M * K activations")?;
     let rules = crate::problem::operand_rules(p);
     check_len(rules[2].0, b.len(), rules[2].1, rules[2].2)?;
