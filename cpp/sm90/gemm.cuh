@@ -75,6 +75,14 @@ struct Gemm {
               CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
   }
 
+  // The A operand's map, as the tile reads it: the pre-pass's output `pre` ((batch, rows, K
+  // rounded up to 64) halves) for the swapped tiles, else A itself (dense 16-bit or packed).
+  static bool encode_a(CUtensorMap* map, const void* a, const void* pre, int64_t k, int64_t rows, int64_t batch) {
+    if constexpr (T::kPreA) return encode(map, pre, (k + kBK - 1) / kBK * kBK * 2, rows, batch, kBM, true);
+    else if constexpr (kDenseA) return encode(map, a, k * 2, rows, batch, kBM, true);
+    else return encode(map, a, k / 2, rows, batch, kBM);
+  }
+
   static size_t workspace_size(const KernelArgs& a) { return Sched::workspace_size(a); }
 
   // Every check comes before the first write or launch, so a refused call leaves memory as it was.
@@ -89,9 +97,7 @@ struct Gemm {
           if (e == cudaSuccess && T::kClusterReduce)
             e = cudaFuncSetAttribute(kKernel<T, OutT, SplitReduce>, cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmem);
           if constexpr (T::kPreA) {
-            if (e == cudaSuccess)
-              e = kDenseA ? cudaFuncSetAttribute(reorder_a, cudaFuncAttributeMaxDynamicSharedMemorySize, kPreSmem)
-                          : cudaFuncSetAttribute(predecode_a, cudaFuncAttributeMaxDynamicSharedMemorySize, kPreSmem);
+            if (e == cudaSuccess) e = kDenseA ? reserve_pre_pass_smem(reorder_a) : reserve_pre_pass_smem(predecode_a);
           }
           return e;
         });
@@ -99,21 +105,15 @@ struct Gemm {
       return {int32_t(cutlass::Status::kErrorInternal), int32_t(e), 0};
     uint8_t* const pre = static_cast<uint8_t*>(workspace) + Sched::pre_a_offset(a);
     CUtensorMap map_a, map_b;
-    const bool mapped = T::kPreA  ? encode(&map_a, pre, Sched::k_pad(a) * 2, a.m, a.l, kBM, true)
-                        : kDenseA ? encode(&map_a, reinterpret_cast<const void*>(a.a), int64_t(a.k) * 2, a.m, a.l, kBM, true)
-                                  : encode(&map_a, reinterpret_cast<const void*>(a.a), a.k / 2, a.m, a.l, kBM);
-    if (!mapped || !encode(&map_b, reinterpret_cast<const void*>(a.b), a.k / 2, a.n, a.l, BN))
+    if (!encode_a(&map_a, reinterpret_cast<const void*>(a.a), pre, a.k, a.m, a.l) ||
+        !encode(&map_b, reinterpret_cast<const void*>(a.b), a.k / 2, a.n, a.l, BN))
       return {int32_t(cutlass::Status::kErrorInternal), 0, 0};
     if constexpr (T::kPreA) {
-      // Programmatic launch, one CTA of kPreThreads per SM (the reserved shared memory keeps two
-      // off one SM and off an SM a GEMM CTA holds).
-      const int64_t items = int64_t(a.l) * a.m * (Sched::k_pad(a) / kBK) * (kDenseA ? 8 : 2);
-      const int64_t blocks = std::max<int64_t>(1, std::min<int64_t>((items + kPreThreads - 1) / kPreThreads, a.sm_count));
-      const KernelLaunch pre_launch(dim3(unsigned(blocks)), kPreThreads, 1, kPreSmem, stream, true);
-      const cudaError_t e = kDenseA ? cudaLaunchKernelEx(&pre_launch.cfg, reorder_a, reinterpret_cast<const uint16_t*>(a.a), reinterpret_cast<uint4*>(pre),
-                                                         int(a.m), int(a.k), int(a.l))
-                                    : cudaLaunchKernelEx(&pre_launch.cfg, predecode_a, reinterpret_cast<const uint8_t*>(a.a),
-                                                         reinterpret_cast<const uint8_t*>(a.sfa), reinterpret_cast<uint4*>(pre), int(a.m), int(a.k), int(a.l));
+      const cudaError_t e =
+          kDenseA ? launch_reorder_a(reinterpret_cast<const void*>(a.a), pre, a.m, a.k, a.l, a.sm_count, stream)
+                  : launch_pre_pass(predecode_a, int64_t(a.l) * a.m * (Sched::k_pad(a) / kBK) * 2, a.sm_count, stream,
+                                    reinterpret_cast<const uint8_t*>(a.a), reinterpret_cast<const uint8_t*>(a.sfa), reinterpret_cast<uint4*>(pre),
+                                    int(a.m), int(a.k), int(a.l));
       if (e != cudaSuccess) return {int32_t(cutlass::Status::kErrorInternal), int32_t(e), 0};
     }
     Params p{a.m, a.n, a.k, a.l, a.split_k,

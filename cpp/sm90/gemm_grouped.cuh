@@ -55,10 +55,8 @@ struct GroupedGemm {
     static SmemLimitOnce smem_limit;
     if (const cudaError_t e = smem_limit.ensure(a.device_id, [kernel] {
           cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmem);
-          if constexpr (T::kPreA && kDenseA) {
-            if (e == cudaSuccess) e = cudaFuncSetAttribute(reorder_a, cudaFuncAttributeMaxDynamicSharedMemorySize, kPreSmem);
-          } else if constexpr (T::kPreA) {
-            if (e == cudaSuccess) e = cudaFuncSetAttribute(predecode_a_grouped<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, kPreSmem);
+          if constexpr (T::kPreA) {
+            if (e == cudaSuccess) e = kDenseA ? reserve_pre_pass_smem(reorder_a) : reserve_pre_pass_smem(predecode_a_grouped<T>);
           }
           return e;
         });
@@ -68,10 +66,8 @@ struct GroupedGemm {
     const int64_t k_pad = TileScheduler<T>::k_pad(dense_view(a));
     CUtensorMap map_a, map_b;
     using G = Gemm<T, OutT>;
-    const bool mapped = T::kPreA  ? G::encode(&map_a, pre, k_pad * 2, a.rows, 1, T::kBM, true)
-                        : kDenseA ? G::encode(&map_a, reinterpret_cast<const void*>(a.a), int64_t(a.k) * 2, a.rows, 1, T::kBM, true)
-                                  : G::encode(&map_a, reinterpret_cast<const void*>(a.a), a.k / 2, a.rows, 1, T::kBM);
-    if (!mapped || !G::encode(&map_b, reinterpret_cast<const void*>(a.b), a.k / 2, a.n, a.experts, T::kBN))
+    if (!G::encode_a(&map_a, reinterpret_cast<const void*>(a.a), pre, a.k, a.rows, 1) ||
+        !G::encode(&map_b, reinterpret_cast<const void*>(a.b), a.k / 2, a.n, a.experts, T::kBN))
       return {int32_t(cutlass::Status::kErrorInternal), 0, 0};
     GroupedParams gp{};
     gp.base = Params{a.rows, a.n, a.k, 1, 1,
@@ -83,12 +79,9 @@ struct GroupedGemm {
     gp.expert_alpha = reinterpret_cast<const float*>(a.expert_alpha);
     gp.experts = a.experts;
     if constexpr (T::kPreA) {
-      // As the dense pre-pass: programmatic, one CTA of kPreThreads per SM at most.
-      const int64_t items = int64_t(a.rows) * (k_pad / kBK) * (kDenseA ? 8 : 2);
-      const int64_t blocks = std::max<int64_t>(1, std::min<int64_t>((items + kPreThreads - 1) / kPreThreads, a.sm_count));
-      const KernelLaunch pre_launch(dim3(unsigned(blocks)), kPreThreads, 1, kPreSmem, stream, true);
-      const cudaError_t e = kDenseA ? cudaLaunchKernelEx(&pre_launch.cfg, reorder_a, reinterpret_cast<const uint16_t*>(a.a), reinterpret_cast<uint4*>(pre), int(a.rows), int(a.k), 1)
-                                    : cudaLaunchKernelEx(&pre_launch.cfg, predecode_a_grouped<T>, gp, reinterpret_cast<uint4*>(pre));
+      const cudaError_t e = kDenseA ? launch_reorder_a(reinterpret_cast<const void*>(a.a), pre, a.rows, a.k, 1, a.sm_count, stream)
+                                    : launch_pre_pass(predecode_a_grouped<T>, int64_t(a.rows) * (k_pad / kBK) * 2, a.sm_count, stream, gp,
+                                                      reinterpret_cast<uint4*>(pre));
       if (e != cudaSuccess) return {int32_t(cutlass::Status::kErrorInternal), int32_t(e), 0};
     }
     // Stream tiles: one persistent CTA per SM (their shared memory holds one), fewer where even

@@ -4,8 +4,10 @@
 // it out as an in-CTA decode would; K past the end is 0.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 
+#include "common/launch.h"
 #include "common/nvfp4.cuh"
 #include "common/ptx.cuh"
 #include "common/scale_layout.cuh"
@@ -106,6 +108,29 @@ static __global__ void __launch_bounds__(kPreThreads) reorder_a(const uint16_t* 
   const int64_t items = int64_t(l) * m * kb_n * 8;
   for (int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; idx < items; idx += int64_t(gridDim.x) * blockDim.x)
     reorder_chunk(a, out, idx / 8 / kb_n, int((idx / 8) % kb_n), int(idx % 8), k, kb_n);
+}
+
+// ---- host side: the pre-pass launches the dense and grouped adapters share ----
+
+// Raises a pre-pass kernel's shared-memory reservation (in the adapters' SmemLimitOnce).
+template <class Kernel>
+cudaError_t reserve_pre_pass_smem(Kernel kernel) {
+  return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kPreSmem);
+}
+
+// A pre-pass of `items` work items: programmatic, one CTA of kPreThreads per SM at most (the
+// reserved shared memory keeps two off one SM and off an SM a GEMM CTA holds).
+template <class Kernel, class... Args>
+cudaError_t launch_pre_pass(Kernel kernel, int64_t items, int sm_count, cudaStream_t stream, Args... args) {
+  const int64_t blocks = std::max<int64_t>(1, std::min<int64_t>((items + kPreThreads - 1) / kPreThreads, sm_count));
+  const KernelLaunch launch(dim3(unsigned(blocks)), kPreThreads, 1, kPreSmem, stream, true);
+  return cudaLaunchKernelEx(&launch.cfg, kernel, args...);
+}
+
+// The dense activations' re-order (W4A16) of l batches of m rows into `out`.
+inline cudaError_t launch_reorder_a(const void* a, void* out, int m, int k, int l, int sm_count, cudaStream_t stream) {
+  return launch_pre_pass(reorder_a, int64_t(l) * m * ((k + 63) / 64) * 8, sm_count, stream, static_cast<const uint16_t*>(a),
+                         static_cast<uint4*>(out), m, k, l);
 }
 
 }  // namespace bsg::sm90
