@@ -5,7 +5,7 @@
 use crate::dispatch::Config;
 use crate::error::{Error, Result};
 use crate::sys::{self as bridge, KernelArgs};
-use crate::problem::{check_operand_lens, OutType, Problem, SfdFormat};
+use crate::problem::{check_len, check_operand_lens, OutType, Problem, SfdFormat};
 
 fn args(p: &Problem) -> KernelArgs {
     // Aligned, never dereferenced: these calls only inspect shapes and layouts.
@@ -50,6 +50,89 @@ pub fn can_implement_grouped(config: Config, out: OutType, p: &crate::grouped::M
     let dim = |dim: &'static str, v: usize| i32::try_from(v).map_err(|_| Error::Dimension { dim, value: v, max: i32::MAX as usize });
     let args = bridge::GroupedArgs { rows: dim("T", p.rows)?, n: dim("N", p.n)?, k: dim("K", p.k)?, experts: dim("experts", p.experts)?, ..Default::default() };
     Ok(bridge::can_implement_grouped(config.info().index, out.index(), &args))
+}
+
+/// What a grouped kernel that builds per-expert arguments (SM100's pointer-array GEMM) gives
+/// one expert, as its builder computes it (run on the host): byte offsets are from the bases of
+/// the stacked operands (A, B, their scales, D).
+#[derive(Clone, Debug, PartialEq)]
+pub struct GroupDescription {
+    /// The expert's problem: rows, N, K.
+    pub shape: [usize; 3],
+    /// Byte offsets of the expert's A, B, SFA, SFB and D from those operands' bases.
+    pub a: u64,
+    /// See `a`.
+    pub b: u64,
+    /// See `a`.
+    pub sfa: u64,
+    /// See `a`.
+    pub sfb: u64,
+    /// See `a`.
+    pub d: u64,
+    /// The expert's alpha (the call's alpha times its expert scale).
+    pub alpha: f32,
+    /// Leading dimensions in elements: A's and B's rows (K), D's rows (N).
+    pub ld: [usize; 3],
+    /// Byte offset from SFA's base of the scale of every (scale column, row) of the expert's A,
+    /// row fastest.
+    pub sfa_offsets: Vec<u64>,
+    /// The same for B (N rows).
+    pub sfb_offsets: Vec<u64>,
+}
+
+/// The per-expert arguments the grouped kernel of `config` with `out` output builds for expert
+/// `expert` of `p`, given the offsets and expert scales the device would hold (`None`: ones).
+/// `Ok(None)` for kernels that build none (SM90: they read the offsets themselves).
+pub fn describe_grouped(config: Config, out: OutType, p: &crate::grouped::MoeProblem, offsets: &[i32], expert_scales: Option<&[f32]>, expert: usize) -> Result<Option<GroupDescription>> {
+    if !config.is_built_grouped(out) {
+        return Err(Error::NotBuilt { config, out });
+    }
+    p.validate(out)?;
+    check_len("offsets", offsets.len(), p.experts + 1, "E + 1 expert offsets")?;
+    if let Some(s) = expert_scales {
+        check_len("expert_scales", s.len(), p.experts, "one per expert")?;
+    }
+    if expert >= p.experts {
+        return Err(Error::InvalidData { what: "expert", detail: format!("{expert}: the problem has {} experts", p.experts) });
+    }
+    // Bases far apart, never dereferenced: the answer is read back relative to them.
+    const BASE: [u64; 5] = [1 << 40, 2 << 40, 3 << 40, 4 << 40, 5 << 40];
+    let args = bridge::GroupedArgs {
+        a: BASE[0], b: BASE[1], sfa: BASE[2], sfb: BASE[3], d: BASE[4],
+        offsets: offsets.as_ptr() as u64, expert_alpha: expert_scales.map_or(0, |s| s.as_ptr() as u64),
+        alpha: p.alpha, sm_count: 1,
+        ..crate::grouped::grouped_args(p)
+    };
+    let call = |values: &mut [i64]| {
+        // SAFETY: offsets and expert_scales are host slices of the lengths checked above; the
+        // builder reads nothing else.
+        unsafe { bridge::describe_grouped(config.info().index, out.index(), &args, expert as i32, values) }
+    };
+    let need = call(&mut []);
+    if need == -3 {
+        return Ok(None);
+    }
+    if need < 12 {
+        return Err(Error::InvalidData { what: "describe_grouped", detail: format!("the shim answered {need}") });
+    }
+    let mut v = vec![0i64; need as usize];
+    let got = call(&mut v);
+    if got != need {
+        return Err(Error::InvalidData { what: "describe_grouped", detail: format!("the shim answered {got}, then {need}") });
+    }
+    let rel = |x: i64, base: u64| (x as u64).wrapping_sub(base);
+    let m = v[0] as usize;
+    let sf_cols = p.k / 16;
+    let (sfa, sfb) = (rel(v[5], BASE[2]), rel(v[6], BASE[3]));
+    let head = 12;
+    Ok(Some(GroupDescription {
+        shape: [m, v[1] as usize, v[2] as usize],
+        a: rel(v[3], BASE[0]), b: rel(v[4], BASE[1]), sfa, sfb, d: rel(v[7], BASE[4]),
+        alpha: f32::from_bits(v[8] as u32),
+        ld: [v[9] as usize, v[10] as usize, v[11] as usize],
+        sfa_offsets: v[head..head + m * sf_cols].iter().map(|&x| rel(x, BASE[2])).collect(),
+        sfb_offsets: v[head + m * sf_cols..].iter().map(|&x| rel(x, BASE[3])).collect(),
+    }))
 }
 
 /// Workspace bytes the kernel of `config` with `out` output asks for on `p` with `split_k` K

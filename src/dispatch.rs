@@ -268,7 +268,8 @@ fn swapped_estimate_us(config: Config, p: &Problem, split: u32, sm_count: usize)
     waves * (first + after + range * clocks / 1900.0)
 }
 
-/// The grouped (mixture-of-experts) kernel for `rows` stacked rows over `experts` experts, by
+/// The grouped (mixture-of-experts) kernel for `rows` stacked rows over `experts` experts. SM100:
+/// the config with grouped kernels for `out`. SM90: by
 /// the mean rows per expert `ceil(T / min(E, T))` (the routing is on the device, so the mean is
 /// all the host knows), among the configs with a grouped kernel for `out` that `available`
 /// allows: from GROUPED_SWAPPED_MEAN rows the swapped 128-row tiles (the 128x128 one, else
@@ -277,6 +278,10 @@ fn swapped_estimate_us(config: Config, p: &Problem, split: u32, sm_count: usize)
 /// K).
 pub fn select_grouped(arch: u32, rows: usize, experts: usize, k: usize, out: OutType, available: impl Fn(Config) -> bool) -> Option<Config> {
     let all: Vec<Config> = Config::ALL.iter().copied().filter(|c| c.info().arch == arch && c.info().grouped.contains(&out) && available(*c)).collect();
+    if arch == 100 {
+        // CUTLASS's pointer-array kernel: one config of the table has grouped kernels.
+        return all.first().copied();
+    }
     let mean = rows.div_ceil(experts.min(rows).max(1));
     if mean >= GROUPED_SWAPPED_MEAN {
         if let Some(c) = [Config::Sm90_Swapped_128x128x64, Config::Sm90_128x256x64].into_iter().find(|c| all.contains(c)) {
@@ -378,11 +383,13 @@ mod tests {
         assert_eq!(select_grouped(90, 1024, 8, 7168, OutType::Bf16, |c| c != Config::Sm90_Swapped_128x128x64), Some(Config::Sm90_128x256x64));
         assert_eq!(select_grouped(90, 63 * 8, 8, 7168, OutType::Bf16, all), Some(Config::Sm90_Stream_32x128x64));
         assert_eq!(select_grouped(90, 64, 8, 7168, OutType::Nvfp4, all), None);
-        assert_eq!(select_grouped(100, 64, 8, 7168, OutType::F16, all), None);
+        assert_eq!(select_grouped(100, 64, 8, 7168, OutType::F16, all), Some(Config::Sm100_1Sm_128x128x256));
+        assert_eq!(select_grouped(100, 64, 8, 7168, OutType::F32, all), None);
+        assert_eq!(select_grouped(100, 64, 8, 7168, OutType::F16, |c| c.info().arch != 100), None);
         assert_eq!(select_grouped(90, 64, 256, 7168, OutType::Bf16, |c| c != Config::Sm90_Stream_8x128x64), Some(Config::Sm90_StreamShortK_8x128x64));
         for c in Config::ALL {
             if !c.info().grouped.is_empty() {
-                assert!(c.info().streams() || (c.info().swapped() && c.info().tile[0] == 128), "{c}: grouped kernels are built on the stream and swapped 128-row tiles");
+                assert!(c.info().arch == 100 || c.info().streams() || (c.info().swapped() && c.info().tile[0] == 128), "{c}: grouped SM90 kernels are built on the stream and swapped 128-row tiles");
             }
         }
     }

@@ -105,6 +105,21 @@ impl MoeProblem {
     }
 }
 
+impl MoeProblem {
+    /// SM100's limit beyond [`Self::validate`]: CuTe's scale-factor layouts, one per expert, hold
+    /// int32 strides, so A's scales over T rows and B's over N rows must each span fewer than
+    /// 2^31 bytes (`ceil(rows / 128) * ceil(K / 64) * 512`).
+    pub fn check_sm100(&self) -> Result<()> {
+        for (what, rows) in [("A's scales per expert (T rows at most)", self.rows), ("B's scales per expert", self.n)] {
+            let span = rows.div_ceil(128) as u128 * self.k.div_ceil(64) as u128 * 512;
+            if span > i32::MAX as u128 {
+                return Err(Error::SizeLimit { what, rule: "ceil(rows / 128) * ceil(K / 64) * 512", dims: format!("T = {}, N = {}, K = {}", self.rows, self.n, self.k), value: span, max: i32::MAX as u128, why: "CUTLASS's SM100 scale layouts hold 32-bit strides" });
+            }
+        }
+        Ok(())
+    }
+}
+
 /// Rows of the MoE scale layout for `rows` stacked rows over `experts` experts, room for any
 /// routing: each expert's rows padded to 128 take at most `T + 127 E` rows, so
 /// `floor((T + 127 E) / 128) * 128` (saturating).
@@ -277,6 +292,9 @@ impl BlockScaledGemm {
             p.validate(out)?;
             let unsupported = || Error::UnsupportedDevice { ordinal: dev.ordinal, major, minor, supported };
             let arch = dev.arch().ok_or_else(unsupported)?;
+            if arch == 100 {
+                p.check_sm100()?;
+            }
             return dispatch::select_grouped(arch, p.rows, p.experts, p.k, out, |c| built(c, out)).ok_or_else(unsupported);
         };
         if config.compute_capability() != dev.compute_capability {
@@ -284,6 +302,9 @@ impl BlockScaledGemm {
         }
         if !built(config, out) {
             return Err(Error::NotBuilt { config, out });
+        }
+        if config.info().arch == 100 {
+            p.check_sm100()?;
         }
         Ok(config)
     }
@@ -330,7 +351,9 @@ impl BlockScaledGemm {
         status_result(status, config, out, (p.rows, p.n, p.k, p.experts))
     }
 
-    /// The grouped GEMM of a mixture-of-experts layer, in one launch (Hopper):
+    /// The grouped GEMM of a mixture-of-experts layer, in one launch on Hopper; on Blackwell
+    /// (f16 or bf16 output) CUTLASS's pointer-array block-scaled kernel, after a one-CTA launch
+    /// that builds every expert's arguments from the offsets on the device:
     /// `D[rows of e] = alpha * gA * gB * expert_scales[e] * dec(A[rows of e]) dec(B[e])ᵀ` for
     /// every expert e, with gA and gB the tensors' global scales, in f16, bf16 or f32. Per
     /// expert the arithmetic is [`Self::gemm`]'s (FP32 sums of exact products, one rounding),
@@ -345,12 +368,13 @@ impl BlockScaledGemm {
     /// `expert_scales`: E `f32` on the device (the experts' weight global scales; ones where
     /// there are none). Experts without rows cost nothing.
     ///
-    /// `config`: `None` picks the tile from the mean rows per expert (T / E: a stream tile below
-    /// 64 rows, the swapped 128x128 tile from there); a forced config must carry a grouped kernel
-    /// for D's type (`ConfigInfo::grouped`). The swapped tiles decode the activations once into
-    /// the workspace first, as [`Self::gemm`]'s do: it grows as there, except during capture
-    /// ([`Self::moe_workspace_size`] says how much to reserve). Returns the config that ran;
-    /// T = 0 launches nothing.
+    /// `config`: `None` picks, on SM90, the tile from the mean rows per expert (T / E: a stream
+    /// tile below 64 rows, the swapped 128x128 tile from there), on SM100 the config with grouped
+    /// kernels (`Sm100_1Sm_128x128x256`); a forced config must carry a grouped kernel for D's
+    /// type (`ConfigInfo::grouped`). The workspace holds the swapped tiles' activations decoded
+    /// once (as [`Self::gemm`]'s do), or on SM100 the experts' arguments and CUTLASS's own
+    /// workspace: it grows as there, except during capture ([`Self::moe_workspace_size`] says how
+    /// much to reserve). Returns the config that ran; T = 0 launches nothing.
     #[allow(clippy::too_many_arguments)]
     pub fn moe_gemm<VA, SA, VB, SB, O, ES, D, TV, TS, TO>(&self, p: &MoeProblem, a: &MoeActivations<VA, SA>, b: &Nvfp4Tensor<VB, SB>, offsets: &O, expert_scales: &ES, d: &mut D, config: Option<Config>) -> Result<Config>
     where
@@ -384,12 +408,15 @@ impl BlockScaledGemm {
 
     /// Workspace bytes [`Self::moe_gemm`] needs on `p` with output `out` and `config` (or the one
     /// it would choose): the swapped tiles' activations decoded to FP16 (2 * T * K bytes plus
-    /// 256 KiB), none for the stream tiles. Reserve it ([`Self::reserve_workspace`]) before
-    /// capturing a call in a CUDA graph.
+    /// 256 KiB), none for the stream tiles; on SM100 the experts' argument arrays (about 200
+    /// bytes an expert) and CUTLASS's workspace (its TMA descriptors, per SM). Reserve it
+    /// ([`Self::reserve_workspace`]) before capturing a call in a CUDA graph.
     pub fn moe_workspace_size(&self, p: &MoeProblem, out: OutType, config: Option<Config>) -> Result<usize> {
         p.validate(out)?;
         let config = self.grouped_config(p, out, config, SUPPORTED_GROUPED, |c, o| c.is_built_grouped(o))?;
-        Ok(sys::workspace_size_grouped(config.info().index, out.index(), &grouped_args(p)))
+        let dev = self.device();
+        let args = sys::GroupedArgs { device_id: dev.ordinal as i32, sm_count: dev.sm_count as i32, ..grouped_args(p) };
+        Ok(sys::workspace_size_grouped(config.info().index, out.index(), &args))
     }
 }
 
@@ -473,7 +500,16 @@ mod tests {
                 }
                 for p in problems {
                     assert!(p.validate(out).is_ok(), "{p:?}");
-                    assert!(crate::cutlass_host::can_implement_grouped(c, out, &p).unwrap(), "{c} {out} {p:?}");
+                    let ok = c.info().arch != 100 || p.check_sm100().is_ok();
+                    assert_eq!(crate::cutlass_host::can_implement_grouped(c, out, &p).unwrap(), ok, "{c} {out} {p:?}");
+                }
+                if c.info().arch == 100 {
+                    // At the SM100 limit, and just past it (A's scales over T rows).
+                    let rows = (i32::MAX as usize / 512 / 112) * 128;
+                    let p = MoeProblem::new(rows, 128, 7168, 8);
+                    assert!(p.check_sm100().is_ok() && crate::cutlass_host::can_implement_grouped(c, out, &p).unwrap(), "{c} {p:?}");
+                    let p = MoeProblem::new(rows + 1, 128, 7168, 8);
+                    assert!(p.check_sm100().is_err() && !crate::cutlass_host::can_implement_grouped(c, out, &p).unwrap(), "{c} {p:?}");
                 }
             }
         }

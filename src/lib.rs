@@ -4,7 +4,8 @@
 //!
 //! # The two architectures
 //! - **Blackwell** (B200, GB200; compute capability 10.0): CUTLASS's block-scaled UMMA kernels,
-//!   the path of CUTLASS examples 72a/72b, in 1-SM and 2-SM tile/cluster configs.
+//!   the path of CUTLASS examples 72a/72b, in 1-SM and 2-SM tile/cluster configs; the
+//!   mixture-of-experts GEMM as CUTLASS's pointer-array grouped kernel (example 75).
 //! - **Hopper** (H100, H200; 9.0), which has no FP4 tensor cores: our exact kernels decode NVFP4
 //!   on chip to FP16 (exact: every e2m1 value times a ue4m3 scale is an FP16 value) and run
 //!   `wgmma` or `mma.sync` with FP32 accumulation; small-M tiles for decode steps and MoE experts

@@ -1,8 +1,9 @@
 //! The Rust layout and validator against CUTLASS's own host code, and the machine code of every
 //! kernel in the build. No GPU needed.
-use blockscaled_gemm::cutlass_host::{can_implement, can_implement_split_k, sf_offsets, workspace_size};
-use blockscaled_gemm::layout::{sf_bytes, sf_offset_elem};
-use blockscaled_gemm::{check_split_k, cluster_reduced, Config, OutType, Problem};
+use blockscaled_gemm::cutlass_host::{can_implement, can_implement_split_k, describe_grouped, sf_offsets, workspace_size};
+use blockscaled_gemm::grouped::{expert_offsets, moe_scale_starts};
+use blockscaled_gemm::layout::{padded_sf_cols, sf_bytes, sf_cols, sf_offset, sf_offset_elem};
+use blockscaled_gemm::{check_split_k, cluster_reduced, Config, MoeProblem, OutType, Problem};
 use std::process::Command;
 
 fn built_configs() -> Vec<Config> {
@@ -147,7 +148,7 @@ fn host_queries_refuse_bad_input() {
 fn sass_has_block_scaled_umma() {
     let objs: Vec<&str> = env!("BSG_KERNEL_OBJECTS").split(';').filter(|s| !s.is_empty()).collect();
     let cuobjdump = env!("BSG_CUOBJDUMP");
-    let (mut kernels, mut hopper) = (0, 0);
+    let (mut kernels, mut hopper, mut grouped) = (0, 0, 0);
     for obj in &objs {
         let out = Command::new(cuobjdump).arg("-sass").arg(obj).output().expect("run cuobjdump");
         assert!(out.status.success(), "cuobjdump {obj}: {}", String::from_utf8_lossy(&out.stderr));
@@ -159,6 +160,14 @@ fn sass_has_block_scaled_umma() {
             assert!(utccp > 0, "{obj}: no UTCCP (scale factors to tensor memory)");
             assert!(sass.contains("sm_100a") || sass.contains("SM100"), "{obj}: not sm_100a code");
             kernels += 1;
+        }
+        if obj.contains("bsg_grouped_sm100") {
+            // CUTLASS's pointer-array grouped kernel: the same block-scaled UMMA and UTCCP.
+            let umma = sass.lines().filter(|l| l.contains("UTCOMMA") && (l.contains(".4X") || l.contains(".2X"))).count();
+            assert!(umma > 0, "{obj}: no block-scaled UMMA instruction");
+            assert!(sass.contains("UTCCP"), "{obj}: no UTCCP (scale factors to tensor memory)");
+            assert!(sass.contains("build_groups"), "{obj}: no argument builder");
+            grouped += 1;
         }
         if obj.contains("bsg_entry_sm90") {
             // Hopper: FP16 MMA fed by the on-chip e4m3 -> f16 decode: warpgroup MMA, or for the
@@ -176,6 +185,69 @@ fn sass_has_block_scaled_umma() {
     let expected = |arch: u32| built_configs().iter().filter(|c| c.info().arch == arch).map(|c| c.info().outputs.len()).sum::<usize>();
     assert_eq!(kernels, expected(100));
     assert_eq!(hopper, expected(90));
+    let grouped_sm100: usize = built_configs().iter().filter(|c| c.info().arch == 100).map(|c| c.info().grouped.len()).sum();
+    assert_eq!(grouped, grouped_sm100, "SM100 grouped kernels with block-scaled UMMA");
+}
+
+/// SM100's grouped GEMM builds each expert's arguments (shape, addresses, strides, CUTLASS's
+/// scale layouts, alpha) on the device from the offsets; run on the host, that builder must place
+/// every expert where the MoE layout puts it (the layout the quantizer writes and the SM90
+/// kernels read): rows of A and D from the expert's first row, its scales from its first scale
+/// row (each expert padded to 128), batch e of B and of B's scales.
+#[test]
+fn sm100_grouped_arguments_follow_the_moe_layout() {
+    let configs: Vec<(Config, OutType)> = Config::ALL.iter().copied().filter(|c| c.info().arch == 100)
+        .flat_map(|c| c.info().grouped.iter().map(move |o| (c, *o))).filter(|(c, o)| c.is_built_grouped(*o)).collect();
+    if configs.is_empty() {
+        eprintln!("skipped: no SM100 grouped kernel in this build (BSG_ARCHS = {})", env!("BSG_BUILT_ARCHS"));
+        return;
+    }
+    // K = 224: 14 scale columns, padded to 16. Experts: empty ones, one row, 127, 128 and 130
+    // rows (across a 128-row block).
+    let (n, k) = (192, 224);
+    let counts = [0usize, 1, 130, 0, 127, 128, 5, 0];
+    let offsets = expert_offsets(&counts).unwrap();
+    let t: usize = counts.iter().sum();
+    let scales: Vec<f32> = (0..counts.len()).map(|e| 0.25 + e as f32 * 0.375).collect();
+    let p = MoeProblem::new(t, n, k, counts.len()).alpha(0.75);
+    let starts = moe_scale_starts(&offsets).unwrap();
+    let sp = padded_sf_cols(sf_cols(k));
+    for &(c, out) in &configs {
+        for (e, &m) in counts.iter().enumerate() {
+            let g = describe_grouped(c, out, &p, &offsets, Some(&scales), e).unwrap().expect("SM100 builds arguments");
+            let r0 = offsets[e] as usize;
+            let what = format!("{c} {out} expert {e}");
+            assert_eq!(g.shape, [m, n, k], "{what}");
+            assert_eq!((g.a, g.b, g.d), ((r0 * k / 2) as u64, (e * n * k / 2) as u64, (r0 * n * out.bits() / 8) as u64), "{what}: A, B, D");
+            assert_eq!((g.sfa, g.sfb), ((starts[e] * sp) as u64, (e * sf_bytes(n, k, 1)) as u64), "{what}: SFA, SFB");
+            assert_eq!(g.alpha.to_bits(), (0.75f32 * scales[e]).to_bits(), "{what}: alpha");
+            assert_eq!(g.ld, [k, k, n], "{what}: leading dimensions");
+            assert_eq!((g.sfa_offsets.len(), g.sfb_offsets.len()), (m * k / 16, n * k / 16), "{what}");
+            for s in 0..k / 16 {
+                for r in 0..m {
+                    assert_eq!(g.sfa_offsets[s * m + r], sf_offset(starts[e] + r, s, sp) as u64, "{what}: SFA row {r} col {s}");
+                }
+                for r in 0..n {
+                    assert_eq!(g.sfb_offsets[s * n + r], (e * sf_bytes(n, k, 1) + sf_offset(r, s, sp)) as u64, "{what}: SFB row {r} col {s}");
+                }
+            }
+        }
+        // No expert scales: alpha alone.
+        let g = describe_grouped(c, out, &p, &offsets, None, 2).unwrap().unwrap();
+        assert_eq!(g.alpha, 0.75);
+        // Offsets the host check refuses are read as their running maximum clamped to [0, T]
+        // (common/moe_rows.cuh): disjoint ranges inside [0, T], scale rows after the last.
+        let bad = [2, 1, 50, 40, 300];
+        let q = MoeProblem::new(100, n, k, 4);
+        let want = [(2usize, 0usize, 0usize), (2, 48, 0), (50, 0, 128), (50, 50, 128)];
+        for (e, &(r0, m, sf_row)) in want.iter().enumerate() {
+            let g = describe_grouped(c, out, &q, &bad, None, e).unwrap().unwrap();
+            assert_eq!((g.shape[0], g.a, g.sfa), (m, (r0 * k / 2) as u64, (sf_row * sp) as u64), "{c} {out} bad offsets, expert {e}");
+        }
+        // Refused: an expert past E, offsets of the wrong length.
+        assert!(describe_grouped(c, out, &p, &offsets, None, counts.len()).is_err());
+        assert!(describe_grouped(c, out, &p, &offsets[1..], None, 0).is_err());
+    }
 }
 
 // ---- FP4 output (issue 6): the Rust reference against CUTLASS's host reference ----

@@ -115,6 +115,15 @@ bool can_implement_grouped(uint32_t config, uint32_t out, const GroupedArgs& arg
 
 size_t workspace_size_grouped(uint32_t config, uint32_t out, const GroupedArgs& args) { return workspace_or_zero(find_grouped(config, out), args); }
 
+// -2: no such kernel in this build; -3: a kernel that builds no per-expert arguments (SM90).
+int64_t describe_grouped(uint32_t config, uint32_t out, const GroupedArgs& args, int32_t expert,
+                         rust::Slice<int64_t> values) {
+  const GroupedEntry* e = find_grouped(config, out);
+  if (!e) return -2;
+  if (!e->describe) return -3;
+  return e->describe(args, expert, values.data(), values.size());
+}
+
 KernelStatus launch_w4a16(uint32_t config, uint32_t in, uint32_t out, const KernelArgs& args) {
   return run_or_not_built(find_w4a16(config, in, out), args);
 }

@@ -23,6 +23,8 @@ KernelStatus tile_scales(uint64_t src, uint64_t dst, int32_t rows, int32_t cols,
 KernelStatus launch_grouped(uint32_t config, uint32_t out, const GroupedArgs& args);
 bool can_implement_grouped(uint32_t config, uint32_t out, const GroupedArgs& args);
 size_t workspace_size_grouped(uint32_t config, uint32_t out, const GroupedArgs& args);
+int64_t describe_grouped(uint32_t config, uint32_t out, const GroupedArgs& args, int32_t expert,
+                         rust::Slice<int64_t> values);
 KernelStatus launch_w4a16(uint32_t config, uint32_t in, uint32_t out, const KernelArgs& args);
 size_t workspace_size_w4a16(uint32_t config, uint32_t in, uint32_t out, const KernelArgs& args);
 KernelStatus launch_w4a16_grouped(uint32_t config, uint32_t in, uint32_t out, const GroupedArgs& args);

@@ -92,7 +92,7 @@ struct GroupedGemm {
     return {int32_t(e == cudaSuccess ? cutlass::Status::kSuccess : cutlass::Status::kErrorInternal), int32_t(e), 0};
   }
 
-  static GroupedEntry entry() { return GroupedEntry{&run, &can_implement, &workspace_size}; }
+  static GroupedEntry entry() { return GroupedEntry{&run, &can_implement, &workspace_size, nullptr}; }
 };
 
 }  // namespace bsg::sm90

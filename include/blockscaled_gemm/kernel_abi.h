@@ -145,6 +145,11 @@ struct GroupedEntry {
   KernelStatus (*run)(const GroupedArgs&);
   bool (*can_implement)(const GroupedArgs&);
   size_t (*workspace_size)(const GroupedArgs&);
+  // Kernels that build per-expert arguments (SM100's pointer-array GEMM; null for SM90): that
+  // builder run on the host for expert `e`, with the args' offsets and expert_alpha as host
+  // addresses, its result flattened into `out` (cpp/sm100/gemm_grouped.cuh says how). Returns the
+  // count of values, writing them only when `len` holds them all; -1 for a refused problem.
+  int64_t (*describe)(const GroupedArgs& args, int32_t e, int64_t* out, size_t len);
 };
 
 }  // namespace bsg

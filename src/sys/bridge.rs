@@ -37,6 +37,15 @@ pub(crate) mod ffi {
         unsafe fn launch_grouped(config: u32, out: u32, args: &GroupedArgs) -> KernelStatus;
         fn can_implement_grouped(config: u32, out: u32, args: &GroupedArgs) -> bool;
         fn workspace_size_grouped(config: u32, out: u32, args: &GroupedArgs) -> usize;
+        /// The per-expert arguments the grouped kernel would build for expert `expert`, computed
+        /// on the host and flattened into `values` (`GroupedEntry::describe`): the count of
+        /// values, written only when `values` holds them all; -1 refused, -2 not built, -3 a
+        /// kernel that builds none.
+        ///
+        /// # Safety
+        /// `args.offsets` must be the host address of `args.experts + 1` int32 and
+        /// `args.expert_alpha` 0 or that of `args.experts` f32; nothing else is dereferenced.
+        unsafe fn describe_grouped(config: u32, out: u32, args: &GroupedArgs, expert: i32, values: &mut [i64]) -> i64;
         /// A config's W4A16 kernel (activations of InKind `input`, 16-bit, in `args.a`; `args.sfa`
         /// unused) for output `out`. `cutlass_status` -1: not in this build.
         ///
