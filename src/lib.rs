@@ -113,7 +113,7 @@
 //!   bit as CUTLASS's host reference computes them.
 //! - [`formats`], [`layout`], [`Nvfp4Matrix`]: NVFP4 values, the 128x4 tiled scale layout, host
 //!   tensors, generators and the ModelOpt-style quantizer; [`Quantizer`] the same quantizer on
-//!   the GPU, bit for bit.
+//!   the GPU, bit for bit, also fused behind SwiGLU ([`swiglu`]: its arithmetic on the host).
 //! - [`w4a16`]: bf16 or f16 activations as they are times NVFP4 weights
 //!   ([`BlockScaledGemm::gemm_w4a16`], [`BlockScaledGemm::moe_gemm_w4a16`]; Hopper), exact as the
 //!   NVFP4 GEMM, with its exact reference; [`grouped`]: the mixture-of-experts GEMM;
@@ -143,6 +143,7 @@ mod matrix;
 mod problem;
 mod quantize;
 pub mod reference;
+pub mod swiglu;
 mod sys;
 mod tensor;
 pub mod w4a16;

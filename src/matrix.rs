@@ -337,6 +337,10 @@ pub(crate) fn check_global_scale(g: f32) -> Result<()> {
 pub trait HostFloat: Copy + sealed::Sealed {
     /// The values as f32 (borrowed where they already are).
     fn widen(values: &[Self]) -> std::borrow::Cow<'_, [f32]>;
+    /// One value as f32 (exact).
+    fn widen_one(self) -> f32;
+    /// The nearest value of this type to x (ties to even; f32: x itself).
+    fn narrow(x: f32) -> Self;
 }
 
 mod sealed {
@@ -350,17 +354,35 @@ impl HostFloat for f32 {
     fn widen(values: &[f32]) -> std::borrow::Cow<'_, [f32]> {
         std::borrow::Cow::Borrowed(values)
     }
+    fn widen_one(self) -> f32 {
+        self
+    }
+    fn narrow(x: f32) -> Self {
+        x
+    }
 }
 
 impl HostFloat for half::f16 {
     fn widen(values: &[Self]) -> std::borrow::Cow<'_, [f32]> {
         values.iter().map(|v| v.to_f32()).collect()
     }
+    fn widen_one(self) -> f32 {
+        self.to_f32()
+    }
+    fn narrow(x: f32) -> Self {
+        half::f16::from_f32(x)
+    }
 }
 
 impl HostFloat for half::bf16 {
     fn widen(values: &[Self]) -> std::borrow::Cow<'_, [f32]> {
         values.iter().map(|v| v.to_f32()).collect()
+    }
+    fn widen_one(self) -> f32 {
+        self.to_f32()
+    }
+    fn narrow(x: f32) -> Self {
+        half::bf16::from_f32(x)
     }
 }
 

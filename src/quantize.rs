@@ -10,7 +10,7 @@ use crate::grouped::{moe_sfa_bytes, moe_sfa_rows, MAX_EXPERTS};
 use crate::layout::sf_batch_bytes;
 use crate::matrix::{check_global_scale, check_lens, check_shape, computed_global_scale, HostFloat};
 use crate::problem::{check_align, check_len};
-use crate::sys::{self, InKind, QuantizeArgs};
+use crate::sys::{self, InKind, QuantTransform, QuantizeArgs};
 use crate::tensor::Nvfp4Tensor;
 
 /// The shape rules and the kernel's limits (rows: its row loop counts in int32, striding by the
@@ -88,8 +88,30 @@ impl Quantizer {
     where
         T: QuantInput, X: DevicePtr<T>, C: DevicePtrMut<u8>, S: DevicePtrMut<u8>,
     {
+        self.dense_into(x, shape, global_scale, codes, scales, QuantTransform::None)
+    }
+
+    /// Quantizes the SwiGLU of `x` (batch, rows, 2K), whose rows hold the gate projection in
+    /// their first K values and the up projection in their last K (the two halves of a fused
+    /// gate-up GEMM's output): `silu(gate) * up`, rounded to T as an unfused `silu_and_mul`
+    /// would store it, then quantized as [`Self::quantize_into`] quantizes a (batch, rows, K)
+    /// tensor (`shape` is that output's), with the given global scale. Bit for bit the CPU
+    /// quantizer of [`crate::swiglu::swiglu_rows`] (the SwiGLU arithmetic is
+    /// [`crate::swiglu`]'s, the same on host and device). One launch, capturable; the
+    /// intermediate never reaches memory.
+    pub fn quantize_swiglu_into<T, X, C, S>(&self, x: &X, shape: (usize, usize, usize), global_scale: f32, codes: &mut C, scales: &mut S) -> Result<()>
+    where
+        T: QuantInput, X: DevicePtr<T>, C: DevicePtrMut<u8>, S: DevicePtrMut<u8>,
+    {
+        self.dense_into(x, shape, global_scale, codes, scales, QuantTransform::SwigluHalves)
+    }
+
+    fn dense_into<T, X, C, S>(&self, x: &X, shape: (usize, usize, usize), global_scale: f32, codes: &mut C, scales: &mut S, transform: QuantTransform) -> Result<()>
+    where
+        T: QuantInput, X: DevicePtr<T>, C: DevicePtrMut<u8>, S: DevicePtrMut<u8>,
+    {
         check_global_scale(global_scale)?;
-        self.check_input(x, shape)?;
+        self.check_input(x, shape, transform)?;
         check_lens(("codes", codes.len()), scales.len(), shape)?;
         check_devices(self.stream.context().ordinal(), [("codes", codes.stream()), ("scales", scales.stream())])?;
         capture_check(&self.stream)?;
@@ -97,7 +119,7 @@ impl Quantizer {
         let (px, _gx) = x.device_ptr(stream);
         let (pc, _gc) = codes.device_ptr_mut(stream);
         let (ps, _gs) = scales.device_ptr_mut(stream);
-        self.launch::<T>(shape, [px, pc, ps], global_scale, 0)
+        self.launch_args::<T>(shape, [px, pc, ps], global_scale, 0, (0, 0), transform)
     }
 
     /// Quantizes the stacked activations of a mixture-of-experts layer, `x` (T, K), whose experts'
@@ -114,12 +136,30 @@ impl Quantizer {
     where
         T: QuantInput, X: DevicePtr<T>, O: DevicePtr<i32>, C: DevicePtrMut<u8>, S: DevicePtrMut<u8>,
     {
+        self.moe_into(x, (rows, k), offsets, global_scale, codes, scales, QuantTransform::None)
+    }
+
+    /// [`Self::quantize_moe_into`] of the SwiGLU of `x` (T, 2K), as
+    /// [`Self::quantize_swiglu_into`] forms it: the input of a mixture-of-experts layer's down
+    /// projection, straight from its gate-up projection's output, in the grouped GEMM's layout.
+    pub fn quantize_moe_swiglu_into<T, X, O, C, S>(&self, x: &X, (rows, k): (usize, usize), offsets: &O, global_scale: f32, codes: &mut C, scales: &mut S) -> Result<()>
+    where
+        T: QuantInput, X: DevicePtr<T>, O: DevicePtr<i32>, C: DevicePtrMut<u8>, S: DevicePtrMut<u8>,
+    {
+        self.moe_into(x, (rows, k), offsets, global_scale, codes, scales, QuantTransform::SwigluHalves)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn moe_into<T, X, O, C, S>(&self, x: &X, (rows, k): (usize, usize), offsets: &O, global_scale: f32, codes: &mut C, scales: &mut S, transform: QuantTransform) -> Result<()>
+    where
+        T: QuantInput, X: DevicePtr<T>, O: DevicePtr<i32>, C: DevicePtrMut<u8>, S: DevicePtrMut<u8>,
+    {
         check_global_scale(global_scale)?;
         let experts = offsets.len().saturating_sub(1);
         if experts == 0 || experts > MAX_EXPERTS {
             return Err(Error::Dimension { dim: "experts (offsets.len() - 1)", value: experts, max: MAX_EXPERTS });
         }
-        self.check_input(x, (1, rows, k))?;
+        self.check_input(x, (1, rows, k), transform)?;
         // The kernel's shared table counts the padded scale rows in 32-bit signed integers (T
         // itself is bounded by check_input).
         if moe_sfa_rows(rows, experts) > i32::MAX as usize {
@@ -134,7 +174,7 @@ impl Quantizer {
         let (po, _go) = offsets.device_ptr(stream);
         let (pc, _gc) = codes.device_ptr_mut(stream);
         let (ps, _gs) = scales.device_ptr_mut(stream);
-        self.launch_args::<T>((1, rows, k), [px, pc, ps], global_scale, 0, (po, experts as i32))
+        self.launch_args::<T>((1, rows, k), [px, pc, ps], global_scale, 0, (po, experts as i32), transform)
     }
 
     /// Quantizes `x` (batch, rows, K) into new device buffers. `Some(scale)`: that global scale,
@@ -149,7 +189,7 @@ impl Quantizer {
         if let Some(g) = global_scale {
             check_global_scale(g)?;
         }
-        self.check_input(x, shape)?;
+        self.check_input(x, shape, QuantTransform::None)?;
         let (code_bytes, scale_bytes) = (batch * rows * k / 2, batch * sf_batch_bytes(rows, k));
         if capture_check(&self.stream)? {
             return Err(Error::NotCapturable { call: "Quantizer::quantize", why: "it allocates its outputs, and with a computed global scale reads it back", fix: "capture Quantizer::quantize_into with a given global scale" });
@@ -186,26 +226,35 @@ impl Quantizer {
     /// The checks on the input every call makes before it computes a size or crosses the FFI
     /// line: the shape rules and the kernel's grid, x's length, x on this quantizer's device
     /// (16-byte alignment is checked at launch).
-    fn check_input<T, X: DevicePtr<T>>(&self, x: &X, shape: (usize, usize, usize)) -> Result<()> {
+    /// (With SwiGLU, x holds 2K values a row, within the kernel's int32 K.)
+    fn check_input<T, X: DevicePtr<T>>(&self, x: &X, shape: (usize, usize, usize), transform: QuantTransform) -> Result<()> {
         let (batch, rows, k) = shape;
         check_dims(shape)?;
-        check_len("x", x.len(), batch * rows * k, "batch * rows * K")?;
+        if transform == QuantTransform::SwigluHalves {
+            if k > i32::MAX as usize / 2 {
+                return Err(Error::Dimension { dim: "2K (SwiGLU input row)", value: k.saturating_mul(2), max: i32::MAX as usize });
+            }
+            check_len("x", x.len(), (batch * rows * k).saturating_mul(2), "batch * rows * 2K (gate and up halves)")?;
+        } else {
+            check_len("x", x.len(), batch * rows * k, "batch * rows * K")?;
+        }
         check_devices(self.stream.context().ordinal(), [("x", x.stream())])
     }
 
     /// Queues the quantizer: `ptrs` are x, codes and scales; `amax_slot` 0 uses `global_scale`.
     fn launch<T: QuantInput>(&self, shape: (usize, usize, usize), ptrs: [u64; 3], global_scale: f32, amax_slot: u64) -> Result<()> {
-        self.launch_args::<T>(shape, ptrs, global_scale, amax_slot, (0, 0))
+        self.launch_args::<T>(shape, ptrs, global_scale, amax_slot, (0, 0), QuantTransform::None)
     }
 
-    /// [`Self::launch`], with `(offsets, experts)` of the MoE layout ((0, 0): the dense one).
-    fn launch_args<T: QuantInput>(&self, (batch, rows, k): (usize, usize, usize), ptrs: [u64; 3], global_scale: f32, amax_slot: u64, (offsets, experts): (u64, i32)) -> Result<()> {
+    /// [`Self::launch`], with `(offsets, experts)` of the MoE layout ((0, 0): the dense one) and
+    /// the input's transform (SwiGLU: given global scales only).
+    fn launch_args<T: QuantInput>(&self, (batch, rows, k): (usize, usize, usize), ptrs: [u64; 3], global_scale: f32, amax_slot: u64, (offsets, experts): (u64, i32), transform: QuantTransform) -> Result<()> {
         for (name, addr) in ["x", "codes", "scales"].into_iter().zip(ptrs) {
             check_align(name, addr)?;
         }
         let args = QuantizeArgs {
             m: rows as i32, k: k as i32, l: batch as i32, input: T::KIND, x: ptrs[0], codes: ptrs[1], scales: ptrs[2],
-            global_scale, amax_slot, offsets, experts, stream: self.stream.cu_stream() as u64,
+            global_scale, amax_slot, offsets, experts, stream: self.stream.cu_stream() as u64, transform,
         };
         // SAFETY: the addresses are live device buffers of the checked lengths on this stream's
         // device, 16-byte aligned; the caller holds their guards until this returns.

@@ -54,6 +54,7 @@ fn main() {
         ("grouped_moe_bad_device_offsets_stay_inside_d", grouped_moe_bad_device_offsets_stay_inside_d),
         ("grouped_moe_persistent_ctas_take_many_items", grouped_moe_persistent_ctas_take_many_items),
         ("grouped_moe_quantizer_matches_the_cpu", grouped_moe_quantizer_matches_the_cpu),
+        ("swiglu_quantizer_matches_the_cpu", swiglu_quantizer_matches_the_cpu),
         ("w4a16_every_config_and_output", w4a16_every_config_and_output),
         ("w4a16_same_bits_as_nvfp4_gemm", w4a16_same_bits_as_nvfp4_gemm),
         ("w4a16_grouped_moe_every_config", w4a16_grouped_moe_every_config),
@@ -1290,6 +1291,72 @@ fn grouped_moe_quantizer_matches_the_cpu() -> Outcome {
     let e = q.quantize_moe_into(&xd, (t, k), &od, 1.0, &mut codes, &mut dense).unwrap_err();
     assert!(e.to_string().starts_with("scales: holds"), "{e}");
     println!("MoE quantizer: codes and the experts' scale blocks bit-identical to the CPU quantizer and moe_scales, their padding and the rows past them zero; the GEMM on them bit-equal");
+    Ok(())
+}
+
+/// Issue 25: the fused SwiGLU quantizer (dense and MoE forms) equals the CPU quantizer of
+/// `swiglu::swiglu_rows` bit for bit, for f32, f16 and bf16 inputs of odd shapes and L = 2, with
+/// zeros, ties, tiny and huge values (exp overflows, products that overflow f16), into poisoned
+/// outputs; a refused call writes nothing.
+fn swiglu_quantizer_matches_the_cpu() -> Outcome {
+    use blockscaled_gemm::swiglu::swiglu_rows;
+    use blockscaled_gemm::{HostFloat, QuantInput, Quantizer};
+    let g = device()?;
+    if !Config::ALL.iter().any(|c| c.compute_capability() == g.device().compute_capability && c.is_built(OutType::F16)) {
+        return Err(format!("compute capability {:?}: this build holds no quantizer code for it", g.device().compute_capability));
+    }
+    let s = g.stream().clone();
+    let q = Quantizer::new(s.clone());
+    let mut rng = blockscaled_gemm::SplitMix64::new(seed() ^ 0x5A);
+    fn dense<T: QuantInput + HostFloat>(q: &Quantizer, x: &[T], (l, m, k): (usize, usize, usize), gs: f32, what: &str) {
+        let s = q.stream();
+        let want = Nvfp4Matrix::quantize_unchecked(&swiglu_rows(x, (l, m, k)).unwrap(), (l, m, k), Some(gs)).unwrap();
+        let mut codes = s.clone_htod(&vec![0xEEu8; want.data().len()]).unwrap();
+        let mut scales = s.clone_htod(&vec![0x7Fu8; want.scales().len()]).unwrap();
+        q.quantize_swiglu_into(&s.clone_htod(x).unwrap(), (l, m, k), gs, &mut codes, &mut scales).unwrap();
+        assert!(s.clone_dtoh(&codes).unwrap() == want.data(), "{what}: codes");
+        assert!(s.clone_dtoh(&scales).unwrap() == want.scales(), "{what}: scales");
+    }
+    let mut runs = 0;
+    for &(l, m, k) in &[(1, 1, 16), (2, 3, 48), (1, 130, 2048), (2, 33, 7168), (1, 2100, 96)] {
+        // Gate and up halves of each row: the quantizer's test data (zeros, ties, subnormals,
+        // huge ranges, N(0, 3)).
+        let x32 = quantizer_data(&mut rng, l * m * 2 * k, 30, 20, 1e-39);
+        let x16: Vec<f16> = quantizer_data(&mut rng, l * m * 2 * k, 3, 8, 1e-6).iter().map(|&v| f16::from_f32(v)).collect();
+        let xb: Vec<bf16> = x32.iter().map(|&v| bf16::from_f32(v)).collect();
+        for gs in [1.0f32, 0.37 / 2688.0] {
+            let what = |t: &str| format!("{t} (L, M, K) = ({l}, {m}, {k}), global scale {gs}");
+            dense(&q, &x32, (l, m, k), gs, &what("f32"));
+            dense(&q, &x16, (l, m, k), gs, &what("f16"));
+            dense(&q, &xb, (l, m, k), gs, &what("bf16"));
+            runs += 3;
+        }
+    }
+    // The MoE form: the experts' rows, scales in the grouped GEMM's layout.
+    for (counts, k) in [(vec![130usize, 0, 1, 169], 512usize), (vec![3, 5, 0, 0, 250, 1, 1, 40], 2048)] {
+        let t: usize = counts.iter().sum();
+        let x: Vec<bf16> = quantizer_data(&mut rng, t * 2 * k, 3, 8, 1e-6).iter().map(|&v| bf16::from_f32(v)).collect();
+        let gs = 3.0 / 2688.0;
+        let cpu = Nvfp4Matrix::quantize_unchecked(&swiglu_rows(&x, (1, t, k)).unwrap(), (1, t, k), Some(gs)).unwrap();
+        let offsets = expert_offsets(&counts).unwrap();
+        let mut codes = s.clone_htod(&vec![0xEEu8; t * k / 2]).unwrap();
+        let mut scales = s.clone_htod(&vec![0x7Fu8; moe_sfa_bytes(t, k, counts.len())]).unwrap();
+        q.quantize_moe_swiglu_into(&s.clone_htod(&x).unwrap(), (t, k), &s.clone_htod(&offsets).unwrap(), gs, &mut codes, &mut scales).unwrap();
+        assert!(s.clone_dtoh(&codes).unwrap() == cpu.data(), "MoE codes, {counts:?} K={k}");
+        let used = moe_scale_starts(&offsets).unwrap()[counts.len()] * blockscaled_gemm::layout::padded_sf_cols(k / 16);
+        let (got, want) = (s.clone_dtoh(&scales).unwrap(), moe_scales(&cpu, &offsets).unwrap());
+        assert!(got[..used] == want[..used] && got[used..].iter().all(|&b| b == 0), "MoE scales, {counts:?} K={k}");
+        runs += 1;
+    }
+    // Refused, nothing written: x of K values a row (not 2K).
+    let (m, k) = (4, 64);
+    let x: Vec<bf16> = (0..m * k).map(|i| bf16::from_f32(i as f32)).collect();
+    let mut codes = s.clone_htod(&vec![0xEEu8; m * k / 2]).unwrap();
+    let mut scales = s.clone_htod(&vec![0x7Fu8; blockscaled_gemm::layout::sf_bytes(m, k, 1)]).unwrap();
+    let e = q.quantize_swiglu_into(&s.clone_htod(&x).unwrap(), (1, m, k), 1.0, &mut codes, &mut scales).unwrap_err();
+    assert!(e.to_string().contains("2K"), "{e}");
+    assert!(s.clone_dtoh(&codes).unwrap().iter().all(|&b| b == 0xEE) && s.clone_dtoh(&scales).unwrap().iter().all(|&b| b == 0x7F), "a refused call wrote");
+    println!("SwiGLU quantizer: {runs} runs bit-identical to the CPU quantizer of swiglu_rows (dense and MoE forms)");
     Ok(())
 }
 

@@ -19,6 +19,8 @@ bsg::KernelStatus run(const bsg::QuantizeArgs& a) {
   auto* scales = reinterpret_cast<uint8_t*>(a.scales);
   auto* amax = reinterpret_cast<uint32_t*>(a.amax_slot);
   bsg::KernelStatus st{0, 0, 0};
+  const bool swiglu = a.transform == bsg::QuantTransform::SwigluHalves;
+  if (swiglu && amax) return bsg::KernelStatus{BSG_STATUS_INVALID_PROBLEM, 0, 0};  // given scales only
   if (amax) {
     if (cudaError_t e = cudaMemsetAsync(amax, 0, sizeof(uint32_t), stream)) {
       st.cuda_error = e;
@@ -47,8 +49,11 @@ bsg::KernelStatus run(const bsg::QuantizeArgs& a) {
   const uint32_t* slot = amax;
   const int32_t* offsets = reinterpret_cast<const int32_t*>(a.offsets);
   void* args[] = {&x, &codes, &scales, &m, &k, &g, &slot, &offsets, &experts};
-  using bsg::quant::DenseScales, bsg::quant::MoeScales, bsg::quant::quantize_kernel;
-  const void* kernel = moe ? reinterpret_cast<const void*>(&quantize_kernel<T, MoeScales>) : reinterpret_cast<const void*>(&quantize_kernel<T, DenseScales>);
+  using bsg::quant::DenseScales, bsg::quant::MoeScales, bsg::quant::Identity, bsg::quant::SwigluHalves, bsg::quant::quantize_kernel;
+  const void* const kernels[2][2] = {
+      {reinterpret_cast<const void*>(&quantize_kernel<T, DenseScales, Identity>), reinterpret_cast<const void*>(&quantize_kernel<T, DenseScales, SwigluHalves>)},
+      {reinterpret_cast<const void*>(&quantize_kernel<T, MoeScales, Identity>), reinterpret_cast<const void*>(&quantize_kernel<T, MoeScales, SwigluHalves>)}};
+  const void* kernel = kernels[moe][swiglu];
   if (moe) {
     // The whole MoE scale buffer (room for any routing) zeroed in stream order: the padding of
     // each expert's blocks and the rows past them; the kernel writes the experts' rows.

@@ -20,6 +20,7 @@
 #include "common/moe_rows.cuh"
 #include "common/nvfp4.cuh"
 #include "common/scale_layout.cuh"
+#include "quant/swiglu.cuh"
 
 namespace bsg::quant {
 
@@ -103,6 +104,11 @@ __global__ void amax_kernel(const T* x, int64_t n, uint32_t* amax_bits) {
 struct DenseScales {};
 struct MoeScales {};
 
+// What is quantized: x's values, or the SwiGLU of each row's two halves (x rows 2K long, gate
+// first; quant/swiglu.cuh).
+struct Identity {};
+struct SwigluHalves {};
+
 // The MoE form's expert table, in shared memory (only its instantiations reference it, so the
 // dense ones hold none).
 __device__ __forceinline__ MoeRows& moe_table() {
@@ -117,7 +123,7 @@ __device__ __forceinline__ MoeRows& moe_table() {
 // rows past M write zero scales), or the MoE form's stacked rows (rows no expert holds write
 // nothing). Columns past K/16 up to the padded count write zero scales. grid: (padded columns /
 // 32 rounded up, row groups, L). g_given is used when amax_bits is null.
-template <class T, class Layout>
+template <class T, class Layout, class Transform>
 __global__ void __launch_bounds__(kThreads) quantize_kernel(const T* x, uint8_t* codes, uint8_t* scales, int m, int k, float g_given, const uint32_t* amax_bits,
                                                          const int32_t* offsets, int experts) {
   constexpr bool kMoe = std::is_same_v<Layout, MoeScales>;
@@ -138,9 +144,18 @@ __global__ void __launch_bounds__(kThreads) quantize_kernel(const T* x, uint8_t*
     }
     uint32_t sf = 0;
     if (r < m && cg < cols) {
-      const int64_t base = (int64_t(l) * m + r) * k + int64_t(cg) * 16;
+      const int64_t row = int64_t(l) * m + r, base = row * k + int64_t(cg) * 16;
       float v[16];
-      to_float16(load_raw<T, 16>(x + base), 0, v);
+      if constexpr (std::is_same_v<Transform, SwigluHalves>) {
+        const T* gate = x + row * 2 * k + int64_t(cg) * 16;
+        float gv[16], uv[16];
+        to_float16(load_raw<T, 16>(gate), 0, gv);
+        to_float16(load_raw<T, 16>(gate + k), 0, uv);
+#pragma unroll
+        for (int i = 0; i < 16; ++i) v[i] = swiglu_as<T>(gv[i], uv[i]);
+      } else {
+        to_float16(load_raw<T, 16>(x + base), 0, v);
+      }
       uint2 packed;
       sf = quantize16(v, g, packed);
       *reinterpret_cast<uint2*>(codes + base / 2) = packed;

@@ -21,7 +21,9 @@
 //! of `--quantize-rows` at K = `--quantize-k`: back to back and from a graph as above, inputs
 //! rotated over more than twice the L2, `gbps` = bytes read + written (scale padding included)
 //! per second of the graph time, against `copy_gbps`; `exact`: codes and scales equal the CPU
-//! quantizer's bit for bit.
+//! quantizer's bit for bit. The same for the fused SwiGLU quantizer (`"transform":"swiglu"`),
+//! bf16 (1, M, 2K) in, for each of `--swiglu-rows` at K = `--swiglu-k`; `exact`: equal to the
+//! CPU quantizer of `swiglu::swiglu_rows`.
 //!
 //! Then the grouped (mixture-of-experts) cases (`op` "grouped", [`grouped`] has the method),
 //! against the loop of `gemm` per expert and bf16 grouped GEMM from `--grouped-baselines FILE`
@@ -80,6 +82,12 @@ struct Cli {
     /// K of the quantizer runs.
     #[arg(long, default_value_t = 7168)]
     quantize_k: usize,
+    /// Rows of the fused SwiGLU quantizer runs (bf16 (1, M, 2K) in), comma-separated.
+    #[arg(long, default_value = "1,16,128,4096,16384")]
+    swiglu_rows: String,
+    /// K of the SwiGLU quantizer runs (the output's; DeepSeek-V3's expert width by default).
+    #[arg(long, default_value_t = 2048)]
+    swiglu_k: usize,
     /// Skip the GEMMs (quantizer runs only).
     #[arg(long)]
     no_gemm: bool,
@@ -220,11 +228,21 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let k = cli.quantize_k;
     for m in cli.quantize_rows.split(',').filter(|s| !s.is_empty()) {
         let m: usize = m.trim().parse().map_err(|_| format!("--quantize-rows: {m} is not a row count"))?;
-        let r = bench_quantize(&cli, &quantizer, &stream, l2, (m, k))?;
+        let r = bench_quantize(&cli, &quantizer, &stream, l2, (m, k), false)?;
         let gbps = r.bytes as f64 / (r.graph_us * 1e-6) / 1e9;
         println!("quantize bf16 {m}x{k}: b2b {:.2} us, graph {:.2} us, host {:.2} us, {gbps:.0} GB/s ({:.0}% of copy), {}", r.b2b_us, r.graph_us, r.host_us, 100.0 * gbps / copy_gbps, if r.exact { "exact" } else { "FAILED" });
         json += &format!(
             "{{\"op\":\"quantize\",\"gpu\":\"{gpu}\",\"commit\":\"{commit}\",\"m\":{m},\"k\":{k},\"l\":1,\"input\":\"bf16\",\"runs\":{},\"graph_calls\":{},\"ours_b2b_us\":{:.3},\"ours_graph_us\":{:.3},\"host_enqueue_us\":{:.3},\"bytes\":{},\"gbps\":{gbps:.1},\"copy_gbps\":{copy_gbps:.1},\"exact\":{}}}\n",
+            cli.runs, cli.graph_calls, r.b2b_us, r.graph_us, r.host_us, r.bytes, r.exact);
+    }
+    let k = cli.swiglu_k;
+    for m in cli.swiglu_rows.split(',').filter(|s| !s.is_empty()) {
+        let m: usize = m.trim().parse().map_err(|_| format!("--swiglu-rows: {m} is not a row count"))?;
+        let r = bench_quantize(&cli, &quantizer, &stream, l2, (m, k), true)?;
+        let gbps = r.bytes as f64 / (r.graph_us * 1e-6) / 1e9;
+        println!("quantize swiglu bf16 {m}x{}->{k}: b2b {:.2} us, graph {:.2} us, host {:.2} us, {gbps:.0} GB/s ({:.0}% of copy), {}", 2 * k, r.b2b_us, r.graph_us, r.host_us, 100.0 * gbps / copy_gbps, if r.exact { "exact" } else { "FAILED" });
+        json += &format!(
+            "{{\"op\":\"quantize\",\"transform\":\"swiglu\",\"gpu\":\"{gpu}\",\"commit\":\"{commit}\",\"m\":{m},\"k\":{k},\"l\":1,\"input\":\"bf16\",\"runs\":{},\"graph_calls\":{},\"ours_b2b_us\":{:.3},\"ours_graph_us\":{:.3},\"host_enqueue_us\":{:.3},\"bytes\":{},\"gbps\":{gbps:.1},\"copy_gbps\":{copy_gbps:.1},\"exact\":{}}}\n",
             cli.runs, cli.graph_calls, r.b2b_us, r.graph_us, r.host_us, r.bytes, r.exact);
     }
     // The MoE-form quantizer on the DeepSeek-V3 gate-up cases' stacked rows (K = 7168).
@@ -274,25 +292,35 @@ struct QuantResult {
 }
 
 /// The quantizer on bf16 (1, m, k) N(0, 1) data with the global scale 4 / 2688 given (a static
-/// activation scale), inputs rotated over more than twice the L2.
-fn bench_quantize(cli: &Cli, q: &Quantizer, stream: &Arc<CudaStream>, l2: usize, (m, k): (usize, usize)) -> Result<QuantResult, Box<dyn std::error::Error>> {
+/// activation scale), inputs rotated over more than twice the L2. `swiglu`: the fused SwiGLU
+/// quantizer, its input (1, m, 2k).
+fn bench_quantize(cli: &Cli, q: &Quantizer, stream: &Arc<CudaStream>, l2: usize, (m, k): (usize, usize), swiglu: bool) -> Result<QuantResult, Box<dyn std::error::Error>> {
     let mut rng = SplitMix64::new(7);
-    let x: Vec<half::bf16> = (0..m * k).map(|_| half::bf16::from_f32(rng.normal() as f32)).collect();
+    let width = if swiglu { 2 } else { 1 };
+    let elems = m * k * width;
+    let x: Vec<half::bf16> = (0..elems).map(|_| half::bf16::from_f32(rng.normal() as f32)).collect();
     let g = 4.0 / 2688.0;
-    let want = Nvfp4Matrix::quantize(&x, (1, m, k), Some(g))?;
-    let elems = m * k;
+    let want = if swiglu {
+        Nvfp4Matrix::quantize(&blockscaled_gemm::swiglu::swiglu_rows(&x, (1, m, k))?, (1, m, k), Some(g))?
+    } else {
+        Nvfp4Matrix::quantize(&x, (1, m, k), Some(g))?
+    };
     let n_sets = (2 * l2 / (2 * elems) + 1).max(2);
     let big = stream.clone_htod(&x.repeat(n_sets))?;
-    let mut codes: CudaSlice<u8> = stream.alloc_zeros(elems / 2)?;
+    let mut codes: CudaSlice<u8> = stream.alloc_zeros(m * k / 2)?;
     let mut scales: CudaSlice<u8> = stream.alloc_zeros(want.scales().len())?;
     let launch = |i: usize, codes: &mut CudaSlice<u8>, scales: &mut CudaSlice<u8>| {
-        let set = i % n_sets;
-        q.quantize_into(&big.slice(set * elems..(set + 1) * elems), (1, m, k), g, codes, scales)
+        let x = big.slice(i % n_sets * elems..(i % n_sets + 1) * elems);
+        if swiglu {
+            q.quantize_swiglu_into(&x, (1, m, k), g, codes, scales)
+        } else {
+            q.quantize_into(&x, (1, m, k), g, codes, scales)
+        }
     };
     let check = |codes: &CudaSlice<u8>, scales: &CudaSlice<u8>| -> Result<bool, Box<dyn std::error::Error>> {
         Ok(stream.clone_dtoh(codes)? == want.data() && stream.clone_dtoh(scales)? == want.scales())
     };
-    let bytes = 2 * elems + elems / 2 + want.scales().len();
+    let bytes = 2 * elems + m * k / 2 + want.scales().len();
     time_quantizer(cli, stream, bytes, (&mut codes, &mut scales), launch, check)
 }
 

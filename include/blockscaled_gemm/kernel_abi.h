@@ -88,6 +88,11 @@ struct GroupedArgs {
 // Input element types of the quantizer.
 enum class InKind : int32_t { F32 = 0, F16 = 1, Bf16 = 2 };
 
+// What the quantizer quantizes: x itself, or the SwiGLU of its two halves, silu(gate) * up with
+// gate = x[..., :K] and up = x[..., K:] of each row of a (L, M, 2K) x, rounded to x's type
+// (cpp/quant/swiglu.cuh: the arithmetic, shared bit for bit with src/swiglu.rs).
+enum class QuantTransform : int32_t { None = 0, SwigluHalves = 1 };
+
 // One quantizer call (cpp/quant/): x (L, M, K) row-major to packed e2m1 codes (L, M, K/2) and
 // ue4m3 scales in the 128x4 tiled layout, padding zeroed. amax_slot 0: global_scale is used;
 // else the 4 bytes there receive the amax and the global scale is derived from it on the device.
@@ -107,6 +112,7 @@ struct QuantizeArgs {
   uint64_t offsets;
   int32_t experts;
   uint64_t stream;
+  QuantTransform transform;  // SwigluHalves: x is (L, M, 2K), its rows 2K long
 };
 
 // The outcome of a launch: cutlass::Status and cudaError_t as integers, and the workspace bytes

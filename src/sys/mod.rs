@@ -10,7 +10,7 @@ mod abi {
 }
 mod bridge;
 
-pub(crate) use abi::root::bsg::{GroupedArgs, InKind, KernelArgs, KernelStatus, OutKind, QuantizeArgs};
+pub(crate) use abi::root::bsg::{GroupedArgs, InKind, KernelArgs, KernelStatus, OutKind, QuantTransform, QuantizeArgs};
 pub(crate) use bridge::ffi::*;
 
 /// Split-K through a thread-block cluster: at most this many K ranges (the portable cluster size).
