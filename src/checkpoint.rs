@@ -254,29 +254,41 @@ impl Checkpoint {
     /// equal): different global scales cannot share one tensor without re-rounding the block
     /// scales, so they are an error naming both (run one GEMM per shard then).
     pub fn fused(&self, prefixes: &[&str]) -> Result<CheckpointLayer> {
+        let r = self.fused_raw(prefixes)?;
+        let weight = Nvfp4Matrix::from_parts(r.n, r.k, 1, r.data, to_tiled(&r.scales, r.n, r.k / 16, 1), Some(r.global))?;
+        Ok(CheckpointLayer { weight, input_scale: r.input_scale, convention: r.convention })
+    }
+
+    /// [`Self::fused`] on the device: the shards' packed weights and row-major scales uploaded as
+    /// stored, the scales re-tiled on the GPU (as [`Self::layer_to_device`]). Returns the weight
+    /// and the activations' scale.
+    pub fn fused_to_device(&self, prefixes: &[&str], stream: &Arc<CudaStream>) -> Result<(Nvfp4Tensor, Option<f32>)> {
+        let r = self.fused_raw(prefixes)?;
+        let (values, scales) = (stream.clone_htod(&r.data)?, stream.clone_htod(&r.scales)?);
+        Ok((Nvfp4Tensor::from_row_major_scales(values, &scales, (1, r.n, r.k), r.global, stream)?, r.input_scale))
+    }
+
+    /// The shards of [`Self::fused`], checked and stacked as stored (scales row-major).
+    fn fused_raw(&self, prefixes: &[&str]) -> Result<RawLayer> {
         let (first, rest) = prefixes.split_first().ok_or_else(|| Error::InvalidData { what: "prefixes", detail: "none: a fused layer has at least one shard".into() })?;
-        let base = self.layer(first)?;
+        let mut base = self.raw_layer(first)?;
         let gname = |c: Convention, p: &str| format!("{p}.{}", if c == Convention::ModelOpt { "weight_scale_2" } else { "weight_global_scale" });
-        let (k, g) = (base.weight.k(), base.weight.global_scale());
-        let (mut data, mut rows_major, mut n) = (base.weight.data().to_vec(), base.weight.scales_row_major(), base.weight.rows());
         for p in rest {
-            let l = self.layer(p)?;
-            if l.weight.k() != k {
-                let name = if l.convention == Convention::ModelOpt { "weight" } else { "weight_packed" };
-                return Err(bad(format!("{p}.{name}"), format!("K = {}: {first} has K = {k}; fused shards share K", l.weight.k())));
+            let l = self.raw_layer(p)?;
+            if l.k != base.k {
+                return Err(bad(format!("{p}.{}", weight_name(l.convention)), format!("K = {}: {first} has K = {}; fused shards share K", l.k, base.k)));
             }
-            if l.weight.global_scale() != g {
-                return Err(bad(gname(l.convention, p), format!("global scale {:?}, {} has {g:?}: fused shards need one global scale (run a GEMM per shard)", l.weight.global_scale(), gname(base.convention, first))));
+            if l.global != base.global {
+                return Err(bad(gname(l.convention, p), format!("global scale {:?}, {} has {:?}: fused shards need one global scale (run a GEMM per shard)", Some(l.global), gname(base.convention, first), Some(base.global))));
             }
             if l.input_scale != base.input_scale {
                 return Err(bad(format!("{p}.input_scale"), format!("{:?}, {first} has {:?}: fused shards share the activations' scale", l.input_scale, base.input_scale)));
             }
-            data.extend_from_slice(l.weight.data());
-            rows_major.extend_from_slice(&l.weight.scales_row_major());
-            n += l.weight.rows();
+            base.data.extend_from_slice(&l.data);
+            base.scales.extend_from_slice(&l.scales);
+            base.n += l.n;
         }
-        let weight = Nvfp4Matrix::from_parts(n, k, 1, data, to_tiled(&rows_major, n, k / 16, 1), g)?;
-        Ok(CheckpointLayer { weight, input_scale: base.input_scale, convention: base.convention })
+        Ok(base)
     }
 
     /// A mixture-of-experts stack: the layers `prefix_of(0)`, ..., `prefix_of(experts - 1)` (for
@@ -286,6 +298,22 @@ impl Checkpoint {
     /// and K. The experts' input scales are not returned (`moe_gemm` takes one activation scale;
     /// [`Self::layer`] gives each expert's).
     pub fn experts(&self, experts: usize, prefix_of: impl Fn(usize) -> String) -> Result<(Nvfp4Matrix, Vec<f32>)> {
+        let (n, k, data, scales, globals) = self.experts_raw(experts, prefix_of)?;
+        Ok((Nvfp4Matrix::from_parts(n, k, experts, data, to_tiled(&scales, n, k / 16, experts), None)?, globals))
+    }
+
+    /// [`Self::experts`] on the device: the experts' packed weights and row-major scales uploaded
+    /// as stored, the scales re-tiled on the GPU into E batches. Returns the (E, N, K) tensor
+    /// (global scale 1) and each expert's global scale.
+    pub fn experts_to_device(&self, experts: usize, prefix_of: impl Fn(usize) -> String, stream: &Arc<CudaStream>) -> Result<(Nvfp4Tensor, Vec<f32>)> {
+        let (n, k, data, scales, globals) = self.experts_raw(experts, prefix_of)?;
+        let (values, scales) = (stream.clone_htod(&data)?, stream.clone_htod(&scales)?);
+        Ok((Nvfp4Tensor::from_row_major_scales(values, &scales, (experts, n, k), 1.0, stream)?, globals))
+    }
+
+    /// The experts of [`Self::experts`], checked and stacked as stored: N, K, the packed values,
+    /// the row-major scales and each expert's global scale.
+    fn experts_raw(&self, experts: usize, prefix_of: impl Fn(usize) -> String) -> Result<(usize, usize, Vec<u8>, Vec<u8>, Vec<f32>)> {
         if experts == 0 {
             return Err(Error::InvalidData { what: "experts", detail: "0: an expert stack has at least one expert".into() });
         }
@@ -293,23 +321,26 @@ impl Checkpoint {
         let mut nk = None;
         for e in 0..experts {
             let prefix = prefix_of(e);
-            let layer = self.layer(&prefix)?;
-            let w = layer.weight;
+            let l = self.raw_layer(&prefix)?;
             match nk {
-                None => nk = Some((w.rows(), w.k())),
-                Some(first) if first != (w.rows(), w.k()) => {
-                    let name = if layer.convention == Convention::ModelOpt { "weight" } else { "weight_packed" };
-                    return Err(bad(format!("{prefix}.{name}"), format!("(N, K) = {:?}: expert 0 has {first:?}; an expert stack shares N and K", (w.rows(), w.k()))));
+                None => nk = Some((l.n, l.k)),
+                Some(first) if first != (l.n, l.k) => {
+                    return Err(bad(format!("{prefix}.{}", weight_name(l.convention)), format!("(N, K) = {:?}: expert 0 has {first:?}; an expert stack shares N and K", (l.n, l.k))));
                 }
                 _ => {}
             }
-            data.extend_from_slice(w.data());
-            scales.extend_from_slice(w.scales());
-            globals.push(w.global_scale().expect("a layer has a global scale"));
+            data.extend_from_slice(&l.data);
+            scales.extend_from_slice(&l.scales);
+            globals.push(l.global);
         }
         let (n, k) = nk.expect("at least one expert");
-        Ok((Nvfp4Matrix::from_parts(n, k, experts, data, scales, None)?, globals))
+        Ok((n, k, data, scales, globals))
     }
+}
+
+/// The name of a layer's packed weight in a convention.
+fn weight_name(c: Convention) -> &'static str {
+    if c == Convention::ModelOpt { "weight" } else { "weight_packed" }
 }
 
 #[cfg(test)]

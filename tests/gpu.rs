@@ -1584,6 +1584,34 @@ fn row_major_scales_tiled_on_the_gpu() -> Outcome {
     assert_eq!((s.clone_dtoh(dev.values()).unwrap(), s.clone_dtoh(dev.scales()).unwrap()), (host.weight.data().to_vec(), host.weight.scales().to_vec()));
     assert_eq!((dev.shape(), dev.global_scale(), input_scale), ((1, n, k), 0.01, None));
     std::fs::remove_file(&path).ok();
+    // Fused shards and an expert stack converted on the device equal the host conversions.
+    let (n2, experts) = (72, 3);
+    let shard2 = general_weights(n2, k, 1, 1.0, 0x54);
+    let rm2 = blockscaled_gemm::layout::from_tiled(shard2.scales(), n2, k / 16, 1);
+    let ex: Vec<Nvfp4Matrix> = (0..experts).map(|e| general_weights(n2, k, 1, 1.0, 0x60 + e as u64)).collect();
+    let ex_rm: Vec<Vec<u8>> = ex.iter().map(|w| blockscaled_gemm::layout::from_tiled(w.scales(), n2, k / 16, 1)).collect();
+    let ex_g: Vec<[u8; 4]> = (0..experts).map(|e| (0.5f32 + e as f32).to_le_bytes()).collect();
+    let mut tensors: Vec<(String, safetensors::Dtype, Vec<usize>, &[u8])> = vec![
+        ("gate.weight".into(), safetensors::Dtype::U8, vec![n, k / 2], w.data()), ("gate.weight_scale".into(), safetensors::Dtype::F8_E4M3, vec![n, k / 16], &rm[..]), ("gate.weight_scale_2".into(), safetensors::Dtype::F32, vec![], &scale2[..]),
+        ("up.weight".into(), safetensors::Dtype::U8, vec![n2, k / 2], shard2.data()), ("up.weight_scale".into(), safetensors::Dtype::F8_E4M3, vec![n2, k / 16], &rm2[..]), ("up.weight_scale_2".into(), safetensors::Dtype::F32, vec![], &scale2[..]),
+    ];
+    for e in 0..experts {
+        tensors.push((format!("x.{e}.weight"), safetensors::Dtype::U8, vec![n2, k / 2], ex[e].data()));
+        tensors.push((format!("x.{e}.weight_scale"), safetensors::Dtype::F8_E4M3, vec![n2, k / 16], &ex_rm[e][..]));
+        tensors.push((format!("x.{e}.weight_scale_2"), safetensors::Dtype::F32, vec![], &ex_g[e][..]));
+    }
+    let views: Vec<(String, safetensors::tensor::TensorView<'_>)> = tensors.iter().map(|(name, dt, shape, bytes)| (name.clone(), safetensors::tensor::TensorView::new(*dt, shape.clone(), bytes).unwrap())).collect();
+    std::fs::write(&path, safetensors::serialize(views, None).unwrap()).unwrap();
+    let ck = blockscaled_gemm::checkpoint::Checkpoint::open(&path).unwrap();
+    let (dev, _) = ck.fused_to_device(&["gate", "up"], &s).unwrap();
+    let host = ck.fused(&["gate", "up"]).unwrap();
+    assert_eq!((s.clone_dtoh(dev.values()).unwrap(), s.clone_dtoh(dev.scales()).unwrap()), (host.weight.data().to_vec(), host.weight.scales().to_vec()), "fused shards");
+    assert_eq!((dev.shape(), dev.global_scale()), ((1, n + n2, k), 0.01));
+    let (dev, dev_g) = ck.experts_to_device(experts, |e| format!("x.{e}"), &s).unwrap();
+    let (host, host_g) = ck.experts(experts, |e| format!("x.{e}")).unwrap();
+    assert_eq!((s.clone_dtoh(dev.values()).unwrap(), s.clone_dtoh(dev.scales()).unwrap()), (host.data().to_vec(), host.scales().to_vec()), "expert stack");
+    assert_eq!((dev.shape(), dev.global_scale(), &dev_g), ((experts, n2, k), 1.0, &host_g));
+    std::fs::remove_file(&path).ok();
     // A wrong row-major length is a typed error.
     let e = Nvfp4Tensor::from_row_major_scales(s.clone_htod(&[0u8; 64]).unwrap(), &s.clone_htod(&[0u8; 7]).unwrap(), (1, 8, 16), 1.0, &s).unwrap_err();
     assert!(matches!(e, Error::BufferLength { name: "scales", .. }), "{e}");
