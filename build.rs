@@ -386,7 +386,11 @@ fn parse_table(text: &str, out_names: &[String]) -> (Vec<Config>, Vec<Output>) {
                 assert!(sm90 || (c.arch == 100 && field == 0), "configs.def: {line} lists {name}, not an SM90 stream or swapped config{}", if field == 0 { " or an SM100 one" } else { "" });
                 let list = if field == 0 { &mut c.grouped } else { &mut c.w4a16 };
                 for o in outs {
-                    let allowed: &[&str] = if c.arch == 100 { &["F16", "Bf16"] } else { &["F16", "Bf16", "F32"] };
+                    let allowed: &[&str] = match (c.arch, field) {
+                        (100, _) => &["F16", "Bf16"],
+                        (_, 0) => &["F16", "Bf16", "F32", "Nvfp4", "Nvfp4Ue8m0"],
+                        _ => &["F16", "Bf16", "F32"],
+                    };
                     assert!(allowed.contains(&o.as_str()), "configs.def: {line} output {o} of {name}: one of {allowed:?}");
                     assert!(!list.contains(o), "configs.def: {line} gives {name} output {o} twice");
                     list.push(o.clone());

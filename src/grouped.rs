@@ -17,7 +17,7 @@ use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
 use crate::dispatch::{self, Config};
 use crate::error::{Error, Result};
 use crate::formats::{OutputElement, PackedFp4, ScaleByte};
-use crate::gemm::{check_devices, status_result, BlockScaledGemm, Table, SUPPORTED_GROUPED};
+use crate::gemm::{check_devices, status_result, BlockScaledGemm, Nvfp4Output, Table, SUPPORTED_GROUPED};
 use crate::layout::{padded_sf_cols, sf_bytes, sf_cols, sf_offset};
 use crate::matrix::Nvfp4Matrix;
 use crate::problem::{check_align, check_len, folded_alpha, product, OutType, Problem};
@@ -42,17 +42,30 @@ pub struct MoeProblem {
     pub experts: usize,
     /// Common factor of every expert's output.
     pub alpha: f32,
+    /// FP4 output only: the normalization constant of the generated scale factors (as
+    /// [`Problem::norm_constant`]).
+    pub norm_constant: f32,
 }
 
 impl MoeProblem {
     /// T stacked rows, N, K and E experts, alpha 1.
     pub const fn new(rows: usize, n: usize, k: usize, experts: usize) -> Self {
-        MoeProblem { rows, n, k, experts, alpha: 1.0 }
+        MoeProblem { rows, n, k, experts, alpha: 1.0, norm_constant: 1.0 }
     }
     /// With alpha.
     pub const fn alpha(mut self, alpha: f32) -> Self {
         self.alpha = alpha;
         self
+    }
+    /// With the FP4 output's normalization constant.
+    pub const fn norm_constant(mut self, norm_constant: f32) -> Self {
+        self.norm_constant = norm_constant;
+        self
+    }
+    /// Bytes of the FP4 output's scale factors: the MoE layout over (T, N/16), as A's scales
+    /// over (T, K/16), [`moe_sfa_bytes`]`(T, N, E)`.
+    pub const fn sfd_bytes(&self) -> usize {
+        moe_sfa_bytes(self.rows, self.n, self.experts)
     }
 
     /// Rows of A's scale layout, room for any routing: [`moe_sfa_rows`].
@@ -80,17 +93,15 @@ impl MoeProblem {
         self.rows.saturating_mul(self.n)
     }
 
-    /// The shape rules: those of [`Problem::validate`] for the stacked GEMM (T x N x K) and for B
-    /// as a batch of E, at most [`MAX_EXPERTS`] experts, an output of f16, bf16 or f32, and the
-    /// kernel's 32-bit counts (padded scale rows, work items) in range.
+    /// The shape rules: those of [`Problem::validate`] for the stacked GEMM (T x N x K; FP4
+    /// output: N % 32 and the normalization constant) and for B as a batch of E, at most
+    /// [`MAX_EXPERTS`] experts, and the kernel's 32-bit counts (padded scale rows, work items) in
+    /// range.
     pub fn validate(&self, out: OutType) -> Result<()> {
         if self.experts == 0 || self.experts > MAX_EXPERTS {
             return Err(Error::Dimension { dim: "experts", value: self.experts, max: MAX_EXPERTS });
         }
-        if out.sfd().is_some() {
-            return Err(Error::InvalidData { what: "out", detail: format!("{out}: the grouped GEMMs write f16, bf16 or f32 (FP4 output is not grouped yet; for NVFP4 x NVFP4, call gemm_fp4 per expert)") });
-        }
-        Problem::new(self.rows.max(1), self.n, self.k).scalars(self.alpha, 0.0).validate(out, false)?;
+        Problem::new(self.rows.max(1), self.n, self.k).scalars(self.alpha, 0.0).norm_constant(self.norm_constant).validate(out, false)?;
         Problem::new(1, self.n, self.k).batch(self.experts).validate(out, false)?;
         let dims = || format!("T = {}, N = {}, E = {}", self.rows, self.n, self.experts);
         const WHY: &str = "the grouped kernel counts them in 32-bit signed integers";
@@ -163,13 +174,12 @@ impl<V, S> MoeActivations<V, S> {
 
 /// The lengths both grouped GEMMs check besides A's: B and its scales, the offsets, the expert
 /// scales and D.
-pub(crate) fn check_moe_lens<VB: DevicePtr<TV>, SB: DevicePtr<TS>, TV, TS>(p: &MoeProblem, b: &Nvfp4Tensor<VB, SB>, offsets: usize, expert_scales: usize, d: usize) -> Result<()> {
+pub(crate) fn check_moe_lens<VB: DevicePtr<TV>, SB: DevicePtr<TS>, TV, TS>(p: &MoeProblem, b: &Nvfp4Tensor<VB, SB>, offsets: usize, expert_scales: usize) -> Result<()> {
     for (name, got, want, rule) in [
         ("B", b.values().len(), p.b_bytes(), "E * N * K / 2 packed bytes"),
         ("SFB", b.scales().len(), p.sfb_bytes(), "E * ceil(N/128)*128 * ceil(K/64)*4 tiled scale bytes"),
         ("offsets", offsets, p.experts + 1, "E + 1 expert offsets"),
         ("expert_scales", expert_scales, p.experts, "one per expert"),
-        ("D", d, p.d_elems(), "T * N elements"),
     ] {
         check_len(name, got, want, rule)?;
     }
@@ -178,7 +188,7 @@ pub(crate) fn check_moe_lens<VB: DevicePtr<TV>, SB: DevicePtr<TS>, TV, TS>(p: &M
 
 /// The launch arguments' sizes of a validated problem.
 pub(crate) fn grouped_args(p: &MoeProblem) -> sys::GroupedArgs {
-    sys::GroupedArgs { rows: p.rows as i32, n: p.n as i32, k: p.k as i32, experts: p.experts as i32, ..Default::default() }
+    sys::GroupedArgs { rows: p.rows as i32, n: p.n as i32, k: p.k as i32, experts: p.experts as i32, norm_constant: p.norm_constant, ..Default::default() }
 }
 
 /// Expert offsets (E + 1 entries, 0 to T) of rows stacked by expert, `counts[e]` rows each.
@@ -310,15 +320,15 @@ impl BlockScaledGemm {
     }
 
     /// The launch of a grouped call whose own checks have passed (shape, lengths, config): B,
-    /// the offsets, the expert scales and D's addresses with their guards, alignment, and the
-    /// kernel of `table` (NVFP4, or W4A16 with activations of the given kind) with A at `a`
-    /// (and its scales at `sfa`, 0 for W4A16). T = 0 launches nothing.
+    /// the offsets and the expert scales' addresses with their guards, alignment, and the kernel
+    /// of `table` (NVFP4, or W4A16 with activations of the given kind) for output `out` with A at
+    /// `a` (and its scales at `sfa`, 0 for W4A16) and D at `d` (and its scale factors at `sfd`
+    /// for FP4 output, else 0); the caller holds A's and D's guards. T = 0 launches nothing.
     #[allow(clippy::too_many_arguments)]
-    pub(crate) fn launch_grouped<VB, SB, O, ES, D, TV, TS, TO>(&self, p: &MoeProblem, config: Config, table: Table, (a, sfa): (u64, u64), alpha: f32, b: &Nvfp4Tensor<VB, SB>, offsets: &O, expert_scales: &ES, d: &mut D, capturing: bool) -> Result<Config>
+    pub(crate) fn launch_grouped<VB, SB, O, ES, TV, TS>(&self, p: &MoeProblem, config: Config, table: Table, out: OutType, (a, sfa): (u64, u64), alpha: f32, b: &Nvfp4Tensor<VB, SB>, offsets: &O, expert_scales: &ES, (pd, psfd): (u64, u64), capturing: bool) -> Result<Config>
     where
-        VB: DevicePtr<TV>, SB: DevicePtr<TS>, O: DevicePtr<i32>, ES: DevicePtr<f32>, D: DevicePtrMut<TO>, TO: OutputElement,
+        VB: DevicePtr<TV>, SB: DevicePtr<TS>, O: DevicePtr<i32>, ES: DevicePtr<f32>,
     {
-        let out = TO::OUT;
         if p.rows == 0 {
             return Ok(config);
         }
@@ -327,12 +337,11 @@ impl BlockScaledGemm {
         let (psfb, _gsfb) = b.scales().device_ptr(stream);
         let (po, _go) = offsets.device_ptr(stream);
         let (pes, _ges) = expert_scales.device_ptr(stream);
-        let (pd, _gd) = d.device_ptr_mut(stream);
-        for (name, addr) in [("A", a), ("SFA", sfa), ("B", pb), ("SFB", psfb), ("D", pd)] {
+        for (name, addr) in [("A", a), ("SFA", sfa), ("B", pb), ("SFB", psfb), ("D", pd), ("SFD", psfd)] {
             check_align(name, addr)?;
         }
         let args = sys::GroupedArgs {
-            a, sfa, b: pb, sfb: psfb, d: pd, offsets: po, expert_alpha: pes, alpha,
+            a, sfa, b: pb, sfb: psfb, d: pd, sfd: psfd, offsets: po, expert_alpha: pes, alpha,
             stream: stream.cu_stream() as u64, device_id: dev.ordinal as i32, sm_count: dev.sm_count as i32,
             ..grouped_args(p)
         };
@@ -355,7 +364,8 @@ impl BlockScaledGemm {
     /// (f16 or bf16 output) CUTLASS's pointer-array block-scaled kernel, after a one-CTA launch
     /// that builds every expert's arguments from the offsets on the device:
     /// `D[rows of e] = alpha * gA * gB * expert_scales[e] * dec(A[rows of e]) dec(B[e])ᵀ` for
-    /// every expert e, with gA and gB the tensors' global scales, in f16, bf16 or f32. Per
+    /// every expert e, with gA and gB the tensors' global scales, in f16, bf16 or f32 (NVFP4:
+    /// [`Self::moe_gemm_fp4`]). Per
     /// expert the arithmetic is [`Self::gemm`]'s (FP32 sums of exact products, one rounding),
     /// over the whole K range.
     ///
@@ -391,7 +401,8 @@ impl BlockScaledGemm {
         }
         check_len("A", a.values.len(), p.a_bytes(), "T * K / 2 packed bytes")?;
         check_len("SFA", a.scales.len(), p.sfa_bytes(), "floor((T + 127 E) / 128) * 128 * ceil(K/64)*4 scale bytes (each expert padded to 128 rows)")?;
-        check_moe_lens(p, b, offsets.len(), expert_scales.len(), d.len())?;
+        check_moe_lens(p, b, offsets.len(), expert_scales.len())?;
+        check_len("D", d.len(), p.d_elems(), "T * N elements")?;
         let dev = self.device();
         let config = self.grouped_config(p, out, config, SUPPORTED_GROUPED, |c, o| c.is_built_grouped(o))?;
         check_devices(dev.ordinal, [
@@ -403,7 +414,52 @@ impl BlockScaledGemm {
         let stream = self.stream();
         let (pa, _ga) = a.values.device_ptr(stream);
         let (psfa, _gsfa) = a.scales.device_ptr(stream);
-        self.launch_grouped(p, config, Table::Nvfp4, (pa, psfa), alpha, b, offsets, expert_scales, d, capturing)
+        let (pd, _gd) = d.device_ptr_mut(stream);
+        self.launch_grouped(p, config, Table::Nvfp4, out, (pa, psfa), alpha, b, offsets, expert_scales, (pd, 0), capturing)
+    }
+
+    /// [`Self::moe_gemm`] with FP4 output (Hopper): every expert's rows quantized as
+    /// [`Self::gemm_fp4`] quantizes them (`out` [`OutType::Nvfp4`] or [`OutType::Nvfp4Ue8m0`],
+    /// `p.norm_constant`), D (T, N/2) packed, its scale factors in the MoE layout of A's scales
+    /// over (T, N/16) ([`MoeProblem::sfd_bytes`]: each expert's rows from a multiple of 128, their
+    /// blocks' padding zeroed; scale rows past the experts' blocks are left as they were), so the
+    /// next grouped GEMM takes (D, SFD) as its [`MoeActivations`] with the same offsets and the
+    /// global scale 1 / norm_constant. Per expert, the bits of [`Self::gemm_fp4`] at split 1.
+    #[allow(clippy::too_many_arguments)]
+    pub fn moe_gemm_fp4<VA, SA, VB, SB, O, ES, DV, DS, TV, TS>(&self, p: &MoeProblem, out: OutType, a: &MoeActivations<VA, SA>, b: &Nvfp4Tensor<VB, SB>, offsets: &O, expert_scales: &ES, d: Nvfp4Output<'_, DV, DS>, config: Option<Config>) -> Result<Config>
+    where
+        VA: DevicePtr<TV>, SA: DevicePtr<TS>, VB: DevicePtr<TV>, SB: DevicePtr<TS>, O: DevicePtr<i32>, ES: DevicePtr<f32>, DV: DevicePtrMut<TV>, DS: DevicePtrMut<TS>,
+        TV: PackedFp4, TS: ScaleByte,
+    {
+        if out.sfd().is_none() {
+            return Err(Error::InvalidData { what: "out", detail: format!("{out}: moe_gemm_fp4 writes the FP4 outputs nvfp4 or nvfp4-ue8m0; use moe_gemm for {out}") });
+        }
+        p.validate(out)?;
+        if a.shape() != (p.rows, p.k) {
+            return Err(Error::OperandShape { name: "A", got: (1, a.rows, a.k), want: (1, p.rows, p.k) });
+        }
+        if b.shape() != (p.experts, p.n, p.k) {
+            return Err(Error::OperandShape { name: "B", got: b.shape(), want: (p.experts, p.n, p.k) });
+        }
+        check_len("A", a.values.len(), p.a_bytes(), "T * K / 2 packed bytes")?;
+        check_len("SFA", a.scales.len(), p.sfa_bytes(), "floor((T + 127 E) / 128) * 128 * ceil(K/64)*4 scale bytes (each expert padded to 128 rows)")?;
+        check_moe_lens(p, b, offsets.len(), expert_scales.len())?;
+        check_len("D", d.values.len(), p.d_elems() / 2, "T * N / 2 packed bytes")?;
+        check_len("SFD", d.scales.len(), p.sfd_bytes(), "floor((T + 127 E) / 128) * 128 * ceil(N/64)*4 scale bytes (each expert padded to 128 rows)")?;
+        let dev = self.device();
+        let config = self.grouped_config(p, out, config, SUPPORTED_GROUPED, |c, o| c.is_built_grouped(o))?;
+        check_devices(dev.ordinal, [
+            ("A", a.values.stream()), ("SFA", a.scales.stream()), ("B", b.values().stream()), ("SFB", b.scales().stream()),
+            ("offsets", offsets.stream()), ("expert_scales", expert_scales.stream()), ("D", d.values.stream()), ("SFD", d.scales.stream()),
+        ])?;
+        let alpha = folded_alpha(p.alpha, a.global_scale, b.global_scale())?;
+        let capturing = self.capture_check()?;
+        let stream = self.stream();
+        let (pa, _ga) = a.values.device_ptr(stream);
+        let (psfa, _gsfa) = a.scales.device_ptr(stream);
+        let (pd, _gd) = d.values.device_ptr_mut(stream);
+        let (psfd, _gsfd) = d.scales.device_ptr_mut(stream);
+        self.launch_grouped(p, config, Table::Nvfp4, out, (pa, psfa), alpha, b, offsets, expert_scales, (pd, psfd), capturing)
     }
 
     /// Workspace bytes [`Self::moe_gemm`] needs on `p` with output `out` and `config` (or the one
@@ -478,7 +534,9 @@ mod tests {
         MoeProblem::new(0, 4096, 7168, 256).validate(OutType::F32).unwrap();
         assert!(matches!(MoeProblem::new(64, 4096, 7168, 0).validate(OutType::F16), Err(Error::Dimension { dim: "experts", .. })));
         assert!(matches!(MoeProblem::new(64, 4096, 7168, MAX_EXPERTS + 1).validate(OutType::F16), Err(Error::Dimension { dim: "experts", .. })));
-        assert!(MoeProblem::new(64, 4096, 7168, 8).validate(OutType::Nvfp4).unwrap_err().to_string().contains("not grouped yet"));
+        MoeProblem::new(64, 4096, 7168, 8).norm_constant(64.0).validate(OutType::Nvfp4).unwrap();
+        assert!(matches!(MoeProblem::new(64, 4112, 7168, 8).validate(OutType::Nvfp4), Err(Error::NMultiple { multiple: 32, .. })));
+        assert!(MoeProblem::new(64, 4096, 7168, 8).norm_constant(f32::NAN).validate(OutType::Nvfp4).is_err());
         assert!(matches!(MoeProblem::new(64, 4096, 7000, 8).validate(OutType::F16), Err(Error::KMultiple { .. })));
         assert!(matches!(MoeProblem::new(64, 4100, 7168, 8).validate(OutType::F16), Err(Error::NMultiple { .. })));
         let e = MoeProblem::new(Problem::MAX_EXTENT, 4096, 64, 8).validate(OutType::F16).unwrap_err();

@@ -171,7 +171,8 @@ impl BlockScaledGemm {
             return Err(Error::OperandShape { name: "B", got: b.shape(), want: (p.experts, p.n, p.k) });
         }
         check_len("A", a.len(), p.rows * p.k, "T * K activations")?;
-        check_moe_lens(p, b, offsets.len(), expert_scales.len(), d.len())?;
+        check_moe_lens(p, b, offsets.len(), expert_scales.len())?;
+        check_len("D", d.len(), p.d_elems(), "T * N elements")?;
         let config = self.grouped_config(p, out, config, SUPPORTED_W4A16, |c, o| c.is_built_grouped_w4a16(o))?;
         check_devices(self.device().ordinal, [
             ("A", a.stream()), ("B", b.values().stream()), ("SFB", b.scales().stream()),
@@ -180,7 +181,8 @@ impl BlockScaledGemm {
         let alpha = folded_alpha(p.alpha, 1.0, b.global_scale())?;
         let capturing = self.capture_check()?;
         let (pa, _ga) = a.device_ptr(self.stream());
-        self.launch_grouped(p, config, Table::W4a16(TA::KIND), (pa, 0), alpha, b, offsets, expert_scales, d, capturing)
+        let (pd, _gd) = d.device_ptr_mut(self.stream());
+        self.launch_grouped(p, config, Table::W4a16(TA::KIND), out, (pa, 0), alpha, b, offsets, expert_scales, (pd, 0), capturing)
     }
 
     /// Workspace bytes [`Self::moe_gemm_w4a16`] needs on `p` with output `out` and `config` (or

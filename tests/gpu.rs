@@ -51,6 +51,7 @@ fn main() {
         ("grouped_moe_every_config_and_output", grouped_moe_every_config_and_output),
         ("grouped_moe_routing_edge_cases", grouped_moe_routing_edge_cases),
         ("grouped_moe_same_bits_as_gemm_per_expert", grouped_moe_same_bits_as_gemm_per_expert),
+        ("grouped_moe_fp4_output_is_gemm_fp4_per_expert", grouped_moe_fp4_output_is_gemm_fp4_per_expert),
         ("grouped_moe_bad_device_offsets_stay_inside_d", grouped_moe_bad_device_offsets_stay_inside_d),
         ("grouped_moe_persistent_ctas_take_many_items", grouped_moe_persistent_ctas_take_many_items),
         ("grouped_moe_quantizer_matches_the_cpu", grouped_moe_quantizer_matches_the_cpu),
@@ -1133,6 +1134,90 @@ fn grouped_moe_same_bits_as_gemm_per_expert() -> Outcome {
             check_accumulation_bound(&got[r0 * n..r1 * n], &a, &b, 0.625 * es[e], 0.0, &[], &format!("{config} expert {e}"));
         }
     }
+    Ok(())
+}
+
+/// Issue 24: FP4 output of the grouped GEMM. Per expert, D and its scale factors are the bytes
+/// `gemm_fp4` writes at split 1 with the same tile (both formats, stream and swapped tiles), the
+/// scale factors placed in the MoE layout (each expert's rows from a multiple of 128, padding
+/// zeroed) and nothing past the experts' blocks written; D and SFD poisoned first. Then the
+/// output feeds the next grouped GEMM as its activations, with the same offsets, and that result
+/// passes the verdict against the per-expert reference on the decoded FP4 values.
+fn grouped_moe_fp4_output_is_gemm_fp4_per_expert() -> Outcome {
+    let g = hopper()?;
+    if !Config::ALL.iter().any(|c| c.is_built_grouped(OutType::Nvfp4)) {
+        return Err("no grouped FP4-output kernel in this build".into());
+    }
+    let s = g.stream().clone();
+    let split1 = BlockScaledGemm::new(s.clone()).unwrap().with_split_k(Some(1));
+    let counts = [33usize, 0, 7, 64, 130, 1];
+    let (n, k, experts) = (256, 1024, counts.len());
+    let t: usize = counts.iter().sum();
+    let x = Nvfp4Matrix::random_contest(t, k, 1, seed() ^ 70).unwrap();
+    let w = Nvfp4Matrix::random_contest(n, k, experts, seed() ^ 71).unwrap();
+    let offsets = expert_offsets(&counts).unwrap();
+    let starts = moe_scale_starts(&offsets).unwrap();
+    let es = [0.75f32, 1.0, 0.5, 1.5, 0.25, 2.0];
+    let (alpha, st) = (0.5f32, 3.0f32);
+    let p = MoeProblem::new(t, n, k, experts).alpha(alpha).norm_constant(st);
+    let spn = blockscaled_gemm::layout::padded_sf_cols(n / 16);
+    let a = MoeActivations::new(s.clone_htod(x.data()).unwrap(), s.clone_htod(&moe_scales(&x, &offsets).unwrap()).unwrap(), (t, k), 1.0).unwrap();
+    let b = Nvfp4Tensor::new(s.clone_htod(w.data()).unwrap(), s.clone_htod(w.scales()).unwrap(), (experts, n, k), 1.0).unwrap();
+    let (od, esd) = (s.clone_htod(&offsets).unwrap(), s.clone_htod(&es).unwrap());
+    let mut runs = 0;
+    for out in [OutType::Nvfp4, OutType::Nvfp4Ue8m0] {
+        for config in [Config::Sm90_Stream_8x128x64, Config::Sm90_Stream_32x128x64, Config::Sm90_StreamShortK_16x128x64, Config::Sm90_Swapped_128x128x64] {
+            if !config.is_built_grouped(out) {
+                continue;
+            }
+            let mut d = s.clone_htod(&vec![0xEEu8; t * n / 2]).unwrap();
+            let mut sfd = s.clone_htod(&vec![0x7Fu8; p.sfd_bytes()]).unwrap();
+            g.moe_gemm_fp4(&p, out, &a, &b, &od, &esd, Nvfp4Output::new(&mut d, &mut sfd), Some(config)).unwrap();
+            let (d, sfd) = (s.clone_dtoh(&d).unwrap(), s.clone_dtoh(&sfd).unwrap());
+            for e in 0..experts {
+                let (r0, r1) = (offsets[e] as usize, offsets[e + 1] as usize);
+                if r0 == r1 {
+                    continue;
+                }
+                let rows: Vec<usize> = (r0..r1).collect();
+                let pe = Problem::new(r1 - r0, n, k).scalars(alpha * es[e], 0.0).norm_constant(st);
+                let (_, want_d, want_sfd) = run_fp4(&split1, &pe, out, &x.select_rows(&rows), &w.batch_slice(e), None, Some(config));
+                assert!(d[r0 * n / 2..r1 * n / 2] == want_d[..], "{config} {out} expert {e}: D");
+                let at = starts[e] * spn;
+                assert!(sfd[at..at + want_sfd.len()] == want_sfd[..], "{config} {out} expert {e}: SFD");
+            }
+            assert!(sfd[starts[experts] * spn..].iter().all(|&v| v == 0x7F), "{config} {out}: scale rows past the experts' blocks were written");
+            runs += 1;
+            // The next layer: (D, SFD) as the activations of a grouped GEMM with the same
+            // offsets, global scale 1 / st, against the reference on the decoded values.
+            if out == OutType::Nvfp4 {
+                let n2 = 128;
+                let w2 = Nvfp4Matrix::random_contest(n2, n, experts, seed() ^ 72).unwrap();
+                // The host matrix of D: its codes, and each row's scales read back from the MoE layout.
+                let mut rm = vec![0u8; t * n / 16];
+                for e in 0..experts {
+                    for r in offsets[e] as usize..offsets[e + 1] as usize {
+                        for c in 0..n / 16 {
+                            rm[r * (n / 16) + c] = sfd[blockscaled_gemm::layout::sf_offset(starts[e] + r - offsets[e] as usize, c, spn)];
+                        }
+                    }
+                }
+                let h = Nvfp4Matrix::from_parts(t, n, 1, d.clone(), blockscaled_gemm::layout::to_tiled(&rm, t, n / 16, 1), None).unwrap();
+                let (_, got) = moe_on_device::<f32>(&g, &h, &w2, &sfd, &offsets, &[1.0; 6], 1.0 / st, None).unwrap();
+                for e in (0..experts).filter(|&e| offsets[e] < offsets[e + 1]) {
+                    let rows: Vec<usize> = (offsets[e] as usize..offsets[e + 1] as usize).collect();
+                    check_accumulation_bound(&got[rows[0] * n2..(rows[rows.len() - 1] + 1) * n2], &h.select_rows(&rows), &w2.batch_slice(e), 1.0 / st, 0.0, &[], &format!("{config}: the next grouped GEMM, expert {e}"));
+                }
+            }
+        }
+    }
+    // Refused before anything is written: N not a multiple of 32, SFD of the dense length.
+    let mut d = s.clone_htod(&vec![0xEEu8; t * n / 2]).unwrap();
+    let mut dense_sfd = s.alloc_zeros::<u8>(blockscaled_gemm::layout::sf_bytes(t, n, 1)).unwrap();
+    let e = g.moe_gemm_fp4(&p, OutType::Nvfp4, &a, &b, &od, &esd, Nvfp4Output::new(&mut d, &mut dense_sfd), None).unwrap_err();
+    assert!(e.to_string().starts_with("SFD: holds"), "{e}");
+    assert!(s.clone_dtoh(&d).unwrap().iter().all(|&v| v == 0xEE), "a refused call wrote D");
+    println!("grouped FP4 output: {runs} runs, every expert's D and SFD the bytes of gemm_fp4, the next grouped GEMM exact on them");
     Ok(())
 }
 

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cfloat>
 #include <climits>
 #include <cstdint>
 
@@ -36,11 +37,12 @@ struct GroupedGemm {
     return k;
   }
   static size_t workspace_size(const GroupedArgs& a) { return T::kPreA ? TileScheduler<T>::workspace_size(dense_view(a)) : 0; }
-  static_assert(std::is_void_v<typename OutputInfo<OutT>::Sf>, "grouped: f16, bf16 and f32 outputs");
+  static constexpr bool kFp4Out = !std::is_void_v<typename OutputInfo<OutT>::Sf>;
 
   static bool can_implement(const GroupedArgs& a) {
     if (a.rows < 1 || a.n < 1 || a.k < 1 || a.k % 32 != 0 || a.experts < 1 || a.experts > Sched::kMaxGroups) return false;
     if (a.n % OutputInfo<OutT>::kNMultiple != 0) return false;
+    if (kFp4Out && (a.sfd == 0 || !(a.norm_constant > 0.f) || a.norm_constant > FLT_MAX)) return false;
     // Items (the swapped tiles' grid: every possible one) and padded scale rows are int on the
     // device.
     return Sched::max_items(a) <= INT_MAX && int64_t(a.rows) + 127 * int64_t(a.experts) <= INT_MAX;
@@ -74,7 +76,7 @@ struct GroupedGemm {
                      reinterpret_cast<const uint8_t*>(a.a), reinterpret_cast<const uint8_t*>(a.sfa),
                      reinterpret_cast<const uint8_t*>(a.b), reinterpret_cast<const uint8_t*>(a.sfb),
                      reinterpret_cast<const void*>(a.d), reinterpret_cast<void*>(a.d), a.alpha, 0.f,
-                     nullptr, nullptr, nullptr, 0.f};
+                     nullptr, nullptr, kFp4Out ? reinterpret_cast<uint8_t*>(a.sfd) : nullptr, a.norm_constant};
     gp.offsets = reinterpret_cast<const int32_t*>(a.offsets);
     gp.expert_alpha = reinterpret_cast<const float*>(a.expert_alpha);
     gp.experts = a.experts;

@@ -48,7 +48,7 @@ __global__ void __launch_bounds__(T::kLaunchThreads, 1)
       Units<T::kAcc> u;
       Mainloop::sum_warp_rows(acc, smem, u.v, tid);
       float* tile_s = Mainloop::store_units(u.v, smem, tid);
-      const Params pe = Sched::expert_params(gp, sched, w, sizeof(OutT));
+      const Params pe = Sched::template expert_params<OutT>(gp, sched, w);
       TileWork we = w;
       we.batch = 0;
       Epilogue<T, OutT, ReduceGlobal>::run(pe, we, tile_s, tid);
@@ -114,7 +114,7 @@ __global__ void __launch_bounds__(T::kLaunchThreads, T::kMinBlocks)
   Mainloop::run(pipe, w, raw, decA, mma, acc, tid);
   griddep_launch_dependents();
   float* tile_s = EpilogueTile<T>::stage(mma, acc, smem, tid);
-  const Params pe = Sched::expert_params(gp, sched, w, sizeof(OutT));
+  const Params pe = Sched::template expert_params<OutT>(gp, sched, w);
   TileWork we = w;
   we.batch = 0;
   Epilogue<T, OutT, ReduceGlobal>::run(pe, we, tile_s, tid);

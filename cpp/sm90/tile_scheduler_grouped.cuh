@@ -10,6 +10,7 @@
 
 #include <climits>
 #include <cstdint>
+#include <type_traits>
 
 #include "blockscaled_gemm/kernel_abi.h"
 #include "common/moe_rows.cuh"
@@ -86,13 +87,21 @@ struct GroupedTileScheduler {
     return w;
   }
 
-  // What the epilogue of item w needs: the expert's rows as a GEMM of their own (M, D, alpha),
-  // and w with batch 0 (D is not batched).
-  __device__ __forceinline__ static Params expert_params(const GroupedParams& gp, const Shared& s, const TileWork& w, int out_bytes) {
+  // What the epilogue of item w needs: the expert's rows as a GEMM of their own (M, D, alpha;
+  // FP4 output: its SFD, whose part of the MoE layout starts at a multiple of 128 rows and so is
+  // the tiled layout of its own rows), and w with batch 0 (D is not batched).
+  template <class OutT>
+  __device__ __forceinline__ static Params expert_params(const GroupedParams& gp, const Shared& s, const TileWork& w) {
     Params p = gp.base;
     const int e = int(w.batch);
+    const int64_t row0 = s.rows.row[e];
     p.m = s.rows.rows_of(e);
-    p.d = static_cast<uint8_t*>(p.d) + int64_t(s.rows.row[e]) * p.n * out_bytes;
+    if constexpr (std::is_void_v<typename OutputInfo<OutT>::Sf>) {
+      p.d = static_cast<uint8_t*>(p.d) + row0 * p.n * int64_t(sizeof(OutT));
+    } else {
+      p.d = static_cast<uint8_t*>(p.d) + row0 * p.n / 2;
+      p.sfd += int64_t(s.rows.sf_row[e]) * sf_cols_padded(p.n);
+    }
     if (gp.expert_alpha) p.alpha *= gp.expert_alpha[e];
     return p;
   }

@@ -74,7 +74,7 @@ struct GroupedArgs {
                           // multiple of 128: expert e at sum over j < e of ceil(rows_j / 128) * 128
   uint64_t b;             // packed e2m1, (E, N, K/2)
   uint64_t sfb;           // ue4m3, E batches of the 128x4 tiled layout over (N, K/16)
-  uint64_t d;             // (T, N) row-major
+  uint64_t d;             // (T, N) row-major; FP4 output: packed e2m1, two per byte
   uint64_t offsets;       // int32 [E + 1]
   uint64_t expert_alpha;  // float [E], or 0 for ones
   float alpha;
@@ -83,6 +83,12 @@ struct GroupedArgs {
   uint64_t stream;
   int32_t device_id;
   int32_t sm_count;
+  // FP4 output only (SM90): the generated scale factors over (rows, N/16) in the MoE layout of
+  // `sfa` (expert e's rows from scale row sum over j < e of ceil(rows_j / 128) * 128, the padding
+  // of its 128-row blocks zeroed; scale rows past the experts' blocks are not written), so the
+  // next grouped GEMM reads them with the same offsets; and the normalization constant.
+  uint64_t sfd;
+  float norm_constant;
 };
 
 // Input element types of the quantizer.
