@@ -186,6 +186,21 @@ pub(crate) fn check_moe_lens<VB: DevicePtr<TV>, SB: DevicePtr<TS>, TV, TS>(p: &M
     Ok(())
 }
 
+/// The checks of the NVFP4 grouped calls before D's: `p` for `out`, A's and B's shapes and
+/// lengths, then [`check_moe_lens`].
+fn check_moe_operands<VA: DevicePtr<TV>, SA: DevicePtr<TS>, VB: DevicePtr<TV>, SB: DevicePtr<TS>, TV, TS>(p: &MoeProblem, out: OutType, a: &MoeActivations<VA, SA>, b: &Nvfp4Tensor<VB, SB>, offsets: usize, expert_scales: usize) -> Result<()> {
+    p.validate(out)?;
+    if a.shape() != (p.rows, p.k) {
+        return Err(Error::OperandShape { name: "A", got: (1, a.rows, a.k), want: (1, p.rows, p.k) });
+    }
+    if b.shape() != (p.experts, p.n, p.k) {
+        return Err(Error::OperandShape { name: "B", got: b.shape(), want: (p.experts, p.n, p.k) });
+    }
+    check_len("A", a.values.len(), p.a_bytes(), "T * K / 2 packed bytes")?;
+    check_len("SFA", a.scales.len(), p.sfa_bytes(), "floor((T + 127 E) / 128) * 128 * ceil(K/64)*4 scale bytes (each expert padded to 128 rows)")?;
+    check_moe_lens(p, b, offsets, expert_scales)
+}
+
 /// The launch arguments' sizes of a validated problem.
 pub(crate) fn grouped_args(p: &MoeProblem) -> sys::GroupedArgs {
     sys::GroupedArgs { rows: p.rows as i32, n: p.n as i32, k: p.k as i32, experts: p.experts as i32, norm_constant: p.norm_constant, ..Default::default() }
@@ -392,16 +407,7 @@ impl BlockScaledGemm {
         TV: PackedFp4, TS: ScaleByte, TO: OutputElement,
     {
         let out = TO::OUT;
-        p.validate(out)?;
-        if a.shape() != (p.rows, p.k) {
-            return Err(Error::OperandShape { name: "A", got: (1, a.rows, a.k), want: (1, p.rows, p.k) });
-        }
-        if b.shape() != (p.experts, p.n, p.k) {
-            return Err(Error::OperandShape { name: "B", got: b.shape(), want: (p.experts, p.n, p.k) });
-        }
-        check_len("A", a.values.len(), p.a_bytes(), "T * K / 2 packed bytes")?;
-        check_len("SFA", a.scales.len(), p.sfa_bytes(), "floor((T + 127 E) / 128) * 128 * ceil(K/64)*4 scale bytes (each expert padded to 128 rows)")?;
-        check_moe_lens(p, b, offsets.len(), expert_scales.len())?;
+        check_moe_operands(p, out, a, b, offsets.len(), expert_scales.len())?;
         check_len("D", d.len(), p.d_elems(), "T * N elements")?;
         let dev = self.device();
         let config = self.grouped_config(p, out, config, SUPPORTED_GROUPED, |c, o| c.is_built_grouped(o))?;
@@ -434,16 +440,7 @@ impl BlockScaledGemm {
         if out.sfd().is_none() {
             return Err(Error::InvalidData { what: "out", detail: format!("{out}: moe_gemm_fp4 writes the FP4 outputs nvfp4 or nvfp4-ue8m0; use moe_gemm for {out}") });
         }
-        p.validate(out)?;
-        if a.shape() != (p.rows, p.k) {
-            return Err(Error::OperandShape { name: "A", got: (1, a.rows, a.k), want: (1, p.rows, p.k) });
-        }
-        if b.shape() != (p.experts, p.n, p.k) {
-            return Err(Error::OperandShape { name: "B", got: b.shape(), want: (p.experts, p.n, p.k) });
-        }
-        check_len("A", a.values.len(), p.a_bytes(), "T * K / 2 packed bytes")?;
-        check_len("SFA", a.scales.len(), p.sfa_bytes(), "floor((T + 127 E) / 128) * 128 * ceil(K/64)*4 scale bytes (each expert padded to 128 rows)")?;
-        check_moe_lens(p, b, offsets.len(), expert_scales.len())?;
+        check_moe_operands(p, out, a, b, offsets.len(), expert_scales.len())?;
         check_len("D", d.values.len(), p.d_elems() / 2, "T * N / 2 packed bytes")?;
         check_len("SFD", d.scales.len(), p.sfd_bytes(), "floor((T + 127 E) / 128) * 128 * ceil(N/64)*4 scale bytes (each expert padded to 128 rows)")?;
         let dev = self.device();

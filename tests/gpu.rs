@@ -1217,7 +1217,7 @@ fn grouped_moe_fp4_output_is_gemm_fp4_per_expert() -> Outcome {
     let e = g.moe_gemm_fp4(&p, OutType::Nvfp4, &a, &b, &od, &esd, Nvfp4Output::new(&mut d, &mut dense_sfd), None).unwrap_err();
     assert!(e.to_string().starts_with("SFD: holds"), "{e}");
     assert!(s.clone_dtoh(&d).unwrap().iter().all(|&v| v == 0xEE), "a refused call wrote D");
-    println!("grouped FP4 output: {runs} runs, every expert's D and SFD the bytes of gemm_fp4, the next grouped GEMM exact on them");
+    println!("grouped FP4 output: {runs} runs, every expert's D and SFD the bytes of gemm_fp4, the next grouped GEMM on them within the verdict");
     Ok(())
 }
 

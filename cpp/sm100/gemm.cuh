@@ -19,11 +19,15 @@ namespace bsg::sm100 {
 
 using namespace cute;
 
-// Guards the product promise: every config must resolve to the block-scaled UMMA mainloop.
+// Guards the product promise: every config must resolve to the block-scaled UMMA mainloop (the
+// pointer-array one for the grouped GEMM, sm100/gemm_grouped.cuh).
 template <class T>
 struct IsBlockScaledMainloop : std::false_type {};
 template <int S, int SS, int AS, class C>
 struct IsBlockScaledMainloop<cutlass::gemm::MainloopSm100TmaUmmaWarpSpecializedBlockScaled<S, SS, AS, C>>
+    : std::true_type {};
+template <int S, int SS, int AS, class C>
+struct IsBlockScaledMainloop<cutlass::gemm::MainloopSm100ArrayTmaUmmaWarpSpecializedBlockScaled<S, SS, AS, C>>
     : std::true_type {};
 
 // What an output tag of the table means to the epilogue: element types and the fusion.

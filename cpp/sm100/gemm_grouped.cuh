@@ -7,14 +7,12 @@
 #pragma once
 
 #include <algorithm>
-#include <climits>
 #include <cstdint>
 #include <cstring>
 #include <new>
 #include <type_traits>
 #include <vector>
 
-#include "blockscaled_gemm/kernel_abi.h"
 #include "common/moe_rows.cuh"
 #include "cutlass/gemm/group_array_problem_shape.hpp"
 #include "sm100/gemm.cuh"
@@ -22,12 +20,6 @@
 namespace bsg::sm100 {
 
 using namespace cute;
-
-template <class T>
-struct IsArrayBlockScaledMainloop : std::false_type {};
-template <int S, int SS, int AS, class C>
-struct IsArrayBlockScaledMainloop<cutlass::gemm::MainloopSm100ArrayTmaUmmaWarpSpecializedBlockScaled<S, SS, AS, C>>
-    : std::true_type {};
 
 template <int Sms, int TileM, int TileN, int TileK, int ClusterM, int ClusterN, class Out>
 struct GroupedGemm {
@@ -59,7 +51,7 @@ struct GroupedGemm {
       cutlass::gemm::collective::StageCountAutoCarveout<
           static_cast<int>(sizeof(typename Epilogue::SharedStorage))>,
       MainloopSchedule>::CollectiveOp;
-  static_assert(IsArrayBlockScaledMainloop<typename Mainloop::DispatchPolicy>::value,
+  static_assert(IsBlockScaledMainloop<typename Mainloop::DispatchPolicy>::value,
                 "mainloop must be MainloopSm100ArrayTmaUmmaWarpSpecializedBlockScaled");
 
   using Kernel = cutlass::gemm::kernel::GemmUniversal<ProblemShape, Mainloop, Epilogue>;
