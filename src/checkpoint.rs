@@ -244,6 +244,7 @@ impl Checkpoint {
     /// activations' scale. Not during CUDA graph capture (it allocates and copies).
     pub fn layer_to_device(&self, prefix: &str, stream: &Arc<CudaStream>) -> Result<(Nvfp4Tensor, Option<f32>)> {
         let r = self.raw_layer(prefix)?;
+        refuse_capture("Checkpoint::layer_to_device", stream)?;
         let (values, scales) = (stream.clone_htod(&r.data)?, stream.clone_htod(&r.scales)?);
         Ok((Nvfp4Tensor::from_row_major_scales(values, &scales, (1, r.n, r.k), r.global, stream)?, r.input_scale))
     }
@@ -261,9 +262,10 @@ impl Checkpoint {
 
     /// [`Self::fused`] on the device: the shards' packed weights and row-major scales uploaded as
     /// stored, the scales re-tiled on the GPU (as [`Self::layer_to_device`]). Returns the weight
-    /// and the activations' scale.
+    /// and the activations' scale. Not during CUDA graph capture.
     pub fn fused_to_device(&self, prefixes: &[&str], stream: &Arc<CudaStream>) -> Result<(Nvfp4Tensor, Option<f32>)> {
         let r = self.fused_raw(prefixes)?;
+        refuse_capture("Checkpoint::fused_to_device", stream)?;
         let (values, scales) = (stream.clone_htod(&r.data)?, stream.clone_htod(&r.scales)?);
         Ok((Nvfp4Tensor::from_row_major_scales(values, &scales, (1, r.n, r.k), r.global, stream)?, r.input_scale))
     }
@@ -304,9 +306,10 @@ impl Checkpoint {
 
     /// [`Self::experts`] on the device: the experts' packed weights and row-major scales uploaded
     /// as stored, the scales re-tiled on the GPU into E batches. Returns the (E, N, K) tensor
-    /// (global scale 1) and each expert's global scale.
+    /// (global scale 1) and each expert's global scale. Not during CUDA graph capture.
     pub fn experts_to_device(&self, experts: usize, prefix_of: impl Fn(usize) -> String, stream: &Arc<CudaStream>) -> Result<(Nvfp4Tensor, Vec<f32>)> {
         let (n, k, data, scales, globals) = self.experts_raw(experts, prefix_of)?;
+        refuse_capture("Checkpoint::experts_to_device", stream)?;
         let (values, scales) = (stream.clone_htod(&data)?, stream.clone_htod(&scales)?);
         Ok((Nvfp4Tensor::from_row_major_scales(values, &scales, (experts, n, k), 1.0, stream)?, globals))
     }
@@ -336,6 +339,15 @@ impl Checkpoint {
         let (n, k) = nk.expect("at least one expert");
         Ok((n, k, data, scales, globals))
     }
+}
+
+/// The device conversions upload and allocate: not during CUDA graph capture (a typed error
+/// before anything is queued).
+fn refuse_capture(call: &'static str, stream: &Arc<CudaStream>) -> Result<()> {
+    if crate::gemm::capture_check(stream)? {
+        return Err(Error::NotCapturable { call, why: "it uploads the weights and allocates", fix: "load the weights before capturing" });
+    }
+    Ok(())
 }
 
 /// The name of a layer's packed weight in a convention.

@@ -1151,9 +1151,12 @@ fn grouped_moe_fp4_output_is_gemm_fp4_per_expert() -> Outcome {
     let s = g.stream().clone();
     let split1 = BlockScaledGemm::new(s.clone()).unwrap().with_split_k(Some(1));
     let counts = [33usize, 0, 7, 64, 130, 1];
-    let (n, k, experts) = (256, 1024, counts.len());
+    let (k, experts) = (1024, counts.len());
     let t: usize = counts.iter().sum();
     let x = Nvfp4Matrix::random_contest(t, k, 1, seed() ^ 70).unwrap();
+    let mut runs = 0;
+    // N = 160: a partial last N tile, and scale columns padded (10 -> 12).
+    for n in [256usize, 160] {
     let w = Nvfp4Matrix::random_contest(n, k, experts, seed() ^ 71).unwrap();
     let offsets = expert_offsets(&counts).unwrap();
     let starts = moe_scale_starts(&offsets).unwrap();
@@ -1164,7 +1167,6 @@ fn grouped_moe_fp4_output_is_gemm_fp4_per_expert() -> Outcome {
     let a = MoeActivations::new(s.clone_htod(x.data()).unwrap(), s.clone_htod(&moe_scales(&x, &offsets).unwrap()).unwrap(), (t, k), 1.0).unwrap();
     let b = Nvfp4Tensor::new(s.clone_htod(w.data()).unwrap(), s.clone_htod(w.scales()).unwrap(), (experts, n, k), 1.0).unwrap();
     let (od, esd) = (s.clone_htod(&offsets).unwrap(), s.clone_htod(&es).unwrap());
-    let mut runs = 0;
     for out in [OutType::Nvfp4, OutType::Nvfp4Ue8m0] {
         for config in [Config::Sm90_Stream_8x128x64, Config::Sm90_Stream_32x128x64, Config::Sm90_StreamShortK_16x128x64, Config::Sm90_Swapped_128x128x64] {
             if !config.is_built_grouped(out) {
@@ -1211,12 +1213,16 @@ fn grouped_moe_fp4_output_is_gemm_fp4_per_expert() -> Outcome {
             }
         }
     }
-    // Refused before anything is written: N not a multiple of 32, SFD of the dense length.
+    // Refused before anything is written: SFD of the dense layout's length.
     let mut d = s.clone_htod(&vec![0xEEu8; t * n / 2]).unwrap();
-    let mut dense_sfd = s.alloc_zeros::<u8>(blockscaled_gemm::layout::sf_bytes(t, n, 1)).unwrap();
+    let mut dense_sfd = s.clone_htod(&vec![0x7Fu8; blockscaled_gemm::layout::sf_bytes(t, n, 1)]).unwrap();
     let e = g.moe_gemm_fp4(&p, OutType::Nvfp4, &a, &b, &od, &esd, Nvfp4Output::new(&mut d, &mut dense_sfd), None).unwrap_err();
     assert!(e.to_string().starts_with("SFD: holds"), "{e}");
     assert!(s.clone_dtoh(&d).unwrap().iter().all(|&v| v == 0xEE), "a refused call wrote D");
+    assert!(s.clone_dtoh(&dense_sfd).unwrap().iter().all(|&v| v == 0x7F), "a refused call wrote SFD");
+    }
+    // Both formats on the four tiles, at both N.
+    assert_eq!(runs, 16, "grouped FP4 kernels missing from the build");
     println!("grouped FP4 output: {runs} runs, every expert's D and SFD the bytes of gemm_fp4, the next grouped GEMM on them within the verdict");
     Ok(())
 }
@@ -1416,6 +1422,29 @@ fn swiglu_quantizer_matches_the_cpu() -> Outcome {
             dense(&q, &xb, (l, m, k), gs, &what("bf16"));
             runs += 3;
         }
+    }
+    // SwiGLU outputs on e2m1 rounding ties (gate 64: silu(64) = 64 exactly; up = tie * 2^e / 64),
+    // a NaN (silu(inf) * 0) and an infinity (overflow of the product), with a given global scale
+    // of 1: the division fallback near thresholds and the documented NaN/Inf rules.
+    {
+        const TIES: [f32; 8] = [6.0, 0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0];
+        let (m, k) = (4, 64);
+        let mut x = vec![0f32; m * 2 * k];
+        for r in 0..m {
+            for i in 0..k {
+                let e = (r as i32) * 3 - 4;
+                x[r * 2 * k + i] = 64.0;
+                x[r * 2 * k + k + i] = TIES[i % 8] * 2f32.powi(e) / 64.0 * if i % 3 == 0 { -1.0 } else { 1.0 };
+            }
+        }
+        x[5] = f32::INFINITY; // gate inf, up 0: NaN
+        x[k + 5] = 0.0;
+        x[2 * k + 9] = 1e30; // gate and up 1e30: the product overflows
+        x[2 * k + k + 9] = 1e30;
+        dense(&q, &x, (1, m, k), 1.0, "f32 ties, NaN and Inf");
+        let xb: Vec<bf16> = x.iter().map(|&v| bf16::from_f32(v)).collect();
+        dense(&q, &xb, (1, m, k), 1.0, "bf16 ties, NaN and Inf");
+        runs += 2;
     }
     // The MoE form: the experts' rows, scales in the grouped GEMM's layout.
     for (counts, k) in [(vec![130usize, 0, 1, 169], 512usize), (vec![3, 5, 0, 0, 250, 1, 1, 40], 2048)] {

@@ -19,6 +19,8 @@ bsg::KernelStatus run(const bsg::QuantizeArgs& a) {
   auto* scales = reinterpret_cast<uint8_t*>(a.scales);
   auto* amax = reinterpret_cast<uint32_t*>(a.amax_slot);
   bsg::KernelStatus st{0, 0, 0};
+  if (a.transform != bsg::QuantTransform::None && a.transform != bsg::QuantTransform::SwigluHalves)
+    return bsg::KernelStatus{BSG_STATUS_INVALID_PROBLEM, 0, 0};
   const bool swiglu = a.transform == bsg::QuantTransform::SwigluHalves;
   if (swiglu && amax) return bsg::KernelStatus{BSG_STATUS_INVALID_PROBLEM, 0, 0};  // given scales only
   if (amax) {

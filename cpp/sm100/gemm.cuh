@@ -19,16 +19,17 @@ namespace bsg::sm100 {
 
 using namespace cute;
 
-// Guards the product promise: every config must resolve to the block-scaled UMMA mainloop (the
-// pointer-array one for the grouped GEMM, sm100/gemm_grouped.cuh).
+// Guards the product promise: every config must resolve to the block-scaled UMMA mainloop, the
+// pointer-array one for the grouped GEMM (sm100/gemm_grouped.cuh). kind: 0 neither, 1 dense,
+// 2 pointer-array.
 template <class T>
-struct IsBlockScaledMainloop : std::false_type {};
+struct BlockScaledMainloop : std::integral_constant<int, 0> {};
 template <int S, int SS, int AS, class C>
-struct IsBlockScaledMainloop<cutlass::gemm::MainloopSm100TmaUmmaWarpSpecializedBlockScaled<S, SS, AS, C>>
-    : std::true_type {};
+struct BlockScaledMainloop<cutlass::gemm::MainloopSm100TmaUmmaWarpSpecializedBlockScaled<S, SS, AS, C>>
+    : std::integral_constant<int, 1> {};
 template <int S, int SS, int AS, class C>
-struct IsBlockScaledMainloop<cutlass::gemm::MainloopSm100ArrayTmaUmmaWarpSpecializedBlockScaled<S, SS, AS, C>>
-    : std::true_type {};
+struct BlockScaledMainloop<cutlass::gemm::MainloopSm100ArrayTmaUmmaWarpSpecializedBlockScaled<S, SS, AS, C>>
+    : std::integral_constant<int, 2> {};
 
 // What an output tag of the table means to the epilogue: element types and the fusion.
 template <class Out>
@@ -83,7 +84,7 @@ struct Gemm {
       cutlass::gemm::collective::StageCountAutoCarveout<
           static_cast<int>(sizeof(typename Epilogue::SharedStorage))>,
       MainloopSchedule>::CollectiveOp;
-  static_assert(IsBlockScaledMainloop<typename Mainloop::DispatchPolicy>::value,
+  static_assert(BlockScaledMainloop<typename Mainloop::DispatchPolicy>::value == 1,
                 "mainloop must be MainloopSm100TmaUmmaWarpSpecializedBlockScaled");
 
   using Kernel =

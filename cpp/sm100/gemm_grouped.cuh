@@ -51,7 +51,7 @@ struct GroupedGemm {
       cutlass::gemm::collective::StageCountAutoCarveout<
           static_cast<int>(sizeof(typename Epilogue::SharedStorage))>,
       MainloopSchedule>::CollectiveOp;
-  static_assert(IsBlockScaledMainloop<typename Mainloop::DispatchPolicy>::value,
+  static_assert(BlockScaledMainloop<typename Mainloop::DispatchPolicy>::value == 2,
                 "mainloop must be MainloopSm100ArrayTmaUmmaWarpSpecializedBlockScaled");
 
   using Kernel = cutlass::gemm::kernel::GemmUniversal<ProblemShape, Mainloop, Epilogue>;
