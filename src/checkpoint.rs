@@ -300,23 +300,22 @@ impl Checkpoint {
     /// and K. The experts' input scales are not returned (`moe_gemm` takes one activation scale;
     /// [`Self::layer`] gives each expert's).
     pub fn experts(&self, experts: usize, prefix_of: impl Fn(usize) -> String) -> Result<(Nvfp4Matrix, Vec<f32>)> {
-        let (n, k, data, scales, globals) = self.experts_raw(experts, prefix_of)?;
-        Ok((Nvfp4Matrix::from_parts(n, k, experts, data, to_tiled(&scales, n, k / 16, experts), None)?, globals))
+        let x = self.experts_raw(experts, prefix_of)?;
+        Ok((Nvfp4Matrix::from_parts(x.n, x.k, experts, x.data, to_tiled(&x.scales, x.n, x.k / 16, experts), None)?, x.globals))
     }
 
     /// [`Self::experts`] on the device: the experts' packed weights and row-major scales uploaded
     /// as stored, the scales re-tiled on the GPU into E batches. Returns the (E, N, K) tensor
     /// (global scale 1) and each expert's global scale. Not during CUDA graph capture.
     pub fn experts_to_device(&self, experts: usize, prefix_of: impl Fn(usize) -> String, stream: &Arc<CudaStream>) -> Result<(Nvfp4Tensor, Vec<f32>)> {
-        let (n, k, data, scales, globals) = self.experts_raw(experts, prefix_of)?;
+        let x = self.experts_raw(experts, prefix_of)?;
         refuse_capture("Checkpoint::experts_to_device", stream)?;
-        let (values, scales) = (stream.clone_htod(&data)?, stream.clone_htod(&scales)?);
-        Ok((Nvfp4Tensor::from_row_major_scales(values, &scales, (experts, n, k), 1.0, stream)?, globals))
+        let (values, scales) = (stream.clone_htod(&x.data)?, stream.clone_htod(&x.scales)?);
+        Ok((Nvfp4Tensor::from_row_major_scales(values, &scales, (experts, x.n, x.k), 1.0, stream)?, x.globals))
     }
 
-    /// The experts of [`Self::experts`], checked and stacked as stored: N, K, the packed values,
-    /// the row-major scales and each expert's global scale.
-    fn experts_raw(&self, experts: usize, prefix_of: impl Fn(usize) -> String) -> Result<(usize, usize, Vec<u8>, Vec<u8>, Vec<f32>)> {
+    /// The experts of [`Self::experts`], checked and stacked as stored.
+    fn experts_raw(&self, experts: usize, prefix_of: impl Fn(usize) -> String) -> Result<ExpertStack> {
         if experts == 0 {
             return Err(Error::InvalidData { what: "experts", detail: "0: an expert stack has at least one expert".into() });
         }
@@ -337,8 +336,18 @@ impl Checkpoint {
             globals.push(l.global);
         }
         let (n, k) = nk.expect("at least one expert");
-        Ok((n, k, data, scales, globals))
+        Ok(ExpertStack { n, k, data, scales, globals })
     }
+}
+
+/// An expert stack as stored: N, K, the packed values, the row-major scales (E batches) and
+/// each expert's global scale.
+struct ExpertStack {
+    n: usize,
+    k: usize,
+    data: Vec<u8>,
+    scales: Vec<u8>,
+    globals: Vec<f32>,
 }
 
 /// The device conversions upload and allocate: not during CUDA graph capture (a typed error

@@ -12,7 +12,9 @@
 //! - B: an [`Nvfp4Tensor`] of shape (E, N, K): expert e is batch e, scales tiled per batch.
 //! - D: (T, N) row-major; row r belongs to the expert whose range holds it.
 
-use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
+use std::sync::Arc;
+
+use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
 
 use crate::dispatch::{self, Config};
 use crate::error::{Error, Result};
@@ -409,14 +411,7 @@ impl BlockScaledGemm {
         let out = TO::OUT;
         check_moe_operands(p, out, a, b, offsets.len(), expert_scales.len())?;
         check_len("D", d.len(), p.d_elems(), "T * N elements")?;
-        let dev = self.device();
-        let config = self.grouped_config(p, out, config, SUPPORTED_GROUPED, |c, o| c.is_built_grouped(o))?;
-        check_devices(dev.ordinal, [
-            ("A", a.values.stream()), ("SFA", a.scales.stream()), ("B", b.values().stream()), ("SFB", b.scales().stream()),
-            ("offsets", offsets.stream()), ("expert_scales", expert_scales.stream()), ("D", d.stream()),
-        ])?;
-        let alpha = folded_alpha(p.alpha, a.global_scale, b.global_scale())?;
-        let capturing = self.capture_check()?;
+        let (config, alpha, capturing) = self.moe_prepare(p, out, config, a, b, [("offsets", offsets.stream()), ("expert_scales", expert_scales.stream()), ("D", d.stream())])?;
         let stream = self.stream();
         let (pa, _ga) = a.values.device_ptr(stream);
         let (psfa, _gsfa) = a.scales.device_ptr(stream);
@@ -443,20 +438,27 @@ impl BlockScaledGemm {
         check_moe_operands(p, out, a, b, offsets.len(), expert_scales.len())?;
         check_len("D", d.values.len(), p.d_elems() / 2, "T * N / 2 packed bytes")?;
         check_len("SFD", d.scales.len(), p.sfd_bytes(), "floor((T + 127 E) / 128) * 128 * ceil(N/64)*4 scale bytes (each expert padded to 128 rows)")?;
-        let dev = self.device();
-        let config = self.grouped_config(p, out, config, SUPPORTED_GROUPED, |c, o| c.is_built_grouped(o))?;
-        check_devices(dev.ordinal, [
-            ("A", a.values.stream()), ("SFA", a.scales.stream()), ("B", b.values().stream()), ("SFB", b.scales().stream()),
-            ("offsets", offsets.stream()), ("expert_scales", expert_scales.stream()), ("D", d.values.stream()), ("SFD", d.scales.stream()),
-        ])?;
-        let alpha = folded_alpha(p.alpha, a.global_scale, b.global_scale())?;
-        let capturing = self.capture_check()?;
+        let (config, alpha, capturing) = self.moe_prepare(p, out, config, a, b, [("offsets", offsets.stream()), ("expert_scales", expert_scales.stream()), ("D", d.values.stream()), ("SFD", d.scales.stream())])?;
         let stream = self.stream();
         let (pa, _ga) = a.values.device_ptr(stream);
         let (psfa, _gsfa) = a.scales.device_ptr(stream);
         let (pd, _gd) = d.values.device_ptr_mut(stream);
         let (psfd, _gsfd) = d.scales.device_ptr_mut(stream);
         self.launch_grouped(p, config, Table::Nvfp4, out, (pa, psfa), alpha, b, offsets, expert_scales, (pd, psfd), capturing)
+    }
+
+    /// The steps of the NVFP4 grouped calls between their length checks and their launch: the
+    /// config, every buffer on this device (A, B, their scales and `others`), alpha with both
+    /// global scales folded, and the capture check.
+    fn moe_prepare<'s, VA, SA, VB, SB, TV, TS, const N: usize>(&self, p: &MoeProblem, out: OutType, config: Option<Config>, a: &'s MoeActivations<VA, SA>, b: &'s Nvfp4Tensor<VB, SB>, others: [(&'static str, &'s Arc<CudaStream>); N]) -> Result<(Config, f32, bool)>
+    where
+        VA: DevicePtr<TV>, SA: DevicePtr<TS>, VB: DevicePtr<TV>, SB: DevicePtr<TS>,
+    {
+        let config = self.grouped_config(p, out, config, SUPPORTED_GROUPED, |c, o| c.is_built_grouped(o))?;
+        let operands = [("A", a.values.stream()), ("SFA", a.scales.stream()), ("B", b.values().stream()), ("SFB", b.scales().stream())];
+        check_devices(self.device().ordinal, operands.into_iter().chain(others))?;
+        let alpha = folded_alpha(p.alpha, a.global_scale, b.global_scale())?;
+        Ok((config, alpha, self.capture_check()?))
     }
 
     /// Workspace bytes [`Self::moe_gemm`] needs on `p` with output `out` and `config` (or the one

@@ -19,10 +19,11 @@ use crate::error::Result;
 use crate::matrix::HostFloat;
 use crate::problem::check_len;
 
-// The same decimal literals as cpp/quant/swiglu.cuh, so both sides hold the same f32 values.
+// The same f32 values as cpp/quant/swiglu.cuh's literals (LOG2_E is its 1.44269504088896341f,
+// 0x3FB8AA3B).
+const LOG2E: f32 = std::f32::consts::LOG2_E;
 #[allow(clippy::excessive_precision)]
-const LOG2E: f32 = 1.44269504088896341;
-const LN2_HI: f32 = 0.693359375; // nine significant bits
+const LN2_HI: f32 = 0.693359375; // exact: nine significant bits
 #[allow(clippy::excessive_precision)]
 const LN2_LO: f32 = -2.12194440e-4;
 #[allow(clippy::excessive_precision)]
@@ -73,7 +74,7 @@ pub fn swiglu<T: HostFloat>(gate: T, up: T) -> T {
 /// The SwiGLU of each row of `x` (batch, rows, 2K), whose first K values are the gate and last K
 /// the up projection: (batch, rows, K).
 pub fn swiglu_rows<T: HostFloat>(x: &[T], (batch, rows, k): (usize, usize, usize)) -> Result<Vec<T>> {
-    let width = k.checked_mul(2).unwrap_or(usize::MAX);
+    let width = k.saturating_mul(2);
     let want = batch.checked_mul(rows).and_then(|v| v.checked_mul(width)).unwrap_or(usize::MAX);
     check_len("x", x.len(), want, "batch * rows * 2K (gate and up halves)")?;
     Ok(x.chunks_exact(width.max(1)).flat_map(|row| row[..k].iter().zip(&row[k..]).map(|(g, u)| swiglu(*g, *u))).collect())
