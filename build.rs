@@ -387,7 +387,7 @@ fn parse_table(text: &str, out_names: &[String]) -> (Vec<Config>, Vec<Output>) {
                 let list = if field == 0 { &mut c.grouped } else { &mut c.w4a16 };
                 for o in outs {
                     let allowed: &[&str] = match (c.arch, field) {
-                        (100, _) => &["F16", "Bf16"],
+                        (100, _) => &["F16", "Bf16", "Nvfp4", "Nvfp4Ue8m0"],
                         (_, 0) => &["F16", "Bf16", "F32", "Nvfp4", "Nvfp4Ue8m0"],
                         _ => &["F16", "Bf16", "F32"],
                     };

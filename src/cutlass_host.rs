@@ -79,6 +79,11 @@ pub struct GroupDescription {
     pub sfa_offsets: Vec<u64>,
     /// The same for B (N rows).
     pub sfb_offsets: Vec<u64>,
+    /// FP4 output: byte offset of the expert's scale factors from SFD's base, and of each of its
+    /// generated scale factors ((N/16 column, row), row fastest); 0 and empty otherwise.
+    pub sfd: u64,
+    /// See `sfd`.
+    pub sfd_offsets: Vec<u64>,
 }
 
 /// The per-expert arguments the grouped kernel of `config` with `out` output builds for expert
@@ -97,9 +102,9 @@ pub fn describe_grouped(config: Config, out: OutType, p: &crate::grouped::MoePro
         return Err(Error::InvalidData { what: "expert", detail: format!("{expert}: the problem has {} experts", p.experts) });
     }
     // Bases far apart, never dereferenced: the answer is read back relative to them.
-    const BASE: [u64; 5] = [1 << 40, 2 << 40, 3 << 40, 4 << 40, 5 << 40];
+    const BASE: [u64; 6] = [1 << 40, 2 << 40, 3 << 40, 4 << 40, 5 << 40, 6 << 40];
     let args = bridge::GroupedArgs {
-        a: BASE[0], b: BASE[1], sfa: BASE[2], sfb: BASE[3], d: BASE[4],
+        a: BASE[0], b: BASE[1], sfa: BASE[2], sfb: BASE[3], d: BASE[4], sfd: if out.sfd().is_some() { BASE[5] } else { 0 },
         offsets: offsets.as_ptr() as u64, expert_alpha: expert_scales.map_or(0, |s| s.as_ptr() as u64),
         alpha: p.alpha, sm_count: 1,
         ..crate::grouped::grouped_args(p)
@@ -113,7 +118,7 @@ pub fn describe_grouped(config: Config, out: OutType, p: &crate::grouped::MoePro
     if need == -3 {
         return Ok(None);
     }
-    if need < 12 {
+    if need < 13 {
         return Err(Error::InvalidData { what: "describe_grouped", detail: format!("the shim answered {need}") });
     }
     let mut v = vec![0i64; need as usize];
@@ -125,14 +130,18 @@ pub fn describe_grouped(config: Config, out: OutType, p: &crate::grouped::MoePro
     let m = v[0] as usize;
     let sf_cols = p.k / 16;
     let (sfa, sfb) = (rel(v[5], BASE[2]), rel(v[6], BASE[3]));
-    let head = 12;
+    let fp4 = out.sfd().is_some();
+    let head = 13;
+    let sfb_end = head + (m + p.n) * sf_cols;
     Ok(Some(GroupDescription {
         shape: [m, v[1] as usize, v[2] as usize],
         a: rel(v[3], BASE[0]), b: rel(v[4], BASE[1]), sfa, sfb, d: rel(v[7], BASE[4]),
         alpha: f32::from_bits(v[8] as u32),
         ld: [v[9] as usize, v[10] as usize, v[11] as usize],
         sfa_offsets: v[head..head + m * sf_cols].iter().map(|&x| rel(x, BASE[2])).collect(),
-        sfb_offsets: v[head + m * sf_cols..].iter().map(|&x| rel(x, BASE[3])).collect(),
+        sfb_offsets: v[head + m * sf_cols..sfb_end].iter().map(|&x| rel(x, BASE[3])).collect(),
+        sfd: if fp4 { rel(v[12], BASE[5]) } else { 0 },
+        sfd_offsets: v[sfb_end..].iter().map(|&x| rel(x, BASE[5])).collect(),
     }))
 }
 

@@ -384,7 +384,7 @@ mod tests {
         assert_eq!(select_grouped(90, 63 * 8, 8, 7168, OutType::Bf16, all), Some(Config::Sm90_Stream_32x128x64));
         assert_eq!(select_grouped(90, 64, 8, 7168, OutType::Nvfp4, all), Some(Config::Sm90_Stream_8x128x64));
         assert_eq!(select_grouped(90, 1024, 8, 7168, OutType::Nvfp4Ue8m0, all), Some(Config::Sm90_Swapped_128x128x64));
-        assert_eq!(select_grouped(100, 64, 8, 7168, OutType::Nvfp4, all), None);
+        assert_eq!(select_grouped(100, 64, 8, 7168, OutType::Nvfp4, all), Some(Config::Sm100_1Sm_128x128x256));
         assert_eq!(select_grouped(100, 64, 8, 7168, OutType::F16, all), Some(Config::Sm100_1Sm_128x128x256));
         assert_eq!(select_grouped(100, 64, 8, 7168, OutType::F32, all), None);
         assert_eq!(select_grouped(100, 64, 8, 7168, OutType::F16, |c| c.info().arch != 100), None);

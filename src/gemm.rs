@@ -37,7 +37,7 @@ impl<'a, V, S> Nvfp4Output<'a, V, S> {
 /// The GPUs this crate's kernels run on, for messages.
 pub const SUPPORTED: &str = "compute capability 10.0 (B200, GB200: sm_100a) and 9.0 (H100, H200: sm_90a)";
 /// The GPUs the grouped GEMM runs on, for messages.
-pub const SUPPORTED_GROUPED: &str = "compute capability 9.0 (H100, H200: sm_90a; f16, bf16, f32, nvfp4 or nvfp4-ue8m0 output) or 10.0 (B200, GB200: sm_100a; f16 or bf16 output) for the grouped GEMM";
+pub const SUPPORTED_GROUPED: &str = "compute capability 9.0 (H100, H200: sm_90a; f16, bf16, f32, nvfp4 or nvfp4-ue8m0 output) or 10.0 (B200, GB200: sm_100a; f16, bf16, nvfp4 or nvfp4-ue8m0 output) for the grouped GEMM";
 
 /// The facts of a device that choose and check a kernel.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

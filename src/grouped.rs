@@ -419,11 +419,12 @@ impl BlockScaledGemm {
         self.launch_grouped(p, config, Table::Nvfp4, out, (pa, psfa), alpha, b, offsets, expert_scales, (pd, 0), capturing)
     }
 
-    /// [`Self::moe_gemm`] with FP4 output (Hopper): every expert's rows quantized as
+    /// [`Self::moe_gemm`] with FP4 output: every expert's rows quantized as
     /// [`Self::gemm_fp4`] quantizes them (`out` [`OutType::Nvfp4`] or [`OutType::Nvfp4Ue8m0`],
     /// `p.norm_constant`), D (T, N/2) packed, its scale factors in the MoE layout of A's scales
     /// over (T, N/16) ([`MoeProblem::sfd_bytes`]: each expert's rows from a multiple of 128, their
-    /// blocks' padding zeroed; scale rows past the experts' blocks are left as they were), so the
+    /// blocks' padding zeroed; scale rows past the experts' blocks are left as they were on
+    /// Hopper, zeroed on Blackwell, where a memset of the buffer precedes the GEMM), so the
     /// next grouped GEMM takes (D, SFD) as its [`MoeActivations`] with the same offsets and the
     /// global scale 1 / norm_constant. Per expert, the bits of [`Self::gemm_fp4`] at split 1.
     #[allow(clippy::too_many_arguments)]

@@ -223,6 +223,19 @@ fn sm100_grouped_arguments_follow_the_moe_layout() {
             assert_eq!(g.alpha.to_bits(), (0.75f32 * scales[e]).to_bits(), "{what}: alpha");
             assert_eq!(g.ld, [k, k, n], "{what}: leading dimensions");
             assert_eq!((g.sfa_offsets.len(), g.sfb_offsets.len()), (m * k / 16, n * k / 16), "{what}");
+            // FP4 output: the generated scale factors where the MoE layout over (T, N/16) puts
+            // them (the next grouped GEMM's A scales, same offsets).
+            let spn = padded_sf_cols(sf_cols(n));
+            if out.sfd().is_some() {
+                assert_eq!((g.sfd, g.sfd_offsets.len()), ((starts[e] * spn) as u64, m * n / 16), "{what}: SFD");
+                for s in 0..n / 16 {
+                    for r in 0..m {
+                        assert_eq!(g.sfd_offsets[s * m + r], sf_offset(starts[e] + r, s, spn) as u64, "{what}: SFD row {r} col {s}");
+                    }
+                }
+            } else {
+                assert!(g.sfd == 0 && g.sfd_offsets.is_empty(), "{what}: SFD without FP4 output");
+            }
             for s in 0..k / 16 {
                 for r in 0..m {
                     assert_eq!(g.sfa_offsets[s * m + r], sf_offset(starts[e] + r, s, sp) as u64, "{what}: SFA row {r} col {s}");

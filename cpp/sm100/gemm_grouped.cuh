@@ -7,6 +7,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cfloat>
 #include <cstdint>
 #include <cstring>
 #include <new>
@@ -24,10 +25,11 @@ using namespace cute;
 template <int Sms, int TileM, int TileN, int TileK, int ClusterM, int ClusterN, class Out>
 struct GroupedGemm {
   static_assert(Sms == 1 || Sms == 2, "1-SM or 2-SM UMMA");
-  static_assert(std::is_void_v<typename OutputTraits<Out>::Sf>, "grouped: 16-bit or f32 outputs (configs.def builds f16, bf16)");
+  using Traits = OutputTraits<Out>;
+  static constexpr bool kFp4Out = !std::is_void_v<typename Traits::Sf>;
   using ProblemShape = cutlass::gemm::GroupProblemShape<Shape<int, int, int>>;  // (M, N, K) per expert
   using ElementAB = cutlass::nv_float4_t<cutlass::float_e2m1_t>;
-  using ElementD = Out;
+  using ElementD = typename Traits::ElementD;
   static constexpr int kAlignAB = 32;  // 16 bytes of e2m1
   static constexpr int kAlignD = 128 / cutlass::sizeof_bits<ElementD>::value;
   using MmaTile = Shape<Int<TileM>, Int<TileN>, Int<TileK>>;
@@ -38,11 +40,17 @@ struct GroupedGemm {
   using EpilogueSchedule = std::conditional_t<Sms == 2, cutlass::epilogue::PtrArrayTmaWarpSpecialized2Sm,
                                               cutlass::epilogue::PtrArrayTmaWarpSpecialized1Sm>;
 
-  // No C operand (ElementC void): the grouped GEMM has no beta term.
+  // No C operand (ElementC void): the grouped GEMM has no beta term. FP4 output: example 72b's
+  // scale-factor generation, one SFD pointer per group.
+  using Fusion = std::conditional_t<
+      kFp4Out,
+      cutlass::epilogue::fusion::LinCombBlockScaleFactor<16, ElementD, float, std::conditional_t<kFp4Out, typename Traits::Sf, uint8_t>,
+                                                         cutlass::layout::RowMajor, void>,
+      cutlass::epilogue::fusion::LinearCombination<ElementD, float, void, float>>;
   using Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
       cutlass::arch::Sm100, cutlass::arch::OpClassBlockScaledTensorOp, MmaTile, Cluster,
       cutlass::epilogue::collective::EpilogueTileAuto, float, float, void, cutlass::layout::RowMajor*,
-      kAlignD, ElementD, cutlass::layout::RowMajor*, kAlignD, EpilogueSchedule>::CollectiveOp;
+      kAlignD, ElementD, cutlass::layout::RowMajor*, kAlignD, EpilogueSchedule, Fusion>::CollectiveOp;
 
   // A (T, K) row-major, B (N, K) per expert: column-major in CUTLASS's (K, N) view.
   using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
@@ -75,6 +83,8 @@ struct GroupedGemm {
   using StrideD = typename Kernel::InternalStrideD;
   using LayoutSfA = typename Mainloop::InternalLayoutSFA;
   using LayoutSfB = typename Mainloop::InternalLayoutSFB;
+  using PtrSfD = std::conditional_t<kFp4Out, typename Traits::Sf, uint8_t>*;
+  using SfdConfig = cutlass::detail::Sm1xxBlockScaledOutputConfig<16>;
 
   // One entry per expert, the kernel's grouped arguments: carved from the front of the workspace
   // (each array 128-byte aligned), CUTLASS's own workspace after them.
@@ -91,17 +101,23 @@ struct GroupedGemm {
     LayoutSfA* layout_sfa;
     LayoutSfB* layout_sfb;
     float* alpha;
+    PtrSfD* sfd;  // FP4 output: each expert's scale factors
+    float* norm;  // FP4 output: the normalization constant (CUTLASS reads it from memory)
   };
   static constexpr size_t kArrayAlign = 128;
-  static constexpr size_t kArrays = 12;
-  static constexpr size_t kElemBytes[kArrays] = {sizeof(Shape3),  sizeof(PtrA),    sizeof(PtrB),      sizeof(PtrSfA),
-                                                 sizeof(PtrSfB),  sizeof(PtrD),    sizeof(StrideA),   sizeof(StrideB),
-                                                 sizeof(StrideD), sizeof(LayoutSfA), sizeof(LayoutSfB), sizeof(float)};
+  static constexpr size_t kArrays = 14;
+  // Bytes of each array's entry (per expert), and of the norm slot (one).
+  static constexpr size_t kElemBytes[kArrays] = {sizeof(Shape3),  sizeof(PtrA),      sizeof(PtrB),      sizeof(PtrSfA),
+                                                 sizeof(PtrSfB),  sizeof(PtrD),      sizeof(StrideA),   sizeof(StrideB),
+                                                 sizeof(StrideD), sizeof(LayoutSfA), sizeof(LayoutSfB), sizeof(float),
+                                                 sizeof(PtrSfD),  sizeof(float)};
   // Byte offset of each array, and (last) their total.
   static void array_offsets(int experts, size_t (&at)[kArrays + 1]) {
     at[0] = 0;
-    for (size_t i = 0; i < kArrays; ++i)
-      at[i + 1] = at[i] + (size_t(experts) * kElemBytes[i] + kArrayAlign - 1) / kArrayAlign * kArrayAlign;
+    for (size_t i = 0; i < kArrays; ++i) {
+      const size_t count = i + 1 == kArrays ? 1 : size_t(experts);
+      at[i + 1] = at[i] + (count * kElemBytes[i] + kArrayAlign - 1) / kArrayAlign * kArrayAlign;
+    }
   }
   static size_t arrays_bytes(int experts) {
     size_t at[kArrays + 1];
@@ -116,7 +132,8 @@ struct GroupedGemm {
                   reinterpret_cast<PtrSfB*>(base + at[4]),     reinterpret_cast<PtrD*>(base + at[5]),
                   reinterpret_cast<StrideA*>(base + at[6]),    reinterpret_cast<StrideB*>(base + at[7]),
                   reinterpret_cast<StrideD*>(base + at[8]),    reinterpret_cast<LayoutSfA*>(base + at[9]),
-                  reinterpret_cast<LayoutSfB*>(base + at[10]), reinterpret_cast<float*>(base + at[11])};
+                  reinterpret_cast<LayoutSfB*>(base + at[10]), reinterpret_cast<float*>(base + at[11]),
+                  reinterpret_cast<PtrSfD*>(base + at[12]),    reinterpret_cast<float*>(base + at[13])};
   }
 
   // Expert e: m rows of the stacked A and D from row0, its scales from scale row sf_row0 (a
@@ -134,7 +151,10 @@ struct GroupedGemm {
     w.b[e] = reinterpret_cast<PtrB>(p.b + uint64_t(e) * n * k / 2);
     w.sfa[e] = reinterpret_cast<PtrSfA>(p.sfa + uint64_t(sf_row0) * sf_cols);
     w.sfb[e] = reinterpret_cast<PtrSfB>(p.sfb + uint64_t(e) * sfb_rows * sf_cols);
-    w.d[e] = reinterpret_cast<PtrD>(p.d + uint64_t(row0) * n * sizeof(ElementD));
+    w.d[e] = reinterpret_cast<PtrD>(p.d + uint64_t(row0) * n * cutlass::sizeof_bits<ElementD>::value / 8);
+    // FP4 output: the expert's scale factors from its first scale row, as its A scales (the MoE
+    // layout over (T, N/16)).
+    w.sfd[e] = kFp4Out ? reinterpret_cast<PtrSfD>(p.sfd + uint64_t(sf_row0) * ((n / 16 + 3) / 4 * 4)) : nullptr;
     new (&w.stride_a[e]) StrideA(cutlass::make_cute_packed_stride(StrideA{}, {m, p.k, 1}));
     new (&w.stride_b[e]) StrideB(cutlass::make_cute_packed_stride(StrideB{}, {p.n, p.k, 1}));
     new (&w.stride_d[e]) StrideD(cutlass::make_cute_packed_stride(StrideD{}, {m, p.n, 1}));
@@ -153,6 +173,10 @@ struct GroupedGemm {
     fusion.alpha_ptr = w.alpha;  // alpha_ptr[e] for expert e
     fusion.dAlpha = {_0{}, _0{}, 1};
     fusion.beta = 0.0f;
+    if constexpr (kFp4Out) {
+      fusion.block_scale_factor_ptr = w.sfd;
+      fusion.norm_constant_ptr = w.norm;
+    }
     args.epilogue.ptr_C = nullptr;
     args.epilogue.dC = nullptr;
     args.epilogue.ptr_D = w.d;
@@ -175,6 +199,7 @@ struct GroupedGemm {
     if (p.n % kAlignD != 0 || p.sm_count < 0) return false;  // every expert's D rows start 16-byte aligned
     if (int64_t(p.rows) + 127 * int64_t(p.experts) > INT32_MAX) return false;  // scale rows are int
     if (sf_span(p.rows, p.k) > INT32_MAX || sf_span(p.n, p.k) > INT32_MAX) return false;
+    if (kFp4Out && (p.sfd == 0 || !(p.norm_constant > 0.f) || p.norm_constant > FLT_MAX || sf_span(p.rows, p.n) > INT32_MAX)) return false;
     return Adapter::can_implement(query_arguments(p)) == cutlass::Status::kSuccess;
   }
 
@@ -189,8 +214,9 @@ struct GroupedGemm {
 
   // The host side of the builder, for tests: p's offsets and expert_alpha are host addresses.
   // Writes, for expert `e`: m, n, k, the addresses of A, B, SFA, SFB and D, alpha's bits, the
-  // leading dimensions of A, B and D, then the byte address of every scale of A (m x K/16, row
-  // fastest) and of B (N x K/16) as the kernel's layouts place them. Returns the count of values;
+  // leading dimensions of A, B and D, SFD's address (0 unless FP4), then the byte address of
+  // every scale of A (m x K/16, row fastest) and of B (N x K/16) as the kernel's layouts place
+  // them, and for FP4 output of every generated scale factor (m x N/16). Returns the count of values;
   // writes only when `len` holds them all, -1 for a problem can_implement refuses or a bad e.
   static int64_t describe(const GroupedArgs& p, int32_t e, int64_t* out, size_t len) {
     if (!can_implement(p) || e < 0 || e >= p.experts) return -1;
@@ -200,8 +226,8 @@ struct GroupedGemm {
     int run = 0, sf = 0;
     for (int j = 0; j <= p.experts; ++j) run = std::max(run, std::min(std::max(off[j], 0), p.rows)), row[j] = run;
     for (int j = 0; j < p.experts; ++j) sf_row[j] = sf, sf += (row[j + 1] - row[j] + 127) / 128 * 128;
-    const int m = row[e + 1] - row[e], sf_cols = p.k / 16;
-    const size_t need = 12 + size_t(m + p.n) * sf_cols;
+    const int m = row[e + 1] - row[e], sf_cols = p.k / 16, sfd_cols = kFp4Out ? p.n / 16 : 0;
+    const size_t need = 13 + size_t(m + p.n) * sf_cols + size_t(m) * sfd_cols;
     if (len < need) return int64_t(need);
     std::vector<uint8_t> storage(arrays_bytes(p.experts) + kArrayAlign);
     uint8_t* base = reinterpret_cast<uint8_t*>((uintptr_t(storage.data()) + kArrayAlign - 1) / kArrayAlign * kArrayAlign);
@@ -214,12 +240,18 @@ struct GroupedGemm {
     for (int64_t v : {int64_t(get<0>(w.shape[e])), int64_t(get<1>(w.shape[e])), int64_t(get<2>(w.shape[e])),
                       int64_t(uintptr_t(w.a[e])), int64_t(uintptr_t(w.b[e])), int64_t(uintptr_t(w.sfa[e])),
                       int64_t(uintptr_t(w.sfb[e])), int64_t(uintptr_t(w.d[e])), int64_t(alpha_bits),
-                      int64_t(get<0>(w.stride_a[e])), int64_t(get<0>(w.stride_b[e])), int64_t(get<0>(w.stride_d[e]))})
+                      int64_t(get<0>(w.stride_a[e])), int64_t(get<0>(w.stride_b[e])), int64_t(get<0>(w.stride_d[e])),
+                      int64_t(uintptr_t(w.sfd[e]))})
       out[i++] = v;
     for (int s = 0; s < sf_cols; ++s)
       for (int r = 0; r < m; ++r) out[i++] = int64_t(uintptr_t(w.sfa[e])) + int64_t(w.layout_sfa[e](make_coord(r, s * 16, 0)));
     for (int s = 0; s < sf_cols; ++s)
       for (int r = 0; r < p.n; ++r) out[i++] = int64_t(uintptr_t(w.sfb[e])) + int64_t(w.layout_sfb[e](make_coord(r, s * 16, 0)));
+    // FP4 output: where the epilogue's layout (CUTLASS's, from the expert's shape) puts each
+    // generated scale factor.
+    const auto layout_sfd = SfdConfig::tile_atom_to_shape_SFD(make_shape(m, p.n, p.k, 1));
+    for (int s = 0; s < sfd_cols; ++s)
+      for (int r = 0; r < m; ++r) out[i++] = int64_t(uintptr_t(w.sfd[e])) + int64_t(layout_sfd(make_coord(r, s * 16, 0)));
     return int64_t(need);
   }
 
@@ -234,6 +266,7 @@ __global__ void __launch_bounds__(256) build_groups(GroupedArgs p, typename G::A
   const float* ea = reinterpret_cast<const float*>(p.expert_alpha);
   for (int e = threadIdx.x; e < p.experts; e += blockDim.x)
     G::fill(p, e, rows.row[e], rows.rows_of(e), rows.sf_row[e], ea ? p.alpha * ea[e] : p.alpha, w);
+  if (threadIdx.x == 0) *w.norm = p.norm_constant;
 }
 
 template <int Sms, int TileM, int TileN, int TileK, int ClusterM, int ClusterN, class Out>
@@ -250,6 +283,13 @@ KernelStatus GroupedGemm<Sms, TileM, TileN, TileK, ClusterM, ClusterN, Out>::run
   Adapter gemm;
   cutlass::Status st = gemm.initialize(arguments(p, w), base + arrays_bytes(p.experts), stream);
   if (st != cutlass::Status::kSuccess) return KernelStatus{static_cast<int32_t>(st), static_cast<int32_t>(cudaGetLastError()), 0};
+  if constexpr (kFp4Out) {
+    // CUTLASS's epilogue leaves the padding of the scale-factor tiles unwritten: the whole MoE
+    // scale buffer (room for any routing) is zeroed in stream order first.
+    const size_t bytes = size_t((int64_t(p.rows) + 127 * int64_t(p.experts)) / 128 * 128) * size_t((p.n / 16 + 3) / 4 * 4);
+    if (const cudaError_t e = cudaMemsetAsync(reinterpret_cast<void*>(p.sfd), 0, bytes, stream); e != cudaSuccess)
+      return KernelStatus{int32_t(cutlass::Status::kErrorInternal), int32_t(e), 0};
+  }
   // Launched without programmatic dependence: CUTLASS's scheduler reads the shapes before its
   // grid-dependency wait.
   build_groups<GroupedGemm><<<1, 256, 0, stream>>>(p, w);
