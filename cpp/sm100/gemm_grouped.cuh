@@ -40,17 +40,18 @@ struct GroupedGemm {
   using EpilogueSchedule = std::conditional_t<Sms == 2, cutlass::epilogue::PtrArrayTmaWarpSpecialized2Sm,
                                               cutlass::epilogue::PtrArrayTmaWarpSpecialized1Sm>;
 
-  // No C operand (ElementC void): the grouped GEMM has no beta term. FP4 output: example 72b's
-  // scale-factor generation, one SFD pointer per group.
-  using Fusion = std::conditional_t<
-      kFp4Out,
-      cutlass::epilogue::fusion::LinCombBlockScaleFactor<16, ElementD, float, std::conditional_t<kFp4Out, typename Traits::Sf, uint8_t>,
-                                                         cutlass::layout::RowMajor, void>,
-      cutlass::epilogue::fusion::LinearCombination<ElementD, float, void, float>>;
+  // The dense path's epilogue types (C of D's type, f32 for FP4 output) with no C given (null
+  // pointers, beta 0): the same arithmetic as the dense GEMM to the bit (its beta * C + alpha *
+  // acc turns -0 into +0, which a C-less epilogue would keep), and for FP4 output the same
+  // 32-column epilogue tile, whose stores stay inside N/16 scale columns. FP4 output: example
+  // 72b's scale-factor generation, one SFD pointer per group.
+  using ElementC = typename Traits::ElementC;
+  static constexpr int kAlignC = 128 / cutlass::sizeof_bits<ElementC>::value;
+  using Fusion = typename Traits::Fusion;
   using Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
       cutlass::arch::Sm100, cutlass::arch::OpClassBlockScaledTensorOp, MmaTile, Cluster,
-      cutlass::epilogue::collective::EpilogueTileAuto, float, float, void, cutlass::layout::RowMajor*,
-      kAlignD, ElementD, cutlass::layout::RowMajor*, kAlignD, EpilogueSchedule, Fusion>::CollectiveOp;
+      cutlass::epilogue::collective::EpilogueTileAuto, float, float, ElementC, cutlass::layout::RowMajor*,
+      kAlignC, ElementD, cutlass::layout::RowMajor*, kAlignD, EpilogueSchedule, Fusion>::CollectiveOp;
 
   // A (T, K) row-major, B (N, K) per expert: column-major in CUTLASS's (K, N) view.
   using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
@@ -199,7 +200,7 @@ struct GroupedGemm {
     if (p.n % kAlignD != 0 || p.sm_count < 0) return false;  // every expert's D rows start 16-byte aligned
     if (int64_t(p.rows) + 127 * int64_t(p.experts) > INT32_MAX) return false;  // scale rows are int
     if (sf_span(p.rows, p.k) > INT32_MAX || sf_span(p.n, p.k) > INT32_MAX) return false;
-    if (kFp4Out && (p.sfd == 0 || !(p.norm_constant > 0.f) || p.norm_constant > FLT_MAX || sf_span(p.rows, p.n) > INT32_MAX)) return false;
+    if (kFp4Out && (p.sfd == 0 || p.sfd % 16 != 0 || !(p.norm_constant > 0.f) || p.norm_constant > FLT_MAX || sf_span(p.rows, p.n) > INT32_MAX)) return false;
     return Adapter::can_implement(query_arguments(p)) == cutlass::Status::kSuccess;
   }
 
