@@ -377,7 +377,7 @@ fn parse_table(text: &str, out_names: &[String]) -> (Vec<Config>, Vec<Output>) {
         }
     }
     // BSG_GROUPED and BSG_W4A16: outputs of extra kernels on SM90 stream or swapped configs, and
-    // (BSG_GROUPED) on SM100 configs with f16 or bf16 output.
+    // (BSG_GROUPED) on SM100 configs (their outputs but f32).
     for (line, lists, field) in [("BSG_GROUPED", &grouped, 0), ("BSG_W4A16", &w4a16, 1)] {
         for (outs, names) in lists {
             for name in names {

@@ -98,7 +98,29 @@ impl Quantizer {
     /// tensor (`shape` is that output's), with the given global scale. Bit for bit the CPU
     /// quantizer of [`crate::swiglu::swiglu_rows`] (the SwiGLU arithmetic is
     /// [`crate::swiglu`]'s, the same on host and device). One launch, capturable; the
-    /// intermediate never reaches memory.
+    /// intermediate never reaches memory. The global scale must be given (an activation scale
+    /// from calibration, as a checkpoint's `input_scale`); there is no computed-scale form.
+    ///
+    /// An MLP's down projection fed straight from its gate-up projection's output:
+    ///
+    /// ```no_run
+    /// use blockscaled_gemm::{BlockScaledGemm, Nvfp4Matrix, Nvfp4Tensor, Problem, Quantizer};
+    /// use cudarc::driver::CudaContext;
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let stream = CudaContext::new(0)?.new_stream()?;
+    /// let (m, inter, hidden) = (16, 2048, 7168);
+    /// // The gate-up GEMM's bf16 output, (m, 2 * inter): gate in the first half of each row.
+    /// let gate_up = stream.clone_htod(&vec![half::bf16::from_f32(0.5); m * 2 * inter])?;
+    /// let g = 4.0 / 2688.0; // the down projection's input scale
+    /// let mut codes = stream.alloc_zeros::<u8>(m * inter / 2)?;
+    /// let mut scales = stream.alloc_zeros::<u8>(blockscaled_gemm::layout::sf_bytes(m, inter, 1))?;
+    /// Quantizer::new(stream.clone()).quantize_swiglu_into(&gate_up, (1, m, inter), g, &mut codes, &mut scales)?;
+    /// let h = Nvfp4Tensor::new(codes.as_view(), scales.as_view(), (1, m, inter), g)?;
+    /// let down = Nvfp4Tensor::upload(&Nvfp4Matrix::random_realistic(hidden, inter, 1, 1)?, &stream)?;
+    /// let mut y = stream.alloc_zeros::<half::bf16>(m * hidden)?;
+    /// BlockScaledGemm::new(stream.clone())?.gemm(&Problem::new(m, hidden, inter), &h, &down, &mut y, None)?;
+    /// # Ok(()) }
+    /// ```
     pub fn quantize_swiglu_into<T, X, C, S>(&self, x: &X, shape: (usize, usize, usize), global_scale: f32, codes: &mut C, scales: &mut S) -> Result<()>
     where
         T: QuantInput, X: DevicePtr<T>, C: DevicePtrMut<u8>, S: DevicePtrMut<u8>,

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "common/moe_rows.cuh"
+#include "common/scale_layout.cuh"
 #include "cutlass/gemm/group_array_problem_shape.hpp"
 #include "sm100/gemm.cuh"
 
@@ -143,19 +144,18 @@ struct GroupedGemm {
   CUTE_HOST_DEVICE static void fill(const GroupedArgs& p, int e, int row0, int m, int sf_row0, float alpha,
                                     const Arrays& w) {
     const uint64_t n = uint64_t(p.n), k = uint64_t(p.k);
-    const uint64_t sf_cols = (k / 16 + 3) / 4 * 4;         // K/16 padded to 4
-    const uint64_t sfb_rows = (n + 127) / 128 * 128;       // N padded to 128
+    const int64_t sp = sf_cols_padded(p.k);  // common/scale_layout.cuh
     // Placement new: the arrays are raw bytes (the workspace, or a host buffer), and CuTe's tuples
     // have constructors.
     new (&w.shape[e]) Shape3{m, p.n, p.k};
     w.a[e] = reinterpret_cast<PtrA>(p.a + uint64_t(row0) * k / 2);
     w.b[e] = reinterpret_cast<PtrB>(p.b + uint64_t(e) * n * k / 2);
-    w.sfa[e] = reinterpret_cast<PtrSfA>(p.sfa + uint64_t(sf_row0) * sf_cols);
-    w.sfb[e] = reinterpret_cast<PtrSfB>(p.sfb + uint64_t(e) * sfb_rows * sf_cols);
+    w.sfa[e] = reinterpret_cast<PtrSfA>(p.sfa + uint64_t(sf_row0) * sp);
+    w.sfb[e] = reinterpret_cast<PtrSfB>(p.sfb + uint64_t(e) * sf_batch_bytes(p.n, sp));
     w.d[e] = reinterpret_cast<PtrD>(p.d + uint64_t(row0) * n * cutlass::sizeof_bits<ElementD>::value / 8);
     // FP4 output: the expert's scale factors from its first scale row, as its A scales (the MoE
     // layout over (T, N/16)).
-    w.sfd[e] = kFp4Out ? reinterpret_cast<PtrSfD>(p.sfd + uint64_t(sf_row0) * ((n / 16 + 3) / 4 * 4)) : nullptr;
+    w.sfd[e] = kFp4Out ? reinterpret_cast<PtrSfD>(p.sfd + uint64_t(sf_row0) * sf_cols_padded(p.n)) : nullptr;
     new (&w.stride_a[e]) StrideA(cutlass::make_cute_packed_stride(StrideA{}, {m, p.k, 1}));
     new (&w.stride_b[e]) StrideB(cutlass::make_cute_packed_stride(StrideB{}, {p.n, p.k, 1}));
     new (&w.stride_d[e]) StrideD(cutlass::make_cute_packed_stride(StrideD{}, {m, p.n, 1}));
@@ -192,8 +192,9 @@ struct GroupedGemm {
   }
 
   // CuTe's scale-factor layouts hold int32 strides: one expert's scales (at most T rows) and one
-  // expert's B scales must span fewer than 2^31 bytes.
-  static int64_t sf_span(int64_t rows, int64_t k) { return (rows + 127) / 128 * ((k + 63) / 64) * 512; }
+  // expert's B scales must span fewer than 2^31 bytes. sf_batch_bytes in 64-bit row arithmetic
+  // (its int rows + 127 could wrap for the extents checked here).
+  static int64_t sf_span(int64_t rows, int k) { return (rows + 127) / 128 * 128 * sf_cols_padded(k); }
 
   static bool can_implement(const GroupedArgs& p) {
     if (p.rows < 1 || p.n < 1 || p.k < 32 || p.k % 32 != 0 || p.experts < 1 || p.experts > BSG_MAX_GROUPS) return false;
@@ -287,7 +288,7 @@ KernelStatus GroupedGemm<Sms, TileM, TileN, TileK, ClusterM, ClusterN, Out>::run
   if constexpr (kFp4Out) {
     // CUTLASS's epilogue leaves the padding of the scale-factor tiles unwritten: the whole MoE
     // scale buffer (room for any routing) is zeroed in stream order first.
-    const size_t bytes = size_t((int64_t(p.rows) + 127 * int64_t(p.experts)) / 128 * 128) * size_t((p.n / 16 + 3) / 4 * 4);
+    const size_t bytes = size_t((int64_t(p.rows) + 127 * int64_t(p.experts)) / 128 * 128) * size_t(sf_cols_padded(p.n));
     if (const cudaError_t e = cudaMemsetAsync(reinterpret_cast<void*>(p.sfd), 0, bytes, stream); e != cudaSuccess)
       return KernelStatus{int32_t(cutlass::Status::kErrorInternal), int32_t(e), 0};
   }
