@@ -53,6 +53,19 @@ pub fn can_implement_grouped(config: Config, out: OutType, p: &crate::grouped::M
     Ok(bridge::can_implement_grouped(config.info().index, out.index(), &args))
 }
 
+/// The list-form grouped kernel's own check (`GroupedListGemm::can_implement`) of `config` with
+/// `out` output on the bounds `p` (stand-in array addresses, never dereferenced): the tests hold
+/// [`crate::grouped_list::ListProblem::validate`] to it. False where this build lacks the kernel.
+pub fn can_implement_grouped_list(config: Config, out: OutType, p: &crate::grouped_list::ListProblem) -> bool {
+    let dim = |v: usize| i32::try_from(v).unwrap_or(i32::MAX);
+    let args = bridge::GroupedListArgs {
+        groups: dim(p.groups), max_m: dim(p.max_m), max_n: dim(p.max_n), max_k: dim(p.max_k), max_rows: p.max_rows as i64,
+        problems: 1 << 20, a: 1 << 20, sfa: 1 << 20, b: 1 << 20, sfb: 1 << 20, d: 1 << 20, c: 1 << 20, sfd: 1 << 20,
+        alpha: p.alpha, beta: p.beta, norm_constant: p.norm_constant, ..Default::default()
+    };
+    bridge::can_implement_grouped_list(config.info().index, out.index(), &args)
+}
+
 /// What a grouped kernel that builds per-expert arguments (SM100's pointer-array GEMM) gives
 /// one expert, as its builder computes it (run on the host): byte offsets are from the bases of
 /// the stacked operands (A, B, their scales, D).

@@ -27,6 +27,8 @@ pub struct ConfigInfo {
     pub outputs: &'static [OutType],
     /// Output types of its grouped (mixture-of-experts) kernels (`BSG_GROUPED`).
     pub grouped: &'static [OutType],
+    /// Output types of its list-form grouped kernels (`BSG_GROUPED_LIST`).
+    pub grouped_list: &'static [OutType],
     /// Output types of its W4A16 kernels (`BSG_W4A16`), each for f16 and bf16 activations.
     pub w4a16: &'static [OutType],
 }
@@ -93,6 +95,12 @@ impl Config {
     /// Whether this build holds this config's grouped kernel for output `out` (`BSG_GROUPED`).
     pub fn is_built_grouped(self, out: OutType) -> bool {
         self.is_built(out) && self.info().grouped.contains(&out)
+    }
+
+    /// Whether this build holds this config's list-form grouped kernel for output `out`
+    /// (`BSG_GROUPED_LIST`).
+    pub fn is_built_grouped_list(self, out: OutType) -> bool {
+        self.is_built(out) && self.info().grouped_list.contains(&out)
     }
 
     /// Whether this build holds this config's W4A16 kernels for output `out` (`BSG_W4A16`).
@@ -294,6 +302,21 @@ pub fn select_grouped(arch: u32, rows: usize, experts: usize, k: usize, out: Out
     let short = k.div_ceil(64) <= STREAM_SHORT_K;
     let fewest: Vec<Config> = candidates.into_iter().filter(|c| tile_rows(c) == rows_pick).collect();
     fewest.iter().copied().find(|c| (c.info().schedule == Schedule::StreamWeightsShortK) == short).or(fewest.first().copied())
+}
+
+/// The list-form grouped GEMM's tile on SM90, from the largest group's rows: the fewest-row
+/// stream tile that holds them below GROUPED_SWAPPED_MEAN rows, else the swapped 128x128 tile;
+/// None on other architectures (no list-form kernels there).
+pub fn select_grouped_list(arch: u32, max_m: usize, out: OutType, available: impl Fn(Config) -> bool) -> Option<Config> {
+    let all: Vec<Config> = Config::ALL.iter().copied().filter(|c| c.info().arch == arch && c.info().grouped_list.contains(&out) && available(*c)).collect();
+    if max_m >= GROUPED_SWAPPED_MEAN {
+        if let Some(c) = all.iter().copied().find(|c| !c.info().streams()) {
+            return Some(c);
+        }
+    }
+    let tile_rows = |c: &Config| c.info().tile[0] as usize;
+    let streams: Vec<Config> = all.iter().copied().filter(|c| c.info().streams()).collect();
+    streams.iter().copied().filter(|c| tile_rows(c) >= max_m).min_by_key(tile_rows).or_else(|| streams.iter().copied().max_by_key(tile_rows)).or(all.first().copied())
 }
 
 /// Mean rows per expert from which the grouped GEMM takes the swapped tiles: the stream tiles

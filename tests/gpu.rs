@@ -5,7 +5,7 @@ use blockscaled_gemm::compare::{compare, compare_fp4, verify_matrices, verify_w4
 use blockscaled_gemm::fp4_out::sfd_from_f32;
 use blockscaled_gemm::reference::{self, Accumulation};
 use blockscaled_gemm::grouped::{expert_offsets, moe_scale_starts, moe_sfa_bytes, moe_scales, reference_moe};
-use blockscaled_gemm::{reference_gemm, Activation16, BlockScaledGemm, MoeActivations, MoeProblem, Config, Error, ForeignBuffer, Nvfp4Matrix, Nvfp4Output, Nvfp4Tensor, OutType, OutputElement, Problem};
+use blockscaled_gemm::{reference_gemm, Activation16, BlockScaledGemm, ListArrays, ListGroup, ListProblem, MoeActivations, MoeProblem, Config, Error, ForeignBuffer, Nvfp4Matrix, Nvfp4Output, Nvfp4Tensor, OutType, OutputElement, Problem};
 use cudarc::driver::{CudaSlice, CudaView};
 use cudarc::driver::CudaContext;
 use half::{bf16, f16};
@@ -56,6 +56,8 @@ fn main() {
         ("grouped_moe_persistent_ctas_take_many_items", grouped_moe_persistent_ctas_take_many_items),
         ("grouped_moe_quantizer_matches_the_cpu", grouped_moe_quantizer_matches_the_cpu),
         ("swiglu_quantizer_matches_the_cpu", swiglu_quantizer_matches_the_cpu),
+        ("grouped_list_same_bits_as_gemm_per_group", grouped_list_same_bits_as_gemm_per_group),
+        ("grouped_list_fp4_output_is_gemm_fp4_per_group", grouped_list_fp4_output_is_gemm_fp4_per_group),
         ("w4a16_every_config_and_output", w4a16_every_config_and_output),
         ("w4a16_same_bits_as_nvfp4_gemm", w4a16_same_bits_as_nvfp4_gemm),
         ("w4a16_grouped_moe_every_config", w4a16_grouped_moe_every_config),
@@ -63,6 +65,7 @@ fn main() {
         // Last: they turn cudarc's event tracking off for the buffers made after them.
         ("graph_capture_replays_with_new_data", graph_capture_replays_with_new_data),
         ("grouped_moe_captured_follows_device_routing", grouped_moe_captured_follows_device_routing),
+        ("grouped_list_raw_captured_skips_bad_groups", grouped_list_raw_captured_skips_bad_groups),
         // Last of all: it resets device 0's primary context.
         ("gemms_run_after_a_context_reset", gemms_run_after_a_context_reset),
     ];
@@ -1224,6 +1227,179 @@ fn grouped_moe_fp4_output_is_gemm_fp4_per_expert() -> Outcome {
     // Both formats on the four tiles, at both N.
     assert_eq!(runs, 16, "grouped FP4 kernels missing from the build");
     println!("grouped FP4 output: {runs} runs, every expert's D and SFD the bytes of gemm_fp4, the next grouped GEMM on them within the verdict");
+    Ok(())
+}
+
+/// The list form's groups: different M (1 to 130), N and K, general data (FP32 sums that round).
+const LIST_SHAPES: [(usize, usize, usize); 5] = [(33, 256, 1024), (1, 128, 512), (130, 384, 2048), (7, 160, 768), (64, 128, 64)];
+
+fn list_operands(salt: u64) -> Vec<(Nvfp4Matrix, Nvfp4Matrix, f32)> {
+    LIST_SHAPES.iter().enumerate().map(|(i, &(m, n, k))| {
+        let a = Nvfp4Matrix::random_realistic(m, k, 1, seed() ^ salt ^ (2 * i as u64)).unwrap();
+        let b = Nvfp4Matrix::random_realistic(n, k, 1, seed() ^ salt ^ (2 * i as u64 + 1)).unwrap();
+        (a, b, [0.75f32, 1.0, 3.0e-3, 1.5, 0.1][i])
+    }).collect()
+}
+
+/// Issue 24 item 1 (list form): G GEMMs of different sizes in one call; per group, D is the bits
+/// of `gemm` at split 1 with the same tile (stream and swapped tiles, bf16 and f32), poisoned first.
+fn grouped_list_same_bits_as_gemm_per_group() -> Outcome {
+    let g = hopper()?;
+    let s = g.stream().clone();
+    let split1 = BlockScaledGemm::new(s.clone()).unwrap().with_split_k(Some(1));
+    let ops = list_operands(80);
+    let up: Vec<_> = ops.iter().map(|(a, b, _)| (Nvfp4Tensor::upload(a, &s).unwrap(), Nvfp4Tensor::upload(b, &s).unwrap())).collect();
+    fn one<T: OutputElement + cudarc::driver::DeviceRepr>(g: &BlockScaledGemm, split1: &BlockScaledGemm, ops: &[(Nvfp4Matrix, Nvfp4Matrix, f32)], up: &[(Nvfp4Tensor, Nvfp4Tensor)], config: Option<Config>) -> Config {
+        let s = g.stream();
+        let mut ds: Vec<CudaSlice<T>> = ops.iter().map(|(a, b, _)| s.clone_htod(&vec![T::from_f64(f64::NAN); a.rows() * b.rows()]).unwrap()).collect();
+        let mut groups: Vec<_> = up.iter().zip(ds.iter_mut()).zip(ops).map(|(((a, b), d), op)| ListGroup { a, b, d, alpha: op.2 }).collect();
+        let ran = g.grouped_list(&mut groups, config).unwrap();
+        drop(groups);
+        for (i, ((a, b, alpha), d)) in ops.iter().zip(&ds).enumerate() {
+            let got = s.clone_dtoh(d).unwrap();
+            let (_, want) = run_poisoned::<T>(split1, a, b, *alpha, 0.0, &[], Some(ran));
+            assert!(got.iter().zip(&want).all(|(x, y)| x.to_f64().to_bits() == y.to_f64().to_bits()), "{ran} group {i}: list and gemm differ");
+        }
+        ran
+    }
+    let mut ran = Vec::new();
+    for config in [None, Some(Config::Sm90_Stream_8x128x64), Some(Config::Sm90_Stream_32x128x64), Some(Config::Sm90_Swapped_128x128x64)] {
+        if config.is_some_and(|c| !c.is_built_grouped_list(OutType::Bf16)) {
+            continue;
+        }
+        ran.push(one::<bf16>(&g, &split1, &ops, &up, config));
+        ran.push(one::<f32>(&g, &split1, &ops, &up, config));
+    }
+    assert_eq!(ran.len(), 8, "list-form kernels missing from the build");
+    // A group of the wrong shape is refused before anything runs.
+    let mut bad: CudaSlice<bf16> = s.alloc_zeros(7).unwrap();
+    let e = g.grouped_list(&mut [ListGroup { a: &up[0].0, b: &up[1].1, d: &mut bad, alpha: 1.0 }], None).unwrap_err();
+    assert!(e.to_string().contains("group 0"), "{e}");
+    println!("grouped list: the rule ran {}, every group's bits those of gemm", ran[0]);
+    Ok(())
+}
+
+/// The list form with FP4 output: each group's D and SFD are the bytes of `gemm_fp4` at split 1
+/// with the same tile, both formats, poisoned first.
+fn grouped_list_fp4_output_is_gemm_fp4_per_group() -> Outcome {
+    let g = hopper()?;
+    let s = g.stream().clone();
+    let split1 = BlockScaledGemm::new(s.clone()).unwrap().with_split_k(Some(1));
+    let ops = list_operands(90);
+    let up: Vec<_> = ops.iter().map(|(a, b, _)| (Nvfp4Tensor::upload(a, &s).unwrap(), Nvfp4Tensor::upload(b, &s).unwrap())).collect();
+    let st = 3.0f32;
+    let mut runs = 0;
+    for out in [OutType::Nvfp4, OutType::Nvfp4Ue8m0] {
+        for config in [Config::Sm90_Stream_8x128x64, Config::Sm90_Stream_32x128x64, Config::Sm90_Swapped_128x128x64] {
+            if !config.is_built_grouped_list(out) {
+                continue;
+            }
+            let mut ds: Vec<(CudaSlice<u8>, CudaSlice<u8>)> = ops.iter().map(|(a, b, _)| {
+                let p = Problem::new(a.rows(), b.rows(), a.k());
+                (s.clone_htod(&vec![0xEEu8; p.cd_elems() / 2]).unwrap(), s.clone_htod(&vec![0x7Fu8; p.sfd_bytes()]).unwrap())
+            }).collect();
+            let mut groups: Vec<_> = up.iter().zip(ds.iter_mut()).zip(&ops).map(|(((a, b), (d, sfd)), op)| ListGroup { a, b, d: Nvfp4Output::new(d, sfd), alpha: op.2 }).collect();
+            g.grouped_list_fp4(out, st, &mut groups, Some(config)).unwrap();
+            drop(groups);
+            for (i, ((a, b, alpha), (d, sfd))) in ops.iter().zip(&ds).enumerate() {
+                let p = Problem::new(a.rows(), b.rows(), a.k()).scalars(*alpha, 0.0).norm_constant(st);
+                let (_, want_d, want_sfd) = run_fp4(&split1, &p, out, a, b, None, Some(config));
+                assert!(s.clone_dtoh(d).unwrap() == want_d, "{config} {out} group {i}: D");
+                assert!(s.clone_dtoh(sfd).unwrap() == want_sfd, "{config} {out} group {i}: SFD");
+            }
+            runs += 1;
+        }
+    }
+    assert_eq!(runs, 6, "list-form FP4 kernels missing from the build");
+    Ok(())
+}
+
+/// The raw list form, captured in a CUDA graph and replayed with new sizes written to the device:
+/// groups whose device sizes break the bounds or rules (K not a multiple of 32, M past max_m, the
+/// rows past max_rows on the swapped tile) are skipped, D untouched; the others equal the per-group
+/// reference, with C and beta.
+fn grouped_list_raw_captured_skips_bad_groups() -> Outcome {
+    use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
+    let g0 = hopper()?;
+    let ctx = g0.stream().context().clone();
+    let stream = ctx.new_stream().unwrap();
+    let g = BlockScaledGemm::new(stream.clone()).unwrap();
+    // SAFETY: every buffer below is used on `stream` alone.
+    unsafe { ctx.disable_event_tracking() };
+    let ops = list_operands(100);
+    let groups = ops.len();
+    let (max_m, max_n, max_k) = (130usize, 384usize, 2048usize);
+    let up: Vec<_> = ops.iter().map(|(a, b, _)| (upload(&g, a), upload(&g, b))).collect();
+    let cs: Vec<Vec<f32>> = ops.iter().map(|(a, b, _)| (0..a.rows() * b.rows()).map(|i| ((i * 7919) % 17) as f32 - 8.0).collect()).collect();
+    let cd: Vec<CudaSlice<f32>> = cs.iter().map(|c| stream.clone_htod(c).unwrap()).collect();
+    let mut ds: Vec<CudaSlice<f32>> = ops.iter().map(|(a, b, _)| stream.alloc_zeros(a.rows() * b.rows()).unwrap()).collect();
+    let addr = |x: &CudaSlice<u8>| { let (p, _g) = cudarc::driver::DevicePtr::device_ptr(x, &stream); p };
+    let addr32 = |x: &CudaSlice<f32>| { let (p, _g) = cudarc::driver::DevicePtr::device_ptr(x, &stream); p };
+    let arr = |f: &dyn Fn(usize) -> u64| stream.clone_htod(&(0..groups).map(f).collect::<Vec<u64>>()).unwrap();
+    let (a, sfa) = (arr(&|i| addr(&up[i].0 .0)), arr(&|i| addr(&up[i].0 .1)));
+    let (b, sfb) = (arr(&|i| addr(&up[i].1 .0)), arr(&|i| addr(&up[i].1 .1)));
+    let (c, d) = (arr(&|i| addr32(&cd[i])), arr(&|i| addr32(&ds[i])));
+    let alphas = stream.clone_htod(&ops.iter().map(|o| o.2).collect::<Vec<f32>>()).unwrap();
+    let mut problems = stream.alloc_zeros::<i32>(3 * groups).unwrap();
+    let beta = 0.5f32;
+    for config in [Config::Sm90_Stream_32x128x64, Config::Sm90_Swapped_128x128x64] {
+        if !config.is_built_grouped_list(OutType::F32) {
+            continue;
+        }
+        // max_rows 180: the swapped tile skips the groups whose rows end past it.
+        let p = ListProblem::new(groups, max_m, max_n, max_k).max_rows(180).scalars(1.0, beta);
+        g.reserve_workspace(g.grouped_list_workspace_size(&p, OutType::F32, Some(config)).unwrap()).unwrap();
+        let arrays = ListArrays { problems: &problems, a: &a, sfa: &sfa, b: &b, sfb: &sfb, d: &d, c: Some(&c), sfd: None, alphas: Some(&alphas) };
+        stream.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL).unwrap();
+        // SAFETY: every address in the arrays is a live buffer of its group's sizes (the sizes
+        // written below never exceed the shapes the buffers were made for).
+        unsafe { g.grouped_list_raw(&p, OutType::F32, &arrays, Some(config)).unwrap() };
+        let graph = stream.end_capture(CUgraphInstantiate_flags(0)).unwrap().expect("a graph");
+        for replay in 0..3 {
+            // Replay 0: every group as made; 1: group 1's K is 48 (not a multiple of 32) and group
+            // 3's M is max_m + 1; 2: group 0 with 0 rows.
+            let mut sizes: Vec<[i32; 3]> = ops.iter().map(|(a, b, _)| [a.rows() as i32, b.rows() as i32, a.k() as i32]).collect();
+            let mut skip = vec![false; groups];
+            if replay == 1 {
+                sizes[1][2] = 48;
+                sizes[3][0] = max_m as i32 + 1;
+                skip[1] = true;
+                skip[3] = true;
+            }
+            if replay == 2 {
+                sizes[0][0] = 0;
+                skip[0] = true;
+            }
+            // Rows past max_rows (180) are skipped on the swapped tile: a running sum of M over
+            // the usable groups.
+            if config == Config::Sm90_Swapped_128x128x64 {
+                let mut run = 0;
+                for i in 0..groups {
+                    if skip[i] && !(replay == 2 && i == 0) {
+                        continue;
+                    }
+                    run += sizes[i][0];
+                    if run > 180 {
+                        skip[i] = true;
+                    }
+                }
+            }
+            stream.memcpy_htod(&sizes.concat(), &mut problems).unwrap();
+            for (i, d) in ds.iter_mut().enumerate() {
+                stream.memcpy_htod(&vec![f32::NAN; ops[i].0.rows() * ops[i].1.rows()], d).unwrap();
+            }
+            graph.launch().unwrap();
+            for (i, (x, w, alpha)) in ops.iter().enumerate() {
+                let got = stream.clone_dtoh(&ds[i]).unwrap();
+                if skip[i] {
+                    assert!(got.iter().all(|v| v.is_nan()), "{config} replay {replay}: group {i} was to be skipped, D was written");
+                    continue;
+                }
+                let v = verify_matrices(x, w, *alpha, beta, Some(&cs[i]), &got).unwrap();
+                assert!(v.passed(), "{config} replay {replay} group {i}: {v}");
+            }
+        }
+    }
     Ok(())
 }
 

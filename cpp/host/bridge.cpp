@@ -12,6 +12,9 @@
 #define BSG_GROUPED_KERNEL(config, out, fn) bsg::GroupedEntry fn();
 #include "grouped_table.inc"
 #undef BSG_GROUPED_KERNEL
+#define BSG_GROUPED_LIST_KERNEL(config, out, fn) bsg::GroupedListEntry fn();
+#include "grouped_list_table.inc"
+#undef BSG_GROUPED_LIST_KERNEL
 #define BSG_W4A16_KERNEL(config, in, out, fn) bsg::KernelEntry fn();
 #include "w4a16_table.inc"
 #undef BSG_W4A16_KERNEL
@@ -49,6 +52,13 @@ constexpr Row<GroupedEntry> kGroupedRows[] = {
 #define BSG_GROUPED_KERNEL(config, out, fn) {config, 0, out, &fn},
 #include "grouped_table.inc"
 #undef BSG_GROUPED_KERNEL
+    {~0u, ~0u, ~0u, nullptr},
+};
+
+constexpr Row<GroupedListEntry> kGroupedListRows[] = {
+#define BSG_GROUPED_LIST_KERNEL(config, out, fn) {config, 0, out, &fn},
+#include "grouped_list_table.inc"
+#undef BSG_GROUPED_LIST_KERNEL
     {~0u, ~0u, ~0u, nullptr},
 };
 
@@ -91,6 +101,7 @@ const auto* find_in(uint32_t config, uint32_t in, uint32_t out) {
 
 const KernelEntry* find(uint32_t config, uint32_t out) { return find_in<kRows>(config, 0, out); }
 const GroupedEntry* find_grouped(uint32_t config, uint32_t out) { return find_in<kGroupedRows>(config, 0, out); }
+const GroupedListEntry* find_grouped_list(uint32_t config, uint32_t out) { return find_in<kGroupedListRows>(config, 0, out); }
 const KernelEntry* find_w4a16(uint32_t config, uint32_t in, uint32_t out) { return find_in<kW4a16Rows>(config, in, out); }
 const GroupedEntry* find_w4a16_grouped(uint32_t config, uint32_t in, uint32_t out) { return find_in<kW4a16GroupedRows>(config, in, out); }
 
@@ -122,6 +133,19 @@ int64_t describe_grouped(uint32_t config, uint32_t out, const GroupedArgs& args,
   if (!e) return -2;
   if (!e->describe) return -3;
   return e->describe(args, expert, values.data(), values.size());
+}
+
+KernelStatus launch_grouped_list(uint32_t config, uint32_t out, const GroupedListArgs& args) {
+  return run_or_not_built(find_grouped_list(config, out), args);
+}
+
+bool can_implement_grouped_list(uint32_t config, uint32_t out, const GroupedListArgs& args) {
+  const GroupedListEntry* e = find_grouped_list(config, out);
+  return e && e->can_implement(args);
+}
+
+size_t workspace_size_grouped_list(uint32_t config, uint32_t out, const GroupedListArgs& args) {
+  return workspace_or_zero(find_grouped_list(config, out), args);
 }
 
 KernelStatus launch_w4a16(uint32_t config, uint32_t in, uint32_t out, const KernelArgs& args) {

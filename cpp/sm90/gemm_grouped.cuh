@@ -24,10 +24,7 @@ struct GroupedGemm {
   // W4A16: a is (T, K) 16-bit, sfa unused; the swapped tiles' pre-pass is the dense re-order over
   // all T rows (no scales to place: rows no expert holds are re-ordered and never read).
   static constexpr bool kDenseA = !T::Activation::kScaled;
-  static constexpr auto kKernel = [] {
-    if constexpr (T::kPreA) return &grouped_gemm_kernel<T, OutT>;
-    else return &grouped_stream_kernel<T, OutT>;
-  }();
+  static constexpr auto kKernel = grouped_kernel<T, OutT, Sched>;
 
   // The dense layout of the workspace (TileScheduler: decoded activations past the split-K
   // counters, which stay zero for the dense calls) for T rows at split 1.
@@ -66,12 +63,12 @@ struct GroupedGemm {
       return {int32_t(cutlass::Status::kErrorInternal), int32_t(e), 0};
     uint8_t* const pre = reinterpret_cast<uint8_t*>(a.workspace) + (T::kPreA ? TileScheduler<T>::pre_a_offset(dense_view(a)) : 0);
     const int64_t k_pad = TileScheduler<T>::k_pad(dense_view(a));
-    CUtensorMap map_a, map_b;
+    typename Sched::Args args{};
     using G = Gemm<T, OutT>;
-    if (!G::encode_a(&map_a, reinterpret_cast<const void*>(a.a), pre, a.k, a.rows, 1) ||
-        !G::encode(&map_b, reinterpret_cast<const void*>(a.b), a.k / 2, a.n, a.experts, T::kBN))
+    if (!G::encode_a(&args.map_a, reinterpret_cast<const void*>(a.a), pre, a.k, a.rows, 1) ||
+        !G::encode(&args.map_b, reinterpret_cast<const void*>(a.b), a.k / 2, a.n, a.experts, T::kBN))
       return {int32_t(cutlass::Status::kErrorInternal), 0, 0};
-    GroupedParams gp{};
+    GroupedParams& gp = args.gp;
     gp.base = Params{a.rows, a.n, a.k, 1, 1,
                      reinterpret_cast<const uint8_t*>(a.a), reinterpret_cast<const uint8_t*>(a.sfa),
                      reinterpret_cast<const uint8_t*>(a.b), reinterpret_cast<const uint8_t*>(a.sfb),
@@ -90,7 +87,7 @@ struct GroupedGemm {
     // the largest routing has fewer items. Swapped tiles: a CTA for every item any routing has.
     const int64_t grid = T::kPreA ? Sched::max_items(a) : std::max<int64_t>(1, std::min<int64_t>(a.sm_count, Sched::max_items(a)));
     const KernelLaunch launch(dim3(unsigned(grid)), T::kLaunchThreads, 1, T::kSmem, stream, true);
-    const cudaError_t e = cudaLaunchKernelEx(&launch.cfg, kernel, gp, map_a, map_b);
+    const cudaError_t e = cudaLaunchKernelEx(&launch.cfg, kernel, args);
     return {int32_t(e == cudaSuccess ? cutlass::Status::kSuccess : cutlass::Status::kErrorInternal), int32_t(e), 0};
   }
 

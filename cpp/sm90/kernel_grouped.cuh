@@ -19,28 +19,30 @@
 #include "sm90/mainloop_swapped.cuh"
 #include "sm90/predecode.cuh"
 #include "sm90/raw_pipeline.cuh"
+#include "sm90/tensormap.cuh"
 #include "sm90/tile_scheduler_grouped.cuh"
+#include "sm90/tile_scheduler_list.cuh"
 
 namespace bsg::sm90 {
 
-template <class T, class OutT>
-__global__ void __launch_bounds__(T::kLaunchThreads, 1)
-    grouped_stream_kernel(const __grid_constant__ GroupedParams gp, const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b) {
+template <class T, class OutT, class Sched>
+__global__ void __launch_bounds__(T::kLaunchThreads, 1) grouped_stream_kernel(const __grid_constant__ typename Sched::Args args) {
   using Mainloop = CollectiveMainloop<T>;
-  using Sched = GroupedTileScheduler<T>;
   __shared__ typename Sched::Shared sched;
   uint8_t* smem = aligned_smem();
   const int tid = threadIdx.x;
-  // The offsets, like every operand, may be the previous kernel's output.
+  // The offsets or sizes, like every operand, may be the previous kernel's output.
   griddep_wait();
-  Sched::prepare(gp, sched, tid);
-  for (int item = blockIdx.x; item < sched.total; item += gridDim.x) {
-    const TileWork w = Sched::work(gp, sched, item);
+  Sched::prepare(args, sched, tid);
+  for (int item = blockIdx.x; item < Sched::total(sched); item += gridDim.x) {
+    const TileWork w = Sched::work(args, sched, item);
     // Barriers initialized afresh for each item: the last item's are all completed, no thread
     // waits on them any more (the CTA barrier at the end of the loop) and thread 0 has
     // invalidated them.
-    const RawPipeline<T> pipe = start_pipeline<T>(gp.base, w, smem, smem, &map_a, &map_b, tid);
+    const RawPipeline<T> pipe =
+        start_pipeline<T>(Sched::load_params(args, sched, w), w, smem, smem, Sched::map_a(args, w), Sched::map_b(args, w), tid);
     if (tid >= kThreads) {
+      Sched::acquire(args, w);
       Mainloop::produce(pipe, w, tid);
     } else {
       float acc[T::kRW][T::kNT][4] = {};
@@ -48,7 +50,7 @@ __global__ void __launch_bounds__(T::kLaunchThreads, 1)
       Units<T::kAcc> u;
       Mainloop::sum_warp_rows(acc, smem, u.v, tid);
       float* tile_s = Mainloop::store_units(u.v, smem, tid);
-      const Params pe = Sched::template expert_params<OutT>(gp, sched, w);
+      const Params pe = Sched::template epilogue_params<OutT>(args, sched, w);
       TileWork we = w;
       we.batch = 0;
       Epilogue<T, OutT, ReduceGlobal>::run(pe, we, tile_s, tid);
@@ -79,17 +81,15 @@ __global__ void __launch_bounds__(kPreThreads) predecode_a_grouped(const __grid_
     const int e = sched.rows.expert_of_row(gp.experts, row);
     const int sr = e < 0 ? 0 : sched.rows.sf_row[e] + row - sched.rows.row[e];
     const uint8_t* sf_rows = e < 0 ? nullptr : p.sfa + int64_t(sr / 128) * (sp / 4) * 512;
-    predecode_item(p.a, sf_rows, sr % 128, out, row, int((idx / 2) % kb_n), int(idx % 2), p.k, kb_n);
+    predecode_item(p.a + int64_t(row) * (p.k / 2), sf_rows, sr % 128, out + int64_t(row) * kb_n * 8, int((idx / 2) % kb_n), int(idx % 2), p.k);
   }
 }
 
 // The swapped tiles: CTA blockIdx.x takes item blockIdx.x (the grid holds any routing's items;
 // CTAs past this routing's exit at once), as gemm_kernel takes its tile at split 1.
-template <class T, class OutT>
-__global__ void __launch_bounds__(T::kLaunchThreads, T::kMinBlocks)
-    grouped_gemm_kernel(const __grid_constant__ GroupedParams gp, const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b) {
+template <class T, class OutT, class Sched>
+__global__ void __launch_bounds__(T::kLaunchThreads, T::kMinBlocks) grouped_gemm_kernel(const __grid_constant__ typename Sched::Args args) {
   using Mainloop = CollectiveMainloop<T>;
-  using Sched = GroupedTileScheduler<T>;
   static_assert(T::kPreA && Mainloop::kProducerWarpgroup, "grouped_gemm_kernel: the swapped tiles");
   __shared__ typename Sched::Shared sched;
   uint8_t* smem = aligned_smem();
@@ -99,11 +99,13 @@ __global__ void __launch_bounds__(T::kLaunchThreads, T::kMinBlocks)
   // The offsets may be the output of the kernel before the pre-pass: wait for the pre-pass to
   // complete (it waited for that kernel) before reading them.
   griddep_wait();
-  Sched::prepare(gp, sched, tid);
-  if (int(blockIdx.x) >= sched.total) return;
-  const TileWork w = Sched::work(gp, sched, int(blockIdx.x));
-  const RawPipeline<T> pipe = start_pipeline<T>(gp.base, w, raw, decA, &map_a, &map_b, tid);
+  Sched::prepare(args, sched, tid);
+  if (int(blockIdx.x) >= Sched::total(sched)) return;
+  const TileWork w = Sched::work(args, sched, int(blockIdx.x));
+  const RawPipeline<T> pipe =
+      start_pipeline<T>(Sched::load_params(args, sched, w), w, raw, decA, Sched::map_a(args, w), Sched::map_b(args, w), tid);
   if (tid >= kThreads) {
+    Sched::acquire(args, w);
     Mainloop::produce(pipe, w, tid);
     return;
   }
@@ -114,10 +116,69 @@ __global__ void __launch_bounds__(T::kLaunchThreads, T::kMinBlocks)
   Mainloop::run(pipe, w, raw, decA, mma, acc, tid);
   griddep_launch_dependents();
   float* tile_s = EpilogueTile<T>::stage(mma, acc, smem, tid);
-  const Params pe = Sched::template expert_params<OutT>(gp, sched, w);
+  const Params pe = Sched::template epilogue_params<OutT>(args, sched, w);
   TileWork we = w;
   we.batch = 0;
   Epilogue<T, OutT, ReduceGlobal>::run(pe, we, tile_s, tid);
 }
+
+// The list form's prologue: every CTA learns which groups have tiles; thread g of the grid makes
+// group g's descriptors (A: its packed rows, or for the swapped tiles its decoded rows in the
+// workspace; B: its packed rows) from the host's templates; then, for the swapped tiles, the
+// grid decodes every such group's activations into its rows of the workspace (a row's 64-K blocks
+// past its group's K are neither written nor read).
+template <class T>
+__global__ void __launch_bounds__(kPreThreads) list_prologue(const __grid_constant__ ListParams lp, const __grid_constant__ CUtensorMap tmpl_a,
+                                                             const __grid_constant__ CUtensorMap tmpl_b) {
+  using Sched = ListTileScheduler<T>;
+  __shared__ typename Sched::Shared sched;
+  griddep_wait();
+  griddep_launch_dependents();
+  Sched::prepare(typename Sched::Args{lp}, sched, threadIdx.x);
+  const int64_t tid = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (tid < lp.groups && Sched::has_tiles(sched, int(tid))) {
+    const int g = int(tid);
+    const ListGroup q = list_group(lp, g);
+    if constexpr (T::kPreA) {
+      const int64_t k_pad = (q.k + kBK - 1) / kBK * kBK;
+      make_tensormap(lp.maps + 2 * g, tmpl_a, lp.pre + int64_t(sched.row0[g]) * lp.pre_pitch, uint32_t(k_pad), uint32_t(q.m), lp.pre_pitch);
+    } else {
+      make_tensormap(lp.maps + 2 * g, tmpl_a, reinterpret_cast<const void*>(lp.a[g]), uint32_t(q.k / 2), uint32_t(q.m), uint64_t(q.k / 2));
+    }
+    make_tensormap(lp.maps + 2 * g + 1, tmpl_b, reinterpret_cast<const void*>(lp.b[g]), uint32_t(q.k / 2), uint32_t(q.n), uint64_t(q.k / 2));
+  }
+  if constexpr (T::kPreA) {
+    // Work items (row of `pre`, 64-K block of the longest K, parity) over the rows the groups with
+    // tiles hold; a row belongs to the last group whose first row is at or before it (groups of no
+    // rows share the next one's first row).
+    const int kb_n = int(lp.pre_pitch / 128);
+    const int64_t items = sched.rows * kb_n * 2;
+    for (int64_t idx = tid; idx < items; idx += int64_t(gridDim.x) * blockDim.x) {
+      const int row = int(idx / 2 / kb_n), kb = int((idx / 2) % kb_n);
+      int lo = 0, hi = lp.groups - 1;  // the last group with tiles whose row0 <= row
+      int g = -1;
+      while (lo <= hi) {
+        const int mid = (lo + hi) / 2;
+        if (sched.row0[mid] <= row) g = mid, lo = mid + 1;
+        else hi = mid - 1;
+      }
+      if (g < 0 || !Sched::has_tiles(sched, g)) continue;
+      const ListGroup q = list_group(lp, g);
+      const int r = row - sched.row0[g];
+      if (r >= q.m || kb * 64 >= q.k) continue;
+      const int64_t sp = sf_cols_padded(q.k);
+      const uint8_t* sfa = reinterpret_cast<const uint8_t*>(lp.sfa[g]) + int64_t(r / 128) * (sp / 4) * 512;
+      predecode_item(reinterpret_cast<const uint8_t*>(lp.a[g]) + int64_t(r) * (q.k / 2), sfa, r % 128,
+                     reinterpret_cast<uint4*>(lp.pre + int64_t(row) * lp.pre_pitch), kb, int(idx % 2), q.k);
+    }
+  }
+}
+
+// A grouped schedule's kernel: the persistent stream one or the swapped one.
+template <class T, class OutT, class Sched>
+inline constexpr auto grouped_kernel = [] {
+  if constexpr (T::kPreA) return &grouped_gemm_kernel<T, OutT, Sched>;
+  else return &grouped_stream_kernel<T, OutT, Sched>;
+}();
 
 }  // namespace bsg::sm90

@@ -41,21 +41,20 @@ __device__ __forceinline__ void act_chunks(uint4 q0, uint4 q1, uint32_t sf4, int
 constexpr int kPreThreads = 1024;       // predecode_a's launch bound
 constexpr int kPreSmem = 120 * 1024;    // reserved, unused: keeps one pre-pass CTA per SM
 
-// Work item idx of the pre-pass over `rows` rows (batch * m + row, 64-K block, parity): row
-// rowb's packed values at a + rowb * K/2, its scales in the 128x4 tiled layout from sf_rows (the
-// first byte of the 128-row block that holds it; rb is the row inside that block), or none
-// (sf_rows null: the row decodes to zeros). Decoded into out as the swapped main loop reads it.
-__device__ __forceinline__ void predecode_item(const uint8_t* a, const uint8_t* sf_rows, int rb, uint4* out, int64_t rowb, int kb, int hh,
-                                               int k, int kb_n) {
+// One 64-K block kb of one row for thread parity hh: the row's packed values at a_row, its
+// scales in the 128x4 tiled layout from sf_rows (the first byte of the 128-row block that holds
+// it; rb is the row inside that block), or none (sf_rows null: the row decodes to zeros); decoded
+// into the row's output at out_row as the swapped main loop reads it.
+__device__ __forceinline__ void predecode_item(const uint8_t* a_row, const uint8_t* sf_rows, int rb, uint4* out_row, int kb, int hh, int k) {
   const bool whole = kb * 64 + 64 <= k;  // else 32 K (K % 32 == 0): groups 2 and 3 are past K
-  const uint8_t* src = a + rowb * (k / 2) + kb * 32;
+  const uint8_t* src = a_row + kb * 32;
   const uint4 q0 = *reinterpret_cast<const uint4*>(src);
   const uint4 q1 = whole ? *reinterpret_cast<const uint4*>(src + 16) : make_uint4(0, 0, 0, 0);
   uint32_t sf4 = sf_rows ? *reinterpret_cast<const uint32_t*>(sf_rows + sf_offset(rb, 4 * kb, sf_cols_padded(k))) : 0u;
   if (!whole) sf4 &= 0xFFFFu;  // 0 * 0, whatever the padding scales hold
   uint4 ch[4];
   act_chunks(q0, q1, sf4, 4 * hh, ch);
-  uint4* dst = out + (rowb * kb_n + kb) * 8;  // 8 chunks of 16 bytes per 64-K block
+  uint4* dst = out_row + kb * 8;  // 8 chunks of 16 bytes per 64-K block
   CUTE_UNROLL
   for (int st = 0; st < 4; ++st) dst[2 * st + hh] = ch[st];
 }
@@ -74,7 +73,7 @@ static __global__ void __launch_bounds__(kPreThreads) predecode_a(const uint8_t*
     const int64_t rowb = idx / 2 / kb_n;  // batch * m + row
     const int row = int(rowb % m);
     const uint8_t* sf_rows = sfa + (rowb / m) * sf_batch_bytes(m, sp) + sf_offset(row / 128 * 128, 0, sp);
-    predecode_item(a, sf_rows, row % 128, out, rowb, int((idx / 2) % kb_n), int(idx % 2), k, kb_n);
+    predecode_item(a + rowb * (k / 2), sf_rows, row % 128, out + rowb * kb_n * 8, int((idx / 2) % kb_n), int(idx % 2), k);
   }
 }
 

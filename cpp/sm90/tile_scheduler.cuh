@@ -18,7 +18,8 @@ namespace bsg::sm90 {
 // tile's operands (the scheduler owns these: a grouped schedule places experts differently).
 struct TileWork {
   int64_t tile;   // linear tile index over all batches (grid.x)
-  int64_t batch;  // batch of D and of B (the expert, grouped)
+  int64_t batch;  // batch of D and of B (the expert, MoE form)
+  int group;      // the grouped schedulers' group (expert); 0 otherwise
   int m0, n0;     // first output row and column
   int split;      // K range index (grid.y)
   int kt_begin, kt_end, n_kt;
@@ -44,6 +45,7 @@ struct TileScheduler {
     const int tm = group * kGroupM + in_group % group_rows;
     const int tn = in_group / group_rows;
     w.batch = w.tile / (int64_t(tiles_m) * tiles_n);
+    w.group = 0;
     w.m0 = tm * kBM;
     w.n0 = tn * BN;
     w.split = blockIdx.y;

@@ -8,6 +8,8 @@
 // are common/moe_rows.cuh's.
 #pragma once
 
+#include <cuda.h>
+
 #include <climits>
 #include <cstdint>
 #include <type_traits>
@@ -33,6 +35,12 @@ template <class T>
 struct GroupedTileScheduler {
   static constexpr int kMaxGroups = BSG_MAX_GROUPS;
 
+  // The launch's kernel arguments: the routing and the stacked operands' descriptors.
+  struct Args {
+    GroupedParams gp;
+    CUtensorMap map_a, map_b;
+  };
+
   struct Shared {
     MoeRows rows;              // the experts' rows and scale rows (common/moe_rows.cuh)
     int work_end[kMaxGroups];  // items of experts 0..e (inclusive prefix)
@@ -41,6 +49,7 @@ struct GroupedTileScheduler {
 
   // Every thread of the CTA, after griddep_wait (the offsets may come from the previous kernel).
   // Ends with a CTA barrier.
+  __device__ static void prepare(const Args& args, Shared& s, int tid) { prepare(args.gp, s, tid); }
   __device__ static void prepare(const GroupedParams& gp, Shared& s, int tid) {
     s.rows.prepare(gp.offsets, gp.experts, gp.base.m, tid);
     if (tid < 32) {
@@ -50,6 +59,8 @@ struct GroupedTileScheduler {
     }
     __syncthreads();
   }
+
+  __device__ __forceinline__ static int total(const Shared& s) { return s.total; }
 
   // The expert of item `item` (< total): the first whose inclusive prefix exceeds it.
   __device__ __forceinline__ static int expert_of(const Shared& s, int experts, int item) {
@@ -63,7 +74,8 @@ struct GroupedTileScheduler {
   }
 
   // Item `item`'s tile: D rows m0.. of expert e (batch e of B), the whole K range.
-  __device__ __forceinline__ static TileWork work(const GroupedParams& gp, const Shared& s, int item) {
+  __device__ __forceinline__ static TileWork work(const Args& args, const Shared& s, int item) {
+    const GroupedParams& gp = args.gp;
     const Params& p = gp.base;
     const int e = expert_of(s, gp.experts, item);
     const int local = item - (e ? s.work_end[e - 1] : 0);
@@ -71,6 +83,7 @@ struct GroupedTileScheduler {
     TileWork w;
     w.tile = item;
     w.batch = e;
+    w.group = e;
     w.m0 = local % m_tiles * T::kBM;
     w.n0 = local / m_tiles * T::kBN;
     w.split = 0;
@@ -87,11 +100,15 @@ struct GroupedTileScheduler {
     return w;
   }
 
+  // What the loads read: the stacked problem (the tile's scale offsets are from its bases).
+  __device__ __forceinline__ static const Params& load_params(const Args& args, const Shared&, const TileWork&) { return args.gp.base; }
+
   // What the epilogue of item w needs: the expert's rows as a GEMM of their own (M, D, alpha;
   // FP4 output: its SFD, whose part of the MoE layout starts at a multiple of 128 rows and so is
   // the tiled layout of its own rows), and w with batch 0 (D is not batched).
   template <class OutT>
-  __device__ __forceinline__ static Params expert_params(const GroupedParams& gp, const Shared& s, const TileWork& w) {
+  __device__ __forceinline__ static Params epilogue_params(const Args& args, const Shared& s, const TileWork& w) {
+    const GroupedParams& gp = args.gp;
     Params p = gp.base;
     const int e = int(w.batch);
     const int64_t row0 = s.rows.row[e];
@@ -105,6 +122,11 @@ struct GroupedTileScheduler {
     if (gp.expert_alpha) p.alpha *= gp.expert_alpha[e];
     return p;
   }
+
+  __device__ __forceinline__ static const CUtensorMap* map_a(const Args& args, const TileWork&) { return &args.map_a; }
+  __device__ __forceinline__ static const CUtensorMap* map_b(const Args& args, const TileWork&) { return &args.map_b; }
+  // The descriptors are kernel parameters: nothing to acquire.
+  __device__ __forceinline__ static void acquire(const Args&, const TileWork&) {}
 
   // ---- host side ----
 

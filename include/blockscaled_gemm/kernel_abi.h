@@ -91,6 +91,32 @@ struct GroupedArgs {
   float norm_constant;
 };
 
+// One grouped launch in list form: G independent GEMMs, for every group g with device sizes
+// problems[3g .. 3g + 2] = (m, n, k): D_g = alpha * alphas[g] * A_g B_g^T (+ beta * C_g), each
+// operand at its own device address (the arrays hold G addresses each) in the dense GEMM's
+// layouts at L = 1 (A (m, k/2), B (n, k/2) packed e2m1, their scales tiled over (m, k/16) and
+// (n, k/16), C and D (m, n) row-major; FP4 output: D packed, its scale factors at sfd[g] tiled
+// over (m, n/16)). Sizes and addresses are read on the device. A group is skipped (nothing of it
+// is read or written) unless 0 <= m <= max_m, 1 <= n <= max_n with n a multiple of the output's,
+// 32 <= k <= max_k with k % 32 == 0, its operand addresses 16-byte aligned, and (the swapped
+// tiles, which decode A into the workspace) the sum of m over the groups before it plus its own
+// at most max_rows.
+struct GroupedListArgs {
+  int32_t groups, max_m, max_n, max_k;
+  int64_t max_rows;
+  uint64_t problems;  // int32 [groups][3]
+  uint64_t a, sfa, b, sfb, c, d;  // uint64 [groups] each; c: 0 for none (then beta is 0)
+  uint64_t alphas;    // float [groups], or 0 for ones
+  float alpha, beta;
+  uint64_t workspace;  // the groups' TMA descriptors, then (swapped tiles) the decoded activations
+  uint64_t workspace_bytes;
+  uint64_t stream;
+  int32_t device_id;
+  int32_t sm_count;
+  uint64_t sfd;  // FP4 output: uint64 [groups]
+  float norm_constant;
+};
+
 // Input element types of the quantizer.
 enum class InKind : int32_t { F32 = 0, F16 = 1, Bf16 = 2 };
 
@@ -162,6 +188,13 @@ struct GroupedEntry {
   // addresses, its result flattened into `out` (cpp/sm100/gemm_grouped.cuh says how). Returns the
   // count of values, writing them only when `len` holds them all; -1 for a refused problem.
   int64_t (*describe)(const GroupedArgs& args, int32_t e, int64_t* out, size_t len);
+};
+
+// The list-form grouped entry (cpp/configs.def's BSG_GROUPED_LIST lines).
+struct GroupedListEntry {
+  KernelStatus (*run)(const GroupedListArgs&);
+  bool (*can_implement)(const GroupedListArgs&);
+  size_t (*workspace_size)(const GroupedListArgs&);
 };
 
 }  // namespace bsg

@@ -10,6 +10,7 @@ pub(crate) mod ffi {
         type KernelStatus = crate::sys::KernelStatus;
         type QuantizeArgs = crate::sys::QuantizeArgs;
         type GroupedArgs = crate::sys::GroupedArgs;
+        type GroupedListArgs = crate::sys::GroupedListArgs;
 
         /// The one call a GEMM makes: checks, the workspace it needs, and the launches.
         /// `cutlass_status` -1: the kernel is not in this build.
@@ -46,6 +47,15 @@ pub(crate) mod ffi {
         /// `args.offsets` must be the host address of `args.experts + 1` int32 and
         /// `args.expert_alpha` 0 or that of `args.experts` f32; nothing else is dereferenced.
         unsafe fn describe_grouped(config: u32, out: u32, args: &GroupedArgs, expert: i32, values: &mut [i64]) -> i64;
+        /// The list-form grouped launch (the groups' sizes and addresses in device arrays) of a
+        /// config's list kernel for output `out`. `cutlass_status` -1: not in this build.
+        ///
+        /// # Safety
+        /// Every address in `args`, and every address the arrays hold for a group whose sizes the
+        /// kernel accepts, must be valid for those sizes on the stream's device.
+        unsafe fn launch_grouped_list(config: u32, out: u32, args: &GroupedListArgs) -> KernelStatus;
+        fn can_implement_grouped_list(config: u32, out: u32, args: &GroupedListArgs) -> bool;
+        fn workspace_size_grouped_list(config: u32, out: u32, args: &GroupedListArgs) -> usize;
         /// A config's W4A16 kernel (activations of InKind `input`, 16-bit, in `args.a`; `args.sfa`
         /// unused) for output `out`. `cutlass_status` -1: not in this build.
         ///

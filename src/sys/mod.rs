@@ -10,7 +10,7 @@ mod abi {
 }
 mod bridge;
 
-pub(crate) use abi::root::bsg::{GroupedArgs, InKind, KernelArgs, KernelStatus, OutKind, QuantTransform, QuantizeArgs};
+pub(crate) use abi::root::bsg::{GroupedArgs, GroupedListArgs, InKind, KernelArgs, KernelStatus, OutKind, QuantTransform, QuantizeArgs};
 pub(crate) use bridge::ffi::*;
 
 /// Split-K through a thread-block cluster: at most this many K ranges (the portable cluster size).
@@ -26,7 +26,7 @@ pub(crate) const MAX_GROUPS: u32 = abi::root::BSG_MAX_GROUPS;
 /// K ranges of one SM90 launch.
 pub(crate) const SM90_MAX_SPLIT_K: u32 = abi::root::BSG_SM90_MAX_SPLIT_K;
 
-// SAFETY: KernelArgs, QuantizeArgs and KernelStatus are plain C structs of integers and floats (bindgen's
+// SAFETY: KernelArgs, QuantizeArgs, GroupedArgs, GroupedListArgs and KernelStatus are plain C structs of integers and floats (bindgen's
 // layout tests hold them to the C++ layout), so moving them by value across cxx is sound.
 unsafe impl cxx::ExternType for KernelArgs {
     type Id = cxx::type_id!("bsg::KernelArgs");
@@ -38,6 +38,10 @@ unsafe impl cxx::ExternType for QuantizeArgs {
 }
 unsafe impl cxx::ExternType for GroupedArgs {
     type Id = cxx::type_id!("bsg::GroupedArgs");
+    type Kind = cxx::kind::Trivial;
+}
+unsafe impl cxx::ExternType for GroupedListArgs {
+    type Id = cxx::type_id!("bsg::GroupedListArgs");
     type Kind = cxx::kind::Trivial;
 }
 unsafe impl cxx::ExternType for KernelStatus {

@@ -1,0 +1,393 @@
+//! Grouped GEMM in list form (CUTLASS's grouped GEMM): G independent NVFP4 GEMMs, each with its
+//! own A, B, scales, optional C, D, alpha and sizes (M, N, K), in one launch after a prologue
+//! that makes every group's TMA descriptors on the device (SM90). Two ways in:
+//! - [`BlockScaledGemm::grouped_list`] / [`BlockScaledGemm::grouped_list_fp4`]: the groups as
+//!   tensors the host checks one by one; their addresses and sizes are uploaded per call (so the
+//!   call is not capturable).
+//! - [`BlockScaledGemm::grouped_list_raw`] (`unsafe`): the sizes and addresses already in device
+//!   arrays ([`ListArrays`]), read by the kernels only: capturable, and the sizes may be computed
+//!   on the GPU. The host knows bounds ([`ListProblem`]); a group whose device sizes break them is
+//!   skipped (nothing of it is read or written).
+//!
+//! Per group the arithmetic is [`BlockScaledGemm::gemm`]'s at L = 1 and split 1 (FP32 sums of
+//! exact products over the whole K range, one rounding): the same bits as a `gemm` call on that
+//! group with the same tile. Layouts are those of `gemm` at L = 1.
+
+use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, SyncOnDrop};
+
+use crate::dispatch::{self, Config};
+use crate::error::{Error, Result};
+use crate::formats::{OutputElement, PackedFp4, ScaleByte};
+use crate::gemm::{check_devices, status_result, BlockScaledGemm, Nvfp4Output};
+use crate::grouped::MAX_EXPERTS;
+use crate::problem::{check_align, check_len, folded_alpha, product, OutType, Problem};
+use crate::sys;
+use crate::tensor::Nvfp4Tensor;
+
+/// The GPUs the list-form grouped GEMM runs on, for messages.
+pub const SUPPORTED_GROUPED_LIST: &str = "compute capability 9.0 (H100, H200: sm_90a) for the list-form grouped GEMM (on SM100 use the MoE form, BlockScaledGemm::moe_gemm)";
+
+/// What the host knows of a list-form call: the group count and bounds on every group's sizes.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ListProblem {
+    /// G: groups (1 to [`MAX_EXPERTS`]).
+    pub groups: usize,
+    /// Bounds on every group's M, N and K (M may be 0).
+    pub max_m: usize,
+    /// See `max_m`.
+    pub max_n: usize,
+    /// See `max_m`.
+    pub max_k: usize,
+    /// Bound on the sum of the groups' M (the swapped tiles decode every group's activations into
+    /// the workspace: its size follows this); groups past it are skipped.
+    pub max_rows: usize,
+    /// Common factor of every group's output (times the group's own alpha).
+    pub alpha: f32,
+    /// Factor of C (0: no C).
+    pub beta: f32,
+    /// FP4 output only: the normalization constant of the generated scale factors.
+    pub norm_constant: f32,
+}
+
+impl ListProblem {
+    /// G groups within (max_m, max_n, max_k); max_rows G * max_m, alpha 1, beta 0.
+    pub const fn new(groups: usize, max_m: usize, max_n: usize, max_k: usize) -> Self {
+        ListProblem { groups, max_m, max_n, max_k, max_rows: groups.saturating_mul(max_m), alpha: 1.0, beta: 0.0, norm_constant: 1.0 }
+    }
+    /// With a bound on the sum of the groups' M.
+    pub const fn max_rows(mut self, max_rows: usize) -> Self {
+        self.max_rows = max_rows;
+        self
+    }
+    /// With alpha and beta.
+    pub const fn scalars(mut self, alpha: f32, beta: f32) -> Self {
+        self.alpha = alpha;
+        self.beta = beta;
+        self
+    }
+    /// With the FP4 output's normalization constant.
+    pub const fn norm_constant(mut self, norm_constant: f32) -> Self {
+        self.norm_constant = norm_constant;
+        self
+    }
+
+    /// The rules: 1 to [`MAX_EXPERTS`] groups; the bounds as one GEMM of `gemm` (K a multiple of
+    /// 32, N of the output's multiple, finite scalars, a C where beta is nonzero, the FP4 norm
+    /// constant); the kernels' 32-bit counts in range.
+    pub fn validate(&self, out: OutType, has_c: bool) -> Result<()> {
+        if self.groups == 0 || self.groups > MAX_EXPERTS {
+            return Err(Error::Dimension { dim: "groups", value: self.groups, max: MAX_EXPERTS });
+        }
+        Problem::new(self.max_m.max(1), self.max_n, self.max_k).scalars(self.alpha, self.beta).norm_constant(self.norm_constant).validate(out, has_c)?;
+        let dims = || format!("G = {}, max M = {}, max N = {}, sum of M at most {}", self.groups, self.max_m, self.max_n, self.max_rows);
+        const WHY: &str = "the grouped kernel counts them in 32-bit signed integers";
+        let items = product(&[self.groups, self.max_m.div_ceil(8), self.max_n.div_ceil(128)]);
+        for (what, rule, value) in [("rows", "the bound on the sum of M", self.max_rows as u128), ("work items", "G * ceil(max M / 8) * ceil(max N / 128)", items)] {
+            if value > i32::MAX as u128 {
+                return Err(Error::SizeLimit { what, rule, dims: dims(), value, max: i32::MAX as u128, why: WHY });
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A list-form call's device arrays (G entries each; `problems` 3G: M, N, K per group). The
+/// address arrays hold device addresses (`u64`) of the groups' operands in `gemm`'s layouts at
+/// L = 1: A (M, K/2) and B (N, K/2) packed, their scales tiled over (M, K/16) and (N, K/16), C
+/// and D (M, N) row-major (FP4 output: C f32, D (M, N/2) packed, SFD tiled over (M, N/16)).
+#[derive(Clone, Copy, Debug)]
+pub struct ListArrays<'a> {
+    /// i32 [G][3]: M, N, K.
+    pub problems: &'a CudaSlice<i32>,
+    /// A's packed values.
+    pub a: &'a CudaSlice<u64>,
+    /// A's scales.
+    pub sfa: &'a CudaSlice<u64>,
+    /// B's packed values.
+    pub b: &'a CudaSlice<u64>,
+    /// B's scales.
+    pub sfb: &'a CudaSlice<u64>,
+    /// D.
+    pub d: &'a CudaSlice<u64>,
+    /// C, where beta is nonzero.
+    pub c: Option<&'a CudaSlice<u64>>,
+    /// FP4 output: the generated scale factors.
+    pub sfd: Option<&'a CudaSlice<u64>>,
+    /// Per-group factors of alpha (ones where absent).
+    pub alphas: Option<&'a CudaSlice<f32>>,
+}
+
+/// One group of [`BlockScaledGemm::grouped_list`]: `d = alpha * gA * gB * dec(a) dec(b)ᵀ`
+/// with a (1, M, K), b (1, N, K) and d M * N elements.
+pub struct ListGroup<'a, VA, SA, VB, SB, D> {
+    /// The activations, (1, M, K).
+    pub a: &'a Nvfp4Tensor<VA, SA>,
+    /// The weights, (1, N, K).
+    pub b: &'a Nvfp4Tensor<VB, SB>,
+    /// The output, M * N elements (FP4: an [`Nvfp4Output`] of M * N / 2 bytes and
+    /// `Problem::new(m, n, k).sfd_bytes()` scale factors).
+    pub d: D,
+    /// The group's factor (the global scales of a and b are folded in).
+    pub alpha: f32,
+}
+
+/// The host-built arrays of the safe calls, before upload.
+struct HostArrays {
+    problems: Vec<i32>,
+    ptrs: [Vec<u64>; 6], // a, sfa, b, sfb, d, sfd
+    alphas: Vec<f32>,
+    bounds: ListProblem,
+}
+
+impl HostArrays {
+    fn new(groups: usize) -> Self {
+        HostArrays { problems: Vec::with_capacity(3 * groups), ptrs: Default::default(), alphas: Vec::with_capacity(groups), bounds: ListProblem::new(groups, 0, 0, 0).max_rows(0) }
+    }
+    /// Group g's checks and entries: shapes, alpha, devices, alignment of every address.
+    #[allow(clippy::too_many_arguments)]
+    fn push<'g, VA, SA, VB, SB, TV, TS>(&mut self, gemm: &'g BlockScaledGemm, guards: &mut Vec<SyncOnDrop<'g>>, g: usize, a: &'g Nvfp4Tensor<VA, SA>, b: &'g Nvfp4Tensor<VB, SB>, alpha: f32, (d, sfd): (u64, u64), d_len: usize, out: OutType) -> Result<()>
+    where
+        VA: DevicePtr<TV>, SA: DevicePtr<TS>, VB: DevicePtr<TV>, SB: DevicePtr<TS>,
+    {
+        let ((la, m, k), (lb, n, kb)) = (a.shape(), b.shape());
+        if la != 1 || lb != 1 || kb != k {
+            return Err(Error::InvalidData { what: "groups", detail: format!("group {g}: A is {:?} and B {:?}: each must be (1, rows, K) with one K", a.shape(), b.shape()) });
+        }
+        Problem::new(m, n, k).validate(out, false)?;
+        let want = if out.sfd().is_some() { m * n / 2 } else { m * n };
+        check_len("D", d_len, want, "M * N of the group (FP4: M * N / 2 bytes)")?;
+        let alpha = folded_alpha(alpha, a.global_scale(), b.global_scale())?;
+        let stream = gemm.stream();
+        check_devices(gemm.device().ordinal, [("A", a.values().stream()), ("SFA", a.scales().stream()), ("B", b.values().stream()), ("SFB", b.scales().stream())])?;
+        let [(pa, ga), (psfa, gsfa), (pb, gb), (psfb, gsfb)] = [a.values().device_ptr(stream), a.scales().device_ptr(stream), b.values().device_ptr(stream), b.scales().device_ptr(stream)];
+        guards.extend([ga, gsfa, gb, gsfb]);
+        for (i, (name, addr)) in [("A", pa), ("SFA", psfa), ("B", pb), ("SFB", psfb), ("D", d), ("SFD", sfd)].into_iter().enumerate() {
+            check_align(name, addr)?;
+            self.ptrs[i].push(addr);
+        }
+        self.problems.extend([m as i32, n as i32, k as i32]);
+        self.alphas.push(alpha);
+        let bd = &mut self.bounds;
+        (bd.max_m, bd.max_n, bd.max_k, bd.max_rows) = (bd.max_m.max(m), bd.max_n.max(n), bd.max_k.max(k), bd.max_rows + m);
+        Ok(())
+    }
+}
+
+impl BlockScaledGemm {
+    /// The config a list-form call on `p` with output `out` runs when none is forced: on SM90 the
+    /// stream tile of the fewest rows that holds `max_m` below 64 rows, else the swapped 128x128
+    /// tile. Errors as the call would.
+    pub fn select_list_config(&self, p: &ListProblem, out: OutType) -> Result<Config> {
+        self.list_config(p, out, None)
+    }
+
+    fn list_config(&self, p: &ListProblem, out: OutType, forced: Option<Config>) -> Result<Config> {
+        let dev = self.device();
+        let (major, minor) = dev.compute_capability;
+        let Some(config) = forced else {
+            let unsupported = || Error::UnsupportedDevice { ordinal: dev.ordinal, major, minor, supported: SUPPORTED_GROUPED_LIST };
+            let arch = dev.arch().ok_or_else(unsupported)?;
+            return dispatch::select_grouped_list(arch, p.max_m, out, |c| c.is_built_grouped_list(out)).ok_or_else(unsupported);
+        };
+        if config.compute_capability() != dev.compute_capability {
+            return Err(Error::ArchMismatch { config, need: config.arch_label(), ordinal: dev.ordinal, major, minor });
+        }
+        if !config.is_built_grouped_list(out) {
+            return Err(Error::NotBuilt { config, out });
+        }
+        Ok(config)
+    }
+
+    fn list_args(&self, p: &ListProblem) -> sys::GroupedListArgs {
+        let dev = self.device();
+        sys::GroupedListArgs {
+            groups: p.groups as i32, max_m: p.max_m as i32, max_n: p.max_n as i32, max_k: p.max_k as i32, max_rows: p.max_rows as i64,
+            alpha: p.alpha, beta: p.beta, norm_constant: p.norm_constant,
+            stream: self.stream().cu_stream() as u64, device_id: dev.ordinal as i32, sm_count: dev.sm_count as i32,
+            ..Default::default()
+        }
+    }
+
+    /// Workspace bytes a list-form call on `p` with output `out` and `config` (or the one it
+    /// would choose) needs: 256 bytes a group (its TMA descriptors) and, for the swapped tiles,
+    /// the activations decoded to FP16, 2 * max_rows * max_k bytes (max_k rounded up to 64).
+    /// Reserve it ([`Self::reserve_workspace`]) before capturing.
+    pub fn grouped_list_workspace_size(&self, p: &ListProblem, out: OutType, config: Option<Config>) -> Result<usize> {
+        p.validate(out, p.beta != 0.0)?;
+        let config = self.list_config(p, out, config)?;
+        Ok(sys::workspace_size_grouped_list(config.info().index, out.index(), &self.list_args(p)))
+    }
+
+    /// The list-form grouped GEMM over device arrays: for every group g with sizes
+    /// (M, N, K) = `problems[3g..3g + 3]`, `D_g = alpha * alphas[g] * dec(A_g) dec(B_g)ᵀ +
+    /// beta * C_g` in `out` (FP4 output: D packed and its scale factors generated as
+    /// [`Self::gemm_fp4`] does, `p.norm_constant`). One prologue launch (the groups' TMA
+    /// descriptors made on the device; for the swapped tiles, the activations decoded) and one
+    /// GEMM launch; nothing is read back, so the call can be captured in a CUDA graph (reserve
+    /// [`Self::grouped_list_workspace_size`] first). The global scales of the operands are not
+    /// known here: fold them into `alphas`.
+    ///
+    /// The device checks each group and skips (reads and writes nothing of) one whose M is not in
+    /// [0, max_m], N not in [1, max_n] or not a multiple of the output's multiple, K not in
+    /// [32, max_k] or not a multiple of 32, an address not 16-byte aligned, or (the swapped tiles)
+    /// whose M added to the M of the valid groups before it exceeds `p.max_rows`.
+    ///
+    /// # Safety
+    /// For every group the device accepts, each address in the arrays must be a live device
+    /// allocation on this GEMM's device holding the group's operand in the layout of
+    /// [`ListArrays`], and D (and SFD) must not overlap another group's outputs or any input.
+    pub unsafe fn grouped_list_raw(&self, p: &ListProblem, out: OutType, arrays: &ListArrays<'_>, config: Option<Config>) -> Result<Config> {
+        p.validate(out, arrays.c.is_some())?;
+        let config = self.list_config(p, out, config)?;
+        let g = p.groups;
+        check_len("problems", arrays.problems.len(), 3 * g, "3 * groups i32 (M, N, K per group)")?;
+        for (name, arr) in [("a", arrays.a), ("sfa", arrays.sfa), ("b", arrays.b), ("sfb", arrays.sfb), ("d", arrays.d)].into_iter().chain(arrays.c.map(|c| ("c", c))).chain(arrays.sfd.map(|s| ("sfd", s))) {
+            check_len(name, arr.len(), g, "one address per group")?;
+        }
+        if let Some(al) = arrays.alphas {
+            check_len("alphas", al.len(), g, "one factor per group")?;
+        }
+        if out.sfd().is_some() != arrays.sfd.is_some() {
+            return Err(Error::InvalidData { what: "sfd", detail: format!("{out} output: the scale-factor addresses are {}", if out.sfd().is_some() { "required" } else { "only for FP4 output" }) });
+        }
+        let streams = [("problems", arrays.problems.stream()), ("a", arrays.a.stream()), ("sfa", arrays.sfa.stream()), ("b", arrays.b.stream()), ("sfb", arrays.sfb.stream()), ("d", arrays.d.stream())];
+        check_devices(self.device().ordinal, streams.into_iter().chain(arrays.c.map(|c| ("c", c.stream()))).chain(arrays.sfd.map(|s| ("sfd", s.stream()))).chain(arrays.alphas.map(|s| ("alphas", s.stream()))))?;
+        let capturing = self.capture_check()?;
+        let stream = self.stream();
+        let (pp, _g0) = arrays.problems.device_ptr(stream);
+        let (pa, _g1) = arrays.a.device_ptr(stream);
+        let (psfa, _g2) = arrays.sfa.device_ptr(stream);
+        let (pb, _g3) = arrays.b.device_ptr(stream);
+        let (psfb, _g4) = arrays.sfb.device_ptr(stream);
+        let (pd, _g5) = arrays.d.device_ptr(stream);
+        let c = arrays.c.map(|c| c.device_ptr(stream));
+        let sfd = arrays.sfd.map(|s| s.device_ptr(stream));
+        let alphas = arrays.alphas.map(|s| s.device_ptr(stream));
+        let args = sys::GroupedListArgs {
+            problems: pp, a: pa, sfa: psfa, b: pb, sfb: psfb, d: pd,
+            c: c.as_ref().map_or(0, |x| x.0), sfd: sfd.as_ref().map_or(0, |x| x.0), alphas: alphas.as_ref().map_or(0, |x| x.0),
+            ..self.list_args(p)
+        };
+        let status = self.launch_with_workspace(capturing, |workspace, workspace_bytes| {
+            let args = sys::GroupedListArgs { workspace, workspace_bytes, ..args };
+            // SAFETY: the arrays are live allocations of the checked lengths on this device,
+            // their guards held until the launch is queued; the addresses they hold are the
+            // caller's promise (see # Safety). The kernel launches nothing when the workspace is
+            // short.
+            unsafe { sys::launch_grouped_list(config.info().index, out.index(), &args) }
+        })?;
+        status_result(status, config, out, (p.max_m, p.max_n, p.max_k, p.groups))
+    }
+
+    /// The list-form grouped GEMM over tensors the host checks: for every group,
+    /// `d = alpha * gA * gB * dec(a) dec(b)ᵀ` in f16, bf16 or f32 (FP4: [`Self::grouped_list_fp4`]),
+    /// the same bits as [`Self::gemm`] on the group at split 1 with the same tile. The groups'
+    /// sizes and addresses are uploaded to the device for the call (about 70 bytes a group), so it
+    /// cannot be captured in a CUDA graph ([`Error::NotCapturable`]): for that, upload them once
+    /// and call [`Self::grouped_list_raw`]. Returns the config that ran.
+    pub fn grouped_list<VA, SA, VB, SB, D, TV, TS, TO>(&self, groups: &mut [ListGroup<'_, VA, SA, VB, SB, &mut D>], config: Option<Config>) -> Result<Config>
+    where
+        VA: DevicePtr<TV>, SA: DevicePtr<TS>, VB: DevicePtr<TV>, SB: DevicePtr<TS>, D: DevicePtrMut<TO>,
+        TV: PackedFp4, TS: ScaleByte, TO: OutputElement,
+    {
+        let out = TO::OUT;
+        let mut host = HostArrays::new(groups.len());
+        let mut guards = Vec::with_capacity(5 * groups.len());
+        for (g, x) in groups.iter_mut().enumerate() {
+            check_devices(self.device().ordinal, [("D", x.d.stream())])?;
+            let len = x.d.len();
+            let (pd, gd) = x.d.device_ptr_mut(self.stream());
+            guards.push(gd);
+            host.push(self, &mut guards, g, x.a, x.b, x.alpha, (pd, 0), len, out)?;
+        }
+        self.list_from_host(host, out, 1.0, config)
+    }
+
+    /// [`Self::grouped_list`] with FP4 output (`out` [`OutType::Nvfp4`] or
+    /// [`OutType::Nvfp4Ue8m0`]): each group's D and scale factors as [`Self::gemm_fp4`] writes
+    /// them with `norm_constant`.
+    pub fn grouped_list_fp4<VA, SA, VB, SB, DV, DS, TV, TS>(&self, out: OutType, norm_constant: f32, groups: &mut [ListGroup<'_, VA, SA, VB, SB, Nvfp4Output<'_, DV, DS>>], config: Option<Config>) -> Result<Config>
+    where
+        VA: DevicePtr<TV>, SA: DevicePtr<TS>, VB: DevicePtr<TV>, SB: DevicePtr<TS>, DV: DevicePtrMut<TV>, DS: DevicePtrMut<TS>,
+        TV: PackedFp4, TS: ScaleByte,
+    {
+        if out.sfd().is_none() {
+            return Err(Error::InvalidData { what: "out", detail: format!("{out}: grouped_list_fp4 writes the FP4 outputs nvfp4 or nvfp4-ue8m0; use grouped_list for {out}") });
+        }
+        let mut host = HostArrays::new(groups.len());
+        let mut guards = Vec::with_capacity(6 * groups.len());
+        for (g, x) in groups.iter_mut().enumerate() {
+            let (m, n, k) = (x.a.shape().1, x.b.shape().1, x.a.shape().2);
+            check_len("SFD", x.d.scales.len(), Problem::new(m, n, k).sfd_bytes(), "the tiled layout over (M, N/16) of the group")?;
+            check_devices(self.device().ordinal, [("D", x.d.values.stream()), ("SFD", x.d.scales.stream())])?;
+            let len = x.d.values.len();
+            let (pd, gd) = x.d.values.device_ptr_mut(self.stream());
+            let (psfd, gs) = x.d.scales.device_ptr_mut(self.stream());
+            guards.extend([gd, gs]);
+            host.push(self, &mut guards, g, x.a, x.b, x.alpha, (pd, psfd), len, out)?;
+        }
+        self.list_from_host(host, out, norm_constant, config)
+    }
+
+    /// The safe calls' upload and launch.
+    fn list_from_host(&self, host: HostArrays, out: OutType, norm_constant: f32, config: Option<Config>) -> Result<Config> {
+        let p = host.bounds.norm_constant(norm_constant);
+        p.validate(out, false)?;
+        if self.capture_check()? {
+            return Err(Error::NotCapturable { call: "BlockScaledGemm::grouped_list", why: "it uploads the groups' sizes and addresses", fix: "upload them once and capture BlockScaledGemm::grouped_list_raw" });
+        }
+        let stream = self.stream();
+        let problems = stream.clone_htod(&host.problems)?;
+        let [a, sfa, b, sfb, d, sfd] = host.ptrs.each_ref().map(|v| stream.clone_htod(v));
+        let (a, sfa, b, sfb, d, sfd) = (a?, sfa?, b?, sfb?, d?, sfd?);
+        let alphas = stream.clone_htod(&host.alphas)?;
+        let arrays = ListArrays { problems: &problems, a: &a, sfa: &sfa, b: &b, sfb: &sfb, d: &d, c: None, sfd: out.sfd().map(|_| &sfd), alphas: Some(&alphas) };
+        // SAFETY: every address was taken from a checked tensor or output of this device, of the
+        // lengths the group's sizes need, under guards the callers hold until this returns.
+        unsafe { self.grouped_list_raw(&p, out, &arrays, config) }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn validate_names_each_rule() {
+        let ok = ListProblem::new(8, 256, 4096, 7168);
+        ok.validate(OutType::Bf16, false).unwrap();
+        assert_eq!(ok.max_rows, 2048);
+        ListProblem::new(8, 0, 4096, 7168).validate(OutType::F16, false).unwrap();
+        assert!(matches!(ListProblem::new(0, 8, 4096, 7168).validate(OutType::F16, false), Err(Error::Dimension { dim: "groups", .. })));
+        assert!(matches!(ListProblem::new(MAX_EXPERTS + 1, 8, 4096, 7168).validate(OutType::F16, false), Err(Error::Dimension { dim: "groups", .. })));
+        assert!(matches!(ListProblem::new(2, 8, 4096, 7000).validate(OutType::F16, false), Err(Error::KMultiple { .. })));
+        assert!(matches!(ListProblem::new(2, 8, 4100, 7168).validate(OutType::F16, false), Err(Error::NMultiple { .. })));
+        assert!(matches!(ListProblem::new(2, 8, 4112, 7168).validate(OutType::Nvfp4, false), Err(Error::NMultiple { multiple: 32, .. })));
+        assert!(ListProblem::new(2, 8, 4096, 7168).norm_constant(0.0).validate(OutType::Nvfp4, false).is_err());
+        assert!(matches!(ListProblem::new(2, 8, 4096, 7168).scalars(1.0, 0.5).validate(OutType::F16, false), Err(Error::BetaWithoutC { .. })));
+        ListProblem::new(2, 8, 4096, 7168).scalars(1.0, 0.5).validate(OutType::F16, true).unwrap();
+        assert!(matches!(ListProblem::new(2, 8, 4096, 7168).scalars(f32::NAN, 0.0).validate(OutType::F16, false), Err(Error::NonFiniteScalar { .. })));
+        let e = ListProblem::new(1024, 1 << 22, 1 << 16, 64).validate(OutType::F16, false).unwrap_err();
+        assert!(matches!(e, Error::SizeLimit { what: "rows", .. }), "{e}");
+        let e = ListProblem::new(1024, 1 << 20, 1 << 16, 64).max_rows(1 << 20).validate(OutType::F16, false).unwrap_err();
+        assert!(matches!(e, Error::SizeLimit { what: "work items", .. }), "{e}");
+    }
+
+    #[test]
+    fn kernels_accept_what_validate_accepts() {
+        // The C++ adapters' checks (host-side, nothing launched) agree with validate at the edges.
+        let problems = [ListProblem::new(1, 1, 32, 32), ListProblem::new(8, 256, 4096, 7168), ListProblem::new(MAX_EXPERTS, 64, 2048, 768).max_rows(5000), ListProblem::new(3, 0, 64, 64).max_rows(0)];
+        for c in Config::ALL.iter().copied() {
+            for &out in c.info().grouped_list {
+                if !c.is_built(out) {
+                    continue;
+                }
+                for p in problems {
+                    let p = p.norm_constant(2.0);
+                    assert!(p.validate(out, false).is_ok(), "{p:?}");
+                    assert!(crate::cutlass_host::can_implement_grouped_list(c, out, &p), "{c} {out} {p:?}");
+                }
+            }
+        }
+    }
+}
