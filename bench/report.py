@@ -15,7 +15,7 @@ extra fields and nulls are fine.
   nothing else is claimed) and the source line. A file without exactly one pair of markers:
   exit 2, naming it, before any file is written. Running it twice gives the same file.
 - --grouped: the rows with op "grouped" instead (case, groups, experts_hit, sum_m, n, k, config,
-  ours_graph_us, host_enqueue_us, loop_graph_us, bf16_grouped_graph_us, floor_us, exact), their
+  ours_graph_us, host_enqueue_us, list_graph_us, loop_graph_us, bf16_grouped_graph_us, floor_us, exact), their
   table between `<!-- grouped-table:begin -->` and `<!-- grouped-table:end -->`, comparing
   ours_graph_us with the loop of gemm and with bf16 grouped GEMM; no plot.
 - --w4a16: the rows with op "w4a16" (m, n, k, input, config, ours_graph_us, host_enqueue_us,
@@ -173,9 +173,9 @@ def table(rows, source):
 
 def grouped_table(rows, source):
     head = ["case", "experts (with rows)", "rows", "N x K", "config", "ours graph us",
-            "host enqueue us", "loop of gemm graph us", "bf16 grouped graph us", "floor us",
+            "host enqueue us", "list form graph us", "loop of gemm graph us", "bf16 grouped graph us", "floor us",
             "ours/floor", "exact"]
-    fields = ("ours_graph_us", "host_enqueue_us", "loop_graph_us", "bf16_grouped_graph_us", "floor_us")
+    fields = ("ours_graph_us", "host_enqueue_us", "list_graph_us", "loop_graph_us", "bf16_grouped_graph_us", "floor_us")
     lines = markdown(head, rows, lambda r: [str(r.get("case")), f"{r.get('groups')} ({r.get('experts_hit')})", str(r.get("sum_m")),
                                             f"{r.get('n')} x {r.get('k')}", f"`{r['config']}`" if r.get("config") else "-"]
                      + [fmt(r.get(f)) for f in fields] + ratio_and_exact(r))

@@ -7,7 +7,9 @@
 //! activations, their scales and D) cover more than twice the L2 (one set where a call already
 //! touches that much). Timed as `gemm` is: `ours_b2b_us` and `host_enqueue_us` back to back,
 //! `ours_graph_us` from a CUDA graph; `loop_graph_us`: this crate's `gemm` once per expert with
-//! rows, every call of the loop in the same graph. `exact`: sampled rows of every timing equal
+//! rows, every call of the loop in the same graph; `list_graph_us`: the list-form grouped GEMM
+//! (`grouped_list_raw`) with the experts that have rows as its groups (their rows of A and D,
+//! their scales and weights; the arrays uploaded once per set), from a CUDA graph. `exact`: sampled rows of every timing equal
 //! the exact reference of their expert bit for bit. The floor is max(bytes touched / the run's
 //! copy bandwidth, FP16 MMA time of the rows at 800 TFLOP/s).
 
@@ -16,8 +18,8 @@ use std::sync::Arc;
 use blockscaled_gemm::compare::compare;
 use blockscaled_gemm::grouped::{expert_offsets, moe_scale_starts, moe_scales};
 use blockscaled_gemm::layout::{padded_sf_cols, sf_batch_bytes};
-use blockscaled_gemm::{reference_gemm, BlockScaledGemm, Config, MoeActivations, MoeProblem, Nvfp4Matrix, Nvfp4Tensor, Problem, SplitMix64};
-use cudarc::driver::{CudaSlice, CudaStream};
+use blockscaled_gemm::{reference_gemm, BlockScaledGemm, Config, ListArrays, ListProblem, MoeActivations, MoeProblem, Nvfp4Matrix, Nvfp4Tensor, OutType, Problem, SplitMix64};
+use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
 use half::bf16;
 
 use crate::{poison, time_back_to_back, time_graph, Cli};
@@ -86,6 +88,8 @@ pub struct GroupedResult {
     pub graph_us: f64,
     pub host_us: f64,
     pub loop_graph_us: f64,
+    pub list_config: Config,
+    pub list_graph_us: f64,
     pub floor_us: f64,
     pub bytes: usize,
     pub exact: bool,
@@ -144,7 +148,32 @@ pub fn bench_case(cli: &Cli, gemm: &BlockScaledGemm, stream: &Arc<CudaStream>, l
     for &e in &hit {
         workspace = workspace.max(gemm.workspace_size(&Problem::new(case.counts[e], n, k), blockscaled_gemm::OutType::Bf16, None)?);
     }
+    // The list form: one group per expert with rows, at most as many rows as the largest.
+    let max_m = hit.iter().map(|&e| case.counts[e]).max().unwrap_or(0);
+    let list_p = ListProblem::new(hit.len(), max_m, n, k).max_rows(t);
+    let list_config = gemm.select_list_config(&list_p, OutType::Bf16)?;
+    workspace = workspace.max(gemm.grouped_list_workspace_size(&list_p, OutType::Bf16, Some(list_config))?);
     gemm.reserve_workspace(workspace)?;
+    let addr = |x: &CudaSlice<u8>| x.device_ptr(stream).0;
+    let d_addr = d.device_ptr(stream).0;
+    let problems = stream.clone_htod(&hit.iter().flat_map(|&e| [case.counts[e] as i32, n as i32, k as i32]).collect::<Vec<i32>>())?;
+    let d_list = stream.clone_htod(&hit.iter().map(|&e| d_addr + (offsets[e] as usize * n * 2) as u64).collect::<Vec<u64>>())?;
+    let mut list_sets = Vec::with_capacity(n_sets);
+    for s in &sets {
+        let arr = |f: &dyn Fn(usize) -> u64| stream.clone_htod(&hit.iter().map(|&e| f(e)).collect::<Vec<u64>>());
+        list_sets.push([
+            arr(&|e| addr(&s.a) + (offsets[e] as usize * k / 2) as u64)?,
+            arr(&|e| addr(&s.sfa) + sf_start[e] as u64)?,
+            arr(&|e| addr(&s.b) + (e * w_bytes) as u64)?,
+            arr(&|e| addr(&s.sfb) + (e * w_sf) as u64)?,
+        ]);
+    }
+    let list_launch = |i: usize| -> Result<(), blockscaled_gemm::Error> {
+        let [a, sfa, b, sfb] = &list_sets[i % n_sets];
+        let arrays = ListArrays { problems: &problems, a, sfa, b, sfb, d: &d_list, c: None, sfd: None, alphas: None };
+        // SAFETY: every address is inside this case's live buffers, at the expert's rows.
+        unsafe { gemm.grouped_list_raw(&list_p, OutType::Bf16, &arrays, Some(list_config)) }.map(|_| ())
+    };
     let loop_launch = |i: usize, d: &mut CudaSlice<bf16>| -> Result<(), blockscaled_gemm::Error> {
         let s = &sets[i % n_sets];
         for &e in &hit {
@@ -191,8 +220,11 @@ pub fn bench_case(cli: &Cli, gemm: &BlockScaledGemm, stream: &Arc<CudaStream>, l
     poison_bf16(stream, &mut d)?;
     let loop_graph_us = time_graph(cli, stream, |i| loop_launch(i, &mut d))?;
     exact &= check(&d)?;
+    poison_bf16(stream, &mut d)?;
+    let list_graph_us = time_graph(cli, stream, list_launch)?;
+    exact &= check(&d)?;
     let floor_us = (bytes as f64 / (copy_gbps * 1e9)).max(2.0 * (t * n * k) as f64 / 800e12) * 1e6;
-    Ok(GroupedResult { config, experts_hit: hit.len(), b2b_us, graph_us, host_us, loop_graph_us, floor_us, bytes, exact })
+    Ok(GroupedResult { config, experts_hit: hit.len(), b2b_us, graph_us, host_us, loop_graph_us, list_config, list_graph_us, floor_us, bytes, exact })
 }
 
 /// The MoE-form quantizer on case `case`'s stacked rows: bf16 (T, K) N(0, 1) data, the case's
