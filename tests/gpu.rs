@@ -1275,6 +1275,14 @@ fn grouped_list_same_bits_as_gemm_per_group() -> Outcome {
     let mut bad: CudaSlice<bf16> = s.alloc_zeros(7).unwrap();
     let e = g.grouped_list(&mut [ListGroup { a: &up[0].0, b: &up[1].1, d: &mut bad, alpha: 1.0 }], None).unwrap_err();
     assert!(e.to_string().contains("group 0"), "{e}");
+    // The same workspace then serves a split-K GEMM reduced through global memory (split 12),
+    // whose counters at the workspace's start must still be zero: the list calls' descriptors
+    // once overwrote them (the bench caught it).
+    let g = g.with_split_k(Some(12));
+    for seed in [1, 2] {
+        check::<f32>(&g, 1, 4096, 7168, 1, 1.0, 0.0, Some(Config::Sm90_Stream_8x128x64), seed);
+        let _ = one::<bf16>(&g, &split1, &ops, &up, Some(Config::Sm90_Swapped_128x128x64));
+    }
     println!("grouped list: the rule ran {}, every group's bits those of gemm", ran[0]);
     Ok(())
 }

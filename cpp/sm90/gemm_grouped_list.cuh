@@ -30,7 +30,7 @@ struct GroupedListGemm {
     if (a.max_rows < 0 || a.max_rows > INT_MAX) return false;
     if (!a.problems || !a.a || !a.sfa || !a.b || !a.sfb || !a.d || (a.beta != 0.f && !a.c)) return false;
     if (kFp4Out && (a.sfd == 0 || !(a.norm_constant > 0.f) || a.norm_constant > FLT_MAX)) return false;
-    // The descriptors are written at the workspace's start: 64-byte alignment (cudaMalloc: 256).
+    // The descriptors are written at a 1024-byte offset: 64-byte alignment (cudaMalloc: 256).
     if (a.workspace % 128 != 0) return false;
     return Sched::max_items(a) <= INT_MAX;
   }
@@ -64,7 +64,7 @@ struct GroupedListGemm {
     lp.groups = a.groups, lp.max_m = a.max_m, lp.max_n = a.max_n, lp.max_k = a.max_k;
     lp.n_multiple = OutputInfo<OutT>::kNMultiple;
     lp.max_rows = a.max_rows;
-    lp.maps = reinterpret_cast<CUtensorMap*>(ws);
+    lp.maps = reinterpret_cast<CUtensorMap*>(ws + Sched::maps_offset(a));
     lp.pre = T::kPreA ? ws + Sched::pre_offset(a) : nullptr;
     lp.pre_pitch = Sched::k_pad(a) * 2;
     // Templates: the element type, box and swizzle of each operand as the tile reads it, over

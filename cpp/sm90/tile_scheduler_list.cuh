@@ -2,8 +2,8 @@
 // live in device arrays (GroupedListArgs). One queue of every group's output tiles, group by
 // group, n-tile by n-tile with the m-tiles adjacent (as the MoE scheduler orders experts); a group
 // the device finds invalid adds no tile, so nothing of it is read or written. The groups' TMA
-// descriptors are made on the device by the list prologue (kernel_grouped.cuh) in the workspace,
-// one pair per group; the swapped tiles' decoded activations follow them, each group's rows at
+// descriptors are made on the device by the list prologue (kernel_grouped.cuh) in the workspace
+// (past the split-K counters), one pair per group; the swapped tiles' decoded activations follow them, each group's rows at
 // the running sum of the rows before it, every row k_pad(max_k) halves long.
 #pragma once
 
@@ -180,11 +180,14 @@ struct ListTileScheduler {
     return m_tiles * ((int64_t(a.max_n) + T::kBN - 1) / T::kBN);
   }
   static int64_t k_pad(const GroupedListArgs& a) { return (int64_t(a.max_k) + kBK - 1) / kBK * kBK; }
-  // The workspace: the descriptors, then (kPreA) max_rows decoded rows from a 1024-byte boundary.
+  // The workspace: the descriptors past the split-K counter region (one workspace serves every
+  // call, and a later split-K launch needs those counters still zero), then (kPreA) max_rows
+  // decoded rows from a 1024-byte boundary.
+  static size_t maps_offset(const GroupedListArgs&) { return TileScheduler<T>::kCountersBytes; }
   static size_t maps_bytes(const GroupedListArgs& a) { return size_t(a.groups) * 2 * sizeof(CUtensorMap); }
-  static size_t pre_offset(const GroupedListArgs& a) { return (maps_bytes(a) + 1023) / 1024 * 1024; }
+  static size_t pre_offset(const GroupedListArgs& a) { return (maps_offset(a) + maps_bytes(a) + 1023) / 1024 * 1024; }
   static size_t workspace_size(const GroupedListArgs& a) {
-    return T::kPreA ? pre_offset(a) + size_t(a.max_rows) * size_t(k_pad(a)) * 2 : maps_bytes(a);
+    return T::kPreA ? pre_offset(a) + size_t(a.max_rows) * size_t(k_pad(a)) * 2 : maps_offset(a) + maps_bytes(a);
   }
 };
 

@@ -197,14 +197,14 @@ pub fn bench_case(cli: &Cli, gemm: &BlockScaledGemm, stream: &Arc<CudaStream>, l
             wants.push((mine, want));
         }
     }
-    let check = |d: &CudaSlice<bf16>| -> Result<bool, Box<dyn std::error::Error>> {
+    let check = |d: &CudaSlice<bf16>, what: &str| -> Result<bool, Box<dyn std::error::Error>> {
         let got = stream.clone_dtoh(d)?;
         let ok = wants.iter().all(|(mine, want)| {
             let got_rows: Vec<bf16> = mine.iter().flat_map(|&r| got[r * n..(r + 1) * n].iter().copied()).collect();
             compare(&got_rows, want, 0.0, 0.0).passed()
         });
         if !ok {
-            eprintln!("{}: verification failed", case.name);
+            eprintln!("{}: verification failed ({what})", case.name);
         }
         Ok(ok)
     };
@@ -213,16 +213,16 @@ pub fn bench_case(cli: &Cli, gemm: &BlockScaledGemm, stream: &Arc<CudaStream>, l
     }
     poison_bf16(stream, &mut d)?;
     let (b2b_us, host_us) = time_back_to_back(cli, stream, |i| launch(i, &mut d))?;
-    let mut exact = check(&d)?;
+    let mut exact = check(&d, "back to back")?;
     poison_bf16(stream, &mut d)?;
     let graph_us = time_graph(cli, stream, |i| launch(i, &mut d))?;
-    exact &= check(&d)?;
+    exact &= check(&d, "graph")?;
     poison_bf16(stream, &mut d)?;
     let loop_graph_us = time_graph(cli, stream, |i| loop_launch(i, &mut d))?;
-    exact &= check(&d)?;
+    exact &= check(&d, "loop of gemm")?;
     poison_bf16(stream, &mut d)?;
     let list_graph_us = time_graph(cli, stream, list_launch)?;
-    exact &= check(&d)?;
+    exact &= check(&d, "list form")?;
     let floor_us = (bytes as f64 / (copy_gbps * 1e9)).max(2.0 * (t * n * k) as f64 / 800e12) * 1e6;
     Ok(GroupedResult { config, experts_hit: hit.len(), b2b_us, graph_us, host_us, loop_graph_us, list_config, list_graph_us, floor_us, bytes, exact })
 }
