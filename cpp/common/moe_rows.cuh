@@ -28,6 +28,18 @@ __device__ __forceinline__ int warp_inclusive_scan(int lane, int n, F f, int* ou
   return __shfl_sync(0xffffffffu, incl, 31);
 }
 
+// The first of the n inclusive prefix sums incl[0..n) that exceeds `value` (value < incl[n - 1]):
+// the group a work item or row belongs to.
+__device__ __forceinline__ int first_exceeding(const int* incl, int n, int value) {
+  int lo = 0, hi = n - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi) / 2;
+    if (incl[mid] > value) hi = mid;
+    else lo = mid + 1;
+  }
+  return lo;
+}
+
 struct MoeRows {
   static constexpr int kMaxGroups = BSG_MAX_GROUPS;
   int row[kMaxGroups + 1];
@@ -64,13 +76,7 @@ struct MoeRows {
   // The expert whose rows hold row r, or -1 where none does.
   __device__ __forceinline__ int expert_of_row(int experts, int r) const {
     if (r < row[0] || r >= row[experts]) return -1;
-    int lo = 0, hi = experts - 1;
-    while (lo < hi) {
-      const int mid = (lo + hi) / 2;
-      if (row[mid + 1] > r) hi = mid;
-      else lo = mid + 1;
-    }
-    return lo;
+    return first_exceeding(row + 1, experts, r);
   }
 };
 

@@ -62,22 +62,11 @@ struct GroupedTileScheduler {
 
   __device__ __forceinline__ static int total(const Shared& s) { return s.total; }
 
-  // The expert of item `item` (< total): the first whose inclusive prefix exceeds it.
-  __device__ __forceinline__ static int expert_of(const Shared& s, int experts, int item) {
-    int lo = 0, hi = experts - 1;
-    while (lo < hi) {
-      const int mid = (lo + hi) / 2;
-      if (s.work_end[mid] > item) hi = mid;
-      else lo = mid + 1;
-    }
-    return lo;
-  }
-
   // Item `item`'s tile: D rows m0.. of expert e (batch e of B), the whole K range.
   __device__ __forceinline__ static TileWork work(const Args& args, const Shared& s, int item) {
     const GroupedParams& gp = args.gp;
     const Params& p = gp.base;
-    const int e = expert_of(s, gp.experts, item);
+    const int e = first_exceeding(s.work_end, gp.experts, item);
     const int local = item - (e ? s.work_end[e - 1] : 0);
     const int m_tiles = (s.rows.rows_of(e) + T::kBM - 1) / T::kBM;
     TileWork w;

@@ -103,20 +103,10 @@ struct ListTileScheduler {
 
   __device__ __forceinline__ static int total(const Shared& s) { return s.total; }
 
-  __device__ __forceinline__ static int group_of(const Args& args, const Shared& s, int item) {
-    int lo = 0, hi = args.lp.groups - 1;
-    while (lo < hi) {
-      const int mid = (lo + hi) / 2;
-      if (s.work_end[mid] > item) hi = mid;
-      else lo = mid + 1;
-    }
-    return lo;
-  }
-
   // Item `item`'s tile: rows m0.. and columns n0.. of group g, its whole K (batch 0: each
   // descriptor covers its group alone).
   __device__ __forceinline__ static TileWork work(const Args& args, const Shared& s, int item) {
-    const int g = group_of(args, s, item);
+    const int g = first_exceeding(s.work_end, args.lp.groups, item);
     const ListGroup q = list_group(args.lp, g);
     const int local = item - (g ? s.work_end[g - 1] : 0);
     const int m_tiles = (q.m + T::kBM - 1) / T::kBM;
