@@ -285,7 +285,19 @@ fn swapped_estimate_us(config: Config, p: &Problem, split: u32, sm_count: usize)
 /// its short-K stages where K is at most STREAM_SHORT_K k-tiles (each work item spans the whole
 /// K).
 pub fn select_grouped(arch: u32, rows: usize, experts: usize, k: usize, out: OutType, available: impl Fn(Config) -> bool) -> Option<Config> {
-    let all: Vec<Config> = Config::ALL.iter().copied().filter(|c| c.info().arch == arch && c.info().grouped.contains(&out) && available(*c)).collect();
+    select_grouped_in(|i| i.grouped, arch, rows, experts, k, out, available)
+}
+
+/// The list-form grouped GEMM's config (SM90 only: no other architecture has list kernels): the
+/// rule of [`select_grouped`] over the list kernels, with the mean rows a group from the host's
+/// bounds, `ceil(max_rows / min(groups, max_rows))` (the largest group's M where the sum of M is
+/// bounded by groups times it), and the largest K.
+pub fn select_grouped_list(arch: u32, max_rows: usize, groups: usize, max_k: usize, out: OutType, available: impl Fn(Config) -> bool) -> Option<Config> {
+    select_grouped_in(|i| i.grouped_list, arch, max_rows, groups, max_k, out, available)
+}
+
+fn select_grouped_in(table: fn(&ConfigInfo) -> &'static [OutType], arch: u32, rows: usize, experts: usize, k: usize, out: OutType, available: impl Fn(Config) -> bool) -> Option<Config> {
+    let all: Vec<Config> = Config::ALL.iter().copied().filter(|c| c.info().arch == arch && table(&c.info()).contains(&out) && available(*c)).collect();
     if arch == 100 {
         // CUTLASS's pointer-array kernel: one config of the table has grouped kernels.
         return all.first().copied();
@@ -302,21 +314,6 @@ pub fn select_grouped(arch: u32, rows: usize, experts: usize, k: usize, out: Out
     let short = k.div_ceil(64) <= STREAM_SHORT_K;
     let fewest: Vec<Config> = candidates.into_iter().filter(|c| tile_rows(c) == rows_pick).collect();
     fewest.iter().copied().find(|c| (c.info().schedule == Schedule::StreamWeightsShortK) == short).or(fewest.first().copied())
-}
-
-/// The list-form grouped GEMM's tile on SM90, from the largest group's rows: the fewest-row
-/// stream tile that holds them below GROUPED_SWAPPED_MEAN rows, else the swapped 128x128 tile;
-/// None on other architectures (no list-form kernels there).
-pub fn select_grouped_list(arch: u32, max_m: usize, out: OutType, available: impl Fn(Config) -> bool) -> Option<Config> {
-    let all: Vec<Config> = Config::ALL.iter().copied().filter(|c| c.info().arch == arch && c.info().grouped_list.contains(&out) && available(*c)).collect();
-    if max_m >= GROUPED_SWAPPED_MEAN {
-        if let Some(c) = all.iter().copied().find(|c| !c.info().streams()) {
-            return Some(c);
-        }
-    }
-    let tile_rows = |c: &Config| c.info().tile[0] as usize;
-    let streams: Vec<Config> = all.iter().copied().filter(|c| c.info().streams()).collect();
-    streams.iter().copied().filter(|c| tile_rows(c) >= max_m).min_by_key(tile_rows).or_else(|| streams.iter().copied().max_by_key(tile_rows)).or(all.first().copied())
 }
 
 /// Mean rows per expert from which the grouped GEMM takes the swapped tiles: the stream tiles
@@ -412,6 +409,17 @@ mod tests {
         assert_eq!(select_grouped(100, 64, 8, 7168, OutType::F32, all), None);
         assert_eq!(select_grouped(100, 64, 8, 7168, OutType::F16, |c| c.info().arch != 100), None);
         assert_eq!(select_grouped(90, 64, 256, 7168, OutType::Bf16, |c| c != Config::Sm90_Stream_8x128x64), Some(Config::Sm90_StreamShortK_8x128x64));
+        // The list form: the same rule over its kernels, the mean from the host's bounds (Qwen3
+        // t64: 512 rows over 123 groups, K 2048); none on SM100.
+        assert_eq!(select_grouped_list(90, 512, 123, 2048, OutType::Bf16, all), Some(Config::Sm90_StreamShortK_8x128x64));
+        assert_eq!(select_grouped_list(90, 1024, 8, 7168, OutType::Nvfp4, all), Some(Config::Sm90_Swapped_128x128x64));
+        assert_eq!(select_grouped_list(90, 0, 3, 64, OutType::F32, all), Some(Config::Sm90_StreamShortK_8x128x64));
+        assert_eq!(select_grouped_list(100, 64, 8, 7168, OutType::F16, all), None);
+        for c in Config::ALL {
+            if !c.info().grouped_list.is_empty() {
+                assert!(c.info().arch == 90 && c.info().grouped.iter().all(|o| c.info().grouped_list.contains(o)), "{c}: list kernels on the MoE form's SM90 configs, every output");
+            }
+        }
         for c in Config::ALL {
             if !c.info().grouped.is_empty() {
                 assert!(c.info().arch == 100 || c.info().streams() || (c.info().swapped() && c.info().tile[0] == 128), "{c}: grouped SM90 kernels are built on the stream and swapped 128-row tiles");

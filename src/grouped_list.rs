@@ -175,8 +175,10 @@ impl HostArrays {
 
 impl BlockScaledGemm {
     /// The config a list-form call on `p` with output `out` runs when none is forced: on SM90 the
-    /// stream tile of the fewest rows that holds `max_m` below 64 rows, else the swapped 128x128
-    /// tile. Errors as the call would.
+    /// rule of [`Self::select_grouped_config`] with the mean rows a group from the bounds,
+    /// `ceil(max_rows / min(groups, max_rows))`: below 64 the stream tile of the fewest rows
+    /// that holds it (short-K stages where K is short), else the swapped 128x128 tile. Errors as
+    /// the call would.
     pub fn select_list_config(&self, p: &ListProblem, out: OutType) -> Result<Config> {
         self.list_config(p, out, None)
     }
@@ -187,7 +189,7 @@ impl BlockScaledGemm {
         let Some(config) = forced else {
             let unsupported = || Error::UnsupportedDevice { ordinal: dev.ordinal, major, minor, supported: SUPPORTED_GROUPED_LIST };
             let arch = dev.arch().ok_or_else(unsupported)?;
-            return dispatch::select_grouped_list(arch, p.max_m, out, |c| c.is_built_grouped_list(out)).ok_or_else(unsupported);
+            return dispatch::select_grouped_list(arch, p.max_rows, p.groups, p.max_k, out, |c| c.is_built_grouped_list(out)).ok_or_else(unsupported);
         };
         if config.compute_capability() != dev.compute_capability {
             return Err(Error::ArchMismatch { config, need: config.arch_label(), ordinal: dev.ordinal, major, minor });
