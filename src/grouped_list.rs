@@ -232,7 +232,7 @@ impl BlockScaledGemm {
     ///
     /// The device checks each group and skips (reads and writes nothing of) one whose M is not in
     /// [0, max_m], N not in [1, max_n] or not a multiple of the output's multiple, K not in
-    /// [32, max_k] or not a multiple of 32, an address not 16-byte aligned, or (the swapped tiles)
+    /// [32, max_k] or not a multiple of 32, an address null or not 16-byte aligned, or (the swapped tiles)
     /// whose M added to the M of the valid groups before it exceeds `p.max_rows`.
     ///
     /// # Safety
@@ -389,6 +389,11 @@ mod tests {
                     let p = p.norm_constant(2.0);
                     assert!(p.validate(out, false).is_ok(), "{p:?}");
                     assert!(crate::cutlass_host::can_implement_grouped_list(c, out, &p), "{c} {out} {p:?}");
+                }
+                // Past the extent validate allows, the kernel refuses too.
+                for p in [ListProblem::new(1, Problem::MAX_EXTENT + 1, 32, 32), ListProblem::new(1, 1, Problem::MAX_EXTENT + 1 + 15, 32)] {
+                    assert!(p.validate(out, false).is_err(), "{p:?}");
+                    assert!(!crate::cutlass_host::can_implement_grouped_list(c, out, &p), "{c} {out} {p:?}");
                 }
             }
         }

@@ -1402,6 +1402,16 @@ fn grouped_list_raw_captured_skips_bad_groups() -> Outcome {
                 assert!(v.passed(), "{config} replay {replay} group {i}: {v}");
             }
         }
+        // Bounds that leave no group a tile (max M 0, every device M past it): nothing launched
+        // or written, no error (the swapped tile's grid would have been empty).
+        let p0 = ListProblem::new(groups, 0, max_n, max_k).max_rows(1024).scalars(1.0, beta);
+        for (i, d) in ds.iter_mut().enumerate() {
+            stream.memcpy_htod(&vec![f32::NAN; ops[i].0.rows() * ops[i].1.rows()], d).unwrap();
+        }
+        let arrays = ListArrays { problems: &problems, a: &a, sfa: &sfa, b: &b, sfb: &sfb, d: &d, c: Some(&c), sfd: None, alphas: Some(&alphas) };
+        // SAFETY: as above.
+        unsafe { g.grouped_list_raw(&p0, OutType::F32, &arrays, Some(config)).unwrap() };
+        assert!(ds.iter().all(|d| stream.clone_dtoh(d).unwrap().iter().all(|v| v.is_nan())), "{config}: max M 0 wrote D");
     }
     Ok(())
 }

@@ -17,6 +17,9 @@
 
 namespace bsg::sm90 {
 
+// Sizes up to INT_MAX - 255, as Problem::MAX_EXTENT in Rust: rounded up to 256 they stay int.
+constexpr int32_t kMaxExtent = 0x7FFFFFFF - 255;
+
 template <class T, class OutT>
 struct GroupedListGemm {
   using Sched = ListTileScheduler<T>;
@@ -27,10 +30,13 @@ struct GroupedListGemm {
 
   static bool can_implement(const GroupedListArgs& a) {
     if (a.groups < 1 || a.groups > Sched::kMaxGroups || a.max_m < 0 || a.max_n < 1 || a.max_k < 32 || a.max_k % 32 != 0) return false;
+    // The device rounds sizes up to tile multiples in int: the dense GEMM's extent limit.
+    if (a.max_m > kMaxExtent || a.max_n > kMaxExtent || a.max_k > kMaxExtent) return false;
     if (a.max_rows < 0 || a.max_rows > INT_MAX) return false;
     if (!a.problems || !a.a || !a.sfa || !a.b || !a.sfb || !a.d || (a.beta != 0.f && !a.c)) return false;
     if (kFp4Out && (a.sfd == 0 || !(a.norm_constant > 0.f) || a.norm_constant > FLT_MAX)) return false;
-    // The descriptors are written at a 1024-byte offset: 64-byte alignment (cudaMalloc: 256).
+    // The descriptors are written past the split-K counters (256 KiB): they need 64-byte
+    // alignment (cudaMalloc gives 256).
     if (a.workspace % 128 != 0) return false;
     return Sched::max_items(a) <= INT_MAX;
   }
@@ -39,6 +45,8 @@ struct GroupedListGemm {
   static KernelStatus run(const GroupedListArgs& a) {
     if (!can_implement(a)) return {BSG_STATUS_INVALID_PROBLEM, 0, 0};
     if (workspace_size(a) > a.workspace_bytes) return {BSG_STATUS_WORKSPACE_NULL, 0, uint64_t(workspace_size(a))};
+    // No group can have a tile (max_m 0): nothing to launch.
+    if (Sched::max_items(a) == 0) return {int32_t(cutlass::Status::kSuccess), 0, 0};
     const auto kernel = kKernel;
     const auto prologue = list_prologue<T>;
     const auto stream = reinterpret_cast<cudaStream_t>(a.stream);

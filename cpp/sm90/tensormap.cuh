@@ -10,6 +10,11 @@
 
 #include <cstdint>
 
+// tensormap.replace takes global strides in bytes from nvcc 12.5 (before, in 16-byte units).
+#if defined(__CUDACC_VER_MAJOR__) && (__CUDACC_VER_MAJOR__ < 12 || (__CUDACC_VER_MAJOR__ == 12 && __CUDACC_VER_MINOR__ < 5))
+#error "cpp/sm90/tensormap.cuh needs nvcc 12.5 or later"
+#endif
+
 namespace bsg::sm90 {
 
 // One thread: `dst` (64-byte aligned, global) becomes `tmpl` (encoded over (any, any, 1)) over

@@ -28,6 +28,25 @@ struct TileWork {
   int64_t sfa_off, sfb_off;  // bytes from SFA / SFB to the tile's first 128-row scale block
 };
 
+// A grouped schedule's work item: tile `local` of a group of m_tiles m-tiles (n-tile by n-tile,
+// m-tiles adjacent), the group's whole K range of k k-values, no split. The caller sets where A
+// and the scales are (a_row, a_batch, sfa_off, sfb_off).
+template <class T>
+__device__ __forceinline__ TileWork grouped_item(int item, int64_t batch, int group, int local, int m_tiles, int k) {
+  TileWork w;
+  w.tile = item;
+  w.batch = batch;
+  w.group = group;
+  w.m0 = local % m_tiles * T::kBM;
+  w.n0 = local / m_tiles * T::kBN;
+  w.split = 0;
+  w.kt_begin = 0;
+  w.kt_end = w.n_kt = (k + kBK - 1) / kBK;
+  w.n_raw = (w.n_kt + T::kSubs - 1) / T::kSubs;
+  w.a_batch = 0;
+  return w;
+}
+
 template <class T>
 struct TileScheduler {
   static constexpr int kGroupM = T::kBM == 256 ? 4 : 8;

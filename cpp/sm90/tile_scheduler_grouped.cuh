@@ -69,18 +69,8 @@ struct GroupedTileScheduler {
     const int e = first_exceeding(s.work_end, gp.experts, item);
     const int local = item - (e ? s.work_end[e - 1] : 0);
     const int m_tiles = (s.rows.rows_of(e) + T::kBM - 1) / T::kBM;
-    TileWork w;
-    w.tile = item;
-    w.batch = e;
-    w.group = e;
-    w.m0 = local % m_tiles * T::kBM;
-    w.n0 = local / m_tiles * T::kBN;
-    w.split = 0;
-    w.kt_begin = 0;
-    w.kt_end = w.n_kt = (p.k + kBK - 1) / kBK;
-    w.n_raw = (w.n_kt + T::kSubs - 1) / T::kSubs;
+    TileWork w = grouped_item<T>(item, e, e, local, m_tiles, p.k);
     w.a_row = s.rows.row[e] + w.m0;
-    w.a_batch = 0;
     const int64_t sp = sf_cols_padded(p.k);
     // Expert starts are multiples of 128 in the scale layout, so the mainloop's row inside a
     // 128-row chunk (m0 % 128) holds there too.

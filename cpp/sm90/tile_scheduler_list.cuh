@@ -36,7 +36,8 @@ struct ListParams {
   int64_t pre_pitch;
 };
 
-// A group's sizes as the device reads them, and whether they (and its addresses) are usable.
+// A group's sizes as the device reads them, and whether they and its addresses (16-byte aligned,
+// none null) are usable.
 struct ListGroup {
   int m, n, k;
   bool ok;
@@ -45,8 +46,9 @@ struct ListGroup {
 __device__ __forceinline__ ListGroup list_group(const ListParams& lp, int g) {
   ListGroup r{lp.problems[3 * g], lp.problems[3 * g + 1], lp.problems[3 * g + 2], false};
   const uint64_t addr = lp.a[g] | lp.sfa[g] | lp.b[g] | lp.sfb[g] | lp.d[g] | (lp.c ? lp.c[g] : 0) | (lp.sfd ? lp.sfd[g] : 0);
+  const bool null = !lp.a[g] || !lp.sfa[g] || !lp.b[g] || !lp.sfb[g] || !lp.d[g] || (lp.c && !lp.c[g]) || (lp.sfd && !lp.sfd[g]);
   r.ok = r.m >= 0 && r.m <= lp.max_m && r.n >= 1 && r.n <= lp.max_n && r.n % lp.n_multiple == 0 && r.k >= 32 && r.k <= lp.max_k &&
-         r.k % 32 == 0 && (addr & 15) == 0;
+         r.k % 32 == 0 && (addr & 15) == 0 && !null;
   return r;
 }
 
@@ -110,18 +112,8 @@ struct ListTileScheduler {
     const ListGroup q = list_group(args.lp, g);
     const int local = item - (g ? s.work_end[g - 1] : 0);
     const int m_tiles = (q.m + T::kBM - 1) / T::kBM;
-    TileWork w;
-    w.tile = item;
-    w.batch = 0;
-    w.group = g;
-    w.m0 = local % m_tiles * T::kBM;
-    w.n0 = local / m_tiles * T::kBN;
-    w.split = 0;
-    w.kt_begin = 0;
-    w.kt_end = w.n_kt = (q.k + kBK - 1) / kBK;
-    w.n_raw = (w.n_kt + T::kSubs - 1) / T::kSubs;
+    TileWork w = grouped_item<T>(item, 0, g, local, m_tiles, q.k);
     w.a_row = w.m0;
-    w.a_batch = 0;
     const int64_t sp = sf_cols_padded(q.k);
     w.sfa_off = int64_t(w.m0 / 128) * (sp / 4) * 512;
     w.sfb_off = int64_t(w.n0 / 128) * (sp / 4) * 512;

@@ -98,7 +98,7 @@ struct GroupedArgs {
 // (n, k/16), C and D (m, n) row-major; FP4 output: D packed, its scale factors at sfd[g] tiled
 // over (m, n/16)). Sizes and addresses are read on the device. A group is skipped (nothing of it
 // is read or written) unless 0 <= m <= max_m, 1 <= n <= max_n with n a multiple of the output's,
-// 32 <= k <= max_k with k % 32 == 0, its operand addresses 16-byte aligned, and (the swapped
+// 32 <= k <= max_k with k % 32 == 0, its operand addresses non-null and 16-byte aligned, and (the swapped
 // tiles, which decode A into the workspace) the sum of m over the groups before it plus its own
 // at most max_rows.
 struct GroupedListArgs {
