@@ -112,7 +112,15 @@ pub fn plan(p: &Problem, out: OutType, lens: &BufferLens, device: &DeviceFacts, 
 /// allows (`supported` names the devices in the error where none runs here); then that `built`
 /// holds it for `out`.
 pub(crate) fn choose_config(p: &Problem, out: OutType, device: &DeviceFacts, forced: Option<Config>, supported: &'static str, built: impl Fn(Config, OutType) -> bool) -> Result<Config> {
+    resolve_config(device, out, forced, supported, &built, |arch| Ok(dispatch::select(arch, p, device.sm_count, &device.max_clusters, |c| built(c, out))))
+}
+
+/// The steps every call's config goes through: `forced` must match the device's architecture,
+/// else `rule` picks for the device's architecture (None: no kernel runs here, named by
+/// `supported`); then `built` must hold the config for `out`.
+pub(crate) fn resolve_config(device: &DeviceFacts, out: OutType, forced: Option<Config>, supported: &'static str, built: &dyn Fn(Config, OutType) -> bool, rule: impl FnOnce(u32) -> Result<Option<Config>>) -> Result<Config> {
     let (major, minor) = device.compute_capability;
+    let unsupported = || Error::UnsupportedDevice { ordinal: device.ordinal, major, minor, supported };
     let config = match forced {
         Some(c) => {
             if c.compute_capability() != device.compute_capability {
@@ -120,11 +128,7 @@ pub(crate) fn choose_config(p: &Problem, out: OutType, device: &DeviceFacts, for
             }
             c
         }
-        None => {
-            let unsupported = || Error::UnsupportedDevice { ordinal: device.ordinal, major, minor, supported };
-            let arch = device.arch().ok_or_else(unsupported)?;
-            dispatch::select(arch, p, device.sm_count, &device.max_clusters, |c| built(c, out)).ok_or_else(unsupported)?
-        }
+        None => rule(device.arch().ok_or_else(unsupported)?)?.ok_or_else(unsupported)?,
     };
     if !built(config, out) {
         return Err(Error::NotBuilt { config, out });

@@ -19,7 +19,7 @@ use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
 use crate::dispatch::{self, Config};
 use crate::error::{Error, Result};
 use crate::formats::{OutputElement, PackedFp4, ScaleByte};
-use crate::gemm::{check_devices, status_result, BlockScaledGemm, Nvfp4Output, Table, SUPPORTED_GROUPED};
+use crate::gemm::{check_devices, resolve_config, status_result, BlockScaledGemm, Nvfp4Output, Table, SUPPORTED_GROUPED};
 use crate::layout::{padded_sf_cols, sf_bytes, sf_cols, sf_offset};
 use crate::matrix::Nvfp4Matrix;
 use crate::problem::{check_align, check_len, folded_alpha, product, OutType, Problem};
@@ -313,24 +313,16 @@ impl BlockScaledGemm {
     /// build (`built`: the grouped kernels of the call's kind), else the rule's over the configs
     /// `built` allows (see [`Self::select_grouped_config`]).
     pub(crate) fn grouped_config(&self, p: &MoeProblem, out: OutType, forced: Option<Config>, supported: &'static str, built: impl Fn(Config, OutType) -> bool) -> Result<Config> {
-        let dev = self.device();
-        let (major, minor) = dev.compute_capability;
-        let Some(config) = forced else {
+        if forced.is_none() {
             p.validate(out)?;
-            let unsupported = || Error::UnsupportedDevice { ordinal: dev.ordinal, major, minor, supported };
-            let arch = dev.arch().ok_or_else(unsupported)?;
+        }
+        let config = resolve_config(&self.device(), out, forced, supported, &built, |arch| {
             if arch == 100 {
                 p.check_sm100()?;
             }
-            return dispatch::select_grouped(arch, p.rows, p.experts, p.k, out, |c| built(c, out)).ok_or_else(unsupported);
-        };
-        if config.compute_capability() != dev.compute_capability {
-            return Err(Error::ArchMismatch { config, need: config.arch_label(), ordinal: dev.ordinal, major, minor });
-        }
-        if !built(config, out) {
-            return Err(Error::NotBuilt { config, out });
-        }
-        if config.info().arch == 100 {
+            Ok(dispatch::select_grouped(arch, p.rows, p.experts, p.k, out, |c| built(c, out)))
+        })?;
+        if forced.is_some() && config.info().arch == 100 {
             p.check_sm100()?;
         }
         Ok(config)

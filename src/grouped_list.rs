@@ -18,7 +18,7 @@ use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, SyncOnDrop};
 use crate::dispatch::{self, Config};
 use crate::error::{Error, Result};
 use crate::formats::{OutputElement, PackedFp4, ScaleByte};
-use crate::gemm::{check_devices, status_result, BlockScaledGemm, Nvfp4Output};
+use crate::gemm::{check_devices, resolve_config, status_result, BlockScaledGemm, Nvfp4Output};
 use crate::grouped::MAX_EXPERTS;
 use crate::problem::{check_align, check_len, folded_alpha, product, OutType, Problem};
 use crate::sys;
@@ -184,20 +184,8 @@ impl BlockScaledGemm {
     }
 
     fn list_config(&self, p: &ListProblem, out: OutType, forced: Option<Config>) -> Result<Config> {
-        let dev = self.device();
-        let (major, minor) = dev.compute_capability;
-        let Some(config) = forced else {
-            let unsupported = || Error::UnsupportedDevice { ordinal: dev.ordinal, major, minor, supported: SUPPORTED_GROUPED_LIST };
-            let arch = dev.arch().ok_or_else(unsupported)?;
-            return dispatch::select_grouped_list(arch, p.max_rows, p.groups, p.max_k, out, |c| c.is_built_grouped_list(out)).ok_or_else(unsupported);
-        };
-        if config.compute_capability() != dev.compute_capability {
-            return Err(Error::ArchMismatch { config, need: config.arch_label(), ordinal: dev.ordinal, major, minor });
-        }
-        if !config.is_built_grouped_list(out) {
-            return Err(Error::NotBuilt { config, out });
-        }
-        Ok(config)
+        let built = |c: Config, o: OutType| c.is_built_grouped_list(o);
+        resolve_config(&self.device(), out, forced, SUPPORTED_GROUPED_LIST, &built, |arch| Ok(dispatch::select_grouped_list(arch, p.max_rows, p.groups, p.max_k, out, |c| built(c, out))))
     }
 
     fn list_args(&self, p: &ListProblem) -> sys::GroupedListArgs {
@@ -309,6 +297,7 @@ impl BlockScaledGemm {
     /// [`Self::grouped_list`] with FP4 output (`out` [`OutType::Nvfp4`] or
     /// [`OutType::Nvfp4Ue8m0`]): each group's D and scale factors as [`Self::gemm_fp4`] writes
     /// them with `norm_constant`.
+    #[allow(clippy::type_complexity)]
     pub fn grouped_list_fp4<VA, SA, VB, SB, DV, DS, TV, TS>(&self, out: OutType, norm_constant: f32, groups: &mut [ListGroup<'_, VA, SA, VB, SB, Nvfp4Output<'_, DV, DS>>], config: Option<Config>) -> Result<Config>
     where
         VA: DevicePtr<TV>, SA: DevicePtr<TS>, VB: DevicePtr<TV>, SB: DevicePtr<TS>, DV: DevicePtrMut<TV>, DS: DevicePtrMut<TS>,

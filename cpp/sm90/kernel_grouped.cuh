@@ -141,7 +141,7 @@ __global__ void __launch_bounds__(kPreThreads) list_prologue(const __grid_consta
     const ListGroup q = list_group(lp, g);
     if constexpr (T::kPreA) {
       const int64_t k_pad = (q.k + kBK - 1) / kBK * kBK;
-      make_tensormap(lp.maps + 2 * g, tmpl_a, lp.pre + int64_t(sched.row0[g]) * lp.pre_pitch, uint32_t(k_pad), uint32_t(q.m), lp.pre_pitch);
+      make_tensormap(lp.maps + 2 * g, tmpl_a, lp.pre + int64_t(Sched::row0(sched, g)) * lp.pre_pitch, uint32_t(k_pad), uint32_t(q.m), lp.pre_pitch);
     } else {
       make_tensormap(lp.maps + 2 * g, tmpl_a, reinterpret_cast<const void*>(lp.a[g]), uint32_t(q.k / 2), uint32_t(q.m), uint64_t(q.k / 2));
     }
@@ -149,22 +149,15 @@ __global__ void __launch_bounds__(kPreThreads) list_prologue(const __grid_consta
   }
   if constexpr (T::kPreA) {
     // Work items (row of `pre`, 64-K block of the longest K, parity) over the rows the groups with
-    // tiles hold; a row belongs to the last group whose first row is at or before it (groups of no
-    // rows share the next one's first row).
+    // tiles hold; a row belongs to the first group whose rows end past it.
     const int kb_n = int(lp.pre_pitch / 128);
     const int64_t items = sched.rows * kb_n * 2;
     for (int64_t idx = tid; idx < items; idx += int64_t(gridDim.x) * blockDim.x) {
       const int row = int(idx / 2 / kb_n), kb = int((idx / 2) % kb_n);
-      int lo = 0, hi = lp.groups - 1;  // the last group with tiles whose row0 <= row
-      int g = -1;
-      while (lo <= hi) {
-        const int mid = (lo + hi) / 2;
-        if (sched.row0[mid] <= row) g = mid, lo = mid + 1;
-        else hi = mid - 1;
-      }
-      if (g < 0 || !Sched::has_tiles(sched, g)) continue;
+      const int g = first_exceeding(sched.row_end, lp.groups, row);
+      if (!Sched::has_tiles(sched, g)) continue;
       const ListGroup q = list_group(lp, g);
-      const int r = row - sched.row0[g];
+      const int r = row - Sched::row0(sched, g);
       if (r >= q.m || kb * 64 >= q.k) continue;
       const int64_t sp = sf_cols_padded(q.k);
       const uint8_t* sfa = reinterpret_cast<const uint8_t*>(lp.sfa[g]) + int64_t(r / 128) * (sp / 4) * 512;

@@ -64,7 +64,7 @@ struct ListTileScheduler {
 
   struct Shared {
     int work_end[kMaxGroups];  // tiles of groups 0..g (inclusive prefix)
-    int row0[kMaxGroups];      // first row of group g in `pre` (swapped tiles)
+    int row_end[kMaxGroups];   // rows of `pre` of groups 0..g (inclusive prefix, clamped to INT_MAX)
     int total;
     int64_t rows;              // rows of the groups with tiles (swapped tiles: within max_rows)
   };
@@ -88,7 +88,7 @@ struct ListTileScheduler {
         const int64_t before = run + incl - want;
         const bool fits = !T::kPreA || before + want <= lp.max_rows;
         if (g < lp.groups) {
-          s.row0[g] = int(min(before, int64_t(INT_MAX)));
+          s.row_end[g] = int(min(before + want, int64_t(INT_MAX)));
           s.work_end[g] = fits && want > 0 ? int((want + T::kBM - 1) / T::kBM) * ((q.n + T::kBN - 1) / T::kBN) : 0;
         }
         run += __shfl_sync(0xffffffffu, incl, 31);
@@ -100,8 +100,9 @@ struct ListTileScheduler {
     __syncthreads();
   }
 
-  // Whether group g has tiles (after prepare).
+  // Whether group g has tiles, and its first row in `pre` (after prepare).
   __device__ __forceinline__ static bool has_tiles(const Shared& s, int g) { return s.work_end[g] > (g ? s.work_end[g - 1] : 0); }
+  __device__ __forceinline__ static int row0(const Shared& s, int g) { return g ? s.row_end[g - 1] : 0; }
 
   __device__ __forceinline__ static int total(const Shared& s) { return s.total; }
 
@@ -120,11 +121,11 @@ struct ListTileScheduler {
     return w;
   }
 
-  // Group g as a GEMM of its own at L = 1: what the loads and the epilogue read.
+  // Group g (one with tiles, so its sizes were checked) as a GEMM of its own at L = 1: what the
+  // loads and the epilogue read.
   __device__ __forceinline__ static Params group_params(const ListParams& lp, int g) {
-    const ListGroup q = list_group(lp, g);
     Params p{};
-    p.m = q.m, p.n = q.n, p.k = q.k, p.l = 1, p.split_k = 1;
+    p.m = lp.problems[3 * g], p.n = lp.problems[3 * g + 1], p.k = lp.problems[3 * g + 2], p.l = 1, p.split_k = 1;
     p.a = reinterpret_cast<const uint8_t*>(lp.a[g]);
     p.sfa = reinterpret_cast<const uint8_t*>(lp.sfa[g]);
     p.b = reinterpret_cast<const uint8_t*>(lp.b[g]);
