@@ -83,17 +83,38 @@ __device__ __forceinline__ float quotient_by_reciprocal(float x, float step, flo
   return __fmaf_rn(rcp, __fmaf_rn(-step, q0, x), q0);
 }
 
+// The global scale as quantize16 takes it: g, and for g in [2^-100, 2^126) its reciprocal, with
+// which the block scale's two divisions go by quotient_by_reciprocal too.
+struct GlobalScale {
+  float g, rcp;
+  bool by_reciprocal;
+};
+__device__ __forceinline__ GlobalScale global_scale(float g) { return GlobalScale{g, __frcp_rn(g), g >= 0x1p-100f && g < 0x1p126f}; }
+
+// RN(RN(bamax / 6) / g), the value a block's scale rounds. By quotient_by_reciprocal where its
+// conditions hold: bamax 0 or at least 2^-100 (so RN(bamax / 6) is at least 2^-103) and the
+// result finite (a quotient that overflows comes out NaN or infinite there); a result below
+// 2^-11, where the reciprocal form could round a subnormal quotient differently, becomes the
+// scale 0 either way. Otherwise, and for infinite bamax, the two IEEE divisions. Bit-equal to the
+// divisions for every bamax in [2^-100, FLT_MAX] (the first quotient) and on 3e8 random pairs
+// (the second), host checks.
+__device__ __forceinline__ float block_scale_quotient(float bamax, const GlobalScale& gs) {
+  const float t = quotient_by_reciprocal(quotient_by_reciprocal(bamax, 6.f, 0x1.555556p-3f), gs.g, gs.rcp);
+  if (gs.by_reciprocal && (bamax == 0.f || bamax >= 0x1p-100f) && t <= FLT_MAX) return t;
+  return bamax / 6.f / gs.g;
+}
+
 // One block of 16: its ue4m3 scale, and its codes packed into 8 bytes (element 2i low nibble):
 // the code of RN(x / step) with x's sign, as e2m1_code_of_quotient gives it. Branch-free per
-// value where step is in quotient_by_reciprocal's range and every |quotient| < 8 (the scale
-// makes them at most about 6.4 unless it saturated, or x is infinite or NaN); otherwise the block
-// is redone value by value with e2m1_code_of_quotient.
-__device__ __forceinline__ uint32_t quantize16(const float (&v)[16], float g, uint2& packed) {
+// value where step is in quotient_by_reciprocal's range and every |quotient| < 2^100 (quotients
+// past 6 saturate, as with a subnormal scale; infinite or NaN x gives a NaN quotient); otherwise
+// the block is redone value by value with e2m1_code_of_quotient.
+__device__ __forceinline__ uint32_t quantize16(const float (&v)[16], const GlobalScale& gs, uint2& packed) {
   float bamax = 0.f;
 #pragma unroll
   for (int i = 0; i < 16; ++i) bamax = fmaxf(bamax, fabsf(v[i]));
-  const uint32_t sf = sf_from_float<cutlass::float_ue4m3_t>(bamax / 6.f / g);
-  const float step = sf_to_float<cutlass::float_ue4m3_t>(uint8_t(sf)) * g;
+  const uint32_t sf = sf_from_float<cutlass::float_ue4m3_t>(block_scale_quotient(bamax, gs));
+  const float step = sf_to_float<cutlass::float_ue4m3_t>(uint8_t(sf)) * gs.g;
   uint32_t p[2] = {0, 0};
   if (step > 0.f) {
     bool redo = !(step >= 0x1p-100f && step < 0x1p126f);
@@ -102,7 +123,7 @@ __device__ __forceinline__ uint32_t quantize16(const float (&v)[16], float g, ui
 #pragma unroll
       for (int i = 0; i < 16; ++i) {
         const float q = quotient_by_reciprocal(v[i], step, rcp);
-        redo |= !(fabsf(q) < 8.f);
+        redo |= !(fabsf(q) < 0x1p100f);
         p[i / 8] |= (((__float_as_uint(v[i]) >> 28) & 8u) | e2m1_code_by_binade(q)) << (4 * (i % 8));
       }
     }
@@ -174,7 +195,7 @@ __global__ void __launch_bounds__(kThreads) quantize_kernel(const T* x, uint8_t*
   const int cols = k / 16, cg = blockIdx.x * 32 + lane;
   const int64_t sp = sf_cols_padded(k);
   if constexpr (kMoe) moe_table().prepare(offsets, experts, m, threadIdx.x);
-  const float g = amax_bits ? global_from_amax(__uint_as_float(*amax_bits)) : g_given;
+  const GlobalScale gs = global_scale(amax_bits ? global_from_amax(__uint_as_float(*amax_bits)) : g_given);
   const int row_end = kMoe ? m : (m + 127) / 128 * 128;
   const int64_t batch_sf = kMoe ? 0 : l * sf_batch_bytes(m, sp);
   for (int r = blockIdx.y * kWarps + warp; r < row_end; r += gridDim.y * kWarps) {
@@ -200,7 +221,7 @@ __global__ void __launch_bounds__(kThreads) quantize_kernel(const T* x, uint8_t*
         to_float16(load_raw<T, 16>(x + base), 0, v);
       }
       uint2 packed;
-      sf = quantize16(v, g, packed);
+      sf = quantize16(v, gs, packed);
       *reinterpret_cast<uint2*>(codes + base / 2) = packed;
     }
     const uint32_t word = sf | __shfl_down_sync(0xFFFFFFFFu, sf, 1) << 8 | __shfl_down_sync(0xFFFFFFFFu, sf, 2) << 16 |
