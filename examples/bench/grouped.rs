@@ -254,7 +254,7 @@ pub fn bench_quantize_moe(cli: &Cli, q: &blockscaled_gemm::Quantizer, stream: &A
         Ok(stream.clone_dtoh(codes)? == want.data() && stream.clone_dtoh(scales)?[..used] == want_scales[..used])
     };
     let bytes = 2 * t * k + t * k / 2 + want_scales.len();
-    crate::time_quantizer(cli, stream, bytes, (&mut codes, &mut scales), launch, check)
+    crate::time_quantizer(cli, stream, l2, bytes, (&mut codes, &mut scales), launch, check)
 }
 
 fn poison_bf16(stream: &Arc<CudaStream>, d: &mut CudaSlice<bf16>) -> Result<(), cudarc::driver::DriverError> {

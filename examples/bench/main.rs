@@ -230,30 +230,30 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let m: usize = m.trim().parse().map_err(|_| format!("--quantize-rows: {m} is not a row count"))?;
         let r = bench_quantize(&cli, &quantizer, &stream, l2, (m, k), false)?;
         let gbps = r.bytes as f64 / (r.graph_us * 1e-6) / 1e9;
-        println!("quantize bf16 {m}x{k}: b2b {:.2} us, graph {:.2} us, host {:.2} us, {gbps:.0} GB/s ({:.0}% of copy), {}", r.b2b_us, r.graph_us, r.host_us, 100.0 * gbps / copy_gbps, if r.exact { "exact" } else { "FAILED" });
+        println!("quantize bf16 {m}x{k}: b2b {:.2} us, graph {:.2} us, host {:.2} us, {gbps:.0} GB/s ({:.0}% of copy; a same-size copy {:.2} us), {}", r.b2b_us, r.graph_us, r.host_us, 100.0 * gbps / copy_gbps, r.copy_same_us, if r.exact { "exact" } else { "FAILED" });
         json += &format!(
-            "{{\"op\":\"quantize\",\"gpu\":\"{gpu}\",\"commit\":\"{commit}\",\"m\":{m},\"k\":{k},\"l\":1,\"input\":\"bf16\",\"runs\":{},\"graph_calls\":{},\"ours_b2b_us\":{:.3},\"ours_graph_us\":{:.3},\"host_enqueue_us\":{:.3},\"bytes\":{},\"gbps\":{gbps:.1},\"copy_gbps\":{copy_gbps:.1},\"exact\":{}}}\n",
-            cli.runs, cli.graph_calls, r.b2b_us, r.graph_us, r.host_us, r.bytes, r.exact);
+            "{{\"op\":\"quantize\",\"gpu\":\"{gpu}\",\"commit\":\"{commit}\",\"m\":{m},\"k\":{k},\"l\":1,\"input\":\"bf16\",\"runs\":{},\"graph_calls\":{},\"ours_b2b_us\":{:.3},\"ours_graph_us\":{:.3},\"host_enqueue_us\":{:.3},\"bytes\":{},\"gbps\":{gbps:.1},\"copy_gbps\":{copy_gbps:.1},\"copy_same_us\":{:.3},\"exact\":{}}}\n",
+            cli.runs, cli.graph_calls, r.b2b_us, r.graph_us, r.host_us, r.bytes, r.copy_same_us, r.exact);
     }
     let k = cli.swiglu_k;
     for m in cli.swiglu_rows.split(',').filter(|s| !s.is_empty()) {
         let m: usize = m.trim().parse().map_err(|_| format!("--swiglu-rows: {m} is not a row count"))?;
         let r = bench_quantize(&cli, &quantizer, &stream, l2, (m, k), true)?;
         let gbps = r.bytes as f64 / (r.graph_us * 1e-6) / 1e9;
-        println!("quantize swiglu bf16 {m}x{}->{k}: b2b {:.2} us, graph {:.2} us, host {:.2} us, {gbps:.0} GB/s ({:.0}% of copy), {}", 2 * k, r.b2b_us, r.graph_us, r.host_us, 100.0 * gbps / copy_gbps, if r.exact { "exact" } else { "FAILED" });
+        println!("quantize swiglu bf16 {m}x{}->{k}: b2b {:.2} us, graph {:.2} us, host {:.2} us, {gbps:.0} GB/s ({:.0}% of copy; a same-size copy {:.2} us), {}", 2 * k, r.b2b_us, r.graph_us, r.host_us, 100.0 * gbps / copy_gbps, r.copy_same_us, if r.exact { "exact" } else { "FAILED" });
         json += &format!(
-            "{{\"op\":\"quantize\",\"transform\":\"swiglu\",\"gpu\":\"{gpu}\",\"commit\":\"{commit}\",\"m\":{m},\"k\":{k},\"l\":1,\"input\":\"bf16\",\"runs\":{},\"graph_calls\":{},\"ours_b2b_us\":{:.3},\"ours_graph_us\":{:.3},\"host_enqueue_us\":{:.3},\"bytes\":{},\"gbps\":{gbps:.1},\"copy_gbps\":{copy_gbps:.1},\"exact\":{}}}\n",
-            cli.runs, cli.graph_calls, r.b2b_us, r.graph_us, r.host_us, r.bytes, r.exact);
+            "{{\"op\":\"quantize\",\"transform\":\"swiglu\",\"gpu\":\"{gpu}\",\"commit\":\"{commit}\",\"m\":{m},\"k\":{k},\"l\":1,\"input\":\"bf16\",\"runs\":{},\"graph_calls\":{},\"ours_b2b_us\":{:.3},\"ours_graph_us\":{:.3},\"host_enqueue_us\":{:.3},\"bytes\":{},\"gbps\":{gbps:.1},\"copy_gbps\":{copy_gbps:.1},\"copy_same_us\":{:.3},\"exact\":{}}}\n",
+            cli.runs, cli.graph_calls, r.b2b_us, r.graph_us, r.host_us, r.bytes, r.copy_same_us, r.exact);
     }
     // The MoE-form quantizer on the DeepSeek-V3 gate-up cases' stacked rows (K = 7168).
     for case in grouped::cases().iter().filter(|c| c.name.starts_with("dsv3-gate-up") && (cli.grouped == "all" || cli.grouped.split(',').any(|x| x == c.name))) {
         let r = grouped::bench_quantize_moe(&cli, &quantizer, &stream, l2, case)?;
         let (t, k) = (case.counts.iter().sum::<usize>(), case.k);
         let gbps = r.bytes as f64 / (r.graph_us * 1e-6) / 1e9;
-        println!("quantize moe bf16 {} ({t}x{k}, {} experts): b2b {:.2} us, graph {:.2} us, host {:.2} us, {gbps:.0} GB/s ({:.0}% of copy), {}", case.name, case.counts.len(), r.b2b_us, r.graph_us, r.host_us, 100.0 * gbps / copy_gbps, if r.exact { "exact" } else { "FAILED" });
+        println!("quantize moe bf16 {} ({t}x{k}, {} experts): b2b {:.2} us, graph {:.2} us, host {:.2} us, {gbps:.0} GB/s ({:.0}% of copy; a same-size copy {:.2} us), {}", case.name, case.counts.len(), r.b2b_us, r.graph_us, r.host_us, 100.0 * gbps / copy_gbps, r.copy_same_us, if r.exact { "exact" } else { "FAILED" });
         json += &format!(
-            "{{\"op\":\"quantize\",\"layout\":\"moe\",\"case\":\"{}\",\"experts\":{},\"gpu\":\"{gpu}\",\"commit\":\"{commit}\",\"m\":{t},\"k\":{k},\"l\":1,\"input\":\"bf16\",\"runs\":{},\"graph_calls\":{},\"ours_b2b_us\":{:.3},\"ours_graph_us\":{:.3},\"host_enqueue_us\":{:.3},\"bytes\":{},\"gbps\":{gbps:.1},\"copy_gbps\":{copy_gbps:.1},\"exact\":{}}}\n",
-            case.name, case.counts.len(), cli.runs, cli.graph_calls, r.b2b_us, r.graph_us, r.host_us, r.bytes, r.exact);
+            "{{\"op\":\"quantize\",\"layout\":\"moe\",\"case\":\"{}\",\"experts\":{},\"gpu\":\"{gpu}\",\"commit\":\"{commit}\",\"m\":{t},\"k\":{k},\"l\":1,\"input\":\"bf16\",\"runs\":{},\"graph_calls\":{},\"ours_b2b_us\":{:.3},\"ours_graph_us\":{:.3},\"host_enqueue_us\":{:.3},\"bytes\":{},\"gbps\":{gbps:.1},\"copy_gbps\":{copy_gbps:.1},\"copy_same_us\":{:.3},\"exact\":{}}}\n",
+            case.name, case.counts.len(), cli.runs, cli.graph_calls, r.b2b_us, r.graph_us, r.host_us, r.bytes, r.copy_same_us, r.exact);
     }
     let grouped_baselines = match &cli.grouped_baselines {
         Some(p) => Some(Baselines::read(p)?),
@@ -288,6 +288,10 @@ struct QuantResult {
     graph_us: f64,
     host_us: f64,
     bytes: usize,
+    /// A device-to-device copy moving the same bytes (half read, half written), graph-timed the
+    /// same way with its sources rotated over more than twice the L2: at small M both are
+    /// launch-bound, which copy_gbps (a 512 MiB copy) does not show.
+    copy_same_us: f64,
     exact: bool,
 }
 
@@ -321,13 +325,13 @@ fn bench_quantize(cli: &Cli, q: &Quantizer, stream: &Arc<CudaStream>, l2: usize,
         Ok(stream.clone_dtoh(codes)? == want.data() && stream.clone_dtoh(scales)? == want.scales())
     };
     let bytes = 2 * elems + m * k / 2 + want.scales().len();
-    time_quantizer(cli, stream, bytes, (&mut codes, &mut scales), launch, check)
+    time_quantizer(cli, stream, l2, bytes, (&mut codes, &mut scales), launch, check)
 }
 
 /// A quantizer's timings: 10 warm-up launches, then back to back and from a CUDA graph, its
 /// outputs poisoned before and checked after each; `bytes` moved per call.
 fn time_quantizer<E: Into<Box<dyn std::error::Error>>>(
-    cli: &Cli, stream: &Arc<CudaStream>, bytes: usize, (codes, scales): (&mut CudaSlice<u8>, &mut CudaSlice<u8>),
+    cli: &Cli, stream: &Arc<CudaStream>, l2: usize, bytes: usize, (codes, scales): (&mut CudaSlice<u8>, &mut CudaSlice<u8>),
     mut launch: impl FnMut(usize, &mut CudaSlice<u8>, &mut CudaSlice<u8>) -> Result<(), E>,
     check: impl Fn(&CudaSlice<u8>, &CudaSlice<u8>) -> Result<bool, Box<dyn std::error::Error>>,
 ) -> Result<QuantResult, Box<dyn std::error::Error>> {
@@ -342,7 +346,18 @@ fn time_quantizer<E: Into<Box<dyn std::error::Error>>>(
     poison(stream, scales)?;
     let graph_us = time_graph(cli, stream, |i| launch(i, codes, scales))?;
     exact &= check(codes, scales)?;
-    Ok(QuantResult { b2b_us, graph_us, host_us, bytes, exact })
+    let copy_same_us = time_copy(cli, stream, l2, bytes / 2)?;
+    Ok(QuantResult { b2b_us, graph_us, host_us, bytes, copy_same_us, exact })
+}
+
+/// Graph time of one device-to-device copy of `bytes` bytes, the sources rotated over more than
+/// twice the L2.
+fn time_copy(cli: &Cli, stream: &Arc<CudaStream>, l2: usize, bytes: usize) -> Result<f64, Box<dyn std::error::Error>> {
+    let bytes = bytes.max(1);
+    let n_sets = (2 * l2 / bytes + 1).max(2);
+    let src: CudaSlice<u8> = stream.alloc_zeros(n_sets * bytes)?;
+    let mut dst: CudaSlice<u8> = stream.alloc_zeros(bytes)?;
+    time_graph(cli, stream, |i| stream.memcpy_dtod(&src.slice(i % n_sets * bytes..(i % n_sets + 1) * bytes), &mut dst))
 }
 
 struct Result1 {
