@@ -40,11 +40,15 @@ bsg::KernelStatus run(const bsg::QuantizeArgs& a) {
     }
   }
   const bool moe = a.offsets != 0;
-  // Row groups of kWarps rows, as many as the grid's y takes (warps stride over the rest); the
+  // Row groups of kWarps rows, kRowsPerWarp rows a warp (SwiGLU: one) where that still leaves
+  // about 1024 blocks (below, a row a warp), as many as the grid's y takes (warps stride over the rest); the
   // MoE form's blocks each build the expert table first, so about 2048 blocks in all there.
   const int64_t rows = moe ? a.m : (int64_t(a.m) + 127) / 128 * 128;
   const int64_t col_blocks = (bsg::sf_cols_padded(a.k) + 31) / 32;
-  const int64_t groups = std::min<int64_t>({(rows + bsg::quant::kWarps - 1) / bsg::quant::kWarps, 65535, moe ? (2048 + col_blocks - 1) / col_blocks : 65535});
+  constexpr int64_t kW = bsg::quant::kWarps;
+  const int64_t kR = swiglu ? 1 : bsg::quant::kRowsPerWarp;
+  const int64_t spread = std::max((rows + kW * kR - 1) / (kW * kR), std::min((rows + kW - 1) / kW, (1024 + col_blocks - 1) / col_blocks));
+  const int64_t groups = std::min<int64_t>({spread, 65535, moe ? (2048 + col_blocks - 1) / col_blocks : 65535});
   const dim3 grid(unsigned(col_blocks), unsigned(std::max<int64_t>(groups, 1)), unsigned(a.l));
   int m = a.m, k = a.k, experts = a.experts;
   float g = a.global_scale;

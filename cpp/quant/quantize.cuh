@@ -26,6 +26,9 @@ namespace bsg::quant {
 
 // Threads of one quantizer block: kWarps warps, one row each at a time.
 constexpr int kThreads = 128, kWarps = kThreads / 32;
+// Rows a warp quantizes in a dense launch without SwiGLU (the grid's y is sized for it): enough
+// for the next row's loads to overlap this row's arithmetic, few enough to fill the GPU.
+constexpr int kRowsPerWarp = 4;
 
 // Raw 16-byte words holding n consecutive inputs.
 template <class T, int n>
@@ -44,7 +47,9 @@ __device__ __forceinline__ void to_float16(const Raw<T, n>& r, int j, float (&v)
     } else if constexpr (std::is_same_v<T, __half>) {
       v[2 * i] = __half2float(__ushort_as_half(uint16_t(u[i] & 0xFFFF))), v[2 * i + 1] = __half2float(__ushort_as_half(uint16_t(u[i] >> 16)));
     } else {
-      v[2 * i] = __bfloat162float(__ushort_as_bfloat16(uint16_t(u[i] & 0xFFFF))), v[2 * i + 1] = __bfloat162float(__ushort_as_bfloat16(uint16_t(u[i] >> 16)));
+      // A bf16 value is the high half of its f32: one shift or one mask (converting each half
+      // through 16 bits cost a shift more for the high one).
+      v[2 * i] = __uint_as_float(u[i] << 16), v[2 * i + 1] = __uint_as_float(u[i] & 0xFFFF0000u);
     }
   }
 }
@@ -180,25 +185,52 @@ __device__ __forceinline__ MoeRows& moe_table() {
   return table;
 }
 
+// A row's 16 inputs of one lane (SwiGLU: its gate and up values), as loaded.
+template <class T, class Transform>
+struct RowInputs {
+  static constexpr int kParts = std::is_same_v<Transform, SwigluHalves> ? 2 : 1;
+  Raw<T, 16> part[kParts];
+};
+
 // One warp: one row, 32 consecutive scale columns (lane j: column 32 blockIdx.x + j, its 16
 // inputs), so a warp's loads and code stores are contiguous (16 x 32 bytes of bf16 in, 256 bytes
 // of codes out); four lanes' scale bytes are one 32-bit word of the tiled layout, stored by the
-// first of them. Warps stride over the rows: the dense layout's padded rows (ceil(M/128) * 128:
-// rows past M write zero scales), or the MoE form's stacked rows (rows no expert holds write
-// nothing). Columns past K/16 up to the padded count write zero scales. grid: (padded columns /
-// 32 rounded up, row groups, L). g_given is used when amax_bits is null.
+// first of them. Warps stride over the rows (about kRowsPerWarp each), the next row's inputs
+// loaded before this row's are quantized (not for SwiGLU), so each warp keeps a load in flight
+// while it computes:
+// the dense layout's padded rows (ceil(M/128) * 128: rows past M write zero scales), or the MoE
+// form's stacked rows (rows no expert holds write nothing). Columns past K/16 up to the padded
+// count write zero scales. grid: (padded columns / 32 rounded up, row groups, L). g_given is used
+// when amax_bits is null.
 template <class T, class Layout, class Transform>
 __global__ void __launch_bounds__(kThreads) quantize_kernel(const T* x, uint8_t* codes, uint8_t* scales, int m, int k, float g_given, const uint32_t* amax_bits,
                                                          const int32_t* offsets, int experts) {
-  constexpr bool kMoe = std::is_same_v<Layout, MoeScales>;
+  constexpr bool kMoe = std::is_same_v<Layout, MoeScales>, kSwiglu = std::is_same_v<Transform, SwigluHalves>;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, l = blockIdx.z;
   const int cols = k / 16, cg = blockIdx.x * 32 + lane;
   const int64_t sp = sf_cols_padded(k);
   if constexpr (kMoe) moe_table().prepare(offsets, experts, m, threadIdx.x);
   const GlobalScale gs = global_scale(amax_bits ? global_from_amax(__uint_as_float(*amax_bits)) : g_given);
-  const int row_end = kMoe ? m : (m + 127) / 128 * 128;
+  const int row_end = kMoe ? m : (m + 127) / 128 * 128, stride = gridDim.y * kWarps;
   const int64_t batch_sf = kMoe ? 0 : l * sf_batch_bytes(m, sp);
-  for (int r = blockIdx.y * kWarps + warp; r < row_end; r += gridDim.y * kWarps) {
+  // Input element of row r's first value of this lane (rows of 2K for SwiGLU).
+  auto first = [&](int r) { return (int64_t(l) * m + r) * k * RowInputs<T, Transform>::kParts + int64_t(cg) * 16; };
+  auto load = [&](int r) {
+    RowInputs<T, Transform> in;
+    if (r < m && cg < cols) {
+#pragma unroll
+      for (int j = 0; j < in.kParts; ++j) in.part[j] = load_raw<T, 16>(x + first(r) + j * int64_t(k));
+    }
+    return in;
+  };
+  // SwiGLU loads its row where it quantizes it: its exp and division hold twice the inputs in
+  // registers, and a row ahead cost it occupancy (bench/DESIGN.md section 13).
+  int r = blockIdx.y * kWarps + warp;
+  RowInputs<T, Transform> next{};
+  if constexpr (!kSwiglu) next = load(r);
+  for (; r < row_end; r += stride) {
+    RowInputs<T, Transform> ahead{};  // this row's inputs, loaded an iteration ago
+    if constexpr (!kSwiglu) ahead = next, next = load(r + stride);
     int srow = r;  // the scale row
     if constexpr (kMoe) {
       const MoeRows& table = moe_table();
@@ -208,21 +240,20 @@ __global__ void __launch_bounds__(kThreads) quantize_kernel(const T* x, uint8_t*
     }
     uint32_t sf = 0;
     if (r < m && cg < cols) {
-      const int64_t row = int64_t(l) * m + r, base = row * k + int64_t(cg) * 16;
       float v[16];
-      if constexpr (std::is_same_v<Transform, SwigluHalves>) {
-        const T* gate = x + row * 2 * k + int64_t(cg) * 16;
+      if constexpr (kSwiglu) {
+        const RowInputs<T, Transform> in = load(r);
         float gv[16], uv[16];
-        to_float16(load_raw<T, 16>(gate), 0, gv);
-        to_float16(load_raw<T, 16>(gate + k), 0, uv);
+        to_float16(in.part[0], 0, gv);
+        to_float16(in.part[1], 0, uv);
 #pragma unroll
         for (int i = 0; i < 16; ++i) v[i] = swiglu_as<T>(gv[i], uv[i]);
       } else {
-        to_float16(load_raw<T, 16>(x + base), 0, v);
+        to_float16(ahead.part[0], 0, v);
       }
       uint2 packed;
       sf = quantize16(v, gs, packed);
-      *reinterpret_cast<uint2*>(codes + base / 2) = packed;
+      *reinterpret_cast<uint2*>(codes + ((int64_t(l) * m + r) * k + int64_t(cg) * 16) / 2) = packed;
     }
     const uint32_t word = sf | __shfl_down_sync(0xFFFFFFFFu, sf, 1) << 8 | __shfl_down_sync(0xFFFFFFFFu, sf, 2) << 16 |
                           __shfl_down_sync(0xFFFFFFFFu, sf, 3) << 24;
