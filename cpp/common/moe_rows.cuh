@@ -40,6 +40,10 @@ __device__ __forceinline__ int first_exceeding(const int* incl, int n, int value
   return lo;
 }
 
+// Scale rows of a mixture-of-experts layer's stacked activations whatever the routing: T rows
+// over E experts, each expert's rows padded to 128, fit in floor((T + 127 E) / 128) * 128.
+__host__ __device__ constexpr int64_t moe_sf_rows(int64_t rows, int64_t experts) { return (rows + 127 * experts) / 128 * 128; }
+
 struct MoeRows {
   static constexpr int kMaxGroups = BSG_MAX_GROUPS;
   int row[kMaxGroups + 1];

@@ -63,7 +63,7 @@ bsg::KernelStatus run(const bsg::QuantizeArgs& a) {
   if (moe) {
     // The whole MoE scale buffer (room for any routing) zeroed in stream order: the padding of
     // each expert's blocks and the rows past them; the kernel writes the experts' rows.
-    const size_t rows = size_t(int64_t(a.m) + 127 * int64_t(a.experts)) / 128 * 128;
+    const size_t rows = size_t(bsg::moe_sf_rows(a.m, a.experts));
     if (cudaError_t e = cudaMemsetAsync(scales, 0, rows * size_t(bsg::sf_cols_padded(a.k)), stream)) {
       st.cuda_error = e;
       return st;
