@@ -66,14 +66,14 @@ pub fn can_implement_grouped_list(config: Config, out: OutType, p: &crate::group
     bridge::can_implement_grouped_list(config.info().index, out.index(), &args)
 }
 
-/// What a grouped kernel that builds per-expert arguments (SM100's pointer-array GEMM) gives
-/// one expert, as its builder computes it (run on the host): byte offsets are from the bases of
-/// the stacked operands (A, B, their scales, D).
+/// What a grouped kernel that builds per-group arguments (SM100's pointer-array GEMM) gives one
+/// group, as its builder computes it (run on the host): byte offsets are from the bases the
+/// caller gave (the stacked operands of the MoE form; stand-ins of the list form).
 #[derive(Clone, Debug, PartialEq)]
 pub struct GroupDescription {
-    /// The expert's problem: rows, N, K.
+    /// The group's problem: rows, N, K (rows 0 for a group the list form refuses).
     pub shape: [usize; 3],
-    /// Byte offsets of the expert's A, B, SFA, SFB and D from those operands' bases.
+    /// Byte offsets of the group's A, B, SFA, SFB and D from those operands' bases.
     pub a: u64,
     /// See `a`.
     pub b: u64,
@@ -83,21 +83,66 @@ pub struct GroupDescription {
     pub sfb: u64,
     /// See `a`.
     pub d: u64,
-    /// The expert's alpha (the call's alpha times its expert scale).
+    /// The group's alpha (the call's alpha times its own factor).
     pub alpha: f32,
     /// Leading dimensions in elements: A's and B's rows (K), D's rows (N).
     pub ld: [usize; 3],
-    /// Byte offset from SFA's base of the scale of every (scale column, row) of the expert's A,
+    /// Byte offset from SFA's base of the scale of every (scale column, row) of the group's A,
     /// row fastest.
     pub sfa_offsets: Vec<u64>,
     /// The same for B (N rows).
     pub sfb_offsets: Vec<u64>,
-    /// FP4 output: byte offset of the expert's scale factors from SFD's base, and of each of its
+    /// FP4 output: byte offset of the group's scale factors from SFD's base, and of each of its
     /// generated scale factors ((N/16 column, row), row fastest); 0 and empty otherwise.
     pub sfd: u64,
     /// See `sfd`.
     pub sfd_offsets: Vec<u64>,
+    /// The list form with beta: byte offset of the group's C from C's base and C's leading
+    /// dimension (N); `None` without C.
+    pub c: Option<(u64, usize)>,
 }
+
+/// The values the shim's describe flattens, read back against the bases (A, B, SFA, SFB, D,
+/// SFD, C) the call used.
+fn read_description(v: &[i64], base: [u64; 7], fp4: bool) -> GroupDescription {
+    let rel = |x: i64, base: u64| (x as u64).wrapping_sub(base);
+    let (m, n, k) = (v[0] as usize, v[1] as usize, v[2] as usize);
+    let sf_cols = k / 16;
+    const HEAD: usize = 15;
+    let sfb_end = HEAD + (m + n) * sf_cols;
+    GroupDescription {
+        shape: [m, n, k],
+        a: rel(v[3], base[0]), b: rel(v[4], base[1]), sfa: rel(v[5], base[2]), sfb: rel(v[6], base[3]), d: rel(v[7], base[4]),
+        alpha: f32::from_bits(v[8] as u32),
+        ld: [v[9] as usize, v[10] as usize, v[11] as usize],
+        sfa_offsets: v[HEAD..HEAD + m * sf_cols].iter().map(|&x| rel(x, base[2])).collect(),
+        sfb_offsets: v[HEAD + m * sf_cols..sfb_end].iter().map(|&x| rel(x, base[3])).collect(),
+        sfd: if fp4 { rel(v[12], base[5]) } else { 0 },
+        sfd_offsets: v[sfb_end..].iter().map(|&x| rel(x, base[5])).collect(),
+        c: (v[13] != 0).then(|| (rel(v[13], base[6]), v[14] as usize)),
+    }
+}
+
+/// Calls a shim describe twice (for the count, then the values); `None` for a kernel that
+/// builds no arguments (-3).
+fn describe_values(what: &'static str, call: impl Fn(&mut [i64]) -> i64) -> Result<Option<Vec<i64>>> {
+    let need = call(&mut []);
+    if need == -3 {
+        return Ok(None);
+    }
+    if need < 15 {
+        return Err(Error::InvalidData { what, detail: format!("the shim answered {need}") });
+    }
+    let mut v = vec![0i64; need as usize];
+    let got = call(&mut v);
+    if got != need {
+        return Err(Error::InvalidData { what, detail: format!("the shim answered {got}, then {need}") });
+    }
+    Ok(Some(v))
+}
+
+// Bases far apart, never dereferenced: the answers are read back relative to them.
+const BASE: [u64; 7] = [1 << 40, 2 << 40, 3 << 40, 4 << 40, 5 << 40, 6 << 40, 7 << 40];
 
 /// The per-expert arguments the grouped kernel of `config` with `out` output builds for expert
 /// `expert` of `p`, given the offsets and expert scales the device would hold (`None`: ones).
@@ -114,48 +159,61 @@ pub fn describe_grouped(config: Config, out: OutType, p: &crate::grouped::MoePro
     if expert >= p.experts {
         return Err(Error::InvalidData { what: "expert", detail: format!("{expert}: the problem has {} experts", p.experts) });
     }
-    // Bases far apart, never dereferenced: the answer is read back relative to them.
-    const BASE: [u64; 6] = [1 << 40, 2 << 40, 3 << 40, 4 << 40, 5 << 40, 6 << 40];
     let args = bridge::GroupedArgs {
         a: BASE[0], b: BASE[1], sfa: BASE[2], sfb: BASE[3], d: BASE[4], sfd: if out.sfd().is_some() { BASE[5] } else { 0 },
         offsets: offsets.as_ptr() as u64, expert_alpha: expert_scales.map_or(0, |s| s.as_ptr() as u64),
         alpha: p.alpha, sm_count: 1,
         ..crate::grouped::grouped_args(p)
     };
-    let call = |values: &mut [i64]| {
-        // SAFETY: offsets and expert_scales are host slices of the lengths checked above; the
-        // builder reads nothing else.
-        unsafe { bridge::describe_grouped(config.info().index, out.index(), &args, expert as i32, values) }
+    // SAFETY: offsets and expert_scales are host slices of the lengths checked above; the
+    // builder reads nothing else.
+    let v = describe_values("describe_grouped", |values| unsafe { bridge::describe_grouped(config.info().index, out.index(), &args, expert as i32, values) })?;
+    Ok(v.map(|v| read_description(&v, BASE, out.sfd().is_some())))
+}
+
+/// One list-form group as the host would place it on the device, for [`describe_grouped_list`]:
+/// its sizes (M, N, K) and the byte offsets of its operands from the stand-in bases the answer
+/// is read against (`None`: a null address; offsets not a multiple of 16 give misaligned ones).
+#[derive(Clone, Copy, Debug)]
+pub struct ListGroupAt {
+    /// M, N, K, as the device's `problems` array holds them.
+    pub mnk: [i32; 3],
+    /// Offsets of A, B, SFA, SFB, D, SFD and C (the order of [`GroupDescription`]'s bases).
+    pub at: [Option<u64>; 7],
+    /// The group's factor of alpha.
+    pub alpha: f32,
+}
+
+/// The arguments the list-form kernel of `config` with `out` output builds for group `group` of
+/// `groups` (sizes and addresses as the device arrays would hold them), under the bounds of `p`.
+/// `Ok(None)` for kernels that build none (SM90: the prologue makes descriptors instead).
+pub fn describe_grouped_list(config: Config, out: OutType, p: &crate::grouped_list::ListProblem, groups: &[ListGroupAt], group: usize) -> Result<Option<GroupDescription>> {
+    if !config.is_built_grouped_list(out) {
+        return Err(Error::NotBuilt { config, out });
+    }
+    p.validate(out, p.beta != 0.0)?;
+    check_len("groups", groups.len(), p.groups, "one per group of the problem")?;
+    if group >= p.groups {
+        return Err(Error::InvalidData { what: "group", detail: format!("{group}: the problem has {} groups", p.groups) });
+    }
+    let problems: Vec<i32> = groups.iter().flat_map(|g| g.mnk).collect();
+    let addr = |i: usize| -> Vec<u64> { groups.iter().map(|g| g.at[i].map_or(0, |x| BASE[i] + x)).collect() };
+    let arrays: Vec<Vec<u64>> = (0..7).map(addr).collect();
+    let alphas: Vec<f32> = groups.iter().map(|g| g.alpha).collect();
+    let dim = |v: usize| i32::try_from(v).unwrap_or(i32::MAX);
+    let args = bridge::GroupedListArgs {
+        groups: dim(p.groups), max_m: dim(p.max_m), max_n: dim(p.max_n), max_k: dim(p.max_k), max_rows: p.max_rows as i64,
+        problems: problems.as_ptr() as u64,
+        a: arrays[0].as_ptr() as u64, b: arrays[1].as_ptr() as u64, sfa: arrays[2].as_ptr() as u64, sfb: arrays[3].as_ptr() as u64,
+        d: arrays[4].as_ptr() as u64, sfd: if out.sfd().is_some() { arrays[5].as_ptr() as u64 } else { 0 },
+        c: if p.beta != 0.0 { arrays[6].as_ptr() as u64 } else { 0 },
+        alphas: alphas.as_ptr() as u64, alpha: p.alpha, beta: p.beta, norm_constant: p.norm_constant, sm_count: 1,
+        ..Default::default()
     };
-    let need = call(&mut []);
-    if need == -3 {
-        return Ok(None);
-    }
-    if need < 13 {
-        return Err(Error::InvalidData { what: "describe_grouped", detail: format!("the shim answered {need}") });
-    }
-    let mut v = vec![0i64; need as usize];
-    let got = call(&mut v);
-    if got != need {
-        return Err(Error::InvalidData { what: "describe_grouped", detail: format!("the shim answered {got}, then {need}") });
-    }
-    let rel = |x: i64, base: u64| (x as u64).wrapping_sub(base);
-    let m = v[0] as usize;
-    let sf_cols = p.k / 16;
-    let (sfa, sfb) = (rel(v[5], BASE[2]), rel(v[6], BASE[3]));
-    let fp4 = out.sfd().is_some();
-    let head = 13;
-    let sfb_end = head + (m + p.n) * sf_cols;
-    Ok(Some(GroupDescription {
-        shape: [m, v[1] as usize, v[2] as usize],
-        a: rel(v[3], BASE[0]), b: rel(v[4], BASE[1]), sfa, sfb, d: rel(v[7], BASE[4]),
-        alpha: f32::from_bits(v[8] as u32),
-        ld: [v[9] as usize, v[10] as usize, v[11] as usize],
-        sfa_offsets: v[head..head + m * sf_cols].iter().map(|&x| rel(x, BASE[2])).collect(),
-        sfb_offsets: v[head + m * sf_cols..sfb_end].iter().map(|&x| rel(x, BASE[3])).collect(),
-        sfd: if fp4 { rel(v[12], BASE[5]) } else { 0 },
-        sfd_offsets: v[sfb_end..].iter().map(|&x| rel(x, BASE[5])).collect(),
-    }))
+    // SAFETY: problems holds 3G int32, each address array and alphas G entries, all host
+    // vectors alive across the calls; the builder reads nothing else.
+    let v = describe_values("describe_grouped_list", |values| unsafe { bridge::describe_grouped_list(config.info().index, out.index(), &args, group as i32, values) })?;
+    Ok(v.map(|v| read_description(&v, BASE, out.sfd().is_some())))
 }
 
 /// Workspace bytes the kernel of `config` with `out` output asks for on `p` with `split_k` K

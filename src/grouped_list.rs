@@ -1,6 +1,8 @@
 //! Grouped GEMM in list form (CUTLASS's grouped GEMM): G independent NVFP4 GEMMs, each with its
 //! own A, B, scales, optional C, D, alpha and sizes (M, N, K), in one launch after a prologue
-//! that makes every group's TMA descriptors on the device (SM90). Two ways in:
+//! that makes every group's TMA descriptors on the device (SM90), or after a builder that makes
+//! every group's arguments for CUTLASS's pointer-array kernel (SM100: f16, bf16 and FP4 output;
+//! compiled and host-tested, not yet run on silicon). Two ways in:
 //! - [`BlockScaledGemm::grouped_list`] / [`BlockScaledGemm::grouped_list_fp4`]: the groups as
 //!   tensors the host checks one by one; their addresses and sizes are uploaded per call (so the
 //!   call is not capturable).
@@ -25,7 +27,7 @@ use crate::sys;
 use crate::tensor::Nvfp4Tensor;
 
 /// The GPUs the list-form grouped GEMM runs on, for messages.
-pub const SUPPORTED_GROUPED_LIST: &str = "compute capability 9.0 (H100, H200: sm_90a) for the list-form grouped GEMM (on SM100 use the MoE form, BlockScaledGemm::moe_gemm)";
+pub const SUPPORTED_GROUPED_LIST: &str = "compute capability 9.0 (H100, H200: sm_90a; f16, bf16, f32, nvfp4 or nvfp4-ue8m0 output) or 10.0 (B200, GB200: sm_100a; f16, bf16, nvfp4 or nvfp4-ue8m0 output) for the list-form grouped GEMM";
 
 /// What the host knows of a list-form call: the group count and bounds on every group's sizes.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -212,8 +214,9 @@ impl BlockScaledGemm {
     /// The list-form grouped GEMM over device arrays: for every group g with sizes
     /// (M, N, K) = `problems[3g..3g + 3]`, `D_g = alpha * alphas[g] * dec(A_g) dec(B_g)ᵀ +
     /// beta * C_g` in `out` (FP4 output: D packed and its scale factors generated as
-    /// [`Self::gemm_fp4`] does, `p.norm_constant`). One prologue launch (the groups' TMA
-    /// descriptors made on the device; for the swapped tiles, the activations decoded) and one
+    /// [`Self::gemm_fp4`] does, `p.norm_constant`). One prologue launch (SM90: the groups' TMA
+    /// descriptors made on the device, and for the swapped tiles the activations decoded; SM100:
+    /// the groups' arguments built, the padding of FP4 output's scale-factor tiles zeroed) and one
     /// GEMM launch; nothing is read back, so the call can be captured in a CUDA graph (reserve
     /// [`Self::grouped_list_workspace_size`] first). The global scales of the operands are not
     /// known here: fold them into `alphas`.
@@ -221,7 +224,9 @@ impl BlockScaledGemm {
     /// The device checks each group and skips (reads and writes nothing of) one whose M is not in
     /// [0, max_m], N not in [1, max_n] or not a multiple of the output's multiple, K not in
     /// [32, max_k] or not a multiple of 32, an address null or not 16-byte aligned, or (the swapped tiles)
-    /// whose M added to the M of the valid groups before it exceeds `p.max_rows`.
+    /// whose M added to the M of the valid groups before it exceeds `p.max_rows`. On SM100 each
+    /// of a group's scale buffers must also span fewer than 2^31 bytes
+    /// ([`Problem::check_sm100`]); `max_rows` is not used there.
     ///
     /// # Safety
     /// For every group the device accepts, each address in the arrays must be a live device

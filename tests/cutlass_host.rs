@@ -1,9 +1,9 @@
 //! The Rust layout and validator against CUTLASS's own host code, and the machine code of every
 //! kernel in the build. No GPU needed.
-use blockscaled_gemm::cutlass_host::{can_implement, can_implement_split_k, describe_grouped, sf_offsets, workspace_size};
+use blockscaled_gemm::cutlass_host::{can_implement, can_implement_split_k, describe_grouped, describe_grouped_list, sf_offsets, workspace_size, ListGroupAt};
 use blockscaled_gemm::grouped::{expert_offsets, moe_scale_starts};
 use blockscaled_gemm::layout::{padded_sf_cols, sf_bytes, sf_cols, sf_offset, sf_offset_elem};
-use blockscaled_gemm::{check_split_k, cluster_reduced, Config, MoeProblem, OutType, Problem};
+use blockscaled_gemm::{check_split_k, cluster_reduced, Config, ConfigInfo, ListProblem, MoeProblem, OutType, Problem};
 use std::process::Command;
 
 fn built_configs() -> Vec<Config> {
@@ -189,6 +189,18 @@ fn sass_has_block_scaled_umma() {
     assert_eq!(grouped, grouped_sm100, "SM100 grouped kernels with block-scaled UMMA");
 }
 
+/// The (SM100 config, output) pairs of a kernel table (`table`) that this build holds (`built`);
+/// `None`, with the reason printed, where there are none.
+fn sm100_built(table: fn(&ConfigInfo) -> &'static [OutType], built: fn(Config, OutType) -> bool, what: &str) -> Option<Vec<(Config, OutType)>> {
+    let pairs: Vec<(Config, OutType)> = Config::ALL.iter().copied().filter(|c| c.info().arch == 100)
+        .flat_map(|c| table(&c.info()).iter().map(move |o| (c, *o))).filter(|(c, o)| built(*c, *o)).collect();
+    if pairs.is_empty() {
+        eprintln!("skipped: no SM100 {what} kernel in this build (BSG_ARCHS = {})", env!("BSG_BUILT_ARCHS"));
+        return None;
+    }
+    Some(pairs)
+}
+
 /// SM100's grouped GEMM builds each expert's arguments (shape, addresses, strides, CUTLASS's
 /// scale layouts, alpha) on the device from the offsets; run on the host, that builder must place
 /// every expert where the MoE layout puts it (the layout the quantizer writes and the SM90
@@ -196,12 +208,7 @@ fn sass_has_block_scaled_umma() {
 /// row (each expert padded to 128), batch e of B and of B's scales.
 #[test]
 fn sm100_grouped_arguments_follow_the_moe_layout() {
-    let configs: Vec<(Config, OutType)> = Config::ALL.iter().copied().filter(|c| c.info().arch == 100)
-        .flat_map(|c| c.info().grouped.iter().map(move |o| (c, *o))).filter(|(c, o)| c.is_built_grouped(*o)).collect();
-    if configs.is_empty() {
-        eprintln!("skipped: no SM100 grouped kernel in this build (BSG_ARCHS = {})", env!("BSG_BUILT_ARCHS"));
-        return;
-    }
+    let Some(configs) = sm100_built(|i| i.grouped, Config::is_built_grouped, "grouped") else { return };
     // K = 224: 14 scale columns, padded to 16. Experts: empty ones, one row, 127, 128 and 130
     // rows (across a 128-row block).
     let (n, k) = (192, 224);
@@ -260,6 +267,78 @@ fn sm100_grouped_arguments_follow_the_moe_layout() {
         // Refused: an expert past E, offsets of the wrong length.
         assert!(describe_grouped(c, out, &p, &offsets, None, counts.len()).is_err());
         assert!(describe_grouped(c, out, &p, &offsets[1..], None, 0).is_err());
+    }
+}
+
+/// SM100's list-form builder, run on the host (`describe_grouped_list`): each group the rules
+/// accept gets its own sizes, its operands at the caller's addresses, its own tiled scale
+/// layouts (L = 1), alpha times its factor and, with beta, its C; each group they refuse gets no
+/// rows (no tile), whatever its addresses.
+#[test]
+fn sm100_list_arguments_follow_each_group() {
+    let Some(configs) = sm100_built(|i| i.grouped_list, Config::is_built_grouped_list, "list-form") else { return };
+    for &(c, out) in &configs {
+        for beta in [0.0f32, 0.5] {
+            let fp4 = out.sfd().is_some();
+            // A group at distinct 16-byte-aligned offsets (A, B, SFA, SFB, D, SFD, C).
+            let at = |g: u64| [Some(g << 24), Some((g << 24) + 0x100), Some((g << 24) + 0x200), Some((g << 24) + 0x300), Some((g << 24) + 0x400), Some((g << 24) + 0x500), Some((g << 24) + 0x600)];
+            let group = |g: u64, mnk: [i32; 3]| ListGroupAt { mnk, at: at(g), alpha: 0.5 + g as f32 };
+            let n_bad = if fp4 { 48 } else { 100 }; // not a multiple of D's 16-byte alignment
+            let mut groups = vec![
+                group(0, [130, 192, 224]), // across a 128-row block, K/16 = 14 padded to 16
+                group(1, [0, 128, 64]),    // empty
+                group(2, [64, 128, 48]),   // K not a multiple of 32
+                group(3, [64, 128, 64]),   // SFA null (below)
+                group(4, [64, 128, 64]),   // B misaligned (below)
+                group(5, [64, n_bad, 64]), // N off the output's multiple
+                group(6, [301, 128, 64]),  // M past max_m
+                group(7, [1, 64, 32]),
+                group(8, [64, 128, 64]),   // C null (below): refused only with beta
+            ];
+            groups[3].at[2] = None;
+            groups[4].at[1] = Some((4 << 24) + 0x108);
+            groups[8].at[6] = None;
+            let p = ListProblem::new(groups.len(), 300, 256, 256).scalars(0.75, beta).norm_constant(2.0);
+            let accepted = |g: usize| [0, 1, 7].contains(&g) || (g == 8 && beta == 0.0);
+            for (g, x) in groups.iter().enumerate() {
+                let d = describe_grouped_list(c, out, &p, &groups, g).unwrap().expect("SM100 builds arguments");
+                let what = format!("{c} {out} beta {beta} group {g}");
+                assert_eq!(d.alpha.to_bits(), (0.75f32 * x.alpha).to_bits(), "{what}: alpha");
+                if !accepted(g) {
+                    assert!(d.shape[0] == 0 && d.sfa_offsets.is_empty() && d.sfd_offsets.is_empty(), "{what}: refused, so no rows: {:?}", d.shape);
+                    continue;
+                }
+                let [m, n, k] = x.mnk.map(|v| v as usize);
+                let off = |i: usize| x.at[i].unwrap();
+                assert_eq!(d.shape, [m, n, k], "{what}");
+                assert_eq!([d.a, d.b, d.sfa, d.sfb, d.d], [off(0), off(1), off(2), off(3), off(4)], "{what}: addresses");
+                assert_eq!(d.ld, [k, k, n], "{what}: leading dimensions");
+                assert_eq!(d.c, (beta != 0.0).then(|| (off(6), n)), "{what}: C");
+                let (sp, spn) = (padded_sf_cols(sf_cols(k)), padded_sf_cols(sf_cols(n)));
+                assert_eq!((d.sfa_offsets.len(), d.sfb_offsets.len()), (m * k / 16, n * k / 16), "{what}");
+                for s in 0..k / 16 {
+                    for r in 0..m {
+                        assert_eq!(d.sfa_offsets[s * m + r], off(2) + sf_offset(r, s, sp) as u64, "{what}: SFA row {r} col {s}");
+                    }
+                    for r in 0..n {
+                        assert_eq!(d.sfb_offsets[s * n + r], off(3) + sf_offset(r, s, sp) as u64, "{what}: SFB row {r} col {s}");
+                    }
+                }
+                if fp4 {
+                    assert_eq!((d.sfd, d.sfd_offsets.len()), (off(5), m * n / 16), "{what}: SFD");
+                    for s in 0..n / 16 {
+                        for r in 0..m {
+                            assert_eq!(d.sfd_offsets[s * m + r], off(5) + sf_offset(r, s, spn) as u64, "{what}: SFD row {r} col {s}");
+                        }
+                    }
+                } else {
+                    assert!(d.sfd == 0 && d.sfd_offsets.is_empty(), "{what}: SFD without FP4 output");
+                }
+            }
+            // Refused: a group past G, a group list of the wrong length.
+            assert!(describe_grouped_list(c, out, &p, &groups, groups.len()).is_err());
+            assert!(describe_grouped_list(c, out, &p, &groups[1..], 0).is_err());
+        }
     }
 }
 

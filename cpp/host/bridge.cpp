@@ -126,13 +126,17 @@ bool can_implement_grouped(uint32_t config, uint32_t out, const GroupedArgs& arg
 
 size_t workspace_size_grouped(uint32_t config, uint32_t out, const GroupedArgs& args) { return workspace_or_zero(find_grouped(config, out), args); }
 
-// -2: no such kernel in this build; -3: a kernel that builds no per-expert arguments (SM90).
-int64_t describe_grouped(uint32_t config, uint32_t out, const GroupedArgs& args, int32_t expert,
-                         rust::Slice<int64_t> values) {
-  const GroupedEntry* e = find_grouped(config, out);
+// -2: no such kernel in this build; -3: a kernel that builds no per-group arguments (SM90).
+template <class Entry, class Args>
+int64_t describe_in(const Entry* e, const Args& args, int32_t group, rust::Slice<int64_t> values) {
   if (!e) return -2;
   if (!e->describe) return -3;
-  return e->describe(args, expert, values.data(), values.size());
+  return e->describe(args, group, values.data(), values.size());
+}
+
+int64_t describe_grouped(uint32_t config, uint32_t out, const GroupedArgs& args, int32_t expert,
+                         rust::Slice<int64_t> values) {
+  return describe_in(find_grouped(config, out), args, expert, values);
 }
 
 KernelStatus launch_grouped_list(uint32_t config, uint32_t out, const GroupedListArgs& args) {
@@ -146,6 +150,11 @@ bool can_implement_grouped_list(uint32_t config, uint32_t out, const GroupedList
 
 size_t workspace_size_grouped_list(uint32_t config, uint32_t out, const GroupedListArgs& args) {
   return workspace_or_zero(find_grouped_list(config, out), args);
+}
+
+int64_t describe_grouped_list(uint32_t config, uint32_t out, const GroupedListArgs& args, int32_t group,
+                              rust::Slice<int64_t> values) {
+  return describe_in(find_grouped_list(config, out), args, group, values);
 }
 
 KernelStatus launch_w4a16(uint32_t config, uint32_t in, uint32_t out, const KernelArgs& args) {

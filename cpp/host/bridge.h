@@ -28,6 +28,8 @@ int64_t describe_grouped(uint32_t config, uint32_t out, const GroupedArgs& args,
 KernelStatus launch_grouped_list(uint32_t config, uint32_t out, const GroupedListArgs& args);
 bool can_implement_grouped_list(uint32_t config, uint32_t out, const GroupedListArgs& args);
 size_t workspace_size_grouped_list(uint32_t config, uint32_t out, const GroupedListArgs& args);
+int64_t describe_grouped_list(uint32_t config, uint32_t out, const GroupedListArgs& args, int32_t group,
+                              rust::Slice<int64_t> values);
 KernelStatus launch_w4a16(uint32_t config, uint32_t in, uint32_t out, const KernelArgs& args);
 size_t workspace_size_w4a16(uint32_t config, uint32_t in, uint32_t out, const KernelArgs& args);
 KernelStatus launch_w4a16_grouped(uint32_t config, uint32_t in, uint32_t out, const GroupedArgs& args);

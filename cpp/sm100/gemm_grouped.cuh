@@ -1,9 +1,11 @@
-// SM100 grouped NVFP4 x NVFP4 GEMM for mixture-of-experts layers: CUTLASS's pointer-array
-// block-scaled kernel (the grouped path of CUTLASS example 75), one group per expert. The
-// per-expert arguments (shape, operand addresses, strides, scale layouts, alpha) are built on the
-// device from the expert offsets by a one-CTA kernel queued ahead of the GEMM, so the host never
-// reads the routing and the call can be captured in a CUDA graph. The rows and scale rows of each
-// expert are those every kernel here agrees on (common/moe_rows.cuh).
+// SM100 grouped NVFP4 x NVFP4 GEMM: CUTLASS's pointer-array block-scaled kernel (the grouped
+// path of CUTLASS example 75), in two forms over the same kernel. The MoE form (GroupedArgs): one
+// group per expert, the per-expert arguments (shape, operand addresses, strides, scale layouts,
+// alpha) built on the device from the expert offsets by a one-CTA kernel queued ahead of the GEMM;
+// the rows and scale rows of each expert are those every kernel here agrees on
+// (common/moe_rows.cuh). The list form (GroupedListArgs, GroupedListGemm below): each group's
+// arguments built on the device from the caller's arrays of sizes and addresses, one CTA a group.
+// Either way the host never reads the groups, so a call can be captured in a CUDA graph.
 #pragma once
 
 #include <algorithm>
@@ -79,9 +81,11 @@ struct GroupedGemm {
   using PtrB = Pointee<decltype(MainArgs::ptr_B)>;
   using PtrSfA = Pointee<decltype(MainArgs::ptr_SFA)>;
   using PtrSfB = Pointee<decltype(MainArgs::ptr_SFB)>;
+  using PtrC = Pointee<decltype(EpiArgs::ptr_C)>;
   using PtrD = Pointee<decltype(EpiArgs::ptr_D)>;
   using StrideA = typename Kernel::InternalStrideA;
   using StrideB = typename Kernel::InternalStrideB;
+  using StrideC = typename Kernel::InternalStrideC;
   using StrideD = typename Kernel::InternalStrideD;
   using LayoutSfA = typename Mainloop::InternalLayoutSFA;
   using LayoutSfB = typename Mainloop::InternalLayoutSFB;
@@ -103,16 +107,18 @@ struct GroupedGemm {
     LayoutSfA* layout_sfa;
     LayoutSfB* layout_sfb;
     float* alpha;
-    PtrSfD* sfd;  // FP4 output: each expert's scale factors
+    PtrSfD* sfd;  // FP4 output: each group's scale factors
+    PtrC* c;      // the list form with beta: each group's C
+    StrideC* stride_c;
     float* norm;  // FP4 output: the normalization constant (CUTLASS reads it from memory)
   };
   static constexpr size_t kArrayAlign = 128;
-  static constexpr size_t kArrays = 14;
-  // Bytes of each array's entry (per expert), and of the norm slot (one).
+  static constexpr size_t kArrays = 16;
+  // Bytes of each array's entry (per group), and of the norm slot (one).
   static constexpr size_t kElemBytes[kArrays] = {sizeof(Shape3),  sizeof(PtrA),      sizeof(PtrB),      sizeof(PtrSfA),
                                                  sizeof(PtrSfB),  sizeof(PtrD),      sizeof(StrideA),   sizeof(StrideB),
                                                  sizeof(StrideD), sizeof(LayoutSfA), sizeof(LayoutSfB), sizeof(float),
-                                                 sizeof(PtrSfD),  sizeof(float)};
+                                                 sizeof(PtrSfD),  sizeof(PtrC),      sizeof(StrideC),   sizeof(float)};
   // Byte offset of each array, and (last) their total.
   static void array_offsets(int experts, size_t (&at)[kArrays + 1]) {
     at[0] = 0;
@@ -135,71 +141,83 @@ struct GroupedGemm {
                   reinterpret_cast<StrideA*>(base + at[6]),    reinterpret_cast<StrideB*>(base + at[7]),
                   reinterpret_cast<StrideD*>(base + at[8]),    reinterpret_cast<LayoutSfA*>(base + at[9]),
                   reinterpret_cast<LayoutSfB*>(base + at[10]), reinterpret_cast<float*>(base + at[11]),
-                  reinterpret_cast<PtrSfD*>(base + at[12]),    reinterpret_cast<float*>(base + at[13])};
+                  reinterpret_cast<PtrSfD*>(base + at[12]),    reinterpret_cast<PtrC*>(base + at[13]),
+                  reinterpret_cast<StrideC*>(base + at[14]),   reinterpret_cast<float*>(base + at[15])};
+  }
+
+  // Group e's entry: its shape (m, n, k), the addresses of its operands (FP4 output: sfd; with
+  // beta: c), strides, CuTe scale layouts and alpha. Placement new: the arrays are raw bytes (the
+  // workspace, or a host buffer), and CuTe's tuples have constructors.
+  CUTE_HOST_DEVICE static void fill_one(const Arrays& w, int e, int m, int n, int k, uint64_t a, uint64_t b, uint64_t sfa, uint64_t sfb,
+                                        uint64_t d, uint64_t sfd, uint64_t c, float alpha) {
+    new (&w.shape[e]) Shape3{m, n, k};
+    w.a[e] = reinterpret_cast<PtrA>(a);
+    w.b[e] = reinterpret_cast<PtrB>(b);
+    w.sfa[e] = reinterpret_cast<PtrSfA>(sfa);
+    w.sfb[e] = reinterpret_cast<PtrSfB>(sfb);
+    w.d[e] = reinterpret_cast<PtrD>(d);
+    w.sfd[e] = kFp4Out ? reinterpret_cast<PtrSfD>(sfd) : nullptr;
+    w.c[e] = reinterpret_cast<PtrC>(c);
+    new (&w.stride_a[e]) StrideA(cutlass::make_cute_packed_stride(StrideA{}, {m, k, 1}));
+    new (&w.stride_b[e]) StrideB(cutlass::make_cute_packed_stride(StrideB{}, {n, k, 1}));
+    new (&w.stride_c[e]) StrideC(cutlass::make_cute_packed_stride(StrideC{}, {m, n, 1}));
+    new (&w.stride_d[e]) StrideD(cutlass::make_cute_packed_stride(StrideD{}, {m, n, 1}));
+    new (&w.layout_sfa[e]) LayoutSfA(SfConfig::tile_atom_to_shape_SFA(make_shape(m, n, k, 1)));
+    new (&w.layout_sfb[e]) LayoutSfB(SfConfig::tile_atom_to_shape_SFB(make_shape(m, n, k, 1)));
+    w.alpha[e] = alpha;
   }
 
   // Expert e: m rows of the stacked A and D from row0, its scales from scale row sf_row0 (a
   // multiple of 128, so its part of the buffer is the tiled layout of its own rows), batch e of
-  // B and of B's scales. Run by the device builder, and by `describe` on the host.
-  CUTE_HOST_DEVICE static void fill(const GroupedArgs& p, int e, int row0, int m, int sf_row0, float alpha,
-                                    const Arrays& w) {
+  // B and of B's scales; FP4 output: its scale factors from its first scale row, as its A scales
+  // (the MoE layout over (T, N/16)). Run by the device builder, and by `describe` on the host.
+  CUTE_HOST_DEVICE static void fill(const GroupedArgs& p, int e, int row0, int m, int sf_row0, float alpha, const Arrays& w) {
     const uint64_t n = uint64_t(p.n), k = uint64_t(p.k);
     const int64_t sp = sf_cols_padded(p.k);  // common/scale_layout.cuh
-    // Placement new: the arrays are raw bytes (the workspace, or a host buffer), and CuTe's tuples
-    // have constructors.
-    new (&w.shape[e]) Shape3{m, p.n, p.k};
-    w.a[e] = reinterpret_cast<PtrA>(p.a + uint64_t(row0) * k / 2);
-    w.b[e] = reinterpret_cast<PtrB>(p.b + uint64_t(e) * n * k / 2);
-    w.sfa[e] = reinterpret_cast<PtrSfA>(p.sfa + uint64_t(sf_row0) * sp);
-    w.sfb[e] = reinterpret_cast<PtrSfB>(p.sfb + uint64_t(e) * sf_batch_bytes(p.n, sp));
-    w.d[e] = reinterpret_cast<PtrD>(p.d + uint64_t(row0) * n * cutlass::sizeof_bits<ElementD>::value / 8);
-    // FP4 output: the expert's scale factors from its first scale row, as its A scales (the MoE
-    // layout over (T, N/16)).
-    w.sfd[e] = kFp4Out ? reinterpret_cast<PtrSfD>(p.sfd + uint64_t(sf_row0) * sf_cols_padded(p.n)) : nullptr;
-    new (&w.stride_a[e]) StrideA(cutlass::make_cute_packed_stride(StrideA{}, {m, p.k, 1}));
-    new (&w.stride_b[e]) StrideB(cutlass::make_cute_packed_stride(StrideB{}, {p.n, p.k, 1}));
-    new (&w.stride_d[e]) StrideD(cutlass::make_cute_packed_stride(StrideD{}, {m, p.n, 1}));
-    new (&w.layout_sfa[e]) LayoutSfA(SfConfig::tile_atom_to_shape_SFA(make_shape(m, p.n, p.k, 1)));
-    new (&w.layout_sfb[e]) LayoutSfB(SfConfig::tile_atom_to_shape_SFB(make_shape(m, p.n, p.k, 1)));
-    w.alpha[e] = alpha;
+    fill_one(w, e, m, p.n, p.k, p.a + uint64_t(row0) * k / 2, p.b + uint64_t(e) * n * k / 2, p.sfa + uint64_t(sf_row0) * sp,
+             p.sfb + uint64_t(e) * sf_batch_bytes(p.n, sp), p.d + uint64_t(row0) * n * cutlass::sizeof_bits<ElementD>::value / 8,
+             kFp4Out ? p.sfd + uint64_t(sf_row0) * sf_cols_padded(p.n) : 0, 0, alpha);
   }
 
-  static typename Adapter::Arguments arguments(const GroupedArgs& p, const Arrays& w) {
+  // The kernel's arguments over the arrays: `groups` groups, C read where beta is nonzero.
+  static typename Adapter::Arguments arguments(int groups, float beta, int device_id, int sm_count, const Arrays& w) {
     typename Adapter::Arguments args{};
     args.mode = cutlass::gemm::GemmUniversalMode::kGrouped;
-    args.problem_shape = {p.experts, w.shape, nullptr};  // shapes on the device only
+    args.problem_shape = {groups, w.shape, nullptr};  // shapes on the device only
     args.mainloop = {w.a, w.stride_a, w.b, w.stride_b, w.sfa, w.layout_sfa, w.sfb, w.layout_sfb};
     auto& fusion = args.epilogue.thread;
     fusion.alpha = 0.0f;
-    fusion.alpha_ptr = w.alpha;  // alpha_ptr[e] for expert e
+    fusion.alpha_ptr = w.alpha;  // alpha_ptr[g] for group g
     fusion.dAlpha = {_0{}, _0{}, 1};
-    fusion.beta = 0.0f;
+    fusion.beta = beta;
     if constexpr (kFp4Out) {
       fusion.block_scale_factor_ptr = w.sfd;
       fusion.norm_constant_ptr = w.norm;
     }
-    args.epilogue.ptr_C = nullptr;
-    args.epilogue.dC = nullptr;
+    args.epilogue.ptr_C = beta != 0.f ? w.c : nullptr;
+    args.epilogue.dC = beta != 0.f ? w.stride_c : nullptr;
     args.epilogue.ptr_D = w.d;
     args.epilogue.dD = w.stride_d;
-    args.hw_info.device_id = p.device_id;
-    args.hw_info.sm_count = p.sm_count;
+    args.hw_info.device_id = device_id;
+    args.hw_info.sm_count = sm_count;
     return args;
   }
+  static typename Adapter::Arguments arguments(const GroupedArgs& p, const Arrays& w) { return arguments(p.experts, 0.f, p.device_id, p.sm_count, w); }
   // The arguments of a query that launches nothing: arrays at a stand-in address.
+  static constexpr uintptr_t kStandIn = uintptr_t(1) << 20;
   static typename Adapter::Arguments query_arguments(const GroupedArgs& p) {
-    return arguments(p, carve(reinterpret_cast<uint8_t*>(uintptr_t(1) << 20), p.experts));
+    return arguments(p, carve(reinterpret_cast<uint8_t*>(kStandIn), p.experts));
   }
 
   // CuTe's scale-factor layouts hold int32 strides: one expert's scales (at most T rows) and one
   // expert's B scales must span fewer than 2^31 bytes. sf_batch_bytes in 64-bit row arithmetic
   // (its int rows + 127 could wrap for the extents checked here).
-  static int64_t sf_span(int64_t rows, int k) { return (rows + 127) / 128 * 128 * sf_cols_padded(k); }
+  CUTE_HOST_DEVICE static int64_t sf_span(int64_t rows, int k) { return (rows + 127) / 128 * 128 * sf_cols_padded(k); }
 
   static bool can_implement(const GroupedArgs& p) {
     if (p.rows < 1 || p.n < 1 || p.k < 32 || p.k % 32 != 0 || p.experts < 1 || p.experts > BSG_MAX_GROUPS) return false;
     if (p.n % kAlignD != 0 || p.sm_count < 0) return false;  // every expert's D rows start 16-byte aligned
-    if (int64_t(p.rows) + 127 * int64_t(p.experts) > INT32_MAX) return false;  // scale rows are int
+    if (moe_sf_rows(p.rows, p.experts) > INT32_MAX) return false;  // scale rows are int
     if (sf_span(p.rows, p.k) > INT32_MAX || sf_span(p.n, p.k) > INT32_MAX) return false;
     if (kFp4Out && (p.sfd == 0 || p.sfd % 16 != 0 || !(p.norm_constant > 0.f) || p.norm_constant > FLT_MAX || sf_span(p.rows, p.n) > INT32_MAX)) return false;
     return Adapter::can_implement(query_arguments(p)) == cutlass::Status::kSuccess;
@@ -214,12 +232,50 @@ struct GroupedGemm {
   // builder writes only the workspace.
   static KernelStatus run(const GroupedArgs& p);
 
+  // Group e's built entry flattened, for the host tests: m, n, k, the addresses of A, B, SFA, SFB
+  // and D, alpha's bits, the leading dimensions of A, B and D, SFD's address (0 unless FP4), C's
+  // address and leading dimension (0 and 0 without C), then the byte address of every scale of A
+  // (m x K/16, row fastest) and of B (N x K/16) as the kernel's layouts place them, and for FP4
+  // output of every generated scale factor (m x N/16). Returns the count of values; writes only
+  // when `len` holds them all.
+  static constexpr size_t kDescribed = 15;
+  static int64_t emit(const Arrays& w, int e, bool with_c, int64_t* out, size_t len) {
+    const int m = get<0>(w.shape[e]), n = get<1>(w.shape[e]), k = get<2>(w.shape[e]);
+    const int sf_cols = k / 16, sfd_cols = kFp4Out ? n / 16 : 0;
+    const size_t need = kDescribed + size_t(m + n) * sf_cols + size_t(m) * sfd_cols;
+    if (len < need) return int64_t(need);
+    float alpha = w.alpha[e];
+    uint32_t alpha_bits;
+    std::memcpy(&alpha_bits, &alpha, 4);
+    size_t i = 0;
+    for (int64_t v : {int64_t(m), int64_t(n), int64_t(k), int64_t(uintptr_t(w.a[e])), int64_t(uintptr_t(w.b[e])),
+                      int64_t(uintptr_t(w.sfa[e])), int64_t(uintptr_t(w.sfb[e])), int64_t(uintptr_t(w.d[e])), int64_t(alpha_bits),
+                      int64_t(get<0>(w.stride_a[e])), int64_t(get<0>(w.stride_b[e])), int64_t(get<0>(w.stride_d[e])),
+                      int64_t(uintptr_t(w.sfd[e])), with_c ? int64_t(uintptr_t(w.c[e])) : 0, with_c ? int64_t(get<0>(w.stride_c[e])) : 0})
+      out[i++] = v;
+    for (int s = 0; s < sf_cols; ++s)
+      for (int r = 0; r < m; ++r) out[i++] = int64_t(uintptr_t(w.sfa[e])) + int64_t(w.layout_sfa[e](make_coord(r, s * 16, 0)));
+    for (int s = 0; s < sf_cols; ++s)
+      for (int r = 0; r < n; ++r) out[i++] = int64_t(uintptr_t(w.sfb[e])) + int64_t(w.layout_sfb[e](make_coord(r, s * 16, 0)));
+    // FP4 output: where the epilogue's layout (CUTLASS's, from the group's shape) puts each
+    // generated scale factor.
+    const auto layout_sfd = SfdConfig::tile_atom_to_shape_SFD(make_shape(m, n, k, 1));
+    for (int s = 0; s < sfd_cols; ++s)
+      for (int r = 0; r < m; ++r) out[i++] = int64_t(uintptr_t(w.sfd[e])) + int64_t(layout_sfd(make_coord(r, s * 16, 0)));
+    return int64_t(need);
+  }
+
+  // Host arrays for one built entry, aligned as the workspace's.
+  struct HostArrays {
+    std::vector<uint8_t> storage;
+    Arrays w;
+    explicit HostArrays(int groups) : storage(arrays_bytes(groups) + kArrayAlign) {
+      w = carve(reinterpret_cast<uint8_t*>((uintptr_t(storage.data()) + kArrayAlign - 1) / kArrayAlign * kArrayAlign), groups);
+    }
+  };
+
   // The host side of the builder, for tests: p's offsets and expert_alpha are host addresses.
-  // Writes, for expert `e`: m, n, k, the addresses of A, B, SFA, SFB and D, alpha's bits, the
-  // leading dimensions of A, B and D, SFD's address (0 unless FP4), then the byte address of
-  // every scale of A (m x K/16, row fastest) and of B (N x K/16) as the kernel's layouts place
-  // them, and for FP4 output of every generated scale factor (m x N/16). Returns the count of values;
-  // writes only when `len` holds them all, -1 for a problem can_implement refuses or a bad e.
+  // Expert e's entry as `emit` flattens it; -1 for a problem can_implement refuses or a bad e.
   static int64_t describe(const GroupedArgs& p, int32_t e, int64_t* out, size_t len) {
     if (!can_implement(p) || e < 0 || e >= p.experts) return -1;
     const int32_t* off = reinterpret_cast<const int32_t*>(p.offsets);
@@ -228,33 +284,9 @@ struct GroupedGemm {
     int run = 0, sf = 0;
     for (int j = 0; j <= p.experts; ++j) run = std::max(run, std::min(std::max(off[j], 0), p.rows)), row[j] = run;
     for (int j = 0; j < p.experts; ++j) sf_row[j] = sf, sf += (row[j + 1] - row[j] + 127) / 128 * 128;
-    const int m = row[e + 1] - row[e], sf_cols = p.k / 16, sfd_cols = kFp4Out ? p.n / 16 : 0;
-    const size_t need = 13 + size_t(m + p.n) * sf_cols + size_t(m) * sfd_cols;
-    if (len < need) return int64_t(need);
-    std::vector<uint8_t> storage(arrays_bytes(p.experts) + kArrayAlign);
-    uint8_t* base = reinterpret_cast<uint8_t*>((uintptr_t(storage.data()) + kArrayAlign - 1) / kArrayAlign * kArrayAlign);
-    const Arrays w = carve(base, p.experts);
-    fill(p, e, row[e], m, sf_row[e], ea ? p.alpha * ea[e] : p.alpha, w);
-    float alpha = w.alpha[e];
-    uint32_t alpha_bits;
-    std::memcpy(&alpha_bits, &alpha, 4);
-    size_t i = 0;
-    for (int64_t v : {int64_t(get<0>(w.shape[e])), int64_t(get<1>(w.shape[e])), int64_t(get<2>(w.shape[e])),
-                      int64_t(uintptr_t(w.a[e])), int64_t(uintptr_t(w.b[e])), int64_t(uintptr_t(w.sfa[e])),
-                      int64_t(uintptr_t(w.sfb[e])), int64_t(uintptr_t(w.d[e])), int64_t(alpha_bits),
-                      int64_t(get<0>(w.stride_a[e])), int64_t(get<0>(w.stride_b[e])), int64_t(get<0>(w.stride_d[e])),
-                      int64_t(uintptr_t(w.sfd[e]))})
-      out[i++] = v;
-    for (int s = 0; s < sf_cols; ++s)
-      for (int r = 0; r < m; ++r) out[i++] = int64_t(uintptr_t(w.sfa[e])) + int64_t(w.layout_sfa[e](make_coord(r, s * 16, 0)));
-    for (int s = 0; s < sf_cols; ++s)
-      for (int r = 0; r < p.n; ++r) out[i++] = int64_t(uintptr_t(w.sfb[e])) + int64_t(w.layout_sfb[e](make_coord(r, s * 16, 0)));
-    // FP4 output: where the epilogue's layout (CUTLASS's, from the expert's shape) puts each
-    // generated scale factor.
-    const auto layout_sfd = SfdConfig::tile_atom_to_shape_SFD(make_shape(m, p.n, p.k, 1));
-    for (int s = 0; s < sfd_cols; ++s)
-      for (int r = 0; r < m; ++r) out[i++] = int64_t(uintptr_t(w.sfd[e])) + int64_t(layout_sfd(make_coord(r, s * 16, 0)));
-    return int64_t(need);
+    HostArrays h(p.experts);
+    fill(p, e, row[e], row[e + 1] - row[e], sf_row[e], ea ? p.alpha * ea[e] : p.alpha, h.w);
+    return emit(h.w, e, false, out, len);
   }
 
   static GroupedEntry entry() { return GroupedEntry{&run, &can_implement, &workspace_size, &describe}; }
@@ -288,7 +320,7 @@ KernelStatus GroupedGemm<Sms, TileM, TileN, TileK, ClusterM, ClusterN, Out>::run
   if constexpr (kFp4Out) {
     // CUTLASS's epilogue leaves the padding of the scale-factor tiles unwritten: the whole MoE
     // scale buffer (room for any routing) is zeroed in stream order first.
-    const size_t bytes = size_t((int64_t(p.rows) + 127 * int64_t(p.experts)) / 128 * 128) * size_t(sf_cols_padded(p.n));
+    const size_t bytes = size_t(moe_sf_rows(p.rows, p.experts)) * size_t(sf_cols_padded(p.n));
     if (const cudaError_t e = cudaMemsetAsync(reinterpret_cast<void*>(p.sfd), 0, bytes, stream); e != cudaSuccess)
       return KernelStatus{int32_t(cutlass::Status::kErrorInternal), int32_t(e), 0};
   }
@@ -302,10 +334,135 @@ KernelStatus GroupedGemm<Sms, TileM, TileN, TileK, ClusterM, ClusterN, Out>::run
   return KernelStatus{static_cast<int32_t>(st), static_cast<int32_t>(e), 0};
 }
 
+// The list form over the same kernel (GroupedListArgs): G independent GEMMs, each group's sizes
+// and operand addresses read from the caller's arrays by the builder, one CTA a group. A group
+// the rules below refuse (those of the SM90 list form, kernel_abi.h, with N a multiple of D's and
+// C's 16-byte alignment, plus CuTe's int32 scale strides) gets M = 0: no tile, nothing of it read
+// or written; its addresses point at the workspace, which nothing reads either.
+template <class G>
+struct GroupedListGemm {
+  using Arrays = typename G::Arrays;
+  static constexpr bool kFp4Out = G::kFp4Out;
+  static constexpr int kNMultiple = G::kAlignD > G::kAlignC ? G::kAlignD : G::kAlignC;
+  // Sizes up to INT_MAX - 255, as Problem::MAX_EXTENT in Rust.
+  static constexpr int32_t kMaxExtent = 0x7FFFFFFF - 255;
+
+  // Address `g` of one of the args' arrays (device or host addresses, as the caller's).
+  CUTE_HOST_DEVICE static uint64_t at(uint64_t array, int g) { return array ? reinterpret_cast<const uint64_t*>(array)[g] : 0; }
+
+  // Group g's sizes, and whether the rules accept it.
+  CUTE_HOST_DEVICE static bool group_ok(const GroupedListArgs& a, int g, int& m, int& n, int& k) {
+    const int32_t* pr = reinterpret_cast<const int32_t*>(a.problems) + 3 * int64_t(g);
+    m = pr[0], n = pr[1], k = pr[2];
+    if (m < 0 || m > a.max_m || n < 1 || n > a.max_n || n % kNMultiple != 0 || k < 32 || k > a.max_k || k % 32 != 0) return false;
+    const bool c = a.beta != 0.f;
+    const uint64_t addr[7] = {at(a.a, g), at(a.sfa, g), at(a.b, g), at(a.sfb, g), at(a.d, g), c ? at(a.c, g) : 16, G::kFp4Out ? at(a.sfd, g) : 16};
+    for (uint64_t v : addr)
+      if (v == 0 || v % 16 != 0) return false;
+    return G::sf_span(m, k) <= INT32_MAX && G::sf_span(n, k) <= INT32_MAX && (!G::kFp4Out || G::sf_span(m, n) <= INT32_MAX);
+  }
+
+  // Group g's entry (alpha times its own factor where given); `placeholder` stands for every
+  // address of a refused group.
+  CUTE_HOST_DEVICE static void fill(const GroupedListArgs& a, int g, uint64_t placeholder, const Arrays& w) {
+    const float alpha = a.alphas ? a.alpha * reinterpret_cast<const float*>(a.alphas)[g] : a.alpha;
+    int m, n, k;
+    if (group_ok(a, g, m, n, k)) {
+      G::fill_one(w, g, m, n, k, at(a.a, g), at(a.b, g), at(a.sfa, g), at(a.sfb, g), at(a.d, g), G::kFp4Out ? at(a.sfd, g) : 0,
+                  a.beta != 0.f ? at(a.c, g) : 0, alpha);
+    } else {
+      const uint64_t x = placeholder;
+      G::fill_one(w, g, 0, kNMultiple, 32, x, x, x, x, x, G::kFp4Out ? x : 0, a.beta != 0.f ? x : 0, alpha);
+    }
+  }
+
+  static typename G::Adapter::Arguments arguments(const GroupedListArgs& a, const Arrays& w) {
+    return G::arguments(a.groups, a.beta, a.device_id, a.sm_count, w);
+  }
+  static typename G::Adapter::Arguments query_arguments(const GroupedListArgs& a) {
+    return arguments(a, G::carve(reinterpret_cast<uint8_t*>(G::kStandIn), a.groups));
+  }
+
+  static bool can_implement(const GroupedListArgs& a) {
+    if (a.groups < 1 || a.groups > BSG_MAX_GROUPS || a.max_m < 0 || a.max_n < 1 || a.max_k < 32 || a.max_k % 32 != 0) return false;
+    if (a.max_m > kMaxExtent || a.max_n > kMaxExtent || a.max_k > kMaxExtent || a.sm_count < 0) return false;
+    if (!a.problems || !a.a || !a.sfa || !a.b || !a.sfb || !a.d || (a.beta != 0.f && !a.c)) return false;
+    if (G::kFp4Out && (a.sfd == 0 || !(a.norm_constant > 0.f) || a.norm_constant > FLT_MAX)) return false;
+    if (a.workspace % G::kArrayAlign != 0) return false;
+    return G::Adapter::can_implement(query_arguments(a)) == cutlass::Status::kSuccess;
+  }
+
+  static size_t workspace_size(const GroupedListArgs& a) {
+    if (a.groups < 1 || a.groups > BSG_MAX_GROUPS) return 0;
+    return G::arrays_bytes(a.groups) + G::Adapter::get_workspace_size(query_arguments(a));
+  }
+
+  static KernelStatus run(const GroupedListArgs& a);
+
+  // The host side of the builder, for tests: the args' arrays (problems, addresses, alphas) are
+  // host addresses. Group g's entry as GroupedGemm::emit flattens it (a refused group: M = 0 and
+  // the placeholder 16 for its addresses); -1 for a call can_implement refuses or a bad g.
+  static int64_t describe(const GroupedListArgs& a, int32_t g, int64_t* out, size_t len) {
+    if (!can_implement(a) || g < 0 || g >= a.groups) return -1;
+    typename G::HostArrays h(a.groups);
+    fill(a, g, 16, h.w);
+    return G::emit(h.w, g, a.beta != 0.f, out, len);
+  }
+
+  static GroupedListEntry entry() { return GroupedListEntry{&run, &can_implement, &workspace_size, &describe}; }
+};
+
+// The list form's builder: CTA g fills group g's entry, and for FP4 output zeroes the padding of
+// the group's scale-factor tiles, which CUTLASS's epilogue leaves unwritten (the dense path
+// zeroes the whole buffer; here only the host knows no group's size), so each group's SFD bytes
+// are those of the dense GEMM.
+template <class L>
+__global__ void __launch_bounds__(256) build_list_groups(GroupedListArgs a, typename L::Arrays w, uint64_t placeholder) {
+  const int g = blockIdx.x;
+  if (threadIdx.x == 0) L::fill(a, g, placeholder, w);
+  if (g == 0 && threadIdx.x == 0) *w.norm = a.norm_constant;
+  if constexpr (L::kFp4Out) {
+    int m, n, k;
+    if (!L::group_ok(a, g, m, n, k)) return;
+    uint8_t* sfd = reinterpret_cast<uint8_t*>(L::at(a.sfd, g));
+    const int64_t sp = sf_cols_padded(n), cols = n / 16, rows = (int64_t(m) + 127) / 128 * 128;
+    const int64_t below = (rows - m) * sp, beside = int64_t(m) * (sp - cols);  // padding rows; padding columns of real rows
+    for (int64_t i = threadIdx.x; i < below + beside; i += blockDim.x) {
+      const int64_t r = i < below ? m + i / sp : (i - below) / (sp - cols), c = i < below ? i % sp : cols + (i - below) % (sp - cols);
+      sfd[sf_offset(r, c, sp)] = 0;
+    }
+  }
+}
+
+template <class G>
+KernelStatus GroupedListGemm<G>::run(const GroupedListArgs& a) {
+  if (!can_implement(a) || a.sm_count < 1) return KernelStatus{BSG_STATUS_INVALID_PROBLEM, 0, 0};
+  const size_t need = workspace_size(a);
+  if (need > a.workspace_bytes) return KernelStatus{BSG_STATUS_WORKSPACE_NULL, 0, uint64_t(need)};
+  auto* base = reinterpret_cast<uint8_t*>(a.workspace);
+  const Arrays w = G::carve(base, a.groups);
+  auto stream = reinterpret_cast<cudaStream_t>(a.stream);
+  (void)cudaGetLastError();  // a stale error of another library is not this call's (see Gemm::run)
+  typename G::Adapter gemm;
+  cutlass::Status st = gemm.initialize(arguments(a, w), base + G::arrays_bytes(a.groups), stream);
+  if (st != cutlass::Status::kSuccess) return KernelStatus{static_cast<int32_t>(st), static_cast<int32_t>(cudaGetLastError()), 0};
+  build_list_groups<GroupedListGemm><<<a.groups, 256, 0, stream>>>(a, w, uint64_t(uintptr_t(base)));
+  if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess)
+    return KernelStatus{int32_t(cutlass::Status::kErrorInternal), int32_t(e), 0};
+  st = gemm.run(stream);
+  const cudaError_t e = st == cutlass::Status::kSuccess ? cudaSuccess : cudaGetLastError();
+  return KernelStatus{static_cast<int32_t>(st), static_cast<int32_t>(e), 0};
+}
+
 }  // namespace bsg::sm100
 
 // Used by the generated translation units: the exported grouped entry of one instantiation.
 #define BSG_SM100_GROUPED_KERNEL(fn, sms, tm, tn, tk, cm, cn, out_type)                        \
   bsg::GroupedEntry fn() {                                                                      \
     return bsg::sm100::GroupedGemm<sms, tm, tn, tk, cm, cn, out_type>::entry();                 \
+  }
+// The list form of the same instantiation, in the same translation unit (one kernel compiled).
+#define BSG_SM100_GROUPED_LIST_KERNEL(fn, sms, tm, tn, tk, cm, cn, out_type)                                          \
+  bsg::GroupedListEntry fn() {                                                                                         \
+    return bsg::sm100::GroupedListGemm<bsg::sm100::GroupedGemm<sms, tm, tn, tk, cm, cn, out_type>>::entry();          \
   }

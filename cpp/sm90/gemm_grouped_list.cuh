@@ -92,7 +92,7 @@ struct GroupedListGemm {
     return {int32_t(e == cudaSuccess ? cutlass::Status::kSuccess : cutlass::Status::kErrorInternal), int32_t(e), 0};
   }
 
-  static GroupedListEntry entry() { return GroupedListEntry{&run, &can_implement, &workspace_size}; }
+  static GroupedListEntry entry() { return GroupedListEntry{&run, &can_implement, &workspace_size, nullptr}; }
 };
 
 }  // namespace bsg::sm90

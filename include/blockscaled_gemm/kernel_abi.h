@@ -195,6 +195,9 @@ struct GroupedListEntry {
   KernelStatus (*run)(const GroupedListArgs&);
   bool (*can_implement)(const GroupedListArgs&);
   size_t (*workspace_size)(const GroupedListArgs&);
+  // As GroupedEntry::describe (SM100; null for SM90), for group `g`, with the args' problems,
+  // address arrays and alphas as host addresses.
+  int64_t (*describe)(const GroupedListArgs& args, int32_t g, int64_t* out, size_t len);
 };
 
 }  // namespace bsg

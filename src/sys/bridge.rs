@@ -56,6 +56,14 @@ pub(crate) mod ffi {
         unsafe fn launch_grouped_list(config: u32, out: u32, args: &GroupedListArgs) -> KernelStatus;
         fn can_implement_grouped_list(config: u32, out: u32, args: &GroupedListArgs) -> bool;
         fn workspace_size_grouped_list(config: u32, out: u32, args: &GroupedListArgs) -> usize;
+        /// [`describe_grouped`] for the list form: group `group`'s built arguments.
+        ///
+        /// # Safety
+        /// `args.problems` must be the host address of `3 * args.groups` int32, each address
+        /// array's field (`a`, `sfa`, `b`, `sfb`, `d`; `c` where beta is nonzero; `sfd` for FP4
+        /// output) that of `args.groups` u64, and `args.alphas` 0 or that of `args.groups` f32;
+        /// nothing else is dereferenced.
+        unsafe fn describe_grouped_list(config: u32, out: u32, args: &GroupedListArgs, group: i32, values: &mut [i64]) -> i64;
         /// A config's W4A16 kernel (activations of InKind `input`, 16-bit, in `args.a`; `args.sfa`
         /// unused) for output `out`. `cutlass_status` -1: not in this build.
         ///
