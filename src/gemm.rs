@@ -112,7 +112,11 @@ pub fn plan(p: &Problem, out: OutType, lens: &BufferLens, device: &DeviceFacts, 
 /// allows (`supported` names the devices in the error where none runs here); then that `built`
 /// holds it for `out`.
 pub(crate) fn choose_config(p: &Problem, out: OutType, device: &DeviceFacts, forced: Option<Config>, supported: &'static str, built: impl Fn(Config, OutType) -> bool) -> Result<Config> {
-    resolve_config(device, out, forced, supported, &built, |arch| Ok(dispatch::select(arch, p, device.sm_count, &device.max_clusters, |c| built(c, out))))
+    let config = resolve_config(device, out, forced, supported, &built, |arch| Ok(dispatch::select(arch, p, device.sm_count, &device.max_clusters, |c| built(c, out))))?;
+    if config.info().arch == 100 {
+        p.check_sm100(out)?;
+    }
+    Ok(config)
 }
 
 /// The steps every call's config goes through: `forced` must match the device's architecture,

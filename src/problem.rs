@@ -248,26 +248,40 @@ impl Problem {
         Ok(())
     }
 
-    /// Checks that every buffer's byte count is at most `max`: A, B, SFA, SFB, C and D with
-    /// `cd_elem_bytes` bytes per element, and with `sfd` the FP4 output's scale factors. `why`
-    /// names the limit in the error.
-    pub(crate) fn check_counts(&self, cd_elem_bytes: usize, sfd: bool, max: usize, why: &'static str) -> Result<()> {
+    /// Every buffer's byte count with how it is computed and from what: A, B, SFA, SFB, C and D
+    /// with `cd_elem_bytes` bytes per element, and with `sfd` the FP4 output's scale factors (0
+    /// without).
+    fn counts(&self, cd_elem_bytes: usize, sfd: bool) -> [(&'static str, &'static str, u128, String); 6] {
         let (m, n, k, l) = (self.m, self.n, self.k, self.l);
         let sf = |rows: usize, cols: usize| product(&[l, layout::padded_rows(rows), layout::padded_sf_cols(layout::sf_cols(cols))]);
-        let mk = || format!("M = {m}, K = {k}, L = {l}");
-        let nk = || format!("N = {n}, K = {k}, L = {l}");
-        let mn = || format!("M = {m}, N = {n}, L = {l}");
-        let counts: [(&'static str, &'static str, u128, &dyn Fn() -> String); 6] = [
-            ("A bytes", "L * M * K / 2", product(&[l, m, k]) / 2, &mk),
-            ("B bytes", "L * N * K / 2", product(&[l, n, k]) / 2, &nk),
-            ("SFA bytes", "L * ceil(M/128)*128 * ceil(K/64)*4", sf(m, k), &mk),
-            ("SFB bytes", "L * ceil(N/128)*128 * ceil(K/64)*4", sf(n, k), &nk),
-            ("C and D bytes", "L * M * N * bytes per element", product(&[l, m, n, cd_elem_bytes]), &mn),
-            ("SFD bytes", "L * ceil(M/128)*128 * ceil(N/64)*4", if sfd { sf(m, n) } else { 0 }, &mn),
-        ];
-        for (what, rule, value, dims) in counts {
+        let (mk, nk, mn) = (format!("M = {m}, K = {k}, L = {l}"), format!("N = {n}, K = {k}, L = {l}"), format!("M = {m}, N = {n}, L = {l}"));
+        [
+            ("A bytes", "L * M * K / 2", product(&[l, m, k]) / 2, mk.clone()),
+            ("B bytes", "L * N * K / 2", product(&[l, n, k]) / 2, nk.clone()),
+            ("SFA bytes", "L * ceil(M/128)*128 * ceil(K/64)*4", sf(m, k), mk),
+            ("SFB bytes", "L * ceil(N/128)*128 * ceil(K/64)*4", sf(n, k), nk),
+            ("C and D bytes", "L * M * N * bytes per element", product(&[l, m, n, cd_elem_bytes]), mn.clone()),
+            ("SFD bytes", "L * ceil(M/128)*128 * ceil(N/64)*4", if sfd { sf(m, n) } else { 0 }, mn),
+        ]
+    }
+
+    /// Checks that every buffer's byte count is at most `max` ([`Self::counts`]). `why` names the
+    /// limit in the error.
+    pub(crate) fn check_counts(&self, cd_elem_bytes: usize, sfd: bool, max: usize, why: &'static str) -> Result<()> {
+        for (what, rule, value, dims) in self.counts(cd_elem_bytes, sfd) {
             if value > max as u128 {
-                return Err(Error::SizeLimit { what, rule, dims: dims(), value, max: max as u128, why });
+                return Err(Error::SizeLimit { what, rule, dims, value, max: max as u128, why });
+            }
+        }
+        Ok(())
+    }
+
+    /// SM100's limit beyond [`Self::validate`]: CUTLASS builds its scale-factor layouts from
+    /// 32-bit extents, so SFA, SFB and (FP4 output) SFD must each span at most `i32::MAX` bytes.
+    pub fn check_sm100(&self, out: OutType) -> Result<()> {
+        for (what, rule, value, dims) in self.counts(0, out.sfd().is_some()) {
+            if what.starts_with("SF") && value > i32::MAX as u128 {
+                return Err(Error::SizeLimit { what, rule, dims, value, max: i32::MAX as u128, why: "CUTLASS's SM100 scale layouts hold 32-bit strides" });
             }
         }
         Ok(())
@@ -391,6 +405,21 @@ mod tests {
 
     /// Sizes at the kernels' 32-bit limits and byte counts beyond 64 bits: typed errors that
     /// name the count, its rule and the limit, never a panic or a wrapped count.
+    #[test]
+    fn sm100_scale_spans_are_bounded() {
+        // K = 64: four scale columns, so SFA is 4 * ceil(M/128)*128 bytes.
+        Problem::new((1 << 29) - 128, 64, 64).check_sm100(OutType::F16).unwrap();
+        let e = Problem::new(1 << 29, 64, 64).check_sm100(OutType::F16).unwrap_err();
+        assert!(matches!(e, Error::SizeLimit { what: "SFA bytes", value, max: 2147483647, .. } if value == 1 << 31), "{e}");
+        assert!(e.to_string().contains("SM100"), "{e}");
+        // N = 2048: 128 generated scale columns; only FP4 output has them.
+        Problem::new(1 << 24, 2048, 64).check_sm100(OutType::F16).unwrap();
+        let e = Problem::new(1 << 24, 2048, 64).check_sm100(OutType::Nvfp4).unwrap_err();
+        assert!(matches!(e, Error::SizeLimit { what: "SFD bytes", value, .. } if value == 1 << 31), "{e}");
+        let e = Problem::new(64, 1 << 29, 64).check_sm100(OutType::Bf16).unwrap_err();
+        assert!(matches!(e, Error::SizeLimit { what: "SFB bytes", .. }), "{e}");
+    }
+
     #[test]
     fn sizes_beyond_the_limits_are_typed_errors() {
         // N rounded up to 256 leaves i32 (issue 25, finding 1): the kernels' n + 255 wraps.

@@ -73,6 +73,26 @@ fn cutlass_can_implement_agrees_with_validation() {
     eprintln!("{checked} (config, output, shape) cases agree, {refused} refused by both");
 }
 
+/// SM100: the shim refuses what `Problem::check_sm100` refuses (scale buffers of 2^31 bytes or
+/// more, which CUTLASS's 32-bit layouts cannot index), at the edge, and accepts just below it.
+#[test]
+fn sm100_scale_span_limit_agrees_with_the_kernels() {
+    let sm100: Vec<Config> = built_configs().into_iter().filter(|c| c.info().arch == 100).collect();
+    if sm100.is_empty() {
+        eprintln!("skipped: no SM100 kernel in this build (BSG_ARCHS = {})", env!("BSG_BUILT_ARCHS"));
+        return;
+    }
+    for c in sm100 {
+        for (p, out) in [(Problem::new((1 << 29) - 128, 128, 64), OutType::F16), (Problem::new(1 << 29, 128, 64), OutType::F16), (Problem::new(1 << 24, 2048, 64), OutType::Nvfp4)] {
+            if !c.is_built(out) {
+                continue;
+            }
+            let ours = p.check_sm100(out).is_ok();
+            assert_eq!(can_implement(c, out, &p).unwrap(), ours, "{c} {out} M={} N={}: Rust says {ours}", p.m, p.n);
+        }
+    }
+}
+
 /// The SM90 kernels' split-K limits (ranges per 64-K tile, 65535, and the fixed counter region
 /// of the workspace: at most `SM90_MAX_SPLIT_TILES` tiles) as the C++ `can_implement` states them.
 #[test]

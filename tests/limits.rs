@@ -34,10 +34,16 @@ fn n_near_2_pow_31_is_refused_before_any_launch() {
         let e = plan(&Problem::new(64, n, 64), OutType::F16, &lens, &H100, Some(Config::Sm90_128x64x64), |_, _| true).unwrap_err();
         assert!(matches!(e, Error::SizeLimit { what: "N rounded up", .. }), "{e}");
     }
-    // The largest extent passes.
-    for r in plans(&Problem::new(1, Problem::MAX_EXTENT, 32), OutType::F16) {
-        r.unwrap();
+    // The largest extent passes on SM90. On SM100 B's scales over that N span 2^33 bytes, past
+    // what CUTLASS's 32-bit scale layouts index: refused, naming the limit.
+    let p = Problem::new(1, Problem::MAX_EXTENT, 32);
+    let lens = BufferLens::for_problem(&p, OutType::F16, false);
+    plan(&p, OutType::F16, &lens, &H100, None, |_, _| true).unwrap();
+    for c in Config::ALL.iter().copied().filter(|c| c.info().arch == 90) {
+        plan(&p, OutType::F16, &lens, &H100, Some(c), |_, _| true).unwrap();
     }
+    let e = plan(&p, OutType::F16, &lens, &B200, None, |_, _| true).unwrap_err();
+    assert!(matches!(e, Error::SizeLimit { what: "SFB bytes", max: 2147483647, .. }) && e.to_string().contains("SM100"), "{e}");
 }
 
 #[test]

@@ -2,6 +2,8 @@
 // block-scaled collective builders. One instantiation per generated translation unit.
 #pragma once
 
+#include <climits>
+
 #include <type_traits>
 
 #include "blockscaled_gemm/kernel_abi.h"
@@ -124,9 +126,16 @@ struct Gemm {
     return args;
   }
 
+  // Bytes of `l` batches of a tiled scale buffer over rows x cols/16 (common/scale_layout.cuh's
+  // sf_batch_bytes; that folder is not one of the dense SM100 kernels' parts).
+  static int64_t sf_span(int64_t rows, int64_t cols, int64_t l) { return (rows + 127) / 128 * 128 * ((cols / 16 + 3) / 4 * 4) * l; }
+
   static bool can_implement(const KernelArgs& p) {
     if (p.split_k != 1) return false;  // CUTLASS's own schedulers; no split-K here
     if (kFp4Out && (!p.sfd || !p.norm_constant_ptr)) return false;
+    // CuTe's scale-factor layouts are built from int extents: every scale buffer spans fewer
+    // than 2^31 bytes (Problem::check_sm100 in Rust).
+    if (sf_span(p.m, p.k, p.l) > INT32_MAX || sf_span(p.n, p.k, p.l) > INT32_MAX || (kFp4Out && sf_span(p.m, p.n, p.l) > INT32_MAX)) return false;
     return Adapter::can_implement(arguments(p)) == cutlass::Status::kSuccess;
   }
 
@@ -145,11 +154,13 @@ struct Gemm {
     if (need > p.workspace_bytes) return KernelStatus{BSG_STATUS_WORKSPACE_NULL, 0, uint64_t(need)};
     auto stream = reinterpret_cast<cudaStream_t>(p.stream);
     (void)cudaGetLastError();
-    if (p.sfd_bytes) {  // the epilogue leaves the padding of the SFD tiles unwritten
+    // CUTLASS's setup first (host work and the workspace only), so a refusal there leaves SFD as
+    // it was; then SFD zeroed, as the epilogue leaves the padding of its tiles unwritten.
+    cutlass::Status st = gemm.initialize(args, reinterpret_cast<void*>(p.workspace), stream);
+    if (st == cutlass::Status::kSuccess && p.sfd_bytes) {
       if (cudaError_t e = cudaMemsetAsync(reinterpret_cast<void*>(p.sfd), 0, p.sfd_bytes, stream); e != cudaSuccess)
         return KernelStatus{int32_t(cutlass::Status::kErrorInternal), int32_t(e), 0};
     }
-    cutlass::Status st = gemm.initialize(args, reinterpret_cast<void*>(p.workspace), stream);
     if (st == cutlass::Status::kSuccess) st = gemm.run(stream);
     const cudaError_t e = st == cutlass::Status::kSuccess ? cudaSuccess : cudaGetLastError();
     return KernelStatus{static_cast<int32_t>(st), static_cast<int32_t>(e), 0};
