@@ -38,6 +38,7 @@ fn main() {
         ("sm90_small_m_every_output", sm90_small_m_every_output),
         ("sm90_contest_and_benchmark_shapes", sm90_contest_and_benchmark_shapes),
         ("sm90_workspace_reuse_across_shapes", sm90_workspace_reuse_across_shapes),
+        ("workspace_limit_and_release", workspace_limit_and_release),
         ("sm90_split_k_clusters_fit_in_one_wave", sm90_split_k_clusters_fit_in_one_wave),
         ("fp4_output_exact_data_byte_for_byte", fp4_output_exact_data_byte_for_byte),
         ("fp4_output_realistic_data_within_one_step", fp4_output_realistic_data_within_one_step),
@@ -372,6 +373,49 @@ fn sm90_workspace_reuse_across_shapes() -> Outcome {
         let (a, b) = contest(128, 1024, 512, 1, 70 + i as u64);
         run_sm90::<f16>(&g, &a, &b, 1.0, 0.0, Config::Sm90_128x256x64, true);
     }
+    Ok(())
+}
+
+/// Issue 25, finding 11: the workspace can be bounded and released. A call that would grow it
+/// past the limit is a typed error that writes nothing; at the limit it runs; after
+/// `release_workspace` the workspace is gone and the next call allocates again. The problem is
+/// one whose kernel needs a workspace (the swapped tiles' decoded activations on SM90).
+fn workspace_limit_and_release() -> Outcome {
+    let g = fp4_device()?;
+    let s = g.stream().clone();
+    let (m, n, k) = (128, 4096, 7168);
+    let p = Problem::new(m, n, k);
+    let need = g.workspace_size(&p, OutType::F16, None).unwrap();
+    if need == 0 {
+        return Err(format!("the kernel chosen for {m}x{n}x{k} needs no workspace here"));
+    }
+    let (a, b) = contest(m, n, k, 1, 90);
+    let ((av, asf), (bv, bsf)) = (upload(&g, &a), upload(&g, &b));
+    let poison = vec![f16::from_f32(-7.0); m * n];
+    let mut d = s.clone_htod(&poison).unwrap();
+    // SAFETY: no graph captured a call of this object.
+    unsafe { g.release_workspace() }.unwrap();
+    assert_eq!(g.workspace_bytes(), 0);
+    g.set_workspace_limit(Some(need - 1));
+    let e = g.gemm(&p, &ta(&p, &av, &asf), &tb(&p, &bv, &bsf), &mut d, None).unwrap_err();
+    assert!(matches!(e, Error::WorkspaceLimit { need: got, limit } if got == need && limit == need - 1), "{e}");
+    s.synchronize().unwrap();
+    assert_eq!(s.clone_dtoh(&d).unwrap(), poison, "a call refused for its workspace wrote D");
+    assert_eq!(g.workspace_bytes(), 0, "a refused call grew the workspace");
+    let want: Vec<f16> = reference_gemm(&a, &b, 1.0, 0.0, None).unwrap();
+    g.set_workspace_limit(Some(need));
+    for round in 0..2 {
+        s.memcpy_htod(&poison, &mut d).unwrap();
+        g.gemm(&p, &ta(&p, &av, &asf), &tb(&p, &bv, &bsf), &mut d, None).unwrap();
+        let cmp = compare(&s.clone_dtoh(&d).unwrap(), &want, 0.0, 0.0);
+        assert!(cmp.passed(), "round {round}: {cmp}");
+        assert_eq!(g.workspace_bytes(), need, "round {round}: the workspace grows to what the call needs");
+        // SAFETY: as above.
+        unsafe { g.release_workspace() }.unwrap();
+        assert_eq!(g.workspace_bytes(), 0, "round {round}");
+    }
+    g.set_workspace_limit(None);
+    println!("{m}x{n}x{k}: workspace of {need} bytes; refused at a limit of {} (D untouched), exact at the limit, released twice", need - 1);
     Ok(())
 }
 
