@@ -207,13 +207,13 @@ __device__ __forceinline__ uint32_t e2m1_code_by_binade(float q) {
   return min(r - cb + (eb >> 22) - 254u, 7u);
 }
 
-// RN(x / step) without a division, for step in [2^-100, 2^126) and rcp = RN(1 / step): q0 =
-// RN(x * rcp) is within one ulp of x / step, so by Markstein's theorem r = x - step * q0 is exact
-// (one FMA) and RN(q0 + r * rcp) is the correctly rounded quotient. The theorem needs the residual
-// above the subnormals, which holds wherever |x / step| >= 2^-3 (then |x| >= 2^-103); below that
-// the result stays below 2^-2, as the quotient does, which is all the e2m1 code needs (code 0,
-// the sign taken from x). Bit-equal to IEEE division on 4.3e9 host checks (every x with
-// |x / step| in [0.1, 8.5) for 40 steps, extreme ones included). Infinite or NaN x gives NaN.
+// RN(x / step) without a division (rcp = RN(1 / step)): q0 = RN(x * rcp) is within about two ulps
+// of x / step, and one Markstein correction, RN(q0 + r * rcp) with the residual r = x - step * q0
+// by one FMA, gives the correctly rounded quotient. That it always does is not proven here (the
+// theorem wants q0 within one ulp); the callers rely on exhaustive host checks instead, made where
+// a wrong last bit would change their result (quantize.cuh) and valid at every scale where no
+// intermediate value is subnormal or overflows, which their gates on the operands keep.
+// Infinite or NaN x gives NaN.
 __device__ __forceinline__ float quotient_by_reciprocal(float x, float step, float rcp) {
   const float q0 = __fmul_rn(x, rcp);
   return __fmaf_rn(rcp, __fmaf_rn(-step, q0, x), q0);
