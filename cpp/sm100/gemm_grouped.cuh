@@ -397,6 +397,9 @@ struct GroupedListGemm {
     return G::arrays_bytes(a.groups) + G::Adapter::get_workspace_size(query_arguments(a));
   }
 
+  // Every check comes before the first launch, so a refused call leaves memory as it was. Should
+  // the GEMM's launch fail after the builder ran, the workspace and the FP4 padding bytes are
+  // written (zeros, as a successful call leaves them).
   static KernelStatus run(const GroupedListArgs& a);
 
   // The host side of the builder, for tests: the args' arrays (problems, addresses, alphas) are
@@ -426,10 +429,16 @@ __global__ void __launch_bounds__(256) build_list_groups(GroupedListArgs a, type
     if (!L::group_ok(a, g, m, n, k)) return;
     uint8_t* sfd = reinterpret_cast<uint8_t*>(L::at(a.sfd, g));
     const int64_t sp = sf_cols_padded(n), cols = n / 16, rows = (int64_t(m) + 127) / 128 * 128;
-    const int64_t below = (rows - m) * sp, beside = int64_t(m) * (sp - cols);  // padding rows; padding columns of real rows
+    // The padding rows by whole 4-column words (a row's four scale columns of a chunk are one
+    // aligned word), then the padding columns of the real rows byte by byte (at most 3 a row).
+    const int64_t below = (rows - m) * (sp / 4), beside = int64_t(m) * (sp - cols);
     for (int64_t i = threadIdx.x; i < below + beside; i += blockDim.x) {
-      const int64_t r = i < below ? m + i / sp : (i - below) / (sp - cols), c = i < below ? i % sp : cols + (i - below) % (sp - cols);
-      sfd[sf_offset(r, c, sp)] = 0;
+      if (i < below) {
+        *reinterpret_cast<uint32_t*>(sfd + sf_offset(m + i / (sp / 4), i % (sp / 4) * 4, sp)) = 0;
+      } else {
+        const int64_t j = i - below;
+        sfd[sf_offset(j / (sp - cols), cols + j % (sp - cols), sp)] = 0;
+      }
     }
   }
 }
