@@ -5,6 +5,9 @@
 #include <cuda.h>
 
 #include <cstdint>
+#include <type_traits>
+
+#include "cutlass/numeric_types.h"
 
 namespace bsg {
 
@@ -41,23 +44,18 @@ __device__ __forceinline__ uint32_t sw128_offset(int row, int chunk) {
   return uint32_t((row >> 3) * 1024 + (row & 7) * 128 + ((chunk ^ (row & 7)) << 4));
 }
 
-// d += A B for one m16n8k16 MMA: A (16 x 16, row-major) and B (16 x 8, column-major) FP16 in the
-// registers of the PTX fragment layout, FP32 accumulators.
-__device__ __forceinline__ void mma_m16n8k16_f16_f32(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
-                                                     uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-
-// The same with BF16 operands.
-__device__ __forceinline__ void mma_m16n8k16_bf16_f32(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
-                                                      uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+// d += A B for one m16n8k16 MMA: A (16 x 16, row-major) and B (16 x 8, column-major) of element
+// type E (cutlass::half_t or bfloat16_t) in the registers of the PTX fragment layout, FP32
+// accumulators.
+template <class E>
+__device__ __forceinline__ void mma_m16n8k16(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0, uint32_t b1) {
+  static_assert(std::is_same_v<E, cutlass::half_t> || std::is_same_v<E, cutlass::bfloat16_t>, "FP16 or BF16 operands");
+  if constexpr (std::is_same_v<E, cutlass::bfloat16_t>)
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]) : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+  else
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]) : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
 // Lets the stream's next kernel, if launched programmatically, be scheduled; it waits for this

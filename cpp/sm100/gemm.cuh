@@ -52,48 +52,66 @@ struct OutputTraits<Fp4Out<SfD>> {
                                                                      cutlass::layout::RowMajor, ElementC>;
 };
 
-template <int Sms, int TileM, int TileN, int TileK, int ClusterM, int ClusterN, class Out>
-struct Gemm {
+// The two kinds of kernel built here, as tags: one GEMM (batched), or CUTLASS's pointer-array
+// grouped GEMM (per-group pointers, strides and shapes; sm100/gemm_grouped.cuh).
+struct DenseKernel {};
+struct PtrArrayKernel {};
+
+// The CUTLASS collectives of one config and output, for either kind: element types, alignments,
+// schedules, the block-scaled main loop and the epilogue (CUTLASS example 72 for the dense kind,
+// 75 for the pointer-array one). A is M x K, K contiguous; B is stored N x K, K contiguous
+// (column-major in CUTLASS's K x N view); C and D row-major; the pointer-array kind takes each
+// layout's stride per group.
+template <int Sms, int TileM, int TileN, int TileK, int ClusterM, int ClusterN, class Out, class Kind>
+struct Collectives {
   static_assert(Sms == 1 || Sms == 2, "1-SM or 2-SM UMMA");
+  static constexpr bool kPtrArray = std::is_same_v<Kind, PtrArrayKernel>;
+  template <class L>
+  using Layout = std::conditional_t<kPtrArray, L*, L>;
   using Traits = OutputTraits<Out>;
   static constexpr bool kFp4Out = !std::is_void_v<typename Traits::Sf>;
   using ElementAB = cutlass::nv_float4_t<cutlass::float_e2m1_t>;
   using ElementD = typename Traits::ElementD;
   using ElementC = typename Traits::ElementC;
-  using LayoutA = cutlass::layout::RowMajor;     // A is M x K, K contiguous
-  using LayoutB = cutlass::layout::ColumnMajor;  // B is stored N x K, K contiguous
-  using LayoutCD = cutlass::layout::RowMajor;
   static constexpr int kAlignAB = 32;  // 16 bytes of e2m1
   static constexpr int kAlignC = 128 / cutlass::sizeof_bits<ElementC>::value;
   static constexpr int kAlignD = 128 / cutlass::sizeof_bits<ElementD>::value;
-  using Acc = float;
   using MmaTile = Shape<Int<TileM>, Int<TileN>, Int<TileK>>;
   using Cluster = Shape<Int<ClusterM>, Int<ClusterN>, _1>;
-  using MainloopSchedule =
-      std::conditional_t<Sms == 2, cutlass::gemm::KernelTmaWarpSpecialized2SmNvf4Sm100,
-                         cutlass::gemm::KernelTmaWarpSpecialized1SmNvf4Sm100>;
-  using EpilogueSchedule = std::conditional_t<Sms == 2, cutlass::epilogue::TmaWarpSpecialized2Sm,
-                                              cutlass::epilogue::TmaWarpSpecialized1Sm>;
+  using MainloopSchedule = std::conditional_t<
+      kPtrArray,
+      std::conditional_t<Sms == 2, cutlass::gemm::KernelPtrArrayTmaWarpSpecialized2SmNvf4Sm100, cutlass::gemm::KernelPtrArrayTmaWarpSpecialized1SmNvf4Sm100>,
+      std::conditional_t<Sms == 2, cutlass::gemm::KernelTmaWarpSpecialized2SmNvf4Sm100, cutlass::gemm::KernelTmaWarpSpecialized1SmNvf4Sm100>>;
+  using EpilogueSchedule = std::conditional_t<
+      kPtrArray, std::conditional_t<Sms == 2, cutlass::epilogue::PtrArrayTmaWarpSpecialized2Sm, cutlass::epilogue::PtrArrayTmaWarpSpecialized1Sm>,
+      std::conditional_t<Sms == 2, cutlass::epilogue::TmaWarpSpecialized2Sm, cutlass::epilogue::TmaWarpSpecialized1Sm>>;
 
   using Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
       cutlass::arch::Sm100, cutlass::arch::OpClassBlockScaledTensorOp, MmaTile, Cluster,
-      cutlass::epilogue::collective::EpilogueTileAuto, Acc, Acc, ElementC, LayoutCD, kAlignC,
-      ElementD, LayoutCD, kAlignD, EpilogueSchedule, typename Traits::Fusion>::CollectiveOp;
+      cutlass::epilogue::collective::EpilogueTileAuto, float, float, ElementC, Layout<cutlass::layout::RowMajor>, kAlignC,
+      ElementD, Layout<cutlass::layout::RowMajor>, kAlignD, EpilogueSchedule, typename Traits::Fusion>::CollectiveOp;
 
   using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
-      cutlass::arch::Sm100, cutlass::arch::OpClassBlockScaledTensorOp, ElementAB, LayoutA,
-      kAlignAB, ElementAB, LayoutB, kAlignAB, Acc, MmaTile, Cluster,
+      cutlass::arch::Sm100, cutlass::arch::OpClassBlockScaledTensorOp, ElementAB, Layout<cutlass::layout::RowMajor>,
+      kAlignAB, ElementAB, Layout<cutlass::layout::ColumnMajor>, kAlignAB, float, MmaTile, Cluster,
       cutlass::gemm::collective::StageCountAutoCarveout<
           static_cast<int>(sizeof(typename Epilogue::SharedStorage))>,
       MainloopSchedule>::CollectiveOp;
-  static_assert(BlockScaledMainloop<typename Mainloop::DispatchPolicy>::value == 1,
-                "mainloop must be MainloopSm100TmaUmmaWarpSpecializedBlockScaled");
+  static_assert(BlockScaledMainloop<typename Mainloop::DispatchPolicy>::value == (kPtrArray ? 2 : 1),
+                "the block-scaled UMMA main loop (MainloopSm100[Array]TmaUmmaWarpSpecializedBlockScaled)");
+  using SfConfig = typename Mainloop::Sm1xxBlkScaledConfig;
+  static_assert(SfConfig::SFVecSize == 16, "NVFP4: one scale per 16 elements");
+};
 
+template <int Sms, int TileM, int TileN, int TileK, int ClusterM, int ClusterN, class Out>
+struct Gemm : Collectives<Sms, TileM, TileN, TileK, ClusterM, ClusterN, Out, DenseKernel> {
+  using C = Collectives<Sms, TileM, TileN, TileK, ClusterM, ClusterN, Out, DenseKernel>;
+  using typename C::ElementAB, typename C::ElementC, typename C::ElementD, typename C::Mainloop, typename C::Epilogue,
+      typename C::SfConfig, typename C::Traits;
+  using C::kFp4Out;
   using Kernel =
       cutlass::gemm::kernel::GemmUniversal<Shape<int, int, int, int>, Mainloop, Epilogue, void>;
   using Adapter = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
-  using SfConfig = typename Mainloop::Sm1xxBlkScaledConfig;
-  static_assert(SfConfig::SFVecSize == 16, "NVFP4: one scale per 16 elements");
 
   static typename Adapter::Arguments arguments(const KernelArgs& p) {
     using StrideA = typename Kernel::StrideA;

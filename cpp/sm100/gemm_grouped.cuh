@@ -26,50 +26,18 @@ namespace bsg::sm100 {
 using namespace cute;
 
 template <int Sms, int TileM, int TileN, int TileK, int ClusterM, int ClusterN, class Out>
-struct GroupedGemm {
-  static_assert(Sms == 1 || Sms == 2, "1-SM or 2-SM UMMA");
-  using Traits = OutputTraits<Out>;
-  static constexpr bool kFp4Out = !std::is_void_v<typename Traits::Sf>;
-  using ProblemShape = cutlass::gemm::GroupProblemShape<Shape<int, int, int>>;  // (M, N, K) per expert
-  using ElementAB = cutlass::nv_float4_t<cutlass::float_e2m1_t>;
-  using ElementD = typename Traits::ElementD;
-  static constexpr int kAlignAB = 32;  // 16 bytes of e2m1
-  static constexpr int kAlignD = 128 / cutlass::sizeof_bits<ElementD>::value;
-  using MmaTile = Shape<Int<TileM>, Int<TileN>, Int<TileK>>;
-  using Cluster = Shape<Int<ClusterM>, Int<ClusterN>, _1>;
-  using MainloopSchedule =
-      std::conditional_t<Sms == 2, cutlass::gemm::KernelPtrArrayTmaWarpSpecialized2SmNvf4Sm100,
-                         cutlass::gemm::KernelPtrArrayTmaWarpSpecialized1SmNvf4Sm100>;
-  using EpilogueSchedule = std::conditional_t<Sms == 2, cutlass::epilogue::PtrArrayTmaWarpSpecialized2Sm,
-                                              cutlass::epilogue::PtrArrayTmaWarpSpecialized1Sm>;
-
-  // The dense path's epilogue types (C of D's type, f32 for FP4 output) with no C given (null
-  // pointers, beta 0): the same arithmetic as the dense GEMM to the bit (its beta * C + alpha *
-  // acc turns -0 into +0, which a C-less epilogue would keep), and for FP4 output the same
-  // 32-column epilogue tile, whose stores stay inside N/16 scale columns. FP4 output: example
-  // 72b's scale-factor generation, one SFD pointer per group.
-  using ElementC = typename Traits::ElementC;
-  static constexpr int kAlignC = 128 / cutlass::sizeof_bits<ElementC>::value;
-  using Fusion = typename Traits::Fusion;
-  using Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
-      cutlass::arch::Sm100, cutlass::arch::OpClassBlockScaledTensorOp, MmaTile, Cluster,
-      cutlass::epilogue::collective::EpilogueTileAuto, float, float, ElementC, cutlass::layout::RowMajor*,
-      kAlignC, ElementD, cutlass::layout::RowMajor*, kAlignD, EpilogueSchedule, Fusion>::CollectiveOp;
-
-  // A (T, K) row-major, B (N, K) per expert: column-major in CUTLASS's (K, N) view.
-  using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
-      cutlass::arch::Sm100, cutlass::arch::OpClassBlockScaledTensorOp, ElementAB, cutlass::layout::RowMajor*,
-      kAlignAB, ElementAB, cutlass::layout::ColumnMajor*, kAlignAB, float, MmaTile, Cluster,
-      cutlass::gemm::collective::StageCountAutoCarveout<
-          static_cast<int>(sizeof(typename Epilogue::SharedStorage))>,
-      MainloopSchedule>::CollectiveOp;
-  static_assert(BlockScaledMainloop<typename Mainloop::DispatchPolicy>::value == 2,
-                "mainloop must be MainloopSm100ArrayTmaUmmaWarpSpecializedBlockScaled");
-
+struct GroupedGemm : Collectives<Sms, TileM, TileN, TileK, ClusterM, ClusterN, Out, PtrArrayKernel> {
+  // The dense path's epilogue types (C of D's type, f32 for FP4 output; sm100/gemm.cuh) with no C
+  // given in the MoE form (null pointers, beta 0): the same arithmetic as the dense GEMM to the
+  // bit (its beta * C + alpha * acc turns -0 into +0, which a C-less epilogue would keep), and for
+  // FP4 output the same 32-column epilogue tile, whose stores stay inside N/16 scale columns. FP4
+  // output: example 72b's scale-factor generation, one SFD pointer per group.
+  using C = Collectives<Sms, TileM, TileN, TileK, ClusterM, ClusterN, Out, PtrArrayKernel>;
+  using typename C::ElementD, typename C::Mainloop, typename C::Epilogue, typename C::SfConfig, typename C::Traits;
+  using C::kFp4Out, C::kAlignD, C::kAlignC;
+  using ProblemShape = cutlass::gemm::GroupProblemShape<Shape<int, int, int>>;  // (M, N, K) per group
   using Kernel = cutlass::gemm::kernel::GemmUniversal<ProblemShape, Mainloop, Epilogue>;
   using Adapter = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
-  using SfConfig = typename Mainloop::Sm1xxBlkScaledConfig;
-  static_assert(SfConfig::SFVecSize == 16, "NVFP4: one scale per 16 elements");
 
   // The element types of the per-expert arrays, as the arguments name them.
   using MainArgs = typename Mainloop::Arguments;

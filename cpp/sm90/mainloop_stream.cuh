@@ -62,12 +62,6 @@ __device__ __forceinline__ void load_group_dense(const uint8_t* box, int r, int 
   }
 }
 
-template <class E>
-__device__ __forceinline__ void mma_m16n8k16(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0, uint32_t b1) {
-  if constexpr (std::is_same_v<E, cute::bfloat16_t>) mma_m16n8k16_bf16_f32(d, a0, a1, a2, a3, b0, b1);
-  else mma_m16n8k16_f16_f32(d, a0, a1, a2, a3, b0, b1);
-}
-
 template <int BM, int BN, int kStageKTiles, class Act>
 struct CollectiveMainloop<Tile<BM, BN, MainloopStream<kStageKTiles>, Act>> {
   using T = Tile<BM, BN, MainloopStream<kStageKTiles>, Act>;
