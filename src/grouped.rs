@@ -22,7 +22,7 @@ use crate::formats::{OutputElement, PackedFp4, ScaleByte};
 use crate::gemm::{check_devices, resolve_config, status_result, BlockScaledGemm, Nvfp4Output, Table, SUPPORTED_GROUPED};
 use crate::layout::{padded_sf_cols, sf_bytes, sf_cols, sf_offset};
 use crate::matrix::Nvfp4Matrix;
-use crate::problem::{check_align, check_len, folded_alpha, product, OutType, Problem};
+use crate::problem::{check_align, check_len, folded_alpha, product, setters, OutType, Problem};
 use crate::sys;
 use crate::tensor::Nvfp4Tensor;
 
@@ -54,15 +54,11 @@ impl MoeProblem {
     pub const fn new(rows: usize, n: usize, k: usize, experts: usize) -> Self {
         MoeProblem { rows, n, k, experts, alpha: 1.0, norm_constant: 1.0 }
     }
-    /// With alpha.
-    pub const fn alpha(mut self, alpha: f32) -> Self {
-        self.alpha = alpha;
-        self
-    }
-    /// With the FP4 output's normalization constant.
-    pub const fn norm_constant(mut self, norm_constant: f32) -> Self {
-        self.norm_constant = norm_constant;
-        self
+    setters! {
+        /// With alpha.
+        alpha: alpha: f32;
+        /// With the FP4 output's normalization constant.
+        norm_constant: norm_constant: f32;
     }
     /// Bytes of the FP4 output's scale factors: the MoE layout over (T, N/16), as A's scales
     /// over (T, K/16), [`moe_sfa_bytes`]`(T, N, E)`.

@@ -22,7 +22,7 @@ use crate::error::{Error, Result};
 use crate::formats::{OutputElement, PackedFp4, ScaleByte};
 use crate::gemm::{check_devices, resolve_config, status_result, BlockScaledGemm, Nvfp4Output};
 use crate::grouped::MAX_EXPERTS;
-use crate::problem::{check_align, check_len, folded_alpha, product, OutType, Problem};
+use crate::problem::{check_align, check_len, folded_alpha, product, setters, OutType, Problem};
 use crate::sys;
 use crate::tensor::Nvfp4Tensor;
 
@@ -56,21 +56,13 @@ impl ListProblem {
     pub const fn new(groups: usize, max_m: usize, max_n: usize, max_k: usize) -> Self {
         ListProblem { groups, max_m, max_n, max_k, max_rows: groups.saturating_mul(max_m), alpha: 1.0, beta: 0.0, norm_constant: 1.0 }
     }
-    /// With a bound on the sum of the groups' M.
-    pub const fn max_rows(mut self, max_rows: usize) -> Self {
-        self.max_rows = max_rows;
-        self
-    }
-    /// With alpha and beta.
-    pub const fn scalars(mut self, alpha: f32, beta: f32) -> Self {
-        self.alpha = alpha;
-        self.beta = beta;
-        self
-    }
-    /// With the FP4 output's normalization constant.
-    pub const fn norm_constant(mut self, norm_constant: f32) -> Self {
-        self.norm_constant = norm_constant;
-        self
+    setters! {
+        /// With a bound on the sum of the groups' M.
+        max_rows: max_rows: usize;
+        /// With alpha and beta.
+        scalars: alpha, beta: f32;
+        /// With the FP4 output's normalization constant.
+        norm_constant: norm_constant: f32;
     }
 
     /// The rules: 1 to [`MAX_EXPERTS`] groups; the bounds as one GEMM of `gemm` (K a multiple of
@@ -99,7 +91,7 @@ impl ListProblem {
 /// and D (M, N) row-major (FP4 output: C f32, D (M, N/2) packed, SFD tiled over (M, N/16)).
 #[derive(Clone, Copy, Debug)]
 pub struct ListArrays<'a> {
-    /// i32 [G][3]: M, N, K.
+    /// i32 \[G\]\[3\]: M, N, K.
     pub problems: &'a CudaSlice<i32>,
     /// A's packed values.
     pub a: &'a CudaSlice<u64>,

@@ -362,29 +362,23 @@ impl HostFloat for f32 {
     }
 }
 
-impl HostFloat for half::f16 {
-    fn widen(values: &[Self]) -> std::borrow::Cow<'_, [f32]> {
-        values.iter().map(|v| v.to_f32()).collect()
-    }
-    fn widen_one(self) -> f32 {
-        self.to_f32()
-    }
-    fn narrow(x: f32) -> Self {
-        half::f16::from_f32(x)
-    }
+// The 16-bit types widen exactly and narrow by round-to-nearest-even (`half`'s conversions).
+macro_rules! half_host_float {
+    ($($t:ty),*) => {$(
+        impl HostFloat for $t {
+            fn widen(values: &[Self]) -> std::borrow::Cow<'_, [f32]> {
+                values.iter().map(|v| v.to_f32()).collect()
+            }
+            fn widen_one(self) -> f32 {
+                self.to_f32()
+            }
+            fn narrow(x: f32) -> Self {
+                <$t>::from_f32(x)
+            }
+        }
+    )*};
 }
-
-impl HostFloat for half::bf16 {
-    fn widen(values: &[Self]) -> std::borrow::Cow<'_, [f32]> {
-        values.iter().map(|v| v.to_f32()).collect()
-    }
-    fn widen_one(self) -> f32 {
-        self.to_f32()
-    }
-    fn narrow(x: f32) -> Self {
-        half::bf16::from_f32(x)
-    }
-}
+half_host_float!(half::f16, half::bf16);
 
 /// An empty vector with room for `n` elements, or a typed error where the host cannot give it.
 fn try_vec<T>(what: &'static str, n: usize) -> Result<Vec<T>> {

@@ -3,6 +3,19 @@
 use crate::error::{Error, Result};
 use crate::layout;
 
+/// Builder methods of the problem types that set fields of one type: `name: a, b: type;` gives
+/// `pub const fn name(self, a: type, b: type) -> Self`, with the docs written before it.
+macro_rules! setters {
+    ($($(#[$doc:meta])* $name:ident: $($field:ident),+: $ty:ty;)*) => {$(
+        $(#[$doc])*
+        pub const fn $name(mut self, $($field: $ty),+) -> Self {
+            $(self.$field = $field;)+
+            self
+        }
+    )*};
+}
+pub(crate) use setters;
+
 /// Output type of D. For the 16- and 32-bit types C has D's type; for the FP4 types D is packed
 /// e2m1 (two per byte, like A and B) with one scale factor generated per 16 outputs along N
 /// (SFD, the 128x4 tiled layout over (M, N/16)), and C is f32, as in CUTLASS example 72b.
@@ -123,21 +136,13 @@ impl Problem {
     pub const fn new(m: usize, n: usize, k: usize) -> Self {
         Problem { m, n, k, l: 1, alpha: 1.0, beta: 0.0, norm_constant: 1.0 }
     }
-    /// Sets the normalization constant of an FP4 output.
-    pub const fn norm_constant(mut self, norm_constant: f32) -> Self {
-        self.norm_constant = norm_constant;
-        self
-    }
-    /// Sets the batch count.
-    pub const fn batch(mut self, l: usize) -> Self {
-        self.l = l;
-        self
-    }
-    /// Sets alpha and beta.
-    pub const fn scalars(mut self, alpha: f32, beta: f32) -> Self {
-        self.alpha = alpha;
-        self.beta = beta;
-        self
+    setters! {
+        /// Sets the normalization constant of an FP4 output.
+        norm_constant: norm_constant: f32;
+        /// Sets the batch count.
+        batch: l: usize;
+        /// Sets alpha and beta.
+        scalars: alpha, beta: f32;
     }
     /// Packed bytes of A: `L * M * K / 2`. Like every count below it saturates at `usize::MAX`
     /// where the exact count does not fit (no buffer is that long, so a length check against it

@@ -26,25 +26,15 @@ pub(crate) const MAX_GROUPS: u32 = abi::root::BSG_MAX_GROUPS;
 /// K ranges of one SM90 launch.
 pub(crate) const SM90_MAX_SPLIT_K: u32 = abi::root::BSG_SM90_MAX_SPLIT_K;
 
-// SAFETY: KernelArgs, QuantizeArgs, GroupedArgs, GroupedListArgs and KernelStatus are plain C structs of integers and floats (bindgen's
-// layout tests hold them to the C++ layout), so moving them by value across cxx is sound.
-unsafe impl cxx::ExternType for KernelArgs {
-    type Id = cxx::type_id!("bsg::KernelArgs");
-    type Kind = cxx::kind::Trivial;
+// The ABI structs cxx passes by value (`bsg::` in C++).
+macro_rules! trivial_extern {
+    ($($ty:ident = $cxx:literal),* $(,)?) => {$(
+        // SAFETY: a plain C struct of integers and floats (bindgen's layout tests hold it to the
+        // C++ layout), so moving it by value across cxx is sound.
+        unsafe impl cxx::ExternType for $ty {
+            type Id = cxx::type_id!($cxx);
+            type Kind = cxx::kind::Trivial;
+        }
+    )*};
 }
-unsafe impl cxx::ExternType for QuantizeArgs {
-    type Id = cxx::type_id!("bsg::QuantizeArgs");
-    type Kind = cxx::kind::Trivial;
-}
-unsafe impl cxx::ExternType for GroupedArgs {
-    type Id = cxx::type_id!("bsg::GroupedArgs");
-    type Kind = cxx::kind::Trivial;
-}
-unsafe impl cxx::ExternType for GroupedListArgs {
-    type Id = cxx::type_id!("bsg::GroupedListArgs");
-    type Kind = cxx::kind::Trivial;
-}
-unsafe impl cxx::ExternType for KernelStatus {
-    type Id = cxx::type_id!("bsg::KernelStatus");
-    type Kind = cxx::kind::Trivial;
-}
+trivial_extern!(KernelArgs = "bsg::KernelArgs", QuantizeArgs = "bsg::QuantizeArgs", GroupedArgs = "bsg::GroupedArgs", GroupedListArgs = "bsg::GroupedListArgs", KernelStatus = "bsg::KernelStatus");
