@@ -113,8 +113,10 @@ pub fn plan(p: &Problem, out: OutType, lens: &BufferLens, device: &DeviceFacts, 
 /// holds it for `out`.
 pub(crate) fn choose_config(p: &Problem, out: OutType, device: &DeviceFacts, forced: Option<Config>, supported: &'static str, built: impl Fn(Config, OutType) -> bool) -> Result<Config> {
     let config = resolve_config(device, out, forced, supported, &built, |arch| Ok(dispatch::select(arch, p, device.sm_count, &device.max_clusters, |c| built(c, out))))?;
-    if config.info().arch == 100 {
-        p.check_sm100(out)?;
+    let info = config.info();
+    match info.arch {
+        100 => p.check_sm100(out)?,
+        _ => p.check_tiles(info.tile[0] as usize, info.tile[1] as usize)?,
     }
     Ok(config)
 }

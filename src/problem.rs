@@ -281,6 +281,24 @@ impl Problem {
         Ok(())
     }
 
+    /// The SM90 kernels' tile count for a config's tile (tile_m rows of M by tile_n of N): at most
+    /// [`Self::MAX_TILES`]. [`Self::validate`] bounds the count of 64 x 64 tiles; a tile of fewer
+    /// rows (the stream tiles' 8) can count up to 4 times as many.
+    pub(crate) fn check_tiles(&self, tile_m: usize, tile_n: usize) -> Result<()> {
+        let tiles = product(&[self.m.div_ceil(tile_m), self.n.div_ceil(tile_n), self.l]);
+        if tiles > Self::MAX_TILES as u128 {
+            return Err(Error::SizeLimit {
+                what: "output tiles of the config",
+                rule: "ceil(M / tile M) * ceil(N / tile N) * L",
+                dims: format!("M = {}, N = {}, L = {}, tile {tile_m} x {tile_n}", self.m, self.n, self.l),
+                value: tiles,
+                max: Self::MAX_TILES as u128,
+                why: "the kernels count tiles and size their grids in 32-bit signed integers",
+            });
+        }
+        Ok(())
+    }
+
     /// SM100's limit beyond [`Self::validate`]: CUTLASS builds its scale-factor layouts from
     /// 32-bit extents, so SFA, SFB and (FP4 output) SFD must each span at most `i32::MAX` bytes.
     pub fn check_sm100(&self, out: OutType) -> Result<()> {

@@ -47,6 +47,19 @@ fn n_near_2_pow_31_is_refused_before_any_launch() {
 }
 
 #[test]
+fn a_tile_of_few_rows_counts_its_own_tiles() {
+    // Finding 1, forced stream tile: M = 64, N = 2^30, L = 64 passes validate's count of 64 x 64
+    // tiles (2^30), but the 8-row stream tile counts 8 * 2^23 * 64 = 2^32: a typed error naming
+    // the limit (it was the shim's CannotImplement), while the rule's 32-row tile (2^30) plans.
+    let p = Problem::new(64, 1 << 30, 32).batch(64);
+    let lens = BufferLens::for_problem(&p, OutType::F16, false);
+    let e = plan(&p, OutType::F16, &lens, &H100, Some(Config::Sm90_Stream_8x128x64), |_, _| true).unwrap_err();
+    assert!(matches!(e, Error::SizeLimit { what: "output tiles of the config", value, max: 2147483647, .. } if value == 1 << 32), "{e}");
+    assert!(e.to_string().contains("tile 8 x 128"), "{e}");
+    plan(&p, OutType::F16, &lens, &H100, None, |_, _| true).unwrap();
+}
+
+#[test]
 fn plan_of_finding_5_is_an_error_not_a_panic() {
     // M = 1, N = 4, K = 2^31 - 32, L = 2^30, f32: validate accepted it and plan panicked in
     // layout.rs computing SFA's size.
