@@ -239,12 +239,18 @@ impl Problem {
                 return Err(Error::SizeLimit { what, rule, dims: format!("{dim} = {value}"), value: value.div_ceil(256) as u128 * 256, max: i32::MAX as u128, why: WHY });
             }
         }
-        let tiles = product(&[self.m.div_ceil(64), self.n.div_ceil(64), self.l]);
+        self.check_tile_count((64, 64), "output tiles", "ceil(M/64) * ceil(N/64) * L", String::new())
+    }
+
+    /// At most [`Self::MAX_TILES`] tiles of `tile` (rows of M, columns of N) over the problem,
+    /// else a `SizeLimit` with `what`, `rule` and the dimensions (and `note` after them).
+    fn check_tile_count(&self, (tile_m, tile_n): (usize, usize), what: &'static str, rule: &'static str, note: String) -> Result<()> {
+        let tiles = product(&[self.m.div_ceil(tile_m), self.n.div_ceil(tile_n), self.l]);
         if tiles > Self::MAX_TILES as u128 {
             return Err(Error::SizeLimit {
-                what: "output tiles",
-                rule: "ceil(M/64) * ceil(N/64) * L",
-                dims: format!("M = {}, N = {}, L = {}", self.m, self.n, self.l),
+                what,
+                rule,
+                dims: format!("M = {}, N = {}, L = {}{note}", self.m, self.n, self.l),
                 value: tiles,
                 max: Self::MAX_TILES as u128,
                 why: "the kernels count tiles and size their grids in 32-bit signed integers",
@@ -285,18 +291,7 @@ impl Problem {
     /// [`Self::MAX_TILES`]. [`Self::validate`] bounds the count of 64 x 64 tiles; a tile of fewer
     /// rows (the stream tiles' 8) can count up to 4 times as many.
     pub(crate) fn check_tiles(&self, tile_m: usize, tile_n: usize) -> Result<()> {
-        let tiles = product(&[self.m.div_ceil(tile_m), self.n.div_ceil(tile_n), self.l]);
-        if tiles > Self::MAX_TILES as u128 {
-            return Err(Error::SizeLimit {
-                what: "output tiles of the config",
-                rule: "ceil(M / tile M) * ceil(N / tile N) * L",
-                dims: format!("M = {}, N = {}, L = {}, tile {tile_m} x {tile_n}", self.m, self.n, self.l),
-                value: tiles,
-                max: Self::MAX_TILES as u128,
-                why: "the kernels count tiles and size their grids in 32-bit signed integers",
-            });
-        }
-        Ok(())
+        self.check_tile_count((tile_m, tile_n), "output tiles of the config", "ceil(M / tile M) * ceil(N / tile N) * L", format!(", tile {tile_m} x {tile_n}"))
     }
 
     /// SM100's limit beyond [`Self::validate`]: CUTLASS builds its scale-factor layouts from
