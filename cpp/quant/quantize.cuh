@@ -111,7 +111,8 @@ __device__ __forceinline__ uint32_t quantize16(const float (&v)[16], const Globa
       }
     }
     if (redo) {
-      // Below 2^-126 the reciprocal overflows (a computed g of FLT_MIN and a subnormal scale make
+      // (The fast path's reciprocal is not reused here: one select-guarded reciprocal before the
+      // branch ran 2-9 % slower, bench/DESIGN.md section 13.) Below 2^-126 the reciprocal overflows (a computed g of FLT_MIN and a subnormal scale make
       // such steps): a NaN rcp sends every quotient to the division (NaN * x is the canonical NaN,
       // whose low mantissa bits e2m1_code_of_quotient flags).
       const float rcp = step >= 0x1p-126f ? __frcp_rn(step) : __int_as_float(0x7FFFFFFF);
@@ -173,11 +174,10 @@ struct RowInputs {
 // One warp: one row, 32 consecutive scale columns (lane j: column 32 blockIdx.x + j, its 16
 // inputs), so a warp's loads and code stores are contiguous (16 x 32 bytes of bf16 in, 256 bytes
 // of codes out); four lanes' scale bytes are one 32-bit word of the tiled layout, stored by the
-// first of them. Warps stride over the rows (about kRowsPerWarp each), the next row's inputs
-// loaded before this row's are quantized (not for SwiGLU), so each warp keeps a load in flight
-// while it computes:
-// the dense layout's padded rows (ceil(M/128) * 128: rows past M write zero scales), or the MoE
-// form's stacked rows (rows no expert holds write nothing). Columns past K/16 up to the padded
+// first of them. Warps stride over the rows (about kRowsPerWarp each in a dense launch), each
+// loading its next row's inputs before quantizing this row (not for SwiGLU), so a load stays in
+// flight while it computes. The rows are the dense layout's padded rows (ceil(M/128) * 128: rows
+// past M write zero scales), or the MoE form's stacked rows (rows no expert holds write nothing). Columns past K/16 up to the padded
 // count write zero scales. grid: (padded columns / 32 rounded up, row groups, L). g_given is used
 // when amax_bits is null.
 template <class T, class Layout, class Transform>
