@@ -69,13 +69,21 @@ struct CollectiveMainloop<Tile<BM, BN, MainloopStream<kStageKTiles>, Act>> {
   static constexpr int kRW = T::kRW, kNT = T::kNT;
   static constexpr bool kProducerWarpgroup = true;  // a producer warp
 
-  // Lane 0 of the producer warp issues every raw stage, each refill once the compute warps have
-  // freed its slot. Nothing is read before the previous kernel completes (programmatic launch).
+  // Stages in flight at once: issued together, a CTA's stages share the bandwidth and land
+  // together, so the decode of the first waits for nearly all of them; two at a time land in
+  // order and the decode of one overlaps the loads of the next two (bench/DESIGN.md §12).
+  static constexpr int kLoadsAhead = T::kRawStages < 2 ? T::kRawStages : 2;
+
+  // Lane 0 of the producer warp issues every raw stage once the stage kLoadsAhead before it has
+  // landed and, for a refill, the compute warps have freed its slot (whose barrier no refill
+  // has re-armed since that stage, kLoadsAhead <= kRawStages). Nothing is read before the
+  // previous kernel completes (programmatic launch).
   __device__ __forceinline__ static void produce(const RawPipeline<T>& pipe, const TileWork& w, int tid) {
     if (tid != kThreads) return;
     griddep_wait();
     for (int r = 0; r < w.n_raw; ++r) {
       if (r >= T::kRawStages) pipe.wait_empty(r);
+      if (r >= kLoadsAhead) pipe.wait(r - kLoadsAhead);
       pipe.issue(r);
     }
   }
