@@ -5,7 +5,7 @@
 
 Each line: one JSON object with op ("gemm"), gpu, commit, m, n, k, l, out, config,
 ours_launch_us, ours_b2b_us, ours_graph_us, host_enqueue_us, cublas_bf16_graph_us,
-cublas_fp8_graph_us, floor_us, exact. Rows with op "gemm" (or none) are used, in file order;
+cublas_fp8_graph_us, floor_us, exact, verdict. Rows with op "gemm" (or none) are used, in file order;
 extra fields and nulls are fine.
 - --png: time / floor_us per shape (log scale), one subplot per output type, one marker series
   per contender (ours graph, back to back, per launch; cuBLAS bf16 and FP8 graph), the floor at 1.
@@ -153,8 +153,9 @@ def markdown(head, rows, cells_of):
 
 def ratio_and_exact(r):
     g, fl = num(r.get("ours_graph_us")), num(r.get("floor_us"))
-    ex = r.get("exact")
-    return [f"{g / fl:.2f}" if g and fl else "-", "yes" if ex is True else "no" if ex is False else "-"]
+    ex, v = r.get("exact"), r.get("verdict")
+    judged = {"exact": "yes", "bound": "within bound", "failed": "no"}.get(v) if v else None
+    return [f"{g / fl:.2f}" if g and fl else "-", judged or ("yes" if ex is True else "no" if ex is False else "-")]
 
 
 def table(rows, source):
