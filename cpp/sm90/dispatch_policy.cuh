@@ -19,7 +19,7 @@
 #define BSG_SM90_STREAM_WK(bm) ((bm) <= 16 ? 8 : 4)
 #endif
 #ifndef BSG_SM90_STREAM_STAGES
-#define BSG_SM90_STREAM_STAGES(bm) ((bm) <= 8 ? 3 : (bm) <= 16 ? 4 : 6)
+#define BSG_SM90_STREAM_STAGES(bm) ((bm) <= 16 ? 4 : 6)
 #endif
 
 namespace bsg::sm90 {
