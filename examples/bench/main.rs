@@ -495,10 +495,12 @@ fn bench_one(cli: &Cli, gemm: &BlockScaledGemm, stream: &Arc<CudaStream>, l2: us
     let mut judged = check(&d, &sfd)?;
     // Back to back, and the host's time to queue them.
     poison(stream, &mut d)?;
+    poison(stream, &mut sfd)?;
     let (b2b_us, host_us) = time_back_to_back(cli, stream, |i| launch(i, &mut d, &mut sfd))?;
     judged = judged.and(check(&d, &sfd)?);
     // A graph of graph_calls launches, replayed.
     poison(stream, &mut d)?;
+    poison(stream, &mut sfd)?;
     let graph_us = time_graph(cli, stream, |i| launch(i, &mut d, &mut sfd))?;
     judged = judged.and(check(&d, &sfd)?);
     let out_bytes = d_bytes + if out.sfd().is_some() { p.sfd_bytes() } else { 0 };
@@ -551,7 +553,7 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
-/// The sampled rows (bytes of D's type) equal the exact reference bit for bit.
+/// The verdict on the sampled rows (bytes of D's type) against the exact reference.
 fn verdict_rows<T: blockscaled_gemm::OutputElement + le::FromLe>(got: &[u8], a_rows: &Nvfp4Matrix, b: &Nvfp4Matrix) -> Result<Verdict, blockscaled_gemm::Error> {
     let got: Vec<T> = got.chunks_exact(std::mem::size_of::<T>()).map(T::from_le).collect();
     verify_matrices(a_rows, b, 1.0, 0.0, None, &got)
