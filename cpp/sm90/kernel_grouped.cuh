@@ -43,7 +43,7 @@ __global__ void __launch_bounds__(T::kLaunchThreads, 1) grouped_stream_kernel(co
         start_pipeline<T>(Sched::load_params(args, sched, w), w, smem, smem, Sched::map_a(args, w), Sched::map_b(args, w), tid);
     if (tid >= kThreads) {
       Sched::acquire(args, w);
-      Mainloop::produce(pipe, w, tid);
+      Mainloop::produce(pipe, w, tid, T::kRawStages);  // the ring full: item after item
     } else {
       float acc[T::kRW][T::kNT][4] = {};
       Mainloop::run(pipe, w, smem, acc, tid);

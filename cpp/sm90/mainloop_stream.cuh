@@ -69,21 +69,24 @@ struct CollectiveMainloop<Tile<BM, BN, MainloopStream<kStageKTiles>, Act>> {
   static constexpr int kRW = T::kRW, kNT = T::kNT;
   static constexpr bool kProducerWarpgroup = true;  // a producer warp
 
-  // Stages in flight at once: issued together, a CTA's stages share the bandwidth and land
-  // together, so the decode of the first waits for nearly all of them; two at a time land in
-  // order and the decode of one overlaps the loads of the next two (bench/DESIGN.md §12).
+  // Stages in flight at once in a split-K launch (one work item a CTA): issued together, a CTA's
+  // stages share the bandwidth and land together, so the decode of the first waits for nearly
+  // all of them; two at a time land in order and the decode of one overlaps the loads of the
+  // next two. The persistent grouped kernels, whose CTAs stream item after item, keep the ring
+  // full (`ahead` = kRawStages: no wait beyond the slot's), which is faster there
+  // (bench/DESIGN.md §12).
   static constexpr int kLoadsAhead = T::kRawStages < 2 ? T::kRawStages : 2;
 
-  // Lane 0 of the producer warp issues every raw stage once the stage kLoadsAhead before it has
+  // Lane 0 of the producer warp issues every raw stage once the stage `ahead` before it has
   // landed and, for a refill, the compute warps have freed its slot (whose barrier no refill
-  // has re-armed since that stage, kLoadsAhead <= kRawStages). Nothing is read before the
-  // previous kernel completes (programmatic launch).
-  __device__ __forceinline__ static void produce(const RawPipeline<T>& pipe, const TileWork& w, int tid) {
+  // has re-armed since that stage: ahead <= kRawStages). Nothing is read before the previous
+  // kernel completes (programmatic launch).
+  __device__ __forceinline__ static void produce(const RawPipeline<T>& pipe, const TileWork& w, int tid, int ahead = kLoadsAhead) {
     if (tid != kThreads) return;
     griddep_wait();
     for (int r = 0; r < w.n_raw; ++r) {
       if (r >= T::kRawStages) pipe.wait_empty(r);
-      if (r >= kLoadsAhead) pipe.wait(r - kLoadsAhead);
+      if (r >= ahead) pipe.wait(r - ahead);
       pipe.issue(r);
     }
   }
