@@ -34,6 +34,9 @@ __global__ void __launch_bounds__(T::kLaunchThreads, 1) grouped_stream_kernel(co
   // The offsets or sizes, like every operand, may be the previous kernel's output.
   griddep_wait();
   Sched::prepare(args, sched, tid);
+  // Stages ahead of arrival: two where each CTA takes at most two items (few tokens: the first
+  // stages' order decides), the ring full where CTAs stream item after item (bench/DESIGN.md §12).
+  const int ahead = Sched::total(sched) <= 2 * int(gridDim.x) ? Mainloop::kLoadsAhead : T::kRawStages;
   for (int item = blockIdx.x; item < Sched::total(sched); item += gridDim.x) {
     const TileWork w = Sched::work(args, sched, item);
     // Barriers initialized afresh for each item: the last item's are all completed, no thread
@@ -43,7 +46,7 @@ __global__ void __launch_bounds__(T::kLaunchThreads, 1) grouped_stream_kernel(co
         start_pipeline<T>(Sched::load_params(args, sched, w), w, smem, smem, Sched::map_a(args, w), Sched::map_b(args, w), tid);
     if (tid >= kThreads) {
       Sched::acquire(args, w);
-      Mainloop::produce(pipe, w, tid, T::kRawStages);  // the ring full: item after item
+      Mainloop::produce(pipe, w, tid, ahead);
     } else {
       float acc[T::kRW][T::kNT][4] = {};
       Mainloop::run(pipe, w, smem, acc, tid);

@@ -69,12 +69,12 @@ struct CollectiveMainloop<Tile<BM, BN, MainloopStream<kStageKTiles>, Act>> {
   static constexpr int kRW = T::kRW, kNT = T::kNT;
   static constexpr bool kProducerWarpgroup = true;  // a producer warp
 
-  // Stages in flight at once in a split-K launch (one work item a CTA): issued together, a CTA's
+  // Stages in flight at once where a CTA has one or two work items: issued together, a CTA's
   // stages share the bandwidth and land together, so the decode of the first waits for nearly
   // all of them; two at a time land in order and the decode of one overlaps the loads of the
-  // next two. The persistent grouped kernels, whose CTAs stream item after item, keep the ring
-  // full (`ahead` = kRawStages: no wait beyond the slot's), which is faster there
-  // (bench/DESIGN.md §12).
+  // next two. Where CTAs stream item after item (the persistent grouped kernels with many
+  // items) the ring stays full (`ahead` = kRawStages: no wait beyond the slot's), which is
+  // faster there (bench/DESIGN.md §12).
   static constexpr int kLoadsAhead = T::kRawStages < 2 ? T::kRawStages : 2;
 
   // Lane 0 of the producer warp issues every raw stage once the stage `ahead` before it has
