@@ -16,6 +16,10 @@ macro_rules! setters {
 }
 pub(crate) use setters;
 
+/// One buffer's byte count for a size check: what, its rule, the count, and the dimensions it
+/// comes from (written only for an error).
+type ByteCount = (&'static str, &'static str, u128, fn(&Problem) -> String);
+
 /// Output type of D. For the 16- and 32-bit types C has D's type; for the FP4 types D is packed
 /// e2m1 (two per byte, like A and B) with one scale factor generated per 16 outputs along N
 /// (SFD, the 128x4 tiled layout over (M, N/16)), and C is f32, as in CUTLASS example 72b.
@@ -239,18 +243,19 @@ impl Problem {
                 return Err(Error::SizeLimit { what, rule, dims: format!("{dim} = {value}"), value: value.div_ceil(256) as u128 * 256, max: i32::MAX as u128, why: WHY });
             }
         }
-        self.check_tile_count((64, 64), "output tiles", "ceil(M/64) * ceil(N/64) * L", String::new())
+        self.check_tile_count((64, 64), "output tiles", "ceil(M/64) * ceil(N/64) * L", String::new)
     }
 
     /// At most [`Self::MAX_TILES`] tiles of `tile` (rows of M, columns of N) over the problem,
-    /// else a `SizeLimit` with `what`, `rule` and the dimensions (and `note` after them).
-    fn check_tile_count(&self, (tile_m, tile_n): (usize, usize), what: &'static str, rule: &'static str, note: String) -> Result<()> {
+    /// else a `SizeLimit` with `what`, `rule` and the dimensions (and `note()` after them: made
+    /// only for the error, as every call checks this).
+    fn check_tile_count(&self, (tile_m, tile_n): (usize, usize), what: &'static str, rule: &'static str, note: impl Fn() -> String) -> Result<()> {
         let tiles = product(&[self.m.div_ceil(tile_m), self.n.div_ceil(tile_n), self.l]);
         if tiles > Self::MAX_TILES as u128 {
             return Err(Error::SizeLimit {
                 what,
                 rule,
-                dims: format!("M = {}, N = {}, L = {}{note}", self.m, self.n, self.l),
+                dims: format!("M = {}, N = {}, L = {}{}", self.m, self.n, self.l, note()),
                 value: tiles,
                 max: Self::MAX_TILES as u128,
                 why: "the kernels count tiles and size their grids in 32-bit signed integers",
@@ -259,19 +264,22 @@ impl Problem {
         Ok(())
     }
 
-    /// Every buffer's byte count with how it is computed and from what: A, B, SFA, SFB, C and D
-    /// with `cd_elem_bytes` bytes per element, and with `sfd` the FP4 output's scale factors (0
+    /// Every buffer's byte count with how it is computed and from what (the dimensions written
+    /// only for an error, as every call checks the counts): A, B, SFA, SFB, C and D with
+    /// `cd_elem_bytes` bytes per element, and with `sfd` the FP4 output's scale factors (0
     /// without).
-    fn counts(&self, cd_elem_bytes: usize, sfd: bool) -> [(&'static str, &'static str, u128, String); 6] {
+    fn counts(&self, cd_elem_bytes: usize, sfd: bool) -> [ByteCount; 6] {
         let (m, n, k, l) = (self.m, self.n, self.k, self.l);
         let sf = |rows: usize, cols: usize| product(&[l, layout::padded_rows(rows), layout::padded_sf_cols(layout::sf_cols(cols))]);
-        let (mk, nk, mn) = (format!("M = {m}, K = {k}, L = {l}"), format!("N = {n}, K = {k}, L = {l}"), format!("M = {m}, N = {n}, L = {l}"));
+        let mk = |p: &Problem| format!("M = {}, K = {}, L = {}", p.m, p.k, p.l);
+        let nk = |p: &Problem| format!("N = {}, K = {}, L = {}", p.n, p.k, p.l);
+        let mn = |p: &Problem| format!("M = {}, N = {}, L = {}", p.m, p.n, p.l);
         [
-            ("A bytes", "L * M * K / 2", product(&[l, m, k]) / 2, mk.clone()),
-            ("B bytes", "L * N * K / 2", product(&[l, n, k]) / 2, nk.clone()),
+            ("A bytes", "L * M * K / 2", product(&[l, m, k]) / 2, mk),
+            ("B bytes", "L * N * K / 2", product(&[l, n, k]) / 2, nk),
             ("SFA bytes", "L * ceil(M/128)*128 * ceil(K/64)*4", sf(m, k), mk),
             ("SFB bytes", "L * ceil(N/128)*128 * ceil(K/64)*4", sf(n, k), nk),
-            ("C and D bytes", "L * M * N * bytes per element", product(&[l, m, n, cd_elem_bytes]), mn.clone()),
+            ("C and D bytes", "L * M * N * bytes per element", product(&[l, m, n, cd_elem_bytes]), mn),
             ("SFD bytes", "L * ceil(M/128)*128 * ceil(N/64)*4", if sfd { sf(m, n) } else { 0 }, mn),
         ]
     }
@@ -281,7 +289,7 @@ impl Problem {
     pub(crate) fn check_counts(&self, cd_elem_bytes: usize, sfd: bool, max: usize, why: &'static str) -> Result<()> {
         for (what, rule, value, dims) in self.counts(cd_elem_bytes, sfd) {
             if value > max as u128 {
-                return Err(Error::SizeLimit { what, rule, dims, value, max: max as u128, why });
+                return Err(Error::SizeLimit { what, rule, dims: dims(self), value, max: max as u128, why });
             }
         }
         Ok(())
@@ -291,7 +299,7 @@ impl Problem {
     /// [`Self::MAX_TILES`]. [`Self::validate`] bounds the count of 64 x 64 tiles; a tile of fewer
     /// rows (the stream tiles' 8) can count up to 4 times as many.
     pub(crate) fn check_tiles(&self, tile_m: usize, tile_n: usize) -> Result<()> {
-        self.check_tile_count((tile_m, tile_n), "output tiles of the config", "ceil(M / tile M) * ceil(N / tile N) * L", format!(", tile {tile_m} x {tile_n}"))
+        self.check_tile_count((tile_m, tile_n), "output tiles of the config", "ceil(M / tile M) * ceil(N / tile N) * L", || format!(", tile {tile_m} x {tile_n}"))
     }
 
     /// SM100's limit beyond [`Self::validate`]: CUTLASS builds its scale-factor layouts from
@@ -299,7 +307,7 @@ impl Problem {
     pub fn check_sm100(&self, out: OutType) -> Result<()> {
         for (what, rule, value, dims) in self.counts(0, out.sfd().is_some()) {
             if what.starts_with("SF") && value > i32::MAX as u128 {
-                return Err(Error::SizeLimit { what, rule, dims, value, max: i32::MAX as u128, why: "CUTLASS's SM100 scale layouts hold 32-bit strides" });
+                return Err(Error::SizeLimit { what, rule, dims: dims(self), value, max: i32::MAX as u128, why: "CUTLASS's SM100 scale layouts hold 32-bit strides" });
             }
         }
         Ok(())
@@ -421,8 +429,7 @@ mod tests {
         Problem::new(128, 256, 256).scalars(1.0, 0.5).validate(OutType::Bf16, true).unwrap();
     }
 
-    /// Sizes at the kernels' 32-bit limits and byte counts beyond 64 bits: typed errors that
-    /// name the count, its rule and the limit, never a panic or a wrapped count.
+    /// SM100's scale spans: at most i32::MAX bytes each, SFD counted only for FP4 output.
     #[test]
     fn sm100_scale_spans_are_bounded() {
         // K = 64: four scale columns, so SFA is 4 * ceil(M/128)*128 bytes.
@@ -438,6 +445,8 @@ mod tests {
         assert!(matches!(e, Error::SizeLimit { what: "SFB bytes", .. }), "{e}");
     }
 
+    /// Sizes at the kernels' 32-bit limits and byte counts beyond 64 bits: typed errors that
+    /// name the count, its rule and the limit, never a panic or a wrapped count.
     #[test]
     fn sizes_beyond_the_limits_are_typed_errors() {
         // N rounded up to 256 leaves i32 (issue 25, finding 1): the kernels' n + 255 wraps.
