@@ -111,10 +111,11 @@ __device__ __forceinline__ uint32_t quantize16(const float (&v)[16], const Globa
       }
     }
     if (redo) {
-      // (The fast path's reciprocal is not reused here: one select-guarded reciprocal before the
-      // branch ran 2-9 % slower, bench/DESIGN.md section 13.) Below 2^-126 the reciprocal overflows (a computed g of FLT_MIN and a subnormal scale make
-      // such steps): a NaN rcp sends every quotient to the division (NaN * x is the canonical NaN,
-      // whose low mantissa bits e2m1_code_of_quotient flags).
+      // The fast path's reciprocal is not reused here: one reciprocal for both paths was slower
+      // (bench/DESIGN.md section 13). Below 2^-126 the reciprocal overflows (a computed g of
+      // FLT_MIN and a subnormal scale make such steps): a NaN rcp sends every quotient to the
+      // division (NaN * x is the canonical NaN, whose low mantissa bits e2m1_code_of_quotient
+      // flags).
       const float rcp = step >= 0x1p-126f ? __frcp_rn(step) : __int_as_float(0x7FFFFFFF);
       p[0] = p[1] = 0;
 #pragma unroll
@@ -172,14 +173,14 @@ struct RowInputs {
 };
 
 // One warp: one row, 32 consecutive scale columns (lane j: column 32 blockIdx.x + j, its 16
-// inputs), so a warp's loads and code stores are contiguous (16 x 32 bytes of bf16 in, 256 bytes
-// of codes out); four lanes' scale bytes are one 32-bit word of the tiled layout, stored by the
-// first of them. Warps stride over the rows (about kRowsPerWarp each in a dense launch), each
-// loading its next row's inputs before quantizing this row (not for SwiGLU), so a load stays in
-// flight while it computes. The rows are the dense layout's padded rows (ceil(M/128) * 128: rows
-// past M write zero scales), or the MoE form's stacked rows (rows no expert holds write nothing). Columns past K/16 up to the padded
-// count write zero scales. grid: (padded columns / 32 rounded up, row groups, L). g_given is used
-// when amax_bits is null.
+// inputs), so a warp's loads and code stores are contiguous (16 x 32 bytes of bf16 in, 256 bytes of
+// codes out); four lanes' scale bytes are one 32-bit word of the tiled layout, stored by the first
+// of them. Warps stride over the rows (about kRowsPerWarp each in a dense launch), each loading its
+// next row's inputs before quantizing this row (not for SwiGLU), so a load stays in flight while it
+// computes. The rows are the dense layout's padded rows (ceil(M/128) * 128: rows past M write zero
+// scales), or the MoE form's stacked rows (rows no expert holds write nothing). Columns past K/16
+// up to the padded count write zero scales. grid: (padded columns / 32 rounded up, row groups, L).
+// g_given is used when amax_bits is null.
 template <class T, class Layout, class Transform>
 __global__ void __launch_bounds__(kThreads) quantize_kernel(const T* x, uint8_t* codes, uint8_t* scales, int m, int k, float g_given, const uint32_t* amax_bits,
                                                          const int32_t* offsets, int experts) {
