@@ -954,6 +954,12 @@ fn quantizer_matches_the_cpu_bit_for_bit() -> Outcome {
     }
     let dx = s.clone_htod(&x).unwrap();
     same(&s, &q.quantize(&dx, (1, 4, 256), Some(1.0)).unwrap(), &Nvfp4Matrix::quantize_unchecked(&x, (1, 4, 256), Some(1.0)).unwrap(), "NaN and Inf");
+    // The 16-bit inputs find a block's NaN by its bits (cpp/quant/quantize.cuh, block_max).
+    let x16: Vec<f16> = x.iter().map(|&v| f16::from_f32(v)).collect();
+    let xb: Vec<bf16> = x.iter().map(|&v| bf16::from_f32(v)).collect();
+    let (d16, db) = (s.clone_htod(&x16).unwrap(), s.clone_htod(&xb).unwrap());
+    same(&s, &q.quantize(&d16, (1, 4, 256), Some(1.0)).unwrap(), &Nvfp4Matrix::quantize_unchecked(&x16, (1, 4, 256), Some(1.0)).unwrap(), "NaN and Inf, f16");
+    same(&s, &q.quantize(&db, (1, 4, 256), Some(1.0)).unwrap(), &Nvfp4Matrix::quantize_unchecked(&xb, (1, 4, 256), Some(1.0)).unwrap(), "NaN and Inf, bf16");
     let e = q.quantize(&dx, (1, 4, 256), None).unwrap_err().to_string();
     assert!(e.contains("infinity"), "computed global scale of data with an infinity: {e}");
     // A tensor whose amax is below 2688 * 2^-126: g = FLT_MIN, block steps below 2^-126 (the

@@ -200,11 +200,13 @@ __device__ __forceinline__ uint32_t e2m1_code_of_quotient(float x, float step, f
 // bits(RN(|q| + C)) - bits(C) counts the steps: the code below 2 (E' = 127), code - 2 in [2, 4),
 // code - 4 in [4, 8), each count even exactly when its code is, so 2 E' - 254 adds the offset;
 // from 8 on the count saturates. Equal to e2m1_magnitude_code(|q|) on every such q (checked
-// exhaustively on the host).
+// exhaustively on the host). Written from C's bits alone: cb = max(bits(E) + 0x0B000000,
+// 0x4A800000) is one add-and-max, and (E' << 1) - 254 = (cb >> 22) - 298, exactly, because cb's
+// low 22 bits are zero (0x0B000000 >> 22 = 44).
 __device__ __forceinline__ uint32_t e2m1_code_by_binade(float q) {
-  const uint32_t eb = max(__float_as_uint(q) & 0x7F800000u, 0x3F800000u), cb = eb + 0x0B000000u;
+  const uint32_t cb = max((__float_as_uint(q) & 0x7F800000u) + 0x0B000000u, 0x4A800000u);
   const uint32_t r = __float_as_uint(__fadd_rn(fabsf(q), __uint_as_float(cb)));
-  return min(r - cb + (eb >> 22) - 254u, 7u);
+  return min(r - cb + (cb >> 22) - 298u, 7u);
 }
 
 // RN(x / step) without a division (rcp = RN(1 / step)): q0 = RN(x * rcp) is within about two ulps

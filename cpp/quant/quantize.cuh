@@ -83,43 +83,77 @@ __device__ __forceinline__ float block_scale_quotient(float bamax, const GlobalS
   return bamax / 6.f / gs.g;
 }
 
-// One block of 16: its ue4m3 scale, and its codes packed into 8 bytes (element 2i low nibble):
-// the code of RN(x / step) with x's sign, as e2m1_code_of_quotient gives it. Branch-free per
-// value by quotient_by_reciprocal where step is in [2^-90, 2^126) (every intermediate value of a
-// quotient that can reach 0.25 then stays normal) and every |quotient| < 2^100 (quotients past 6
-// saturate, as with a subnormal scale; infinite or NaN x gives a NaN quotient); otherwise the
-// block is redone value by value with e2m1_code_of_quotient. Host check (C): for every mantissa
-// of step, every e2m1 rounding midpoint and every x within 24 ulps of it (the only x whose code a
-// wrong last bit could change), the corrected quotient equals IEEE x / step bit for bit, 2.9e9
-// cases (the uncorrected product is wrong in 7.9e8 of them and gives 1.5e7 wrong codes).
-__device__ __forceinline__ uint32_t quantize16(const float (&v)[16], const GlobalScale& gs, uint2& packed) {
-  float bamax = 0.f;
+// A block's largest magnitude as fmaxf(0, |v_i|, ...) gives it (NaN skipped), and whether a NaN
+// is among its values: one maximum a value that lets a NaN through (max.NaN.f32), or for 16-bit
+// inputs two a value on the raw words (integer maxima of the magnitudes' bits, which order like
+// the values with NaN above infinity; max.u16x2, which ptxas fuses in pairs into
+// VIMNMX3.U16x2); the NaN-skipping maximum only where a NaN is present.
+struct BlockMax {
+  float amax;
+  bool nan;
+};
+
+__device__ __forceinline__ float fmax_abs16(const float (&v)[16]) {
+  float m = 0.f;
 #pragma unroll
-  for (int i = 0; i < 16; ++i) bamax = fmaxf(bamax, fabsf(v[i]));
-  const uint32_t sf = sf_from_float<cutlass::float_ue4m3_t>(block_scale_quotient(bamax, gs));
+  for (int i = 0; i < 16; ++i) m = fmaxf(m, fabsf(v[i]));
+  return m;
+}
+
+__device__ __forceinline__ BlockMax block_max(const float (&v)[16]) {
+  float m = 0.f;
+#pragma unroll
+  for (int i = 0; i < 16; ++i) asm("max.NaN.f32 %0, %0, %1;\n" : "+f"(m) : "f"(fabsf(v[i])));
+  if (isnan(m)) return BlockMax{fmax_abs16(v), true};
+  return BlockMax{m, false};
+}
+
+template <class T, int n>
+__device__ __forceinline__ BlockMax block_max(const Raw<T, n>& r, int j, const float (&v)[16]) {
+  if constexpr (sizeof(T) == 4) {
+    return block_max(v);
+  } else {
+    const uint32_t* u = reinterpret_cast<const uint32_t*>(r.w) + j * 8;
+    uint32_t m = 0;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) asm("max.u16x2 %0, %0, %1;\n" : "+r"(m) : "r"(u[i] & 0x7FFF7FFFu));
+    const uint32_t mb = max(m & 0xFFFFu, m >> 16);
+    constexpr bool kHalf = std::is_same_v<T, __half>;
+    if (mb > (kHalf ? 0x7C00u : 0x7F80u)) return BlockMax{fmax_abs16(v), true};
+    return BlockMax{kHalf ? __half2float(__ushort_as_half(uint16_t(mb))) : __uint_as_float(mb << 16), false};
+  }
+}
+
+// One block of 16 (bm: block_max of its values): its ue4m3 scale, and its codes packed into 8
+// bytes (element 2i low nibble): the code of RN(x / step) with x's sign, as e2m1_code_of_quotient
+// gives it. Branch-free per value by quotient_by_reciprocal where step is in [2^-90, 2^126) (every
+// intermediate value of a quotient that can reach 0.25 then stays normal), no value is NaN and
+// RN(amax * rcp) < 2^99 (then every corrected quotient is below 2^100, where
+// e2m1_code_by_binade holds; an infinite value fails this test); otherwise the block is redone
+// value by value with e2m1_code_of_quotient. Host check (C): for every mantissa of step, every
+// e2m1 rounding midpoint and every x within 24 ulps of it (the only x whose code a wrong last bit
+// could change), the corrected quotient equals IEEE x / step bit for bit, 2.9e9 cases (the
+// uncorrected product is wrong in 7.9e8 of them and gives 1.5e7 wrong codes).
+__device__ __forceinline__ uint32_t quantize16(const float (&v)[16], const BlockMax& bm, const GlobalScale& gs, uint2& packed) {
+  const uint32_t sf = sf_from_float<cutlass::float_ue4m3_t>(block_scale_quotient(bm.amax, gs));
   const float step = sf_to_float<cutlass::float_ue4m3_t>(uint8_t(sf)) * gs.g;
   uint32_t p[2] = {0, 0};
   if (step > 0.f) {
-    bool redo = !(step >= 0x1p-90f && step < 0x1p126f);
-    if (!redo) {
-      const float rcp = __frcp_rn(step);
+    const bool in_range = step >= 0x1p-90f && step < 0x1p126f;
+    const float rcp = in_range ? __frcp_rn(step) : 0.f;
+    if (in_range && !bm.nan && __fmul_rn(bm.amax, rcp) < 0x1p99f) {
 #pragma unroll
-      for (int i = 0; i < 16; ++i) {
-        const float q = quotient_by_reciprocal(v[i], step, rcp);
-        redo |= !(fabsf(q) < 0x1p100f);
-        p[i / 8] |= (((__float_as_uint(v[i]) >> 28) & 8u) | e2m1_code_by_binade(q)) << (4 * (i % 8));
-      }
-    }
-    if (redo) {
+      for (int i = 0; i < 16; ++i)
+        p[i / 8] |= (((__float_as_uint(v[i]) >> 28) & 8u) | e2m1_code_by_binade(quotient_by_reciprocal(v[i], step, rcp))) << (4 * (i % 8));
+    } else {
       // The fast path's reciprocal is not reused here: one reciprocal for both paths was slower
       // (bench/DESIGN.md section 13). Below 2^-126 the reciprocal overflows (a computed g of
       // FLT_MIN and a subnormal scale make such steps): a NaN rcp sends every quotient to the
       // division (NaN * x is the canonical NaN, whose low mantissa bits e2m1_code_of_quotient
       // flags).
-      const float rcp = step >= 0x1p-126f ? __frcp_rn(step) : __int_as_float(0x7FFFFFFF);
-      p[0] = p[1] = 0;
+      const float rcp2 = step >= 0x1p-126f ? __frcp_rn(step) : __int_as_float(0x7FFFFFFF);
 #pragma unroll
-      for (int i = 0; i < 16; ++i) p[i / 8] |= e2m1_code_of_quotient(v[i], step, rcp) << (4 * (i % 8));
+      for (int i = 0; i < 16; ++i) p[i / 8] |= e2m1_code_of_quotient(v[i], step, rcp2) << (4 * (i % 8));
     }
   }
   packed = make_uint2(p[0], p[1]);
@@ -231,7 +265,8 @@ __global__ void __launch_bounds__(kThreads) quantize_kernel(const T* x, uint8_t*
         to_float16(ahead.part[0], 0, v);
       }
       uint2 packed;
-      sf = quantize16(v, gs, packed);
+      if constexpr (kSwiglu) sf = quantize16(v, block_max(v), gs, packed);
+      else sf = quantize16(v, block_max(ahead.part[0], 0, v), gs, packed);
       *reinterpret_cast<uint2*>(codes + ((int64_t(l) * m + r) * k + int64_t(cg) * 16) / 2) = packed;
     }
     const uint32_t word = sf | __shfl_down_sync(0xFFFFFFFFu, sf, 1) << 8 | __shfl_down_sync(0xFFFFFFFFu, sf, 2) << 16 |
