@@ -61,6 +61,7 @@ fn main() {
         ("grouped_list_fp4_output_is_gemm_fp4_per_group", grouped_list_fp4_output_is_gemm_fp4_per_group),
         ("w4a16_every_config_and_output", w4a16_every_config_and_output),
         ("w4a16_same_bits_as_nvfp4_gemm", w4a16_same_bits_as_nvfp4_gemm),
+        ("w4a16_bf16_in_and_out_of_f16_range_exact", w4a16_bf16_in_and_out_of_f16_range_exact),
         ("w4a16_grouped_moe_every_config", w4a16_grouped_moe_every_config),
         ("row_major_scales_tiled_on_the_gpu", row_major_scales_tiled_on_the_gpu),
         // Last: they turn cudarc's event tracking off for the buffers made after them.
@@ -1781,6 +1782,63 @@ fn w4a16_every_config_and_output() -> Outcome {
     assert!(matches!(e, Error::NotBuilt { .. }), "{e}");
     let e = run_w4a16::<bf16, bf16>(&g, &p, &x[1..], &w, &[], None).unwrap_err();
     assert!(matches!(e, Error::BufferLength { name: "A", .. }), "{e}");
+    Ok(())
+}
+
+/// bf16 activations on the stream tiles of up to 16 rows: a warp takes a k-tile's activations as
+/// FP16 when all are exact in FP16 (+-0, or magnitudes in [2^-17, 2^16)), else as BF16, into the
+/// same accumulators. Data whose FP32 sums are exact (weights of scale 1, activations of few bits
+/// per class), so every element must equal the reference bit for bit: k-tiles of values in range
+/// (the edges 2^-17 and 65280 among them), of values below (2^-20 times 1 to 3) or above (2^16 times
+/// 1 to 3) it, and of zeros, chosen per k-tile for all rows and per row and k-tile; every
+/// configuration of at most 16 rows and the automatic pick.
+fn w4a16_bf16_in_and_out_of_f16_range_exact() -> Outcome {
+    let g = hopper()?;
+    let (l, n, k) = (2, 256, 1024);
+    let mut rng = blockscaled_gemm::SplitMix64::new(seed() ^ 0x4A17);
+    // Codes of every kind, scales 1.0 (ue4m3 0x38), no global scale: weights in {0, +-0.5 .. +-6}.
+    let w = Nvfp4Matrix::from_parts(n, k, l, rng.bytes(l * n * k / 2), blockscaled_gemm::layout::to_tiled(&vec![0x38u8; l * n * k / 16], n, k / 16, l), None).unwrap();
+    let small_m: Vec<Config> = Config::ALL.iter().copied().filter(|c| c.is_built_w4a16(OutType::F32) && c.info().streams() && c.info().tile[0] <= 16).collect();
+    if small_m.is_empty() {
+        return Err("no W4A16 stream config of at most 16 rows in this build".into());
+    }
+    // Two scales of data: products are multiples of 2^7 (large) or 2^-21 (small) and the sums stay
+    // below 2^31 and 2^1, within FP32's 24 bits.
+    for large in [true, false] {
+        let (inside, outside): (Vec<f64>, Vec<f64>) = if large {
+            ([1024.0, 2048.0, 3072.0, 65280.0].to_vec(), [65536.0, 131072.0, 196608.0].to_vec())
+        } else {
+            ([2f64.powi(-17), 2f64.powi(-14), 2.0 * 2f64.powi(-14), 3.0 * 2f64.powi(-14)].to_vec(), [2f64.powi(-20), 2f64.powi(-19), 3.0 * 2f64.powi(-20)].to_vec())
+        };
+        for per_row in [false, true] {
+            for &m in &[1usize, 3, 8, 16] {
+                // Class of (batch, row, 64-value k-tile): 0 inside, 1 outside, 2 zeros.
+                let tiles = k / 64;
+                let classes: Vec<u64> = (0..l * m * tiles).map(|_| match rng.below(20) { 0..=10 => 0, 11..=16 => 1, _ => 2 }).collect();
+                let class = |b: usize, r: usize, t: usize| if per_row { classes[(b * m + r) * tiles + t] } else { classes[b * m * tiles + t] };
+                let mut x = Vec::with_capacity(l * m * k);
+                for b in 0..l {
+                    for r in 0..m {
+                        for kk in 0..k {
+                            let sign = if rng.below(2) == 0 { 1.0 } else { -1.0 };
+                            x.push(bf16::from_f64(match class(b, r, kk / 64) {
+                                0 => sign * inside[rng.below(inside.len() as u64) as usize],
+                                1 => sign * outside[rng.below(outside.len() as u64) as usize],
+                                _ => 0.0,
+                            }));
+                        }
+                    }
+                }
+                let p = Problem::new(m, n, k).batch(l);
+                for config in std::iter::once(None).chain(small_m.iter().copied().map(Some)) {
+                    let (ran, got) = run_w4a16::<bf16, f32>(&g, &p, &x, &w, &[], config).unwrap();
+                    let v = verify_w4a16(&p, &x, w.data(), w.scales(), None, &got).unwrap();
+                    assert!(v.exact == v.count, "{ran} {m}x{n}x{k}x{l}, large {large}, classes per row {per_row}: {v}");
+                }
+            }
+        }
+    }
+    println!("W4A16 bf16 in and out of FP16's range: every element exact on {} stream configs and the automatic pick", small_m.len());
     Ok(())
 }
 

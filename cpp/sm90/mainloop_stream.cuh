@@ -32,19 +32,34 @@ __device__ __forceinline__ uint32_t sw128_group(int r, int sub, int c) {
 // v[2 st + 1] to 2c + 8, 2c + 9. Both operands are decoded alike, so every product pairs equal K
 // (the order of mainloop_swapped.cuh), and each product carries 2^-12, undone after the loop.
 // E = bfloat16_t (W4A16 with bf16 activations): decode8_bf16, value * sf exactly, no 2^-6.
+// kExact (FP16): value * sf exactly too (decode8 with the scale times 2^6), for k-tiles of bf16
+// activations taken as FP16, whose products then equal the BF16 path's.
+struct GroupRaw {
+  uint2 q;      // the group's 16 codes
+  uint32_t sf;  // its scale byte
+};
+__device__ __forceinline__ GroupRaw load_group(const uint8_t* box, const uint8_t* sf_chunk, int r, int sub, int c, int sf_row) {
+  return GroupRaw{*reinterpret_cast<const uint2*>(box + sw128_group(r, sub, c)), sf_chunk[sf_in_chunk(sf_row, c)]};
+}
+template <class E = cute::half_t, bool kExact = false>
+__device__ __forceinline__ void decode_raw(const GroupRaw& g, uint32_t (&v)[8]) {
+  uint4 v0, v1;
+  if constexpr (std::is_same_v<E, cute::bfloat16_t>) {
+    const uint32_t s = decode8_bf16_scale(g.sf);
+    v0 = decode8_bf16(g.q.x, s), v1 = decode8_bf16(g.q.y, s);
+  } else if constexpr (kExact) {
+    const uint32_t s = decode8_scales(e4m3x2_to_f16x2(g.sf * 0x0101u));
+    v0 = decode8(g.q.x, s), v1 = decode8(g.q.y, s);
+  } else {
+    const uint32_t sf = e4m3x2_to_f16x2(g.sf);
+    v0 = decode8<true>(g.q.x, sf), v1 = decode8<true>(g.q.y, sf);
+  }
+  v[0] = v0.x, v[1] = v0.y, v[2] = v0.z, v[3] = v0.w, v[4] = v1.x, v[5] = v1.y, v[6] = v1.z, v[7] = v1.w;
+}
 template <class E = cute::half_t>
 __device__ __forceinline__ void decode_group(const uint8_t* box, const uint8_t* sf_chunk, int r, int sub, int c, int sf_row,
                                              uint32_t (&v)[8]) {
-  const uint2 q = *reinterpret_cast<const uint2*>(box + sw128_group(r, sub, c));
-  uint4 v0, v1;
-  if constexpr (std::is_same_v<E, cute::bfloat16_t>) {
-    const uint32_t s = decode8_bf16_scale(sf_chunk[sf_in_chunk(sf_row, c)]);
-    v0 = decode8_bf16(q.x, s), v1 = decode8_bf16(q.y, s);
-  } else {
-    const uint32_t sf = e4m3x2_to_f16x2(sf_chunk[sf_in_chunk(sf_row, c)]);
-    v0 = decode8<true>(q.x, sf), v1 = decode8<true>(q.y, sf);
-  }
-  v[0] = v0.x, v[1] = v0.y, v[2] = v0.z, v[3] = v0.w, v[4] = v1.x, v[5] = v1.y, v[6] = v1.z, v[7] = v1.w;
+  decode_raw<E>(load_group(box, sf_chunk, r, sub, c, sf_row), v);
 }
 
 // Dense activations (W4A16): thread (g, c) takes the 16 values of group c (K 16c .. 16c + 15 of
@@ -77,6 +92,13 @@ struct CollectiveMainloop<Tile<BM, BN, MainloopStream<kStageKTiles>, Act>> {
   // faster there (bench/DESIGN.md §12).
   static constexpr int kLoadsAhead = T::kRawStages < 2 ? T::kRawStages : 2;
 
+  // bf16 activations at up to 16 tokens: a warp whose activations of a k-tile are all exact in FP16
+  // (nvfp4.cuh, Bf16RangeAcc) takes them as FP16 and decodes its weights to FP16, two instructions
+  // a pair of weights fewer than to BF16, for about one and a half more a pair of activations (the
+  // conversion and the range test); from 32 tokens the activations cost more than the weights save.
+  // The products are the BF16 path's, each exact in FP32, into the same accumulators.
+  static constexpr bool kBf16AsF16 = std::is_same_v<E, cute::bfloat16_t> && !Act::kScaled && kNT <= 2;
+
   // Lane 0 of the producer warp issues every raw stage once the stage `ahead` before it has
   // landed and, for a refill, the compute warps have freed its slot (whose barrier no refill
   // has re-armed since that stage: ahead <= kRawStages). Nothing is read before the previous
@@ -88,6 +110,20 @@ struct CollectiveMainloop<Tile<BM, BN, MainloopStream<kStageKTiles>, Act>> {
       if (r >= T::kRawStages) pipe.wait_empty(r);
       if (r >= ahead) pipe.wait(r - ahead);
       pipe.issue(r);
+    }
+  }
+
+  // Weight rows t (g and g + 8 of its 16) of this warp's k-tile, decoded as decode_raw<ME, kExact>
+  // gives them, times the activation fragments b (of type ME).
+  template <class ME, bool kExact>
+  __device__ __forceinline__ static void mma_rows(float (&acc)[kNT][4], const GroupRaw& r0, const GroupRaw& r1, const uint32_t (&b)[kNT][8]) {
+    uint32_t w0[8], w1[8];
+    decode_raw<ME, kExact>(r0, w0);
+    decode_raw<ME, kExact>(r1, w1);
+    CUTE_UNROLL
+    for (int s = 0; s < 4; ++s) {
+      CUTE_UNROLL
+      for (int nt = 0; nt < kNT; ++nt) mma_m16n8k16<ME>(acc[nt], w0[2 * s], w1[2 * s], w0[2 * s + 1], w1[2 * s + 1], b[nt][2 * s], b[nt][2 * s + 1]);
     }
   }
 
@@ -117,17 +153,29 @@ struct CollectiveMainloop<Tile<BM, BN, MainloopStream<kStageKTiles>, Act>> {
           CUTE_UNROLL
           for (int nt = 0; nt < kNT; ++nt) load_group_dense(a_tile, nt * 8 + g, c, b[nt]);
         }
+        bool as_f16 = false;  // kBf16AsF16: this warp's activations of the k-tile, as FP16
+        if constexpr (kBf16AsF16) {
+          Bf16RangeAcc range;
+          CUTE_UNROLL
+          for (int nt = 0; nt < kNT; ++nt) {
+            CUTE_UNROLL
+            for (int i = 0; i < 8; ++i) range.add(b[nt][i]);
+          }
+          as_f16 = __all_sync(0xFFFFFFFFu, range.exact_in_f16());
+          if (as_f16) {
+            CUTE_UNROLL
+            for (int nt = 0; nt < kNT; ++nt) {
+              CUTE_UNROLL
+              for (int i = 0; i < 8; ++i) b[nt][i] = bf16x2_to_f16x2(b[nt][i]);
+            }
+          }
+        }
         CUTE_UNROLL
         for (int t = 0; t < kRW; ++t) {
-          uint32_t w0[8], w1[8];
-          decode_group<E>(b_box, sfb, row0 + 16 * t, sub, c, wsf + 16 * t, w0);
-          decode_group<E>(b_box, sfb, row0 + 16 * t + 8, sub, c, wsf + 16 * t + 8, w1);
-          CUTE_UNROLL
-          for (int s = 0; s < 4; ++s) {
-            CUTE_UNROLL
-            for (int nt = 0; nt < kNT; ++nt)
-              mma_m16n8k16<E>(acc[t][nt], w0[2 * s], w1[2 * s], w0[2 * s + 1], w1[2 * s + 1], b[nt][2 * s], b[nt][2 * s + 1]);
-          }
+          const GroupRaw r0 = load_group(b_box, sfb, row0 + 16 * t, sub, c, wsf + 16 * t);
+          const GroupRaw r1 = load_group(b_box, sfb, row0 + 16 * t + 8, sub, c, wsf + 16 * t + 8);
+          if (as_f16) mma_rows<cute::half_t, true>(acc[t], r0, r1, b);
+          else mma_rows<E, false>(acc[t], r0, r1, b);
         }
       }
       __syncwarp();
