@@ -237,6 +237,21 @@ __device__ __forceinline__ void compute_sync() {
   else __syncthreads();
 }
 
+// The compute threads' AND of a per-thread condition (a barrier, as compute_sync).
+template <class T>
+__device__ __forceinline__ bool compute_and(bool v) {
+  if constexpr (T::kProducerExits) {
+    uint32_t r;
+    asm volatile("{\n .reg .pred p, q;\n setp.ne.u32 q, %1, 0;\n bar.red.and.pred p, 1, %2, q;\n selp.u32 %0, 1, 0, p;\n}\n"
+                 : "=r"(r)
+                 : "r"(uint32_t(v)), "n"(kThreads)
+                 : "memory");
+    return r != 0;
+  } else {
+    return __syncthreads_and(v) != 0;
+  }
+}
+
 // What an output tag means to the kernel: N's multiple (16 bytes of D) and, for FP4 output
 // (Fp4Out<Sf>, whose C is f32), the scale-factor type.
 template <class T>

@@ -47,7 +47,12 @@ __global__ void __launch_bounds__(T::kLaunchThreads, T::kMinBlocks)
   griddep_wait();
 
   float acc[T::kRW][T::kNT][4] = {};
-  Mainloop::run(pipe, w, smem, acc, tid);
+  if constexpr (Mainloop::kBf16AsF16) {
+    if (Mainloop::activations_fit_f16(p, w, tid)) Mainloop::template run<true>(pipe, w, smem, acc, tid);
+    else Mainloop::run(pipe, w, smem, acc, tid);
+  } else {
+    Mainloop::run(pipe, w, smem, acc, tid);
+  }
   stamp(2);
   griddep_launch_dependents();
   Units<T::kAcc> u;

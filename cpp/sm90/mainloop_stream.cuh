@@ -92,12 +92,38 @@ struct CollectiveMainloop<Tile<BM, BN, MainloopStream<kStageKTiles>, Act>> {
   // faster there (bench/DESIGN.md §12).
   static constexpr int kLoadsAhead = T::kRawStages < 2 ? T::kRawStages : 2;
 
-  // bf16 activations at up to 16 tokens: a warp whose activations of a k-tile are all exact in FP16
-  // (nvfp4.cuh, Bf16RangeAcc) takes them as FP16 and decodes its weights to FP16, two instructions
-  // a pair of weights fewer than to BF16, for about one and a half more a pair of activations (the
-  // conversion and the range test); from 32 tokens the activations cost more than the weights save.
-  // The products are the BF16 path's, each exact in FP32, into the same accumulators.
-  static constexpr bool kBf16AsF16 = std::is_same_v<E, cute::bfloat16_t> && !Act::kScaled && kNT <= 2;
+  // bf16 activations on the 8-row tiles: where all of a CTA's activations are exact in FP16
+  // (nvfp4.cuh, Bf16RangeAcc; the dense kernel checks them before its loop,
+  // activations_fit_f16), run<true> takes them as FP16 and decodes the weights to FP16, two
+  // instructions a pair of weights fewer than to BF16; the products are the BF16 path's, each
+  // exact in FP32. At 16 rows the check's reads cost more than the path saves; the grouped
+  // kernels keep the BF16 path (a check per work item would sit on each item's start). One path
+  // a loop: both in one loop, chosen per k-tile, ran 20-50 % slower than either (bench/DESIGN.md
+  // §15).
+  static constexpr bool kBf16AsF16 = std::is_same_v<E, cute::bfloat16_t> && !Act::kScaled && kNT == 1;
+
+  // Whether this CTA's activations (rows m0 .. m0 + BM of A, its K range) are all exact in FP16:
+  // every compute thread reads its share from global memory (the same for all CTAs of an output
+  // row block and K range, so mostly from L2), while the producer's first stages are in flight,
+  // and the compute threads AND their answers. Only where kBf16AsF16; after griddep_wait.
+  __device__ __forceinline__ static bool activations_fit_f16(const Params& p, const TileWork& w, int tid) {
+    Bf16RangeAcc range;
+    const int rows = min(BM, p.m - w.m0), k0 = w.kt_begin * kBK, k1 = min(w.kt_end * kBK, p.k);
+    const int chunks = (k1 - k0 + 7) / 8;  // 8 values (16 bytes) a chunk; K is a multiple of 16
+    const uint16_t* a = reinterpret_cast<const uint16_t*>(p.a) + (int64_t(w.a_batch) * p.m + w.m0) * p.k + k0;
+    constexpr int kInFlight = 8;  // loads issued before the first is used (one at a time, the reads took microseconds at 16 rows)
+    for (int i0 = tid; i0 < rows * chunks; i0 += kThreads * kInFlight) {
+      uint4 v[kInFlight];
+      CUTE_UNROLL
+      for (int j = 0; j < kInFlight; ++j) {
+        const int i = i0 + j * kThreads, r = i / chunks, ch = i % chunks;
+        v[j] = i < rows * chunks ? *reinterpret_cast<const uint4*>(a + int64_t(r) * p.k + ch * 8) : make_uint4(0, 0, 0, 0);
+      }
+      CUTE_UNROLL
+      for (int j = 0; j < kInFlight; ++j) range.add(v[j].x), range.add(v[j].y), range.add(v[j].z), range.add(v[j].w);
+    }
+    return compute_and<T>(range.exact_in_f16());
+  }
 
   // Lane 0 of the producer warp issues every raw stage once the stage `ahead` before it has
   // landed and, for a refill, the compute warps have freed its slot (whose barrier no refill
@@ -116,10 +142,11 @@ struct CollectiveMainloop<Tile<BM, BN, MainloopStream<kStageKTiles>, Act>> {
   // Weight rows t (g and g + 8 of its 16) of this warp's k-tile, decoded as decode_raw<ME, kExact>
   // gives them, times the activation fragments b (of type ME).
   template <class ME, bool kExact>
-  __device__ __forceinline__ static void mma_rows(float (&acc)[kNT][4], const GroupRaw& r0, const GroupRaw& r1, const uint32_t (&b)[kNT][8]) {
+  __device__ __forceinline__ static void mma_rows(float (&acc)[kNT][4], const uint32_t (&b)[kNT][8], const uint8_t* b_box, const uint8_t* sfb,
+                                                  int t, int row0, int sub, int c, int wsf) {
     uint32_t w0[8], w1[8];
-    decode_raw<ME, kExact>(r0, w0);
-    decode_raw<ME, kExact>(r1, w1);
+    decode_raw<ME, kExact>(load_group(b_box, sfb, row0 + 16 * t, sub, c, wsf + 16 * t), w0);
+    decode_raw<ME, kExact>(load_group(b_box, sfb, row0 + 16 * t + 8, sub, c, wsf + 16 * t + 8), w1);
     CUTE_UNROLL
     for (int s = 0; s < 4; ++s) {
       CUTE_UNROLL
@@ -129,8 +156,11 @@ struct CollectiveMainloop<Tile<BM, BN, MainloopStream<kStageKTiles>, Act>> {
 
   // acc[t][nt]: the m16n8 fragment of weight rows wn * 16 kRW + 16 t + (g, g + 8) and tokens
   // 8 nt + (2c, 2c + 1), over this warp row's k-tiles (k-tile wk of every stage).
+  // kAsF16 (kBf16AsF16 only): the activations as FP16, the weights decoded to FP16.
+  template <bool kAsF16 = false>
   __device__ __forceinline__ static void run(const RawPipeline<T>& pipe, const TileWork& w, const uint8_t* raw,
                                              float (&acc)[kRW][kNT][4], int tid) {
+    static_assert(!kAsF16 || kBf16AsF16, "FP16 activations: bf16 ones on tiles of up to 16 rows");
     const int warp = tid / 32, lane = tid % 32, g = lane / 4, c = lane % 4;
     const int wn = warp % T::kWn, wk = warp / T::kWn;
     const int box = wk / 4, sub = wk % 4;
@@ -153,29 +183,17 @@ struct CollectiveMainloop<Tile<BM, BN, MainloopStream<kStageKTiles>, Act>> {
           CUTE_UNROLL
           for (int nt = 0; nt < kNT; ++nt) load_group_dense(a_tile, nt * 8 + g, c, b[nt]);
         }
-        bool as_f16 = false;  // kBf16AsF16: this warp's activations of the k-tile, as FP16
-        if constexpr (kBf16AsF16) {
-          Bf16RangeAcc range;
+        if constexpr (kAsF16) {
           CUTE_UNROLL
           for (int nt = 0; nt < kNT; ++nt) {
             CUTE_UNROLL
-            for (int i = 0; i < 8; ++i) range.add(b[nt][i]);
+            for (int i = 0; i < 8; ++i) b[nt][i] = bf16x2_to_f16x2(b[nt][i]);
           }
-          as_f16 = __all_sync(0xFFFFFFFFu, range.exact_in_f16());
-          if (as_f16) {
-            CUTE_UNROLL
-            for (int nt = 0; nt < kNT; ++nt) {
-              CUTE_UNROLL
-              for (int i = 0; i < 8; ++i) b[nt][i] = bf16x2_to_f16x2(b[nt][i]);
-            }
-          }
-        }
-        CUTE_UNROLL
-        for (int t = 0; t < kRW; ++t) {
-          const GroupRaw r0 = load_group(b_box, sfb, row0 + 16 * t, sub, c, wsf + 16 * t);
-          const GroupRaw r1 = load_group(b_box, sfb, row0 + 16 * t + 8, sub, c, wsf + 16 * t + 8);
-          if (as_f16) mma_rows<cute::half_t, true>(acc[t], r0, r1, b);
-          else mma_rows<E, false>(acc[t], r0, r1, b);
+          CUTE_UNROLL
+          for (int t = 0; t < kRW; ++t) mma_rows<cute::half_t, true>(acc[t], b, b_box, sfb, t, row0, sub, c, wsf);
+        } else {
+          CUTE_UNROLL
+          for (int t = 0; t < kRW; ++t) mma_rows<E, false>(acc[t], b, b_box, sfb, t, row0, sub, c, wsf);
         }
       }
       __syncwarp();
