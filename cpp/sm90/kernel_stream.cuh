@@ -42,8 +42,8 @@ __global__ void __launch_bounds__(T::kLaunchThreads, T::kMinBlocks)
     Mainloop::produce(pipe, w, tid);
     return;
   }
-  // Before this thread's first global access (the epilogue's C and D): the previous kernel of a
-  // programmatic launch has completed.
+  // Before this thread's first global access (A where the FP16 test reads it, else the
+  // epilogue's C and D): the previous kernel of a programmatic launch has completed.
   griddep_wait();
 
   float acc[T::kRW][T::kNT][4] = {};

@@ -32,8 +32,8 @@ __device__ __forceinline__ uint32_t sw128_group(int r, int sub, int c) {
 // v[2 st + 1] to 2c + 8, 2c + 9. Both operands are decoded alike, so every product pairs equal K
 // (the order of mainloop_swapped.cuh), and each product carries 2^-12, undone after the loop.
 // E = bfloat16_t (W4A16 with bf16 activations): decode8_bf16, value * sf exactly, no 2^-6.
-// kExact (FP16): value * sf exactly too (decode8 with the scale times 2^6), for k-tiles of bf16
-// activations taken as FP16, whose products then equal the BF16 path's.
+// kExact (FP16): value * sf exactly too (decode8 with the scale times 2^6), for bf16 activations
+// taken as FP16 (run<true>), whose products then equal the BF16 loop's.
 struct GroupRaw {
   uint2 q;      // the group's 16 codes
   uint32_t sf;  // its scale byte
@@ -160,7 +160,7 @@ struct CollectiveMainloop<Tile<BM, BN, MainloopStream<kStageKTiles>, Act>> {
   template <bool kAsF16 = false>
   __device__ __forceinline__ static void run(const RawPipeline<T>& pipe, const TileWork& w, const uint8_t* raw,
                                              float (&acc)[kRW][kNT][4], int tid) {
-    static_assert(!kAsF16 || kBf16AsF16, "FP16 activations: bf16 ones on tiles of up to 16 rows");
+    static_assert(!kAsF16 || kBf16AsF16, "FP16 activations: bf16 ones on the 8-row tiles");
     const int warp = tid / 32, lane = tid % 32, g = lane / 4, c = lane % 4;
     const int wn = warp % T::kWn, wk = warp / T::kWn;
     const int box = wk / 4, sub = wk % 4;
