@@ -108,16 +108,18 @@ struct CollectiveMainloop<Tile<BM, BN, MainloopStream<kStageKTiles>, Act>> {
   // and the compute threads AND their answers. Only where kBf16AsF16; after griddep_wait.
   __device__ __forceinline__ static bool activations_fit_f16(const Params& p, const TileWork& w, int tid) {
     Bf16RangeAcc range;
-    const int rows = min(BM, p.m - w.m0), k0 = w.kt_begin * kBK, k1 = min(w.kt_end * kBK, p.k);
-    const int chunks = (k1 - k0 + 7) / 8;  // 8 values (16 bytes) a chunk; K is a multiple of 16
+    // Unsigned counts: rows * chunks is at most K (< 2^31), and i below passes it by at most
+    // kThreads * kInFlight.
+    const int k0 = w.kt_begin * kBK, k1 = int(min(int64_t(w.kt_end) * kBK, int64_t(p.k)));
+    const uint32_t chunks = uint32_t(k1 - k0 + 7) / 8, total = uint32_t(min(BM, p.m - w.m0)) * chunks;  // 8 values (16 bytes) a chunk
     const uint16_t* a = reinterpret_cast<const uint16_t*>(p.a) + (int64_t(w.a_batch) * p.m + w.m0) * p.k + k0;
     constexpr int kInFlight = 8;  // loads issued before the first is used (one at a time, the reads took microseconds at 16 rows)
-    for (int i0 = tid; i0 < rows * chunks; i0 += kThreads * kInFlight) {
+    for (uint32_t i0 = tid; i0 < total; i0 += kThreads * kInFlight) {
       uint4 v[kInFlight];
       CUTE_UNROLL
       for (int j = 0; j < kInFlight; ++j) {
-        const int i = i0 + j * kThreads, r = i / chunks, ch = i % chunks;
-        v[j] = i < rows * chunks ? *reinterpret_cast<const uint4*>(a + int64_t(r) * p.k + ch * 8) : make_uint4(0, 0, 0, 0);
+        const uint32_t i = i0 + j * kThreads, r = i / chunks, ch = i % chunks;
+        v[j] = i < total ? *reinterpret_cast<const uint4*>(a + int64_t(r) * p.k + ch * 8) : make_uint4(0, 0, 0, 0);
       }
       CUTE_UNROLL
       for (int j = 0; j < kInFlight; ++j) range.add(v[j].x), range.add(v[j].y), range.add(v[j].z), range.add(v[j].w);
