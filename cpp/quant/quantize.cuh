@@ -124,34 +124,51 @@ __device__ __forceinline__ BlockMax block_max(const Raw<T, n>& r, int j, const f
   }
 }
 
-// One block of 16 (bm: block_max of its values): its ue4m3 scale, and its codes packed into 8
-// bytes (element 2i low nibble): the code of RN(x / step) with x's sign, as e2m1_code_of_quotient
-// gives it. Branch-free per value by quotient_by_reciprocal where step is in [2^-90, 2^126) (every
-// intermediate value of a quotient that can reach 0.25 then stays normal), no value is NaN and
-// RN(amax * rcp) < 2^99 (then every corrected quotient is below 2^100, where
-// e2m1_code_by_binade holds; an infinite value fails this test); otherwise the block is redone
-// value by value with e2m1_code_of_quotient. Host check (C): for every mantissa of step, every
-// e2m1 rounding midpoint and every x within 24 ulps of it (the only x whose code a wrong last bit
-// could change), the corrected quotient equals IEEE x / step bit for bit, 2.9e9 cases (the
-// uncorrected product is wrong in 7.9e8 of them and gives 1.5e7 wrong codes).
+// Where quantize16 sends a block to the redo: GateBlock once per block, from its maximum (bm);
+// GateValue per value from its quotient, the fast path's codes computed first (the SwiGLU
+// transform: its values come late from the exp and division, and the per-block test then sits on
+// the critical path, 0.1 us more at 128 rows; bench/DESIGN.md section 13).
+struct GateBlock {};
+struct GateValue {};
+
+// One block of 16 (bm: its largest magnitude, with GateBlock also whether a NaN is among them):
+// its ue4m3 scale, and its codes packed into 8 bytes (element 2i low nibble): the code of
+// RN(x / step) with x's sign, as e2m1_code_of_quotient gives it. Branch-free per value by
+// quotient_by_reciprocal where step is in [2^-90, 2^126) (every intermediate value of a quotient
+// that can reach 0.25 then stays normal) and every corrected quotient is below 2^100, where
+// e2m1_code_by_binade holds (GateBlock: no value is NaN and RN(amax * rcp) < 2^99, which an
+// infinite value fails; GateValue: each quotient tested, NaN failing); otherwise the block is
+// redone value by value with e2m1_code_of_quotient. Host check (C): for every mantissa of step,
+// every e2m1 rounding midpoint and every x within 24 ulps of it (the only x whose code a wrong
+// last bit could change), the corrected quotient equals IEEE x / step bit for bit, 2.9e9 cases
+// (the uncorrected product is wrong in 7.9e8 of them and gives 1.5e7 wrong codes).
+template <class Gate = GateBlock>
 __device__ __forceinline__ uint32_t quantize16(const float (&v)[16], const BlockMax& bm, const GlobalScale& gs, uint2& packed) {
+  constexpr bool kPerValue = std::is_same_v<Gate, GateValue>;
   const uint32_t sf = sf_from_float<cutlass::float_ue4m3_t>(block_scale_quotient(bm.amax, gs));
   const float step = sf_to_float<cutlass::float_ue4m3_t>(uint8_t(sf)) * gs.g;
   uint32_t p[2] = {0, 0};
   if (step > 0.f) {
     const bool in_range = step >= 0x1p-90f && step < 0x1p126f;
     const float rcp = in_range ? __frcp_rn(step) : 0.f;
-    if (in_range && !bm.nan && __fmul_rn(bm.amax, rcp) < 0x1p99f) {
+    bool redo = !in_range;
+    if constexpr (!kPerValue) redo = redo || bm.nan || !(__fmul_rn(bm.amax, rcp) < 0x1p99f);
+    if (!redo) {
 #pragma unroll
-      for (int i = 0; i < 16; ++i)
-        p[i / 8] |= (((__float_as_uint(v[i]) >> 28) & 8u) | e2m1_code_by_binade(quotient_by_reciprocal(v[i], step, rcp))) << (4 * (i % 8));
-    } else {
+      for (int i = 0; i < 16; ++i) {
+        const float q = quotient_by_reciprocal(v[i], step, rcp);
+        if constexpr (kPerValue) redo |= !(fabsf(q) < 0x1p100f);
+        p[i / 8] |= (((__float_as_uint(v[i]) >> 28) & 8u) | e2m1_code_by_binade(q)) << (4 * (i % 8));
+      }
+    }
+    if (redo) {
       // The fast path's reciprocal is not reused here: one reciprocal for both paths was slower
       // (bench/DESIGN.md section 13). Below 2^-126 the reciprocal overflows (a computed g of
       // FLT_MIN and a subnormal scale make such steps): a NaN rcp sends every quotient to the
       // division (NaN * x is the canonical NaN, whose low mantissa bits e2m1_code_of_quotient
       // flags).
       const float rcp2 = step >= 0x1p-126f ? __frcp_rn(step) : __int_as_float(0x7FFFFFFF);
+      p[0] = p[1] = 0;
 #pragma unroll
       for (int i = 0; i < 16; ++i) p[i / 8] |= e2m1_code_of_quotient(v[i], step, rcp2) << (4 * (i % 8));
     }
@@ -265,7 +282,7 @@ __global__ void __launch_bounds__(kThreads) quantize_kernel(const T* x, uint8_t*
         to_float16(ahead.part[0], 0, v);
       }
       uint2 packed;
-      if constexpr (kSwiglu) sf = quantize16(v, block_max(v), gs, packed);
+      if constexpr (kSwiglu) sf = quantize16<GateValue>(v, BlockMax{fmax_abs16(v), false}, gs, packed);
       else sf = quantize16(v, block_max(ahead.part[0], 0, v), gs, packed);
       *reinterpret_cast<uint2*>(codes + ((int64_t(l) * m + r) * k + int64_t(cg) * 16) / 2) = packed;
     }
