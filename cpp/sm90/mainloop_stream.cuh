@@ -34,32 +34,23 @@ __device__ __forceinline__ uint32_t sw128_group(int r, int sub, int c) {
 // E = bfloat16_t (W4A16 with bf16 activations): decode8_bf16, value * sf exactly, no 2^-6.
 // kExact (FP16): value * sf exactly too (decode8 with the scale times 2^6), for bf16 activations
 // taken as FP16 (run<true>), whose products then equal the BF16 loop's.
-struct GroupRaw {
-  uint2 q;      // the group's 16 codes
-  uint32_t sf;  // its scale byte
-};
-__device__ __forceinline__ GroupRaw load_group(const uint8_t* box, const uint8_t* sf_chunk, int r, int sub, int c, int sf_row) {
-  return GroupRaw{*reinterpret_cast<const uint2*>(box + sw128_group(r, sub, c)), sf_chunk[sf_in_chunk(sf_row, c)]};
-}
 template <class E = cute::half_t, bool kExact = false>
-__device__ __forceinline__ void decode_raw(const GroupRaw& g, uint32_t (&v)[8]) {
-  uint4 v0, v1;
-  if constexpr (std::is_same_v<E, cute::bfloat16_t>) {
-    const uint32_t s = decode8_bf16_scale(g.sf);
-    v0 = decode8_bf16(g.q.x, s), v1 = decode8_bf16(g.q.y, s);
-  } else if constexpr (kExact) {
-    const uint32_t s = decode8_scales(e4m3x2_to_f16x2(g.sf * 0x0101u));
-    v0 = decode8(g.q.x, s), v1 = decode8(g.q.y, s);
-  } else {
-    const uint32_t sf = e4m3x2_to_f16x2(g.sf);
-    v0 = decode8<true>(g.q.x, sf), v1 = decode8<true>(g.q.y, sf);
-  }
-  v[0] = v0.x, v[1] = v0.y, v[2] = v0.z, v[3] = v0.w, v[4] = v1.x, v[5] = v1.y, v[6] = v1.z, v[7] = v1.w;
-}
-template <class E = cute::half_t>
 __device__ __forceinline__ void decode_group(const uint8_t* box, const uint8_t* sf_chunk, int r, int sub, int c, int sf_row,
                                              uint32_t (&v)[8]) {
-  decode_raw<E>(load_group(box, sf_chunk, r, sub, c, sf_row), v);
+  const uint2 q = *reinterpret_cast<const uint2*>(box + sw128_group(r, sub, c));
+  const uint32_t sf = sf_chunk[sf_in_chunk(sf_row, c)];
+  uint4 v0, v1;
+  if constexpr (std::is_same_v<E, cute::bfloat16_t>) {
+    const uint32_t s = decode8_bf16_scale(sf);
+    v0 = decode8_bf16(q.x, s), v1 = decode8_bf16(q.y, s);
+  } else if constexpr (kExact) {
+    const uint32_t s = decode8_scales(e4m3x2_to_f16x2(sf * 0x0101u));
+    v0 = decode8(q.x, s), v1 = decode8(q.y, s);
+  } else {
+    const uint32_t s = e4m3x2_to_f16x2(sf);
+    v0 = decode8<true>(q.x, s), v1 = decode8<true>(q.y, s);
+  }
+  v[0] = v0.x, v[1] = v0.y, v[2] = v0.z, v[3] = v0.w, v[4] = v1.x, v[5] = v1.y, v[6] = v1.z, v[7] = v1.w;
 }
 
 // Dense activations (W4A16): thread (g, c) takes the 16 values of group c (K 16c .. 16c + 15 of
@@ -141,14 +132,14 @@ struct CollectiveMainloop<Tile<BM, BN, MainloopStream<kStageKTiles>, Act>> {
     }
   }
 
-  // Weight rows t (g and g + 8 of its 16) of this warp's k-tile, decoded as decode_raw<ME, kExact>
+  // Weight rows t (g and g + 8 of its 16) of this warp's k-tile, decoded as decode_group<ME, kExact>
   // gives them, times the activation fragments b (of type ME).
   template <class ME, bool kExact>
   __device__ __forceinline__ static void mma_rows(float (&acc)[kNT][4], const uint32_t (&b)[kNT][8], const uint8_t* b_box, const uint8_t* sfb,
                                                   int t, int row0, int sub, int c, int wsf) {
     uint32_t w0[8], w1[8];
-    decode_raw<ME, kExact>(load_group(b_box, sfb, row0 + 16 * t, sub, c, wsf + 16 * t), w0);
-    decode_raw<ME, kExact>(load_group(b_box, sfb, row0 + 16 * t + 8, sub, c, wsf + 16 * t + 8), w1);
+    decode_group<ME, kExact>(b_box, sfb, row0 + 16 * t, sub, c, wsf + 16 * t, w0);
+    decode_group<ME, kExact>(b_box, sfb, row0 + 16 * t + 8, sub, c, wsf + 16 * t + 8, w1);
     CUTE_UNROLL
     for (int s = 0; s < 4; ++s) {
       CUTE_UNROLL
