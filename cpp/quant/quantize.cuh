@@ -86,7 +86,7 @@ __device__ __forceinline__ float block_scale_quotient(float bamax, const GlobalS
 // A block's largest magnitude as fmaxf(0, |v_i|, ...) gives it (NaN skipped), and whether a NaN
 // is among its values: one maximum a value that lets a NaN through (max.NaN.f32), or for 16-bit
 // inputs two a value on the raw words (integer maxima of the magnitudes' bits, which order like
-// the values with NaN above infinity; max.u16x2, which ptxas fuses in pairs into
+// the values with NaN above infinity; __vmaxu2, as Bf16RangeAcc, which ptxas fuses in pairs into
 // VIMNMX3.U16x2); the NaN-skipping maximum only where a NaN is present.
 struct BlockMax {
   float amax;
@@ -116,7 +116,7 @@ __device__ __forceinline__ BlockMax block_max(const Raw<T, n>& r, int j, const f
     const uint32_t* u = reinterpret_cast<const uint32_t*>(r.w) + j * 8;
     uint32_t m = 0;
 #pragma unroll
-    for (int i = 0; i < 8; ++i) asm("max.u16x2 %0, %0, %1;\n" : "+r"(m) : "r"(u[i] & 0x7FFF7FFFu));
+    for (int i = 0; i < 8; ++i) m = __vmaxu2(m, u[i] & 0x7FFF7FFFu);
     const uint32_t mb = max(m & 0xFFFFu, m >> 16);
     constexpr bool kHalf = std::is_same_v<T, __half>;
     if (mb > (kHalf ? 0x7C00u : 0x7F80u)) return BlockMax{fmax_abs16(v), true};
