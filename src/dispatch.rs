@@ -344,7 +344,16 @@ pub fn select(arch: u32, p: &Problem, sm_count: usize, max_clusters: &ClusterCou
             let short = |c: Config| p.k.div_ceil(64).div_ceil(split_k(c, p, sm_count, max_clusters) as usize) <= STREAM_SHORT_K;
             let want = |c: &Config| (c.info().schedule == Schedule::StreamWeightsShortK) == short(*c);
             let fewest: Vec<Config> = stream.filter(|&c| tile_rows(c) == rows).collect();
-            return fewest.iter().copied().find(want).or(fewest.first().copied());
+            // Per width (64 or 128 weight rows), the schedule the K range asks for, else the one
+            // built; then the width that streams with the most CTAs (tiles x split), the narrower
+            // on a tie: at the same CTAs it runs half the split (a cluster sum where the wider one
+            // sums through global memory, or none).
+            let width = |c: &Config| c.info().tile[1];
+            let per_width = fewest.iter().filter_map(|a| {
+                let same: Vec<Config> = fewest.iter().copied().filter(|c| width(c) == width(a)).collect();
+                same.iter().copied().find(want).or(same.first().copied())
+            });
+            return per_width.max_by_key(|&c| (c.tiles(p) * split_k(c, p, sm_count, max_clusters) as usize, std::cmp::Reverse(width(&c))));
         }
         // Split-K fills the GPU for small outputs, so the choice is about tile efficiency
         // (evidence: bench/DESIGN.md §8):
@@ -445,11 +454,12 @@ mod tests {
             } else if *c == Config::Sm90_256x128x64 {
                 assert_eq!(info.tile, [256, 128, 64]);
             } else if info.streams() {
-                // What the stream Tile static_asserts: 8 to 64 token rows, whole float4s per
-                // thread of the summed tile; and the table's choice: short-K stages for 8 and 16
-                // rows only (measured there).
+                // What the stream Tile static_asserts: 8 to 64 token rows, the summed tile's
+                // float4 units whole per thread or fewer than the 256 threads; and the table's
+                // choice: short-K stages for 8 and 16 rows only (measured there).
                 assert!(info.arch == 90 && [8, 16, 32, 64].contains(&info.tile[0]) && [64, 128].contains(&info.tile[1]), "{c}");
-                assert_eq!(info.tile[0] * info.tile[1] % 1024, 0, "{c}");
+                let units = info.tile[0] * info.tile[1] / 4;
+                assert!(units % 256 == 0 || units < 256, "{c}");
                 assert!(info.schedule == Schedule::StreamWeights || info.tile[0] <= 16, "{c}");
             } else {
                 assert_eq!(info.tile[0], 128);
@@ -550,27 +560,39 @@ mod tests {
     #[test]
     fn small_m_takes_the_stream_tiles() {
         let all = |_| true;
+        // The 128-wide tiles alone first (the 64-wide ones below).
+        let wide = |c: Config| !(c.info().streams() && c.info().tile[1] == 64);
         let s8 = Config::Sm90_Stream_8x128x64;
         let (short8, short16) = (Config::Sm90_StreamShortK_8x128x64, Config::Sm90_StreamShortK_16x128x64);
         // At N x K = 4096 x 7168 each CTA's range is 28 k-tiles (split 4): short-K stages up to
         // 16 rows.
         for (m, c) in [(1, short8), (8, short8), (9, short16), (16, short16), (17, Config::Sm90_Stream_32x128x64), (33, Config::Sm90_Stream_32x128x64), (64, Config::Sm90_Stream_32x128x64)] {
-            assert_eq!(select(90, &Problem::new(m, 4096, 7168), 132, &ANY_CLUSTERS, all), Some(c), "M = {m}");
+            assert_eq!(select(90, &Problem::new(m, 4096, 7168), 132, &ANY_CLUSTERS, wide), Some(c), "M = {m}");
             assert!(c.info().streams());
         }
         assert!(!select(90, &Problem::new(65, 4096, 7168), 132, &ANY_CLUSTERS, all).unwrap().info().streams());
         // Ranges of more than 32 k-tiles keep the eight-k-tile stages: 1x7168x16384 (split 2,
         // 128 k-tiles), 4x14336x4096 (split 1, 64); 8x7168x2048 is split 2, 16 k-tiles.
-        assert_eq!(select(90, &Problem::new(1, 7168, 16384), 132, &ANY_CLUSTERS, all), Some(s8));
-        assert_eq!(select(90, &Problem::new(4, 14336, 4096), 132, &ANY_CLUSTERS, all), Some(s8));
-        assert_eq!(select(90, &Problem::new(8, 7168, 2048), 132, &ANY_CLUSTERS, all), Some(short8));
-        assert_eq!(select(90, &Problem::new(16, 2048, 7168), 132, &ANY_CLUSTERS, all), Some(short16)); // split 8, 14 k-tiles
+        assert_eq!(select(90, &Problem::new(1, 7168, 16384), 132, &ANY_CLUSTERS, wide), Some(s8));
+        assert_eq!(select(90, &Problem::new(4, 14336, 4096), 132, &ANY_CLUSTERS, wide), Some(s8));
+        assert_eq!(select(90, &Problem::new(8, 7168, 2048), 132, &ANY_CLUSTERS, wide), Some(short8));
+        assert_eq!(select(90, &Problem::new(16, 2048, 7168), 132, &ANY_CLUSTERS, wide), Some(short16)); // split 8, 14 k-tiles
         // Either variant alone serves every K range.
-        let no_short = |c: Config| c.info().schedule != Schedule::StreamWeightsShortK;
+        let no_short = |c: Config| wide(c) && c.info().schedule != Schedule::StreamWeightsShortK;
         assert_eq!(select(90, &Problem::new(1, 4096, 7168), 132, &ANY_CLUSTERS, no_short), Some(s8));
-        let no_long = |c: Config| c != s8;
+        let no_long = |c: Config| wide(c) && c != s8;
         assert_eq!(select(90, &Problem::new(1, 7168, 16384), 132, &ANY_CLUSTERS, no_long), Some(short8));
         assert_eq!(split_k(short8, &Problem::new(1, 4096, 7168), 132, &ANY_CLUSTERS), 4);
+        // The 64-wide tiles where they stream with at least as many CTAs (tiles x split) as the
+        // 128-wide ones: at the same CTAs, half the split. 1x4096x7168: 64 tiles x 2 against 32 x
+        // 4; 1x7168x16384: 112 x 1 against 56 x 2; 4x14336x4096: 224 x 1 against 112 x 1.
+        let (n8, n16) = (Config::Sm90_Stream_8x64x64, Config::Sm90_Stream_16x64x64);
+        for (m, n, k, c) in [(1, 4096, 7168, n8), (8, 7168, 2048, n8), (1, 7168, 16384, n8), (4, 14336, 4096, n8), (9, 4096, 7168, n16), (16, 2048, 7168, n16), (17, 4096, 7168, Config::Sm90_Stream_32x128x64)] {
+            assert_eq!(select(90, &Problem::new(m, n, k), 132, &ANY_CLUSTERS, all), Some(c), "{m}x{n}x{k}");
+        }
+        assert_eq!(split_k(n8, &Problem::new(1, 4096, 7168), 132, &ANY_CLUSTERS), 2);
+        // Fewer CTAs at 64 wide: 1x5120x5120 streams with 80 tiles x 1 against 40 x 3.
+        assert_eq!(select(90, &Problem::new(1, 5120, 5120), 132, &ANY_CLUSTERS, all), Some(short8));
         // Without the stream tiles the earlier rule answers.
         let no_stream = |c: Config| !c.info().streams();
         assert_eq!(select(90, &Problem::new(1, 4096, 7168), 132, &ANY_CLUSTERS, no_stream), Some(Config::Sm90_Swapped_128x128x64));

@@ -283,18 +283,23 @@ fn sm90_small_m_every_output() -> Outcome {
             }
         }
     }
-    // Decode shapes whose split clusters may not all fit at once (an H100 runs 30 clusters of 4;
-    // 1x4096x7168 asks 32): the launch then sums in global memory at the same split.
+    // Decode shapes at the rule's tile (64 wide: split 2, clusters of 2) and at the 128-wide
+    // short-K tile of the same rows, whose split clusters may not all fit at once (an H100 runs
+    // 30 clusters of 4; 1x4096x7168 asks 32): that launch then sums in global memory at the same
+    // split.
     let d = g.device();
     for (i, (m, n, k)) in [(1usize, 4096usize, 7168usize), (16, 4096, 7168)].into_iter().enumerate() {
         let (a, b) = contest(m, n, k, 1, 120 + i as u64);
         let p = Problem::new(m, n, k);
-        let c = g.select_config(&p, OutType::F16).unwrap();
-        let s = blockscaled_gemm::config_split_k(c, &p, d.sm_count, &d.max_clusters);
-        run_sm90::<f16>(&g, &a, &b, 1.0, 0.0, c, true);
-        let path = if blockscaled_gemm::cluster_split(c, &p, s, &d.max_clusters) { "cluster" } else { "global" };
-        println!("  {m}x{n}x{k}: {c} split {s}, {path} sum, exact");
-        runs += 1;
+        let chosen = g.select_config(&p, OutType::F16).unwrap();
+        let wide = if m <= 8 { Config::Sm90_StreamShortK_8x128x64 } else { Config::Sm90_StreamShortK_16x128x64 };
+        for c in std::iter::once(chosen).chain((wide != chosen && wide.is_built(OutType::F16)).then_some(wide)) {
+            let s = blockscaled_gemm::config_split_k(c, &p, d.sm_count, &d.max_clusters);
+            run_sm90::<f16>(&g, &a, &b, 1.0, 0.0, c, true);
+            let path = if blockscaled_gemm::cluster_split(c, &p, s, &d.max_clusters) { "cluster" } else { "global" };
+            println!("  {m}x{n}x{k}: {c} split {s}, {path} sum, exact");
+            runs += 1;
+        }
     }
     println!("  {runs} small-M runs equal to the reference");
     Ok(())

@@ -156,6 +156,7 @@ struct Tile {
   // fragments of weights). Unswapped: 256 threads, thread 0 issues.
   static constexpr int kLaunchThreads = kThreads + (kSwap ? 128 : 0);
   static constexpr int kAcc = kBM * BN / kThreads;  // accumulator floats per thread
+  static constexpr int kPartialFloats = kBM * BN;   // a CTA's partial tile in split-K's workspace
   // Split-K through the cluster: the swapped tiles (one CTA per SM) only.
   static constexpr bool kClusterReduce = kSwap;
   // What the shared parts read of every tile (with kRawK and kSubs above): the TMA boxes of a
@@ -219,9 +220,13 @@ struct Tile<BM, BN, MainloopStream<kStageKTiles>, Act> {
   static constexpr bool kProgrammatic = true;  // every thread waits before its first global access
   static constexpr int kLaunchThreads = kThreads + 32;
   static constexpr int kEpiLd = BN + 4;
-  // Per-thread floats of the output tile once the warp rows are summed: whole float4 units.
-  static constexpr int kAcc = BM * BN / kThreads;
-  static_assert(kAcc % 4 == 0, "stream tile: the summed tile is whole float4s per thread");
+  // The output tile once the warp rows are summed: kUnits float4 units, unit u of thread
+  // u % kThreads; kAcc floats a thread (where the tile has fewer units than threads, 8x64, the
+  // others hold one unit of zeros, which the global split-K sum stores and adds like the rest).
+  static constexpr int kUnits = BM * BN / 4;
+  static constexpr int kAcc = 4 * ((kUnits + kThreads - 1) / kThreads);
+  static_assert(kUnits % kThreads == 0 || kUnits < kThreads, "stream tile: whole float4 units per thread");
+  static constexpr int kPartialFloats = kAcc * kThreads;
   // kWk slabs of the FP32 tile for the sum over warp rows; they reuse the raw stages.
   static constexpr int kSlab = BM * kEpiLd * 4;
   static constexpr int kSmem = 1024 + (kRawStages * kRawBytes > kWk * kSlab ? kRawStages * kRawBytes : kWk * kSlab);

@@ -218,6 +218,10 @@ struct CollectiveMainloop<Tile<BM, BN, MainloopStream<kStageKTiles>, Act>> {
     CUTE_UNROLL
     for (int j = 0; j < T::kAcc / 4; ++j) {
       const int unit = tid + j * kThreads, row = unit / (BN / 4), col = (unit % (BN / 4)) * 4;
+      if (T::kUnits < kThreads && unit >= T::kUnits) {
+        u[4 * j] = u[4 * j + 1] = u[4 * j + 2] = u[4 * j + 3] = 0.f;
+        continue;
+      }
       float4 s = *reinterpret_cast<const float4*>(slab + row * kLd + col);
       CUTE_UNROLL
       for (int q = 1; q < T::kWk; ++q) {
@@ -236,6 +240,7 @@ struct CollectiveMainloop<Tile<BM, BN, MainloopStream<kStageKTiles>, Act>> {
     CUTE_UNROLL
     for (int j = 0; j < T::kAcc / 4; ++j) {
       const int unit = tid + j * kThreads, row = unit / (BN / 4), col = (unit % (BN / 4)) * 4;
+      if (T::kUnits < kThreads && unit >= T::kUnits) continue;
       *reinterpret_cast<float4*>(tile + row * T::kEpiLd + col) = make_float4(u[4 * j], u[4 * j + 1], u[4 * j + 2], u[4 * j + 3]);
     }
     return tile;
