@@ -108,7 +108,8 @@ struct Cli {
     /// Read a, b, sfa, sfb (and c) from this safetensors file; M, N, K, L come from the shapes.
     #[arg(long)]
     input: Option<PathBuf>,
-    /// Run the linear layer `--layer` of this NVFP4 checkpoint (safetensors) on `--m` rows.
+    /// Run the linear layer `--layer` of this NVFP4 checkpoint on `--m` rows: a .safetensors
+    /// file, a model.safetensors.index.json and its shards, or the directory holding either.
     #[arg(long, conflicts_with = "input")]
     checkpoint: Option<PathBuf>,
     /// The layer's name prefix in `--checkpoint`, e.g. model.layers.0.mlp.down_proj.

@@ -14,7 +14,12 @@
 //! (value = e2m1 * block scale / `weight_global_scale`), so this crate's global scale is
 //! `weight_scale_2`, or `1 / weight_global_scale`, and likewise for the activations.
 //!
-//! Only the file's header is parsed when it is opened; each layer reads its own tensors.
+//! A checkpoint is one safetensors file or a sharded one: a directory or its
+//! `model.safetensors.index.json`, whose `weight_map` names each tensor's shard. Only the files'
+//! headers are parsed when it is opened (each shard's once); each layer reads its own tensors,
+//! from whichever shards hold them. An `hf_quant_config.json` beside the files (ModelOpt's) must
+//! name `quant_algo` NVFP4, and a layer with an AWQ `pre_quant_scale` is refused: this loader
+//! implements NVFP4's scales only.
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -63,13 +68,22 @@ struct RawLayer {
     convention: Convention,
 }
 
-/// A safetensors file's header: every tensor's dtype, shape and byte range.
+/// The headers of a checkpoint's safetensors files (one, or every shard of an index): every
+/// tensor's dtype, shape, byte range and file.
 #[derive(Debug)]
 pub struct Checkpoint {
+    /// What was opened: the file, or the index (also where a directory was given).
+    path: PathBuf,
+    shards: Vec<Shard>,
+    tensors: HashMap<String, TensorEntry>,
+}
+
+/// One safetensors file of a checkpoint: where its data starts, and its length when opened.
+#[derive(Debug)]
+struct Shard {
     path: PathBuf,
     data_start: u64,
     file_len: u64,
-    tensors: HashMap<String, TensorEntry>,
 }
 
 #[derive(Debug, Clone)]
@@ -77,53 +91,118 @@ struct TensorEntry {
     dtype: String,
     shape: Vec<usize>,
     range: (u64, u64),
+    /// Index into `Checkpoint::shards`.
+    shard: usize,
 }
 
 /// The largest header this reads (safetensors' own limit).
 const MAX_HEADER: u64 = 100_000_000;
+
+/// The index a sharded checkpoint's directory holds (Hugging Face's name).
+const INDEX: &str = "model.safetensors.index.json";
+
+/// ModelOpt's quantization config, beside the weights.
+const QUANT_CONFIG: &str = "hf_quant_config.json";
 
 fn bad(tensor: impl Into<String>, rule: impl Into<String>) -> Error {
     Error::Checkpoint { tensor: tensor.into(), rule: rule.into() }
 }
 
 impl Checkpoint {
-    /// Opens a safetensors file and reads its header.
+    /// Opens a checkpoint and reads its headers (no tensor data): `path` is a `.safetensors`
+    /// file, a `*.index.json` (Hugging Face's `weight_map` of tensor name to shard file, the
+    /// shards beside it), or a directory: its `model.safetensors.index.json` if it has one, else
+    /// its one `*.safetensors` file (none, or several without an index: an error naming the
+    /// directory). Each shard's header is read once, and every tensor the index maps must be in
+    /// its shard's header. Where `hf_quant_config.json` lies beside the files (ModelOpt's) and
+    /// names a `quant_algo` other than NVFP4, the checkpoint is refused: the scales of other
+    /// algorithms (NVFP4_AWQ, W4A8_NVFP4_FP8, ...) mean something this loader does not implement.
     pub fn open(path: impl AsRef<Path>) -> Result<Self> {
-        let path = path.as_ref().to_path_buf();
+        let path = path.as_ref();
         let io = |source: std::io::Error| Error::Io { path: path.display().to_string(), source };
-        let mut f = File::open(&path).map_err(io)?;
-        let file_len = f.metadata().map_err(io)?.len();
-        let mut n = [0u8; 8];
-        f.read_exact(&mut n).map_err(io)?;
-        let n = u64::from_le_bytes(n);
-        let file = path.display().to_string();
-        if n > MAX_HEADER || 8 + n > file_len {
-            return Err(bad(file, format!("header of {n} bytes: the file holds {file_len} bytes (not a safetensors file?)")));
-        }
-        let mut header = vec![0u8; n as usize];
-        f.read_exact(&mut header).map_err(io)?;
-        let json: serde_json::Value = serde_json::from_slice(&header).map_err(|e| bad(file.clone(), format!("header is not JSON: {e}")))?;
-        let obj = json.as_object().ok_or_else(|| bad(file.clone(), "header is not a JSON object"))?;
-        let data_start = 8 + n;
-        let mut tensors = HashMap::new();
-        for (name, v) in obj {
-            if name == "__metadata__" {
-                continue;
+        let meta = std::fs::metadata(path).map_err(io)?;
+        if meta.is_dir() {
+            check_quant_config(path)?;
+            let index = path.join(INDEX);
+            if index.is_file() {
+                return Self::open_index(&index);
             }
-            let entry = (|| {
-                let dtype = v.get("dtype")?.as_str()?.to_string();
-                let shape = v.get("shape")?.as_array()?.iter().map(|d| d.as_u64().map(|d| d as usize)).collect::<Option<Vec<_>>>()?;
-                let offs = v.get("data_offsets")?.as_array()?;
-                let (a, b) = (offs.first()?.as_u64()?, offs.get(1)?.as_u64()?);
-                Some(TensorEntry { dtype, shape, range: (a, b) })
-            })()
-            .ok_or_else(|| bad(name.clone(), "header entry needs dtype, shape and data_offsets"))?;
-            if entry.range.0 > entry.range.1 || data_start.checked_add(entry.range.1).is_none_or(|end| end > file_len) {
-                return Err(bad(name.clone(), format!("data_offsets {:?} lie outside the file's {} data bytes", entry.range, file_len - data_start)));
+            let mut files = Vec::new();
+            for entry in std::fs::read_dir(path).map_err(io)? {
+                let p = entry.map_err(io)?.path();
+                if p.extension().and_then(|e| e.to_str()) == Some("safetensors") && p.is_file() {
+                    files.push(p);
+                }
             }
-            tensors.insert(name.clone(), entry);
+            files.sort();
+            let dir = path.display().to_string();
+            return match files.as_slice() {
+                [] => Err(bad(dir, format!("holds no *.safetensors file and no {INDEX}"))),
+                [one] => Self::open_file(one),
+                several => Err(bad(dir, format!("holds {} *.safetensors files and no {INDEX}: open their index, or one file", several.len()))),
+            };
         }
-        Ok(Checkpoint { path, data_start, file_len, tensors })
+        check_quant_config(path.parent().unwrap_or(Path::new("")))?;
+        let is_index = path.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.ends_with(".index.json"));
+        if is_index {
+            Self::open_index(path)
+        } else {
+            Self::open_file(path)
+        }
+    }
+
+    /// One safetensors file.
+    fn open_file(file: &Path) -> Result<Self> {
+        let (shard, tensors) = read_header(file, 0)?;
+        Ok(Checkpoint { path: file.to_path_buf(), shards: vec![shard], tensors })
+    }
+
+    /// An index and the shards its `weight_map` names, in its directory.
+    fn open_index(index: &Path) -> Result<Self> {
+        let idx = index.display().to_string();
+        let text = std::fs::read(index).map_err(|source| Error::Io { path: idx.clone(), source })?;
+        let json: serde_json::Value = serde_json::from_slice(&text).map_err(|e| bad(idx.clone(), format!("the index is not JSON: {e}")))?;
+        let map = json
+            .get("weight_map")
+            .and_then(|m| m.as_object())
+            .ok_or_else(|| bad(idx.clone(), "the index needs a \"weight_map\" object (tensor name -> shard file)"))?;
+        let dir = index.parent().unwrap_or(Path::new(""));
+        let mut shards: Vec<Shard> = Vec::new();
+        let mut headers: Vec<HashMap<String, TensorEntry>> = Vec::new();
+        let mut ids: HashMap<&str, usize> = HashMap::new();
+        let mut tensors = HashMap::with_capacity(map.len());
+        for (name, file) in map {
+            let file = file.as_str().ok_or_else(|| bad(name.clone(), format!("{idx} maps it to {file}: a shard is a file name (a JSON string)")))?;
+            let id = match ids.get(file) {
+                Some(&id) => id,
+                None => {
+                    if !plain_name(file) {
+                        return Err(bad(
+                            name.clone(),
+                            format!("{idx} maps it to shard {file:?}: shards are relative names inside {} (no absolute path, no ..)", dir.display()),
+                        ));
+                    }
+                    let id = shards.len();
+                    let (shard, header) = read_header(&dir.join(file), id)?;
+                    shards.push(shard);
+                    headers.push(header);
+                    ids.insert(file, id);
+                    id
+                }
+            };
+            let entry = headers
+                .get(id)
+                .and_then(|h| h.get(name))
+                .ok_or_else(|| bad(name.clone(), format!("{idx} maps it to shard {file}, whose header does not hold it")))?;
+            tensors.insert(name.clone(), entry.clone());
+        }
+        Ok(Checkpoint { path: index.to_path_buf(), shards, tensors })
+    }
+
+    /// The safetensors files whose headers were read: the one file, or the index's shards in
+    /// the order they were first named.
+    pub fn files(&self) -> Vec<&Path> {
+        self.shards.iter().map(|s| s.path.as_path()).collect()
     }
 
     /// The tensor names, sorted.
@@ -157,12 +236,13 @@ impl Checkpoint {
         if want_bytes != Some(e.range.1 - e.range.0) {
             return Err(bad(name, format!("holds {} bytes, its dtype and shape {:?} make {want_bytes:?}", e.range.1 - e.range.0, e.shape)));
         }
-        let io = |source: std::io::Error| Error::Io { path: self.path.display().to_string(), source };
-        let mut f = File::open(&self.path).map_err(io)?;
-        if f.metadata().map_err(io)?.len() != self.file_len {
-            return Err(bad(self.path.display().to_string(), "the file changed since it was opened"));
+        let shard = self.shards.get(e.shard).ok_or_else(|| bad(name, format!("shard {} of {} files", e.shard, self.shards.len())))?;
+        let io = |source: std::io::Error| Error::Io { path: shard.path.display().to_string(), source };
+        let mut f = File::open(&shard.path).map_err(io)?;
+        if f.metadata().map_err(io)?.len() != shard.file_len {
+            return Err(bad(shard.path.display().to_string(), "the file changed since it was opened"));
         }
-        f.seek(SeekFrom::Start(self.data_start + e.range.0)).map_err(io)?;
+        f.seek(SeekFrom::Start(shard.data_start + e.range.0)).map_err(io)?;
         let mut bytes = vec![0u8; (e.range.1 - e.range.0) as usize];
         f.read_exact(&mut bytes).map_err(io)?;
         Ok(bytes)
@@ -190,6 +270,13 @@ impl Checkpoint {
         } else {
             return Err(bad(format!("{prefix}.weight"), format!("not in {}, nor {prefix}.weight_packed (compressed-tensors)", self.path.display())));
         };
+        let awq = format!("{prefix}.pre_quant_scale");
+        if self.tensors.contains_key(&awq) {
+            return Err(bad(
+                awq,
+                "an AWQ pre-quantization scale (the activations are multiplied by it per input channel before they are quantized): this loader does not apply it, so the layer's results would be wrong",
+            ));
+        }
         let name = |s: &str| format!("{prefix}.{s}");
         let (w_name, g_name, in_name) = match convention {
             Convention::ModelOpt => (name("weight"), name("weight_scale_2"), name("input_scale")),
@@ -359,6 +446,75 @@ fn refuse_capture(call: &'static str, stream: &Arc<CudaStream>) -> Result<()> {
     Ok(())
 }
 
+/// Reads the header of the safetensors file `path`, shard `id` of its checkpoint: the file's
+/// data start and length, and its tensors.
+fn read_header(path: &Path, id: usize) -> Result<(Shard, HashMap<String, TensorEntry>)> {
+    let io = |source: std::io::Error| Error::Io { path: path.display().to_string(), source };
+    let mut f = File::open(path).map_err(io)?;
+    let file_len = f.metadata().map_err(io)?.len();
+    let mut n = [0u8; 8];
+    f.read_exact(&mut n).map_err(io)?;
+    let n = u64::from_le_bytes(n);
+    let file = path.display().to_string();
+    if n > MAX_HEADER || 8 + n > file_len {
+        return Err(bad(file, format!("header of {n} bytes: the file holds {file_len} bytes (not a safetensors file?)")));
+    }
+    let mut header = vec![0u8; n as usize];
+    f.read_exact(&mut header).map_err(io)?;
+    let json: serde_json::Value = serde_json::from_slice(&header).map_err(|e| bad(file.clone(), format!("header is not JSON: {e}")))?;
+    let obj = json.as_object().ok_or_else(|| bad(file.clone(), "header is not a JSON object"))?;
+    let data_start = 8 + n;
+    let mut tensors = HashMap::new();
+    for (name, v) in obj {
+        if name == "__metadata__" {
+            continue;
+        }
+        let entry = (|| {
+            let dtype = v.get("dtype")?.as_str()?.to_string();
+            let shape = v.get("shape")?.as_array()?.iter().map(|d| d.as_u64().map(|d| d as usize)).collect::<Option<Vec<_>>>()?;
+            let offs = v.get("data_offsets")?.as_array()?;
+            let (a, b) = (offs.first()?.as_u64()?, offs.get(1)?.as_u64()?);
+            Some(TensorEntry { dtype, shape, range: (a, b), shard: id })
+        })()
+        .ok_or_else(|| bad(name.clone(), "header entry needs dtype, shape and data_offsets"))?;
+        if entry.range.0 > entry.range.1 || data_start.checked_add(entry.range.1).is_none_or(|end| end > file_len) {
+            return Err(bad(name.clone(), format!("data_offsets {:?} lie outside the {} data bytes of {file}", entry.range, file_len - data_start)));
+        }
+        tensors.insert(name.clone(), entry);
+    }
+    Ok((Shard { path: path.to_path_buf(), data_start, file_len }, tensors))
+}
+
+/// A shard name of an index: relative, with no `..` (it stays inside the index's directory).
+fn plain_name(file: &str) -> bool {
+    use std::path::Component;
+    let p = Path::new(file);
+    p.components().all(|c| matches!(c, Component::Normal(_) | Component::CurDir)) && p.components().any(|c| matches!(c, Component::Normal(_)))
+}
+
+/// ModelOpt's `hf_quant_config.json` in `dir`, if there is one: its `quant_algo`
+/// (`quantization.quant_algo`, or `quant_algo` at the top level) must be NVFP4. No file, or no
+/// such key: nothing to check.
+fn check_quant_config(dir: &Path) -> Result<()> {
+    let path = dir.join(QUANT_CONFIG);
+    let file = path.display().to_string();
+    let text = match std::fs::read(&path) {
+        Ok(text) => text,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(source) => return Err(Error::Io { path: file, source }),
+    };
+    let json: serde_json::Value = serde_json::from_slice(&text).map_err(|e| bad(file.clone(), format!("not JSON: {e}")))?;
+    let algo = json.get("quantization").and_then(|q| q.get("quant_algo")).or_else(|| json.get("quant_algo"));
+    match algo {
+        None | Some(serde_json::Value::Null) => Ok(()),
+        Some(serde_json::Value::String(a)) if a.eq_ignore_ascii_case("NVFP4") => Ok(()),
+        Some(a) => Err(bad(
+            file,
+            format!("quant_algo {a}: only NVFP4 is supported (weight_scale_2 multiplying, input_scale = activation amax / (6 * 448)); this algorithm's tensors would load with the wrong meaning"),
+        )),
+    }
+}
+
 /// The name of a layer's packed weight in a convention.
 fn weight_name(c: Convention) -> &'static str {
     if c == Convention::ModelOpt { "weight" } else { "weight_packed" }
@@ -377,10 +533,46 @@ mod tests {
     fn write(tag: &str, tensors: &[(&str, Dtype, Vec<usize>, Vec<u8>)]) -> PathBuf {
         let dir = std::env::temp_dir().join(format!("bsg-checkpoint-{}-{tag}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
-        let views: Vec<(String, TensorView<'_>)> = tensors.iter().map(|(n, d, s, b)| (n.to_string(), TensorView::new(*d, s.clone(), b).unwrap())).collect();
         let path = dir.join("model.safetensors");
-        std::fs::write(&path, safetensors::serialize(views, None).unwrap()).unwrap();
+        write_to(&path, tensors);
         path
+    }
+
+    /// A safetensors file of (name, dtype, shape, bytes) at `path`.
+    fn write_to(path: &Path, tensors: &[(&str, Dtype, Vec<usize>, Vec<u8>)]) {
+        let views: Vec<(String, TensorView<'_>)> = tensors.iter().map(|(n, d, s, b)| (n.to_string(), TensorView::new(*d, s.clone(), b).unwrap())).collect();
+        std::fs::write(path, safetensors::serialize(views, None).unwrap()).unwrap();
+    }
+
+    /// An empty temporary folder of this test process (emptied if an earlier run left it).
+    fn fresh_dir(tag: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("bsg-checkpoint-{}-{tag}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
+    /// An index at `path` whose weight_map maps each (tensor, shard file).
+    fn write_index(path: &Path, map: &[(&str, &str)]) {
+        let weight_map: serde_json::Map<String, serde_json::Value> = map.iter().map(|(t, f)| (t.to_string(), serde_json::Value::String(f.to_string()))).collect();
+        let json = serde_json::json!({ "metadata": { "total_size": 0 }, "weight_map": serde_json::Value::Object(weight_map) });
+        std::fs::write(path, serde_json::to_vec(&json).unwrap()).unwrap();
+    }
+
+    /// `tensors` written into the shard files `shard_of` names, in `dir`, with the index
+    /// `model.safetensors.index.json` mapping each to its shard; returns the index's path.
+    fn write_sharded(dir: &Path, tensors: &[Tensor], shard_of: &dyn Fn(&str) -> &'static str) -> PathBuf {
+        let mut files: Vec<&'static str> = tensors.iter().map(|t| shard_of(&t.0)).collect();
+        files.sort_unstable();
+        files.dedup();
+        for f in &files {
+            let part: Vec<Tensor> = tensors.iter().filter(|t| shard_of(&t.0) == *f).cloned().collect();
+            write_to(&dir.join(f), &refs(&part));
+        }
+        let map: Vec<(&str, &str)> = tensors.iter().map(|t| (t.0.as_str(), shard_of(&t.0))).collect();
+        let index = dir.join("model.safetensors.index.json");
+        write_index(&index, &map);
+        index
     }
 
     fn f32s(v: f32) -> Vec<u8> {
@@ -531,5 +723,172 @@ mod tests {
         std::fs::write(dir.join("x"), b"\xff\xff\xff\xff\xff\xff\xff\x7fjunk").unwrap();
         assert!(Checkpoint::open(dir.join("x")).unwrap_err().to_string().contains("not a safetensors file?"));
         assert!(matches!(Checkpoint::open(dir.join("missing")).unwrap_err(), Error::Io { .. }));
+    }
+
+    /// The checkpoint's layer `prefix`: codes, tiled scales, global and input scale, convention.
+    fn layer_parts(ck: &Checkpoint, prefix: &str) -> (Vec<u8>, Vec<u8>, Option<f32>, Option<f32>, Convention) {
+        let l = ck.layer(prefix).unwrap();
+        (l.weight.data().to_vec(), l.weight.scales().to_vec(), l.weight.global_scale(), l.input_scale, l.convention)
+    }
+
+    #[test]
+    fn a_layer_split_over_shards_loads_as_from_one_file() {
+        for (conv, tag) in [(Convention::ModelOpt, "modelopt"), (Convention::CompressedTensors, "ct")] {
+            let p = "model.layers.0.mlp.down_proj";
+            let (m, t) = layer_tensors(p, conv, 96, 128, 31, Some(0.0217));
+            let one = Checkpoint::open(write(&format!("one-{tag}"), &refs(&t))).unwrap();
+            let dir = fresh_dir(&format!("sharded-{tag}"));
+            // The weight and its global scale in one shard, the block scales and input scale in the other.
+            let index = write_sharded(&dir, &t, &|name: &str| -> &'static str {
+                if name.ends_with(".weight_scale") || name.contains("input") { "model-00002-of-00002.safetensors" } else { "model-00001-of-00002.safetensors" }
+            });
+            let want = layer_parts(&one, p);
+            assert_eq!(want.0.as_slice(), m.data());
+            for ck in [Checkpoint::open(&index).unwrap(), Checkpoint::open(&dir).unwrap()] {
+                assert_eq!(ck.files().len(), 2, "{tag}");
+                assert_eq!(ck.names(), one.names(), "{tag}");
+                assert_eq!(layer_parts(&ck, p), want, "{tag}");
+            }
+        }
+    }
+
+    #[test]
+    fn experts_span_shards() {
+        let (mut all, mut want) = (Vec::new(), Vec::new());
+        for e in 0..4 {
+            let (m, t) = layer_tensors(&format!("mlp.experts.{e}.down_proj"), Convention::ModelOpt, 32, 64, 40 + e as u64, None);
+            all.extend(t);
+            want.push(m);
+        }
+        let dir = fresh_dir("experts-sharded");
+        // Experts 0 and 1 in the first shard, 2 and 3 in the second, and expert 1's block scales
+        // in the second as well.
+        let shard = |name: &str| -> &'static str {
+            if name.starts_with("mlp.experts.0.") || (name.starts_with("mlp.experts.1.") && !name.ends_with(".weight_scale")) {
+                "model-00001-of-00002.safetensors"
+            } else {
+                "model-00002-of-00002.safetensors"
+            }
+        };
+        write_sharded(&dir, &all, &shard);
+        let ck = Checkpoint::open(&dir).unwrap();
+        assert_eq!(ck.files().len(), 2);
+        let (w, scales) = ck.experts(4, |e| format!("mlp.experts.{e}.down_proj")).unwrap();
+        assert_eq!((w.batch(), w.rows(), w.k()), (4, 32, 64));
+        for (e, m) in want.iter().enumerate() {
+            assert_eq!(w.batch_slice(e).data(), m.data());
+            assert_eq!(w.batch_slice(e).scales(), m.scales());
+            assert_eq!(scales[e], m.global_scale().unwrap());
+        }
+        let one = Checkpoint::open(write("experts-one", &refs(&all))).unwrap();
+        let (w1, scales1) = one.experts(4, |e| format!("mlp.experts.{e}.down_proj")).unwrap();
+        assert_eq!((w.data(), w.scales(), &scales), (w1.data(), w1.scales(), &scales1));
+        assert!(matches!(ck.experts(5, |e| format!("mlp.experts.{e}.down_proj")).unwrap_err(), Error::Checkpoint { .. }));
+    }
+
+    #[test]
+    fn bad_indexes_and_directories_are_typed_errors() {
+        let (_, t) = layer_tensors("l", Convention::ModelOpt, 32, 64, 7, None);
+        let dir = fresh_dir("bad-index");
+        write_to(&dir.join("a.safetensors"), &refs(&t[..2]));
+        write_to(&dir.join("b.safetensors"), &refs(&t[2..]));
+        let names: Vec<&str> = t.iter().map(|x| x.0.as_str()).collect();
+        let (w, s, g) = (names[0], names[1], names[2]);
+        let index = dir.join("model.safetensors.index.json");
+        // Good: it opens, and the layer loads.
+        write_index(&index, &[(w, "a.safetensors"), (s, "a.safetensors"), (g, "b.safetensors")]);
+        Checkpoint::open(&index).unwrap().layer("l").unwrap();
+        // A shard file that is not there.
+        write_index(&index, &[(w, "a.safetensors"), (s, "a.safetensors"), (g, "c.safetensors")]);
+        assert!(matches!(Checkpoint::open(&index).unwrap_err(), Error::Io { .. }));
+        // A tensor its shard does not hold.
+        write_index(&index, &[(w, "a.safetensors"), (s, "b.safetensors"), (g, "b.safetensors")]);
+        match Checkpoint::open(&index).unwrap_err() {
+            Error::Checkpoint { tensor, .. } => assert_eq!(tensor, s),
+            e => panic!("{e}"),
+        }
+        // Shard names outside the index's directory, though the file is there.
+        let sub = dir.join("sub");
+        std::fs::create_dir_all(&sub).unwrap();
+        let sub_index = sub.join("model.safetensors.index.json");
+        let abs = dir.join("b.safetensors").display().to_string();
+        for shard in ["../b.safetensors", abs.as_str(), "", "x/../../b.safetensors"] {
+            write_index(&sub_index, &[(w, "../a.safetensors"), (s, "../a.safetensors"), (g, shard)]);
+            assert!(matches!(Checkpoint::open(&sub_index).unwrap_err(), Error::Checkpoint { .. }), "{shard:?}");
+            write_index(&sub_index, &[(g, shard)]);
+            assert!(matches!(Checkpoint::open(&sub_index).unwrap_err(), Error::Checkpoint { .. }), "{shard:?}");
+        }
+        // Not an index: no weight_map, or not JSON.
+        std::fs::write(&index, b"{\"metadata\": {}}").unwrap();
+        assert!(matches!(Checkpoint::open(&index).unwrap_err(), Error::Checkpoint { .. }));
+        std::fs::write(&index, b"junk").unwrap();
+        assert!(matches!(Checkpoint::open(&index).unwrap_err(), Error::Checkpoint { .. }));
+        // A directory of two files and no index, and one of none.
+        std::fs::remove_file(&index).unwrap();
+        match Checkpoint::open(&dir).unwrap_err() {
+            Error::Checkpoint { tensor, .. } => assert_eq!(tensor, dir.display().to_string()),
+            e => panic!("{e}"),
+        }
+        assert!(matches!(Checkpoint::open(fresh_dir("empty")).unwrap_err(), Error::Checkpoint { .. }));
+        // A directory of one file opens it.
+        let single = write("single", &refs(&t));
+        let ck = Checkpoint::open(single.parent().unwrap()).unwrap();
+        assert_eq!(ck.files(), vec![single.as_path()]);
+        ck.layer("l").unwrap();
+    }
+
+    #[test]
+    fn hf_quant_config_must_name_nvfp4() {
+        let (_, t) = layer_tensors("l", Convention::ModelOpt, 32, 64, 8, Some(0.01));
+        let dir = fresh_dir("quant-config");
+        let file = dir.join("model.safetensors");
+        write_to(&file, &refs(&t));
+        let config = dir.join("hf_quant_config.json");
+        let nested = |algo: &str| format!(r#"{{"producer": {{"name": "modelopt", "version": "0.29.0"}}, "quantization": {{"quant_algo": "{algo}", "kv_cache_quant_algo": null, "group_size": 16, "exclude_modules": ["lm_head"]}}}}"#);
+        for refused in [nested("NVFP4_AWQ"), nested("W4A8_NVFP4_FP8"), r#"{"quant_algo": "FP8"}"#.to_string()] {
+            std::fs::write(&config, &refused).unwrap();
+            for opened in [&dir, &file] {
+                match Checkpoint::open(opened).unwrap_err() {
+                    Error::Checkpoint { tensor, rule } => {
+                        assert_eq!(tensor, config.display().to_string());
+                        assert!(rule.contains("only NVFP4"), "{rule}");
+                    }
+                    e => panic!("{e}"),
+                }
+            }
+        }
+        for accepted in [nested("NVFP4"), r#"{"quant_algo": "NVFP4"}"#.to_string(), r#"{"producer": {"name": "modelopt"}}"#.to_string()] {
+            std::fs::write(&config, &accepted).unwrap();
+            Checkpoint::open(&dir).unwrap().layer("l").unwrap();
+            Checkpoint::open(&file).unwrap().layer("l").unwrap();
+        }
+        // Beside an index, too.
+        std::fs::write(&config, nested("NVFP4_AWQ")).unwrap();
+        let index = dir.join("model.safetensors.index.json");
+        let map: Vec<(&str, &str)> = t.iter().map(|x| (x.0.as_str(), "model.safetensors")).collect();
+        write_index(&index, &map);
+        assert!(matches!(Checkpoint::open(&index).unwrap_err(), Error::Checkpoint { .. }));
+        std::fs::write(&config, nested("NVFP4")).unwrap();
+        Checkpoint::open(&index).unwrap().layer("l").unwrap();
+    }
+
+    #[test]
+    fn awq_pre_quant_scales_are_refused() {
+        let (_, mut t) = layer_tensors("l", Convention::ModelOpt, 32, 64, 9, Some(0.01));
+        t.push(("l.pre_quant_scale".to_string(), Dtype::BF16, vec![64], vec![0x80u8, 0x3f].repeat(64)));
+        let (_, other) = layer_tensors("o", Convention::ModelOpt, 32, 64, 10, None);
+        t.extend(other);
+        let ck = Checkpoint::open(write("awq", &refs(&t))).unwrap();
+        let named = |r: Result<()>| match r.unwrap_err() {
+            Error::Checkpoint { tensor, rule } => {
+                assert_eq!(tensor, "l.pre_quant_scale");
+                assert!(rule.contains("AWQ"), "{rule}");
+            }
+            e => panic!("{e}"),
+        };
+        named(ck.layer("l").map(|_| ()));
+        named(ck.fused(&["o", "l"]).map(|_| ()));
+        named(ck.experts(1, |_| "l".to_string()).map(|_| ()));
+        ck.layer("o").unwrap();
     }
 }
