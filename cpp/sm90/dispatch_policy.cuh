@@ -33,6 +33,9 @@ static_assert(kRawK % kBK == 0 && kRawK / 2 <= 256, "raw stage K");
 
 // Split-K through the cluster's shared memory: up to the portable cluster size.
 constexpr int kMaxClusterSplit = BSG_SM90_MAX_CLUSTER_SPLIT;
+// Dynamic shared memory that keeps a second CTA off an SM (228 KB a Hopper SM, 1 KB of it per CTA
+// reserved).
+constexpr int kOneCtaPerSmSmem = 116 * 1024;
 
 // Main-loop schedules.
 // Both operands decoded from the raw stage into 128B-swizzled FP16 buffers, SS wgmma; thread 0
@@ -229,7 +232,11 @@ struct Tile<BM, BN, MainloopStream<kStageKTiles>, Act> {
   static constexpr int kPartialFloats = kAcc * kThreads;
   // kWk slabs of the FP32 tile for the sum over warp rows; they reuse the raw stages.
   static constexpr int kSlab = BM * kEpiLd * 4;
-  static constexpr int kSmem = 1024 + (kRawStages * kRawBytes > kWk * kSlab ? kRawStages * kRawBytes : kWk * kSlab);
+  // One CTA per SM, as the split rule assumes: the 64-wide tiles need less than half an SM's
+  // shared memory, and a second CTA on an SM (of the next launch, which the programmatic launch
+  // lets in early) leaves others idle (bench/DESIGN.md §12).
+  static constexpr int kSmemUsed = 1024 + (kRawStages * kRawBytes > kWk * kSlab ? kRawStages * kRawBytes : kWk * kSlab);
+  static constexpr int kSmem = kSmemUsed > kOneCtaPerSmSmem ? kSmemUsed : kOneCtaPerSmSmem;
   static constexpr int kMinBlocks = 1;
   static_assert(kRawA % 1024 == 0 && kRawB % 1024 == 0 && kRawBytes % 1024 == 0, "swizzled boxes start at 1024-byte boundaries");
 };
