@@ -345,15 +345,22 @@ pub fn select(arch: u32, p: &Problem, sm_count: usize, max_clusters: &ClusterCou
             let want = |c: &Config| (c.info().schedule == Schedule::StreamWeightsShortK) == short(*c);
             let fewest: Vec<Config> = stream.filter(|&c| tile_rows(c) == rows).collect();
             // Per width (64 or 128 weight rows), the schedule the K range asks for, else the one
-            // built; then the width that streams with the most CTAs (tiles x split), the narrower
-            // on a tie: at the same CTAs it runs half the split (a cluster sum where the wider one
-            // sums through global memory, or none).
+            // built; then the narrowest whose CTAs (tiles x split) fit one wave and are at least
+            // the widest's: at the same CTAs it runs half the split (a cluster sum where the wider
+            // one sums through global memory, or none). Else the widest.
             let width = |c: &Config| c.info().tile[1];
-            let per_width = fewest.iter().filter_map(|a| {
-                let same: Vec<Config> = fewest.iter().copied().filter(|c| width(c) == width(a)).collect();
-                same.iter().copied().find(want).or(same.first().copied())
-            });
-            return per_width.max_by_key(|&c| (c.tiles(p) * split_k(c, p, sm_count, max_clusters) as usize, std::cmp::Reverse(width(&c))));
+            let mut per_width: Vec<Config> = fewest
+                .iter()
+                .filter_map(|a| {
+                    let same: Vec<Config> = fewest.iter().copied().filter(|c| width(c) == width(a)).collect();
+                    same.iter().copied().find(want).or(same.first().copied())
+                })
+                .collect();
+            per_width.sort_by_key(width);
+            per_width.dedup();
+            let ctas = |c: &Config| c.tiles(p) * split_k(*c, p, sm_count, max_clusters) as usize;
+            let widest = per_width.last().copied()?;
+            return per_width.iter().copied().find(|c| ctas(c) <= sm_count && ctas(c) >= ctas(&widest)).or(Some(widest));
         }
         // Split-K fills the GPU for small outputs, so the choice is about tile efficiency
         // (evidence: bench/DESIGN.md §8):
@@ -583,16 +590,21 @@ mod tests {
         let no_long = |c: Config| wide(c) && c != s8;
         assert_eq!(select(90, &Problem::new(1, 7168, 16384), 132, &ANY_CLUSTERS, no_long), Some(short8));
         assert_eq!(split_k(short8, &Problem::new(1, 4096, 7168), 132, &ANY_CLUSTERS), 4);
-        // The 64-wide tiles where they stream with at least as many CTAs (tiles x split) as the
-        // 128-wide ones: at the same CTAs, half the split. 1x4096x7168: 64 tiles x 2 against 32 x
-        // 4; 1x7168x16384: 112 x 1 against 56 x 2; 4x14336x4096: 224 x 1 against 112 x 1.
+        // The 64-wide tiles where their CTAs (tiles x split) fit one wave and are at least the
+        // 128-wide ones': at the same CTAs, half the split. 1x4096x7168: 64 tiles x 2 against 32
+        // x 4; 1x7168x16384: 112 x 1 against 56 x 2.
         let (n8, n16) = (Config::Sm90_Stream_8x64x64, Config::Sm90_Stream_16x64x64);
-        for (m, n, k, c) in [(1, 4096, 7168, n8), (8, 7168, 2048, n8), (1, 7168, 16384, n8), (4, 14336, 4096, n8), (9, 4096, 7168, n16), (16, 2048, 7168, n16), (17, 4096, 7168, Config::Sm90_Stream_32x128x64)] {
+        for (m, n, k, c) in [(1, 4096, 7168, n8), (8, 7168, 2048, n8), (1, 7168, 16384, n8), (9, 4096, 7168, n16), (16, 2048, 7168, n16), (17, 4096, 7168, Config::Sm90_Stream_32x128x64)] {
             assert_eq!(select(90, &Problem::new(m, n, k), 132, &ANY_CLUSTERS, all), Some(c), "{m}x{n}x{k}");
         }
         assert_eq!(split_k(n8, &Problem::new(1, 4096, 7168), 132, &ANY_CLUSTERS), 2);
-        // Fewer CTAs at 64 wide: 1x5120x5120 streams with 80 tiles x 1 against 40 x 3.
+        // Else the 128-wide: fewer CTAs at 64 wide (1x5120x5120: 80 tiles x 1 against 40 x 3), or
+        // two waves (4x14336x4096: 224 tiles against 112).
         assert_eq!(select(90, &Problem::new(1, 5120, 5120), 132, &ANY_CLUSTERS, all), Some(short8));
+        assert_eq!(select(90, &Problem::new(4, 14336, 4096), 132, &ANY_CLUSTERS, all), Some(s8));
+        // Only the 64-wide tiles built: they serve every shape.
+        let narrow = |c: Config| !c.info().streams() || c.info().tile[1] == 64 || c.info().tile[0] == 32;
+        assert_eq!(select(90, &Problem::new(4, 14336, 4096), 132, &ANY_CLUSTERS, narrow), Some(n8));
         // Without the stream tiles the earlier rule answers.
         let no_stream = |c: Config| !c.info().streams();
         assert_eq!(select(90, &Problem::new(1, 4096, 7168), 132, &ANY_CLUSTERS, no_stream), Some(Config::Sm90_Swapped_128x128x64));
