@@ -185,6 +185,7 @@ struct GroupedGemm : Collectives<Sms, TileM, TileN, TileK, ClusterM, ClusterN, O
   static bool can_implement(const GroupedArgs& p) {
     if (p.rows < 1 || p.n < 1 || p.k < 32 || p.k % 32 != 0 || p.experts < 1 || p.experts > BSG_MAX_GROUPS) return false;
     if (p.n % kAlignD != 0 || p.sm_count < 0) return false;  // every expert's D rows start 16-byte aligned
+    if (p.workspace % kArrayAlign != 0) return false;  // the per-expert arrays (and CUTLASS's tensor maps) are carved from it
     if (moe_sf_rows(p.rows, p.experts) > INT32_MAX) return false;  // scale rows are int
     if (sf_span(p.rows, p.k) > INT32_MAX || sf_span(p.n, p.k) > INT32_MAX) return false;
     if (kFp4Out && (p.sfd == 0 || p.sfd % 16 != 0 || !(p.norm_constant > 0.f) || p.norm_constant > FLT_MAX || sf_span(p.rows, p.n) > INT32_MAX)) return false;
