@@ -76,6 +76,8 @@ pub struct Checkpoint {
     path: PathBuf,
     shards: Vec<Shard>,
     tensors: HashMap<String, TensorEntry>,
+    /// A MIXED_PRECISION `hf_quant_config.json`'s `quant_algo` per layer prefix.
+    layer_algos: Option<HashMap<String, String>>,
 }
 
 /// One safetensors file of a checkpoint: where its data starts, and its length when opened.
@@ -115,17 +117,19 @@ impl Checkpoint {
     /// its one `*.safetensors` file (none, or several without an index: an error naming the
     /// directory). Each shard's header is read once, and every tensor the index maps must be in
     /// its shard's header. Where `hf_quant_config.json` lies beside the files (ModelOpt's) and
-    /// names a `quant_algo` other than NVFP4, the checkpoint is refused: the scales of other
-    /// algorithms (NVFP4_AWQ, W4A8_NVFP4_FP8, ...) mean something this loader does not implement.
+    /// names a `quant_algo` other than NVFP4 (or W4A16_NVFP4, the same weights), the checkpoint is
+    /// refused: the scales of other algorithms (NVFP4_AWQ, W4A8_NVFP4_FP8, ...) mean something this
+    /// loader does not implement; MIXED_PRECISION's `quantized_layers` are checked per layer, as
+    /// each is read.
     pub fn open(path: impl AsRef<Path>) -> Result<Self> {
         let path = path.as_ref();
         let io = |source: std::io::Error| Error::Io { path: path.display().to_string(), source };
         let meta = std::fs::metadata(path).map_err(io)?;
         if meta.is_dir() {
-            check_quant_config(path)?;
+            let algos = check_quant_config(path)?;
             let index = path.join(INDEX);
             if index.is_file() {
-                return Self::open_index(&index);
+                return Ok(Self::open_index(&index)?.with_algos(algos));
             }
             let mut files = Vec::new();
             for entry in std::fs::read_dir(path).map_err(io)? {
@@ -138,23 +142,25 @@ impl Checkpoint {
             let dir = path.display().to_string();
             return match files.as_slice() {
                 [] => Err(bad(dir, format!("holds no *.safetensors file and no {INDEX}"))),
-                [one] => Self::open_file(one),
+                [one] => Ok(Self::open_file(one)?.with_algos(algos)),
                 several => Err(bad(dir, format!("holds {} *.safetensors files and no {INDEX}: open their index, or one file", several.len()))),
             };
         }
-        check_quant_config(path.parent().unwrap_or(Path::new("")))?;
+        let algos = check_quant_config(path.parent().unwrap_or(Path::new("")))?;
         let is_index = path.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.ends_with(".index.json"));
-        if is_index {
-            Self::open_index(path)
-        } else {
-            Self::open_file(path)
-        }
+        Ok((if is_index { Self::open_index(path) } else { Self::open_file(path) })?.with_algos(algos))
+    }
+
+    /// The per-layer algorithms of a MIXED_PRECISION quant config, checked as each layer is read.
+    fn with_algos(mut self, algos: Option<HashMap<String, String>>) -> Self {
+        self.layer_algos = algos;
+        self
     }
 
     /// One safetensors file.
     fn open_file(file: &Path) -> Result<Self> {
         let (shard, tensors) = read_header(file, 0)?;
-        Ok(Checkpoint { path: file.to_path_buf(), shards: vec![shard], tensors })
+        Ok(Checkpoint { path: file.to_path_buf(), shards: vec![shard], tensors, layer_algos: None })
     }
 
     /// An index and the shards its `weight_map` names, in its directory.
@@ -196,7 +202,7 @@ impl Checkpoint {
                 .ok_or_else(|| bad(name.clone(), format!("{idx} maps it to shard {file}, whose header does not hold it")))?;
             tensors.insert(name.clone(), entry.clone());
         }
-        Ok(Checkpoint { path: index.to_path_buf(), shards, tensors })
+        Ok(Checkpoint { path: index.to_path_buf(), shards, tensors, layer_algos: None })
     }
 
     /// The safetensors files whose headers were read: the one file, or the index's shards in
@@ -270,6 +276,11 @@ impl Checkpoint {
         } else {
             return Err(bad(format!("{prefix}.weight"), format!("not in {}, nor {prefix}.weight_packed (compressed-tensors)", self.path.display())));
         };
+        if let Some(algo) = self.layer_algos.as_ref().and_then(|m| m.get(prefix)) {
+            if !weights_are_nvfp4(algo) {
+                return Err(bad(prefix, format!("{QUANT_CONFIG} gives this layer quant_algo {algo}: only NVFP4 (or W4A16_NVFP4) weights load here")));
+            }
+        }
         let awq = format!("{prefix}.pre_quant_scale");
         if self.tensors.contains_key(&awq) {
             return Err(bad(
@@ -492,25 +503,40 @@ fn plain_name(file: &str) -> bool {
     p.components().all(|c| matches!(c, Component::Normal(_) | Component::CurDir)) && p.components().any(|c| matches!(c, Component::Normal(_)))
 }
 
+/// Whether a ModelOpt `quant_algo` stores the weights as this loader reads them (NVFP4, or
+/// W4A16_NVFP4: the same weights, no activation scale).
+fn weights_are_nvfp4(algo: &str) -> bool {
+    algo.eq_ignore_ascii_case("NVFP4") || algo.eq_ignore_ascii_case("W4A16_NVFP4")
+}
+
 /// ModelOpt's `hf_quant_config.json` in `dir`, if there is one: its `quant_algo`
-/// (`quantization.quant_algo`, or `quant_algo` at the top level) must be NVFP4. No file, or no
-/// such key: nothing to check.
-fn check_quant_config(dir: &Path) -> Result<()> {
+/// (`quantization.quant_algo`, or `quant_algo` at the top level) must be NVFP4, or
+/// MIXED_PRECISION, whose `quantized_layers` map each layer prefix to its own `quant_algo`
+/// (returned, and checked per layer when it is read). No file, or no such key: nothing to check.
+fn check_quant_config(dir: &Path) -> Result<Option<HashMap<String, String>>> {
     let path = dir.join(QUANT_CONFIG);
     let file = path.display().to_string();
     let text = match std::fs::read(&path) {
         Ok(text) => text,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         Err(source) => return Err(Error::Io { path: file, source }),
     };
     let json: serde_json::Value = serde_json::from_slice(&text).map_err(|e| bad(file.clone(), format!("not JSON: {e}")))?;
-    let algo = json.get("quantization").and_then(|q| q.get("quant_algo")).or_else(|| json.get("quant_algo"));
-    match algo {
-        None | Some(serde_json::Value::Null) => Ok(()),
-        Some(serde_json::Value::String(a)) if a.eq_ignore_ascii_case("NVFP4") => Ok(()),
+    let q = json.get("quantization").filter(|q| q.get("quant_algo").is_some()).unwrap_or(&json);
+    match q.get("quant_algo") {
+        None | Some(serde_json::Value::Null) => Ok(None),
+        Some(serde_json::Value::String(a)) if weights_are_nvfp4(a) => Ok(None),
+        Some(serde_json::Value::String(a)) if a.eq_ignore_ascii_case("MIXED_PRECISION") => {
+            let layers = q.get("quantized_layers").and_then(|l| l.as_object()).ok_or_else(|| bad(file.clone(), "quant_algo MIXED_PRECISION needs a \"quantized_layers\" object"))?;
+            let algos = layers
+                .iter()
+                .map(|(prefix, cfg)| (prefix.clone(), cfg.get("quant_algo").and_then(|a| a.as_str()).unwrap_or("(none)").to_string()))
+                .collect();
+            Ok(Some(algos))
+        }
         Some(a) => Err(bad(
             file,
-            format!("quant_algo {a}: only NVFP4 is supported (weight_scale_2 multiplying, input_scale = activation amax / (6 * 448)); this algorithm's tensors would load with the wrong meaning"),
+            format!("quant_algo {a}: only NVFP4 (also W4A16_NVFP4, or MIXED_PRECISION per layer) is supported (weight_scale_2 multiplying, input_scale = activation amax / (6 * 448)); this algorithm's tensors would load with the wrong meaning"),
         )),
     }
 }
@@ -811,10 +837,15 @@ mod tests {
         let sub = dir.join("sub");
         std::fs::create_dir_all(&sub).unwrap();
         let sub_index = sub.join("model.safetensors.index.json");
+        std::fs::copy(dir.join("a.safetensors"), sub.join("a.safetensors")).unwrap();
         let abs = dir.join("b.safetensors").display().to_string();
         for shard in ["../b.safetensors", abs.as_str(), "", "x/../../b.safetensors"] {
-            write_index(&sub_index, &[(w, "../a.safetensors"), (s, "../a.safetensors"), (g, shard)]);
-            assert!(matches!(Checkpoint::open(&sub_index).unwrap_err(), Error::Checkpoint { .. }), "{shard:?}");
+            // The other tensors' shard is good: the error is g's.
+            write_index(&sub_index, &[(w, "a.safetensors"), (s, "a.safetensors"), (g, shard)]);
+            match Checkpoint::open(&sub_index).unwrap_err() {
+                Error::Checkpoint { tensor, .. } => assert_eq!(tensor, g, "{shard:?}"),
+                e => panic!("{shard:?}: {e}"),
+            }
             write_index(&sub_index, &[(g, shard)]);
             assert!(matches!(Checkpoint::open(&sub_index).unwrap_err(), Error::Checkpoint { .. }), "{shard:?}");
         }
@@ -870,6 +901,34 @@ mod tests {
         assert!(matches!(Checkpoint::open(&index).unwrap_err(), Error::Checkpoint { .. }));
         std::fs::write(&config, nested("NVFP4")).unwrap();
         Checkpoint::open(&index).unwrap().layer("l").unwrap();
+    }
+
+    #[test]
+    fn mixed_precision_quant_config_is_checked_per_layer() {
+        let (_, mut t) = layer_tensors("a", Convention::ModelOpt, 32, 64, 71, None);
+        t.extend(layer_tensors("b", Convention::ModelOpt, 32, 64, 72, None).1);
+        t.extend(layer_tensors("c", Convention::ModelOpt, 32, 64, 73, None).1);
+        let file = write("mixed", &refs(&t));
+        let dir = file.parent().unwrap().to_path_buf();
+        let cfg = dir.join("hf_quant_config.json");
+        std::fs::write(
+            &cfg,
+            br#"{"quantization": {"quant_algo": "MIXED_PRECISION", "quantized_layers": {"a": {"quant_algo": "NVFP4", "group_size": 16}, "b": {"quant_algo": "W4A8_AWQ"}}}}"#,
+        )
+        .unwrap();
+        for ck in [Checkpoint::open(&dir).unwrap(), Checkpoint::open(&file).unwrap()] {
+            ck.layer("a").unwrap();
+            ck.layer("c").unwrap(); // not in quantized_layers: its tensors decide
+            match ck.layer("b").unwrap_err() {
+                Error::Checkpoint { tensor, rule } => assert!(tensor == "b" && rule.contains("W4A8_AWQ"), "{tensor}: {rule}"),
+                e => panic!("{e}"),
+            }
+        }
+        std::fs::write(&cfg, br#"{"quantization": {"quant_algo": "MIXED_PRECISION"}}"#).unwrap();
+        assert!(matches!(Checkpoint::open(&dir).unwrap_err(), Error::Checkpoint { .. }));
+        std::fs::write(&cfg, br#"{"quantization": {"quant_algo": "W4A16_NVFP4"}}"#).unwrap();
+        Checkpoint::open(&dir).unwrap().layer("b").unwrap();
+        std::fs::remove_file(&cfg).unwrap();
     }
 
     #[test]

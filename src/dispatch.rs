@@ -467,6 +467,9 @@ mod tests {
                 assert!(info.arch == 90 && [8, 16, 32, 64].contains(&info.tile[0]) && [64, 128].contains(&info.tile[1]), "{c}");
                 let units = info.tile[0] * info.tile[1] / 4;
                 assert!(units % 256 == 0 || units < 256, "{c}");
+                // The grouped rule picks among the stream tiles by rows alone: only the 128-wide
+                // ones have grouped kernels.
+                assert!(info.tile[1] == 128 || (info.grouped.is_empty() && info.grouped_list.is_empty()), "{c}");
                 assert!(info.schedule == Schedule::StreamWeights || info.tile[0] <= 16, "{c}");
             } else {
                 assert_eq!(info.tile[0], 128);
@@ -598,6 +601,10 @@ mod tests {
             assert_eq!(select(90, &Problem::new(m, n, k), 132, &ANY_CLUSTERS, all), Some(c), "{m}x{n}x{k}");
         }
         assert_eq!(split_k(n8, &Problem::new(1, 4096, 7168), 132, &ANY_CLUSTERS), 2);
+        // Batches count as tiles: 1x4096x7168 x 2 is 128 tiles x 1 at 64 wide (64 x 2 at 128);
+        // x 4, 256 tiles at 64 wide would take two waves.
+        assert_eq!(select(90, &Problem::new(1, 4096, 7168).batch(2), 132, &ANY_CLUSTERS, all), Some(n8));
+        assert_eq!(select(90, &Problem::new(1, 4096, 7168).batch(4), 132, &ANY_CLUSTERS, all), Some(s8));
         // Else the 128-wide: fewer CTAs at 64 wide (1x5120x5120: 80 tiles x 1 against 40 x 3), or
         // two waves (4x14336x4096: 224 tiles against 112).
         assert_eq!(select(90, &Problem::new(1, 5120, 5120), 132, &ANY_CLUSTERS, all), Some(short8));

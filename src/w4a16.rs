@@ -219,7 +219,7 @@ mod tests {
         let lens = W4a16Lens::for_problem(&p, false);
         let all = |c: Config, o: OutType| c.info().w4a16.contains(&o);
         let c = plan_w4a16(&p, OutType::Bf16, &lens, &hopper(), None, all).unwrap();
-        assert!(c.info().streams(), "{c}");
+        assert_eq!(c, Config::Sm90_Stream_16x64x64, "the dense rule's 64-wide stream tile (64 tiles x 2 ranges)");
         let c = plan_w4a16(&Problem::new(4096, 4096, 7168), OutType::Bf16, &W4a16Lens::for_problem(&Problem::new(4096, 4096, 7168), false), &hopper(), None, all).unwrap();
         assert!(c.info().swapped(), "{c}");
         let e = plan_w4a16(&p, OutType::Bf16, &W4a16Lens { a: lens.a / 2, ..lens }, &hopper(), None, all).unwrap_err();

@@ -273,6 +273,18 @@ fn sm90_small_m_every_output() -> Outcome {
             }
             runs += 5;
         }
+        // Cluster sums of 3 to 8 K ranges on the 64-wide tiles (12 tiles: every cluster fits;
+        // slices of one to three of the 8 or 16 rows): the rule's split here is 2 at most.
+        if m == 1 || m == 16 {
+            for split in 3..=8u32 {
+                let gs = BlockScaledGemm::new(g.stream().clone()).unwrap().with_split_k(Some(split));
+                for &config in streams.iter().filter(|c| c.info().tile[1] == 64) {
+                    run_sm90::<f16>(&gs, &a, &b, 1.0, 0.0, config, true);
+                    fp4(&gs, OutType::Nvfp4, config, &split.to_string());
+                    runs += 2;
+                }
+            }
+        }
         // Splits past a cluster's reach go through global memory: 12 K ranges.
         if m == 3 || m == 33 {
             let g12 = BlockScaledGemm::new(g.stream().clone()).unwrap().with_split_k(Some(12));

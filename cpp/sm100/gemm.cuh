@@ -2,7 +2,6 @@
 // block-scaled collective builders. One instantiation per generated translation unit.
 #pragma once
 
-#include <algorithm>
 #include <climits>
 
 #include <type_traits>
@@ -155,12 +154,11 @@ struct Gemm : Collectives<Sms, TileM, TileN, TileK, ClusterM, ClusterN, Out, Den
     // CuTe's scale-factor layouts are built from int extents: every scale buffer spans fewer
     // than 2^31 bytes (Problem::check_sm100 in Rust).
     if (sf_span(p.m, p.k, p.l) > INT32_MAX || sf_span(p.n, p.k, p.l) > INT32_MAX || (kFp4Out && sf_span(p.m, p.n, p.l) > INT32_MAX)) return false;
-    // CUTLASS's tile scheduler launches (tiles along M, tiles along N, L), the larger tile count
-    // in y whichever way it rasterizes: y and z hold at most 65535 (counted in CTA tiles, at
-    // least as many as clusters).
-    constexpr int64_t kCtaM = TileM / Sms;
-    const int64_t tiles_m = (int64_t(p.m) + kCtaM - 1) / kCtaM, tiles_n = (int64_t(p.n) + TileN - 1) / TileN;
-    if (std::max(tiles_m, tiles_n) > 65535 || p.l > 65535) return false;
+    // CUTLASS's SM100 tile scheduler puts the tiles along N in y (it rasterizes along M, tiles
+    // along M in x, wherever the other order would pass y's limit) and L in z: both hold at most
+    // 65535 (the configs' clusters are 1 along N).
+    const int64_t tiles_n = (int64_t(p.n) + TileN - 1) / TileN;
+    if (tiles_n > 65535 || p.l > 65535) return false;
     return Adapter::can_implement(arguments(p)) == cutlass::Status::kSuccess;
   }
 

@@ -202,7 +202,8 @@ struct Tile<BM, BN, MainloopStream<kStageKTiles>, Act> {
   static constexpr int kWn = 8 / kWk;
   static constexpr int kRW = BN / (16 * kWn);
   static constexpr int kNT = BM / 8;
-  static_assert(BM % 8 == 0 && BM <= 64 && (kWk == 4 || kWk == 8) && kRW >= 1 && kRW * 16 * kWn == BN && BN <= 128, "stream tile");
+  static_assert(BM % 8 == 0 && BM <= 64 && (kWk == 4 || kWk == 8) && kRW >= 1 && kRW * 16 * kWn == BN && BN <= 128 && 128 % BN == 0,
+                "stream tile (within one 128-row chunk of B's scales)");
   static constexpr int kRawK = kBK * kWk;
   static constexpr int kSubs = kWk;
   static constexpr int kBoxesK = kWk / 4;
