@@ -310,6 +310,14 @@ impl Problem {
                 return Err(Error::SizeLimit { what, rule, dims: dims(self), value, max: i32::MAX as u128, why: "CUTLASS's SM100 scale layouts hold 32-bit strides" });
             }
         }
+        // CUTLASS's SM100 scheduler launches the tiles along N in the grid's y and L in z (at most
+        // 65535 each); the narrowest config's tiles are 64 wide (a wider config refuses more).
+        let grid = [("N tiles of 64", "ceil(N / 64)", self.n.div_ceil(64) as u128), ("L", "L", self.l as u128)];
+        for (what, rule, value) in grid {
+            if value > 65535 {
+                return Err(Error::SizeLimit { what, rule, dims: format!("N = {}, L = {}", self.n, self.l), value, max: 65535, why: "CUTLASS's SM100 launch grid holds them in y and z" });
+            }
+        }
         Ok(())
     }
 

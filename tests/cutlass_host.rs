@@ -83,7 +83,15 @@ fn sm100_scale_span_limit_agrees_with_the_kernels() {
         return;
     }
     for c in sm100 {
-        for (p, out) in [(Problem::new((1 << 29) - 128, 128, 64), OutType::F16), (Problem::new(1 << 29, 128, 64), OutType::F16), (Problem::new(1 << 24, 2048, 64), OutType::Nvfp4)] {
+        // And the launch grid: L in z, at most 65535 (the tiles along N likewise, beyond what a test
+        // can allocate the scales of).
+        for (p, out) in [
+            (Problem::new((1 << 29) - 128, 128, 64), OutType::F16),
+            (Problem::new(1 << 29, 128, 64), OutType::F16),
+            (Problem::new(1 << 24, 2048, 64), OutType::Nvfp4),
+            (Problem::new(128, 128, 64).batch(65535), OutType::F16),
+            (Problem::new(128, 128, 64).batch(65536), OutType::F16),
+        ] {
             if !c.is_built(out) {
                 continue;
             }
