@@ -347,7 +347,8 @@ pub fn select(arch: u32, p: &Problem, sm_count: usize, max_clusters: &ClusterCou
             // Per width (64 or 128 weight rows), the schedule the K range asks for, else the one
             // built; then the narrowest whose CTAs (tiles x split) fit one wave and are at least
             // the widest's: at the same CTAs it runs half the split (a cluster sum where the wider
-            // one sums through global memory, or none). Else the widest.
+            // one sums through global memory, or none); at 32 rows only where its K ranges are
+            // short (each CTA decodes its activations over its whole range). Else the widest.
             let width = |c: &Config| c.info().tile[1];
             let mut per_width: Vec<Config> = fewest
                 .iter()
@@ -360,7 +361,8 @@ pub fn select(arch: u32, p: &Problem, sm_count: usize, max_clusters: &ClusterCou
             per_width.dedup();
             let ctas = |c: &Config| c.tiles(p) * split_k(*c, p, sm_count, max_clusters) as usize;
             let widest = per_width.last().copied()?;
-            return per_width.iter().copied().find(|c| ctas(c) <= sm_count && ctas(c) >= ctas(&widest)).or(Some(widest));
+            let short_enough = |c: &Config| tile_rows(*c) < 32 || short(*c);
+            return per_width.iter().copied().find(|c| ctas(c) <= sm_count && ctas(c) >= ctas(&widest) && short_enough(c)).or(Some(widest));
         }
         // Split-K fills the GPU for small outputs, so the choice is about tile efficiency
         // (evidence: bench/DESIGN.md §8):
@@ -609,6 +611,13 @@ mod tests {
         // two waves (4x14336x4096: 224 tiles against 112).
         assert_eq!(select(90, &Problem::new(1, 5120, 5120), 132, &ANY_CLUSTERS, all), Some(short8));
         assert_eq!(select(90, &Problem::new(4, 14336, 4096), 132, &ANY_CLUSTERS, all), Some(s8));
+        // At 32 rows only with short K ranges: 32x7168x2048 (112 tiles x 1, 32 k-tiles) and
+        // 32x2048x7168 (32 x 4, 28) take 32x64; 32x4096x7168 (64 x 2, 56 k-tiles) and
+        // 32x7168x16384 (112 x 1, 256) keep 32x128.
+        let n32 = Config::Sm90_Stream_32x64x64;
+        for (m, n, k, c) in [(32, 7168, 2048, n32), (17, 2048, 7168, n32), (32, 4096, 7168, Config::Sm90_Stream_32x128x64), (32, 7168, 16384, Config::Sm90_Stream_32x128x64), (64, 7168, 2048, Config::Sm90_Stream_32x128x64)] {
+            assert_eq!(select(90, &Problem::new(m, n, k), 132, &ANY_CLUSTERS, all), Some(c), "{m}x{n}x{k}");
+        }
         // Only the 64-wide tiles built: they serve every shape.
         let narrow = |c: Config| !c.info().streams() || c.info().tile[1] == 64 || c.info().tile[0] == 32;
         assert_eq!(select(90, &Problem::new(4, 14336, 4096), 132, &ANY_CLUSTERS, narrow), Some(n8));
