@@ -159,7 +159,6 @@ struct Tile {
   // fragments of weights). Unswapped: 256 threads, thread 0 issues.
   static constexpr int kLaunchThreads = kThreads + (kSwap ? 128 : 0);
   static constexpr int kAcc = kBM * BN / kThreads;  // accumulator floats per thread
-  static constexpr int kPartialFloats = kBM * BN;   // a CTA's partial tile in split-K's workspace
   // Split-K through the cluster: the swapped tiles (one CTA per SM) only.
   static constexpr bool kClusterReduce = kSwap;
   // What the shared parts read of every tile (with kRawK and kSubs above): the TMA boxes of a
@@ -230,7 +229,6 @@ struct Tile<BM, BN, MainloopStream<kStageKTiles>, Act> {
   static constexpr int kUnits = BM * BN / 4;
   static constexpr int kAcc = 4 * ((kUnits + kThreads - 1) / kThreads);
   static_assert(kUnits % kThreads == 0 || kUnits < kThreads, "stream tile: whole float4 units per thread");
-  static constexpr int kPartialFloats = kAcc * kThreads;
   // kWk slabs of the FP32 tile for the sum over warp rows; they reuse the raw stages.
   static constexpr int kSlab = BM * kEpiLd * 4;
   // One CTA per SM, as the split rule assumes: the 64-wide tiles need less than half an SM's

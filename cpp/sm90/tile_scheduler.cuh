@@ -101,7 +101,8 @@ struct TileScheduler {
   // split-K launch needs its counters still zero.
   static size_t split_bytes(const KernelArgs& a) {
     if (a.split_k <= 1 || cluster_reducible(a)) return 0;
-    return kCountersBytes + size_t(a.split_k) * size_t(tiles(a)) * T::kPartialFloats * sizeof(float);
+    // A CTA's partial tile as SplitKGlobal stores it: kAcc floats a compute thread.
+    return kCountersBytes + size_t(a.split_k) * size_t(tiles(a)) * T::kAcc * kThreads * sizeof(float);
   }
   static int64_t k_pad(const KernelArgs& a) { return (int64_t(a.k) + kBK - 1) / kBK * kBK; }
   static size_t pre_a_offset(const KernelArgs& a) { return (std::max(split_bytes(a), kCountersBytes) + 1023) / 1024 * 1024; }
