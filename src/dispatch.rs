@@ -350,15 +350,16 @@ pub fn select(arch: u32, p: &Problem, sm_count: usize, max_clusters: &ClusterCou
             // one sums through global memory, or none); at 32 rows only where its K ranges are
             // short (each CTA decodes its activations over its whole range). Else the widest.
             let width = |c: &Config| c.info().tile[1];
-            let mut per_width: Vec<Config> = fewest
-                .iter()
-                .filter_map(|a| {
-                    let same: Vec<Config> = fewest.iter().copied().filter(|c| width(c) == width(a)).collect();
-                    same.iter().copied().find(want).or(same.first().copied())
+            let mut widths: Vec<u32> = fewest.iter().map(width).collect();
+            widths.sort_unstable();
+            widths.dedup();
+            let per_width: Vec<Config> = widths
+                .into_iter()
+                .filter_map(|w| {
+                    let mut same = fewest.iter().copied().filter(|c| width(c) == w);
+                    same.clone().find(want).or_else(|| same.next())
                 })
                 .collect();
-            per_width.sort_by_key(width);
-            per_width.dedup();
             let ctas = |c: &Config| c.tiles(p) * split_k(*c, p, sm_count, max_clusters) as usize;
             let widest = per_width.last().copied()?;
             let short_enough = |c: &Config| tile_rows(*c) < 32 || short(*c);
