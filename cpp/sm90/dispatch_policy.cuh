@@ -36,6 +36,8 @@ constexpr int kMaxClusterSplit = BSG_SM90_MAX_CLUSTER_SPLIT;
 // Dynamic shared memory that keeps a second CTA off an SM (228 KB a Hopper SM, 1 KB of it per CTA
 // reserved).
 constexpr int kOneCtaPerSmSmem = 116 * 1024;
+// A CTA's shared memory at most, static and dynamic (cudaDevAttrMaxSharedMemoryPerBlockOptin).
+constexpr int kMaxCtaSmem = 227 * 1024;
 
 // Main-loop schedules.
 // Both operands decoded from the raw stage into 128B-swizzled FP16 buffers, SS wgmma; thread 0

@@ -53,7 +53,7 @@ struct GroupedGemm {
     const auto stream = reinterpret_cast<cudaStream_t>(a.stream);
     static SmemLimitOnce smem_limit;
     if (const cudaError_t e = smem_limit.ensure(a.device_id, [kernel] {
-          cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmem);
+          cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, grouped_smem<T, Sched>());
           if constexpr (T::kPreA) {
             if (e == cudaSuccess) e = kDenseA ? reserve_pre_pass_smem(reorder_a) : reserve_pre_pass_smem(predecode_a_grouped<T>);
           }
@@ -86,7 +86,7 @@ struct GroupedGemm {
     // Stream tiles: one persistent CTA per SM (their shared memory holds one), fewer where even
     // the largest routing has fewer items. Swapped tiles: a CTA for every item any routing has.
     const int64_t grid = T::kPreA ? Sched::max_items(a) : std::max<int64_t>(1, std::min<int64_t>(a.sm_count, Sched::max_items(a)));
-    const KernelLaunch launch(dim3(unsigned(grid)), T::kLaunchThreads, 1, T::kSmem, stream, true);
+    const KernelLaunch launch(dim3(unsigned(grid)), T::kLaunchThreads, 1, grouped_smem<T, Sched>(), stream, true);
     const cudaError_t e = cudaLaunchKernelEx(&launch.cfg, kernel, args);
     return {int32_t(e == cudaSuccess ? cutlass::Status::kSuccess : cutlass::Status::kErrorInternal), int32_t(e), 0};
   }

@@ -52,7 +52,7 @@ struct GroupedListGemm {
     const auto stream = reinterpret_cast<cudaStream_t>(a.stream);
     static SmemLimitOnce smem_limit;
     if (const cudaError_t e = smem_limit.ensure(a.device_id, [kernel, prologue] {
-          cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmem);
+          cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, grouped_smem<T, Sched>());
           return e == cudaSuccess ? reserve_pre_pass_smem(prologue) : e;
         });
         e != cudaSuccess)
@@ -87,7 +87,7 @@ struct GroupedListGemm {
     // Stream tiles: one persistent CTA per SM, fewer where the bounds allow fewer items. Swapped
     // tiles: a CTA for every item the bounds allow.
     const int64_t grid = T::kPreA ? Sched::max_items(a) : std::max<int64_t>(1, std::min<int64_t>(a.sm_count, Sched::max_items(a)));
-    const KernelLaunch launch(dim3(unsigned(grid)), T::kLaunchThreads, 1, T::kSmem, stream, true);
+    const KernelLaunch launch(dim3(unsigned(grid)), T::kLaunchThreads, 1, grouped_smem<T, Sched>(), stream, true);
     const cudaError_t e = cudaLaunchKernelEx(&launch.cfg, kernel, typename Sched::Args{lp});
     return {int32_t(e == cudaSuccess ? cutlass::Status::kSuccess : cutlass::Status::kErrorInternal), int32_t(e), 0};
   }

@@ -8,6 +8,7 @@
 
 #include <cuda.h>
 
+#include <climits>
 #include <cstdint>
 
 #include "common/ptx.cuh"
@@ -25,44 +26,71 @@
 
 namespace bsg::sm90 {
 
+// The persistent stream kernel's dynamic shared memory: the raw ring and, where they fit beside
+// it (with the scheduler's table and the barriers), the warp-row slabs, the epilogue tile being
+// slab 0. Apart, the producer fills the next item's stages while an item's sums and epilogue
+// run; over the ring, it waits for them at each item's end.
+template <class T, class Sched>
+struct GroupedStreamSmem {
+  static constexpr int kRing = T::kRawStages * T::kRawBytes;
+  static constexpr int kApartBytes = 1024 + kRing + T::kWk * T::kSlab;  // 1024: swizzle alignment
+  static constexpr bool kApart = kApartBytes + int(sizeof(typename Sched::Shared)) + 1024 <= kMaxCtaSmem;
+  static constexpr int kBytes = !kApart ? T::kSmem : kApartBytes > kOneCtaPerSmSmem ? kApartBytes : kOneCtaPerSmSmem;
+};
+
+// A grouped kernel's dynamic shared memory.
+template <class T, class Sched>
+constexpr int grouped_smem() {
+  if constexpr (T::kPreA) return T::kSmem;
+  else return GroupedStreamSmem<T, Sched>::kBytes;
+}
+
 template <class T, class OutT, class Sched>
 __global__ void __launch_bounds__(T::kLaunchThreads, 1) grouped_stream_kernel(const __grid_constant__ typename Sched::Args args) {
   using Mainloop = CollectiveMainloop<T>;
+  using Smem = GroupedStreamSmem<T, Sched>;
   __shared__ typename Sched::Shared sched;
-  uint8_t* smem = aligned_smem();
+  __shared__ uint64_t full_bar[T::kRawStages];
+  __shared__ uint64_t empty_bar[T::kRawStages];
+  uint8_t* ring = aligned_smem();
+  uint8_t* slabs = Smem::kApart ? ring + Smem::kRing : ring;
   const int tid = threadIdx.x;
+  // One ring for all of the CTA's items: its barriers' phases run on from item to item.
+  if (tid == 0) init_ring_barriers<T>(full_bar, empty_bar);
   // The offsets or sizes, like every operand, may be the previous kernel's output.
   griddep_wait();
-  Sched::prepare(args, sched, tid);
+  Sched::prepare(args, sched, tid);  // ends with a CTA barrier, which publishes the barriers too
   // Stages ahead of arrival: two where each CTA takes at most two items (few tokens: the first
   // stages' order decides), the ring full where CTAs stream item after item (bench/DESIGN.md §12).
   const int ahead = Sched::total(sched) <= 2 * int(gridDim.x) ? Mainloop::kLoadsAhead : T::kRawStages;
+  int base = 0;  // ring stages of the items before
   for (int item = blockIdx.x; item < Sched::total(sched); item += gridDim.x) {
     const TileWork w = Sched::work(args, sched, item);
-    // Barriers initialized afresh for each item: the last item's are all completed, no thread
-    // waits on them any more (the CTA barrier at the end of the loop) and thread 0 has
-    // invalidated them.
-    const RawPipeline<T> pipe =
-        start_pipeline<T>(Sched::load_params(args, sched, w), w, smem, smem, Sched::map_a(args, w), Sched::map_b(args, w), tid);
+    // Every stage is refilled, by this item or a later one (a release without a refill is an
+    // arrival nobody waits for).
+    const RawPipeline<T> pipe(Sched::load_params(args, sched, w), w, full_bar, empty_bar, ring, ring, Sched::map_a(args, w),
+                              Sched::map_b(args, w), base, INT_MAX);
     if (tid >= kThreads) {
       Sched::acquire(args, w);
       Mainloop::produce(pipe, w, tid, ahead);
     } else {
       float acc[T::kRW][T::kNT][4] = {};
-      Mainloop::run(pipe, w, smem, acc, tid);
+      Mainloop::run(pipe, w, ring, acc, tid);
       Units<T::kAcc> u;
-      Mainloop::sum_warp_rows(acc, smem, u.v, tid);
-      float* tile_s = Mainloop::store_units(u.v, smem, tid);
+      Mainloop::sum_warp_rows(acc, slabs, u.v, tid);  // its first compute barrier: every thread is past the last epilogue
+      float* tile_s = Mainloop::store_units(u.v, slabs, tid);
       const Params pe = Sched::template epilogue_params<OutT>(args, sched, w);
       TileWork we = w;
       we.batch = 0;
       Epilogue<T, OutT, ReduceGlobal>::run(pe, we, tile_s, tid);
     }
-    // The warp-row slabs and the epilogue tile overlay the raw stages that the next item's TMA
-    // loads fill: order these generic-proxy accesses before them.
-    cutlass::arch::fence_view_async_shared();
-    __syncthreads();
-    if (tid == 0) pipe.inval_barriers();
+    base += w.n_raw;
+    if constexpr (!Smem::kApart) {
+      // The slabs and the epilogue tile overlay the raw stages that the next item's TMA loads
+      // fill: order these generic-proxy accesses before them.
+      cutlass::arch::fence_view_async_shared();
+      __syncthreads();
+    }
   }
 }
 

@@ -118,16 +118,17 @@ struct CollectiveMainloop<Tile<BM, BN, MainloopStream<kStageKTiles>, Act>> {
     return compute_and<T>(range.exact_in_f16());
   }
 
-  // Lane 0 of the producer warp issues every raw stage once the stage `ahead` before it has
-  // landed and, for a refill, the compute warps have freed its slot (whose barrier no refill
-  // has re-armed since that stage: ahead <= kRawStages). Nothing is read before the previous
-  // kernel completes (programmatic launch).
+  // Lane 0 of the producer warp issues every raw stage once the stage `ahead` before it in the
+  // ring (of this item or, in a persistent kernel, of the one before) has landed and, for a
+  // refill, the compute warps have freed its slot (whose barrier no refill has re-armed since
+  // that stage: ahead <= kRawStages). Nothing is read before the previous kernel completes
+  // (programmatic launch).
   __device__ __forceinline__ static void produce(const RawPipeline<T>& pipe, const TileWork& w, int tid, int ahead = kLoadsAhead) {
     if (tid != kThreads) return;
     griddep_wait();
     for (int r = 0; r < w.n_raw; ++r) {
-      if (r >= T::kRawStages) pipe.wait_empty(r);
-      if (r >= ahead) pipe.wait(r - ahead);
+      if (pipe.refills(r)) pipe.wait_empty(r);
+      if (pipe.base + r >= ahead) pipe.wait(r - ahead);
       pipe.issue(r);
     }
   }
@@ -162,7 +163,7 @@ struct CollectiveMainloop<Tile<BM, BN, MainloopStream<kStageKTiles>, Act>> {
     for (int r = 0; r < w.n_raw; ++r) {
       pipe.wait(r);
       if (r * T::kSubs + wk < w.n_kt && (BSG_SM90_ABLATE & 3) != 3) {
-        const uint8_t* st = raw + (r % T::kRawStages) * T::kRawBytes;
+        const uint8_t* st = raw + pipe.slot(r) * T::kRawBytes;
         const uint8_t* a_box = st + box * (BM * 128);
         const uint8_t* b_box = st + T::kRawA + box * (BN * 128);
         const uint8_t* sfa = st + T::kSfA + wk * 512;
@@ -197,8 +198,9 @@ struct CollectiveMainloop<Tile<BM, BN, MainloopStream<kStageKTiles>, Act>> {
   // The warp rows' sums: each warp's fragments, times kStreamUnscale, go into its row's slab of the FP32
   // tile (tokens as rows, transposed back; conflict-free with the pitch of BN + 4), then thread
   // tid sums float4 units tid + j * kThreads of the tile over the slabs in warp-row order into
-  // u[4 j .. 4 j + 3]. The slabs overwrite the raw stages: every warp has passed every stage
-  // (and so every load has landed) before the first store.
+  // u[4 j .. 4 j + 3]. `smem`: the slabs, over the raw stages where the kernel has no room for
+  // both (every warp has then passed every stage, so every load has landed, before the first
+  // store) or beside them.
   __device__ __forceinline__ static void sum_warp_rows(const float (&acc)[kRW][kNT][4], uint8_t* smem, float (&u)[T::kAcc], int tid) {
     const int warp = tid / 32, lane = tid % 32, g = lane / 4, c = lane % 4;
     const int wn = warp % T::kWn, wk = warp / T::kWn;

@@ -2,6 +2,9 @@
 // thread (TMA boxes of packed FP4 rows, kBoxesK along K, of 16-bit activations, pre-decoded or
 // dense; bulk copies of the scale chunks) and completing on its "full" mbarrier; with producer warps, a stage
 // is refilled once T::kEmptyArrivals compute threads have arrived on its "empty" mbarrier.
+// A work item's stage r is stage base + r of the ring's sequence: a persistent kernel keeps one
+// ring over its items (base: the stages of the items before), so the next item's stages land
+// while an item ends; stages before refill_end are refilled (the item's own, or all of them).
 #pragma once
 
 #include <cuda.h>
@@ -20,6 +23,16 @@ namespace bsg::sm90 {
 // A (and, without kPreA, its scales). The swapped tiles issue B's before the pre-pass has ended.
 constexpr int kIssueB = 1, kIssueA = 2;
 
+// Thread 0, before the CTA barrier that publishes them: a ring's barriers.
+template <class T>
+__device__ __forceinline__ void init_ring_barriers(uint64_t* full, uint64_t* empty) {
+  for (int s = 0; s < T::kRawStages; ++s) {
+    cutlass::arch::ClusterTransactionBarrier::init(&full[s], 1);
+    cutlass::arch::ClusterBarrier::init(&empty[s], T::kEmptyArrivals);
+  }
+  cutlass::arch::fence_barrier_init();
+}
+
 template <class T>
 struct RawPipeline {
   uint64_t* full;   // [kRawStages] transaction barriers
@@ -31,11 +44,14 @@ struct RawPipeline {
   const uint8_t* sfb_rows;
   int64_t sp;
   int sfb_chunks;
+  int base;        // the ring's stages before this item's first
+  int refill_end;  // ring stages below this are refilled
   const TileWork& w;
 
+  // refill_end < 0: the item's own stages only (one item a CTA).
   __device__ __forceinline__ RawPipeline(const Params& p, const TileWork& work, uint64_t* full_bar, uint64_t* empty_bar, uint8_t* raw,
-                                         void* dec_a, const CUtensorMap* ma, const CUtensorMap* mb)
-      : full(full_bar), empty(empty_bar), map_a(ma), map_b(mb), w(work) {
+                                         void* dec_a, const CUtensorMap* ma, const CUtensorMap* mb, int ring_base = 0, int ring_refill_end = -1)
+      : full(full_bar), empty(empty_bar), map_a(ma), map_b(mb), base(ring_base), refill_end(ring_refill_end < 0 ? ring_base + work.n_raw : ring_refill_end), w(work) {
     sp = sf_cols_padded(p.k);
     sfa_rows = T::Activation::kScaled ? p.sfa + w.sfa_off : nullptr;
     sfb_rows = p.sfb + w.sfb_off;
@@ -44,29 +60,11 @@ struct RawPipeline {
     dec_a_s = static_cast<uint32_t>(__cvta_generic_to_shared(dec_a));
   }
 
-  // Thread 0, before the CTA barrier that publishes them.
-  __device__ __forceinline__ void init_barriers() const {
-    for (int s = 0; s < T::kRawStages; ++s) {
-      cutlass::arch::ClusterTransactionBarrier::init(&full[s], 1);
-      cutlass::arch::ClusterBarrier::init(&empty[s], T::kEmptyArrivals);
-    }
-    cutlass::arch::fence_barrier_init();
-  }
-
-  // Thread 0, once every thread is done with them (a CTA barrier): the barriers are no longer
-  // mbarrier objects, so the memory may be initialized again (PTX: init on a valid mbarrier is
-  // undefined).
-  __device__ __forceinline__ void inval_barriers() const {
-    for (int s = 0; s < T::kRawStages; ++s) {
-      asm volatile("mbarrier.inval.shared::cta.b64 [%0];\n" ::"r"(static_cast<uint32_t>(__cvta_generic_to_shared(&full[s]))) : "memory");
-      asm volatile("mbarrier.inval.shared::cta.b64 [%0];\n" ::"r"(static_cast<uint32_t>(__cvta_generic_to_shared(&empty[s]))) : "memory");
-    }
-  }
 
   // Raw stage r (k-tiles kt_begin + T::kSubs r ...), the copies `what` names.
   __device__ __forceinline__ void issue(int r, int what = kIssueA | kIssueB) const {
     constexpr int kBM = T::kBM;
-    const int slot = r % T::kRawStages;
+    const int slot = this->slot(r);
     const uint32_t bar = static_cast<uint32_t>(__cvta_generic_to_shared(&full[slot]));
     const uint32_t base = raw_s + slot * T::kRawBytes;
     const int kt = w.kt_begin + T::kSubs * r;
@@ -102,23 +100,27 @@ struct RawPipeline {
     }
   }
 
+  // The ring slot of the item's raw stage r (r < 0: a stage of the items before; base + r >= 0).
+  __device__ __forceinline__ int slot(int r) const { return (base + r) % T::kRawStages; }
   __device__ __forceinline__ void wait(int r) const {
-    cutlass::arch::ClusterTransactionBarrier::wait(&full[r % T::kRawStages], (r / T::kRawStages) & 1);
+    cutlass::arch::ClusterTransactionBarrier::wait(&full[slot(r)], ((base + r) / T::kRawStages) & 1);
   }
+  // Whether raw stage r refills a slot (an earlier stage of the ring used it).
+  __device__ __forceinline__ bool refills(int r) const { return base + r >= T::kRawStages; }
   __device__ __forceinline__ void wait_empty(int r) const {
-    cutlass::arch::ClusterBarrier::wait(&empty[r % T::kRawStages], ((r / T::kRawStages) - 1) & 1);
+    cutlass::arch::ClusterBarrier::wait(&empty[slot(r)], (((base + r) / T::kRawStages) - 1) & 1);
   }
   // Whether k-tile j is the last of its raw stage and a later stage is due in that slot.
   __device__ __forceinline__ bool stage_done(int j) const {
-    return j < w.n_kt && (j % T::kSubs == T::kSubs - 1 || j == w.n_kt - 1) && j / T::kSubs + T::kRawStages < w.n_raw;
+    return j < w.n_kt && (j % T::kSubs == T::kSubs - 1 || j == w.n_kt - 1) && base + j / T::kSubs + T::kRawStages < refill_end;
   }
   // One arrival per compute warp (T::kEmptyArrivals of 8): the warp is done with raw stage r.
   __device__ __forceinline__ void release_stage(int r) const {
-    if (r + T::kRawStages < w.n_raw) cutlass::arch::ClusterBarrier::arrive(&empty[r % T::kRawStages]);
+    if (base + r + T::kRawStages < refill_end) cutlass::arch::ClusterBarrier::arrive(&empty[slot(r)]);
   }
   // Producer warps: this compute thread is done with k-tile j.
   __device__ __forceinline__ void release_after(int j) const {
-    if (stage_done(j)) cutlass::arch::ClusterBarrier::arrive(&empty[(j / T::kSubs) % T::kRawStages]);
+    if (stage_done(j)) cutlass::arch::ClusterBarrier::arrive(&empty[slot(j / T::kSubs)]);
   }
 };
 
@@ -139,7 +141,7 @@ __device__ __forceinline__ RawPipeline<T> start_pipeline(const Params& p, const 
   __shared__ uint64_t full_bar[T::kRawStages];
   __shared__ uint64_t empty_bar[T::kRawStages];
   const RawPipeline<T> pipe(p, w, full_bar, empty_bar, raw, dec_a, map_a, map_b);
-  if (tid == 0) pipe.init_barriers();
+  if (tid == 0) init_ring_barriers<T>(full_bar, empty_bar);
   __syncthreads();
   return pipe;
 }
