@@ -6,7 +6,7 @@ use blockscaled_gemm::fp4_out::sfd_from_f32;
 use blockscaled_gemm::reference::{self, Accumulation};
 use blockscaled_gemm::grouped::{expert_offsets, moe_scale_starts, moe_sfa_bytes, moe_scales, reference_moe};
 use blockscaled_gemm::{reference_gemm, Activation16, BlockScaledGemm, ListArrays, ListGroup, ListProblem, MoeActivations, MoeProblem, Config, Error, ForeignBuffer, Nvfp4Matrix, Nvfp4Output, Nvfp4Tensor, OutType, OutputElement, Problem};
-use cudarc::driver::{CudaSlice, CudaView};
+use cudarc::driver::{CudaSlice, CudaStream, CudaView};
 use cudarc::driver::CudaContext;
 use half::{bf16, f16};
 use std::sync::Arc;
@@ -58,6 +58,7 @@ fn main() {
         ("grouped_moe_quantizer_matches_the_cpu", grouped_moe_quantizer_matches_the_cpu),
         ("swiglu_quantizer_matches_the_cpu", swiglu_quantizer_matches_the_cpu),
         ("grouped_list_same_bits_as_gemm_per_group", grouped_list_same_bits_as_gemm_per_group),
+        ("grouped_list_persistent_ctas_take_many_items", grouped_list_persistent_ctas_take_many_items),
         ("grouped_list_fp4_output_is_gemm_fp4_per_group", grouped_list_fp4_output_is_gemm_fp4_per_group),
         ("w4a16_every_config_and_output", w4a16_every_config_and_output),
         ("w4a16_same_bits_as_nvfp4_gemm", w4a16_same_bits_as_nvfp4_gemm),
@@ -1302,12 +1303,49 @@ fn grouped_moe_fp4_output_is_gemm_fp4_per_expert() -> Outcome {
 /// The list form's groups: different M (1 to 130), N and K, general data (FP32 sums that round).
 const LIST_SHAPES: [(usize, usize, usize); 5] = [(33, 256, 1024), (1, 128, 512), (130, 384, 2048), (7, 160, 768), (64, 128, 64)];
 
-fn list_operands(salt: u64) -> Vec<(Nvfp4Matrix, Nvfp4Matrix, f32)> {
-    LIST_SHAPES.iter().enumerate().map(|(i, &(m, n, k))| {
+fn list_operands(shapes: &[(usize, usize, usize)], salt: u64) -> Vec<(Nvfp4Matrix, Nvfp4Matrix, f32)> {
+    shapes.iter().enumerate().map(|(i, &(m, n, k))| {
         let a = Nvfp4Matrix::random_realistic(m, k, 1, seed() ^ salt ^ (2 * i as u64)).unwrap();
         let b = Nvfp4Matrix::random_realistic(n, k, 1, seed() ^ salt ^ (2 * i as u64 + 1)).unwrap();
-        (a, b, [0.75f32, 1.0, 3.0e-3, 1.5, 0.1][i])
+        (a, b, [0.75f32, 1.0, 3.0e-3, 1.5, 0.1][i % 5])
     }).collect()
+}
+
+fn upload_pairs(ops: &[(Nvfp4Matrix, Nvfp4Matrix, f32)], s: &Arc<CudaStream>) -> Vec<(Nvfp4Tensor, Nvfp4Tensor)> {
+    ops.iter().map(|(a, b, _)| (Nvfp4Tensor::upload(a, s).unwrap(), Nvfp4Tensor::upload(b, s).unwrap())).collect()
+}
+
+/// One list-form call over `ops` (D poisoned first): every group's D the bits of `gemm` at split 1
+/// with the tile it ran. Returns that tile.
+fn list_same_bits_as_gemm<T: OutputElement + cudarc::driver::DeviceRepr>(g: &BlockScaledGemm, split1: &BlockScaledGemm, ops: &[(Nvfp4Matrix, Nvfp4Matrix, f32)], up: &[(Nvfp4Tensor, Nvfp4Tensor)], config: Option<Config>) -> Config {
+    let s = g.stream();
+    let mut ds: Vec<CudaSlice<T>> = ops.iter().map(|(a, b, _)| s.clone_htod(&vec![T::from_f64(f64::NAN); a.rows() * b.rows()]).unwrap()).collect();
+    let mut groups: Vec<_> = up.iter().zip(ds.iter_mut()).zip(ops).map(|(((a, b), d), op)| ListGroup { a, b, d, alpha: op.2 }).collect();
+    let ran = g.grouped_list(&mut groups, config).unwrap();
+    drop(groups);
+    for (i, ((a, b, alpha), d)) in ops.iter().zip(&ds).enumerate() {
+        let got = s.clone_dtoh(d).unwrap();
+        let (_, want) = run_poisoned::<T>(split1, a, b, *alpha, 0.0, &[], Some(ran));
+        assert!(got.iter().zip(&want).all(|(x, y)| x.to_f64().to_bits() == y.to_f64().to_bits()), "{ran} group {i}: list and gemm differ");
+    }
+    ran
+}
+
+/// The list form with more work items than SMs: the persistent stream CTAs take several, of
+/// groups with different K (so items of 1 to 5 raw stages follow each other on one ring).
+fn grouped_list_persistent_ctas_take_many_items() -> Outcome {
+    let g = hopper()?;
+    let s = g.stream().clone();
+    let split1 = BlockScaledGemm::new(s.clone()).unwrap().with_split_k(Some(1));
+    let ops = list_operands(&[(130, 2048, 1280), (7, 1024, 512), (64, 1536, 2048), (1, 512, 64), (40, 768, 704)], 95);
+    let up = upload_pairs(&ops, &s);
+    let streams: Vec<Config> = Config::ALL.iter().copied().filter(|c| c.info().streams() && c.is_built_grouped_list(OutType::Bf16)).collect();
+    assert!(streams.len() >= 5, "list-form stream kernels missing from the build: {streams:?}");
+    for &config in &streams {
+        list_same_bits_as_gemm::<bf16>(&g, &split1, &ops, &up, Some(config));
+    }
+    println!("grouped list, many items a CTA: {} stream tiles, every group's bits those of gemm", streams.len());
+    Ok(())
 }
 
 /// Issue 24 item 1 (list form): G GEMMs of different sizes in one call; per group, D is the bits
@@ -1316,26 +1354,14 @@ fn grouped_list_same_bits_as_gemm_per_group() -> Outcome {
     let g = hopper()?;
     let s = g.stream().clone();
     let split1 = BlockScaledGemm::new(s.clone()).unwrap().with_split_k(Some(1));
-    let ops = list_operands(80);
-    let up: Vec<_> = ops.iter().map(|(a, b, _)| (Nvfp4Tensor::upload(a, &s).unwrap(), Nvfp4Tensor::upload(b, &s).unwrap())).collect();
-    fn one<T: OutputElement + cudarc::driver::DeviceRepr>(g: &BlockScaledGemm, split1: &BlockScaledGemm, ops: &[(Nvfp4Matrix, Nvfp4Matrix, f32)], up: &[(Nvfp4Tensor, Nvfp4Tensor)], config: Option<Config>) -> Config {
-        let s = g.stream();
-        let mut ds: Vec<CudaSlice<T>> = ops.iter().map(|(a, b, _)| s.clone_htod(&vec![T::from_f64(f64::NAN); a.rows() * b.rows()]).unwrap()).collect();
-        let mut groups: Vec<_> = up.iter().zip(ds.iter_mut()).zip(ops).map(|(((a, b), d), op)| ListGroup { a, b, d, alpha: op.2 }).collect();
-        let ran = g.grouped_list(&mut groups, config).unwrap();
-        drop(groups);
-        for (i, ((a, b, alpha), d)) in ops.iter().zip(&ds).enumerate() {
-            let got = s.clone_dtoh(d).unwrap();
-            let (_, want) = run_poisoned::<T>(split1, a, b, *alpha, 0.0, &[], Some(ran));
-            assert!(got.iter().zip(&want).all(|(x, y)| x.to_f64().to_bits() == y.to_f64().to_bits()), "{ran} group {i}: list and gemm differ");
-        }
-        ran
-    }
+    let ops = list_operands(&LIST_SHAPES, 80);
+    let up = upload_pairs(&ops, &s);
+    let one = list_same_bits_as_gemm::<bf16>;
     let list_configs: Vec<Config> = Config::ALL.iter().copied().filter(|c| c.is_built_grouped_list(OutType::Bf16)).collect();
     let mut ran = Vec::new();
     for config in std::iter::once(None).chain(list_configs.iter().copied().map(Some)) {
-        ran.push(one::<bf16>(&g, &split1, &ops, &up, config));
-        ran.push(one::<f32>(&g, &split1, &ops, &up, config));
+        ran.push(one(&g, &split1, &ops, &up, config));
+        ran.push(list_same_bits_as_gemm::<f32>(&g, &split1, &ops, &up, config));
     }
     assert!(list_configs.len() >= 6, "list-form kernels missing from the build: {list_configs:?}");
     // A group of the wrong shape is refused before anything runs.
@@ -1348,7 +1374,7 @@ fn grouped_list_same_bits_as_gemm_per_group() -> Outcome {
     let g = g.with_split_k(Some(12));
     for seed in [1, 2] {
         check::<f32>(&g, 1, 4096, 7168, 1, 1.0, 0.0, Some(Config::Sm90_Stream_8x128x64), seed);
-        let _ = one::<bf16>(&g, &split1, &ops, &up, Some(Config::Sm90_Swapped_128x128x64));
+        let _ = one(&g, &split1, &ops, &up, Some(Config::Sm90_Swapped_128x128x64));
     }
     println!("grouped list: the rule ran {}, every group's bits those of gemm", ran[0]);
     Ok(())
@@ -1360,7 +1386,7 @@ fn grouped_list_fp4_output_is_gemm_fp4_per_group() -> Outcome {
     let g = hopper()?;
     let s = g.stream().clone();
     let split1 = BlockScaledGemm::new(s.clone()).unwrap().with_split_k(Some(1));
-    let ops = list_operands(90);
+    let ops = list_operands(&LIST_SHAPES, 90);
     let up: Vec<_> = ops.iter().map(|(a, b, _)| (Nvfp4Tensor::upload(a, &s).unwrap(), Nvfp4Tensor::upload(b, &s).unwrap())).collect();
     let st = 3.0f32;
     let mut runs = 0;
@@ -1398,7 +1424,7 @@ fn grouped_list_raw_captured_skips_bad_groups() -> Outcome {
     let g = BlockScaledGemm::new(stream.clone()).unwrap();
     // SAFETY: every buffer below is used on `stream` alone.
     unsafe { ctx.disable_event_tracking() };
-    let ops = list_operands(100);
+    let ops = list_operands(&LIST_SHAPES, 100);
     let groups = ops.len();
     let (max_m, max_n, max_k) = (130usize, 384usize, 2048usize);
     let up: Vec<_> = ops.iter().map(|(a, b, _)| (upload(&g, a), upload(&g, b))).collect();
@@ -1527,12 +1553,19 @@ fn grouped_moe_bad_device_offsets_stay_inside_d() -> Outcome {
 }
 
 fn grouped_moe_persistent_ctas_take_many_items() -> Outcome {
-    // More work items than SMs: the stream tiles' persistent CTAs take several each (barriers
-    // invalidated and initialized again per item), the swapped grid holds more CTAs than SMs.
+    // More work items than SMs: the stream tiles' persistent CTAs take several each, on one ring
+    // whose stages run on from item to item (K of 4 k-tiles: one raw stage an item; 20 k-tiles:
+    // 3 or 5, so items start at every slot of the ring), with the warp-row slabs beside the ring
+    // or over it (16x128); the swapped grid holds more CTAs than SMs.
     let g = hopper()?;
     let counts: Vec<usize> = (0..32).map(|e| [32, 0, 17, 45, 1][e % 5]).collect();
-    for config in [Config::Sm90_Stream_8x128x64, Config::Sm90_StreamShortK_16x128x64, Config::Sm90_Swapped_128x128x64] {
+    let streams: Vec<Config> = Config::ALL.iter().copied().filter(|c| c.info().streams() && c.is_built_grouped(OutType::Bf16)).collect();
+    assert!(streams.len() >= 5, "grouped stream kernels missing from the build: {streams:?}");
+    for &config in streams.iter().chain([&Config::Sm90_Swapped_128x128x64]) {
         check_moe::<bf16>(&g, &counts, 1024, 256, Some(config), 70);
+    }
+    for &config in &streams {
+        check_moe::<f32>(&g, &counts, 512, 1280, Some(config), 71);
     }
     Ok(())
 }
@@ -1975,6 +2008,12 @@ fn w4a16_grouped_moe_every_config() -> Outcome {
     for &c in &configs {
         one::<f16, bf16>(&g, &split1, &counts, 200, 96, Some(c), 0x6A6);
         one::<bf16, f32>(&g, &split1, &[70, 1], 72, 2080, Some(c), 0x6A7);
+    }
+    // More work items than SMs on the stream tiles: several items a persistent CTA, one ring
+    // (10 k-tiles: 2 or 3 raw stages an item).
+    let many: Vec<usize> = (0..24).map(|e| [32, 0, 17, 45, 1][e % 5]).collect();
+    for &c in configs.iter().filter(|c| c.info().streams()) {
+        one::<bf16, f32>(&g, &split1, &many, 1024, 640, Some(c), 0x6A8);
     }
     Ok(())
 }
