@@ -1337,7 +1337,7 @@ fn grouped_list_persistent_ctas_take_many_items() -> Outcome {
     let g = hopper()?;
     let s = g.stream().clone();
     let split1 = BlockScaledGemm::new(s.clone()).unwrap().with_split_k(Some(1));
-    let ops = list_operands(&[(130, 2048, 1280), (7, 1024, 512), (64, 1536, 2048), (1, 512, 64), (40, 768, 704)], 95);
+    let ops = list_operands(&[(130, 4096, 1280), (7, 1024, 512), (64, 1536, 2048), (1, 512, 64), (40, 768, 704)], 95);
     let up = upload_pairs(&ops, &s);
     let streams: Vec<Config> = Config::ALL.iter().copied().filter(|c| c.info().streams() && c.is_built_grouped_list(OutType::Bf16)).collect();
     assert!(streams.len() >= 5, "list-form stream kernels missing from the build: {streams:?}");
@@ -1553,10 +1553,11 @@ fn grouped_moe_bad_device_offsets_stay_inside_d() -> Outcome {
 }
 
 fn grouped_moe_persistent_ctas_take_many_items() -> Outcome {
-    // More work items than SMs: the stream tiles' persistent CTAs take several each, on one ring
-    // whose stages run on from item to item (K of 4 k-tiles: one raw stage an item; 20 k-tiles:
-    // 3 or 5, so items start at every slot of the ring), with the warp-row slabs beside the ring
-    // or over it (16x128); the swapped grid holds more CTAs than SMs.
+    // More work items than SMs (at least 248 of every tile here, for 132 CTAs): the stream
+    // tiles' persistent CTAs take several each, on one ring whose stages run on from item to
+    // item past its end (K of 4 k-tiles: one raw stage an item; 20 k-tiles: 3 or 5, so items
+    // start at other slots than 0), with the warp-row slabs beside the ring or over it (16x128);
+    // the swapped grid holds more CTAs than SMs.
     let g = hopper()?;
     let counts: Vec<usize> = (0..32).map(|e| [32, 0, 17, 45, 1][e % 5]).collect();
     let streams: Vec<Config> = Config::ALL.iter().copied().filter(|c| c.info().streams() && c.is_built_grouped(OutType::Bf16)).collect();
@@ -1565,7 +1566,7 @@ fn grouped_moe_persistent_ctas_take_many_items() -> Outcome {
         check_moe::<bf16>(&g, &counts, 1024, 256, Some(config), 70);
     }
     for &config in &streams {
-        check_moe::<f32>(&g, &counts, 512, 1280, Some(config), 71);
+        check_moe::<f32>(&g, &counts, 1024, 1280, Some(config), 71);
     }
     Ok(())
 }
@@ -2009,11 +2010,13 @@ fn w4a16_grouped_moe_every_config() -> Outcome {
         one::<f16, bf16>(&g, &split1, &counts, 200, 96, Some(c), 0x6A6);
         one::<bf16, f32>(&g, &split1, &[70, 1], 72, 2080, Some(c), 0x6A7);
     }
-    // More work items than SMs on the stream tiles: several items a persistent CTA, one ring
-    // (10 k-tiles: 2 or 3 raw stages an item).
+    // More work items than SMs on the stream tiles (at least 192 of every tile, for 132 CTAs):
+    // several items a persistent CTA on one ring, past its end (10 k-tiles: 2 or 3 raw stages an
+    // item; 20 for the 32-row tile, whose ring holds 6).
     let many: Vec<usize> = (0..24).map(|e| [32, 0, 17, 45, 1][e % 5]).collect();
     for &c in configs.iter().filter(|c| c.info().streams()) {
-        one::<bf16, f32>(&g, &split1, &many, 1024, 640, Some(c), 0x6A8);
+        let k = if c.info().tile[0] == 32 { 1280 } else { 640 };
+        one::<bf16, f32>(&g, &split1, &many, 1024, k, Some(c), 0x6A8);
     }
     Ok(())
 }

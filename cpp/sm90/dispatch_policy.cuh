@@ -231,7 +231,8 @@ struct Tile<BM, BN, MainloopStream<kStageKTiles>, Act> {
   static constexpr int kUnits = BM * BN / 4;
   static constexpr int kAcc = 4 * ((kUnits + kThreads - 1) / kThreads);
   static_assert(kUnits % kThreads == 0 || kUnits < kThreads, "stream tile: whole float4 units per thread");
-  // kWk slabs of the FP32 tile for the sum over warp rows; they reuse the raw stages.
+  // kWk slabs of the FP32 tile for the sum over warp rows; they reuse the raw stages (the
+  // persistent grouped kernel keeps them apart where both fit: kernel_grouped.cuh).
   static constexpr int kSlab = BM * kEpiLd * 4;
   // One CTA per SM, as the split rule assumes: the 64-wide tiles need less than half an SM's
   // shared memory, and a second CTA on an SM (of the next launch, which the programmatic launch

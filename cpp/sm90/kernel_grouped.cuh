@@ -66,8 +66,8 @@ __global__ void __launch_bounds__(T::kLaunchThreads, 1) grouped_stream_kernel(co
   int base = 0;  // ring stages of the items before
   for (int item = blockIdx.x; item < Sched::total(sched); item += gridDim.x) {
     const TileWork w = Sched::work(args, sched, item);
-    // Every stage is refilled, by this item or a later one (a release without a refill is an
-    // arrival nobody waits for).
+    // Every stage is released for a refill, by this item or a later one (the CTA's last
+    // kRawStages releases are arrivals nobody waits for).
     const RawPipeline<T> pipe(Sched::load_params(args, sched, w), w, full_bar, empty_bar, ring, ring, Sched::map_a(args, w),
                               Sched::map_b(args, w), base, INT_MAX);
     if (tid >= kThreads) {

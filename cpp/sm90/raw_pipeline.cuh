@@ -4,7 +4,8 @@
 // is refilled once T::kEmptyArrivals compute threads have arrived on its "empty" mbarrier.
 // A work item's stage r is stage base + r of the ring's sequence: a persistent kernel keeps one
 // ring over its items (base: the stages of the items before), so the next item's stages land
-// while an item ends; stages before refill_end are refilled (the item's own, or all of them).
+// while an item ends. Stage s is released for a refill where one is due, s + kRawStages <
+// refill_end (the end of the item's own stages, or of none where later items follow).
 #pragma once
 
 #include <cuda.h>
@@ -45,7 +46,7 @@ struct RawPipeline {
   int64_t sp;
   int sfb_chunks;
   int base;        // the ring's stages before this item's first
-  int refill_end;  // ring stages below this are refilled
+  int refill_end;  // ring stages issued at most: stage s is released where s + kRawStages < refill_end
   const TileWork& w;
 
   // refill_end < 0: the item's own stages only (one item a CTA).
@@ -66,7 +67,7 @@ struct RawPipeline {
     constexpr int kBM = T::kBM;
     const int slot = this->slot(r);
     const uint32_t bar = static_cast<uint32_t>(__cvta_generic_to_shared(&full[slot]));
-    const uint32_t base = raw_s + slot * T::kRawBytes;
+    const uint32_t stage_s = raw_s + slot * T::kRawBytes;
     const int kt = w.kt_begin + T::kSubs * r;
     const uint32_t sf_bytes = min(T::kSubs, w.kt_end - kt) * 512;
     // kPreA: every box of FP16 activations is whole (zero-filled past K_pad, M or the batch).
@@ -77,9 +78,9 @@ struct RawPipeline {
     if constexpr ((BSG_SM90_ABLATE & 4) == 0) {
       if (what & kIssueB) {
         for (int x = 0; x < T::kBoxesK; ++x)
-          tma_load_3d(base + T::kRawA + x * (T::kBN * T::kBoxBytesK), map_b, kt * (kBK / 2) + x * T::kBoxBytesK, w.n0, int(w.batch), bar);
+          tma_load_3d(stage_s + T::kRawA + x * (T::kBN * T::kBoxBytesK), map_b, kt * (kBK / 2) + x * T::kBoxBytesK, w.n0, int(w.batch), bar);
         for (int c = 0; c < sfb_chunks; ++c)
-          bulk_load(base + T::kSfB + T::kSfStage * c, sfb_rows + c * (sp / 4) * 512 + int64_t(kt) * 512, sf_bytes, bar);
+          bulk_load(stage_s + T::kSfB + T::kSfStage * c, sfb_rows + c * (sp / 4) * 512 + int64_t(kt) * 512, sf_bytes, bar);
       }
       if (what & kIssueA) {
         if constexpr (T::kPreA) {
@@ -87,11 +88,11 @@ struct RawPipeline {
             tma_load_3d(dec_a_s + (slot * T::kSubs + s) * (kBM * kBK * 2), map_a, (kt + s) * kBK, w.a_row, w.a_batch, bar);
         } else if constexpr (T::Activation::kScaled) {
           for (int x = 0; x < T::kBoxesK; ++x)
-            tma_load_3d(base + x * (kBM * T::kBoxBytesK), map_a, kt * (kBK / 2) + x * T::kBoxBytesK, w.a_row, w.a_batch, bar);
-          bulk_load(base + T::kRawA + T::kRawB, sfa_rows + int64_t(kt) * 512, sf_bytes, bar);
+            tma_load_3d(stage_s + x * (kBM * T::kBoxBytesK), map_a, kt * (kBK / 2) + x * T::kBoxBytesK, w.a_row, w.a_batch, bar);
+          bulk_load(stage_s + T::kRawA + T::kRawB, sfa_rows + int64_t(kt) * 512, sf_bytes, bar);
         } else {
           // Dense 16-bit activations: one box of 64 values per k-tile (the map counts elements).
-          for (int x = 0; x < T::kBoxesKA; ++x) tma_load_3d(base + x * (kBM * T::kBoxBytesK), map_a, (kt + x) * kBK, w.a_row, w.a_batch, bar);
+          for (int x = 0; x < T::kBoxesKA; ++x) tma_load_3d(stage_s + x * (kBM * T::kBoxBytesK), map_a, (kt + x) * kBK, w.a_row, w.a_batch, bar);
         }
       }
     } else if (what & kIssueB) {
