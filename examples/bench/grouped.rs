@@ -90,6 +90,8 @@ pub struct GroupedResult {
     pub loop_graph_us: f64,
     pub list_config: Config,
     pub list_graph_us: f64,
+    pub w4a16_config: Config,
+    pub w4a16_graph_us: f64,
     pub floor_us: f64,
     pub bytes: usize,
     pub exact: bool,
@@ -153,6 +155,12 @@ pub fn bench_case(cli: &Cli, gemm: &BlockScaledGemm, stream: &Arc<CudaStream>, l
     let list_p = ListProblem::new(hit.len(), max_m, n, k).max_rows(t);
     let list_config = gemm.select_list_config(&list_p, OutType::Bf16)?;
     workspace = workspace.max(gemm.grouped_list_workspace_size(&list_p, OutType::Bf16, Some(list_config))?);
+    // W4A16 (`moe_gemm_w4a16`): the same activations in bf16, where each NVFP4 value is exact, so
+    // D is the NVFP4 GEMM's (the kernels pair the same products in the same order) and the same
+    // check applies; the rule's config.
+    let x16: Vec<bf16> = x.dequantize().iter().map(|&v| bf16::from_f32(v)).collect();
+    let a16_sets = (0..n_sets).map(|_| stream.clone_htod(&x16)).collect::<Result<Vec<CudaSlice<bf16>>, _>>()?;
+    workspace = workspace.max(gemm.moe_w4a16_workspace_size::<bf16>(&p, OutType::Bf16, None)?);
     gemm.reserve_workspace(workspace)?;
     let addr = |x: &CudaSlice<u8>| x.device_ptr(stream).0;
     let d_addr = d.device_ptr(stream).0;
@@ -173,6 +181,11 @@ pub fn bench_case(cli: &Cli, gemm: &BlockScaledGemm, stream: &Arc<CudaStream>, l
         let arrays = ListArrays { problems: &problems, a, sfa, b, sfb, d: &d_list, c: None, sfd: None, alphas: None };
         // SAFETY: every address is inside this case's live buffers, at the expert's rows.
         unsafe { gemm.grouped_list_raw(&list_p, OutType::Bf16, &arrays, Some(list_config)) }.map(|_| ())
+    };
+    let w4a16_launch = |i: usize, d: &mut CudaSlice<bf16>| -> Result<Config, blockscaled_gemm::Error> {
+        let s = &sets[i % n_sets];
+        let b = Nvfp4Tensor::new(s.b.as_view(), s.sfb.as_view(), (experts, n, k), 1.0)?;
+        gemm.moe_gemm_w4a16(&p, &a16_sets[i % n_sets], &b, &offsets_dev, &ones, d, None)
     };
     let loop_launch = |i: usize, d: &mut CudaSlice<bf16>| -> Result<(), blockscaled_gemm::Error> {
         let s = &sets[i % n_sets];
@@ -223,8 +236,12 @@ pub fn bench_case(cli: &Cli, gemm: &BlockScaledGemm, stream: &Arc<CudaStream>, l
     poison_bf16(stream, &mut d)?;
     let list_graph_us = time_graph(cli, stream, list_launch)?;
     exact &= check(&d, "list form")?;
+    poison_bf16(stream, &mut d)?;
+    let w4a16_config = w4a16_launch(0, &mut d)?;
+    let w4a16_graph_us = time_graph(cli, stream, |i| w4a16_launch(i, &mut d).map(|_| ()))?;
+    exact &= check(&d, "W4A16")?;
     let floor_us = (bytes as f64 / (copy_gbps * 1e9)).max(2.0 * (t * n * k) as f64 / 800e12) * 1e6;
-    Ok(GroupedResult { config, experts_hit: hit.len(), b2b_us, graph_us, host_us, loop_graph_us, list_config, list_graph_us, floor_us, bytes, exact })
+    Ok(GroupedResult { config, experts_hit: hit.len(), b2b_us, graph_us, host_us, loop_graph_us, list_config, list_graph_us, w4a16_config, w4a16_graph_us, floor_us, bytes, exact })
 }
 
 /// The MoE-form quantizer on case `case`'s stacked rows: bf16 (T, K) N(0, 1) data, the case's
