@@ -15,9 +15,10 @@ extra fields and nulls are fine.
   nothing else is claimed) and the source line. A file without exactly one pair of markers:
   exit 2, naming it, before any file is written. Running it twice gives the same file.
 - --grouped: the rows with op "grouped" instead (case, groups, experts_hit, sum_m, n, k, config,
-  ours_graph_us, host_enqueue_us, list_graph_us, loop_graph_us, bf16_grouped_graph_us, floor_us, exact), their
-  table between `<!-- grouped-table:begin -->` and `<!-- grouped-table:end -->`, comparing
-  ours_graph_us with the loop of gemm and with bf16 grouped GEMM; no plot.
+  ours_graph_us, host_enqueue_us, list_graph_us, w4a16_graph_us, loop_graph_us, bf16_grouped_graph_us,
+  floor_us, exact), their table between `<!-- grouped-table:begin -->` and `<!-- grouped-table:end -->`,
+  comparing ours_graph_us with the loop of gemm and with bf16 grouped GEMM, and w4a16_graph_us
+  (where the run has it) with bf16 grouped GEMM; no plot.
 - --w4a16: the rows with op "w4a16" (m, n, k, input, config, ours_graph_us, host_enqueue_us,
   cublas_bf16_graph_us, int4_tinygemm_graph_us, floor_us, exact), their table between
   `<!-- w4a16-table:begin -->` and `<!-- w4a16-table:end -->`, comparing ours_graph_us with cuBLAS
@@ -118,13 +119,14 @@ def plot(rows, png):
     fig.savefig(png, dpi=120)
 
 
-def comparison(rows, field, name, label_of=shape, units="shapes"):
-    """One sentence: where ours_graph_us beats, ties or loses to `field` (same-run rows only)."""
+def comparison(rows, field, name, label_of=shape, units="shapes", ours_field="ours_graph_us", who="Faster"):
+    """One sentence: where `ours_field` (ours_graph_us) beats, ties or loses to `field` (same-run
+    rows only); `who` starts it."""
     several_outs = len({str(r.get("out")) for r in rows}) > 1
     unit = "rows" if several_outs or len({label_of(r) for r in rows}) < len(rows) else units
     faster, slower, tied = [], [], []
     for r in rows:
-        ours, theirs = num(r.get("ours_graph_us")), num(r.get(field))
+        ours, theirs = num(r.get(ours_field)), num(r.get(field))
         if not ours or not theirs:
             continue
         label = label_of(r) + (f" {r.get('out')}" if several_outs else "")
@@ -134,7 +136,7 @@ def comparison(rows, field, name, label_of=shape, units="shapes"):
     n = len(faster) + len(slower) + len(tied)
     if n == 0:
         return f"No row has both our graph time and a {name} graph time."
-    s = f"Faster than {name} (graph vs graph, same run) at {len(faster)} of {n} {unit}"
+    s = f"{who} than {name} (graph vs graph, same run) at {len(faster)} of {n} {unit}"
     s += f": {', '.join(faster)}" if faster else ""
     s += f"; slower at {len(slower)}: {', '.join(slower)}" if slower else "; slower at none"
     s += f"; equal at {len(tied)}: {', '.join(tied)}" if tied else ""
@@ -174,14 +176,17 @@ def table(rows, source):
 
 def grouped_table(rows, source):
     head = ["case", "experts (with rows)", "rows", "N x K", "config", "ours graph us",
-            "host enqueue us", "list form graph us", "loop of gemm graph us", "bf16 grouped graph us", "floor us",
-            "ours/floor", "exact"]
-    fields = ("ours_graph_us", "host_enqueue_us", "list_graph_us", "loop_graph_us", "bf16_grouped_graph_us", "floor_us")
+            "host enqueue us", "list form graph us", "W4A16 (bf16 in) graph us", "loop of gemm graph us", "bf16 grouped graph us",
+            "floor us", "ours/floor", "exact"]
+    fields = ("ours_graph_us", "host_enqueue_us", "list_graph_us", "w4a16_graph_us", "loop_graph_us", "bf16_grouped_graph_us", "floor_us")
     lines = markdown(head, rows, lambda r: [str(r.get("case")), f"{r.get('groups')} ({r.get('experts_hit')})", str(r.get("sum_m")),
                                             f"{r.get('n')} x {r.get('k')}", f"`{r['config']}`" if r.get("config") else "-"]
                      + [fmt(r.get(f)) for f in fields] + ratio_and_exact(r))
     for field, name in [("loop_graph_us", "the loop of gemm"), ("bf16_grouped_graph_us", "bf16 grouped GEMM")]:
         lines += ["", comparison(rows, field, name, lambda r: str(r.get("case")), "cases")]
+    if any(r.get("w4a16_graph_us") is not None for r in rows):
+        lines += ["", comparison(rows, "bf16_grouped_graph_us", "bf16 grouped GEMM", lambda r: str(r.get("case")), "cases",
+                                 "w4a16_graph_us", "W4A16 grouped (`moe_gemm_w4a16`, bf16 activations) faster")]
     lines += ["", f"Source: {source} ({joined(rows, 'gpu')}, commit {joined(rows, 'commit')})", ""]
     return "\n".join(lines)
 
