@@ -90,8 +90,9 @@ pub struct GroupedResult {
     pub loop_graph_us: f64,
     pub list_config: Config,
     pub list_graph_us: f64,
-    pub w4a16_config: Config,
-    pub w4a16_graph_us: f64,
+    /// W4A16 grouped: `None` where the device has no W4A16 kernel (SM100).
+    pub w4a16_config: Option<Config>,
+    pub w4a16_graph_us: Option<f64>,
     pub floor_us: f64,
     pub bytes: usize,
     pub exact: bool,
@@ -157,10 +158,15 @@ pub fn bench_case(cli: &Cli, gemm: &BlockScaledGemm, stream: &Arc<CudaStream>, l
     workspace = workspace.max(gemm.grouped_list_workspace_size(&list_p, OutType::Bf16, Some(list_config))?);
     // W4A16 (`moe_gemm_w4a16`): the same activations in bf16, where each NVFP4 value is exact, so
     // D is the NVFP4 GEMM's (the kernels pair the same products in the same order) and the same
-    // check applies; the rule's config.
-    let x16: Vec<bf16> = x.dequantize().iter().map(|&v| bf16::from_f32(v)).collect();
-    let a16_sets = (0..n_sets).map(|_| stream.clone_htod(&x16)).collect::<Result<Vec<CudaSlice<bf16>>, _>>()?;
-    workspace = workspace.max(gemm.moe_w4a16_workspace_size::<bf16>(&p, OutType::Bf16, None)?);
+    // check applies; the rule's config. Skipped where the device has none (SM100).
+    let w4a16_workspace = match gemm.moe_w4a16_workspace_size::<bf16>(&p, OutType::Bf16, None) {
+        Ok(bytes) => Some(bytes),
+        Err(blockscaled_gemm::Error::UnsupportedDevice { .. }) => None,
+        Err(e) => return Err(e.into()),
+    };
+    let x16: Vec<bf16> = if w4a16_workspace.is_some() { x.dequantize().iter().map(|&v| bf16::from_f32(v)).collect() } else { Vec::new() };
+    let a16_sets = if w4a16_workspace.is_some() { (0..n_sets).map(|_| stream.clone_htod(&x16)).collect::<Result<Vec<CudaSlice<bf16>>, _>>()? } else { Vec::new() };
+    workspace = workspace.max(w4a16_workspace.unwrap_or(0));
     gemm.reserve_workspace(workspace)?;
     let addr = |x: &CudaSlice<u8>| x.device_ptr(stream).0;
     let d_addr = d.device_ptr(stream).0;
@@ -236,10 +242,13 @@ pub fn bench_case(cli: &Cli, gemm: &BlockScaledGemm, stream: &Arc<CudaStream>, l
     poison_bf16(stream, &mut d)?;
     let list_graph_us = time_graph(cli, stream, list_launch)?;
     exact &= check(&d, "list form")?;
-    poison_bf16(stream, &mut d)?;
-    let w4a16_config = w4a16_launch(0, &mut d)?;
-    let w4a16_graph_us = time_graph(cli, stream, |i| w4a16_launch(i, &mut d).map(|_| ()))?;
-    exact &= check(&d, "W4A16")?;
+    let (mut w4a16_config, mut w4a16_graph_us) = (None, None);
+    if w4a16_workspace.is_some() {
+        poison_bf16(stream, &mut d)?;
+        w4a16_config = Some(w4a16_launch(0, &mut d)?);
+        w4a16_graph_us = Some(time_graph(cli, stream, |i| w4a16_launch(i, &mut d).map(|_| ()))?);
+        exact &= check(&d, "W4A16")?;
+    }
     let floor_us = (bytes as f64 / (copy_gbps * 1e9)).max(2.0 * (t * n * k) as f64 / 800e12) * 1e6;
     Ok(GroupedResult { config, experts_hit: hit.len(), b2b_us, graph_us, host_us, loop_graph_us, list_config, list_graph_us, w4a16_config, w4a16_graph_us, floor_us, bytes, exact })
 }

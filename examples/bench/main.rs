@@ -271,12 +271,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let bf16 = grouped_baselines.as_ref().and_then(|b| b.number(&case.name, "bf16_grouped_graph_us"));
         let kind = grouped_baselines.as_ref().and_then(|b| b.text(&case.name, "bf16_grouped_kind"));
         let fmt = |x: Option<f64>| x.map_or("-".to_string(), |v| format!("{v:.2}"));
-        println!("{:>26} {:>5} {:>6} {:>5} {:>26} {:>8.2} {:>9.2} {:>8.2} {:>9.2} {:>10} {:>8.2} {:>7.2} {:>6} {:>8.2} {:>8.2}", case.name, case.counts.len(), r.experts_hit, t, r.config.to_string(),
-            r.b2b_us, r.graph_us, r.host_us, r.loop_graph_us, fmt(bf16), r.floor_us, r.graph_us / r.floor_us, if r.exact { "exact" } else { "FAILED" }, r.list_graph_us, r.w4a16_graph_us);
+        println!("{:>26} {:>5} {:>6} {:>5} {:>26} {:>8.2} {:>9.2} {:>8.2} {:>9.2} {:>10} {:>8.2} {:>7.2} {:>6} {:>8.2} {:>8}", case.name, case.counts.len(), r.experts_hit, t, r.config.to_string(),
+            r.b2b_us, r.graph_us, r.host_us, r.loop_graph_us, fmt(bf16), r.floor_us, r.graph_us / r.floor_us, if r.exact { "exact" } else { "FAILED" }, r.list_graph_us, fmt(r.w4a16_graph_us));
         let num = |x: Option<f64>| x.map_or("null".to_string(), |v| format!("{v:.3}"));
         json += &format!(
-            "{{\"op\":\"grouped\",\"gpu\":\"{gpu}\",\"commit\":\"{commit}\",\"case\":\"{}\",\"groups\":{},\"experts_hit\":{},\"sum_m\":{t},\"n\":{},\"k\":{},\"out\":\"bf16\",\"config\":\"{}\",\"runs\":{},\"graph_calls\":{},\"ours_b2b_us\":{:.3},\"ours_graph_us\":{:.3},\"host_enqueue_us\":{:.3},\"loop_graph_us\":{:.3},\"list_config\":\"{}\",\"list_graph_us\":{:.3},\"w4a16_config\":\"{}\",\"w4a16_graph_us\":{:.3},\"bf16_grouped_graph_us\":{},\"bf16_grouped_kind\":{},\"floor_us\":{:.3},\"bytes\":{},\"gbps\":{:.1},\"copy_gbps\":{copy_gbps:.1},\"exact\":{}}}\n",
-            case.name, case.counts.len(), r.experts_hit, case.n, case.k, r.config, cli.runs, cli.graph_calls, r.b2b_us, r.graph_us, r.host_us, r.loop_graph_us, r.list_config, r.list_graph_us, r.w4a16_config, r.w4a16_graph_us, num(bf16),
+            "{{\"op\":\"grouped\",\"gpu\":\"{gpu}\",\"commit\":\"{commit}\",\"case\":\"{}\",\"groups\":{},\"experts_hit\":{},\"sum_m\":{t},\"n\":{},\"k\":{},\"out\":\"bf16\",\"config\":\"{}\",\"runs\":{},\"graph_calls\":{},\"ours_b2b_us\":{:.3},\"ours_graph_us\":{:.3},\"host_enqueue_us\":{:.3},\"loop_graph_us\":{:.3},\"list_config\":\"{}\",\"list_graph_us\":{:.3},\"w4a16_config\":{},\"w4a16_graph_us\":{},\"bf16_grouped_graph_us\":{},\"bf16_grouped_kind\":{},\"floor_us\":{:.3},\"bytes\":{},\"gbps\":{:.1},\"copy_gbps\":{copy_gbps:.1},\"exact\":{}}}\n",
+            case.name, case.counts.len(), r.experts_hit, case.n, case.k, r.config, cli.runs, cli.graph_calls, r.b2b_us, r.graph_us, r.host_us, r.loop_graph_us, r.list_config, r.list_graph_us,
+            r.w4a16_config.map_or("null".to_string(), |c| format!("\"{c}\"")), num(r.w4a16_graph_us), num(bf16),
             kind.map_or("null".to_string(), |k| format!("\"{k}\"")), r.floor_us, r.bytes, r.bytes as f64 / (r.graph_us * 1e-6) / 1e9, r.exact);
     }
     if let Some(path) = &cli.json {
