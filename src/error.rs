@@ -182,6 +182,16 @@ pub enum Error {
         /// The operating system's error.
         source: std::io::Error,
     },
+    /// An operand in a value layout the call or device does not take.
+    #[error("{name}: {layout} values: {rule}")]
+    Layout {
+        /// The operand.
+        name: &'static str,
+        /// Its layout.
+        layout: crate::layout::WeightLayout,
+        /// What the call takes.
+        rule: &'static str,
+    },
     /// Host-side data that breaks a format rule.
     #[error("{what}: {detail}")]
     InvalidData {

@@ -8,6 +8,7 @@ use cudarc::driver::sys::{CUdeviceptr, CUstreamCaptureStatus};
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
 
 use crate::dispatch::{self, Config};
+use crate::layout::WeightLayout;
 use crate::error::{Error, Result};
 use crate::sys::{self, KernelArgs};
 use crate::formats::{OutputElement, PackedFp4, ScaleByte};
@@ -119,6 +120,15 @@ pub(crate) fn choose_config(p: &Problem, out: OutType, device: &DeviceFacts, for
         _ => p.check_tiles(info.tile[0] as usize, info.tile[1] as usize)?,
     }
     Ok(config)
+}
+
+/// Prepacked weights run on the SM90 kernels only (CUTLASS's SM100 kernels take K-major B); the
+/// split rule there is [`dispatch::check_split_k`]'s.
+pub(crate) fn check_weight_layout<V, S>(config: Config, b: &Nvfp4Tensor<V, S>) -> Result<()> {
+    if config.info().arch == 90 {
+        return Ok(());
+    }
+    b.require_standard("B", "prepacked weights run on Hopper (SM90) only; use Nvfp4Tensor::unpack for this device")
 }
 
 /// The steps every call's config goes through: `forced` must match the device's architecture,
@@ -373,8 +383,10 @@ impl BlockScaledGemm {
                 return Err(Error::OperandShape { name, got: t, want: (p.l, rows, p.k) });
             }
         }
-        let lens = BufferLens { a: a.values().len(), sfa: a.scales().len(), b: b.values().len(), sfb: b.scales().len(), c: c.map(|c| c.len()), d: d[0].1, sfd: d.get(1).map(|s| s.1) };
+        a.require_standard("A", "activations are K-major rows (prepacked values are a weight layout)")?;
+        let lens = BufferLens { a: a.values().len(), sfa: a.scales().len(), b: b.standard_values_len(), sfb: b.scales().len(), c: c.map(|c| c.len()), d: d[0].1, sfd: d.get(1).map(|s| s.1) };
         let config = plan(p, out, &lens, &self.device, forced, |c, o| c.is_built(o))?;
+        check_weight_layout(config, b)?;
         let mut buffers = vec![("A", a.values().stream()), ("SFA", a.scales().stream()), ("B", b.values().stream()), ("SFB", b.scales().stream())];
         buffers.extend(d.iter().map(|&(name, _, s)| (name, s)));
         buffers.extend(c.map(|c| ("C", c.stream())));
@@ -398,7 +410,7 @@ impl BlockScaledGemm {
         let c_ptr = c.map(|c| c.device_ptr(stream));
         // Without C the kernel gets D as its C pointer; beta is 0, so it never reads it.
         let pc = c_ptr.as_ref().map_or(pd, |(p, _)| *p);
-        self.launch(p, out, Table::Nvfp4, config, capturing, KernelArgs { a: pa, sfa: psfa, b: pb, sfb: psfb, c: pc, d: pd, ..p.launch_args() })
+        self.launch(p, out, Table::Nvfp4, config, capturing, KernelArgs { a: pa, sfa: psfa, b: pb, sfb: psfb, c: pc, d: pd, b_layout: b.layout().abi(), ..p.launch_args() })
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -419,7 +431,7 @@ impl BlockScaledGemm {
         let (psfd, _gsfd) = d.scales.device_ptr_mut(stream);
         let c_ptr = c.map(|c| c.device_ptr(stream));
         let pc = c_ptr.as_ref().map_or(pd, |(p, _)| *p);
-        self.launch(p, out, Table::Nvfp4, config, capturing, KernelArgs { a: pa, sfa: psfa, b: pb, sfb: psfb, c: pc, d: pd, sfd: psfd, ..p.launch_args() })
+        self.launch(p, out, Table::Nvfp4, config, capturing, KernelArgs { a: pa, sfa: psfa, b: pb, sfb: psfb, c: pc, d: pd, sfd: psfd, b_layout: b.layout().abi(), ..p.launch_args() })
     }
 
     /// The thread check of [`Error::PerThreadStream`], then [`capture_check`]: every call that
@@ -451,6 +463,10 @@ impl BlockScaledGemm {
         args.device_id = self.device.ordinal as i32;
         args.sm_count = self.device.sm_count as i32;
         (args.split_k, args.split_global) = self.split_for(config, p)?;
+        let chunks = crate::layout::prepack_chunks(p.k);
+        if args.b_layout == WeightLayout::Prepacked.abi() && args.split_k as usize > chunks {
+            return Err(Error::InvalidData { what: "split_k", detail: format!("{}: with prepacked weights at most {chunks} (one K range per 256 values of K)", args.split_k) });
+        }
         if out.sfd().is_some() && p.sfd_bytes() != p.l * p.m * (p.n / 16) {
             // CUTLASS's SM100 epilogue leaves the padding of the SFD tiles unwritten; that launch
             // zeroes it (once every check has passed) so the buffer can feed the next GEMM.

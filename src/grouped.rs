@@ -174,7 +174,7 @@ impl<V, S> MoeActivations<V, S> {
 /// scales and D.
 pub(crate) fn check_moe_lens<VB: DevicePtr<TV>, SB: DevicePtr<TS>, TV, TS>(p: &MoeProblem, b: &Nvfp4Tensor<VB, SB>, offsets: usize, expert_scales: usize) -> Result<()> {
     for (name, got, want, rule) in [
-        ("B", b.values().len(), p.b_bytes(), "E * N * K / 2 packed bytes"),
+        ("B", b.standard_values_len(), p.b_bytes(), "E * N * K / 2 packed bytes"),
         ("SFB", b.scales().len(), p.sfb_bytes(), "E * ceil(N/128)*128 * ceil(K/64)*4 tiled scale bytes"),
         ("offsets", offsets, p.experts + 1, "E + 1 expert offsets"),
         ("expert_scales", expert_scales, p.experts, "one per expert"),
@@ -334,6 +334,7 @@ impl BlockScaledGemm {
     where
         VB: DevicePtr<TV>, SB: DevicePtr<TS>, O: DevicePtr<i32>, ES: DevicePtr<f32>,
     {
+        crate::gemm::check_weight_layout(config, b)?;
         if p.rows == 0 {
             return Ok(config);
         }
@@ -347,7 +348,7 @@ impl BlockScaledGemm {
         }
         let args = sys::GroupedArgs {
             a, sfa, b: pb, sfb: psfb, d: pd, sfd: psfd, offsets: po, expert_alpha: pes, alpha,
-            stream: stream.cu_stream() as u64, device_id: dev.ordinal as i32, sm_count: dev.sm_count as i32,
+            stream: stream.cu_stream() as u64, device_id: dev.ordinal as i32, sm_count: dev.sm_count as i32, b_layout: b.layout().abi(),
             ..grouped_args(p)
         };
         let status = self.launch_with_workspace(capturing, |workspace, workspace_bytes| {

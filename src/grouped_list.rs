@@ -23,6 +23,7 @@ use crate::formats::{OutputElement, PackedFp4, ScaleByte};
 use crate::gemm::{check_devices, resolve_config, status_result, BlockScaledGemm, Nvfp4Output};
 use crate::grouped::MAX_EXPERTS;
 use crate::problem::{check_align, check_len, folded_alpha, product, setters, OutType, Problem};
+use crate::layout::WeightLayout;
 use crate::sys;
 use crate::tensor::Nvfp4Tensor;
 
@@ -49,12 +50,14 @@ pub struct ListProblem {
     pub beta: f32,
     /// FP4 output only: the normalization constant of the generated scale factors.
     pub norm_constant: f32,
+    /// The layout of every group's B values (Hopper only for [`WeightLayout::Prepacked`]).
+    pub weight_layout: WeightLayout,
 }
 
 impl ListProblem {
     /// G groups within (max_m, max_n, max_k); max_rows G * max_m, alpha 1, beta 0.
     pub const fn new(groups: usize, max_m: usize, max_n: usize, max_k: usize) -> Self {
-        ListProblem { groups, max_m, max_n, max_k, max_rows: groups.saturating_mul(max_m), alpha: 1.0, beta: 0.0, norm_constant: 1.0 }
+        ListProblem { groups, max_m, max_n, max_k, max_rows: groups.saturating_mul(max_m), alpha: 1.0, beta: 0.0, norm_constant: 1.0, weight_layout: WeightLayout::Standard }
     }
     setters! {
         /// With a bound on the sum of the groups' M.
@@ -63,6 +66,8 @@ impl ListProblem {
         scalars: alpha, beta: f32;
         /// With the FP4 output's normalization constant.
         norm_constant: norm_constant: f32;
+        /// With every group's B values in this layout.
+        weight_layout: weight_layout: WeightLayout;
     }
 
     /// The rules: 1 to [`MAX_EXPERTS`] groups; the bounds as one GEMM of `gemm` (K a multiple of
@@ -147,6 +152,12 @@ impl HostArrays {
         if la != 1 || lb != 1 || kb != k {
             return Err(Error::InvalidData { what: "groups", detail: format!("group {g}: A is {:?} and B {:?}: each must be (1, rows, K) with one K", a.shape(), b.shape()) });
         }
+        a.require_standard("A", "activations are K-major rows (prepacked values are a weight layout)")?;
+        if g == 0 {
+            self.bounds.weight_layout = b.layout();
+        } else if b.layout() != self.bounds.weight_layout {
+            return Err(Error::Layout { name: "B", layout: b.layout(), rule: "every group's B in one layout (the first group's)" });
+        }
         Problem::new(m, n, k).validate(out, false)?;
         let want = if out.sfd().is_some() { m * n / 2 } else { m * n };
         check_len("D", d_len, want, "M * N of the group (FP4: M * N / 2 bytes)")?;
@@ -179,7 +190,11 @@ impl BlockScaledGemm {
 
     fn list_config(&self, p: &ListProblem, out: OutType, forced: Option<Config>) -> Result<Config> {
         let built = |c: Config, o: OutType| c.is_built_grouped_list(o);
-        resolve_config(&self.device(), out, forced, SUPPORTED_GROUPED_LIST, &built, |arch| Ok(dispatch::select_grouped_list(arch, p.max_rows, p.groups, p.max_k, out, |c| built(c, out))))
+        let config = resolve_config(&self.device(), out, forced, SUPPORTED_GROUPED_LIST, &built, |arch| Ok(dispatch::select_grouped_list(arch, p.max_rows, p.groups, p.max_k, out, |c| built(c, out))))?;
+        if config.info().arch != 90 && p.weight_layout != WeightLayout::Standard {
+            return Err(Error::Layout { name: "B", layout: p.weight_layout, rule: "prepacked weights run on Hopper (SM90) only; use Nvfp4Tensor::unpack for this device" });
+        }
+        Ok(config)
     }
 
     fn list_args(&self, p: &ListProblem) -> sys::GroupedListArgs {
@@ -188,6 +203,7 @@ impl BlockScaledGemm {
             groups: p.groups as i32, max_m: p.max_m as i32, max_n: p.max_n as i32, max_k: p.max_k as i32, max_rows: p.max_rows as i64,
             alpha: p.alpha, beta: p.beta, norm_constant: p.norm_constant,
             stream: self.stream().cu_stream() as u64, device_id: dev.ordinal as i32, sm_count: dev.sm_count as i32,
+            b_layout: p.weight_layout.abi(),
             ..Default::default()
         }
     }

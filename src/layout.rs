@@ -1,9 +1,102 @@
-//! The scale-factor layout of CUTLASS SM100/SM120, cuBLAS and PyTorch `to_blocked`.
+//! The scale-factor layout of CUTLASS SM100/SM120, cuBLAS and PyTorch `to_blocked`, and the
+//! prepacked layout of weight values.
 //!
 //! Scales of an R x S matrix (S = K/16) are stored in 512-byte tiles of 128 rows x 4 scale
 //! columns; R is padded to a multiple of 128 and S to a multiple of 4, K-blocks innermost.
 //! Padding bytes exist in memory and are zero: the kernels read them, and 0 * NaN would poison
 //! valid outputs.
+//!
+//! Weight values (a B operand's packed e2m1 bytes) come in two layouts ([`WeightLayout`]): the
+//! standard K-major rows `(batch, rows, K/2)` PyTorch and checkpoints hold, and the prepacked one
+//! the Hopper kernels stream in whole blocks: K cut into chunks of [`PREPACK_CHUNK_BYTES`] bytes
+//! (256 values), each chunk of every row of a batch stored together, `(batch, ceil(K/256), rows,
+//! 128)`, the last chunk's bytes past K zero. A TMA box of the kernels (128 or 64 bytes of K of
+//! up to 256 rows) is then one contiguous block of memory instead of 128-256 pieces one row
+//! pitch apart. The scales keep their tiled layout, which the kernels already read as
+//! contiguous 512-byte chunks.
+
+use std::fmt;
+
+/// Bytes of K of one prepacked chunk (256 values; `BSG_PREPACK_CHUNK_BYTES` in the launch ABI).
+pub const PREPACK_CHUNK_BYTES: usize = crate::sys::PREPACK_CHUNK_BYTES;
+
+/// The layout of a weight tensor's packed values (module docs).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum WeightLayout {
+    /// K-major rows, `(batch, rows, K/2)` bytes: as PyTorch and checkpoints hold them.
+    #[default]
+    Standard,
+    /// Chunks of [`PREPACK_CHUNK_BYTES`] bytes of K, each for every row: `(batch, ceil(K/256),
+    /// rows, 128)` bytes, zero past K. Hopper (SM90) kernels only.
+    Prepacked,
+}
+
+impl fmt::Display for WeightLayout {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            WeightLayout::Standard => "standard",
+            WeightLayout::Prepacked => "prepacked",
+        })
+    }
+}
+
+impl WeightLayout {
+    /// The launch ABI's value (`bsg::WeightLayout`).
+    pub(crate) fn abi(self) -> i32 {
+        self as i32
+    }
+}
+
+/// Prepacked chunks of a K extent: `ceil(K / 256)`.
+pub const fn prepack_chunks(k: usize) -> usize {
+    (k / 2).div_ceil(PREPACK_CHUNK_BYTES)
+}
+
+/// Bytes of `batch` prepacked value buffers of `rows` x `k` (saturating, as the scale sizes).
+pub const fn prepacked_bytes(rows: usize, k: usize, batch: usize) -> usize {
+    prepack_chunks(k).saturating_mul(rows).saturating_mul(PREPACK_CHUNK_BYTES).saturating_mul(batch)
+}
+
+/// Packed values `(batch, rows, K/2)` into the prepacked layout (zeros past K), on the host: the
+/// GPU's transform ([`crate::Nvfp4Tensor::prepack`]) writes the same bytes.
+///
+/// # Panics
+/// If `src.len() != batch * rows * k / 2` or K is odd.
+pub fn prepack_values(src: &[u8], rows: usize, k: usize, batch: usize) -> Vec<u8> {
+    assert!(k.is_multiple_of(2) && src.len() == batch * rows * k / 2, "standard layout of (batch, rows, K)");
+    let (row_bytes, chunks) = (k / 2, prepack_chunks(k));
+    let mut out = vec![0u8; prepacked_bytes(rows, k, batch)];
+    for l in 0..batch {
+        for r in 0..rows {
+            let row = &src[(l * rows + r) * row_bytes..][..row_bytes];
+            for (c, part) in row.chunks(PREPACK_CHUNK_BYTES).enumerate() {
+                let at = ((l * chunks + c) * rows + r) * PREPACK_CHUNK_BYTES;
+                out[at..at + part.len()].copy_from_slice(part);
+            }
+        }
+    }
+    out
+}
+
+/// The prepacked layout back to `(batch, rows, K/2)` (the bytes past K are dropped).
+///
+/// # Panics
+/// If `src.len() != prepacked_bytes(rows, k, batch)` or K is odd.
+pub fn unpack_values(src: &[u8], rows: usize, k: usize, batch: usize) -> Vec<u8> {
+    assert!(k.is_multiple_of(2) && src.len() == prepacked_bytes(rows, k, batch), "prepacked layout of (batch, rows, K)");
+    let (row_bytes, chunks) = (k / 2, prepack_chunks(k));
+    let mut out = vec![0u8; batch * rows * row_bytes];
+    for l in 0..batch {
+        for r in 0..rows {
+            let row = &mut out[(l * rows + r) * row_bytes..][..row_bytes];
+            for (c, part) in row.chunks_mut(PREPACK_CHUNK_BYTES).enumerate() {
+                let at = ((l * chunks + c) * rows + r) * PREPACK_CHUNK_BYTES;
+                part.copy_from_slice(&src[at..at + part.len()]);
+            }
+        }
+    }
+    out
+}
 
 /// Elements of K that share one scale (NVFP4 vector size).
 pub const SF_VEC: usize = 16;
@@ -167,6 +260,26 @@ mod tests {
             let nonzero = tiled.iter().filter(|&&b| b != 0).count();
             assert_eq!(nonzero, src.len());
         }
+    }
+
+    #[test]
+    fn prepack_round_trip() {
+        // K of whole chunks, a partial last chunk, and less than one chunk.
+        for &(rows, k, batch) in &[(3, 512, 2), (5, 7168, 1), (130, 288, 3), (7, 32, 2), (1, 2080, 1)] {
+            let src: Vec<u8> = (0..batch * rows * k / 2).map(|i| (i * 13 + 5) as u8 | 1).collect();
+            let packed = prepack_values(&src, rows, k, batch);
+            assert_eq!(packed.len(), batch * (k / 2).div_ceil(128) * rows * 128);
+            assert_eq!(unpack_values(&packed, rows, k, batch), src, "{rows} {k} {batch}");
+            // Exactly the bytes past K are zero (every source byte is odd).
+            assert_eq!(packed.iter().filter(|&&b| b != 0).count(), src.len());
+            // Byte j of chunk c of row r of batch l, as the launch ABI states it.
+            let chunks = (k / 2).div_ceil(128);
+            for (l, r, kb) in [(batch - 1, rows - 1, k / 2 - 1), (0, rows / 2, (k / 2) / 3), (batch / 2, 0, 0)] {
+                let (c, j) = (kb / 128, kb % 128);
+                assert_eq!(packed[((l * chunks + c) * rows + r) * 128 + j], src[(l * rows + r) * (k / 2) + kb]);
+            }
+        }
+        assert_eq!(prepacked_bytes(usize::MAX, 256, 1), usize::MAX);
     }
 
     #[test]

@@ -158,6 +158,7 @@ pub use grouped_list::{ListArrays, ListGroup, ListProblem};
 pub use matrix::{reference_gemm, HostFloat, Nvfp4Matrix, SplitMix64};
 pub use problem::{OutType, Problem, SfdFormat};
 pub use quantize::{QuantInput, Quantizer};
+pub use layout::WeightLayout;
 pub use tensor::{ForeignBuffer, Nvfp4Tensor};
 pub use w4a16::Activation16;
 

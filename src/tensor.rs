@@ -10,7 +10,7 @@ use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut, DeviceSlice
 
 use crate::error::{Error, Result};
 use crate::formats::{PackedFp4, ScaleByte};
-use crate::layout::sf_batch_bytes;
+use crate::layout::{prepacked_bytes, sf_batch_bytes, WeightLayout};
 use crate::matrix::{check_global_scale, check_lens, check_shape, Nvfp4Matrix};
 use crate::problem::check_len;
 use crate::sys;
@@ -47,6 +47,8 @@ pub struct Nvfp4Tensor<V = CudaSlice<u8>, S = CudaSlice<u8>> {
     rows: usize,
     k: usize,
     global_scale: f32,
+    // The values' layout; their length was checked against it on construction.
+    layout: WeightLayout,
 }
 
 impl<V, S> Nvfp4Tensor<V, S> {
@@ -62,7 +64,127 @@ impl<V, S> Nvfp4Tensor<V, S> {
         check_shape(rows, k, batch)?;
         check_global_scale(global_scale)?;
         check_lens(("values", values.len()), scales.len(), shape)?;
-        Ok(Nvfp4Tensor { values, scales, batch, rows, k, global_scale })
+        Ok(Nvfp4Tensor { values, scales, batch, rows, k, global_scale, layout: WeightLayout::Standard })
+    }
+
+    /// A weight tensor whose values are already in the prepacked layout ([`crate::layout`]:
+    /// `batch * ceil(K/256) * rows * 128` bytes, zero past K), e.g. saved from
+    /// [`Self::prepack`]; scales and global scale as for [`Self::new`]. Only B operands take it,
+    /// on Hopper (SM90).
+    pub fn new_prepacked<TV: PackedFp4, TS: ScaleByte>(values: V, scales: S, shape: (usize, usize, usize), global_scale: f32) -> Result<Self>
+    where
+        V: DeviceSlice<TV>, S: DeviceSlice<TS>,
+    {
+        let (batch, rows, k) = shape;
+        check_shape(rows, k, batch)?;
+        check_global_scale(global_scale)?;
+        check_len("values", values.len(), prepacked_bytes(rows, k, batch), "batch * ceil(K/256) * rows * 128 prepacked bytes")?;
+        check_lens(("values", batch * rows * k / 2), scales.len(), shape)?;
+        Ok(Nvfp4Tensor { values, scales, batch, rows, k, global_scale, layout: WeightLayout::Prepacked })
+    }
+
+    /// The values' layout.
+    pub fn layout(&self) -> WeightLayout {
+        self.layout
+    }
+
+    /// The values' length as the standard layout would have it (what the GEMMs check against
+    /// the problem; a prepacked tensor's own length was checked against its layout when made).
+    pub(crate) fn standard_values_len<TV>(&self) -> usize
+    where
+        V: DeviceSlice<TV>,
+    {
+        match self.layout {
+            WeightLayout::Standard => self.values.len(),
+            WeightLayout::Prepacked => self.batch * self.rows * self.k / 2,
+        }
+    }
+
+    /// Where the call takes only the standard layout (an A operand, or SM100): the typed error
+    /// otherwise.
+    pub(crate) fn require_standard(&self, name: &'static str, rule: &'static str) -> Result<()> {
+        match self.layout {
+            WeightLayout::Standard => Ok(()),
+            layout => Err(Error::Layout { name, layout, rule }),
+        }
+    }
+
+    /// The values re-laid on the GPU into the prepacked layout ([`crate::layout`]), a new buffer
+    /// in `stream`'s order; the scales move along as they are. Prepacked weights stream in whole
+    /// blocks through the Hopper kernels and give the same bits as the standard layout (where
+    /// the FP32 sums of a split GEMM are exact; K ranges start at whole 256-value chunks there).
+    /// A one-time transform at load time: it allocates, so it is refused during CUDA graph
+    /// capture. K must be a multiple of 32.
+    ///
+    /// ```no_run
+    /// use blockscaled_gemm::{Nvfp4Matrix, Nvfp4Tensor, WeightLayout};
+    /// use cudarc::driver::CudaContext;
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let stream = CudaContext::new(0)?.new_stream()?;
+    /// let w = Nvfp4Tensor::upload(&Nvfp4Matrix::random_contest(4096, 7168, 1, 7)?, &stream)?;
+    /// let packed = w.prepack(&stream)?;
+    /// assert_eq!(packed.layout(), WeightLayout::Prepacked);
+    /// // Every GEMM entry takes it as B; unpack() gives the standard layout back.
+    /// let back = packed.unpack(&stream)?;
+    /// # let _ = back; Ok(()) }
+    /// ```
+    pub fn prepack<TV: PackedFp4>(self, stream: &Arc<CudaStream>) -> Result<Nvfp4Tensor<CudaSlice<u8>, S>>
+    where
+        V: DevicePtr<TV>,
+    {
+        self.relayout(WeightLayout::Prepacked, stream)
+    }
+
+    /// The values back in the standard layout, a new buffer in `stream`'s order (the inverse of
+    /// [`Self::prepack`]).
+    pub fn unpack<TV: PackedFp4>(self, stream: &Arc<CudaStream>) -> Result<Nvfp4Tensor<CudaSlice<u8>, S>>
+    where
+        V: DevicePtr<TV>,
+    {
+        self.relayout(WeightLayout::Standard, stream)
+    }
+
+    fn relayout<TV: PackedFp4>(self, to: WeightLayout, stream: &Arc<CudaStream>) -> Result<Nvfp4Tensor<CudaSlice<u8>, S>>
+    where
+        V: DevicePtr<TV>,
+    {
+        let (batch, rows, k) = self.shape();
+        if self.layout == to {
+            return Err(Error::Layout { name: "values", layout: self.layout, rule: "already in that layout" });
+        }
+        if !k.is_multiple_of(32) {
+            return Err(Error::KMultiple { k, multiple: 32, why: "prepacked values move in 16-byte units" });
+        }
+        for (dim, value) in [("rows", rows), ("K", k), ("batch", batch)] {
+            if value > i32::MAX as usize {
+                return Err(Error::Dimension { dim, value, max: i32::MAX as usize });
+            }
+        }
+        let out_len = match to {
+            WeightLayout::Prepacked => prepacked_bytes(rows, k, batch),
+            WeightLayout::Standard => batch * rows * k / 2,
+        };
+        crate::gemm::check_devices(stream.context().ordinal(), [("values", self.values.stream())])?;
+        if crate::gemm::capture_check(stream)? {
+            return Err(Error::NotCapturable { call: "Nvfp4Tensor::prepack", why: "it allocates the new values", fix: "prepack when loading the weights, before capturing" });
+        }
+        // SAFETY: the kernel below writes every byte (the prepacked padding as zeros) before any read.
+        let mut out = unsafe { stream.alloc::<u8>(out_len) }?;
+        {
+            let (src, _gs) = self.values.device_ptr(stream);
+            let (dst, _gd) = out.device_ptr_mut(stream);
+            crate::problem::check_align("values", src)?;
+            // SAFETY: src holds the shape's bytes in the current layout (checked when the tensor
+            // was made) and dst those of the other, 16-byte aligned (cudarc allocations are 256),
+            // on this stream's device; K is a multiple of 32; the guards live until the launch is
+            // queued.
+            let st = unsafe { sys::prepack_values(src, dst, rows as i32, k as i32, batch as i32, to == WeightLayout::Standard, stream.cu_stream() as u64) };
+            if st.cuda_error != 0 {
+                return Err(Error::CudaRuntime { code: st.cuda_error, name: sys::cuda_error_name(st.cuda_error) });
+            }
+        }
+        let Nvfp4Tensor { scales, global_scale, .. } = self;
+        Ok(Nvfp4Tensor { values: out, scales, batch, rows, k, global_scale, layout: to })
     }
 
     /// (batch, rows, K): rows are M of an A operand, N of a B operand.

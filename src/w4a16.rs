@@ -133,7 +133,7 @@ impl BlockScaledGemm {
         if b.shape() != (p.l, p.n, p.k) {
             return Err(Error::OperandShape { name: "B", got: b.shape(), want: (p.l, p.n, p.k) });
         }
-        let lens = W4a16Lens { a: a.len(), b: b.values().len(), sfb: b.scales().len(), c: c.map(|c| c.len()), d: d.len() };
+        let lens = W4a16Lens { a: a.len(), b: b.standard_values_len(), sfb: b.scales().len(), c: c.map(|c| c.len()), d: d.len() };
         let config = plan_w4a16(p, out, &lens, &self.device(), forced, |c, o| c.is_built_w4a16(o))?;
         let mut buffers = vec![("A", a.stream()), ("B", b.values().stream()), ("SFB", b.scales().stream()), ("D", d.stream())];
         buffers.extend(c.map(|c| ("C", c.stream())));
@@ -147,7 +147,7 @@ impl BlockScaledGemm {
         let c_ptr = c.map(|c| c.device_ptr(stream));
         // Without C the kernel gets D as its C pointer; beta is 0, so it never reads it.
         let pc = c_ptr.as_ref().map_or(pd, |(p, _)| *p);
-        self.launch(&folded, out, Table::W4a16(TA::KIND), config, capturing, KernelArgs { a: pa, b: pb, sfb: psfb, c: pc, d: pd, ..folded.launch_args() })
+        self.launch(&folded, out, Table::W4a16(TA::KIND), config, capturing, KernelArgs { a: pa, b: pb, sfb: psfb, c: pc, d: pd, b_layout: b.layout().abi(), ..folded.launch_args() })
     }
 }
 

@@ -5,7 +5,8 @@ use blockscaled_gemm::compare::{compare, compare_fp4, verify_matrices, verify_w4
 use blockscaled_gemm::fp4_out::sfd_from_f32;
 use blockscaled_gemm::reference::{self, Accumulation};
 use blockscaled_gemm::grouped::{expert_offsets, moe_scale_starts, moe_sfa_bytes, moe_scales, reference_moe};
-use blockscaled_gemm::{reference_gemm, Activation16, BlockScaledGemm, ListArrays, ListGroup, ListProblem, MoeActivations, MoeProblem, Config, Error, ForeignBuffer, Nvfp4Matrix, Nvfp4Output, Nvfp4Tensor, OutType, OutputElement, Problem};
+use blockscaled_gemm::{reference_gemm, Activation16, BlockScaledGemm, ListArrays, ListGroup, ListProblem, MoeActivations, MoeProblem, Config, Error, ForeignBuffer, Nvfp4Matrix, Nvfp4Output, Nvfp4Tensor, OutType, OutputElement, Problem, WeightLayout};
+use blockscaled_gemm::layout;
 use cudarc::driver::{CudaSlice, CudaStream, CudaView};
 use cudarc::driver::CudaContext;
 use half::{bf16, f16};
@@ -66,6 +67,7 @@ fn main() {
         ("w4a16_bf16_fp16_loop_same_bits_as_bf16_loop", w4a16_bf16_fp16_loop_same_bits_as_bf16_loop),
         ("w4a16_grouped_moe_every_config", w4a16_grouped_moe_every_config),
         ("row_major_scales_tiled_on_the_gpu", row_major_scales_tiled_on_the_gpu),
+        ("prepacked_weights_every_path", prepacked_weights_every_path),
         // Last: they turn cudarc's event tracking off for the buffers made after them.
         ("graph_capture_replays_with_new_data", graph_capture_replays_with_new_data),
         ("grouped_moe_captured_follows_device_routing", grouped_moe_captured_follows_device_routing),
@@ -91,13 +93,59 @@ fn main() {
     }
 }
 
+thread_local! {
+    /// The layout of the weights (B) the helpers build: `with_b_layout` runs tests with prepacked ones.
+    static B_LAYOUT: std::cell::Cell<WeightLayout> = const { std::cell::Cell::new(WeightLayout::Standard) };
+}
+
+fn b_prepacked() -> bool {
+    B_LAYOUT.get() == WeightLayout::Prepacked
+}
+
+/// Runs `f` with every B operand the helpers below build (`upload_b`, `tb`, `upload_weights`)
+/// in `layout`, prepacked on the host (the GPU's own transform is checked against it).
+fn with_b_layout<R>(layout: WeightLayout, f: impl FnOnce() -> R) -> R {
+    struct Reset;
+    impl Drop for Reset {
+        fn drop(&mut self) {
+            B_LAYOUT.set(WeightLayout::Standard);
+        }
+    }
+    let _reset = Reset;
+    B_LAYOUT.set(layout);
+    f()
+}
+
+/// B's values and scales on the device, in the layout of `with_b_layout`.
+fn upload_b(g: &BlockScaledGemm, m: &Nvfp4Matrix) -> (CudaSlice<u8>, CudaSlice<u8>) {
+    if !b_prepacked() {
+        return upload(g, m);
+    }
+    let s = g.stream();
+    (s.clone_htod(&layout::prepack_values(m.data(), m.rows(), m.k(), m.batch())).unwrap(), s.clone_htod(m.scales()).unwrap())
+}
+
+/// A weight tensor on the device (global scale as the matrix's), in the layout of `with_b_layout`.
+fn upload_weights(m: &Nvfp4Matrix, s: &Arc<CudaStream>) -> Nvfp4Tensor {
+    let t = Nvfp4Tensor::upload(m, s).unwrap();
+    if !b_prepacked() {
+        return t;
+    }
+    let (_, scales) = t.into_parts();
+    let values = s.clone_htod(&layout::prepack_values(m.data(), m.rows(), m.k(), m.batch())).unwrap();
+    Nvfp4Tensor::new_prepacked(values, scales, (m.batch(), m.rows(), m.k()), m.global_scale().unwrap_or(1.0)).unwrap()
+}
+
 /// A borrowed device tensor: the A operand (L, M, K) of `p`, global scale 1.
 fn ta<'a>(p: &Problem, v: &'a CudaSlice<u8>, s: &'a CudaSlice<u8>) -> Nvfp4Tensor<CudaView<'a, u8>, CudaView<'a, u8>> {
     Nvfp4Tensor::new(v.as_view(), s.as_view(), (p.l, p.m, p.k), 1.0).unwrap()
 }
 
-/// The B operand (L, N, K) of `p`, global scale 1.
+/// The B operand (L, N, K) of `p`, global scale 1, in the layout of `with_b_layout`.
 fn tb<'a>(p: &Problem, v: &'a CudaSlice<u8>, s: &'a CudaSlice<u8>) -> Nvfp4Tensor<CudaView<'a, u8>, CudaView<'a, u8>> {
+    if b_prepacked() {
+        return Nvfp4Tensor::new_prepacked(v.as_view(), s.as_view(), (p.l, p.n, p.k), 1.0).unwrap();
+    }
     Nvfp4Tensor::new(v.as_view(), s.as_view(), (p.l, p.n, p.k), 1.0).unwrap()
 }
 
@@ -113,7 +161,7 @@ fn run_poisoned<T: OutputElement + cudarc::driver::DeviceRepr>(g: &BlockScaledGe
     let (m, n, k, l) = (a.rows(), b.rows(), a.k(), a.batch());
     let s = g.stream();
     let (av, asf) = upload(g, a);
-    let (bv, bsf) = upload(g, b);
+    let (bv, bsf) = upload_b(g, b);
     let mut d = s.clone_htod(&vec![T::from_f64(f64::NAN); l * m * n]).unwrap();
     let p = Problem::new(m, n, k).batch(l).scalars(alpha, beta);
     let ran = if beta != 0.0 {
@@ -276,8 +324,10 @@ fn sm90_small_m_every_output() -> Outcome {
         }
         // Cluster sums of 3 to 8 K ranges on the 64-wide tiles (12 tiles: every cluster fits;
         // slices of one to three of the 8 or 16 rows): the rule's split here is 2 at most.
+        // (Prepacked weights: at most one range per 256 values of K, 5 here.)
+        let chunks = layout::prepack_chunks(k) as u32;
         if m == 1 || m == 16 {
-            for split in 3..=8u32 {
+            for split in (3..=8u32).filter(|&s| !b_prepacked() || s <= chunks) {
                 let gs = BlockScaledGemm::new(g.stream().clone()).unwrap().with_split_k(Some(split));
                 for &config in streams.iter().filter(|c| c.info().tile[1] == 64) {
                     run_sm90::<f16>(&gs, &a, &b, 1.0, 0.0, config, true);
@@ -288,7 +338,7 @@ fn sm90_small_m_every_output() -> Outcome {
         }
         // Splits past a cluster's reach go through global memory: 12 K ranges.
         if m == 3 || m == 33 {
-            let g12 = BlockScaledGemm::new(g.stream().clone()).unwrap().with_split_k(Some(12));
+            let g12 = BlockScaledGemm::new(g.stream().clone()).unwrap().with_split_k(Some(if b_prepacked() { chunks } else { 12 }));
             for &config in &streams {
                 run_sm90::<f16>(&g12, &a, &b, 1.0, 0.0, config, true);
                 fp4(&g12, OutType::Nvfp4, config, "12");
@@ -518,7 +568,7 @@ fn fp4_device() -> Result<BlockScaledGemm, String> {
 fn run_fp4(g: &BlockScaledGemm, p: &Problem, out: OutType, a: &Nvfp4Matrix, b: &Nvfp4Matrix, c: Option<&[f32]>, config: Option<Config>) -> (Config, Vec<u8>, Vec<u8>) {
     let s = g.stream();
     let (av, asf) = upload(g, a);
-    let (bv, bsf) = upload(g, b);
+    let (bv, bsf) = upload_b(g, b);
     let mut d = s.clone_htod(&vec![0xEEu8; p.cd_elems() / 2]).unwrap();
     let mut sfd = s.clone_htod(&vec![0x7Fu8; p.sfd_bytes()]).unwrap();
     let (aa, bb) = (&ta(p, &av, &asf), &tb(p, &bv, &bsf));
@@ -1109,7 +1159,7 @@ fn moe_on_device<T: OutputElement + cudarc::driver::DeviceRepr>(g: &BlockScaledG
     let s = g.stream();
     let p = MoeProblem::new(x.rows(), w.rows(), x.k(), w.batch()).alpha(alpha);
     let a = MoeActivations::new(s.clone_htod(x.data()).unwrap(), s.clone_htod(sfa).unwrap(), (x.rows(), x.k()), 1.0)?;
-    let b = Nvfp4Tensor::new(s.clone_htod(w.data()).unwrap(), s.clone_htod(w.scales()).unwrap(), (w.batch(), w.rows(), w.k()), 1.0)?;
+    let b = upload_weights(&w.clone().without_global_scale(), s);
     let (o, e) = (s.clone_htod(offsets).unwrap(), s.clone_htod(es).unwrap());
     let mut d = s.clone_htod(&vec![T::from_f64(f64::NAN); p.d_elems()]).unwrap();
     let ran = g.moe_gemm(&p, &a, &b, &o, &e, &mut d, config)?;
@@ -1312,7 +1362,7 @@ fn list_operands(shapes: &[(usize, usize, usize)], salt: u64) -> Vec<(Nvfp4Matri
 }
 
 fn upload_pairs(ops: &[(Nvfp4Matrix, Nvfp4Matrix, f32)], s: &Arc<CudaStream>) -> Vec<(Nvfp4Tensor, Nvfp4Tensor)> {
-    ops.iter().map(|(a, b, _)| (Nvfp4Tensor::upload(a, s).unwrap(), Nvfp4Tensor::upload(b, s).unwrap())).collect()
+    ops.iter().map(|(a, b, _)| (Nvfp4Tensor::upload(a, s).unwrap(), upload_weights(b, s))).collect()
 }
 
 /// One list-form call over `ops` (D poisoned first): every group's D the bits of `gemm` at split 1
@@ -1778,7 +1828,7 @@ fn general_weights(rows: usize, k: usize, l: usize, g: f32, salt: u64) -> Nvfp4M
 fn run_w4a16<TA: Activation16, T: OutputElement + cudarc::driver::DeviceRepr>(g: &BlockScaledGemm, p: &Problem, x: &[TA], w: &Nvfp4Matrix, c: &[T], config: Option<Config>) -> Result<(Config, Vec<T>), Error> {
     let s = g.stream();
     let xd = s.clone_htod(x).unwrap();
-    let wt = Nvfp4Tensor::upload(w, s).unwrap();
+    let wt = upload_weights(w, s);
     let mut d = s.clone_htod(&vec![T::from_f64(f64::NAN); p.cd_elems()]).unwrap();
     let ran = if p.beta != 0.0 {
         let cd = s.clone_htod(c).unwrap();
@@ -1970,7 +2020,7 @@ fn w4a16_grouped_moe_every_config() -> Outcome {
         let offsets = expert_offsets(counts).unwrap();
         let es: Vec<f32> = (0..experts).map(|e| [1.0, 0.5, 2.0, 0.25][e % 4]).collect();
         let p = MoeProblem::new(t, n, k, experts).alpha(0.5);
-        let (xd, wt) = (s.clone_htod(&x).unwrap(), Nvfp4Tensor::upload(&w, s).unwrap());
+        let (xd, wt) = (s.clone_htod(&x).unwrap(), upload_weights(&w, s));
         let (o, e) = (s.clone_htod(&offsets).unwrap(), s.clone_htod(&es).unwrap());
         let mut d = s.clone_htod(&vec![T::from_f64(f64::NAN); t * n]).unwrap();
         let ran = g.moe_gemm_w4a16(&p, &xd, &wt, &o, &e, &mut d, config).unwrap();
@@ -1985,7 +2035,7 @@ fn w4a16_grouped_moe_every_config() -> Outcome {
             let v = verify_w4a16(&pe, &x[r0 * k..r1 * k], we.data(), we.scales(), None, &got[r0 * n..r1 * n]).unwrap();
             assert!(v.passed(), "{ran} expert {ex} ({} rows) {} -> {:?}: {v}", r1 - r0, std::any::type_name::<TA>(), T::OUT);
             // The dense W4A16 GEMM on the expert's rows, same tile, split 1: the same bits.
-            let (xe, wte) = (s.clone_htod(&x[r0 * k..r1 * k]).unwrap(), Nvfp4Tensor::upload(&we, s).unwrap());
+            let (xe, wte) = (s.clone_htod(&x[r0 * k..r1 * k]).unwrap(), upload_weights(&we, s));
             let mut de = s.clone_htod(&vec![T::from_f64(f64::NAN); (r1 - r0) * n]).unwrap();
             split1.gemm_w4a16(&Problem::new(r1 - r0, n, k).scalars(0.5 * es[ex], 0.0), &xe, &wte, &mut de, Some(ran)).unwrap();
             let dense = s.clone_dtoh(&de).unwrap();
@@ -2124,5 +2174,63 @@ fn row_major_scales_tiled_on_the_gpu() -> Outcome {
     // A wrong row-major length is a typed error.
     let e = Nvfp4Tensor::from_row_major_scales(s.clone_htod(&[0u8; 64]).unwrap(), &s.clone_htod(&[0u8; 7]).unwrap(), (1, 8, 16), 1.0, &s).unwrap_err();
     assert!(matches!(e, Error::BufferLength { name: "scales", .. }), "{e}");
+    Ok(())
+}
+
+/// Issue 23 item 1: prepacked weights. The GPU's prepack and unpack give the host's bytes (K of
+/// whole 256-value chunks, a partial last chunk, less than one chunk; L = 1 to 3). Then the tests
+/// of every Hopper path run again with every weight operand prepacked: the dense GEMM on every
+/// SM90 config and, for M in {1, 3, 16, 33, 64, 128, 200} at L = 2, every output type on the
+/// rule's and every stream config with forced splits (contest data sums exactly in FP32, so the
+/// chunk-aligned K ranges give the reference's bits); the MoE and list forms; W4A16 dense and
+/// grouped. Then the typed refusals: prepacked A, a split past the chunks, mixed layouts in one
+/// list call, a tensor already prepacked.
+fn prepacked_weights_every_path() -> Outcome {
+    let g = hopper()?;
+    let s = g.stream().clone();
+    for (i, &(rows, k, l)) in [(352usize, 1088usize, 2usize), (130, 512, 1), (7, 32, 3), (64, 2080, 1)].iter().enumerate() {
+        let w = Nvfp4Matrix::random_contest(rows, k, l, seed() ^ (0x77 + i as u64)).unwrap();
+        let packed = Nvfp4Tensor::upload(&w, &s).unwrap().prepack(&s).unwrap();
+        assert_eq!(packed.layout(), WeightLayout::Prepacked);
+        assert_eq!(s.clone_dtoh(packed.values()).unwrap(), layout::prepack_values(w.data(), rows, k, l), "prepack {rows}x{k}x{l}");
+        let err = Nvfp4Tensor::new_prepacked(s.clone_htod(&[0u8; 16]).unwrap(), s.clone_htod(w.scales()).unwrap(), (l, rows, k), 1.0).unwrap_err();
+        assert!(matches!(err, Error::BufferLength { .. }), "{err}");
+        let back = packed.unpack(&s).unwrap();
+        assert_eq!(back.layout(), WeightLayout::Standard);
+        assert_eq!(s.clone_dtoh(back.values()).unwrap(), w.data(), "unpack {rows}x{k}x{l}");
+    }
+    with_b_layout(WeightLayout::Prepacked, || -> Outcome {
+        sm90_every_config_and_output()?;
+        sm90_small_m_every_output()?;
+        grouped_moe_every_config_and_output()?;
+        grouped_moe_persistent_ctas_take_many_items()?;
+        grouped_list_same_bits_as_gemm_per_group()?;
+        w4a16_every_config_and_output()?;
+        w4a16_grouped_moe_every_config()?;
+        Ok(())
+    })?;
+    // Refusals, before anything is written.
+    let p = Problem::new(16, 256, 1024);
+    let (a, b) = contest(p.m, p.n, p.k, 1, 0x78);
+    let (at, bt) = (Nvfp4Tensor::upload(&a, &s).unwrap(), Nvfp4Tensor::upload(&b, &s).unwrap().prepack(&s).unwrap());
+    let mut d = s.clone_htod(&vec![f16::from_f32(3.0); p.m * p.n]).unwrap();
+    let packed_a = Nvfp4Tensor::upload(&a, &s).unwrap().prepack(&s).unwrap();
+    let e = g.gemm(&p, &packed_a, &bt, &mut d, None).unwrap_err();
+    assert!(matches!(e, Error::Layout { name: "A", .. }), "{e}");
+    let split = BlockScaledGemm::new(s.clone()).unwrap().with_split_k(Some(5));
+    let e = split.gemm(&p, &at, &bt, &mut d, None).unwrap_err();
+    assert!(e.to_string().starts_with("split_k: 5: with prepacked weights at most 4"), "{e}");
+    assert!(s.clone_dtoh(&d).unwrap().iter().all(|x| x.to_f32() == 3.0), "a refused call wrote D");
+    let e = bt.prepack(&s).unwrap_err();
+    assert!(matches!(e, Error::Layout { .. }), "{e}");
+    let ops = list_operands(&[(8, 256, 512), (3, 128, 512)], 0x79);
+    let up = upload_pairs(&ops, &s);
+    let second_packed = Nvfp4Tensor::upload(&ops[1].1, &s).unwrap().prepack(&s).unwrap();
+    let mut ds: Vec<CudaSlice<f16>> = ops.iter().map(|(a, b, _)| s.alloc_zeros::<f16>(a.rows() * b.rows()).unwrap()).collect();
+    let (d0, d1) = ds.split_at_mut(1);
+    let mut groups = vec![ListGroup { a: &up[0].0, b: &up[0].1, d: &mut d0[0], alpha: 1.0 }, ListGroup { a: &up[1].0, b: &second_packed, d: &mut d1[0], alpha: 1.0 }];
+    let e = g.grouped_list(&mut groups, None).unwrap_err();
+    assert!(matches!(e, Error::Layout { name: "B", .. }), "{e}");
+    println!("  prepacked weights: transforms equal the host's, every Hopper path exact, refusals typed");
     Ok(())
 }

@@ -29,6 +29,8 @@ void bsg_host_gemm_fp4(int32_t m, int32_t n, int32_t k, int32_t l, const uint8_t
 int64_t bsg_host_sfd_cosize(int32_t m, int32_t n, int32_t l);
 // The scale re-tiling kernel's launch (cpp/quant/quantize.cu).
 bsg::KernelStatus bsg_tile_scales(const uint8_t* src, uint8_t* dst, int32_t rows, int32_t cols, int32_t batch, uint64_t stream);
+bsg::KernelStatus bsg_prepack_values(const uint8_t* src, uint8_t* dst, int32_t rows, int32_t k, int32_t batch, bool unpack,
+                                     uint64_t stream);
 void bsg_host_convert(int32_t kind, const float* x, uint8_t* out, size_t len);
 
 namespace bsg {
@@ -179,6 +181,10 @@ KernelStatus quantize(const QuantizeArgs& args) { return bsg_quantize(args); }
 
 KernelStatus tile_scales(uint64_t src, uint64_t dst, int32_t rows, int32_t cols, int32_t batch, uint64_t stream) {
   return bsg_tile_scales(reinterpret_cast<const uint8_t*>(src), reinterpret_cast<uint8_t*>(dst), rows, cols, batch, stream);
+}
+
+KernelStatus prepack_values(uint64_t src, uint64_t dst, int32_t rows, int32_t k, int32_t batch, bool unpack, uint64_t stream) {
+  return bsg_prepack_values(reinterpret_cast<const uint8_t*>(src), reinterpret_cast<uint8_t*>(dst), rows, k, batch, unpack, stream);
 }
 
 bool can_implement(uint32_t config, uint32_t out, const KernelArgs& args) {

@@ -20,6 +20,7 @@ int64_t host_sfd_cosize(int32_t m, int32_t n, int32_t l);
 void host_convert(int32_t kind, rust::Slice<const float> x, rust::Slice<uint8_t> out);
 KernelStatus quantize(const QuantizeArgs& args);
 KernelStatus tile_scales(uint64_t src, uint64_t dst, int32_t rows, int32_t cols, int32_t batch, uint64_t stream);
+KernelStatus prepack_values(uint64_t src, uint64_t dst, int32_t rows, int32_t k, int32_t batch, bool unpack, uint64_t stream);
 KernelStatus launch_grouped(uint32_t config, uint32_t out, const GroupedArgs& args);
 bool can_implement_grouped(uint32_t config, uint32_t out, const GroupedArgs& args);
 size_t workspace_size_grouped(uint32_t config, uint32_t out, const GroupedArgs& args);

@@ -91,6 +91,26 @@ bsg::KernelStatus bsg_tile_scales(const uint8_t* src, uint8_t* dst, int32_t rows
   return st;
 }
 
+// Checked by Rust: K a multiple of 32, lengths (the standard layout's batch * rows * K / 2 bytes,
+// the prepacked one's batch * ceil(K / 256) * rows * 128), 16-byte alignment, sizes within int64.
+bsg::KernelStatus bsg_prepack_values(const uint8_t* src, uint8_t* dst, int32_t rows, int32_t k, int32_t batch, bool unpack,
+                                     uint64_t stream) {
+  const int row_units = k / 32;
+  const int chunks = int((int64_t(k) / 2 + BSG_PREPACK_CHUNK_BYTES - 1) / BSG_PREPACK_CHUNK_BYTES);
+  const int64_t units = int64_t(batch) * rows * (unpack ? row_units : chunks * (BSG_PREPACK_CHUNK_BYTES / 16));
+  const int blocks = int(std::min<int64_t>((units + 255) / 256, 8 * 1024));
+  const auto* in = reinterpret_cast<const uint4*>(src);
+  auto* out = reinterpret_cast<uint4*>(dst);
+  int r = rows, u = row_units, c = chunks;
+  int64_t n = units;
+  void* args[] = {&in, &out, &r, &u, &c, &n};
+  const void* kernel = unpack ? reinterpret_cast<const void*>(&bsg::quant::prepack_values_kernel<bsg::quant::Unpack>)
+                              : reinterpret_cast<const void*>(&bsg::quant::prepack_values_kernel<bsg::quant::Prepack>);
+  bsg::KernelStatus st{0, 0, 0};
+  st.cuda_error = cudaLaunchKernel(kernel, dim3(std::max(blocks, 1)), dim3(256), args, 0, reinterpret_cast<cudaStream_t>(stream));
+  return st;
+}
+
 bsg::KernelStatus bsg_quantize(const bsg::QuantizeArgs& a) {
   switch (a.input) {
     case bsg::InKind::F32: return run<float>(a);

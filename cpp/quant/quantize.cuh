@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "blockscaled_gemm/kernel_abi.h"
 #include "common/moe_rows.cuh"
 #include "common/nvfp4.cuh"
 #include "common/scale_layout.cuh"
@@ -310,6 +311,31 @@ __global__ void tile_scales_kernel(const uint8_t* src, uint32_t* dst, int rows, 
         if (col0 + j < cols) v |= uint32_t(s[col0 + j]) << (8 * j);
     }
     dst[w] = v;
+  }
+}
+
+// Packed e2m1 values between the standard layout (batch, rows, K / 2 bytes) and the prepacked one
+// (kernel_abi.h: batch, chunks, rows, BSG_PREPACK_CHUNK_BYTES), in 16-byte units (K / 2 is a
+// multiple of 16, so a unit lies wholly inside or past the row). One thread per output unit:
+// Prepack writes every unit of the prepacked buffer (zeros past K), Unpack every unit of the
+// standard one.
+struct Prepack {};
+struct Unpack {};
+template <class Dir>
+__global__ void prepack_values_kernel(const uint4* src, uint4* dst, int rows, int row_units, int chunks, int64_t units) {
+  constexpr int kChunkUnits = BSG_PREPACK_CHUNK_BYTES / 16;
+  for (int64_t o = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; o < units; o += int64_t(gridDim.x) * blockDim.x) {
+    if constexpr (std::is_same_v<Dir, Prepack>) {
+      const int64_t per_chunk = int64_t(rows) * kChunkUnits;
+      const int64_t lc = o / per_chunk, in_chunk = o % per_chunk;  // (batch, chunk), its unit
+      const int64_t l = lc / chunks, c = lc % chunks, r = in_chunk / kChunkUnits;
+      const int64_t col = c * kChunkUnits + in_chunk % kChunkUnits;
+      dst[o] = col < row_units ? src[(l * rows + r) * row_units + col] : make_uint4(0, 0, 0, 0);
+    } else {
+      const int64_t lr = o / row_units, col = o % row_units;  // (batch, row), its unit
+      const int64_t l = lr / rows, r = lr % rows, c = col / kChunkUnits;
+      dst[o] = src[((l * chunks + c) * rows + r) * kChunkUnits + col % kChunkUnits];
+    }
   }
 }
 

@@ -96,6 +96,9 @@ struct Params {
   float* partials;     // [split][tile][acc / 4][thread] float4
   uint8_t* sfd;        // FP4 output only
   float norm_constant;  // FP4 output only
+  // B's values prepacked (WeightLayout::Prepacked): its map's K coordinate is (byte in chunk,
+  // chunk), and K ranges start at multiples of a TMA box.
+  int32_t b_chunked = 0;
 };
 
 template <int BM, int BN, class Schedule, class Act = ActNvfp4>

@@ -45,17 +45,15 @@ struct Gemm {
     if (a.n % OutputInfo<OutT>::kNMultiple != 0) return false;
     if (!std::is_void_v<typename OutputInfo<OutT>::Sf> && !a.sfd) return false;
     const int k_tiles = (a.k + kBK - 1) / kBK;
-    return tiles(a) <= INT_MAX && a.split_k >= 1 && a.split_k <= k_tiles && a.split_k <= BSG_SM90_MAX_SPLIT_K &&
+    return (a.b_layout == int32_t(WeightLayout::Standard) || a.b_layout == int32_t(WeightLayout::Prepacked)) && tiles(a) <= INT_MAX &&
+           a.split_k >= 1 && a.split_k <= k_tiles && a.split_k <= Sched::max_split(a) && a.split_k <= BSG_SM90_MAX_SPLIT_K &&
            (a.split_k == 1 || tiles(a) <= Sched::kMaxSplitTiles);
   }
 
-  // TMA descriptor of a packed operand: (row_bytes, rows, batch) bytes, boxes of the tile's
-  // kBoxBytesK bytes x box_rows rows (in the 128-byte swizzle where the tile says so); or (f16)
-  // of 16-bit activations (pre-decoded, re-ordered or dense; f16 or bf16 bits, moved as they
-  // are): (row_bytes / 2, rows, batch) elements, boxes of 64 x box_rows in the 128-byte swizzle.
-  // Reads past a row, the rows or the batch are zero-filled.
-  static bool encode(CUtensorMap* map, const void* base, int64_t row_bytes, int64_t rows, int64_t batch, uint32_t box_rows,
-                     bool f16 = false) {
+  // cuTensorMapEncodeTiled through the runtime's driver entry point (nothing links libcuda);
+  // element strides 1, 128-byte L2 promotion, reads past any dimension zero-filled.
+  static bool encode_tiled(CUtensorMap* map, CUtensorMapDataType type, cuuint32_t rank, const void* base, const cuuint64_t* dims,
+                           const cuuint64_t* strides, const cuuint32_t* box, bool swizzle) {
     static PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
       void* f = nullptr;
       cudaDriverEntryPointQueryResult q;
@@ -65,14 +63,36 @@ struct Gemm {
       return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
     }();
     if (!fn) return false;
+    const cuuint32_t elem[4] = {1, 1, 1, 1};
+    return fn(map, type, rank, const_cast<void*>(base), dims, strides, box, elem, CU_TENSOR_MAP_INTERLEAVE_NONE,
+              swizzle ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+              CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+  }
+
+  // TMA descriptor of packed activations: (row_bytes, rows, batch) bytes, boxes of the tile's
+  // kBoxBytesK bytes x box_rows rows (in the 128-byte swizzle where the tile says so); or (f16)
+  // of 16-bit activations (pre-decoded, re-ordered or dense; f16 or bf16 bits, moved as they
+  // are): (row_bytes / 2, rows, batch) elements, boxes of 64 x box_rows in the 128-byte swizzle.
+  static bool encode(CUtensorMap* map, const void* base, int64_t row_bytes, int64_t rows, int64_t batch, uint32_t box_rows,
+                     bool f16 = false) {
     const cuuint64_t dims[3] = {cuuint64_t(f16 ? row_bytes / 2 : row_bytes), cuuint64_t(rows), cuuint64_t(batch)};
     const cuuint64_t strides[2] = {cuuint64_t(row_bytes), cuuint64_t(row_bytes * rows)};
     const cuuint32_t box[3] = {f16 ? uint32_t(kBK) : uint32_t(T::kBoxBytesK), box_rows, 1};
-    const cuuint32_t elem[3] = {1, 1, 1};
-    const bool swizzle = f16 || T::kSwizzleRaw;
-    return fn(map, f16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_UINT8, 3, const_cast<void*>(base), dims, strides,
-              box, elem, CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_NONE,
-              CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+    return encode_tiled(map, f16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_UINT8, 3, base, dims, strides, box,
+                        f16 || T::kSwizzleRaw);
+  }
+
+  // TMA descriptor of the weights (B): (byte in chunk, row, chunk, batch) over `rows` rows of K
+  // values, boxes of kBoxBytesK bytes x box_rows rows in one chunk. Standard: one chunk, the
+  // whole row (K / 2 bytes); prepacked (kernel_abi.h): chunks of BSG_PREPACK_CHUNK_BYTES, each
+  // holding that part of every row.
+  static bool encode_b(CUtensorMap* map, const void* base, int64_t k, int64_t rows, int64_t batch, uint32_t box_rows, bool prepacked) {
+    const int64_t row_bytes = k / 2, chunk = prepacked ? BSG_PREPACK_CHUNK_BYTES : row_bytes;
+    const int64_t chunks = (row_bytes + chunk - 1) / chunk;
+    const cuuint64_t dims[4] = {cuuint64_t(chunk), cuuint64_t(rows), cuuint64_t(chunks), cuuint64_t(batch)};
+    const cuuint64_t strides[3] = {cuuint64_t(prepacked ? chunk : row_bytes), cuuint64_t(chunk * rows), cuuint64_t(chunks * chunk * rows)};
+    const cuuint32_t box[4] = {uint32_t(T::kBoxBytesK), box_rows, 1, 1};
+    return encode_tiled(map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 4, base, dims, strides, box, T::kSwizzleRaw);
   }
 
   // The A operand's map, as the tile reads it: the pre-pass's output `pre` ((batch, rows, K
@@ -106,7 +126,7 @@ struct Gemm {
     uint8_t* const pre = static_cast<uint8_t*>(workspace) + Sched::pre_a_offset(a);
     CUtensorMap map_a, map_b;
     if (!encode_a(&map_a, reinterpret_cast<const void*>(a.a), pre, a.k, a.m, a.l) ||
-        !encode(&map_b, reinterpret_cast<const void*>(a.b), a.k / 2, a.n, a.l, BN))
+        !encode_b(&map_b, reinterpret_cast<const void*>(a.b), a.k, a.n, a.l, BN, a.b_layout == int32_t(WeightLayout::Prepacked)))
       return {int32_t(cutlass::Status::kErrorInternal), 0, 0};
     if constexpr (T::kPreA) {
       const cudaError_t e =
@@ -122,7 +142,7 @@ struct Gemm {
              reinterpret_cast<const void*>(a.c), reinterpret_cast<void*>(a.d), a.alpha, a.beta,
              static_cast<uint32_t*>(workspace),
              reinterpret_cast<float*>(static_cast<uint8_t*>(workspace) + (a.split_k > 1 ? Sched::kCountersBytes : 0)),
-             reinterpret_cast<uint8_t*>(a.sfd), a.norm_constant};
+             reinterpret_cast<uint8_t*>(a.sfd), a.norm_constant, a.b_layout == int32_t(WeightLayout::Prepacked)};
     const dim3 grid(unsigned(tiles(a)), unsigned(a.split_k));
     const bool cluster = Sched::cluster_reducible(a);
     const KernelLaunch launch(grid, T::kLaunchThreads, cluster ? a.split_k : 1, T::kSmem, stream, T::kProgrammatic);

@@ -38,6 +38,7 @@ struct GroupedGemm {
 
   static bool can_implement(const GroupedArgs& a) {
     if (a.rows < 1 || a.n < 1 || a.k < 1 || a.k % 32 != 0 || a.experts < 1 || a.experts > Sched::kMaxGroups) return false;
+    if (a.b_layout != int32_t(WeightLayout::Standard) && a.b_layout != int32_t(WeightLayout::Prepacked)) return false;
     if (a.n % OutputInfo<OutT>::kNMultiple != 0) return false;
     if (kFp4Out && (a.sfd == 0 || !(a.norm_constant > 0.f) || a.norm_constant > FLT_MAX)) return false;
     // Items (the swapped tiles' grid: every possible one) and padded scale rows are int on the
@@ -66,14 +67,15 @@ struct GroupedGemm {
     typename Sched::Args args{};
     using G = Gemm<T, OutT>;
     if (!G::encode_a(&args.map_a, reinterpret_cast<const void*>(a.a), pre, a.k, a.rows, 1) ||
-        !G::encode(&args.map_b, reinterpret_cast<const void*>(a.b), a.k / 2, a.n, a.experts, T::kBN))
+        !G::encode_b(&args.map_b, reinterpret_cast<const void*>(a.b), a.k, a.n, a.experts, T::kBN, a.b_layout == int32_t(WeightLayout::Prepacked)))
       return {int32_t(cutlass::Status::kErrorInternal), 0, 0};
     GroupedParams& gp = args.gp;
     gp.base = Params{a.rows, a.n, a.k, 1, 1,
                      reinterpret_cast<const uint8_t*>(a.a), reinterpret_cast<const uint8_t*>(a.sfa),
                      reinterpret_cast<const uint8_t*>(a.b), reinterpret_cast<const uint8_t*>(a.sfb),
                      reinterpret_cast<const void*>(a.d), reinterpret_cast<void*>(a.d), a.alpha, 0.f,
-                     nullptr, nullptr, kFp4Out ? reinterpret_cast<uint8_t*>(a.sfd) : nullptr, a.norm_constant};
+                     nullptr, nullptr, kFp4Out ? reinterpret_cast<uint8_t*>(a.sfd) : nullptr, a.norm_constant,
+                     a.b_layout == int32_t(WeightLayout::Prepacked)};
     gp.offsets = reinterpret_cast<const int32_t*>(a.offsets);
     gp.expert_alpha = reinterpret_cast<const float*>(a.expert_alpha);
     gp.experts = a.experts;

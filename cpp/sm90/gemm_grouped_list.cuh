@@ -33,6 +33,7 @@ struct GroupedListGemm {
     // The device rounds sizes up to tile multiples in int: the dense GEMM's extent limit.
     if (a.max_m > kMaxExtent || a.max_n > kMaxExtent || a.max_k > kMaxExtent) return false;
     if (a.max_rows < 0 || a.max_rows > INT_MAX) return false;
+    if (a.b_layout != int32_t(WeightLayout::Standard) && a.b_layout != int32_t(WeightLayout::Prepacked)) return false;
     if (!a.problems || !a.a || !a.sfa || !a.b || !a.sfb || !a.d || (a.beta != 0.f && !a.c)) return false;
     if (kFp4Out && (a.sfd == 0 || !(a.norm_constant > 0.f) || a.norm_constant > FLT_MAX)) return false;
     // The descriptors are written past the split-K counters (256 KiB): they need 64-byte
@@ -75,11 +76,12 @@ struct GroupedListGemm {
     lp.maps = reinterpret_cast<CUtensorMap*>(ws + Sched::maps_offset(a));
     lp.pre = T::kPreA ? ws + Sched::pre_offset(a) : nullptr;
     lp.pre_pitch = Sched::k_pad(a) * 2;
+    lp.b_chunked = a.b_layout == int32_t(WeightLayout::Prepacked);
     // Templates: the element type, box and swizzle of each operand as the tile reads it, over
     // placeholder sizes (the prologue replaces address, sizes and row stride per group).
     using G = Gemm<T, OutT>;
     CUtensorMap tmpl_a, tmpl_b;
-    if (!G::encode_a(&tmpl_a, ws, ws, a.max_k, T::kBM, 1) || !G::encode(&tmpl_b, ws, a.max_k / 2, T::kBN, 1, T::kBN))
+    if (!G::encode_a(&tmpl_a, ws, ws, a.max_k, T::kBM, 1) || !G::encode_b(&tmpl_b, ws, a.max_k, T::kBN, 1, T::kBN, lp.b_chunked))
       return {int32_t(cutlass::Status::kErrorInternal), 0, 0};
     const int64_t items = T::kPreA ? std::max<int64_t>(a.groups, a.max_rows * (Sched::k_pad(a) / kBK) * 2) : a.groups;
     if (const cudaError_t e = launch_pre_pass(prologue, items, a.sm_count, stream, lp, tmpl_a, tmpl_b); e != cudaSuccess)

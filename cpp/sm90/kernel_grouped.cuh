@@ -176,7 +176,7 @@ __global__ void __launch_bounds__(kPreThreads) list_prologue(const __grid_consta
     } else {
       make_tensormap(lp.maps + 2 * g, tmpl_a, reinterpret_cast<const void*>(lp.a[g]), uint32_t(q.k / 2), uint32_t(q.m), uint64_t(q.k / 2));
     }
-    make_tensormap(lp.maps + 2 * g + 1, tmpl_b, reinterpret_cast<const void*>(lp.b[g]), uint32_t(q.k / 2), uint32_t(q.n), uint64_t(q.k / 2));
+    make_tensormap_b(lp.maps + 2 * g + 1, tmpl_b, reinterpret_cast<const void*>(lp.b[g]), q.k, q.n, lp.b_chunked);
   }
   if constexpr (T::kPreA) {
     // Work items (row of `pre`, 64-K block of the longest K, parity) over the rows the groups with

@@ -12,6 +12,7 @@
 
 #include <cstdint>
 
+#include "blockscaled_gemm/kernel_abi.h"
 #include "common/ptx.cuh"
 #include "common/scale_layout.cuh"
 #include "cutlass/arch/barrier.h"
@@ -45,6 +46,7 @@ struct RawPipeline {
   const uint8_t* sfb_rows;
   int64_t sp;
   int sfb_chunks;
+  bool b_chunked;  // B prepacked: its K coordinate is (byte in chunk, chunk)
   int base;        // the ring's stages before this item's first
   int refill_end;  // ring stages issued at most: stage s is released where s + kRawStages < refill_end
   const TileWork& w;
@@ -57,6 +59,7 @@ struct RawPipeline {
     sfa_rows = T::Activation::kScaled ? p.sfa + w.sfa_off : nullptr;
     sfb_rows = p.sfb + w.sfb_off;
     sfb_chunks = min(T::kSfChunksB, (p.n + 127) / 128 - w.n0 / 128);  // 128-row blocks of B inside N
+    b_chunked = p.b_chunked != 0;
     raw_s = static_cast<uint32_t>(__cvta_generic_to_shared(raw));
     dec_a_s = static_cast<uint32_t>(__cvta_generic_to_shared(dec_a));
   }
@@ -77,8 +80,14 @@ struct RawPipeline {
     if (what & kIssueB) cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&full[slot], bytes);
     if constexpr ((BSG_SM90_ABLATE & 4) == 0) {
       if (what & kIssueB) {
-        for (int x = 0; x < T::kBoxesK; ++x)
-          tma_load_3d(stage_s + T::kRawA + x * (T::kBN * T::kBoxBytesK), map_b, kt * (kBK / 2) + x * T::kBoxBytesK, w.n0, int(w.batch), bar);
+        for (int x = 0; x < T::kBoxesK; ++x) {
+          // Standard: one chunk of the whole row. Prepacked: the box lies inside one chunk (the
+          // scheduler starts K ranges at whole boxes).
+          const int kb = kt * (kBK / 2) + x * T::kBoxBytesK;
+          constexpr int kChunk = BSG_PREPACK_CHUNK_BYTES;
+          tma_load_4d(stage_s + T::kRawA + x * (T::kBN * T::kBoxBytesK), map_b, b_chunked ? kb % kChunk : kb, w.n0,
+                      b_chunked ? kb / kChunk : 0, int(w.batch), bar);
+        }
         for (int c = 0; c < sfb_chunks; ++c)
           bulk_load(stage_s + T::kSfB + T::kSfStage * c, sfb_rows + c * (sp / 4) * 512 + int64_t(kt) * 512, sf_bytes, bar);
       }

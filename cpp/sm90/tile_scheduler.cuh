@@ -9,6 +9,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "blockscaled_gemm/kernel_abi.h"
 #include "common/scale_layout.cuh"
 #include "sm90/dispatch_policy.cuh"
 
@@ -50,6 +51,14 @@ __device__ __forceinline__ TileWork grouped_item(int item, int64_t batch, int gr
 template <class T>
 struct TileScheduler {
   static constexpr int kGroupM = T::kBM == 256 ? 4 : 8;
+  static constexpr int kBoxKTiles = T::kBoxBytesK / (kBK / 2);  // k-tiles in one TMA box of B
+  static_assert(BSG_PREPACK_CHUNK_BYTES % T::kBoxBytesK == 0, "a box of B inside one prepacked chunk");
+
+  // K ranges a launch may have: one per k-tile, per box of B where it is prepacked.
+  static int64_t max_split(const KernelArgs& a) {
+    const int64_t k_tiles = (int64_t(a.k) + kBK - 1) / kBK;
+    return a.b_layout == int32_t(WeightLayout::Prepacked) ? (k_tiles + kBoxKTiles - 1) / kBoxKTiles : k_tiles;
+  }
 
   __device__ __forceinline__ static TileWork work(const Params& p) {
     constexpr int kBM = T::kBM, BN = T::kBN;
@@ -69,8 +78,11 @@ struct TileScheduler {
     w.n0 = tn * BN;
     w.split = blockIdx.y;
     const int k_tiles = (p.k + kBK - 1) / kBK;
-    w.kt_begin = int(int64_t(k_tiles) * w.split / p.split_k);
-    w.kt_end = int(int64_t(k_tiles) * (w.split + 1) / p.split_k);
+    // Prepacked weights: ranges in whole TMA boxes of B (no box straddles a K chunk).
+    const int align = p.b_chunked ? kBoxKTiles : 1;
+    const int units = (k_tiles + align - 1) / align;
+    w.kt_begin = min(k_tiles, int(int64_t(units) * w.split / p.split_k) * align);
+    w.kt_end = min(k_tiles, int(int64_t(units) * (w.split + 1) / p.split_k) * align);
     w.n_kt = w.kt_end - w.kt_begin;
     w.n_raw = (w.n_kt + T::kSubs - 1) / T::kSubs;
     w.a_row = w.m0;

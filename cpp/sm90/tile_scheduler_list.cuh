@@ -34,6 +34,7 @@ struct ListParams {
   CUtensorMap* maps;        // [groups][2] (A, B), in the workspace
   uint8_t* pre;             // the decoded activations (swapped tiles), rows of pre_pitch bytes
   int64_t pre_pitch;
+  int32_t b_chunked;        // every group's B prepacked (WeightLayout::Prepacked)
 };
 
 // A group's sizes as the device reads them, and whether they and its addresses (16-byte aligned,
@@ -136,6 +137,7 @@ struct ListTileScheduler {
     p.beta = lp.beta;
     p.sfd = lp.sfd ? reinterpret_cast<uint8_t*>(lp.sfd[g]) : nullptr;
     p.norm_constant = lp.norm_constant;
+    p.b_chunked = lp.b_chunked;
     return p;
   }
   __device__ __forceinline__ static Params load_params(const Args& args, const Shared&, const TileWork& w) {

@@ -16,6 +16,12 @@
 // Experts of one grouped (MoE) launch: the SM90 kernel keeps their row ranges in shared memory.
 #define BSG_MAX_GROUPS 1024
 
+// The prepacked weight layout (WeightLayout::Prepacked): K in chunks of this many packed bytes
+// (256 values), each chunk of every row of a batch stored together: byte j of chunk c of row r of
+// batch l at ((l * chunks + c) * rows + r) * 128 + j, chunks = ceil(K / 256), the last chunk's
+// bytes past K zero. A TMA box of 128 rows then reads one contiguous block.
+#define BSG_PREPACK_CHUNK_BYTES 128
+
 // KernelStatus::cutlass_status: cutlass::Status values (cpp/host/status.cu checks them), and one
 // of ours.
 #define BSG_STATUS_SUCCESS 0
@@ -27,6 +33,11 @@ namespace bsg {
 
 // Output types, in the order of cpp/configs.def's BSG_OUTPUT lines.
 enum class OutKind : int32_t { F16 = 0, Bf16 = 1, F32 = 2, Nvfp4 = 3, Nvfp4Ue8m0 = 4 };
+
+// The layout of a weight operand's packed values (the `b_layout` fields): K-major rows as
+// PyTorch holds them, or prepacked (BSG_PREPACK_CHUNK_BYTES). Scales stay in the 128x4 tiled
+// layout either way. SM90 kernels only.
+enum class WeightLayout : int32_t { Standard = 0, Prepacked = 1 };
 
 // Which scale-factor operand a layout query is about.
 enum class SfOperand : int32_t { A = 0, B = 1 };
@@ -60,6 +71,10 @@ struct KernelArgs {
   // memset of sfd_bytes ahead of it, 0 where the layout has no padding).
   uint64_t sfd;
   uint64_t sfd_bytes;
+  // B's values: a WeightLayout value. Prepacked (SM90 only): the K ranges of a split start at
+  // multiples of the tile's TMA box (kBoxBytesK) so that no box straddles a chunk, so at most
+  // ceil(K / 256) ranges.
+  int32_t b_layout;
 };
 
 // One grouped (mixture-of-experts) launch, already validated by Rust: for every expert e,
@@ -89,6 +104,7 @@ struct GroupedArgs {
   // next grouped GEMM reads them with the same offsets; and the normalization constant.
   uint64_t sfd;
   float norm_constant;
+  int32_t b_layout;  // the weights' values: a WeightLayout value (Prepacked: each expert's batch)
 };
 
 // One grouped launch in list form: G independent GEMMs, for every group g with device sizes
@@ -115,6 +131,7 @@ struct GroupedListArgs {
   int32_t sm_count;
   uint64_t sfd;  // FP4 output: uint64 [groups]
   float norm_constant;
+  int32_t b_layout;  // every group's B values: a WeightLayout value
 };
 
 // Input element types of the quantizer.

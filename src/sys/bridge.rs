@@ -30,6 +30,15 @@ pub(crate) mod ffi {
         /// `src` must hold batch * rows * cols bytes and `dst` the tiled layout's bytes, on the
         /// stream's device.
         unsafe fn tile_scales(src: u64, dst: u64, rows: i32, cols: i32, batch: i32, stream: u64) -> KernelStatus;
+        /// Packed e2m1 values (batch, rows, K) between the standard layout at `src` and the
+        /// prepacked one (`BSG_PREPACK_CHUNK_BYTES`) at `dst` (`unpack`: the other way), on
+        /// `stream`; the prepacked layout's bytes past K are written as zeros.
+        ///
+        /// # Safety
+        /// Both buffers must hold their layout's bytes for the shape, 16-byte aligned, on the
+        /// stream's device; K a multiple of 32.
+        #[allow(clippy::too_many_arguments)]
+        unsafe fn prepack_values(src: u64, dst: u64, rows: i32, k: i32, batch: i32, unpack: bool, stream: u64) -> KernelStatus;
         /// The grouped (mixture-of-experts) launch of a config's grouped kernel for output `out`.
         /// `cutlass_status` -1: not in this build.
         ///

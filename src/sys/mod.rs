@@ -21,6 +21,8 @@ pub(crate) const SM90_MAX_SPLIT_TILES: usize = abi::root::BSG_SM90_MAX_SPLIT_TIL
 pub(crate) const STATUS_NOT_BUILT: i32 = abi::root::BSG_STATUS_NOT_BUILT;
 pub(crate) const STATUS_INVALID_PROBLEM: i32 = abi::root::BSG_STATUS_INVALID_PROBLEM as i32;
 pub(crate) const STATUS_WORKSPACE_NULL: i32 = abi::root::BSG_STATUS_WORKSPACE_NULL as i32;
+/// Bytes of K of one chunk of the prepacked weight layout.
+pub(crate) const PREPACK_CHUNK_BYTES: usize = abi::root::BSG_PREPACK_CHUNK_BYTES as usize;
 /// Experts of one grouped launch.
 pub(crate) const MAX_GROUPS: u32 = abi::root::BSG_MAX_GROUPS;
 /// K ranges of one SM90 launch.
