@@ -86,6 +86,8 @@ pub struct GroupedResult {
     pub experts_hit: usize,
     pub b2b_us: f64,
     pub graph_us: f64,
+    /// The same with the weights prepacked: `None` off Hopper.
+    pub prepacked_graph_us: Option<f64>,
     pub host_us: f64,
     pub loop_graph_us: f64,
     pub list_config: Config,
@@ -249,8 +251,25 @@ pub fn bench_case(cli: &Cli, gemm: &BlockScaledGemm, stream: &Arc<CudaStream>, l
         w4a16_graph_us = Some(time_graph(cli, stream, |i| w4a16_launch(i, &mut d).map(|_| ()))?);
         exact &= check(&d, "W4A16")?;
     }
+    // The MoE form with the weights prepacked (Hopper only), the rule's config for them.
+    let mut prepacked_graph_us = None;
+    if config.info().arch == 90 {
+        let mut packed = Vec::with_capacity(n_sets);
+        for s in &sets {
+            packed.push(Nvfp4Tensor::new(s.b.as_view(), s.sfb.as_view(), (experts, n, k), 1.0)?.prepack(stream)?.into_parts().0);
+        }
+        let packed_launch = |i: usize, d: &mut CudaSlice<bf16>| -> Result<(), blockscaled_gemm::Error> {
+            let s = &sets[i % n_sets];
+            let a = MoeActivations::new(s.a.as_view(), s.sfa.as_view(), (t, k), 1.0)?;
+            let b = Nvfp4Tensor::new_prepacked(packed[i % n_sets].as_view(), s.sfb.as_view(), (experts, n, k), 1.0)?;
+            gemm.moe_gemm(&p, &a, &b, &offsets_dev, &ones, d, Some(config)).map(|_| ())
+        };
+        poison_bf16(stream, &mut d)?;
+        prepacked_graph_us = Some(time_graph(cli, stream, |i| packed_launch(i, &mut d))?);
+        exact &= check(&d, "prepacked weights")?;
+    }
     let floor_us = (bytes as f64 / (copy_gbps * 1e9)).max(2.0 * (t * n * k) as f64 / 800e12) * 1e6;
-    Ok(GroupedResult { config, experts_hit: hit.len(), b2b_us, graph_us, host_us, loop_graph_us, list_config, list_graph_us, w4a16_config, w4a16_graph_us, floor_us, bytes, exact })
+    Ok(GroupedResult { config, experts_hit: hit.len(), b2b_us, graph_us, prepacked_graph_us, host_us, loop_graph_us, list_config, list_graph_us, w4a16_config, w4a16_graph_us, floor_us, bytes, exact })
 }
 
 /// The MoE-form quantizer on case `case`'s stacked rows: bf16 (T, K) N(0, 1) data, the case's

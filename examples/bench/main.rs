@@ -8,6 +8,8 @@
 //! - `ours_b2b_us`: `--runs` launches back to back between one pair of events; the mean;
 //! - `ours_graph_us`: a CUDA graph of `--graph-calls` launches (rotating the sets) replayed
 //!   `--replays` times between events; the median replay over the calls in it;
+//!   `ours_prepacked_graph_us`: the same with the weights prepacked (`Nvfp4Tensor::prepack`;
+//!   null where the config is not an SM90 one);
 //! - `host_enqueue_us`: host time of one call while queueing the back-to-back launches (median);
 //!   `host_plan_us`: of that, the validation and config choice alone (median of 1000).
 //!   The output of each of the three timings is judged on sampled rows against the exact CPU
@@ -185,19 +187,19 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     };
     let copy_gbps = copy_bandwidth(&stream)?;
     println!("device: {gpu}, {} SMs, L2 {} MB, copy {copy_gbps:.0} GB/s; commit {commit}", gemm.device().sm_count, l2 >> 20);
-    println!("{:>16} {:>6} {:>24} {:>5} {:>9} {:>8} {:>8} {:>8} {:>8} {:>10} {:>9} {:>7} {:>6}", "MxNxK", "out", "config", "split", "launch_us", "b2b_us", "graph_us", "host_us", "floor_us", "bf16_graph", "fp8_graph", "x_floor", "check");
+    println!("{:>16} {:>6} {:>24} {:>5} {:>9} {:>8} {:>8} {:>8} {:>8} {:>8} {:>10} {:>9} {:>7} {:>6}", "MxNxK", "out", "config", "split", "launch_us", "b2b_us", "graph_us", "prepack", "host_us", "floor_us", "bf16_graph", "fp8_graph", "x_floor", "check");
     let mut json = String::new();
     for &(m, n, k) in shapes.iter().filter(|_| !cli.no_gemm) {
         for &out in &outs {
             let r = bench_one(&cli, &gemm, &stream, l2, copy_gbps, (m, n, k), out)?;
             let (bf16, fp8) = baselines.as_ref().map_or((None, None), |b| b.get(m, n, k));
             let fmt = |x: Option<f64>| x.map_or("-".to_string(), |v| format!("{v:.2}"));
-            println!("{:>16} {:>6} {:>24} {:>5} {:>9.2} {:>8.2} {:>8.2} {:>8.2} {:>8.2} {:>10} {:>9} {:>7.2} {:>6}", format!("{m}x{n}x{k}"), out.name(), r.config.to_string(), r.split,
-                r.launch_us, r.b2b_us, r.graph_us, r.host_us, r.floor_us, fmt(bf16), fmt(fp8), r.graph_us / r.floor_us, r.check.label());
+            println!("{:>16} {:>6} {:>24} {:>5} {:>9.2} {:>8.2} {:>8.2} {:>8} {:>8.2} {:>8.2} {:>10} {:>9} {:>7.2} {:>6}", format!("{m}x{n}x{k}"), out.name(), r.config.to_string(), r.split,
+                r.launch_us, r.b2b_us, r.graph_us, fmt(r.prepacked_graph_us), r.host_us, r.floor_us, fmt(bf16), fmt(fp8), r.graph_us / r.floor_us, r.check.label());
             let num = |x: Option<f64>| x.map_or("null".to_string(), |v| format!("{v:.3}"));
             json += &format!(
-                "{{\"op\":\"gemm\",\"gpu\":\"{gpu}\",\"commit\":\"{commit}\",\"m\":{m},\"n\":{n},\"k\":{k},\"l\":1,\"out\":\"{}\",\"config\":\"{}\",\"split_k\":{},\"runs\":{},\"graph_calls\":{},\"ours_launch_us\":{:.3},\"ours_b2b_us\":{:.3},\"ours_graph_us\":{:.3},\"host_enqueue_us\":{:.3},\"host_plan_us\":{:.3},\"cublas_bf16_graph_us\":{},\"cublas_fp8_graph_us\":{},\"floor_us\":{:.3},\"copy_gbps\":{copy_gbps:.1},\"workspace_bytes\":{},\"exact\":{},\"verdict\":\"{}\"}}\n",
-                out.name(), r.config, r.split, cli.runs, cli.graph_calls, r.launch_us, r.b2b_us, r.graph_us, r.host_us, r.plan_us, num(bf16), num(fp8), r.floor_us, r.workspace, r.check.bit_exact, r.check.verdict());
+                "{{\"op\":\"gemm\",\"gpu\":\"{gpu}\",\"commit\":\"{commit}\",\"m\":{m},\"n\":{n},\"k\":{k},\"l\":1,\"out\":\"{}\",\"config\":\"{}\",\"split_k\":{},\"runs\":{},\"graph_calls\":{},\"ours_launch_us\":{:.3},\"ours_b2b_us\":{:.3},\"ours_graph_us\":{:.3},\"ours_prepacked_graph_us\":{},\"host_enqueue_us\":{:.3},\"host_plan_us\":{:.3},\"cublas_bf16_graph_us\":{},\"cublas_fp8_graph_us\":{},\"floor_us\":{:.3},\"copy_gbps\":{copy_gbps:.1},\"workspace_bytes\":{},\"exact\":{},\"verdict\":\"{}\"}}\n",
+                out.name(), r.config, r.split, cli.runs, cli.graph_calls, r.launch_us, r.b2b_us, r.graph_us, num(r.prepacked_graph_us), r.host_us, r.plan_us, num(bf16), num(fp8), r.floor_us, r.workspace, r.check.bit_exact, r.check.verdict());
         }
     }
     let w4a16_baselines = match &cli.w4a16_baselines {
@@ -263,7 +265,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     };
     let cases: Vec<grouped::Case> = grouped::cases().into_iter().filter(|c| cli.grouped == "all" || cli.grouped.split(',').any(|x| x == c.name)).collect();
     if !cases.is_empty() {
-        println!("{:>26} {:>5} {:>6} {:>5} {:>26} {:>8} {:>9} {:>8} {:>9} {:>10} {:>8} {:>7} {:>6} {:>8} {:>8}", "case", "E", "hit", "T", "config", "b2b_us", "graph_us", "host_us", "loop_us", "bf16_group", "floor_us", "x_floor", "check", "list_us", "w4a16_us");
+        println!("{:>26} {:>5} {:>6} {:>5} {:>26} {:>8} {:>9} {:>8} {:>9} {:>10} {:>8} {:>7} {:>6} {:>8} {:>8} {:>8}", "case", "E", "hit", "T", "config", "b2b_us", "graph_us", "host_us", "loop_us", "bf16_group", "floor_us", "x_floor", "check", "list_us", "w4a16_us", "prepack");
     }
     for case in &cases {
         let r = grouped::bench_case(&cli, &gemm, &stream, l2, copy_gbps, case)?;
@@ -271,12 +273,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let bf16 = grouped_baselines.as_ref().and_then(|b| b.number(&case.name, "bf16_grouped_graph_us"));
         let kind = grouped_baselines.as_ref().and_then(|b| b.text(&case.name, "bf16_grouped_kind"));
         let fmt = |x: Option<f64>| x.map_or("-".to_string(), |v| format!("{v:.2}"));
-        println!("{:>26} {:>5} {:>6} {:>5} {:>26} {:>8.2} {:>9.2} {:>8.2} {:>9.2} {:>10} {:>8.2} {:>7.2} {:>6} {:>8.2} {:>8}", case.name, case.counts.len(), r.experts_hit, t, r.config.to_string(),
-            r.b2b_us, r.graph_us, r.host_us, r.loop_graph_us, fmt(bf16), r.floor_us, r.graph_us / r.floor_us, if r.exact { "exact" } else { "FAILED" }, r.list_graph_us, fmt(r.w4a16_graph_us));
+        println!("{:>26} {:>5} {:>6} {:>5} {:>26} {:>8.2} {:>9.2} {:>8.2} {:>9.2} {:>10} {:>8.2} {:>7.2} {:>6} {:>8.2} {:>8} {:>8}", case.name, case.counts.len(), r.experts_hit, t, r.config.to_string(),
+            r.b2b_us, r.graph_us, r.host_us, r.loop_graph_us, fmt(bf16), r.floor_us, r.graph_us / r.floor_us, if r.exact { "exact" } else { "FAILED" }, r.list_graph_us, fmt(r.w4a16_graph_us), fmt(r.prepacked_graph_us));
         let num = |x: Option<f64>| x.map_or("null".to_string(), |v| format!("{v:.3}"));
         json += &format!(
-            "{{\"op\":\"grouped\",\"gpu\":\"{gpu}\",\"commit\":\"{commit}\",\"case\":\"{}\",\"groups\":{},\"experts_hit\":{},\"sum_m\":{t},\"n\":{},\"k\":{},\"out\":\"bf16\",\"config\":\"{}\",\"runs\":{},\"graph_calls\":{},\"ours_b2b_us\":{:.3},\"ours_graph_us\":{:.3},\"host_enqueue_us\":{:.3},\"loop_graph_us\":{:.3},\"list_config\":\"{}\",\"list_graph_us\":{:.3},\"w4a16_config\":{},\"w4a16_graph_us\":{},\"bf16_grouped_graph_us\":{},\"bf16_grouped_kind\":{},\"floor_us\":{:.3},\"bytes\":{},\"gbps\":{:.1},\"copy_gbps\":{copy_gbps:.1},\"exact\":{}}}\n",
-            case.name, case.counts.len(), r.experts_hit, case.n, case.k, r.config, cli.runs, cli.graph_calls, r.b2b_us, r.graph_us, r.host_us, r.loop_graph_us, r.list_config, r.list_graph_us,
+            "{{\"op\":\"grouped\",\"gpu\":\"{gpu}\",\"commit\":\"{commit}\",\"case\":\"{}\",\"groups\":{},\"experts_hit\":{},\"sum_m\":{t},\"n\":{},\"k\":{},\"out\":\"bf16\",\"config\":\"{}\",\"runs\":{},\"graph_calls\":{},\"ours_b2b_us\":{:.3},\"ours_graph_us\":{:.3},\"ours_prepacked_graph_us\":{},\"host_enqueue_us\":{:.3},\"loop_graph_us\":{:.3},\"list_config\":\"{}\",\"list_graph_us\":{:.3},\"w4a16_config\":{},\"w4a16_graph_us\":{},\"bf16_grouped_graph_us\":{},\"bf16_grouped_kind\":{},\"floor_us\":{:.3},\"bytes\":{},\"gbps\":{:.1},\"copy_gbps\":{copy_gbps:.1},\"exact\":{}}}\n",
+            case.name, case.counts.len(), r.experts_hit, case.n, case.k, r.config, cli.runs, cli.graph_calls, r.b2b_us, r.graph_us, num(r.prepacked_graph_us), r.host_us, r.loop_graph_us, r.list_config, r.list_graph_us,
             r.w4a16_config.map_or("null".to_string(), |c| format!("\"{c}\"")), num(r.w4a16_graph_us), num(bf16),
             kind.map_or("null".to_string(), |k| format!("\"{k}\"")), r.floor_us, r.bytes, r.bytes as f64 / (r.graph_us * 1e-6) / 1e9, r.exact);
     }
@@ -369,6 +371,7 @@ struct Result1 {
     launch_us: f64,
     b2b_us: f64,
     graph_us: f64,
+    prepacked_graph_us: Option<f64>,
     host_us: f64,
     plan_us: f64,
     floor_us: f64,
@@ -437,7 +440,7 @@ fn bench_one(cli: &Cli, gemm: &BlockScaledGemm, stream: &Arc<CudaStream>, l2: us
     let mut sfd: CudaSlice<u8> = stream.alloc_zeros(p.sfd_bytes().max(1))?;
     let workspace = gemm.workspace_size(&p, out, Some(config))?;
     gemm.reserve_workspace(workspace)?;
-    let launch = |i: usize, d: &mut CudaSlice<u8>, sfd: &mut CudaSlice<u8>| -> Result<(), blockscaled_gemm::Error> {
+    let launch = |sets: &Sets, i: usize, d: &mut CudaSlice<u8>, sfd: &mut CudaSlice<u8>| -> Result<(), blockscaled_gemm::Error> {
         let (oa, ob) = (&sets[i % n_sets].0, &sets[i % n_sets].1);
         // SAFETY: every bit pattern is a value of these types, and the buffer holds d_bytes bytes.
         match out {
@@ -479,7 +482,7 @@ fn bench_one(cli: &Cli, gemm: &BlockScaledGemm, stream: &Arc<CudaStream>, l2: us
         })
     };
     for i in 0..10 {
-        launch(i, &mut d, &mut sfd)?;
+        launch(&sets, i, &mut d, &mut sfd)?;
     }
     let event = || stream.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT));
     // Per launch, D poisoned before each.
@@ -488,7 +491,7 @@ fn bench_one(cli: &Cli, gemm: &BlockScaledGemm, stream: &Arc<CudaStream>, l2: us
         poison(stream, &mut d)?;
         poison(stream, &mut sfd)?;
         let start = event()?;
-        launch(i, &mut d, &mut sfd)?;
+        launch(&sets, i, &mut d, &mut sfd)?;
         events.push((start, event()?));
     }
     stream.synchronize()?;
@@ -497,16 +500,31 @@ fn bench_one(cli: &Cli, gemm: &BlockScaledGemm, stream: &Arc<CudaStream>, l2: us
     // Back to back, and the host's time to queue them.
     poison(stream, &mut d)?;
     poison(stream, &mut sfd)?;
-    let (b2b_us, host_us) = time_back_to_back(cli, stream, |i| launch(i, &mut d, &mut sfd))?;
+    let (b2b_us, host_us) = time_back_to_back(cli, stream, |i| launch(&sets, i, &mut d, &mut sfd))?;
     judged = judged.and(check(&d, &sfd)?);
     // A graph of graph_calls launches, replayed.
     poison(stream, &mut d)?;
     poison(stream, &mut sfd)?;
-    let graph_us = time_graph(cli, stream, |i| launch(i, &mut d, &mut sfd))?;
+    let graph_us = time_graph(cli, stream, |i| launch(&sets, i, &mut d, &mut sfd))?;
     judged = judged.and(check(&d, &sfd)?);
+    // The same graph with the weights prepacked (Hopper kernels only), checked too.
+    let prepacked_graph_us = if config.info().arch == 90 {
+        drop(sets);
+        let mut packed: Sets = Vec::new();
+        for _ in 0..n_sets {
+            packed.push((Nvfp4Tensor::upload(&a, stream)?, Nvfp4Tensor::upload(&b, stream)?.prepack(stream)?));
+        }
+        poison(stream, &mut d)?;
+        poison(stream, &mut sfd)?;
+        let us = time_graph(cli, stream, |i| launch(&packed, i, &mut d, &mut sfd))?;
+        judged = judged.and(check(&d, &sfd)?);
+        Some(us)
+    } else {
+        None
+    };
     let out_bytes = d_bytes + if out.sfd().is_some() { p.sfd_bytes() } else { 0 };
     let floor_us = (((set_bytes + out_bytes) as f64) / (copy_gbps * 1e9)).max(p.flops() / 800e12) * 1e6;
-    Ok(Result1 { config, split, launch_us, b2b_us, graph_us, host_us, plan_us, floor_us, workspace, check: judged })
+    Ok(Result1 { config, split, launch_us, b2b_us, graph_us, prepacked_graph_us, host_us, plan_us, floor_us, workspace, check: judged })
 }
 
 /// `cli.runs` launches back to back between one pair of events: device us per launch, and the
