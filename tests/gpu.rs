@@ -67,6 +67,7 @@ fn main() {
         ("w4a16_bf16_fp16_loop_same_bits_as_bf16_loop", w4a16_bf16_fp16_loop_same_bits_as_bf16_loop),
         ("w4a16_grouped_moe_every_config", w4a16_grouped_moe_every_config),
         ("row_major_scales_tiled_on_the_gpu", row_major_scales_tiled_on_the_gpu),
+        ("prepacked_weights_transforms_and_refusals", prepacked_weights_transforms_and_refusals),
         ("prepacked_weights_every_path", prepacked_weights_every_path),
         // Last: they turn cudarc's event tracking off for the buffers made after them.
         ("graph_capture_replays_with_new_data", graph_capture_replays_with_new_data),
@@ -2177,15 +2178,14 @@ fn row_major_scales_tiled_on_the_gpu() -> Outcome {
     Ok(())
 }
 
-/// Issue 23 item 1: prepacked weights. The GPU's prepack and unpack give the host's bytes (K of
-/// whole 256-value chunks, a partial last chunk, less than one chunk; L = 1 to 3). Then the tests
-/// of every Hopper path run again with every weight operand prepacked: the dense GEMM on every
-/// SM90 config and, for M in {1, 3, 16, 33, 64, 128, 200} at L = 2, every output type on the
-/// rule's and every stream config with forced splits (contest data sums exactly in FP32, so the
-/// chunk-aligned K ranges give the reference's bits); the MoE and list forms; W4A16 dense and
-/// grouped. Then the typed refusals: prepacked A, a split past the chunks, mixed layouts in one
-/// list call, a tensor already prepacked.
-fn prepacked_weights_every_path() -> Outcome {
+/// Issue 23 item 1: prepacked weights, the short test (the one compute-sanitizer runs). The GPU's
+/// prepack and unpack give the host's bytes (K of whole 256-value chunks, a partial last chunk,
+/// less than one chunk; L = 1 to 3); one prepacked GEMM on every SM90 config (L = 2, K's 17
+/// k-tiles ending inside a chunk, split 3 where the rule gives one), and one of the MoE, list and
+/// W4A16 (dense and grouped) forms, each exact against the reference; then the typed refusals:
+/// prepacked A, a split past the chunks, mixed layouts in one list call, a tensor already
+/// prepacked, with nothing written.
+fn prepacked_weights_transforms_and_refusals() -> Outcome {
     let g = hopper()?;
     let s = g.stream().clone();
     for (i, &(rows, k, l)) in [(352usize, 1088usize, 2usize), (130, 512, 1), (7, 32, 3), (64, 2080, 1)].iter().enumerate() {
@@ -2199,16 +2199,26 @@ fn prepacked_weights_every_path() -> Outcome {
         assert_eq!(back.layout(), WeightLayout::Standard);
         assert_eq!(s.clone_dtoh(back.values()).unwrap(), w.data(), "unpack {rows}x{k}x{l}");
     }
-    with_b_layout(WeightLayout::Prepacked, || -> Outcome {
-        sm90_every_config_and_output()?;
-        sm90_small_m_every_output()?;
-        grouped_moe_every_config_and_output()?;
-        grouped_moe_persistent_ctas_take_many_items()?;
-        grouped_list_same_bits_as_gemm_per_group()?;
-        w4a16_every_config_and_output()?;
-        w4a16_grouped_moe_every_config()?;
-        Ok(())
-    })?;
+    with_b_layout(WeightLayout::Prepacked, || {
+        let split3 = BlockScaledGemm::new(s.clone()).unwrap().with_split_k(Some(3));
+        let (a, b) = contest(3, 352, 1088, 2, 0x7A);
+        for c in Config::ALL.iter().copied().filter(|c| c.info().arch == 90 && c.is_built(OutType::F16)) {
+            run_sm90::<bf16>(&g, &a, &b, 0.5, 2.0, c, true);
+            run_sm90::<f16>(&split3, &a, &b, 1.0, 0.0, c, true);
+        }
+        let grouped = Config::ALL.iter().copied().find(|c| !c.info().grouped.is_empty() && c.info().streams() && c.is_built(OutType::F16));
+        check_moe::<bf16>(&g, &[0, 1, 17, 130, 0, 5, 40, 3], 256, 512, grouped, 0x7B);
+        let split1 = BlockScaledGemm::new(s.clone()).unwrap().with_split_k(Some(1));
+        let ops = list_operands(&[(8, 256, 512), (3, 128, 1088), (40, 384, 256)], 0x7C);
+        list_same_bits_as_gemm::<bf16>(&g, &split1, &ops, &upload_pairs(&ops, &s), None);
+        let w = general_weights(352, 1088, 2, 0.0173, 0x7D);
+        let p = Problem::new(3, 352, 1088).batch(2);
+        let mut rng = blockscaled_gemm::SplitMix64::new(seed() ^ 0x7E);
+        let x: Vec<bf16> = (0..2 * 3 * 1088).map(|_| bf16::from_f64(rng.normal())).collect();
+        let (ran, got) = run_w4a16::<bf16, bf16>(&g, &p, &x, &w, &[], None).unwrap();
+        let v = verify_w4a16(&p.scalars(0.0173, 0.0), &x, w.data(), w.scales(), None, &got).unwrap();
+        assert!(v.passed(), "{ran} W4A16 prepacked: {v}");
+    });
     // Refusals, before anything is written.
     let p = Problem::new(16, 256, 1024);
     let (a, b) = contest(p.m, p.n, p.k, 1, 0x78);
@@ -2231,6 +2241,25 @@ fn prepacked_weights_every_path() -> Outcome {
     let mut groups = vec![ListGroup { a: &up[0].0, b: &up[0].1, d: &mut d0[0], alpha: 1.0 }, ListGroup { a: &up[1].0, b: &second_packed, d: &mut d1[0], alpha: 1.0 }];
     let e = g.grouped_list(&mut groups, None).unwrap_err();
     assert!(matches!(e, Error::Layout { name: "B", .. }), "{e}");
-    println!("  prepacked weights: transforms equal the host's, every Hopper path exact, refusals typed");
+    println!("  prepacked weights: transforms equal the host's, one GEMM of every form exact, refusals typed");
     Ok(())
+}
+
+/// Issue 23 item 1, the long test: the tests of every Hopper path run again with every weight
+/// operand prepacked: the dense GEMM on every SM90 config and, for M in {1, 3, 16, 33, 64, 128,
+/// 200} at L = 2, every output type on the rule's and every stream config with forced splits
+/// (contest data sums exactly in FP32, so the chunk-aligned K ranges give the reference's bits);
+/// the MoE form (many items a CTA too) and the list form; W4A16 dense and grouped.
+fn prepacked_weights_every_path() -> Outcome {
+    hopper()?;
+    with_b_layout(WeightLayout::Prepacked, || -> Outcome {
+        sm90_every_config_and_output()?;
+        sm90_small_m_every_output()?;
+        grouped_moe_every_config_and_output()?;
+        grouped_moe_persistent_ctas_take_many_items()?;
+        grouped_list_same_bits_as_gemm_per_group()?;
+        w4a16_every_config_and_output()?;
+        w4a16_grouped_moe_every_config()?;
+        Ok(())
+    })
 }
