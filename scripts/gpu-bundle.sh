@@ -38,11 +38,12 @@ case "${1:-tests}" in
     exit $rc ;;
   sanitize)
     # memcheck, racecheck and synccheck over every SM90 config (small-M ones too), split-K path and output type, FP4
-    # outputs included (small shapes), the captured graph replayed with new data, and the grouped kernels.
+    # outputs included (small shapes), the captured graph replayed with new data, the grouped kernels and
+    # prepacked weights.
     rc=0
     for tool in memcheck racecheck synccheck; do
       echo "== compute-sanitizer --tool $tool"
-      compute-sanitizer --tool $tool --error-exitcode 9 "$here/deps/gpu" sm90_every_config sm90_split_k sm90_small_m sm90_extreme fp4_output_exact fp4_output_chains quantized_tensors swiglu_quantizer graph_capture grouped_moe grouped_list w4a16 || rc=1
+      compute-sanitizer --tool $tool --error-exitcode 9 "$here/deps/gpu" sm90_every_config sm90_split_k sm90_small_m sm90_extreme fp4_output_exact fp4_output_chains quantized_tensors swiglu_quantizer graph_capture grouped_moe grouped_list w4a16 prepacked_weights_transforms || rc=1
     done
     exit $rc ;;
   example) shift; exec "$here/examples/nvfp4_gemm" "$@" ;;
