@@ -60,11 +60,7 @@ impl<V, S> Nvfp4Tensor<V, S> {
     where
         V: DeviceSlice<TV>, S: DeviceSlice<TS>,
     {
-        let (batch, rows, k) = shape;
-        check_shape(rows, k, batch)?;
-        check_global_scale(global_scale)?;
-        check_lens(("values", values.len()), scales.len(), shape)?;
-        Ok(Nvfp4Tensor { values, scales, batch, rows, k, global_scale, layout: WeightLayout::Standard })
+        Self::with_layout(values, scales, shape, global_scale, WeightLayout::Standard)
     }
 
     /// A weight tensor whose values are already in the prepacked layout ([`crate::layout`]:
@@ -75,12 +71,22 @@ impl<V, S> Nvfp4Tensor<V, S> {
     where
         V: DeviceSlice<TV>, S: DeviceSlice<TS>,
     {
+        Self::with_layout(values, scales, shape, global_scale, WeightLayout::Prepacked)
+    }
+
+    fn with_layout<TV, TS>(values: V, scales: S, shape: (usize, usize, usize), global_scale: f32, layout: WeightLayout) -> Result<Self>
+    where
+        V: DeviceSlice<TV>, S: DeviceSlice<TS>,
+    {
         let (batch, rows, k) = shape;
         check_shape(rows, k, batch)?;
         check_global_scale(global_scale)?;
-        check_len("values", values.len(), prepacked_bytes(rows, k, batch), "batch * ceil(K/256) * rows * 128 prepacked bytes")?;
-        check_lens(("values", batch * rows * k / 2), scales.len(), shape)?;
-        Ok(Nvfp4Tensor { values, scales, batch, rows, k, global_scale, layout: WeightLayout::Prepacked })
+        if layout == WeightLayout::Prepacked {
+            check_len("values", values.len(), prepacked_bytes(rows, k, batch), "batch * ceil(K/256) * rows * 128 prepacked bytes")?;
+        }
+        let standard_len = if layout == WeightLayout::Standard { values.len() } else { batch * rows * k / 2 };
+        check_lens(("values", standard_len), scales.len(), shape)?;
+        Ok(Nvfp4Tensor { values, scales, batch, rows, k, global_scale, layout })
     }
 
     /// The values' layout.
