@@ -21,6 +21,8 @@ pub struct W4a16Result {
     pub split: u32,
     pub b2b_us: f64,
     pub graph_us: f64,
+    /// The same with the weights prepacked.
+    pub prepacked_graph_us: f64,
     pub host_us: f64,
     pub floor_us: f64,
     pub exact: bool,
@@ -44,7 +46,7 @@ pub fn bench_shape<TA: Activation16>(cli: &Cli, gemm: &BlockScaledGemm, stream: 
     }
     let mut d: CudaSlice<TA> = stream.alloc_zeros(m * n)?;
     gemm.reserve_workspace(gemm.w4a16_workspace_size::<TA>(&p, TA::OUT, Some(config))?)?;
-    let launch = |i: usize, d: &mut CudaSlice<TA>| gemm.gemm_w4a16(&p, &sets[i % n_sets].0, &sets[i % n_sets].1, d, Some(config)).map(|_| ());
+    let launch = |sets: &[(CudaSlice<TA>, Nvfp4Tensor)], i: usize, d: &mut CudaSlice<TA>| gemm.gemm_w4a16(&p, &sets[i % n_sets].0, &sets[i % n_sets].1, d, Some(config)).map(|_| ());
     // Sampled rows, judged against the exact reference of those rows.
     let rows: Vec<usize> = (0..m.min(16)).map(|i| i * (m - 1) / (m.min(16) - 1).max(1)).collect();
     let x_rows: Vec<TA> = rows.iter().flat_map(|&r| x[r * k..(r + 1) * k].iter().copied()).collect();
@@ -59,18 +61,27 @@ pub fn bench_shape<TA: Activation16>(cli: &Cli, gemm: &BlockScaledGemm, stream: 
         Ok(v.passed())
     };
     for i in 0..10 {
-        launch(i, &mut d)?;
+        launch(&sets, i, &mut d)?;
     }
     let as_bytes = |d: &mut CudaSlice<TA>| -> Result<(), cudarc::driver::DriverError> {
         // SAFETY: 0xFF bytes are a NaN of either type; the view covers the buffer.
         poison(stream, &mut unsafe { d.transmute_mut::<u8>(2 * m * n) }.expect("2 bytes each"))
     };
     as_bytes(&mut d)?;
-    let (b2b_us, host_us) = time_back_to_back(cli, stream, |i| launch(i, &mut d))?;
+    let (b2b_us, host_us) = time_back_to_back(cli, stream, |i| launch(&sets, i, &mut d))?;
     let mut exact = check(&d)?;
     as_bytes(&mut d)?;
-    let graph_us = time_graph(cli, stream, |i| launch(i, &mut d))?;
+    let graph_us = time_graph(cli, stream, |i| launch(&sets, i, &mut d))?;
+    exact &= check(&d)?;
+    // The same graph with the weights prepacked, checked too.
+    drop(sets);
+    let mut packed = Vec::with_capacity(n_sets);
+    for _ in 0..n_sets {
+        packed.push((stream.clone_htod(&x)?, Nvfp4Tensor::upload(&w, stream)?.prepack(stream)?));
+    }
+    as_bytes(&mut d)?;
+    let prepacked_graph_us = time_graph(cli, stream, |i| launch(&packed, i, &mut d))?;
     exact &= check(&d)?;
     let floor_us = (((set_bytes + 2 * m * n) as f64) / (copy_gbps * 1e9)).max(p.flops() / 800e12) * 1e6;
-    Ok(W4a16Result { config, split, b2b_us, graph_us, host_us, floor_us, exact })
+    Ok(W4a16Result { config, split, b2b_us, graph_us, prepacked_graph_us, host_us, floor_us, exact })
 }
