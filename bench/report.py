@@ -5,7 +5,8 @@
 
 Each line: one JSON object with op ("gemm"), gpu, commit, m, n, k, l, out, config,
 ours_launch_us, ours_b2b_us, ours_graph_us, host_enqueue_us, cublas_bf16_graph_us,
-cublas_fp8_graph_us, floor_us, exact, verdict. Rows with op "gemm" (or none) are used, in file order;
+cublas_fp8_graph_us, floor_us, exact, verdict; ours_prepacked_graph_us (the weights prepacked,
+every table: its column, and a sentence comparing it with ours_graph_us where the file has it). Rows with op "gemm" (or none) are used, in file order;
 extra fields and nulls are fine.
 - --png: time / floor_us per shape (log scale), one subplot per output type, one marker series
   per contender (ours graph, back to back, per launch; cuBLAS bf16 and FP8 graph), the floor at 1.
@@ -161,24 +162,27 @@ def ratio_and_exact(r):
 
 
 def table(rows, source):
-    head = ["M x N x K", "out", "config", "ours graph us", "ours b2b us", "ours per launch us",
+    head = ["M x N x K", "out", "config", "ours graph us", "prepacked graph us", "ours b2b us", "ours per launch us",
             "host enqueue us", "cuBLAS bf16 graph us", "cuBLAS FP8 graph us", "floor us",
             "ours/floor", "exact"]
-    fields = ("ours_graph_us", "ours_b2b_us", "ours_launch_us", "host_enqueue_us",
+    fields = ("ours_graph_us", "ours_prepacked_graph_us", "ours_b2b_us", "ours_launch_us", "host_enqueue_us",
               "cublas_bf16_graph_us", "cublas_fp8_graph_us", "floor_us")
     lines = markdown(head, rows, lambda r: [shape(r), str(r.get("out") or "-"), f"`{r['config']}`" if r.get("config") else "-"]
                      + [fmt(r.get(f)) for f in fields] + ratio_and_exact(r))
     for f, name in CUBLAS:
         lines += ["", comparison(rows, f, name)]
+    if any(r.get("ours_prepacked_graph_us") is not None for r in rows):
+        lines += ["", comparison(rows, "ours_graph_us", "the standard layout", shape, "shapes", "ours_prepacked_graph_us",
+                                 "Prepacked weights (`Nvfp4Tensor::prepack`) faster")]
     lines += ["", f"Source: {source} ({joined(rows, 'gpu')}, commit {joined(rows, 'commit')})", ""]
     return "\n".join(lines)
 
 
 def grouped_table(rows, source):
-    head = ["case", "experts (with rows)", "rows", "N x K", "config", "ours graph us",
+    head = ["case", "experts (with rows)", "rows", "N x K", "config", "ours graph us", "prepacked graph us",
             "host enqueue us", "list form graph us", "W4A16 (bf16 in) graph us", "loop of gemm graph us", "bf16 grouped graph us",
             "floor us", "ours/floor", "exact"]
-    fields = ("ours_graph_us", "host_enqueue_us", "list_graph_us", "w4a16_graph_us", "loop_graph_us", "bf16_grouped_graph_us", "floor_us")
+    fields = ("ours_graph_us", "ours_prepacked_graph_us", "host_enqueue_us", "list_graph_us", "w4a16_graph_us", "loop_graph_us", "bf16_grouped_graph_us", "floor_us")
     lines = markdown(head, rows, lambda r: [str(r.get("case")), f"{r.get('groups')} ({r.get('experts_hit')})", str(r.get("sum_m")),
                                             f"{r.get('n')} x {r.get('k')}", f"`{r['config']}`" if r.get("config") else "-"]
                      + [fmt(r.get(f)) for f in fields] + ratio_and_exact(r))
@@ -187,6 +191,9 @@ def grouped_table(rows, source):
     if any(r.get("w4a16_graph_us") is not None for r in rows):
         lines += ["", comparison(rows, "bf16_grouped_graph_us", "bf16 grouped GEMM", lambda r: str(r.get("case")), "cases",
                                  "w4a16_graph_us", "W4A16 grouped (`moe_gemm_w4a16`, bf16 activations) faster")]
+    if any(r.get("ours_prepacked_graph_us") is not None for r in rows):
+        lines += ["", comparison(rows, "ours_graph_us", "the standard layout", lambda r: str(r.get("case")), "cases", "ours_prepacked_graph_us",
+                                 "Prepacked weights (`Nvfp4Tensor::prepack`) faster")]
     lines += ["", f"Source: {source} ({joined(rows, 'gpu')}, commit {joined(rows, 'commit')})", ""]
     return "\n".join(lines)
 
@@ -195,13 +202,16 @@ def w4a16_table(rows, gemm_rows, source):
     nvfp4 = {shape(r): num(r.get("ours_graph_us")) for r in gemm_rows}
     for r in rows:
         r["nvfp4_graph_us"] = nvfp4.get(shape(r))
-    head = ["M x N x K", "activations", "config", "ours graph us", "host enqueue us", "NVFP4 x NVFP4 graph us",
+    head = ["M x N x K", "activations", "config", "ours graph us", "prepacked graph us", "host enqueue us", "NVFP4 x NVFP4 graph us",
             "cuBLAS bf16 graph us", "int4 tinygemm graph us", "floor us", "ours/floor", "exact"]
-    fields = ("ours_graph_us", "host_enqueue_us", "nvfp4_graph_us", "cublas_bf16_graph_us", "int4_tinygemm_graph_us", "floor_us")
+    fields = ("ours_graph_us", "ours_prepacked_graph_us", "host_enqueue_us", "nvfp4_graph_us", "cublas_bf16_graph_us", "int4_tinygemm_graph_us", "floor_us")
     lines = markdown(head, rows, lambda r: [shape(r), str(r.get("input") or "-"), f"`{r['config']}`" if r.get("config") else "-"]
                      + [fmt(r.get(f)) for f in fields] + ratio_and_exact(r))
     for field, name in [("cublas_bf16_graph_us", "cuBLAS bf16"), ("int4_tinygemm_graph_us", "torch._weight_int4pack_mm"), ("nvfp4_graph_us", "the NVFP4 x NVFP4 GEMM")]:
         lines += ["", comparison(rows, field, name)]
+    if any(r.get("ours_prepacked_graph_us") is not None for r in rows):
+        lines += ["", comparison(rows, "ours_graph_us", "the standard layout", shape, "shapes", "ours_prepacked_graph_us",
+                                 "Prepacked weights (`Nvfp4Tensor::prepack`) faster")]
     lines += ["", f"Source: {source} ({joined(rows, 'gpu')}, commit {joined(rows, 'commit')})", ""]
     return "\n".join(lines)
 
