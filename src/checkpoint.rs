@@ -934,7 +934,7 @@ mod tests {
     #[test]
     fn awq_pre_quant_scales_are_refused() {
         let (_, mut t) = layer_tensors("l", Convention::ModelOpt, 32, 64, 9, Some(0.01));
-        t.push(("l.pre_quant_scale".to_string(), Dtype::BF16, vec![64], vec![0x80u8, 0x3f].repeat(64)));
+        t.push(("l.pre_quant_scale".to_string(), Dtype::BF16, vec![64], [0x80u8, 0x3f].repeat(64)));
         let (_, other) = layer_tensors("o", Convention::ModelOpt, 32, 64, 10, None);
         t.extend(other);
         let ck = Checkpoint::open(write("awq", &refs(&t))).unwrap();

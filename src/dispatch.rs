@@ -166,7 +166,9 @@ pub const SM90_MAX_SPLIT_TILES: usize = crate::sys::SM90_MAX_SPLIT_TILES;
 
 /// The K ranges a forced split-K factor gives `config` on `p`: SM100 configs ignore it (1:
 /// CUTLASS schedules them); SM90 configs take at most one range per 64-K tile, at most 65535,
-/// and split only outputs of at most [`SM90_MAX_SPLIT_TILES`] tiles.
+/// and split only outputs of at most [`SM90_MAX_SPLIT_TILES`] tiles. With prepacked weights
+/// ([`crate::WeightLayout::Prepacked`]) the call also allows at most one range per 256 values of
+/// K (`layout::prepack_chunks`), which this layout-free check does not know.
 pub fn check_split_k(config: Config, p: &Problem, split_k: u32) -> Result<u32> {
     let i = config.info();
     if i.arch != 90 {

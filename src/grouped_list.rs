@@ -92,8 +92,10 @@ impl ListProblem {
 
 /// A list-form call's device arrays (G entries each; `problems` 3G: M, N, K per group). The
 /// address arrays hold device addresses (`u64`) of the groups' operands in `gemm`'s layouts at
-/// L = 1: A (M, K/2) and B (N, K/2) packed, their scales tiled over (M, K/16) and (N, K/16), C
-/// and D (M, N) row-major (FP4 output: C f32, D (M, N/2) packed, SFD tiled over (M, N/16)).
+/// L = 1: A (M, K/2) and B (N, K/2) packed (B in [`ListProblem::weight_layout`]: prepacked, it
+/// holds ceil(K/256) * N * 128 bytes, [`crate::layout::prepacked_bytes`]), their scales tiled over
+/// (M, K/16) and (N, K/16), C and D (M, N) row-major (FP4 output: C f32, D (M, N/2) packed, SFD
+/// tiled over (M, N/16)).
 #[derive(Clone, Copy, Debug)]
 pub struct ListArrays<'a> {
     /// i32 \[G\]\[3\]: M, N, K.
@@ -240,7 +242,9 @@ impl BlockScaledGemm {
     /// # Safety
     /// For every group the device accepts, each address in the arrays must be a live device
     /// allocation on this GEMM's device holding the group's operand in the layout of
-    /// [`ListArrays`], and D (and SFD) must not overlap another group's outputs or any input.
+    /// [`ListArrays`] (B in `p.weight_layout`: the prepacked layout is longer than N * K/2 where
+    /// K is not a multiple of 256), and D (and SFD) must not overlap another group's outputs or
+    /// any input.
     pub unsafe fn grouped_list_raw(&self, p: &ListProblem, out: OutType, arrays: &ListArrays<'_>, config: Option<Config>) -> Result<Config> {
         p.validate(out, arrays.c.is_some())?;
         let config = self.list_config(p, out, config)?;

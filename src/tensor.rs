@@ -6,7 +6,7 @@ use std::marker::PhantomData;
 use std::sync::Arc;
 
 use cudarc::driver::sys::CUdeviceptr;
-use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut, DeviceSlice, SyncOnDrop};
+use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut, DeviceRepr, DeviceSlice, SyncOnDrop};
 
 use crate::error::{Error, Result};
 use crate::formats::{PackedFp4, ScaleByte};
@@ -115,12 +115,13 @@ impl<V, S> Nvfp4Tensor<V, S> {
         }
     }
 
-    /// The values re-laid on the GPU into the prepacked layout ([`crate::layout`]), a new buffer
-    /// in `stream`'s order; the scales move along as they are. Prepacked weights stream in whole
-    /// blocks through the Hopper kernels and give the same bits as the standard layout (where
-    /// the FP32 sums of a split GEMM are exact; K ranges start at whole 256-value chunks there).
-    /// A one-time transform at load time: it allocates, so it is refused during CUDA graph
-    /// capture. K must be a multiple of 32.
+    /// A copy of the tensor with its values re-laid on the GPU into the prepacked layout
+    /// ([`crate::layout`]) and its scales copied as they are, new buffers in `stream`'s order;
+    /// `self` is left as it was (drop it once the copy is made: the peak is both). Prepacked
+    /// weights stream in whole blocks through the Hopper kernels and give the standard layout's
+    /// bits wherever the FP32 sums are exact (a split GEMM's K ranges then start at whole TMA
+    /// boxes of B, 128 or 256 values). A one-time transform at load time: it allocates, so it is
+    /// refused during CUDA graph capture. K must be a multiple of 32.
     ///
     /// ```no_run
     /// use blockscaled_gemm::{Nvfp4Matrix, Nvfp4Tensor, WeightLayout};
@@ -129,30 +130,30 @@ impl<V, S> Nvfp4Tensor<V, S> {
     /// let stream = CudaContext::new(0)?.new_stream()?;
     /// let w = Nvfp4Tensor::upload(&Nvfp4Matrix::random_contest(4096, 7168, 1, 7)?, &stream)?;
     /// let packed = w.prepack(&stream)?;
+    /// drop(w);
     /// assert_eq!(packed.layout(), WeightLayout::Prepacked);
     /// // Every GEMM entry takes it as B; unpack() gives the standard layout back.
     /// let back = packed.unpack(&stream)?;
     /// # let _ = back; Ok(()) }
     /// ```
-    pub fn prepack<TV: PackedFp4>(self, stream: &Arc<CudaStream>) -> Result<Nvfp4Tensor<CudaSlice<u8>, S>>
+    pub fn prepack<TV: PackedFp4 + DeviceRepr, TS: ScaleByte + DeviceRepr>(&self, stream: &Arc<CudaStream>) -> Result<Nvfp4Tensor<CudaSlice<TV>, CudaSlice<TS>>>
     where
-        V: DevicePtr<TV>,
+        V: DevicePtr<TV>, S: DevicePtr<TS>,
     {
         self.relayout(WeightLayout::Prepacked, stream)
     }
 
-    /// The values back in the standard layout, a new buffer in `stream`'s order (the inverse of
-    /// [`Self::prepack`]).
-    pub fn unpack<TV: PackedFp4>(self, stream: &Arc<CudaStream>) -> Result<Nvfp4Tensor<CudaSlice<u8>, S>>
+    /// A copy in the standard layout (the inverse of [`Self::prepack`]), as that one is made.
+    pub fn unpack<TV: PackedFp4 + DeviceRepr, TS: ScaleByte + DeviceRepr>(&self, stream: &Arc<CudaStream>) -> Result<Nvfp4Tensor<CudaSlice<TV>, CudaSlice<TS>>>
     where
-        V: DevicePtr<TV>,
+        V: DevicePtr<TV>, S: DevicePtr<TS>,
     {
         self.relayout(WeightLayout::Standard, stream)
     }
 
-    fn relayout<TV: PackedFp4>(self, to: WeightLayout, stream: &Arc<CudaStream>) -> Result<Nvfp4Tensor<CudaSlice<u8>, S>>
+    fn relayout<TV: PackedFp4 + DeviceRepr, TS: ScaleByte + DeviceRepr>(&self, to: WeightLayout, stream: &Arc<CudaStream>) -> Result<Nvfp4Tensor<CudaSlice<TV>, CudaSlice<TS>>>
     where
-        V: DevicePtr<TV>,
+        V: DevicePtr<TV>, S: DevicePtr<TS>,
     {
         let (batch, rows, k) = self.shape();
         if self.layout == to {
@@ -170,27 +171,27 @@ impl<V, S> Nvfp4Tensor<V, S> {
             WeightLayout::Prepacked => prepacked_bytes(rows, k, batch),
             WeightLayout::Standard => batch * rows * k / 2,
         };
-        crate::gemm::check_devices(stream.context().ordinal(), [("values", self.values.stream())])?;
+        crate::gemm::check_devices(stream.context().ordinal(), [("values", self.values.stream()), ("scales", self.scales.stream())])?;
         if crate::gemm::capture_check(stream)? {
             return Err(Error::NotCapturable { call: "Nvfp4Tensor::prepack", why: "it allocates the new values", fix: "prepack when loading the weights, before capturing" });
         }
         // SAFETY: the kernel below writes every byte (the prepacked padding as zeros) before any read.
-        let mut out = unsafe { stream.alloc::<u8>(out_len) }?;
+        let mut out = unsafe { stream.alloc::<TV>(out_len) }?;
         {
             let (src, _gs) = self.values.device_ptr(stream);
             let (dst, _gd) = out.device_ptr_mut(stream);
             crate::problem::check_align("values", src)?;
             // SAFETY: src holds the shape's bytes in the current layout (checked when the tensor
-            // was made) and dst those of the other, 16-byte aligned (cudarc allocations are 256),
-            // on this stream's device; K is a multiple of 32; the guards live until the launch is
-            // queued.
+            // was made) and dst those of the other (one byte an element), 16-byte aligned (cudarc
+            // allocations are 256), on this stream's device; K is a multiple of 32; the guards
+            // live until the launch is queued.
             let st = unsafe { sys::prepack_values(src, dst, rows as i32, k as i32, batch as i32, to == WeightLayout::Standard, stream.cu_stream() as u64) };
             if st.cuda_error != 0 {
                 return Err(Error::CudaRuntime { code: st.cuda_error, name: sys::cuda_error_name(st.cuda_error) });
             }
         }
-        let Nvfp4Tensor { scales, global_scale, .. } = self;
-        Ok(Nvfp4Tensor { values: out, scales, batch, rows, k, global_scale, layout: to })
+        let scales = stream.clone_dtod(&self.scales)?;
+        Ok(Nvfp4Tensor { values: out, scales, batch, rows, k, global_scale: self.global_scale, layout: to })
     }
 
     /// (batch, rows, K): rows are M of an A operand, N of a B operand.
@@ -201,7 +202,8 @@ impl<V, S> Nvfp4Tensor<V, S> {
     pub fn global_scale(&self) -> f32 {
         self.global_scale
     }
-    /// The packed values.
+    /// The packed values, in [`Self::layout`] (prepacked values passed to [`Self::new`] would be
+    /// read as the standard layout: use [`Self::new_prepacked`]).
     pub fn values(&self) -> &V {
         &self.values
     }
@@ -209,7 +211,7 @@ impl<V, S> Nvfp4Tensor<V, S> {
     pub fn scales(&self) -> &S {
         &self.scales
     }
-    /// The buffers back, values then scales.
+    /// The buffers back, values (in [`Self::layout`]) then scales.
     pub fn into_parts(self) -> (V, S) {
         (self.values, self.scales)
     }

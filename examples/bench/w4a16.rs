@@ -21,8 +21,8 @@ pub struct W4a16Result {
     pub split: u32,
     pub b2b_us: f64,
     pub graph_us: f64,
-    /// The same with the weights prepacked.
-    pub prepacked_graph_us: f64,
+    /// The same with the weights prepacked (`None` for a forced split past its ranges).
+    pub prepacked_graph_us: Option<f64>,
     pub host_us: f64,
     pub floor_us: f64,
     pub exact: bool,
@@ -73,15 +73,19 @@ pub fn bench_shape<TA: Activation16>(cli: &Cli, gemm: &BlockScaledGemm, stream: 
     as_bytes(&mut d)?;
     let graph_us = time_graph(cli, stream, |i| launch(&sets, i, &mut d))?;
     exact &= check(&d)?;
-    // The same graph with the weights prepacked, checked too.
-    drop(sets);
-    let mut packed = Vec::with_capacity(n_sets);
-    for _ in 0..n_sets {
-        packed.push((stream.clone_htod(&x)?, Nvfp4Tensor::upload(&w, stream)?.prepack(stream)?));
+    // The same graph with the weights prepacked (a forced split within the prepacked layout's
+    // one range per 256 values of K), checked too.
+    let mut prepacked_graph_us = None;
+    if cli.split_k.is_none_or(|s| s as usize <= blockscaled_gemm::layout::prepack_chunks(k)) {
+        drop(sets);
+        let mut packed = Vec::with_capacity(n_sets);
+        for _ in 0..n_sets {
+            packed.push((stream.clone_htod(&x)?, Nvfp4Tensor::upload(&w, stream)?.prepack(stream)?));
+        }
+        as_bytes(&mut d)?;
+        prepacked_graph_us = Some(time_graph(cli, stream, |i| launch(&packed, i, &mut d))?);
+        exact &= check(&d)?;
     }
-    as_bytes(&mut d)?;
-    let prepacked_graph_us = time_graph(cli, stream, |i| launch(&packed, i, &mut d))?;
-    exact &= check(&d)?;
     let floor_us = (((set_bytes + 2 * m * n) as f64) / (copy_gbps * 1e9)).max(p.flops() / 800e12) * 1e6;
     Ok(W4a16Result { config, split, b2b_us, graph_us, prepacked_graph_us, host_us, floor_us, exact })
 }

@@ -72,8 +72,8 @@ struct KernelArgs {
   uint64_t sfd;
   uint64_t sfd_bytes;
   // B's values: a WeightLayout value. Prepacked (SM90 only): the K ranges of a split start at
-  // multiples of the tile's TMA box (kBoxBytesK) so that no box straddles a chunk, so at most
-  // ceil(K / 256) ranges.
+  // multiples of the tile's TMA box of B (64 or 128 bytes of K) so that no box straddles a chunk,
+  // so at most one range per box (Rust allows one per chunk, ceil(K / 256)).
   int32_t b_layout;
 };
 
