@@ -265,9 +265,9 @@ const STREAM_MAX_SPLIT: usize = 32;
 /// §12: ranges of 14 to 28 k-tiles gain, 64 and 128 lose).
 const STREAM_SHORT_K: usize = 32;
 
-/// A narrower stream tile of 8 or 16 rows with fewer CTAs than the widest still wins where its K
-/// ranges are at most this many k-tiles (bench/DESIGN.md §12: ranges of 22 to 80 k-tiles gain,
-/// 432 lose).
+/// A narrower stream tile of 8 or 16 rows with fewer CTAs than the widest still wins where it
+/// splits K into ranges of at most this many k-tiles (bench/DESIGN.md §12: ranges of 22 to 56
+/// k-tiles gain; whole ranges of 432 lose).
 const STREAM_FEWER_CTAS_K: usize = 128;
 
 /// Modelled time (microseconds, H100 SXM) of the swapped 128x256 or 128x128 tile on `p` at
@@ -354,9 +354,10 @@ pub fn select(arch: u32, p: &Problem, sm_count: usize, max_clusters: &ClusterCou
             // Per width (64 or 128 weight rows), the schedule the K range asks for, else the one
             // built; then the narrowest whose CTAs (tiles x split) fit one wave and are at least
             // the widest's (at the same CTAs it runs half the split: a cluster sum where the wider
-            // one sums through global memory, or none), or (8 and 16 rows) fewer CTAs with K
-            // ranges of at most STREAM_FEWER_CTAS_K k-tiles (short streams, where the split-K sum
-            // and fixed costs outweigh the SMs left idle); at 32 rows only where its K ranges are short (each CTA
+            // one sums through global memory, or none), or (8 and 16 rows) fewer CTAs still
+            // splitting K into ranges of at most STREAM_FEWER_CTAS_K k-tiles (short streams, where
+            // the wider tile's larger split-K sum and fixed costs outweigh the SMs left idle; at
+            // split 1 W4A16's bf16 range test reads each CTA's whole K); at 32 rows only where its K ranges are short (each CTA
             // decodes its activations over its whole range). Else the widest.
             let width = |c: &Config| c.info().tile[1];
             let mut widths: Vec<u32> = fewest.iter().map(width).collect();
@@ -370,10 +371,11 @@ pub fn select(arch: u32, p: &Problem, sm_count: usize, max_clusters: &ClusterCou
                 })
                 .collect();
             let ctas = |c: &Config| c.tiles(p) * split_k(*c, p, sm_count, max_clusters) as usize;
-            let range = |c: &Config| p.k.div_ceil(64).div_ceil(split_k(*c, p, sm_count, max_clusters) as usize);
+            let split = |c: &Config| split_k(*c, p, sm_count, max_clusters) as usize;
             let widest = per_width.last().copied()?;
             let short_enough = |c: &Config| tile_rows(*c) < 32 || short(*c);
-            let enough_ctas = |c: &Config| ctas(c) >= ctas(&widest) || (tile_rows(*c) < 32 && range(c) <= STREAM_FEWER_CTAS_K);
+            let short_split = |c: &Config| split(c) >= 2 && p.k.div_ceil(64).div_ceil(split(c)) <= STREAM_FEWER_CTAS_K;
+            let enough_ctas = |c: &Config| ctas(c) >= ctas(&widest) || (tile_rows(*c) < 32 && short_split(c));
             return per_width.iter().copied().find(|c| ctas(c) <= sm_count && enough_ctas(c) && short_enough(c)).or(Some(widest));
         }
         // Split-K fills the GPU for small outputs, so the choice is about tile efficiency
@@ -619,14 +621,13 @@ mod tests {
         // x 4, 256 tiles at 64 wide would take two waves.
         assert_eq!(select(90, &Problem::new(1, 4096, 7168).batch(2), 132, &ANY_CLUSTERS, all), Some(n8));
         assert_eq!(select(90, &Problem::new(1, 4096, 7168).batch(4), 132, &ANY_CLUSTERS, all), Some(s8));
-        // Fewer CTAs at 64 wide with K ranges of at most 128 k-tiles: 1x5120x5120 (80 tiles x 1
-        // against 40 x 3, 80 k-tiles), 1x3072x4096 (48 x 2 against 24 x 5), 16x1536x7168 (24 x 5
-        // against 12 x 11); else the 128-wide: long ranges (1x5120x27648: 80 x 1, 432 k-tiles,
-        // against 40 x 3) or two waves (4x14336x4096: 224 tiles against 112).
-        for (m, n, k, c) in [(1, 5120, 5120, n8), (1, 3072, 4096, n8), (16, 1536, 7168, n16), (1, 5120, 27648, s8), (4, 14336, 4096, s8)] {
+        // Fewer CTAs at 64 wide still split into K ranges of at most 128 k-tiles: 1x3072x4096 (48
+        // tiles x 2 against 24 x 5), 16x1536x7168 (24 x 5 against 12 x 11); else the 128-wide:
+        // split 1 (1x5120x5120: 80 x 1 against 40 x 3; 1x5120x27648: 80 x 1, 432 k-tiles) or two
+        // waves (4x14336x4096: 224 tiles against 112).
+        for (m, n, k, c) in [(1, 3072, 4096, n8), (1, 3072, 7168, n8), (16, 1536, 7168, n16), (1, 5120, 5120, short8), (16, 5120, 5120, short16), (1, 5120, 27648, s8), (4, 14336, 4096, s8)] {
             assert_eq!(select(90, &Problem::new(m, n, k), 132, &ANY_CLUSTERS, all), Some(c), "{m}x{n}x{k}");
         }
-        assert_eq!(select(90, &Problem::new(1, 5120, 5120), 132, &ANY_CLUSTERS, wide), Some(short8));
         // At 32 rows only with short K ranges: 32x7168x2048 (112 tiles x 1, 32 k-tiles) and
         // 32x2048x7168 (32 x 4, 28) take 32x64; 32x4096x7168 (64 x 2, 56 k-tiles) and
         // 32x7168x16384 (112 x 1, 256) keep 32x128.
