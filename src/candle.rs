@@ -56,7 +56,8 @@ pub struct Nvfp4Linear {
 
 impl Nvfp4Linear {
     /// A layer over a weight already on `device` (batch 1: `(1, N, K)`; its buffers on the
-    /// device's stream). `input_scale`: the activations' global scale, finite and positive.
+    /// device's stream; standard or, on Hopper, prepacked: `Nvfp4Tensor::prepack`).
+    /// `input_scale`: the activations' global scale, finite and positive.
     pub fn new(weight: Nvfp4Tensor, input_scale: f32, device: &CudaDevice) -> Result<Self> {
         check_global_scale(input_scale)?;
         let (batch, n, k) = weight.shape();
