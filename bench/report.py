@@ -161,6 +161,16 @@ def ratio_and_exact(r):
     return [f"{g / fl:.2f}" if g and fl else "-", judged or ("yes" if ex is True else "no" if ex is False else "-")]
 
 
+def ending(lines, rows, source, label_of=shape, units="shapes"):
+    """A table's last lines: prepacked weights against the standard layout (where the file has
+    them), then the source line."""
+    if any(r.get("ours_prepacked_graph_us") is not None for r in rows):
+        lines += ["", comparison(rows, "ours_graph_us", "the standard layout", label_of, units, "ours_prepacked_graph_us",
+                                 "Prepacked weights (`Nvfp4Tensor::prepack`) faster")]
+    lines += ["", f"Source: {source} ({joined(rows, 'gpu')}, commit {joined(rows, 'commit')})", ""]
+    return "\n".join(lines)
+
+
 def table(rows, source):
     head = ["M x N x K", "out", "config", "ours graph us", "prepacked graph us", "ours b2b us", "ours per launch us",
             "host enqueue us", "cuBLAS bf16 graph us", "cuBLAS FP8 graph us", "floor us",
@@ -171,11 +181,7 @@ def table(rows, source):
                      + [fmt(r.get(f)) for f in fields] + ratio_and_exact(r))
     for f, name in CUBLAS:
         lines += ["", comparison(rows, f, name)]
-    if any(r.get("ours_prepacked_graph_us") is not None for r in rows):
-        lines += ["", comparison(rows, "ours_graph_us", "the standard layout", shape, "shapes", "ours_prepacked_graph_us",
-                                 "Prepacked weights (`Nvfp4Tensor::prepack`) faster")]
-    lines += ["", f"Source: {source} ({joined(rows, 'gpu')}, commit {joined(rows, 'commit')})", ""]
-    return "\n".join(lines)
+    return ending(lines, rows, source)
 
 
 def grouped_table(rows, source):
@@ -191,11 +197,7 @@ def grouped_table(rows, source):
     if any(r.get("w4a16_graph_us") is not None for r in rows):
         lines += ["", comparison(rows, "bf16_grouped_graph_us", "bf16 grouped GEMM", lambda r: str(r.get("case")), "cases",
                                  "w4a16_graph_us", "W4A16 grouped (`moe_gemm_w4a16`, bf16 activations) faster")]
-    if any(r.get("ours_prepacked_graph_us") is not None for r in rows):
-        lines += ["", comparison(rows, "ours_graph_us", "the standard layout", lambda r: str(r.get("case")), "cases", "ours_prepacked_graph_us",
-                                 "Prepacked weights (`Nvfp4Tensor::prepack`) faster")]
-    lines += ["", f"Source: {source} ({joined(rows, 'gpu')}, commit {joined(rows, 'commit')})", ""]
-    return "\n".join(lines)
+    return ending(lines, rows, source, lambda r: str(r.get("case")), "cases")
 
 
 def w4a16_table(rows, gemm_rows, source):
@@ -209,11 +211,7 @@ def w4a16_table(rows, gemm_rows, source):
                      + [fmt(r.get(f)) for f in fields] + ratio_and_exact(r))
     for field, name in [("cublas_bf16_graph_us", "cuBLAS bf16"), ("int4_tinygemm_graph_us", "torch._weight_int4pack_mm"), ("nvfp4_graph_us", "the NVFP4 x NVFP4 GEMM")]:
         lines += ["", comparison(rows, field, name)]
-    if any(r.get("ours_prepacked_graph_us") is not None for r in rows):
-        lines += ["", comparison(rows, "ours_graph_us", "the standard layout", shape, "shapes", "ours_prepacked_graph_us",
-                                 "Prepacked weights (`Nvfp4Tensor::prepack`) faster")]
-    lines += ["", f"Source: {source} ({joined(rows, 'gpu')}, commit {joined(rows, 'commit')})", ""]
-    return "\n".join(lines)
+    return ending(lines, rows, source)
 
 
 def main():
