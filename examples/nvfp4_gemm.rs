@@ -19,6 +19,9 @@
 //! Sizes and scalars are validated by the library's rules before any data is made, on both
 //! devices, so `--device cpu` refuses what the GPU path refuses.
 //!
+//! `--prepack` runs B prepacked (`Nvfp4Tensor::prepack`: the Hopper kernels' streaming layout,
+//! the same result; on SM100 the GEMM refuses it).
+//!
 //! Exit codes: 0 passed, 1 verification failed or the GPU run failed, 2 bad input, 3 no GPU
 //! this build can run on.
 //!
@@ -122,6 +125,10 @@ struct Cli {
     /// Write d (and the generated inputs) to this safetensors file.
     #[arg(long)]
     save: Option<PathBuf>,
+    /// Prepack B's values on the GPU before the timed runs (`Nvfp4Tensor::prepack`, the Hopper
+    /// kernels' streaming layout; GPU only).
+    #[arg(long)]
+    prepack: bool,
     /// Print one JSON line with the result instead of the report.
     #[arg(long)]
     json: bool,
@@ -186,6 +193,12 @@ fn bad(msg: impl Into<String>) -> Exit {
     Exit(2, msg.into())
 }
 
+/// B on the device, prepacked with `--prepack`.
+fn weights(cli: &Cli, b: &Nvfp4Matrix, stream: &std::sync::Arc<cudarc::driver::CudaStream>) -> Result<Nvfp4Tensor, Error> {
+    let t = Nvfp4Tensor::upload(b, stream)?;
+    if cli.prepack { t.prepack(stream) } else { Ok(t) }
+}
+
 fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
         Ok(c) => c,
@@ -244,6 +257,9 @@ fn prepare<T: OutputElement + safetensors_dtype::HasDtype>(cli: &Cli) -> Result<
     let problem = |m: usize, n: usize, k: usize, l: usize| Problem::new(m, n, k).batch(l).scalars(cli.alpha, cli.beta).norm_constant(cli.norm_constant.unwrap_or(1.0));
     if cli.input.is_some() && cli.checkpoint.is_some() {
         return Err(bad("--input and --checkpoint: give one"));
+    }
+    if cli.prepack && cli.device == DeviceArg::Cpu {
+        return Err(bad("--prepack: the GPU's weight layout; --device cpu runs the reference on the standard one"));
     }
     if cli.input.is_none() && cli.checkpoint.is_none() {
         let p = problem(cli.m, cli.n, cli.k, cli.l);
@@ -336,7 +352,7 @@ fn run<T: OutputElement + DeviceRepr + safetensors_dtype::HasDtype>(cli: &Cli) -
     }
     let stream = gpu_stream()?;
     let gemm = BlockScaledGemm::new(stream.clone())?;
-    let (ta, tb) = (Nvfp4Tensor::upload(a, &stream)?, Nvfp4Tensor::upload(b, &stream)?);
+    let (ta, tb) = (Nvfp4Tensor::upload(a, &stream)?, weights(cli, b, &stream)?);
     let c_dev = inputs.c.as_ref().map(|c| stream.clone_htod(c)).transpose().map_err(Error::from)?;
     // Poisoned D: an element the kernel does not write fails verification.
     let mut d = stream.clone_htod(&vec![T::from_f64(f64::NAN); p.cd_elems()]).map_err(Error::from)?;
@@ -383,7 +399,7 @@ fn run_w4a16<T: OutputElement + DeviceRepr + safetensors_dtype::HasDtype>(cli: &
     }
     let stream = gpu_stream()?;
     let gemm = BlockScaledGemm::new(stream.clone())?;
-    let (xd, tb) = (stream.clone_htod(&x).map_err(Error::from)?, Nvfp4Tensor::upload(b, &stream)?);
+    let (xd, tb) = (stream.clone_htod(&x).map_err(Error::from)?, weights(cli, b, &stream)?);
     let c_dev = inputs.c.as_ref().map(|c| stream.clone_htod(c)).transpose().map_err(Error::from)?;
     let mut d = stream.clone_htod(&vec![T::from_f64(f64::NAN); p.cd_elems()]).map_err(Error::from)?;
     let mut launch = || -> Result<Config, Error> {
@@ -462,7 +478,7 @@ fn run_fp4(cli: &Cli) -> Result<bool, Exit> {
     let stream = gpu_stream()?;
     let gemm = BlockScaledGemm::new(stream.clone())?;
     let up = |v: &[u8]| stream.clone_htod(v).map_err(Error::from);
-    let (ta, tb) = (Nvfp4Tensor::upload(&inputs.a, &stream)?, Nvfp4Tensor::upload(&inputs.b, &stream)?);
+    let (ta, tb) = (Nvfp4Tensor::upload(&inputs.a, &stream)?, weights(cli, &inputs.b, &stream)?);
     let c_dev = inputs.c.as_ref().map(|c| stream.clone_htod(c)).transpose().map_err(Error::from)?;
     // Poisoned outputs: a code or scale factor the kernel does not write fails verification.
     let mut d = up(&vec![0xEE; p.cd_elems() / 2])?;

@@ -111,6 +111,7 @@ fn options_parse_and_bad_values_exit_2() {
         assert!(!e.contains("panicked"), "{args:?}: {e}");
     }
     assert!(String::from_utf8_lossy(&run(&["--k", "48", "--device", "cpu"]).stderr).contains("K = 48: must be a multiple of 32"));
+    refused(&["--prepack", "--device", "cpu"], "--prepack: the GPU's weight layout");
 }
 
 /// Without a usable GPU the default (GPU) run exits 3 with one line naming the hardware; with one,
@@ -123,6 +124,15 @@ fn gpu_run_or_exit_3_naming_the_hardware() {
         0 => {
             assert!(blockscaled_gemm::BlockScaledGemm::driver_present(), "exit 0 without a driver");
             assert!(String::from_utf8_lossy(&o.stdout).contains("Disposition: Passed"));
+            // Prepacked weights on the device that ran it: the same verdict (Hopper), or the
+            // typed refusal naming the layout (SM100), in each mode.
+            for args in [&["--prepack"][..], &["--prepack", "--mode", "w4a16"], &["--prepack", "--out", "nvfp4"]] {
+                let o = run(&[&["--m", "33", "--n", "256", "--k", "1088"][..], args].concat());
+                match code(&o) {
+                    0 => assert!(String::from_utf8_lossy(&o.stdout).contains("Disposition: Passed"), "{args:?}"),
+                    c => assert!(stderr_one_line(&o).contains("prepacked"), "{args:?}: exit {c}: {}", String::from_utf8_lossy(&o.stderr)),
+                }
+            }
         }
         c => panic!("exit {c}: {}", String::from_utf8_lossy(&o.stderr)),
     }
