@@ -1,6 +1,7 @@
 //! Kernel configurations (generated from `cpp/configs.def`) and how one is chosen for a problem.
 
 use crate::error::{Error, Result};
+use crate::layout::WeightLayout;
 use crate::problem::{OutType, Problem};
 
 include!(concat!(env!("OUT_DIR"), "/configs.rs"));
@@ -253,6 +254,21 @@ pub fn split_k(config: Config, p: &Problem, sm_count: usize, max_clusters: &Clus
         split -= 1;
     }
     split
+}
+
+/// With prepacked weights ([`WeightLayout::Prepacked`]) the 128-wide stream tiles run their
+/// short-K stages at any K range where the launch is one wave (tiles x split at most the SMs):
+/// their contiguous boxes then favour the finer stages, which the standard layout's row-strided
+/// ones do not (bench/DESIGN.md §12; across two waves the long stages still win). `config` as
+/// the rule chose it for the standard layout.
+pub fn for_weights(config: Config, layout: WeightLayout, p: &Problem, sm_count: usize, max_clusters: &ClusterCounts, available: impl Fn(Config) -> bool) -> Config {
+    let short = match config {
+        Config::Sm90_Stream_8x128x64 => Config::Sm90_StreamShortK_8x128x64,
+        Config::Sm90_Stream_16x128x64 => Config::Sm90_StreamShortK_16x128x64,
+        _ => return config,
+    };
+    let one_wave = config.tiles(p) * split_k(config, p, sm_count, max_clusters) as usize <= sm_count;
+    if layout == WeightLayout::Prepacked && one_wave && available(short) { short } else { config }
 }
 
 /// Token rows the stream tiles serve at most.
@@ -660,6 +676,25 @@ mod tests {
         let q = Problem::new(128, 7168, 16384);
         let s = split_k(wide, &q, 132, &few);
         assert!(!cluster_reduced(wide, s) || cluster_split(wide, &q, s, &few));
+    }
+
+    #[test]
+    fn prepacked_weights_take_short_stages_in_one_wave() {
+        let all = |_| true;
+        let (s8, short8, s16, short16) = (Config::Sm90_Stream_8x128x64, Config::Sm90_StreamShortK_8x128x64, Config::Sm90_Stream_16x128x64, Config::Sm90_StreamShortK_16x128x64);
+        let pick = |m, n, k, layout| for_weights(select(90, &Problem::new(m, n, k), 132, &ANY_CLUSTERS, all).unwrap(), layout, &Problem::new(m, n, k), 132, &ANY_CLUSTERS, all);
+        // 1x5120x27648: 40 tiles x 3; 1x14336x4096: 112 x 1; 16x5120x27648: 40 x 3.
+        for (m, n, k, std, packed) in [(1, 5120, 27648, s8, short8), (1, 14336, 4096, s8, short8), (16, 5120, 27648, s16, short16)] {
+            assert_eq!(pick(m, n, k, WeightLayout::Standard), std, "{m}x{n}x{k}");
+            assert_eq!(pick(m, n, k, WeightLayout::Prepacked), packed, "{m}x{n}x{k}");
+        }
+        // Two waves (1x18432x7168: 144 tiles) keep the long stages; other picks are untouched.
+        assert_eq!(pick(1, 18432, 7168, WeightLayout::Prepacked), s8);
+        assert_eq!(pick(1, 4096, 7168, WeightLayout::Prepacked), Config::Sm90_Stream_8x64x64);
+        assert_eq!(pick(128, 4096, 7168, WeightLayout::Prepacked), select(90, &Problem::new(128, 4096, 7168), 132, &ANY_CLUSTERS, all).unwrap());
+        // The short stages not built: the long ones.
+        let p = Problem::new(1, 5120, 27648);
+        assert_eq!(for_weights(s8, WeightLayout::Prepacked, &p, 132, &ANY_CLUSTERS, |c| c != short8), s8);
     }
 
     #[test]

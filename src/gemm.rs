@@ -286,10 +286,27 @@ impl BlockScaledGemm {
         &self.stream
     }
 
-    /// The config [`Self::gemm`] would run for `p` with output `out`, or the error it would give.
+    /// The config [`Self::gemm`] would run for `p` with output `out` and weights in the standard
+    /// layout, or the error it would give.
     pub fn select_config(&self, p: &Problem, out: OutType) -> Result<Config> {
+        self.select_config_for(p, out, WeightLayout::Standard)
+    }
+
+    /// [`Self::select_config`] for weights in `layout` (prepacked weights run some shapes in
+    /// other stages: [`crate::dispatch_for_weights`]).
+    pub fn select_config_for(&self, p: &Problem, out: OutType, layout: WeightLayout) -> Result<Config> {
         let lens = BufferLens::for_problem(p, out, p.beta != 0.0);
-        plan(p, out, &lens, &self.device, None, |c, o| c.is_built(o))
+        let config = plan(p, out, &lens, &self.device, None, |c, o| c.is_built(o))?;
+        Ok(self.for_weights(config, None, layout, p, |c| c.is_built(out)))
+    }
+
+    /// The rule's pick adjusted for the weights' layout ([`dispatch::for_weights`]); a forced
+    /// config as it is.
+    pub(crate) fn for_weights(&self, config: Config, forced: Option<Config>, layout: WeightLayout, p: &Problem, available: impl Fn(Config) -> bool) -> Config {
+        match forced {
+            Some(c) => c,
+            None => dispatch::for_weights(config, layout, p, self.device.sm_count, &self.device.max_clusters, available),
+        }
     }
 
     /// `D = alpha * A Bᵀ` (beta must be 0). `config`: `None` chooses from the shape table.
@@ -386,6 +403,7 @@ impl BlockScaledGemm {
         a.require_standard("A", "activations are K-major rows (prepacked values are a weight layout)")?;
         let lens = BufferLens { a: a.values().len(), sfa: a.scales().len(), b: b.standard_values_len(), sfb: b.scales().len(), c: c.map(|c| c.len()), d: d[0].1, sfd: d.get(1).map(|s| s.1) };
         let config = plan(p, out, &lens, &self.device, forced, |c, o| c.is_built(o))?;
+        let config = self.for_weights(config, forced, b.layout(), p, |c| c.is_built(out));
         check_weight_layout(config, b)?;
         let mut buffers = vec![("A", a.values().stream()), ("SFA", a.scales().stream()), ("B", b.values().stream()), ("SFB", b.scales().stream())];
         buffers.extend(d.iter().map(|&(name, _, s)| (name, s)));

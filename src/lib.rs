@@ -149,7 +149,7 @@ mod sys;
 mod tensor;
 pub mod w4a16;
 
-pub use dispatch::{check_split_k, cluster_reduced, cluster_split, select as select_config, split_k as config_split_k, ClusterCounts, Config, ConfigInfo, Schedule, ANY_CLUSTERS, SM90_MAX_CLUSTER_SPLIT, SM90_MAX_SPLIT_TILES};
+pub use dispatch::{check_split_k, cluster_reduced, cluster_split, for_weights as dispatch_for_weights, select as select_config, split_k as config_split_k, ClusterCounts, Config, ConfigInfo, Schedule, ANY_CLUSTERS, SM90_MAX_CLUSTER_SPLIT, SM90_MAX_SPLIT_TILES};
 pub use error::{Error, Result};
 pub use formats::OutputElement;
 pub use gemm::{BlockScaledGemm, Nvfp4Output};

@@ -10,6 +10,7 @@ use crate::dispatch::Config;
 use crate::error::{Error, Result};
 use crate::formats::{OutputElement, PackedFp4, ScaleByte};
 use crate::gemm::{check_devices, choose_config, BlockScaledGemm, DeviceFacts, Table};
+use crate::layout::WeightLayout;
 use crate::grouped::{check_moe_lens, grouped_args, MoeProblem};
 use crate::problem::{check_len, folded_alpha, product, OutType, Problem};
 use crate::quantize::QuantInput;
@@ -109,9 +110,16 @@ impl BlockScaledGemm {
         self.run_w4a16(p, a, b, Some(c), d, config)
     }
 
-    /// The config [`Self::gemm_w4a16`] runs for `p` with output `out`, or the error it would give.
+    /// The config [`Self::gemm_w4a16`] runs for `p` with output `out` and weights in the standard
+    /// layout, or the error it would give.
     pub fn select_w4a16_config(&self, p: &Problem, out: OutType) -> Result<Config> {
-        plan_w4a16(p, out, &W4a16Lens::for_problem(p, p.beta != 0.0), &self.device(), None, |c, o| c.is_built_w4a16(o))
+        self.select_w4a16_config_for(p, out, WeightLayout::Standard)
+    }
+
+    /// [`Self::select_w4a16_config`] for weights in `layout`.
+    pub fn select_w4a16_config_for(&self, p: &Problem, out: OutType, layout: WeightLayout) -> Result<Config> {
+        let config = plan_w4a16(p, out, &W4a16Lens::for_problem(p, p.beta != 0.0), &self.device(), None, |c, o| c.is_built_w4a16(o))?;
+        Ok(self.for_weights(config, None, layout, p, |c| c.is_built_w4a16(out)))
     }
 
     /// Workspace bytes [`Self::gemm_w4a16`] needs on `p` with output `out` and `config` (or the one
@@ -135,6 +143,7 @@ impl BlockScaledGemm {
         }
         let lens = W4a16Lens { a: a.len(), b: b.standard_values_len(), sfb: b.scales().len(), c: c.map(|c| c.len()), d: d.len() };
         let config = plan_w4a16(p, out, &lens, &self.device(), forced, |c, o| c.is_built_w4a16(o))?;
+        let config = self.for_weights(config, forced, b.layout(), p, |c| c.is_built_w4a16(out));
         let mut buffers = vec![("A", a.stream()), ("B", b.values().stream()), ("SFB", b.scales().stream()), ("D", d.stream())];
         buffers.extend(c.map(|c| ("C", c.stream())));
         check_devices(self.device().ordinal, buffers)?;

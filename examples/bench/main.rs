@@ -8,8 +8,9 @@
 //! - `ours_b2b_us`: `--runs` launches back to back between one pair of events; the mean;
 //! - `ours_graph_us`: a CUDA graph of `--graph-calls` launches (rotating the sets) replayed
 //!   `--replays` times between events; the median replay over the calls in it;
-//!   `ours_prepacked_graph_us`: the same with the weights prepacked (`Nvfp4Tensor::prepack`;
-//!   null where the config is not an SM90 one);
+//!   `ours_prepacked_graph_us`: the same with the weights prepacked (`Nvfp4Tensor::prepack`),
+//!   the rule's config for them (`prepacked_config`) or the forced one; null where the config is
+//!   not an SM90 one;
 //! - `host_enqueue_us`: host time of one call while queueing the back-to-back launches (median);
 //!   `host_plan_us`: of that, the validation and config choice alone (median of 1000).
 //!   The output of each of the three timings is judged on sampled rows against the exact CPU
@@ -44,7 +45,7 @@ use blockscaled_gemm::compare::{compare_fp4, verify_matrices, Verdict};
 use blockscaled_gemm::fp4_out;
 use blockscaled_gemm::layout::from_tiled;
 use blockscaled_gemm::reference::{self, Accumulation};
-use blockscaled_gemm::{BlockScaledGemm, Config, Nvfp4Matrix, Nvfp4Output, Nvfp4Tensor, OutType, Problem, Quantizer, SplitMix64};
+use blockscaled_gemm::{BlockScaledGemm, Config, Nvfp4Matrix, Nvfp4Output, Nvfp4Tensor, OutType, Problem, Quantizer, SplitMix64, WeightLayout};
 use clap::Parser;
 use cudarc::driver::sys::{CUdevice_attribute, CUevent_flags, CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtrMut};
@@ -195,11 +196,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             let (bf16, fp8) = baselines.as_ref().map_or((None, None), |b| b.get(m, n, k));
             let fmt = |x: Option<f64>| x.map_or("-".to_string(), |v| format!("{v:.2}"));
             println!("{:>16} {:>6} {:>24} {:>5} {:>9.2} {:>8.2} {:>8.2} {:>8} {:>8.2} {:>8.2} {:>10} {:>9} {:>7.2} {:>6}", format!("{m}x{n}x{k}"), out.name(), r.config.to_string(), r.split,
-                r.launch_us, r.b2b_us, r.graph_us, fmt(r.prepacked_graph_us), r.host_us, r.floor_us, fmt(bf16), fmt(fp8), r.graph_us / r.floor_us, r.check.label());
+                r.launch_us, r.b2b_us, r.graph_us, fmt(r.prepacked.map(|x| x.0)), r.host_us, r.floor_us, fmt(bf16), fmt(fp8), r.graph_us / r.floor_us, r.check.label());
             let num = |x: Option<f64>| x.map_or("null".to_string(), |v| format!("{v:.3}"));
             json += &format!(
-                "{{\"op\":\"gemm\",\"gpu\":\"{gpu}\",\"commit\":\"{commit}\",\"m\":{m},\"n\":{n},\"k\":{k},\"l\":1,\"out\":\"{}\",\"config\":\"{}\",\"split_k\":{},\"runs\":{},\"graph_calls\":{},\"ours_launch_us\":{:.3},\"ours_b2b_us\":{:.3},\"ours_graph_us\":{:.3},\"ours_prepacked_graph_us\":{},\"host_enqueue_us\":{:.3},\"host_plan_us\":{:.3},\"cublas_bf16_graph_us\":{},\"cublas_fp8_graph_us\":{},\"floor_us\":{:.3},\"copy_gbps\":{copy_gbps:.1},\"workspace_bytes\":{},\"exact\":{},\"verdict\":\"{}\"}}\n",
-                out.name(), r.config, r.split, cli.runs, cli.graph_calls, r.launch_us, r.b2b_us, r.graph_us, num(r.prepacked_graph_us), r.host_us, r.plan_us, num(bf16), num(fp8), r.floor_us, r.workspace, r.check.bit_exact, r.check.verdict());
+                "{{\"op\":\"gemm\",\"gpu\":\"{gpu}\",\"commit\":\"{commit}\",\"m\":{m},\"n\":{n},\"k\":{k},\"l\":1,\"out\":\"{}\",\"config\":\"{}\",\"split_k\":{},\"runs\":{},\"graph_calls\":{},\"ours_launch_us\":{:.3},\"ours_b2b_us\":{:.3},\"ours_graph_us\":{:.3},\"ours_prepacked_graph_us\":{},\"prepacked_config\":{},\"host_enqueue_us\":{:.3},\"host_plan_us\":{:.3},\"cublas_bf16_graph_us\":{},\"cublas_fp8_graph_us\":{},\"floor_us\":{:.3},\"copy_gbps\":{copy_gbps:.1},\"workspace_bytes\":{},\"exact\":{},\"verdict\":\"{}\"}}\n",
+                out.name(), r.config, r.split, cli.runs, cli.graph_calls, r.launch_us, r.b2b_us, r.graph_us, num(r.prepacked.map(|x| x.0)), r.prepacked.map_or("null".to_string(), |x| format!("\"{}\"", x.1)), r.host_us, r.plan_us, num(bf16), num(fp8), r.floor_us, r.workspace, r.check.bit_exact, r.check.verdict());
         }
     }
     let w4a16_baselines = match &cli.w4a16_baselines {
@@ -222,11 +223,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let bf16 = w4a16_baselines.as_ref().and_then(|b| b.number(&name, "cublas_bf16_graph_us"));
         let int4 = w4a16_baselines.as_ref().and_then(|b| b.number(&name, "int4_tinygemm_graph_us"));
         let fmt = |x: Option<f64>| x.map_or("-".to_string(), |v| format!("{v:.2}"));
-        println!("{:>16} {:>24} {:>5} {:>8.2} {:>8.2} {:>8} {:>8.2} {:>8.2} {:>10} {:>10} {:>7.2} {:>6}", format!("{input} {name}"), r.config.to_string(), r.split, r.b2b_us, r.graph_us, fmt(r.prepacked_graph_us), r.host_us, r.floor_us, fmt(bf16), fmt(int4), r.graph_us / r.floor_us, if r.exact { "exact" } else { "FAILED" });
+        println!("{:>16} {:>24} {:>5} {:>8.2} {:>8.2} {:>8} {:>8.2} {:>8.2} {:>10} {:>10} {:>7.2} {:>6}", format!("{input} {name}"), r.config.to_string(), r.split, r.b2b_us, r.graph_us, fmt(r.prepacked_graph_us.map(|x| x.0)), r.host_us, r.floor_us, fmt(bf16), fmt(int4), r.graph_us / r.floor_us, if r.exact { "exact" } else { "FAILED" });
         let num = |x: Option<f64>| x.map_or("null".to_string(), |v| format!("{v:.3}"));
         json += &format!(
-            "{{\"op\":\"w4a16\",\"gpu\":\"{gpu}\",\"commit\":\"{commit}\",\"m\":{m},\"n\":{n},\"k\":{k},\"l\":1,\"input\":\"{input}\",\"out\":\"{input}\",\"config\":\"{}\",\"split_k\":{},\"runs\":{},\"graph_calls\":{},\"ours_b2b_us\":{:.3},\"ours_graph_us\":{:.3},\"ours_prepacked_graph_us\":{},\"host_enqueue_us\":{:.3},\"cublas_bf16_graph_us\":{},\"int4_tinygemm_graph_us\":{},\"floor_us\":{:.3},\"copy_gbps\":{copy_gbps:.1},\"exact\":{}}}\n",
-            r.config, r.split, cli.runs, cli.graph_calls, r.b2b_us, r.graph_us, num(r.prepacked_graph_us), r.host_us, num(bf16), num(int4), r.floor_us, r.exact);
+            "{{\"op\":\"w4a16\",\"gpu\":\"{gpu}\",\"commit\":\"{commit}\",\"m\":{m},\"n\":{n},\"k\":{k},\"l\":1,\"input\":\"{input}\",\"out\":\"{input}\",\"config\":\"{}\",\"split_k\":{},\"runs\":{},\"graph_calls\":{},\"ours_b2b_us\":{:.3},\"ours_graph_us\":{:.3},\"ours_prepacked_graph_us\":{},\"prepacked_config\":{},\"host_enqueue_us\":{:.3},\"cublas_bf16_graph_us\":{},\"int4_tinygemm_graph_us\":{},\"floor_us\":{:.3},\"copy_gbps\":{copy_gbps:.1},\"exact\":{}}}\n",
+            r.config, r.split, cli.runs, cli.graph_calls, r.b2b_us, r.graph_us, num(r.prepacked_graph_us.map(|x| x.0)), r.prepacked_graph_us.map_or("null".to_string(), |x| format!("\"{}\"", x.1)), r.host_us, num(bf16), num(int4), r.floor_us, r.exact);
     }
     let quantizer = Quantizer::new(stream.clone());
     let k = cli.quantize_k;
@@ -371,7 +372,8 @@ struct Result1 {
     launch_us: f64,
     b2b_us: f64,
     graph_us: f64,
-    prepacked_graph_us: Option<f64>,
+    /// The graph time with the weights prepacked, and the config that ran it.
+    prepacked: Option<(f64, Config)>,
     host_us: f64,
     plan_us: f64,
     floor_us: f64,
@@ -440,7 +442,7 @@ fn bench_one(cli: &Cli, gemm: &BlockScaledGemm, stream: &Arc<CudaStream>, l2: us
     let mut sfd: CudaSlice<u8> = stream.alloc_zeros(p.sfd_bytes().max(1))?;
     let workspace = gemm.workspace_size(&p, out, Some(config))?;
     gemm.reserve_workspace(workspace)?;
-    let launch = |sets: &Sets, i: usize, d: &mut CudaSlice<u8>, sfd: &mut CudaSlice<u8>| -> Result<(), blockscaled_gemm::Error> {
+    let launch = |(sets, config): (&Sets, Config), i: usize, d: &mut CudaSlice<u8>, sfd: &mut CudaSlice<u8>| -> Result<(), blockscaled_gemm::Error> {
         let (oa, ob) = (&sets[i % n_sets].0, &sets[i % n_sets].1);
         // SAFETY: every bit pattern is a value of these types, and the buffer holds d_bytes bytes.
         match out {
@@ -482,7 +484,7 @@ fn bench_one(cli: &Cli, gemm: &BlockScaledGemm, stream: &Arc<CudaStream>, l2: us
         })
     };
     for i in 0..10 {
-        launch(&sets, i, &mut d, &mut sfd)?;
+        launch((&sets, config), i, &mut d, &mut sfd)?;
     }
     let event = || stream.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT));
     // Per launch, D poisoned before each.
@@ -491,7 +493,7 @@ fn bench_one(cli: &Cli, gemm: &BlockScaledGemm, stream: &Arc<CudaStream>, l2: us
         poison(stream, &mut d)?;
         poison(stream, &mut sfd)?;
         let start = event()?;
-        launch(&sets, i, &mut d, &mut sfd)?;
+        launch((&sets, config), i, &mut d, &mut sfd)?;
         events.push((start, event()?));
     }
     stream.synchronize()?;
@@ -500,12 +502,12 @@ fn bench_one(cli: &Cli, gemm: &BlockScaledGemm, stream: &Arc<CudaStream>, l2: us
     // Back to back, and the host's time to queue them.
     poison(stream, &mut d)?;
     poison(stream, &mut sfd)?;
-    let (b2b_us, host_us) = time_back_to_back(cli, stream, |i| launch(&sets, i, &mut d, &mut sfd))?;
+    let (b2b_us, host_us) = time_back_to_back(cli, stream, |i| launch((&sets, config), i, &mut d, &mut sfd))?;
     judged = judged.and(check(&d, &sfd)?);
     // A graph of graph_calls launches, replayed.
     poison(stream, &mut d)?;
     poison(stream, &mut sfd)?;
-    let graph_us = time_graph(cli, stream, |i| launch(&sets, i, &mut d, &mut sfd))?;
+    let graph_us = time_graph(cli, stream, |i| launch((&sets, config), i, &mut d, &mut sfd))?;
     judged = judged.and(check(&d, &sfd)?);
     // The same graph with the weights prepacked (Hopper kernels only, and a forced split within
     // the prepacked layout's one range per 256 values of K), checked too.
@@ -515,17 +517,20 @@ fn bench_one(cli: &Cli, gemm: &BlockScaledGemm, stream: &Arc<CudaStream>, l2: us
         for _ in 0..n_sets {
             packed.push((Nvfp4Tensor::upload(&a, stream)?, Nvfp4Tensor::upload(&b, stream)?.prepack(stream)?));
         }
+        // The rule's pick for prepacked weights (or the forced config).
+        let pconfig = if cli.config.is_some() { config } else { gemm.select_config_for(&p, out, WeightLayout::Prepacked)? };
+        gemm.reserve_workspace(gemm.workspace_size(&p, out, Some(pconfig))?)?;
         poison(stream, &mut d)?;
         poison(stream, &mut sfd)?;
-        let us = time_graph(cli, stream, |i| launch(&packed, i, &mut d, &mut sfd))?;
+        let us = time_graph(cli, stream, |i| launch((&packed, pconfig), i, &mut d, &mut sfd))?;
         judged = judged.and(check(&d, &sfd)?);
-        Some(us)
+        Some((us, pconfig))
     } else {
         None
     };
     let out_bytes = d_bytes + if out.sfd().is_some() { p.sfd_bytes() } else { 0 };
     let floor_us = (((set_bytes + out_bytes) as f64) / (copy_gbps * 1e9)).max(p.flops() / 800e12) * 1e6;
-    Ok(Result1 { config, split, launch_us, b2b_us, graph_us, prepacked_graph_us, host_us, plan_us, floor_us, workspace, check: judged })
+    Ok(Result1 { config, split, launch_us, b2b_us, graph_us, prepacked: prepacked_graph_us, host_us, plan_us, floor_us, workspace, check: judged })
 }
 
 /// `cli.runs` launches back to back between one pair of events: device us per launch, and the

@@ -11,7 +11,7 @@
 use std::sync::Arc;
 
 use blockscaled_gemm::compare::verify_w4a16;
-use blockscaled_gemm::{Activation16, BlockScaledGemm, Config, Nvfp4Matrix, Nvfp4Tensor, Problem, SplitMix64};
+use blockscaled_gemm::{Activation16, BlockScaledGemm, Config, Nvfp4Matrix, Nvfp4Tensor, Problem, SplitMix64, WeightLayout};
 use cudarc::driver::{CudaSlice, CudaStream};
 
 use crate::{poison, time_back_to_back, time_graph, Cli};
@@ -21,8 +21,9 @@ pub struct W4a16Result {
     pub split: u32,
     pub b2b_us: f64,
     pub graph_us: f64,
-    /// The same with the weights prepacked (`None` for a forced split past its ranges).
-    pub prepacked_graph_us: Option<f64>,
+    /// The same with the weights prepacked, and the config that ran it (`None` for a forced split
+    /// past its ranges).
+    pub prepacked_graph_us: Option<(f64, Config)>,
     pub host_us: f64,
     pub floor_us: f64,
     pub exact: bool,
@@ -46,7 +47,7 @@ pub fn bench_shape<TA: Activation16>(cli: &Cli, gemm: &BlockScaledGemm, stream: 
     }
     let mut d: CudaSlice<TA> = stream.alloc_zeros(m * n)?;
     gemm.reserve_workspace(gemm.w4a16_workspace_size::<TA>(&p, TA::OUT, Some(config))?)?;
-    let launch = |sets: &[(CudaSlice<TA>, Nvfp4Tensor)], i: usize, d: &mut CudaSlice<TA>| gemm.gemm_w4a16(&p, &sets[i % n_sets].0, &sets[i % n_sets].1, d, Some(config)).map(|_| ());
+    let launch = |(sets, config): (&[(CudaSlice<TA>, Nvfp4Tensor)], Config), i: usize, d: &mut CudaSlice<TA>| gemm.gemm_w4a16(&p, &sets[i % n_sets].0, &sets[i % n_sets].1, d, Some(config)).map(|_| ());
     // Sampled rows, judged against the exact reference of those rows.
     let rows: Vec<usize> = (0..m.min(16)).map(|i| i * (m - 1) / (m.min(16) - 1).max(1)).collect();
     let x_rows: Vec<TA> = rows.iter().flat_map(|&r| x[r * k..(r + 1) * k].iter().copied()).collect();
@@ -61,17 +62,17 @@ pub fn bench_shape<TA: Activation16>(cli: &Cli, gemm: &BlockScaledGemm, stream: 
         Ok(v.passed())
     };
     for i in 0..10 {
-        launch(&sets, i, &mut d)?;
+        launch((&sets, config), i, &mut d)?;
     }
     let as_bytes = |d: &mut CudaSlice<TA>| -> Result<(), cudarc::driver::DriverError> {
         // SAFETY: 0xFF bytes are a NaN of either type; the view covers the buffer.
         poison(stream, &mut unsafe { d.transmute_mut::<u8>(2 * m * n) }.expect("2 bytes each"))
     };
     as_bytes(&mut d)?;
-    let (b2b_us, host_us) = time_back_to_back(cli, stream, |i| launch(&sets, i, &mut d))?;
+    let (b2b_us, host_us) = time_back_to_back(cli, stream, |i| launch((&sets, config), i, &mut d))?;
     let mut exact = check(&d)?;
     as_bytes(&mut d)?;
-    let graph_us = time_graph(cli, stream, |i| launch(&sets, i, &mut d))?;
+    let graph_us = time_graph(cli, stream, |i| launch((&sets, config), i, &mut d))?;
     exact &= check(&d)?;
     // The same graph with the weights prepacked (a forced split within the prepacked layout's
     // one range per 256 values of K), checked too.
@@ -82,8 +83,11 @@ pub fn bench_shape<TA: Activation16>(cli: &Cli, gemm: &BlockScaledGemm, stream: 
         for _ in 0..n_sets {
             packed.push((stream.clone_htod(&x)?, Nvfp4Tensor::upload(&w, stream)?.prepack(stream)?));
         }
+        // The rule's pick for prepacked weights (or the forced config).
+        let pconfig = if cli.config.is_some() { config } else { gemm.select_w4a16_config_for(&p, TA::OUT, WeightLayout::Prepacked)? };
+        gemm.reserve_workspace(gemm.w4a16_workspace_size::<TA>(&p, TA::OUT, Some(pconfig))?)?;
         as_bytes(&mut d)?;
-        prepacked_graph_us = Some(time_graph(cli, stream, |i| launch(&packed, i, &mut d))?);
+        prepacked_graph_us = Some((time_graph(cli, stream, |i| launch((&packed, pconfig), i, &mut d))?, pconfig));
         exact &= check(&d)?;
     }
     let floor_us = (((set_bytes + 2 * m * n) as f64) / (copy_gbps * 1e9)).max(p.flops() / 800e12) * 1e6;
