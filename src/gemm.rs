@@ -122,13 +122,13 @@ pub(crate) fn choose_config(p: &Problem, out: OutType, device: &DeviceFacts, for
     Ok(config)
 }
 
-/// Prepacked weights run on the SM90 kernels only (CUTLASS's SM100 kernels take K-major B); the
-/// split rule there is [`dispatch::check_split_k`]'s.
-pub(crate) fn check_weight_layout<V, S>(config: Config, b: &Nvfp4Tensor<V, S>) -> Result<()> {
-    if config.info().arch == 90 {
+/// Prepacked weights run on the SM90 kernels only (CUTLASS's SM100 kernels take K-major B): the
+/// typed error for B in `layout` elsewhere.
+pub(crate) fn check_weight_layout(config: Config, layout: WeightLayout) -> Result<()> {
+    if config.info().arch == 90 || layout == WeightLayout::Standard {
         return Ok(());
     }
-    b.require_standard("B", "prepacked weights run on Hopper (SM90) only; use Nvfp4Tensor::unpack for this device")
+    Err(Error::Layout { name: "B", layout, rule: "prepacked weights run on Hopper (SM90) only; use Nvfp4Tensor::unpack for this device" })
 }
 
 /// The steps every call's config goes through: `forced` must match the device's architecture,
@@ -400,11 +400,11 @@ impl BlockScaledGemm {
                 return Err(Error::OperandShape { name, got: t, want: (p.l, rows, p.k) });
             }
         }
-        a.require_standard("A", "activations are K-major rows (prepacked values are a weight layout)")?;
+        a.require_activation_layout()?;
         let lens = BufferLens { a: a.values().len(), sfa: a.scales().len(), b: b.standard_values_len(), sfb: b.scales().len(), c: c.map(|c| c.len()), d: d[0].1, sfd: d.get(1).map(|s| s.1) };
         let config = plan(p, out, &lens, &self.device, forced, |c, o| c.is_built(o))?;
         let config = self.for_weights(config, forced, b.layout(), p, |c| c.is_built(out));
-        check_weight_layout(config, b)?;
+        check_weight_layout(config, b.layout())?;
         let mut buffers = vec![("A", a.values().stream()), ("SFA", a.scales().stream()), ("B", b.values().stream()), ("SFB", b.scales().stream())];
         buffers.extend(d.iter().map(|&(name, _, s)| (name, s)));
         buffers.extend(c.map(|c| ("C", c.stream())));

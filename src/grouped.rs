@@ -334,7 +334,7 @@ impl BlockScaledGemm {
     where
         VB: DevicePtr<TV>, SB: DevicePtr<TS>, O: DevicePtr<i32>, ES: DevicePtr<f32>,
     {
-        crate::gemm::check_weight_layout(config, b)?;
+        crate::gemm::check_weight_layout(config, b.layout())?;
         if p.rows == 0 {
             return Ok(config);
         }

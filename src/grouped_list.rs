@@ -20,7 +20,7 @@ use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, SyncOnDrop};
 use crate::dispatch::{self, Config};
 use crate::error::{Error, Result};
 use crate::formats::{OutputElement, PackedFp4, ScaleByte};
-use crate::gemm::{check_devices, resolve_config, status_result, BlockScaledGemm, Nvfp4Output};
+use crate::gemm::{check_devices, check_weight_layout, resolve_config, status_result, BlockScaledGemm, Nvfp4Output};
 use crate::grouped::MAX_EXPERTS;
 use crate::problem::{check_align, check_len, folded_alpha, product, setters, OutType, Problem};
 use crate::layout::WeightLayout;
@@ -154,7 +154,7 @@ impl HostArrays {
         if la != 1 || lb != 1 || kb != k {
             return Err(Error::InvalidData { what: "groups", detail: format!("group {g}: A is {:?} and B {:?}: each must be (1, rows, K) with one K", a.shape(), b.shape()) });
         }
-        a.require_standard("A", "activations are K-major rows (prepacked values are a weight layout)")?;
+        a.require_activation_layout()?;
         if g == 0 {
             self.bounds.weight_layout = b.layout();
         } else if b.layout() != self.bounds.weight_layout {
@@ -193,9 +193,7 @@ impl BlockScaledGemm {
     fn list_config(&self, p: &ListProblem, out: OutType, forced: Option<Config>) -> Result<Config> {
         let built = |c: Config, o: OutType| c.is_built_grouped_list(o);
         let config = resolve_config(&self.device(), out, forced, SUPPORTED_GROUPED_LIST, &built, |arch| Ok(dispatch::select_grouped_list(arch, p.max_rows, p.groups, p.max_k, out, |c| built(c, out))))?;
-        if config.info().arch != 90 && p.weight_layout != WeightLayout::Standard {
-            return Err(Error::Layout { name: "B", layout: p.weight_layout, rule: "prepacked weights run on Hopper (SM90) only; use Nvfp4Tensor::unpack for this device" });
-        }
+        check_weight_layout(config, p.weight_layout)?;
         Ok(config)
     }
 

@@ -57,6 +57,19 @@ pub const fn prepacked_bytes(rows: usize, k: usize, batch: usize) -> usize {
     prepack_chunks(k).saturating_mul(rows).saturating_mul(PREPACK_CHUNK_BYTES).saturating_mul(batch)
 }
 
+/// Every piece of K that one row holds in one prepacked chunk, as (offset in the standard layout,
+/// offset in the prepacked one, length), for `batch` values of `rows` x `k`.
+fn chunk_pieces(rows: usize, k: usize, batch: usize) -> impl Iterator<Item = (usize, usize, usize)> {
+    let (row_bytes, chunks) = (k / 2, prepack_chunks(k));
+    (0..batch * rows).flat_map(move |lr| {
+        let (l, r) = (lr / rows, lr % rows);
+        (0..chunks).map(move |c| {
+            let len = PREPACK_CHUNK_BYTES.min(row_bytes - c * PREPACK_CHUNK_BYTES);
+            (lr * row_bytes + c * PREPACK_CHUNK_BYTES, ((l * chunks + c) * rows + r) * PREPACK_CHUNK_BYTES, len)
+        })
+    })
+}
+
 /// Packed values `(batch, rows, K/2)` into the prepacked layout (zeros past K), on the host: the
 /// GPU's transform ([`crate::Nvfp4Tensor::prepack`]) writes the same bytes.
 ///
@@ -64,16 +77,9 @@ pub const fn prepacked_bytes(rows: usize, k: usize, batch: usize) -> usize {
 /// If `src.len() != batch * rows * k / 2` or K is odd.
 pub fn prepack_values(src: &[u8], rows: usize, k: usize, batch: usize) -> Vec<u8> {
     assert!(k.is_multiple_of(2) && src.len() == batch * rows * k / 2, "standard layout of (batch, rows, K)");
-    let (row_bytes, chunks) = (k / 2, prepack_chunks(k));
     let mut out = vec![0u8; prepacked_bytes(rows, k, batch)];
-    for l in 0..batch {
-        for r in 0..rows {
-            let row = &src[(l * rows + r) * row_bytes..][..row_bytes];
-            for (c, part) in row.chunks(PREPACK_CHUNK_BYTES).enumerate() {
-                let at = ((l * chunks + c) * rows + r) * PREPACK_CHUNK_BYTES;
-                out[at..at + part.len()].copy_from_slice(part);
-            }
-        }
+    for (std_at, packed_at, len) in chunk_pieces(rows, k, batch) {
+        out[packed_at..packed_at + len].copy_from_slice(&src[std_at..std_at + len]);
     }
     out
 }
@@ -84,16 +90,9 @@ pub fn prepack_values(src: &[u8], rows: usize, k: usize, batch: usize) -> Vec<u8
 /// If `src.len() != prepacked_bytes(rows, k, batch)` or K is odd.
 pub fn unpack_values(src: &[u8], rows: usize, k: usize, batch: usize) -> Vec<u8> {
     assert!(k.is_multiple_of(2) && src.len() == prepacked_bytes(rows, k, batch), "prepacked layout of (batch, rows, K)");
-    let (row_bytes, chunks) = (k / 2, prepack_chunks(k));
-    let mut out = vec![0u8; batch * rows * row_bytes];
-    for l in 0..batch {
-        for r in 0..rows {
-            let row = &mut out[(l * rows + r) * row_bytes..][..row_bytes];
-            for (c, part) in row.chunks_mut(PREPACK_CHUNK_BYTES).enumerate() {
-                let at = ((l * chunks + c) * rows + r) * PREPACK_CHUNK_BYTES;
-                part.copy_from_slice(&src[at..at + part.len()]);
-            }
-        }
+    let mut out = vec![0u8; batch * rows * k / 2];
+    for (std_at, packed_at, len) in chunk_pieces(rows, k, batch) {
+        out[std_at..std_at + len].copy_from_slice(&src[packed_at..packed_at + len]);
     }
     out
 }

@@ -106,12 +106,11 @@ impl<V, S> Nvfp4Tensor<V, S> {
         }
     }
 
-    /// Where the call takes only the standard layout (an A operand, or SM100): the typed error
-    /// otherwise.
-    pub(crate) fn require_standard(&self, name: &'static str, rule: &'static str) -> Result<()> {
+    /// An A operand (activations) takes the standard layout only: the typed error otherwise.
+    pub(crate) fn require_activation_layout(&self) -> Result<()> {
         match self.layout {
             WeightLayout::Standard => Ok(()),
-            layout => Err(Error::Layout { name, layout, rule }),
+            layout => Err(Error::Layout { name: "A", layout, rule: "activations are K-major rows (prepacked values are a weight layout)" }),
         }
     }
 
