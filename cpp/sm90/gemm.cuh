@@ -45,7 +45,7 @@ struct Gemm {
     if (a.n % OutputInfo<OutT>::kNMultiple != 0) return false;
     if (!std::is_void_v<typename OutputInfo<OutT>::Sf> && !a.sfd) return false;
     const int k_tiles = (a.k + kBK - 1) / kBK;
-    return (a.b_layout == int32_t(WeightLayout::Standard) || a.b_layout == int32_t(WeightLayout::Prepacked)) && tiles(a) <= INT_MAX &&
+    return is_weight_layout(a.b_layout) && tiles(a) <= INT_MAX &&
            a.split_k >= 1 && a.split_k <= k_tiles && a.split_k <= Sched::max_split(a) && a.split_k <= BSG_SM90_MAX_SPLIT_K &&
            (a.split_k == 1 || tiles(a) <= Sched::kMaxSplitTiles);
   }
@@ -90,7 +90,8 @@ struct Gemm {
     const int64_t row_bytes = k / 2, chunk = prepacked ? BSG_PREPACK_CHUNK_BYTES : row_bytes;
     const int64_t chunks = (row_bytes + chunk - 1) / chunk;
     const cuuint64_t dims[4] = {cuuint64_t(chunk), cuuint64_t(rows), cuuint64_t(chunks), cuuint64_t(batch)};
-    const cuuint64_t strides[3] = {cuuint64_t(prepacked ? chunk : row_bytes), cuuint64_t(chunk * rows), cuuint64_t(chunks * chunk * rows)};
+    // Rows one chunk apart (standard: the chunk is the row), chunks every row's chunk apart.
+    const cuuint64_t strides[3] = {cuuint64_t(chunk), cuuint64_t(chunk * rows), cuuint64_t(chunks * chunk * rows)};
     const cuuint32_t box[4] = {uint32_t(T::kBoxBytesK), box_rows, 1, 1};
     return encode_tiled(map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 4, base, dims, strides, box, T::kSwizzleRaw);
   }

@@ -38,7 +38,7 @@ struct GroupedGemm {
 
   static bool can_implement(const GroupedArgs& a) {
     if (a.rows < 1 || a.n < 1 || a.k < 1 || a.k % 32 != 0 || a.experts < 1 || a.experts > Sched::kMaxGroups) return false;
-    if (a.b_layout != int32_t(WeightLayout::Standard) && a.b_layout != int32_t(WeightLayout::Prepacked)) return false;
+    if (!is_weight_layout(a.b_layout)) return false;
     if (a.n % OutputInfo<OutT>::kNMultiple != 0) return false;
     if (kFp4Out && (a.sfd == 0 || !(a.norm_constant > 0.f) || a.norm_constant > FLT_MAX)) return false;
     // Items (the swapped tiles' grid: every possible one) and padded scale rows are int on the

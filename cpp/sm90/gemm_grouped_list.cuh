@@ -33,7 +33,7 @@ struct GroupedListGemm {
     // The device rounds sizes up to tile multiples in int: the dense GEMM's extent limit.
     if (a.max_m > kMaxExtent || a.max_n > kMaxExtent || a.max_k > kMaxExtent) return false;
     if (a.max_rows < 0 || a.max_rows > INT_MAX) return false;
-    if (a.b_layout != int32_t(WeightLayout::Standard) && a.b_layout != int32_t(WeightLayout::Prepacked)) return false;
+    if (!is_weight_layout(a.b_layout)) return false;
     if (!a.problems || !a.a || !a.sfa || !a.b || !a.sfb || !a.d || (a.beta != 0.f && !a.c)) return false;
     if (kFp4Out && (a.sfd == 0 || !(a.norm_constant > 0.f) || a.norm_constant > FLT_MAX)) return false;
     // The descriptors are written past the split-K counters (256 KiB): they need 64-byte

@@ -53,8 +53,9 @@ __device__ __forceinline__ void make_tensormap_b(CUtensorMap* dst, const CUtenso
   asm volatile("tensormap.replace.tile.global_dim.global.b1024.b32 [%0], 0, %1;" ::"l"(d), "r"(uint32_t(chunk)) : "memory");
   asm volatile("tensormap.replace.tile.global_dim.global.b1024.b32 [%0], 1, %1;" ::"l"(d), "r"(uint32_t(n)) : "memory");
   asm volatile("tensormap.replace.tile.global_dim.global.b1024.b32 [%0], 2, %1;" ::"l"(d), "r"(chunks) : "memory");
-  // Strides in bytes of dimensions 1 (rows) and 2 (chunks); the batch dimension is 1.
-  asm volatile("tensormap.replace.tile.global_stride.global.b1024.b64 [%0], 0, %1;" ::"l"(d), "l"(prepacked ? chunk : row_bytes) : "memory");
+  // Strides in bytes of dimensions 1 (rows: one chunk; standard, the chunk is the row) and 2
+  // (chunks); the batch dimension is 1.
+  asm volatile("tensormap.replace.tile.global_stride.global.b1024.b64 [%0], 0, %1;" ::"l"(d), "l"(chunk) : "memory");
   asm volatile("tensormap.replace.tile.global_stride.global.b1024.b64 [%0], 1, %1;" ::"l"(d), "l"(chunk * uint64_t(n)) : "memory");
   asm volatile("fence.proxy.tensormap::generic.release.gpu;" ::: "memory");
 }

@@ -179,6 +179,9 @@ struct KernelStatus {
 #include <cstddef>
 namespace bsg {
 
+// Whether a `b_layout` field holds a WeightLayout value (the SM90 adapters check it).
+constexpr bool is_weight_layout(int32_t v) { return v == int32_t(WeightLayout::Standard) || v == int32_t(WeightLayout::Prepacked); }
+
 // Output tag of the table (cpp/configs.def): D in e2m1 with generated scale factors of type Sf
 // (cutlass::float_ue4m3_t: NVFP4; cutlass::float_ue8m0_t: CUTLASS example 72b).
 template <class Sf>
