@@ -492,6 +492,8 @@ mod tests {
                 assert_eq!(info.tile[0], 256);
             } else if *c == Config::Sm90_256x128x64 {
                 assert_eq!(info.tile, [256, 128, 64]);
+            } else if *c == Config::Sm90_Swapped_64x128x64 {
+                assert_eq!(info.tile, [64, 128, 64]);
             } else if info.streams() {
                 // What the stream Tile static_asserts: 8 to 64 token rows, the summed tile's
                 // float4 units whole per thread or fewer than the 256 threads; and the table's
@@ -509,10 +511,10 @@ mod tests {
             let k_tile = if info.arch == 100 { 256 } else { 64 };
             assert_eq!(info.tile[2], k_tile, "{c}: K tile");
             // What the SM90 kernel's Tile static_asserts, checked here on the table: 128x256 and
-            // 256x128 exist only swapped, 128x64 only not, 128x128 both ways.
+            // 256x128 and 64x128 exist only swapped, 128x64 only not, 128x128 both ways.
             let t = [info.tile[0], info.tile[1]];
             if info.swapped() {
-                assert!(info.arch == 90 && [[128, 256], [256, 128], [128, 128]].contains(&t), "{c}");
+                assert!(info.arch == 90 && [[128, 256], [256, 128], [128, 128], [64, 128]].contains(&t), "{c}");
             } else if info.schedule == Schedule::SmemDecode {
                 assert!(info.arch == 90 && [[128, 64], [128, 128]].contains(&t), "{c}");
             }

@@ -108,19 +108,20 @@ struct Tile {
   static constexpr bool kSwap = std::is_same_v<Schedule, MainloopSwappedRegisterDecode>;
   static_assert(Act::kScaled || kSwap, "dense activations: the swapped and stream tiles");
   static_assert(kSwap || std::is_same_v<Schedule, MainloopSmemDecode>, "schedule tag");
-  static_assert((BM == 128 && (BN == 64 || BN == 128 || BN == 256)) || (BM == 256 && BN == 128), "tile M x N");
-  static_assert(kSwap == (BN == 256 || BM == 256) || (kSwap && BM == 128 && BN == 128),
-                "128x256 and 256x128 exist only swapped, 128x64 only unswapped; 128x128 both ways");
+  static_assert((BM == 128 && (BN == 64 || BN == 128 || BN == 256)) || (BM == 256 && BN == 128) || (BM == 64 && BN == 128), "tile M x N");
+  static_assert(kSwap == (BN == 256 || BM != 128) || (kSwap && BM == 128 && BN == 128),
+                "128x256, 256x128 and 64x128 exist only swapped, 128x64 only unswapped; 128x128 both ways");
   using Mainloop = Schedule;
   static constexpr int kBM = BM;
   static constexpr int kBN = BN;
   static constexpr int kRawK = ::bsg::sm90::kRawK;
   static constexpr int kSubs = kRawK / kBK;  // k-tiles per raw stage
   // Swapped: each warpgroup owns BN / 2 weight rows, kMB 64-row M blocks of the MMA: 128x256 two
-  // against 128 activation rows; 256x128 one against 256; 128x128 one against 128.
+  // against 128 activation rows; 256x128 one against 256; 128x128 and 64x128 one against 128 or 64.
   static constexpr int kMB = BN / 128;
-  static constexpr bool kSwap128 = kSwap && kMB == 1 && BM == 128;
-  // Swapped: k-tiles per ping-pong turn (the swapped 128x128's decode needs two chains to hide).
+  static constexpr bool kSwap128 = kSwap && kMB == 1 && BM <= 128;
+  // Swapped: k-tiles per ping-pong turn (the swapped 128x128's and 64x128's decode needs two
+  // chains to hide).
   static constexpr int kTurn = kSwap128 ? 2 : 1;
   // The swapped 128x128 decodes weights with the scale as converted (decode8<true>) and multiplies
   // its FP32 sums by 64 after the loop; the other swapped tiles keep the 2^6 in the scale.
