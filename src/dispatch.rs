@@ -345,7 +345,8 @@ fn select_grouped_in(table: fn(&ConfigInfo) -> &'static [OutType], arch: u32, ro
 const GROUPED_SWAPPED_MEAN: usize = 64;
 
 /// Picks a configuration of architecture `arch` for `p`, among those `available` says are
-/// built: on SM90 at M <= 64 the stream tile of the fewest rows that holds M (else the tallest);
+/// built: on SM90 at M <= 64 the stream tile of the fewest rows that holds M (else the tallest),
+/// or at 33 to 64 rows the swapped 64x128 tile where the stream tiles' K ranges are long;
 /// the explicit entry of the shape table if it has one (SM100); else the largest tile that still
 /// gives every SM a tile (`sm_count`), else the config that occupies the most SMs (ties: the
 /// least padded work). `None` when no config of that architecture is available.
@@ -392,7 +393,15 @@ pub fn select(arch: u32, p: &Problem, sm_count: usize, max_clusters: &ClusterCou
             let short_enough = |c: &Config| tile_rows(*c) < 32 || short(*c);
             let short_split = |c: &Config| split(c) >= 2 && p.k.div_ceil(64).div_ceil(split(c)) <= STREAM_FEWER_CTAS_K;
             let enough_ctas = |c: &Config| ctas(c) >= ctas(&widest) || (tile_rows(*c) < 32 && short_split(c));
-            return per_width.iter().copied().find(|c| ctas(c) <= sm_count && enough_ctas(c) && short_enough(c)).or(Some(widest));
+            let pick = per_width.iter().copied().find(|c| ctas(c) <= sm_count && enough_ctas(c) && short_enough(c)).unwrap_or(widest);
+            // 33 to 64 rows: two 32-row stream tiles decode every weight twice; the swapped 64x128
+            // tile decodes it once, and wins unless the stream tiles' K ranges are short and
+            // their CTAs fit one wave (there the swapped tile's fixed costs weigh).
+            let swapped64 = Config::Sm90_Swapped_64x128x64;
+            if p.m > 32 && candidates.contains(&swapped64) && !(short(pick) && ctas(&pick) <= sm_count) {
+                return Some(swapped64);
+            }
+            return Some(pick);
         }
         // Split-K fills the GPU for small outputs, so the choice is about tile efficiency
         // (evidence: bench/DESIGN.md §8):
@@ -610,7 +619,7 @@ mod tests {
         let (short8, short16) = (Config::Sm90_StreamShortK_8x128x64, Config::Sm90_StreamShortK_16x128x64);
         // At N x K = 4096 x 7168 each CTA's range is 28 k-tiles (split 4): short-K stages up to
         // 16 rows.
-        for (m, c) in [(1, short8), (8, short8), (9, short16), (16, short16), (17, Config::Sm90_Stream_32x128x64), (33, Config::Sm90_Stream_32x128x64), (64, Config::Sm90_Stream_32x128x64)] {
+        for (m, c) in [(1, short8), (8, short8), (9, short16), (16, short16), (17, Config::Sm90_Stream_32x128x64), (32, Config::Sm90_Stream_32x128x64)] {
             assert_eq!(select(90, &Problem::new(m, 4096, 7168), 132, &ANY_CLUSTERS, wide), Some(c), "M = {m}");
             assert!(c.info().streams());
         }
@@ -653,6 +662,15 @@ mod tests {
         for (m, n, k, c) in [(32, 7168, 2048, n32), (17, 2048, 7168, n32), (32, 4096, 7168, Config::Sm90_Stream_32x128x64), (32, 7168, 16384, Config::Sm90_Stream_32x128x64), (64, 7168, 2048, Config::Sm90_Stream_32x128x64)] {
             assert_eq!(select(90, &Problem::new(m, n, k), 132, &ANY_CLUSTERS, all), Some(c), "{m}x{n}x{k}");
         }
+        // 33 to 64 rows: the swapped 64x128 tile, unless the 32-row stream tile's K ranges are
+        // short and its CTAs one wave: 64x4096x7168 (64 tiles x 2, 56 k-tiles), 64x7168x16384
+        // (112 x 1, 256), 64x14336x4096 (224 tiles) take it; 64x7168x2048 (112 x 1, 32 k-tiles)
+        // and 64x2048x7168 (32 x 4, 28) keep the stream tile; without it, the stream tile.
+        let s64 = Config::Sm90_Swapped_64x128x64;
+        for (m, n, k, c) in [(33, 4096, 7168, s64), (64, 4096, 7168, s64), (48, 7168, 16384, s64), (64, 14336, 4096, s64), (64, 2048, 7168, Config::Sm90_Stream_32x128x64), (64, 7168, 2048, Config::Sm90_Stream_32x128x64)] {
+            assert_eq!(select(90, &Problem::new(m, n, k), 132, &ANY_CLUSTERS, all), Some(c), "{m}x{n}x{k}");
+        }
+        assert_eq!(select(90, &Problem::new(64, 4096, 7168), 132, &ANY_CLUSTERS, |c| c != s64), Some(Config::Sm90_Stream_32x128x64));
         // Only the 64-wide tiles built: they serve every shape.
         let narrow = |c: Config| !c.info().streams() || c.info().tile[1] == 64 || c.info().tile[0] == 32;
         assert_eq!(select(90, &Problem::new(4, 14336, 4096), 132, &ANY_CLUSTERS, narrow), Some(n8));

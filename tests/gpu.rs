@@ -305,7 +305,9 @@ fn sm90_small_m_every_output() -> Outcome {
         let (a, b) = contest(m, n, k, l, 90 + i as u64);
         let p = Problem::new(m, n, k).batch(l);
         let chosen = g.select_config(&p, OutType::F16).unwrap();
-        let configs: Vec<Config> = std::iter::once(chosen).chain(streams.iter().copied().filter(|&c| c != chosen)).collect();
+        // The swapped 64-row tile too (the rule's at 33 to 64 rows where K ranges are long).
+        let swapped64 = Some(Config::Sm90_Swapped_64x128x64).filter(|c| c.is_built(OutType::F16));
+        let configs: Vec<Config> = std::iter::once(chosen).chain(streams.iter().copied().chain(swapped64).filter(|&c| c != chosen)).collect();
         let c32: Vec<f32> = (0..l * m * n).map(|_| rng.below(33) as f32 - 16.0).collect();
         // FP4 output with C, alpha, beta and a norm constant: D and SFD byte for byte.
         let fp4 = |g: &BlockScaledGemm, out: OutType, config: Config, split: &str| {
@@ -350,16 +352,20 @@ fn sm90_small_m_every_output() -> Outcome {
             }
         }
     }
-    // Decode shapes at the rule's tile (64 wide: split 2, clusters of 2) and at the 128-wide
-    // short-K tile of the same rows, whose split clusters may not all fit at once (an H100 runs
-    // 30 clusters of 4; 1x4096x7168 asks 32): that launch then sums in global memory at the same
-    // split.
+    // Decode shapes at the rule's tile (64 wide: split 2, clusters of 2; at 64 rows the swapped
+    // 64x128 tile, split 3) and at the 128-wide stream tile of the same rows, whose split clusters
+    // may not all fit at once (an H100 runs 30 clusters of 4; 1x4096x7168 asks 32): that launch
+    // then sums in global memory at the same split.
     let d = g.device();
-    for (i, (m, n, k)) in [(1usize, 4096usize, 7168usize), (16, 4096, 7168)].into_iter().enumerate() {
+    for (i, (m, n, k)) in [(1usize, 4096usize, 7168usize), (16, 4096, 7168), (64, 4096, 7168)].into_iter().enumerate() {
         let (a, b) = contest(m, n, k, 1, 120 + i as u64);
         let p = Problem::new(m, n, k);
         let chosen = g.select_config(&p, OutType::F16).unwrap();
-        let wide = if m <= 8 { Config::Sm90_StreamShortK_8x128x64 } else { Config::Sm90_StreamShortK_16x128x64 };
+        let wide = match m {
+            1..=8 => Config::Sm90_StreamShortK_8x128x64,
+            9..=16 => Config::Sm90_StreamShortK_16x128x64,
+            _ => Config::Sm90_Stream_32x128x64,
+        };
         for c in std::iter::once(chosen).chain((wide != chosen && wide.is_built(OutType::F16)).then_some(wide)) {
             let s = blockscaled_gemm::config_split_k(c, &p, d.sm_count, &d.max_clusters);
             run_sm90::<f16>(&g, &a, &b, 1.0, 0.0, c, true);
