@@ -76,33 +76,24 @@ struct Epilogue {
     auto store_chunk = [&](int r, int col, const float* sums) { store(std::integral_constant<int, kW>{}, r, col, sums); };
     if constexpr (std::is_same_v<Reduce, ReduceCluster> && (BSG_SM90_ABLATE & 8) == 0) {
       // Every CTA of the cluster holds its partial tile; this one sums rows [r0, r1) of all of
-      // them in split order, one float4 per thread and unit, consecutive threads on consecutive
-      // float4s. Every unit's sum is taken into registers before the first store, so the peers'
-      // loads of all units are in flight together (one at a time, each waited for, they were
-      // the latency of a remote load per unit); the stores then run while the peers finish.
+      // them in split order and writes them out, one float4 per thread and step, consecutive
+      // threads on consecutive float4s.
       stamp(5);
       cute::cluster_sync();
       stamp(6);
       const int r0 = w.split * kBM / p.split_k, r1 = (w.split + 1) * kBM / p.split_k;
-      // float4s per thread for the at most kBM / 2 rows of a slice (split_k >= 2).
-      constexpr int kUnits = ((kBM / 2) * (BN / 4) + kThreads - 1) / kThreads;
-      float4 sum[kUnits];
-      CUTE_UNROLL
-      for (int j = 0; j < kUnits; ++j) {
-        const int u = tid + j * kThreads, r = r0 + u / (BN / 4), col = (u % (BN / 4)) * 4;
-        if (r >= r1) continue;
+      for (int u = tid; u < (r1 - r0) * (BN / 4); u += kThreads) {
+        const int r = r0 + u / (BN / 4), col = (u % (BN / 4)) * 4;
         float4 v[1];
         cluster_sum(tile_s + r * kLd + col, p.split_k, v);
-        sum[j] = v[0];
-      }
-      cute::cluster_arrive();  // this CTA reads no peer any more
-      CUTE_UNROLL
-      for (int j = 0; j < kUnits; ++j) {
-        const int u = tid + j * kThreads, r = r0 + u / (BN / 4), col = (u % (BN / 4)) * 4;
-        if (r < r1) store(std::integral_constant<int, 4>{}, r, col, reinterpret_cast<const float*>(&sum[j]));
+        store(std::integral_constant<int, 4>{}, r, col, reinterpret_cast<const float*>(v));
       }
       stamp(7);
-      cute::cluster_wait();  // no CTA leaves while a peer still reads its shared memory
+      // No CTA leaves while a peer still reads its shared memory. A relaxed arrive: a release
+      // one would first wait for this CTA's global stores above to complete (MEMBAR.GPU), which
+      // no peer needs; this CTA's peer loads have completed, as its stores consumed them.
+      cute::cluster_arrive_relaxed();
+      cute::cluster_wait();
     } else {
       compute_sync<T>();
       // Unrolled, with 16-byte shared-memory loads; tiles of fewer chunks than threads leave the
