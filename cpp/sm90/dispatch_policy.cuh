@@ -159,6 +159,8 @@ struct Tile {
   static constexpr int kDecA = kBM * kBK * 2 * kDecBufs;  // bytes
   static constexpr int kDecB = kSwap ? 0 : BN * kBK * 2 * kDecBufs;
   static constexpr int kSmem = 1024 + kDecA + kDecB + kRawStages * kRawBytes;  // 1024: swizzle alignment
+  // Swapped: one CTA per SM, held by registers (384 threads x 168: the whole file, which
+  // setmaxnreg needs); the 64x128 tile's shared memory alone would admit a second.
   static constexpr int kMinBlocks = kSwap ? 1 : 2;
   // Swapped: a producer warpgroup (128 threads, one of which issues every raw stage) whose
   // registers setmaxnreg hands to the compute warpgroups (accumulators plus two register

@@ -77,13 +77,15 @@ struct Epilogue {
     if constexpr (std::is_same_v<Reduce, ReduceCluster> && (BSG_SM90_ABLATE & 8) == 0) {
       // Every CTA of the cluster holds its partial tile; this one sums rows [r0, r1) of all of
       // them in split order and writes them out, one float4 per thread and step, consecutive
-      // threads on consecutive float4s.
+      // threads on consecutive float4s. Only units inside D are read: every peer load then
+      // feeds a store (N % 4 == 0, so a unit is inside or outside whole).
       stamp(5);
       cute::cluster_sync();
       stamp(6);
-      const int r0 = w.split * kBM / p.split_k, r1 = (w.split + 1) * kBM / p.split_k;
-      for (int u = tid; u < (r1 - r0) * (BN / 4); u += kThreads) {
-        const int r = r0 + u / (BN / 4), col = (u % (BN / 4)) * 4;
+      const int r0 = w.split * kBM / p.split_k, r1 = min((w.split + 1) * kBM / p.split_k, p.m - w.m0);
+      const int units_n = min(BN, p.n - w.n0) / 4;
+      for (int u = tid; u < (r1 - r0) * units_n; u += kThreads) {
+        const int r = r0 + u / units_n, col = (u % units_n) * 4;
         float4 v[1];
         cluster_sum(tile_s + r * kLd + col, p.split_k, v);
         store(std::integral_constant<int, 4>{}, r, col, reinterpret_cast<const float*>(v));
@@ -91,7 +93,8 @@ struct Epilogue {
       stamp(7);
       // No CTA leaves while a peer still reads its shared memory. A relaxed arrive: a release
       // one would first wait for this CTA's global stores above to complete (MEMBAR.GPU), which
-      // no peer needs; this CTA's peer loads have completed, as its stores consumed them.
+      // no peer needs. This CTA's peer loads have returned by then: each one's value feeds a
+      // store issued before the arrive (checked in SASS: loads, stores, then UCGABAR_ARV).
       cute::cluster_arrive_relaxed();
       cute::cluster_wait();
     } else {
