@@ -346,7 +346,8 @@ const GROUPED_SWAPPED_MEAN: usize = 64;
 
 /// Picks a configuration of architecture `arch` for `p`, among those `available` says are
 /// built: on SM90 at M <= 64 the stream tile of the fewest rows that holds M (else the tallest),
-/// or at 33 to 64 rows the swapped 64x128 tile where the stream tiles' K ranges are long;
+/// or at 33 to 64 rows the swapped 64x128 tile where the stream tiles' K ranges are long or
+/// their CTAs need two waves;
 /// the explicit entry of the shape table if it has one (SM100); else the largest tile that still
 /// gives every SM a tile (`sm_count`), else the config that occupies the most SMs (ties: the
 /// least padded work). `None` when no config of that architecture is available.
@@ -359,7 +360,8 @@ pub fn select(arch: u32, p: &Problem, sm_count: usize, max_clusters: &ClusterCou
     }
     if arch == 90 {
         // Small M (at most 64 token rows): the stream tile of the fewest rows that holds M, else
-        // the tallest (M = 33 to 64: two 32-row tiles, measured faster than one 64-row tile); in
+        // the tallest (M = 33 to 64: two 32-row tiles, measured faster than one 64-row stream
+        // tile; the swapped 64x128 tile may still take it below); in
         // stages of four k-tiles where each CTA's K range is at most STREAM_SHORT_K k-tiles.
         let stream = candidates.iter().copied().filter(|c| c.info().streams() && p.m <= STREAM_MAX_M);
         let tile_rows = |c: Config| c.info().tile[0] as usize;

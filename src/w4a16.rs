@@ -72,7 +72,8 @@ impl BlockScaledGemm {
     /// PyTorch activation), B an NVFP4 weight (L, N, K) with its global scale gB folded into
     /// alpha, FP32 accumulation, D in f16, bf16 or f32. On Hopper the weights are decoded on chip
     /// to A's type (exactly) and the activations read as they are; the tiles and the split-K
-    /// rule are [`Self::gemm`]'s (stream tiles up to M = 64, then the swapped tiles, which
+    /// rule are [`Self::gemm`]'s (stream tiles up to M = 32 and, where their K ranges are short, to
+    /// 64; else the swapped tiles, which
     /// re-order A once per call into the workspace: about 2 * L * M * K bytes, exactly
     /// [`Self::w4a16_workspace_size`]). Capturable
     /// like [`Self::gemm`]. SM100 has no W4A16 kernel here: [`Error::UnsupportedDevice`] (quantize
