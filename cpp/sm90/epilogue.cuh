@@ -83,9 +83,9 @@ struct Epilogue {
       cute::cluster_sync();
       stamp(6);
       const int r0 = w.split * kBM / p.split_k, r1 = min((w.split + 1) * kBM / p.split_k, p.m - w.m0);
-      const int units_n = min(BN, p.n - w.n0) / 4;
-      for (int u = tid; u < (r1 - r0) * units_n; u += kThreads) {
-        const int r = r0 + u / units_n, col = (u % units_n) * 4;
+      for (int u = tid; u < (r1 - r0) * (BN / 4); u += kThreads) {
+        const int r = r0 + u / (BN / 4), col = (u % (BN / 4)) * 4;
+        if (w.n0 + col >= p.n) continue;
         float4 v[1];
         cluster_sum(tile_s + r * kLd + col, p.split_k, v);
         store(std::integral_constant<int, 4>{}, r, col, reinterpret_cast<const float*>(v));
