@@ -666,10 +666,11 @@ mod tests {
         }
         // 33 to 64 rows: the swapped 64x128 tile, unless the 32-row stream tile's K ranges are
         // short and its CTAs one wave: 64x4096x7168 (64 tiles x 2, 56 k-tiles), 64x7168x16384
-        // (112 x 1, 256), 64x14336x4096 (224 tiles) take it; 64x7168x2048 (112 x 1, 32 k-tiles)
-        // and 64x2048x7168 (32 x 4, 28) keep the stream tile; without it, the stream tile.
+        // (112 x 1, 256), 64x14336x4096 (224 tiles) and 64x28672x2048 (448 tiles of 32 k-tiles:
+        // two waves) take it; 64x7168x2048 (112 x 1, 32 k-tiles) and 64x2048x7168 (32 x 4, 28)
+        // keep the stream tile; without it, the stream tile.
         let s64 = Config::Sm90_Swapped_64x128x64;
-        for (m, n, k, c) in [(33, 4096, 7168, s64), (64, 4096, 7168, s64), (48, 7168, 16384, s64), (64, 14336, 4096, s64), (64, 2048, 7168, Config::Sm90_Stream_32x128x64), (64, 7168, 2048, Config::Sm90_Stream_32x128x64)] {
+        for (m, n, k, c) in [(33, 4096, 7168, s64), (64, 4096, 7168, s64), (48, 7168, 16384, s64), (64, 14336, 4096, s64), (48, 28672, 2048, s64), (64, 2048, 7168, Config::Sm90_Stream_32x128x64), (64, 7168, 2048, Config::Sm90_Stream_32x128x64)] {
             assert_eq!(select(90, &Problem::new(m, n, k), 132, &ANY_CLUSTERS, all), Some(c), "{m}x{n}x{k}");
         }
         assert_eq!(select(90, &Problem::new(64, 4096, 7168), 132, &ANY_CLUSTERS, |c| c != s64), Some(Config::Sm90_Stream_32x128x64));
