@@ -176,7 +176,7 @@ fn host_queries_refuse_bad_input() {
 fn sass_has_block_scaled_umma() {
     let objs: Vec<&str> = env!("BSG_KERNEL_OBJECTS").split(';').filter(|s| !s.is_empty()).collect();
     let cuobjdump = env!("BSG_CUOBJDUMP");
-    let (mut kernels, mut hopper, mut grouped) = (0, 0, 0);
+    let (mut kernels, mut hopper, mut grouped, mut cluster_sums) = (0, 0, 0, 0);
     for obj in &objs {
         let out = Command::new(cuobjdump).arg("-sass").arg(obj).output().expect("run cuobjdump");
         assert!(out.status.success(), "cuobjdump {obj}: {}", String::from_utf8_lossy(&out.stderr));
@@ -208,13 +208,40 @@ fn sass_has_block_scaled_umma() {
             assert!(sass.contains("F2FP.F16.E4M3.UNPACK"), "{obj}: no e4m3x2 -> f16x2 decode");
             hopper += 1;
         }
+        if obj.contains("bsg_entry_sm90") || obj.contains("bsg_w4a16_sm90") {
+            cluster_sums += cluster_sum_ends_after_its_stores(obj, &sass);
+        }
     }
-    eprintln!("{kernels} SM100 kernels with block-scaled UMMA, {hopper} SM90 kernels with HGMMA or HMMA");
+    eprintln!("{kernels} SM100 kernels with block-scaled UMMA, {hopper} SM90 kernels with HGMMA or HMMA, {cluster_sums} cluster split-K sums ending after their stores");
+    assert!(hopper == 0 || cluster_sums > 0, "no SM90 cluster split-K sum found to check");
     let expected = |arch: u32| built_configs().iter().filter(|c| c.info().arch == arch).map(|c| c.info().outputs.len()).sum::<usize>();
     assert_eq!(kernels, expected(100));
     assert_eq!(hopper, expected(90));
     let grouped_sm100: usize = built_configs().iter().filter(|c| c.info().arch == 100).map(|c| c.info().grouped.len()).sum();
     assert_eq!(grouped, grouped_sm100, "SM100 grouped kernels with block-scaled UMMA");
+}
+
+/// The 16/32-bit epilogue's cluster split-K sum ends with a relaxed cluster arrive
+/// (`cpp/sm90/epilogue.cuh`): that is safe only because every peer load feeds a global store
+/// issued before the arrive, and fast only without a memory barrier between the two. In each
+/// such kernel (`ReduceCluster`, not FP4 output, whose epilogue stores after its barriers) the
+/// last `UCGABAR_ARV` must follow the last `STG` with no `MEMBAR` between them.
+fn cluster_sum_ends_after_its_stores(obj: &str, sass: &str) -> usize {
+    let mut checked = 0;
+    for f in sass.split("Function : ").skip(1) {
+        let name = f.lines().next().unwrap_or("");
+        if !name.contains("ReduceCluster") || name.contains("Fp4Out") {
+            continue;
+        }
+        let lines: Vec<&str> = f.lines().collect();
+        let last = |op: &str| lines.iter().rposition(|l| l.contains(op));
+        let (stg, arv) = (last("STG."), last("UCGABAR_ARV"));
+        let (Some(stg), Some(arv)) = (stg, arv) else { panic!("{obj}: {name}: no STG or no UCGABAR_ARV") };
+        assert!(arv > stg, "{obj}: {name}: the last cluster arrive comes before the last store");
+        assert!(!lines[stg..arv].iter().any(|l| l.contains("MEMBAR")), "{obj}: {name}: a MEMBAR between the last store and the cluster arrive");
+        checked += 1;
+    }
+    checked
 }
 
 /// The (SM100 config, output) pairs of a kernel table (`table`) that this build holds (`built`);
