@@ -367,7 +367,10 @@ pub fn select(arch: u32, p: &Problem, sm_count: usize, max_clusters: &ClusterCou
         let tile_rows = |c: Config| c.info().tile[0] as usize;
         let holding = stream.clone().map(tile_rows).filter(|&r| r >= p.m).min();
         if let Some(rows) = holding.or_else(|| stream.clone().map(tile_rows).max()) {
-            let short = |c: Config| p.k.div_ceil(64).div_ceil(split_k(c, p, sm_count, max_clusters) as usize) <= STREAM_SHORT_K;
+            // Each CTA's K ranges: `split` of them, `range` k-tiles of 64 each.
+            let split = |c: Config| split_k(c, p, sm_count, max_clusters) as usize;
+            let range = |c: Config| p.k.div_ceil(64).div_ceil(split(c));
+            let short = |c: Config| range(c) <= STREAM_SHORT_K;
             let want = |c: &Config| (c.info().schedule == Schedule::StreamWeightsShortK) == short(*c);
             let fewest: Vec<Config> = stream.filter(|&c| tile_rows(c) == rows).collect();
             // Per width (64 or 128 weight rows), the schedule the K range asks for, else the one
@@ -376,8 +379,9 @@ pub fn select(arch: u32, p: &Problem, sm_count: usize, max_clusters: &ClusterCou
             // one sums through global memory, or none), or (8 and 16 rows) fewer CTAs still
             // splitting K into ranges of at most STREAM_FEWER_CTAS_K k-tiles (short streams, where
             // the wider tile's larger split-K sum and fixed costs outweigh the SMs left idle; at
-            // split 1 W4A16's bf16 range test reads each CTA's whole K); at 32 rows only where its K ranges are short (each CTA
-            // decodes its activations over its whole range). Else the widest.
+            // split 1 W4A16's bf16 range test reads each CTA's whole K); at 32 rows only where its
+            // K ranges are short (each CTA decodes its activations over its whole range). Else the
+            // widest.
             let width = |c: &Config| c.info().tile[1];
             let mut widths: Vec<u32> = fewest.iter().map(width).collect();
             widths.sort_unstable();
@@ -389,11 +393,10 @@ pub fn select(arch: u32, p: &Problem, sm_count: usize, max_clusters: &ClusterCou
                     same.clone().find(want).or_else(|| same.next())
                 })
                 .collect();
-            let ctas = |c: &Config| c.tiles(p) * split_k(*c, p, sm_count, max_clusters) as usize;
-            let split = |c: &Config| split_k(*c, p, sm_count, max_clusters) as usize;
+            let ctas = |c: &Config| c.tiles(p) * split(*c);
             let widest = per_width.last().copied()?;
             let short_enough = |c: &Config| tile_rows(*c) < 32 || short(*c);
-            let short_split = |c: &Config| split(c) >= 2 && p.k.div_ceil(64).div_ceil(split(c)) <= STREAM_FEWER_CTAS_K;
+            let short_split = |c: &Config| split(*c) >= 2 && range(*c) <= STREAM_FEWER_CTAS_K;
             let enough_ctas = |c: &Config| ctas(c) >= ctas(&widest) || (tile_rows(*c) < 32 && short_split(c));
             let pick = per_width.iter().copied().find(|c| ctas(c) <= sm_count && enough_ctas(c) && short_enough(c)).unwrap_or(widest);
             // 33 to 64 rows: two 32-row stream tiles decode every weight twice; the swapped 64x128
