@@ -198,9 +198,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             println!("{:>16} {:>6} {:>24} {:>5} {:>9.2} {:>8.2} {:>8.2} {:>8} {:>8.2} {:>8.2} {:>10} {:>9} {:>7.2} {:>6}", format!("{m}x{n}x{k}"), out.name(), r.config.to_string(), r.split,
                 r.launch_us, r.b2b_us, r.graph_us, fmt(r.prepacked.map(|x| x.0)), r.host_us, r.floor_us, fmt(bf16), fmt(fp8), r.graph_us / r.floor_us, r.check.label());
             let num = |x: Option<f64>| x.map_or("null".to_string(), |v| format!("{v:.3}"));
+            let (prepacked_us, prepacked_config) = prepacked_json(r.prepacked);
             json += &format!(
                 "{{\"op\":\"gemm\",\"gpu\":\"{gpu}\",\"commit\":\"{commit}\",\"m\":{m},\"n\":{n},\"k\":{k},\"l\":1,\"out\":\"{}\",\"config\":\"{}\",\"split_k\":{},\"runs\":{},\"graph_calls\":{},\"ours_launch_us\":{:.3},\"ours_b2b_us\":{:.3},\"ours_graph_us\":{:.3},\"ours_prepacked_graph_us\":{},\"prepacked_config\":{},\"host_enqueue_us\":{:.3},\"host_plan_us\":{:.3},\"cublas_bf16_graph_us\":{},\"cublas_fp8_graph_us\":{},\"floor_us\":{:.3},\"copy_gbps\":{copy_gbps:.1},\"workspace_bytes\":{},\"exact\":{},\"verdict\":\"{}\"}}\n",
-                out.name(), r.config, r.split, cli.runs, cli.graph_calls, r.launch_us, r.b2b_us, r.graph_us, num(r.prepacked.map(|x| x.0)), r.prepacked.map_or("null".to_string(), |x| format!("\"{}\"", x.1)), r.host_us, r.plan_us, num(bf16), num(fp8), r.floor_us, r.workspace, r.check.bit_exact, r.check.verdict());
+                out.name(), r.config, r.split, cli.runs, cli.graph_calls, r.launch_us, r.b2b_us, r.graph_us, prepacked_us, prepacked_config, r.host_us, r.plan_us, num(bf16), num(fp8), r.floor_us, r.workspace, r.check.bit_exact, r.check.verdict());
         }
     }
     let w4a16_baselines = match &cli.w4a16_baselines {
@@ -223,11 +224,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let bf16 = w4a16_baselines.as_ref().and_then(|b| b.number(&name, "cublas_bf16_graph_us"));
         let int4 = w4a16_baselines.as_ref().and_then(|b| b.number(&name, "int4_tinygemm_graph_us"));
         let fmt = |x: Option<f64>| x.map_or("-".to_string(), |v| format!("{v:.2}"));
-        println!("{:>16} {:>24} {:>5} {:>8.2} {:>8.2} {:>8} {:>8.2} {:>8.2} {:>10} {:>10} {:>7.2} {:>6}", format!("{input} {name}"), r.config.to_string(), r.split, r.b2b_us, r.graph_us, fmt(r.prepacked_graph_us.map(|x| x.0)), r.host_us, r.floor_us, fmt(bf16), fmt(int4), r.graph_us / r.floor_us, if r.exact { "exact" } else { "FAILED" });
+        println!("{:>16} {:>24} {:>5} {:>8.2} {:>8.2} {:>8} {:>8.2} {:>8.2} {:>10} {:>10} {:>7.2} {:>6}", format!("{input} {name}"), r.config.to_string(), r.split, r.b2b_us, r.graph_us, fmt(r.prepacked.map(|x| x.0)), r.host_us, r.floor_us, fmt(bf16), fmt(int4), r.graph_us / r.floor_us, if r.exact { "exact" } else { "FAILED" });
         let num = |x: Option<f64>| x.map_or("null".to_string(), |v| format!("{v:.3}"));
+        let (prepacked_us, prepacked_config) = prepacked_json(r.prepacked);
         json += &format!(
             "{{\"op\":\"w4a16\",\"gpu\":\"{gpu}\",\"commit\":\"{commit}\",\"m\":{m},\"n\":{n},\"k\":{k},\"l\":1,\"input\":\"{input}\",\"out\":\"{input}\",\"config\":\"{}\",\"split_k\":{},\"runs\":{},\"graph_calls\":{},\"ours_b2b_us\":{:.3},\"ours_graph_us\":{:.3},\"ours_prepacked_graph_us\":{},\"prepacked_config\":{},\"host_enqueue_us\":{:.3},\"cublas_bf16_graph_us\":{},\"int4_tinygemm_graph_us\":{},\"floor_us\":{:.3},\"copy_gbps\":{copy_gbps:.1},\"exact\":{}}}\n",
-            r.config, r.split, cli.runs, cli.graph_calls, r.b2b_us, r.graph_us, num(r.prepacked_graph_us.map(|x| x.0)), r.prepacked_graph_us.map_or("null".to_string(), |x| format!("\"{}\"", x.1)), r.host_us, num(bf16), num(int4), r.floor_us, r.exact);
+            r.config, r.split, cli.runs, cli.graph_calls, r.b2b_us, r.graph_us, prepacked_us, prepacked_config, r.host_us, num(bf16), num(int4), r.floor_us, r.exact);
     }
     let quantizer = Quantizer::new(stream.clone());
     let k = cli.quantize_k;
@@ -511,7 +513,7 @@ fn bench_one(cli: &Cli, gemm: &BlockScaledGemm, stream: &Arc<CudaStream>, l2: us
     judged = judged.and(check(&d, &sfd)?);
     // The same graph with the weights prepacked (Hopper kernels only, and a forced split within
     // the prepacked layout's one range per 256 values of K), checked too.
-    let prepacked_graph_us = if config.info().arch == 90 && cli.split_k.is_none_or(|s| s as usize <= blockscaled_gemm::layout::prepack_chunks(k)) {
+    let prepacked = if config.info().arch == 90 && cli.split_k.is_none_or(|s| s as usize <= blockscaled_gemm::layout::prepack_chunks(k)) {
         drop(sets);
         let mut packed: Sets = Vec::new();
         for _ in 0..n_sets {
@@ -530,7 +532,13 @@ fn bench_one(cli: &Cli, gemm: &BlockScaledGemm, stream: &Arc<CudaStream>, l2: us
     };
     let out_bytes = d_bytes + if out.sfd().is_some() { p.sfd_bytes() } else { 0 };
     let floor_us = (((set_bytes + out_bytes) as f64) / (copy_gbps * 1e9)).max(p.flops() / 800e12) * 1e6;
-    Ok(Result1 { config, split, launch_us, b2b_us, graph_us, prepacked: prepacked_graph_us, host_us, plan_us, floor_us, workspace, check: judged })
+    Ok(Result1 { config, split, launch_us, b2b_us, graph_us, prepacked, host_us, plan_us, floor_us, workspace, check: judged })
+}
+
+/// A run's `ours_prepacked_graph_us` and `prepacked_config` as JSON values (null where the
+/// prepacked weights were not timed).
+fn prepacked_json(prepacked: Option<(f64, Config)>) -> (String, String) {
+    prepacked.map_or(("null".into(), "null".into()), |(us, config)| (format!("{us:.3}"), format!("\"{config}\"")))
 }
 
 /// `cli.runs` launches back to back between one pair of events: device us per launch, and the

@@ -23,7 +23,7 @@ pub struct W4a16Result {
     pub graph_us: f64,
     /// The same with the weights prepacked, and the config that ran it (`None` for a forced split
     /// past its ranges).
-    pub prepacked_graph_us: Option<(f64, Config)>,
+    pub prepacked: Option<(f64, Config)>,
     pub host_us: f64,
     pub floor_us: f64,
     pub exact: bool,
@@ -76,7 +76,7 @@ pub fn bench_shape<TA: Activation16>(cli: &Cli, gemm: &BlockScaledGemm, stream: 
     exact &= check(&d)?;
     // The same graph with the weights prepacked (a forced split within the prepacked layout's
     // one range per 256 values of K), checked too.
-    let mut prepacked_graph_us = None;
+    let mut prepacked = None;
     if cli.split_k.is_none_or(|s| s as usize <= blockscaled_gemm::layout::prepack_chunks(k)) {
         drop(sets);
         let mut packed = Vec::with_capacity(n_sets);
@@ -87,9 +87,9 @@ pub fn bench_shape<TA: Activation16>(cli: &Cli, gemm: &BlockScaledGemm, stream: 
         let pconfig = if cli.config.is_some() { config } else { gemm.select_w4a16_config_for(&p, TA::OUT, WeightLayout::Prepacked)? };
         gemm.reserve_workspace(gemm.w4a16_workspace_size::<TA>(&p, TA::OUT, Some(pconfig))?)?;
         as_bytes(&mut d)?;
-        prepacked_graph_us = Some((time_graph(cli, stream, |i| launch((&packed, pconfig), i, &mut d))?, pconfig));
+        prepacked = Some((time_graph(cli, stream, |i| launch((&packed, pconfig), i, &mut d))?, pconfig));
         exact &= check(&d)?;
     }
     let floor_us = (((set_bytes + 2 * m * n) as f64) / (copy_gbps * 1e9)).max(p.flops() / 800e12) * 1e6;
-    Ok(W4a16Result { config, split, b2b_us, graph_us, prepacked_graph_us, host_us, floor_us, exact })
+    Ok(W4a16Result { config, split, b2b_us, graph_us, prepacked, host_us, floor_us, exact })
 }
