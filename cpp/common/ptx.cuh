@@ -33,6 +33,18 @@ __device__ __forceinline__ void bulk_load(uint32_t dst, const void* src, uint32_
                : "memory");
 }
 
+// L2 prefetches of a 4-D tensor tile and of contiguous bytes: hints that move no data into the SM.
+// L2 is the GPU's point of coherence, so a later load still reads what the previous kernel wrote,
+// and a prefetch may be issued before griddepcontrol.wait.
+__device__ __forceinline__ void tma_prefetch_l2_4d(const CUtensorMap* map, int c0, int c1, int c2, int c3) {
+  asm volatile("cp.async.bulk.prefetch.tensor.4d.L2.global.tile [%0, {%1, %2, %3, %4}];\n" ::"l"(reinterpret_cast<uint64_t>(map)), "r"(c0),
+               "r"(c1), "r"(c2), "r"(c3)
+               : "memory");
+}
+__device__ __forceinline__ void bulk_prefetch_l2(const void* src, uint32_t bytes) {
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(src), "r"(bytes) : "memory");
+}
+
 // Address of the same shared-memory location in the CTA of rank `rank` of this cluster.
 __device__ __forceinline__ uint32_t peer_smem(const void* local, uint32_t rank) {
   uint32_t out;

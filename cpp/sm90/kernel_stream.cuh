@@ -39,7 +39,7 @@ __global__ void __launch_bounds__(T::kLaunchThreads, T::kMinBlocks)
   const TileWork w = TileScheduler<T>::work(p);
   const RawPipeline<T> pipe = start_pipeline<T>(p, w, smem, smem, &map_a, &map_b, tid);
   if (tid >= kThreads) {  // the producer warp; exited threads hold up no later barrier
-    Mainloop::produce(pipe, w, tid);
+    Mainloop::produce(pipe, w, tid, Mainloop::kLoadsAhead, kL2PrefetchStages<Reduce>);
     return;
   }
   // Before this thread's first global access (A where the FP16 test reads it, else the

@@ -122,9 +122,11 @@ struct CollectiveMainloop<Tile<BM, BN, MainloopStream<kStageKTiles>, Act>> {
   // ring (of this item or, in a persistent kernel, of the one before) has landed and, for a
   // refill, the compute warps have freed its slot (whose barrier no refill has re-armed since
   // that stage: ahead <= kRawStages). Nothing is read before the previous kernel completes
-  // (programmatic launch).
-  __device__ __forceinline__ static void produce(const RawPipeline<T>& pipe, const TileWork& w, int tid, int ahead = kLoadsAhead) {
+  // (programmatic launch); the first `prefetch` stages' weights are asked into L2 before that.
+  __device__ __forceinline__ static void produce(const RawPipeline<T>& pipe, const TileWork& w, int tid, int ahead = kLoadsAhead,
+                                                 int prefetch = 0) {
     if (tid != kThreads) return;
+    for (int r = 0; r < min(w.n_raw, prefetch); ++r) pipe.prefetch_b(r);
     griddep_wait();
     for (int r = 0; r < w.n_raw; ++r) {
       if (pipe.refills(r)) pipe.wait_empty(r);

@@ -65,6 +65,27 @@ struct RawPipeline {
   }
 
 
+  // B's TMA coordinates of box x of k-tile kt. Standard: one chunk of the whole row. Prepacked:
+  // the box lies inside one chunk (the scheduler starts K ranges at whole boxes).
+  __device__ __forceinline__ int b_k_bytes(int kt, int x) const { return kt * (kBK / 2) + x * T::kBoxBytesK; }
+  __device__ __forceinline__ int b_byte(int kt, int x) const {
+    return b_chunked ? b_k_bytes(kt, x) % BSG_PREPACK_CHUNK_BYTES : b_k_bytes(kt, x);
+  }
+  __device__ __forceinline__ int b_chunk(int kt, int x) const { return b_chunked ? b_k_bytes(kt, x) / BSG_PREPACK_CHUNK_BYTES : 0; }
+  // Scale chunk c (128 rows of B) of the stage from k-tile kt.
+  __device__ __forceinline__ const uint8_t* sfb_stage(int kt, int c) const { return sfb_rows + c * (sp / 4) * 512 + int64_t(kt) * 512; }
+
+  // Raw stage r's weights and their scales into L2 only. The producer sends them before
+  // griddepcontrol.wait, so the weights stream while the previous kernel ends; the stage's loads
+  // still fetch them after the wait.
+  __device__ __forceinline__ void prefetch_b(int r) const {
+    if constexpr ((BSG_SM90_ABLATE & 4) == 0) {
+      const int kt = w.kt_begin + T::kSubs * r;
+      for (int x = 0; x < T::kBoxesK; ++x) tma_prefetch_l2_4d(map_b, b_byte(kt, x), w.n0, b_chunk(kt, x), int(w.batch));
+      for (int c = 0; c < sfb_chunks; ++c) bulk_prefetch_l2(sfb_stage(kt, c), min(T::kSubs, w.kt_end - kt) * 512);
+    }
+  }
+
   // Raw stage r (k-tiles kt_begin + T::kSubs r ...), the copies `what` names.
   __device__ __forceinline__ void issue(int r, int what = kIssueA | kIssueB) const {
     constexpr int kBM = T::kBM;
@@ -80,16 +101,9 @@ struct RawPipeline {
     if (what & kIssueB) cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&full[slot], bytes);
     if constexpr ((BSG_SM90_ABLATE & 4) == 0) {
       if (what & kIssueB) {
-        for (int x = 0; x < T::kBoxesK; ++x) {
-          // Standard: one chunk of the whole row. Prepacked: the box lies inside one chunk (the
-          // scheduler starts K ranges at whole boxes).
-          const int kb = kt * (kBK / 2) + x * T::kBoxBytesK;
-          constexpr int kChunk = BSG_PREPACK_CHUNK_BYTES;
-          tma_load_4d(stage_s + T::kRawA + x * (T::kBN * T::kBoxBytesK), map_b, b_chunked ? kb % kChunk : kb, w.n0,
-                      b_chunked ? kb / kChunk : 0, int(w.batch), bar);
-        }
-        for (int c = 0; c < sfb_chunks; ++c)
-          bulk_load(stage_s + T::kSfB + T::kSfStage * c, sfb_rows + c * (sp / 4) * 512 + int64_t(kt) * 512, sf_bytes, bar);
+        for (int x = 0; x < T::kBoxesK; ++x)
+          tma_load_4d(stage_s + T::kRawA + x * (T::kBN * T::kBoxBytesK), map_b, b_byte(kt, x), w.n0, b_chunk(kt, x), int(w.batch), bar);
+        for (int c = 0; c < sfb_chunks; ++c) bulk_load(stage_s + T::kSfB + T::kSfStage * c, sfb_stage(kt, c), sf_bytes, bar);
       }
       if (what & kIssueA) {
         if constexpr (T::kPreA) {
