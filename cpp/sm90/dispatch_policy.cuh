@@ -83,8 +83,9 @@ inline constexpr float kStreamUnscale = Act::kScaled ? 4096.f : std::is_same_v<t
 struct ReduceGlobal {};
 struct ReduceCluster {};
 
-// Raw stages whose weights a producer prefetches into L2 before griddepcontrol.wait: two in the
-// kernels whose K ranges meet in the cluster, none in the others (measured per kernel, bench/DESIGN.md §9).
+// The first raw stages whose weights reach L2 before griddepcontrol.wait (a swapped tile loads stage
+// 0 there and prefetches the rest): two in the kernels whose K ranges meet in the cluster, none in
+// the others (measured per kernel, bench/DESIGN.md §9).
 template <class Reduce>
 inline constexpr int kL2PrefetchStages = std::is_same_v<Reduce, ReduceCluster> ? 2 : 0;
 

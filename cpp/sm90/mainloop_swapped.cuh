@@ -29,8 +29,8 @@ struct CollectiveMainloop<Tile<BM, BN, MainloopSwappedRegisterDecode, Act>> {
   // The producer warpgroup: gives up its registers; one thread issues every raw stage, each refill
   // once the compute threads have released its slot. The first stage's weights go out while the
   // pre-pass may still run (its activations are complete past griddep_wait), and the first stage
-  // alone: the next ones once it has landed, so it does not wait behind their bytes (those of the
-  // first `prefetch` stages are asked into L2 meanwhile).
+  // alone: the next ones once it has landed, so it does not wait behind their bytes. Stages 1 ..
+  // prefetch - 1 are asked into L2 meanwhile, which costs the first stage less than it saves.
   __device__ __forceinline__ static void produce(const RawPipeline<T>& pipe, const TileWork& w, int tid, int prefetch = 0) {
     cutlass::arch::warpgroup_reg_dealloc<40>();
     if (tid == kThreads) {
