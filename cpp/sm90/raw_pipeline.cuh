@@ -65,6 +65,8 @@ struct RawPipeline {
   }
 
 
+  // The first k-tile of raw stage r.
+  __device__ __forceinline__ int stage_kt(int r) const { return w.kt_begin + T::kSubs * r; }
   // B's TMA coordinates of box x of k-tile kt. Standard: one chunk of the whole row. Prepacked:
   // the box lies inside one chunk (the scheduler starts K ranges at whole boxes).
   __device__ __forceinline__ int b_k_bytes(int kt, int x) const { return kt * (kBK / 2) + x * T::kBoxBytesK; }
@@ -72,17 +74,19 @@ struct RawPipeline {
     return b_chunked ? b_k_bytes(kt, x) % BSG_PREPACK_CHUNK_BYTES : b_k_bytes(kt, x);
   }
   __device__ __forceinline__ int b_chunk(int kt, int x) const { return b_chunked ? b_k_bytes(kt, x) / BSG_PREPACK_CHUNK_BYTES : 0; }
-  // Scale chunk c (128 rows of B) of the stage from k-tile kt.
+  // Scale chunk c (128 rows of B) of the stage from k-tile kt, and the bytes of one scale chunk
+  // of that stage (512 a k-tile, fewer k-tiles in the range's last stage).
   __device__ __forceinline__ const uint8_t* sfb_stage(int kt, int c) const { return sfb_rows + c * (sp / 4) * 512 + int64_t(kt) * 512; }
+  __device__ __forceinline__ uint32_t sf_stage_bytes(int kt) const { return min(T::kSubs, w.kt_end - kt) * 512; }
 
   // Raw stage r's weights and their scales into L2 only. The producer sends them before
   // griddepcontrol.wait, so the weights stream while the previous kernel ends; the stage's loads
   // still fetch them after the wait.
   __device__ __forceinline__ void prefetch_b(int r) const {
     if constexpr ((BSG_SM90_ABLATE & 4) == 0) {
-      const int kt = w.kt_begin + T::kSubs * r;
+      const int kt = stage_kt(r);
       for (int x = 0; x < T::kBoxesK; ++x) tma_prefetch_l2_4d(map_b, b_byte(kt, x), w.n0, b_chunk(kt, x), int(w.batch));
-      for (int c = 0; c < sfb_chunks; ++c) bulk_prefetch_l2(sfb_stage(kt, c), min(T::kSubs, w.kt_end - kt) * 512);
+      for (int c = 0; c < sfb_chunks; ++c) bulk_prefetch_l2(sfb_stage(kt, c), sf_stage_bytes(kt));
     }
   }
 
@@ -92,8 +96,8 @@ struct RawPipeline {
     const int slot = this->slot(r);
     const uint32_t bar = static_cast<uint32_t>(__cvta_generic_to_shared(&full[slot]));
     const uint32_t stage_s = raw_s + slot * T::kRawBytes;
-    const int kt = w.kt_begin + T::kSubs * r;
-    const uint32_t sf_bytes = min(T::kSubs, w.kt_end - kt) * 512;
+    const int kt = stage_kt(r);
+    const uint32_t sf_bytes = sf_stage_bytes(kt);
     // kPreA: every box of FP16 activations is whole (zero-filled past K_pad, M or the batch).
     constexpr uint32_t kPreBytes = T::kPreA ? T::kSubs * kBM * kBK * 2 : 0;
     constexpr int kSfA = T::kPreA || !T::Activation::kScaled ? 0 : 1;
