@@ -168,7 +168,10 @@ pub(crate) fn resolve_config(device: &DeviceFacts, out: OutType, forced: Option<
 /// was itself launched with `cudaLaunchAttributeProgrammaticStreamSerialization` may start before
 /// this GEMM ends, and must call `cudaGridDependencySynchronize()` (PTX `griddepcontrol.wait`)
 /// before it reads D, as such kernels do by contract. (This crate's own pre-pass does, and so
-/// overlaps the previous call's tail.)
+/// overlaps the previous call's tail.) The GEMM is itself launched that way, and reads no operand
+/// before the kernel queued ahead of the call has completed: the kernels that sum K ranges in a
+/// cluster only ask their first weight tiles into L2 meanwhile, which cannot return data older
+/// than that kernel's writes.
 ///
 /// Workspace: device memory the kernels use besides their operands. On Hopper it holds split-K
 /// partials where a split goes through global memory, and for the swapped configs
