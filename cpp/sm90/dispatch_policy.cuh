@@ -21,6 +21,14 @@
 #ifndef BSG_SM90_STREAM_STAGES
 #define BSG_SM90_STREAM_STAGES(bm) ((bm) <= 16 ? 4 : 6)
 #endif
+// The swapped 128x128 and 64x128 tiles' k-tiles per ping-pong turn and the swapped tiles' raw
+// stages (not 256x128, whose activation buffers fit three), by token rows (BM).
+#ifndef BSG_SM90_SWAP_TURN
+#define BSG_SM90_SWAP_TURN(bm) 2
+#endif
+#ifndef BSG_SM90_SWAP_STAGES
+#define BSG_SM90_SWAP_STAGES(bm) 4
+#endif
 
 namespace bsg::sm90 {
 
@@ -128,7 +136,7 @@ struct Tile {
   static constexpr bool kSwap128 = kSwap && kMB == 1 && BM <= 128;
   // Swapped: k-tiles per ping-pong turn (the swapped 128x128's and 64x128's decode needs two
   // chains to hide).
-  static constexpr int kTurn = kSwap128 ? 2 : 1;
+  static constexpr int kTurn = kSwap128 ? BSG_SM90_SWAP_TURN(BM) : 1;
   // The swapped 128x128 decodes weights with the scale as converted (decode8<true>) and multiplies
   // its FP32 sums by 64 after the loop; the other swapped tiles keep the 2^6 in the scale.
   // (BF16 weights are decoded as value * sf: nothing to undo.)
@@ -138,7 +146,7 @@ struct Tile {
   static constexpr bool kPreA = kSwap;
   static constexpr int kSfChunksB = (BN + 127) / 128;
   // Unswapped keeps two CTAs per SM; BM = 256's FP16 activation buffers fit three stages.
-  static constexpr int kRawStages = !kSwap ? 2 : BM == 256 ? 3 : 4;
+  static constexpr int kRawStages = !kSwap ? 2 : BM == 256 ? 3 : BSG_SM90_SWAP_STAGES(BM);
   // Raw stage (TMA destination): A rows x kRawK/2 bytes, B rows likewise, then the scales of the
   // kSubs k-tiles: kSubs x 512 bytes per 128-row block (A: one unless kPreA, B: 1-2).
   static constexpr int kRawA = kPreA ? 0 : kBM * kRawK / 2;

@@ -68,21 +68,22 @@ struct CollectiveMainloop<Tile<BM, BN, MainloopSwappedRegisterDecode, Act>> {
     // 4s + 3 at 2c + 8, 2c + 9. The pre-pass writes the activations in the same order, so every
     // product still pairs equal K and each wgmma sums the same 16 products.
     Tensor tCrB = wg_mma.make_fragment_B(wg_mma.partition_B(sA));  // (MMA, MMA_N, MMA_K, bufs)
-    using FragLayout = Layout<Shape<Shape<_2, _2, _2>, Int<T::kMB>, _4>>;  // (MMA values, M blocks, steps), compact
-    Tensor frag0 = make_tensor<E>(FragLayout{});
-    Tensor frag1 = make_tensor<E>(FragLayout{});
+    constexpr int kTurn = T::kTurn;
+    // (MMA values, M blocks, steps, k-tiles of a turn), compact.
+    using FragLayout = Layout<Shape<Shape<_2, _2, _2>, Int<T::kMB>, _4, Int<kTurn>>>;
     // Weights: this thread's rows r, r + 8 (fragment values 0 and 2) of M block 0, and (kMB = 2)
     // 128 rows further of block 1 (the RS atom's A layout, two warpgroups along M), so every row's
     // raw bytes and scale lie at constant offsets from the first's (r % 32 + 8 < 32).
     const int w_row = (tid / 128) * 64 + ((tid % 128) / 32) * 16 + (tid % 32) / 4;
     const int w_raw = T::kRawA + w_row * (T::kRawK / 2) + 8 * (tid % 4);
     const int w_sf = T::kSfB + sf_in_chunk(w_row, tid % 4);
-    // M block mb of k-tile i. One call per block: a loop over both blocks scheduled worse.
-    auto decode_w = [&](int i, auto& frag, int mb) {
+    // M block mb of k-tile i into the turn's k-tile t. One call per block: a loop over both blocks
+    // scheduled worse.
+    auto decode_w = [&](int i, auto& frag, int mb, int t) {
       if constexpr ((BSG_SM90_ABLATE & 1) != 0) return;
       const uint8_t* base = raw + ((i / T::kSubs) % T::kRawStages) * T::kRawBytes;
       const int sub = i % T::kSubs;
-      auto regs = recast<uint32_t>(frag);  // register (pair + 2 hi + 4 block + 4 kMB step)
+      auto regs = recast<uint32_t>(frag);  // register (pair + 2 hi + 4 block + 4 kMB step + 16 kMB t)
       CUTE_UNROLL
       for (int h = 0; h < 2; ++h) {
         const uint2 q = *reinterpret_cast<const uint2*>(base + w_raw + (8 * h + 128 * mb) * (T::kRawK / 2) + sub * 32);
@@ -104,8 +105,8 @@ struct CollectiveMainloop<Tile<BM, BN, MainloopSwappedRegisterDecode, Act>> {
         const uint32_t v[8] = {v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w};
         CUTE_UNROLL
         for (int st = 0; st < 4; ++st) {
-          regs(h + 4 * mb + 4 * T::kMB * st) = v[2 * st];          // K 2c, 2c + 1
-          regs(h + 2 + 4 * mb + 4 * T::kMB * st) = v[2 * st + 1];  // K 2c + 8, 2c + 9
+          regs(h + 4 * mb + 4 * T::kMB * st + 16 * T::kMB * t) = v[2 * st];          // K 2c, 2c + 1
+          regs(h + 2 + 4 * mb + 4 * T::kMB * st + 16 * T::kMB * t) = v[2 * st + 1];  // K 2c + 8, 2c + 9
         }
       }
     };
@@ -114,24 +115,22 @@ struct CollectiveMainloop<Tile<BM, BN, MainloopSwappedRegisterDecode, Act>> {
     // operand until it completes). Every compute thread arrives on a slot's "empty" barrier once
     // its wgmma of the slot's last k-tile has completed.
     const int wg = tid / 128;
-    constexpr int kTurn = T::kTurn;
-    Tensor frag0b = make_tensor<E>(FragLayout{});
-    Tensor frag1b = make_tensor<E>(FragLayout{});
+    Tensor frag0 = make_tensor<E>(FragLayout{});
+    Tensor frag1 = make_tensor<E>(FragLayout{});
     // Decodes k-tiles j .. j + kTurn - 1 (those below n_kt), waiting for each raw stage first.
-    auto decode_turn = [&](int j, auto& fa, auto& fb) {
-      if (j % T::kSubs == 0) pipe.wait(j / T::kSubs);
-      decode_w(j, fa, 0);
-      if constexpr (T::kMB == 2) decode_w(j, fa, 1);
-      if constexpr (kTurn == 2) {
-        if (j + 1 < n_kt) {
-          if ((j + 1) % T::kSubs == 0) pipe.wait((j + 1) / T::kSubs);
-          decode_w(j + 1, fb, 0);
+    auto decode_turn = [&](int j, auto& f) {
+      CUTE_UNROLL
+      for (int t = 0; t < kTurn; ++t) {
+        if (t == 0 || j + t < n_kt) {
+          if ((j + t) % T::kSubs == 0) pipe.wait((j + t) / T::kSubs);
+          decode_w(j + t, f, 0, t);
+          if constexpr (T::kMB == 2) decode_w(j + t, f, 1, t);
         }
       }
     };
-    if (n_kt > 0) decode_turn(0, frag0, frag0b);
+    if (n_kt > 0) decode_turn(0, frag0);
     stamp(1);
-    auto step = [&](int i, auto& cur, auto& curb, auto& next, auto& nextb) {
+    auto step = [&](int i, auto& cur, auto& next) {
       BSG_TRACE(i / kTurn, 0);
       if (wg == 0) {
         if (i > 0) asm volatile("bar.sync 3, %0;\n" ::"n"(kThreads) : "memory");
@@ -140,17 +139,13 @@ struct CollectiveMainloop<Tile<BM, BN, MainloopSwappedRegisterDecode, Act>> {
       }
       warpgroup_fence_operand(acc);
       warpgroup_fence_operand(cur);
-      if constexpr (kTurn == 2) warpgroup_fence_operand(curb);
       warpgroup_arrive();
       CUTE_UNROLL
-      for (int kb = 0; kb < 4; ++kb) {
-        if constexpr ((BSG_SM90_ABLATE & 2) == 0) cute::gemm(mma, cur(_, _, kb), tCrB(_, _, kb, i % T::kDecBufs), acc);
-      }
-      if constexpr (kTurn == 2) {
-        if (i + 1 < n_kt) {
+      for (int t = 0; t < kTurn; ++t) {
+        if (t == 0 || i + t < n_kt) {
           CUTE_UNROLL
           for (int kb = 0; kb < 4; ++kb) {
-            if constexpr ((BSG_SM90_ABLATE & 2) == 0) cute::gemm(mma, curb(_, _, kb), tCrB(_, _, kb, (i + 1) % T::kDecBufs), acc);
+            if constexpr ((BSG_SM90_ABLATE & 2) == 0) cute::gemm(mma, cur(_, _, kb, t), tCrB(_, _, kb, (i + t) % T::kDecBufs), acc);
           }
         }
       }
@@ -158,21 +153,20 @@ struct CollectiveMainloop<Tile<BM, BN, MainloopSwappedRegisterDecode, Act>> {
       if (wg == 0) asm volatile("bar.arrive 2, %0;\n" ::"n"(kThreads) : "memory");
       else if (i + kTurn < n_kt) asm volatile("bar.arrive 3, %0;\n" ::"n"(kThreads) : "memory");
       BSG_TRACE(i / kTurn, 1);
-      if (i + kTurn < n_kt) decode_turn(i + kTurn, next, nextb);
+      if (i + kTurn < n_kt) decode_turn(i + kTurn, next);
       BSG_TRACE(i / kTurn, 2);
       warpgroup_wait<0>();
       BSG_TRACE(i / kTurn, 3);
       warpgroup_fence_operand(acc);
       warpgroup_fence_operand(cur);
-      if constexpr (kTurn == 2) warpgroup_fence_operand(curb);
       BSG_TRACE(i / kTurn, 4);
-      pipe.release_after(i);
-      if constexpr (kTurn == 2) pipe.release_after(i + 1);
+      CUTE_UNROLL
+      for (int t = 0; t < kTurn; ++t) pipe.release_after(i + t);
       BSG_TRACE(i / kTurn, 5);
     };
     for (int i = 0; i < n_kt; i += 2 * kTurn) {
-      step(i, frag0, frag0b, frag1, frag1b);
-      if (i + kTurn < n_kt) step(i + kTurn, frag1, frag1b, frag0, frag0b);
+      step(i, frag0, frag1);
+      if (i + kTurn < n_kt) step(i + kTurn, frag1, frag0);
     }
     asm volatile("bar.sync 1, %0;\n" ::"n"(kThreads) : "memory");  // both warpgroups' wgmma done: the epilogue reuses the buffers
     if constexpr (T::kWScaleLow) {
