@@ -3,7 +3,8 @@
 // none of them, so all of it compiles to nothing.
 //   BSG_SM90_ABLATE: bit 1 skips the decode, 2 the wgmma, 4 the global loads, 8 the split-K
 //     partials and reduction (each CTA writes its own partial as D), 16 A's decode only
-//     (unswapped tiles): what each stage costs.
+//     (unswapped tiles), 32 the swapped tiles' pre-pass launch (the GEMM reads whatever the
+//     workspace holds): what each stage costs.
 //   BSG_SM90_RAW_K: K per raw (packed) stage.
 //   BSG_SM90_TIMELINE: thread 0 of every CTA stamps %globaltimer at entry (slot 0), after the
 //     first stage (1), after the main loop (2), at exit (3) and in the cluster reduction (5-7),

@@ -129,7 +129,7 @@ struct Gemm {
     if (!encode_a(&map_a, reinterpret_cast<const void*>(a.a), pre, a.k, a.m, a.l) ||
         !encode_b(&map_b, reinterpret_cast<const void*>(a.b), a.k, a.n, a.l, BN, a.b_layout == int32_t(WeightLayout::Prepacked)))
       return {int32_t(cutlass::Status::kErrorInternal), 0, 0};
-    if constexpr (T::kPreA) {
+    if constexpr (T::kPreA && (BSG_SM90_ABLATE & 32) == 0) {
       const cudaError_t e =
           kDenseA ? launch_reorder_a(reinterpret_cast<const void*>(a.a), pre, a.m, a.k, a.l, a.sm_count, stream)
                   : launch_pre_pass(predecode_a, int64_t(a.l) * a.m * (Sched::k_pad(a) / kBK) * 2, a.sm_count, stream,
