@@ -555,13 +555,35 @@ mod tests {
     /// (name, dtype, shape, bytes) of one tensor to write.
     type Tensor = (String, Dtype, Vec<usize>, Vec<u8>);
 
+    /// A file or folder (`path`) in a temporary folder of this test process (`dir`), which is
+    /// removed when the guard drops, so test runs leave nothing in the system's temporary folder.
+    struct Scratch {
+        dir: PathBuf,
+        path: PathBuf,
+    }
+    impl std::ops::Deref for Scratch {
+        type Target = Path;
+        fn deref(&self) -> &Path {
+            &self.path
+        }
+    }
+    impl AsRef<Path> for Scratch {
+        fn as_ref(&self) -> &Path {
+            &self.path
+        }
+    }
+    impl Drop for Scratch {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+
     /// A safetensors file of (name, dtype, shape, bytes) in a fresh temporary folder.
-    fn write(tag: &str, tensors: &[(&str, Dtype, Vec<usize>, Vec<u8>)]) -> PathBuf {
-        let dir = std::env::temp_dir().join(format!("bsg-checkpoint-{}-{tag}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join("model.safetensors");
-        write_to(&path, tensors);
-        path
+    fn write(tag: &str, tensors: &[(&str, Dtype, Vec<usize>, Vec<u8>)]) -> Scratch {
+        let mut s = fresh_dir(tag);
+        s.path = s.dir.join("model.safetensors");
+        write_to(&s.path, tensors);
+        s
     }
 
     /// A safetensors file of (name, dtype, shape, bytes) at `path`.
@@ -571,11 +593,11 @@ mod tests {
     }
 
     /// An empty temporary folder of this test process (emptied if an earlier run left it).
-    fn fresh_dir(tag: &str) -> PathBuf {
+    fn fresh_dir(tag: &str) -> Scratch {
         let dir = std::env::temp_dir().join(format!("bsg-checkpoint-{}-{tag}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
-        dir
+        Scratch { path: dir.clone(), dir }
     }
 
     /// An index at `path` whose weight_map maps each (tensor, shard file).
@@ -634,7 +656,8 @@ mod tests {
     fn both_conventions_give_the_quantized_matrix() {
         for (conv, tag) in [(Convention::ModelOpt, "modelopt"), (Convention::CompressedTensors, "ct")] {
             let (m, t) = layer_tensors("model.layers.0.mlp.down_proj", conv, 130, 96, 1, Some(0.0123));
-            let ck = Checkpoint::open(write(tag, &refs(&t))).unwrap();
+            let file = write(tag, &refs(&t));
+            let ck = Checkpoint::open(&file).unwrap();
             let l = ck.layer("model.layers.0.mlp.down_proj").unwrap();
             assert_eq!(l.convention, conv);
             assert_eq!(l.weight.data(), m.data());
@@ -665,12 +688,14 @@ mod tests {
             t.push((format!("{name}.weight_scale_2"), Dtype::F32, vec![], f32s(g)));
             at += n;
         }
-        let ck = Checkpoint::open(write("fused", &refs(&t))).unwrap();
+        let file = write("fused", &refs(&t));
+        let ck = Checkpoint::open(&file).unwrap();
         let l = ck.fused(&["q", "k", "v"]).unwrap();
         assert_eq!((l.weight.data(), l.weight.scales(), l.weight.global_scale()), (whole.data(), whole.scales(), Some(g)));
         // A shard with another global scale is refused, naming it.
         t[5].3 = f32s(g * 2.0);
-        let ck = Checkpoint::open(write("fused-bad", &refs(&t))).unwrap();
+        let file = write("fused-bad", &refs(&t));
+        let ck = Checkpoint::open(&file).unwrap();
         let e = ck.fused(&["q", "k", "v"]).unwrap_err().to_string();
         assert!(e.starts_with("k.weight_scale_2: global scale") && e.contains("run a GEMM per shard"), "{e}");
         assert!(ck.fused(&[]).is_err());
@@ -684,7 +709,8 @@ mod tests {
             ("l.weight_scale", Dtype::F8_E4M3, vec![1, 1], vec![0x38]),
             ("l.weight_scale_2", Dtype::F32, vec![], f32s(1.0)),
         ];
-        let l = Checkpoint::open(write("nibbles", &t)).unwrap().layer("l").unwrap();
+        let file = write("nibbles", &t);
+        let l = Checkpoint::open(&file).unwrap().layer("l").unwrap();
         assert_eq!((l.weight.value(0, 0, 0), l.weight.value(0, 0, 1)), (0.5, 1.0));
         assert_eq!(l.input_scale, None);
     }
@@ -698,7 +724,8 @@ mod tests {
             all.extend(t);
             want.push(m);
         }
-        let ck = Checkpoint::open(write("experts", &refs(&all))).unwrap();
+        let file = write("experts", &refs(&all));
+        let ck = Checkpoint::open(&file).unwrap();
         let (w, scales) = ck.experts(3, |e| format!("mlp.experts.{e}.up_proj")).unwrap();
         assert_eq!((w.batch(), w.rows(), w.k(), w.global_scale()), (3, 64, 128, None));
         for (e, m) in want.iter().enumerate() {
@@ -717,7 +744,8 @@ mod tests {
         let check = |tag: &str, edit: &dyn Fn(&mut Vec<Tensor>), want: &str| {
             let mut t = good.clone();
             edit(&mut t);
-            let e = Checkpoint::open(write(tag, &refs(&t))).and_then(|c| c.layer(p)).unwrap_err().to_string();
+            let file = write(tag, &refs(&t));
+            let e = Checkpoint::open(&file).and_then(|c| c.layer(p)).unwrap_err().to_string();
             assert!(e.contains(want), "{tag}: {e}");
         };
         check("missing", &|t| t.retain(|x| x.0 != "l.weight_scale"), "l.weight_scale: not in");
@@ -744,8 +772,7 @@ mod tests {
             t[2].3 = [f32s(1.0), f32s(1.0)].concat();
         }, "a per-tensor scale is [1]");
         // Not a safetensors file at all.
-        let dir = std::env::temp_dir().join(format!("bsg-checkpoint-{}-junk", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
+        let dir = fresh_dir("junk");
         std::fs::write(dir.join("x"), b"\xff\xff\xff\xff\xff\xff\xff\x7fjunk").unwrap();
         assert!(Checkpoint::open(dir.join("x")).unwrap_err().to_string().contains("not a safetensors file?"));
         assert!(matches!(Checkpoint::open(dir.join("missing")).unwrap_err(), Error::Io { .. }));
@@ -762,7 +789,8 @@ mod tests {
         for (conv, tag) in [(Convention::ModelOpt, "modelopt"), (Convention::CompressedTensors, "ct")] {
             let p = "model.layers.0.mlp.down_proj";
             let (m, t) = layer_tensors(p, conv, 96, 128, 31, Some(0.0217));
-            let one = Checkpoint::open(write(&format!("one-{tag}"), &refs(&t))).unwrap();
+            let file = write(&format!("one-{tag}"), &refs(&t));
+            let one = Checkpoint::open(&file).unwrap();
             let dir = fresh_dir(&format!("sharded-{tag}"));
             // The weight and its global scale in one shard, the block scales and input scale in the other.
             let index = write_sharded(&dir, &t, &|name: &str| -> &'static str {
@@ -806,7 +834,8 @@ mod tests {
             assert_eq!(w.batch_slice(e).scales(), m.scales());
             assert_eq!(scales[e], m.global_scale().unwrap());
         }
-        let one = Checkpoint::open(write("experts-one", &refs(&all))).unwrap();
+        let file = write("experts-one", &refs(&all));
+        let one = Checkpoint::open(&file).unwrap();
         let (w1, scales1) = one.experts(4, |e| format!("mlp.experts.{e}.down_proj")).unwrap();
         assert_eq!((w.data(), w.scales(), &scales), (w1.data(), w1.scales(), &scales1));
         assert!(matches!(ck.experts(5, |e| format!("mlp.experts.{e}.down_proj")).unwrap_err(), Error::Checkpoint { .. }));
@@ -864,7 +893,7 @@ mod tests {
         // A directory of one file opens it.
         let single = write("single", &refs(&t));
         let ck = Checkpoint::open(single.parent().unwrap()).unwrap();
-        assert_eq!(ck.files(), vec![single.as_path()]);
+        assert_eq!(ck.files(), vec![&*single]);
         ck.layer("l").unwrap();
     }
 
@@ -878,7 +907,7 @@ mod tests {
         let nested = |algo: &str| format!(r#"{{"producer": {{"name": "modelopt", "version": "0.29.0"}}, "quantization": {{"quant_algo": "{algo}", "kv_cache_quant_algo": null, "group_size": 16, "exclude_modules": ["lm_head"]}}}}"#);
         for refused in [nested("NVFP4_AWQ"), nested("W4A8_NVFP4_FP8"), r#"{"quant_algo": "FP8"}"#.to_string()] {
             std::fs::write(&config, &refused).unwrap();
-            for opened in [&dir, &file] {
+            for opened in [&*dir, file.as_path()] {
                 match Checkpoint::open(opened).unwrap_err() {
                     Error::Checkpoint { tensor, rule } => {
                         assert_eq!(tensor, config.display().to_string());
@@ -937,7 +966,8 @@ mod tests {
         t.push(("l.pre_quant_scale".to_string(), Dtype::BF16, vec![64], [0x80u8, 0x3f].repeat(64)));
         let (_, other) = layer_tensors("o", Convention::ModelOpt, 32, 64, 10, None);
         t.extend(other);
-        let ck = Checkpoint::open(write("awq", &refs(&t))).unwrap();
+        let file = write("awq", &refs(&t));
+        let ck = Checkpoint::open(&file).unwrap();
         let named = |r: Result<()>| match r.unwrap_err() {
             Error::Checkpoint { tensor, rule } => {
                 assert_eq!(tensor, "l.pre_quant_scale");

@@ -3,7 +3,7 @@
 #![allow(clippy::too_many_arguments, clippy::type_complexity)]
 use safetensors::tensor::TensorView;
 use safetensors::{Dtype, SafeTensors};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 fn exe() -> PathBuf {
@@ -35,8 +35,10 @@ fn stderr_one_line(o: &Output) -> String {
     e
 }
 
+/// A file in Cargo's scratch folder for integration tests (under the target folder, so runs leave
+/// nothing in the system's temporary folder; each run overwrites the last one's files).
 fn tmp(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("bsg-cli-{}", std::process::id()));
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("example_cli");
     std::fs::create_dir_all(&dir).unwrap();
     dir.join(name)
 }
