@@ -175,43 +175,16 @@ fn host_queries_refuse_bad_input() {
 #[test]
 fn sass_has_block_scaled_umma() {
     let objs: Vec<&str> = env!("BSG_KERNEL_OBJECTS").split(';').filter(|s| !s.is_empty()).collect();
-    let cuobjdump = env!("BSG_CUOBJDUMP");
-    let (mut kernels, mut hopper, mut grouped, mut cluster_sums) = (0, 0, 0, 0);
-    for obj in &objs {
-        let out = Command::new(cuobjdump).arg("-sass").arg(obj).output().expect("run cuobjdump");
-        assert!(out.status.success(), "cuobjdump {obj}: {}", String::from_utf8_lossy(&out.stderr));
-        let sass = String::from_utf8_lossy(&out.stdout);
-        if obj.contains("bsg_entry_sm100") {
-            let umma = sass.lines().filter(|l| l.contains("UTCOMMA") || l.contains("UTCQMMA") || l.contains("UTCMXQMMA")).filter(|l| l.contains(".4X") || l.contains(".2X")).count();
-            let utccp = sass.lines().filter(|l| l.contains("UTCCP")).count();
-            assert!(umma > 0, "{obj}: no block-scaled UMMA instruction");
-            assert!(utccp > 0, "{obj}: no UTCCP (scale factors to tensor memory)");
-            assert!(sass.contains("sm_100a") || sass.contains("SM100"), "{obj}: not sm_100a code");
-            kernels += 1;
-        }
-        if obj.contains("bsg_grouped_sm100") {
-            // CUTLASS's pointer-array grouped kernel: the same block-scaled UMMA and UTCCP.
-            let umma = sass.lines().filter(|l| l.contains("UTCOMMA") && (l.contains(".4X") || l.contains(".2X"))).count();
-            assert!(umma > 0, "{obj}: no block-scaled UMMA instruction");
-            assert!(sass.contains("UTCCP"), "{obj}: no UTCCP (scale factors to tensor memory)");
-            assert!(sass.contains("build_groups"), "{obj}: no argument builder");
-            grouped += 1;
-        }
-        if obj.contains("bsg_entry_sm90") {
-            // Hopper: FP16 MMA fed by the on-chip e4m3 -> f16 decode: warpgroup MMA, or for the
-            // small-M stream tiles mma.sync m16n8k16 (HMMA.16816 with FP32 accumulators).
-            if obj.contains("bsg_entry_sm90_stream") {
-                assert!(sass.contains("HMMA.16816.F32"), "{obj}: no HMMA.16816.F32");
-            } else {
-                assert!(sass.contains("HGMMA"), "{obj}: no HGMMA");
-            }
-            assert!(sass.contains("F2FP.F16.E4M3.UNPACK"), "{obj}: no e4m3x2 -> f16x2 decode");
-            hopper += 1;
-        }
-        if obj.contains("bsg_entry_sm90") || obj.contains("bsg_w4a16_sm90") {
-            cluster_sums += cluster_sum_ends_after_its_stores(obj, &sass);
-        }
-    }
+    // cuobjdump over ~180 objects is most of this test binary's time: every core takes every
+    // workers-th object, the counts are added (a failed check panics its thread, and the join
+    // re-raises it).
+    let workers = std::thread::available_parallelism().map_or(1, |n| n.get()).min(objs.len()).max(1);
+    let objs = &objs;
+    let counts = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..workers).map(|w| scope.spawn(move || objs.iter().skip(w).step_by(workers).map(|obj| check_sass(obj)).fold([0; 4], add4))).collect();
+        handles.into_iter().map(|h| h.join().unwrap_or_else(|e| std::panic::resume_unwind(e))).fold([0; 4], add4)
+    });
+    let [kernels, hopper, grouped, cluster_sums] = counts;
     eprintln!("{kernels} SM100 kernels with block-scaled UMMA, {hopper} SM90 kernels with HGMMA or HMMA, {cluster_sums} cluster split-K sums ending after their stores");
     assert!(hopper == 0 || cluster_sums > 0, "no SM90 cluster split-K sum found to check");
     let expected = |arch: u32| built_configs().iter().filter(|c| c.info().arch == arch).map(|c| c.info().outputs.len()).sum::<usize>();
@@ -219,6 +192,50 @@ fn sass_has_block_scaled_umma() {
     assert_eq!(hopper, expected(90));
     let grouped_sm100: usize = built_configs().iter().filter(|c| c.info().arch == 100).map(|c| c.info().grouped.len()).sum();
     assert_eq!(grouped, grouped_sm100, "SM100 grouped kernels with block-scaled UMMA");
+}
+
+fn add4(a: [usize; 4], b: [usize; 4]) -> [usize; 4] {
+    [a[0] + b[0], a[1] + b[1], a[2] + b[2], a[3] + b[3]]
+}
+
+/// One object's SASS checks: counts of (SM100 kernels, SM90 kernels, SM100 grouped kernels,
+/// cluster split-K sums checked).
+fn check_sass(obj: &str) -> [usize; 4] {
+    let out = Command::new(env!("BSG_CUOBJDUMP")).arg("-sass").arg(obj).output().expect("run cuobjdump");
+    assert!(out.status.success(), "cuobjdump {obj}: {}", String::from_utf8_lossy(&out.stderr));
+    let sass = String::from_utf8_lossy(&out.stdout);
+    let mut counts = [0; 4];
+    if obj.contains("bsg_entry_sm100") {
+        let umma = sass.lines().filter(|l| l.contains("UTCOMMA") || l.contains("UTCQMMA") || l.contains("UTCMXQMMA")).filter(|l| l.contains(".4X") || l.contains(".2X")).count();
+        let utccp = sass.lines().filter(|l| l.contains("UTCCP")).count();
+        assert!(umma > 0, "{obj}: no block-scaled UMMA instruction");
+        assert!(utccp > 0, "{obj}: no UTCCP (scale factors to tensor memory)");
+        assert!(sass.contains("sm_100a") || sass.contains("SM100"), "{obj}: not sm_100a code");
+        counts[0] += 1;
+    }
+    if obj.contains("bsg_grouped_sm100") {
+        // CUTLASS's pointer-array grouped kernel: the same block-scaled UMMA and UTCCP.
+        let umma = sass.lines().filter(|l| l.contains("UTCOMMA") && (l.contains(".4X") || l.contains(".2X"))).count();
+        assert!(umma > 0, "{obj}: no block-scaled UMMA instruction");
+        assert!(sass.contains("UTCCP"), "{obj}: no UTCCP (scale factors to tensor memory)");
+        assert!(sass.contains("build_groups"), "{obj}: no argument builder");
+        counts[2] += 1;
+    }
+    if obj.contains("bsg_entry_sm90") {
+        // Hopper: FP16 MMA fed by the on-chip e4m3 -> f16 decode: warpgroup MMA, or for the
+        // small-M stream tiles mma.sync m16n8k16 (HMMA.16816 with FP32 accumulators).
+        if obj.contains("bsg_entry_sm90_stream") {
+            assert!(sass.contains("HMMA.16816.F32"), "{obj}: no HMMA.16816.F32");
+        } else {
+            assert!(sass.contains("HGMMA"), "{obj}: no HGMMA");
+        }
+        assert!(sass.contains("F2FP.F16.E4M3.UNPACK"), "{obj}: no e4m3x2 -> f16x2 decode");
+        counts[1] += 1;
+    }
+    if obj.contains("bsg_entry_sm90") || obj.contains("bsg_w4a16_sm90") {
+        counts[3] += cluster_sum_ends_after_its_stores(obj, &sass);
+    }
+    counts
 }
 
 /// The 16/32-bit epilogue's cluster split-K sum ends with a relaxed cluster arrive
