@@ -35,12 +35,16 @@ fn stderr_one_line(o: &Output) -> String {
     e
 }
 
-/// A file in Cargo's scratch folder for integration tests (under the target folder, so runs leave
-/// nothing in the system's temporary folder; each run overwrites the last one's files).
+/// A path for a file in Cargo's scratch folder for integration tests (under the target folder, so
+/// runs leave nothing in the system's temporary folder), in a folder of this process (runs at once
+/// do not share files), with nothing there yet: a test that reads back what the CLI saved never
+/// reads an earlier run's file.
 fn tmp(name: &str) -> PathBuf {
-    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("example_cli");
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("example_cli-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    dir.join(name)
+    let path = dir.join(name);
+    let _ = std::fs::remove_file(&path);
+    path
 }
 
 fn write(path: &PathBuf, tensors: &[(&str, Dtype, Vec<usize>, Vec<u8>)]) {
