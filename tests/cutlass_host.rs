@@ -169,13 +169,13 @@ fn host_queries_refuse_bad_input() {
     assert!(sf_offsets(c, &Problem::new(1usize << 31, 8, 32), false).is_err());
 }
 
-/// SM100 kernels whose SASS holds a block-scaled UMMA (UTC*MMA with a scale-vector suffix) and
-/// the scale-factor copy into tensor memory (UTCCP); SM90 kernels with HGMMA (the stream tiles:
-/// HMMA).
+/// Every SM100 kernel's SASS holds a block-scaled UMMA (UTC*MMA with a scale-vector suffix) and
+/// the scale-factor copy into tensor memory (UTCCP); every SM90 kernel HGMMA (the stream tiles:
+/// HMMA), checked function by function.
 #[test]
 fn sass_has_block_scaled_umma() {
     let objs: Vec<&str> = env!("BSG_KERNEL_OBJECTS").split(';').filter(|s| !s.is_empty()).collect();
-    // cuobjdump over ~180 objects is most of this test binary's time: every core takes every
+    // cuobjdump over the objects (one per config) is most of this test binary's time: every core takes every
     // workers-th object, the counts are added (a failed check panics its thread, and the join
     // re-raises it).
     let workers = std::thread::available_parallelism().map_or(1, |n| n.get()).min(objs.len()).max(1);
@@ -205,37 +205,67 @@ fn check_sass(obj: &str) -> [usize; 4] {
     assert!(out.status.success(), "cuobjdump {obj}: {}", String::from_utf8_lossy(&out.stderr));
     let sass = String::from_utf8_lossy(&out.stdout);
     let mut counts = [0; 4];
-    if obj.contains("bsg_entry_sm100") {
-        let umma = sass.lines().filter(|l| l.contains("UTCOMMA") || l.contains("UTCQMMA") || l.contains("UTCMXQMMA")).filter(|l| l.contains(".4X") || l.contains(".2X")).count();
-        let utccp = sass.lines().filter(|l| l.contains("UTCCP")).count();
-        assert!(umma > 0, "{obj}: no block-scaled UMMA instruction");
-        assert!(utccp > 0, "{obj}: no UTCCP (scale factors to tensor memory)");
+    if obj.contains("bsg_sm100_") {
         assert!(sass.contains("sm_100a") || sass.contains("SM100"), "{obj}: not sm_100a code");
-        counts[0] += 1;
+        let [dense, grouped] = sm100_kernels(obj, &sass);
+        counts[0] += dense;
+        counts[2] += grouped;
     }
-    if obj.contains("bsg_grouped_sm100") {
-        // CUTLASS's pointer-array grouped kernel: the same block-scaled UMMA and UTCCP.
-        let umma = sass.lines().filter(|l| l.contains("UTCOMMA") && (l.contains(".4X") || l.contains(".2X"))).count();
-        assert!(umma > 0, "{obj}: no block-scaled UMMA instruction");
-        assert!(sass.contains("UTCCP"), "{obj}: no UTCCP (scale factors to tensor memory)");
-        assert!(sass.contains("build_groups"), "{obj}: no argument builder");
-        counts[2] += 1;
-    }
-    if obj.contains("bsg_entry_sm90") {
-        // Hopper: FP16 MMA fed by the on-chip e4m3 -> f16 decode: warpgroup MMA, or for the
-        // small-M stream tiles mma.sync m16n8k16 (HMMA.16816 with FP32 accumulators).
-        if obj.contains("bsg_entry_sm90_stream") {
-            assert!(sass.contains("HMMA.16816.F32"), "{obj}: no HMMA.16816.F32");
-        } else {
-            assert!(sass.contains("HGMMA"), "{obj}: no HGMMA");
-        }
-        assert!(sass.contains("F2FP.F16.E4M3.UNPACK"), "{obj}: no e4m3x2 -> f16x2 decode");
-        counts[1] += 1;
-    }
-    if obj.contains("bsg_entry_sm90") || obj.contains("bsg_w4a16_sm90") {
+    if obj.contains("bsg_sm90_") {
+        counts[1] += sm90_dense_kernels(obj, &sass);
         counts[3] += cluster_sum_ends_after_its_stores(obj, &sass);
     }
     counts
+}
+
+/// An SM100 object (one config, every kernel of it): each CUTLASS kernel holds a block-scaled UMMA
+/// (UTC*MMA with a scale-vector suffix) and the scale-factor copy into tensor memory (UTCCP); the
+/// grouped (pointer-array) ones come with their argument builder. Returns how many dense and
+/// grouped kernels it holds (the MoE and list forms of an output share one kernel).
+fn sm100_kernels(obj: &str, sass: &str) -> [usize; 2] {
+    let mut counts = [0; 2];
+    for f in sass.split("Function : ").skip(1) {
+        let name = f.lines().next().unwrap_or("").trim();
+        if !name.contains("device_kernel") {
+            continue;
+        }
+        let umma = f.lines().filter(|l| l.contains("UTCOMMA") || l.contains("UTCQMMA") || l.contains("UTCMXQMMA")).filter(|l| l.contains(".4X") || l.contains(".2X")).count();
+        assert!(umma > 0, "{obj}: {name}: no block-scaled UMMA instruction");
+        assert!(f.contains("UTCCP"), "{obj}: {name}: no UTCCP (scale factors to tensor memory)");
+        if name.contains("GroupProblemShape") {
+            assert!(sass.contains("build_groups"), "{obj}: {name}: no argument builder");
+            counts[1] += 1;
+        } else {
+            counts[0] += 1;
+        }
+    }
+    counts
+}
+
+/// An SM90 object (one config, every kernel of it): each GEMM kernel runs FP16 MMA fed by the
+/// on-chip e4m3 -> f16 decode, warpgroup MMA or, for the small-M stream tiles, mma.sync m16n8k16
+/// (HMMA.16816 with FP32 accumulators). Returns how many dense NVFP4 kernels it holds, a kernel
+/// being the main loop, activation and output types whatever its split-K reduction.
+fn sm90_dense_kernels(obj: &str, sass: &str) -> usize {
+    let mut dense = std::collections::BTreeSet::new();
+    for f in sass.split("Function : ").skip(1) {
+        let name = f.lines().next().unwrap_or("").trim();
+        if !name.contains("gemm_kernel") && !name.contains("stream_kernel") {
+            continue;
+        }
+        if name.contains("MainloopStream") {
+            assert!(f.contains("HMMA.16816.F32"), "{obj}: {name}: no HMMA.16816.F32");
+        } else {
+            assert!(f.contains("HGMMA"), "{obj}: {name}: no HGMMA");
+        }
+        if name.contains("ActNvfp4") {
+            assert!(f.contains("F2FP.F16.E4M3.UNPACK"), "{obj}: {name}: no e4m3x2 -> f16x2 decode");
+            if !name.contains("grouped_") {
+                dense.insert(name.replace("13ReduceCluster", "").replace("12ReduceGlobal", ""));
+            }
+        }
+    }
+    dense.len()
 }
 
 /// The 16/32-bit epilogue's cluster split-K sum ends with a relaxed cluster arrive
