@@ -1196,7 +1196,7 @@ fn check_moe<T: OutputElement + cudarc::driver::DeviceRepr>(g: &BlockScaledGemm,
 fn grouped_moe_every_config_and_output() -> Outcome {
     let g = hopper()?;
     let counts = [0, 1, 17, 130, 0, 5, 40, 3];
-    let grouped: Vec<Config> = Config::ALL.iter().copied().filter(|c| !c.info().grouped.is_empty() && c.is_built(OutType::F16)).collect();
+    let grouped: Vec<Config> = Config::ALL.iter().copied().filter(|c| c.info().arch == 90 && !c.info().grouped.is_empty() && c.is_built(OutType::F16)).collect();
     if grouped.is_empty() {
         return Err("no grouped kernel in this build".into());
     }
@@ -1420,7 +1420,7 @@ fn grouped_list_same_bits_as_gemm_per_group() -> Outcome {
     let ops = list_operands(&LIST_SHAPES, 80);
     let up = upload_pairs(&ops, &s);
     let one = list_same_bits_as_gemm::<bf16>;
-    let list_configs: Vec<Config> = Config::ALL.iter().copied().filter(|c| c.is_built_grouped_list(OutType::Bf16)).collect();
+    let list_configs: Vec<Config> = Config::ALL.iter().copied().filter(|c| c.info().arch == 90 && c.is_built_grouped_list(OutType::Bf16)).collect();
     let mut ran = Vec::new();
     for config in std::iter::once(None).chain(list_configs.iter().copied().map(Some)) {
         ran.push(one(&g, &split1, &ops, &up, config));
@@ -1454,7 +1454,7 @@ fn grouped_list_fp4_output_is_gemm_fp4_per_group() -> Outcome {
     let st = 3.0f32;
     let mut runs = 0;
     for out in [OutType::Nvfp4, OutType::Nvfp4Ue8m0] {
-        for config in Config::ALL.iter().copied().filter(|c| c.is_built_grouped_list(out)) {
+        for config in Config::ALL.iter().copied().filter(|c| c.info().arch == 90 && c.is_built_grouped_list(out)) {
             let mut ds: Vec<(CudaSlice<u8>, CudaSlice<u8>)> = ops.iter().map(|(a, b, _)| {
                 let p = Problem::new(a.rows(), b.rows(), a.k());
                 (s.clone_htod(&vec![0xEEu8; p.cd_elems() / 2]).unwrap(), s.clone_htod(&vec![0x7Fu8; p.sfd_bytes()]).unwrap())
