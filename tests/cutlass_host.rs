@@ -171,49 +171,80 @@ fn host_queries_refuse_bad_input() {
 
 /// Every SM100 kernel's SASS holds a block-scaled UMMA (UTC*MMA with a scale-vector suffix) and
 /// the scale-factor copy into tensor memory (UTCCP); every SM90 kernel HGMMA (the stream tiles:
-/// HMMA), checked function by function.
+/// HMMA), checked function by function; each kind of kernel is there as often as the config table
+/// says.
 #[test]
 fn sass_has_block_scaled_umma() {
     let objs: Vec<&str> = env!("BSG_KERNEL_OBJECTS").split(';').filter(|s| !s.is_empty()).collect();
-    // cuobjdump over the objects (one per config) is most of this test binary's time: every core takes every
-    // workers-th object, the counts are added (a failed check panics its thread, and the join
-    // re-raises it).
+    // cuobjdump over the objects (one per config) is most of this test binary's time: every core
+    // takes every workers-th object, the counts are added (a failed check panics its thread, and
+    // the join re-raises it).
     let workers = std::thread::available_parallelism().map_or(1, |n| n.get()).min(objs.len()).max(1);
     let objs = &objs;
     let counts = std::thread::scope(|scope| {
-        let handles: Vec<_> = (0..workers).map(|w| scope.spawn(move || objs.iter().skip(w).step_by(workers).map(|obj| check_sass(obj)).fold([0; 4], add4))).collect();
-        handles.into_iter().map(|h| h.join().unwrap_or_else(|e| std::panic::resume_unwind(e))).fold([0; 4], add4)
+        let handles: Vec<_> = (0..workers).map(|w| scope.spawn(move || objs.iter().skip(w).step_by(workers).map(|obj| check_sass(obj)).fold(Counts::default(), Counts::add))).collect();
+        handles.into_iter().map(|h| h.join().unwrap_or_else(|e| std::panic::resume_unwind(e))).fold(Counts::default(), Counts::add)
     });
-    let [kernels, hopper, grouped, cluster_sums] = counts;
-    eprintln!("{kernels} SM100 kernels with block-scaled UMMA, {hopper} SM90 kernels with HGMMA or HMMA, {cluster_sums} cluster split-K sums ending after their stores");
-    assert!(hopper == 0 || cluster_sums > 0, "no SM90 cluster split-K sum found to check");
-    let expected = |arch: u32| built_configs().iter().filter(|c| c.info().arch == arch).map(|c| c.info().outputs.len()).sum::<usize>();
-    assert_eq!(kernels, expected(100));
-    assert_eq!(hopper, expected(90));
-    let grouped_sm100: usize = built_configs().iter().filter(|c| c.info().arch == 100).map(|c| c.info().grouped.len()).sum();
-    assert_eq!(grouped, grouped_sm100, "SM100 grouped kernels with block-scaled UMMA");
+    eprintln!("{counts:?}");
+    assert!(counts.sm90 == 0 || counts.cluster_sums > 0, "no SM90 cluster split-K sum found to check");
+    let sum = |arch: u32, n: fn(&ConfigInfo) -> usize| built_configs().iter().filter(|c| c.info().arch == arch).map(|c| n(&c.info())).sum::<usize>();
+    let want = Counts {
+        sm100: sum(100, |i| i.outputs.len()),
+        sm100_grouped: sum(100, |i| i.grouped.len()),
+        sm90: sum(90, |i| i.outputs.len()),
+        sm90_grouped: sum(90, |i| i.grouped.len()),
+        sm90_list: sum(90, |i| i.grouped_list.len()),
+        // Each W4A16 output for both activation types, and its grouped form where the config has
+        // a grouped kernel of that output.
+        w4a16: sum(90, |i| 2 * i.w4a16.len()),
+        w4a16_grouped: sum(90, |i| 2 * i.w4a16.iter().filter(|o| i.grouped.contains(o)).count()),
+        cluster_sums: counts.cluster_sums,
+    };
+    assert_eq!(counts, want, "kernels in the objects (left) against the config table (right)");
 }
 
-fn add4(a: [usize; 4], b: [usize; 4]) -> [usize; 4] {
-    [a[0] + b[0], a[1] + b[1], a[2] + b[2], a[3] + b[3]]
+/// Kernels found in the SASS, by kind (a kernel counted once whatever its split-K reduction), and
+/// the cluster split-K sums checked.
+#[derive(Debug, Default, PartialEq, Clone, Copy)]
+struct Counts {
+    sm100: usize,
+    sm100_grouped: usize,
+    sm90: usize,
+    sm90_grouped: usize,
+    sm90_list: usize,
+    w4a16: usize,
+    w4a16_grouped: usize,
+    cluster_sums: usize,
 }
 
-/// One object's SASS checks: counts of (SM100 kernels, SM90 kernels, SM100 grouped kernels,
-/// cluster split-K sums checked).
-fn check_sass(obj: &str) -> [usize; 4] {
+impl Counts {
+    fn add(self, o: Counts) -> Counts {
+        Counts {
+            sm100: self.sm100 + o.sm100,
+            sm100_grouped: self.sm100_grouped + o.sm100_grouped,
+            sm90: self.sm90 + o.sm90,
+            sm90_grouped: self.sm90_grouped + o.sm90_grouped,
+            sm90_list: self.sm90_list + o.sm90_list,
+            w4a16: self.w4a16 + o.w4a16,
+            w4a16_grouped: self.w4a16_grouped + o.w4a16_grouped,
+            cluster_sums: self.cluster_sums + o.cluster_sums,
+        }
+    }
+}
+
+/// One object's SASS checks and counts.
+fn check_sass(obj: &str) -> Counts {
     let out = Command::new(env!("BSG_CUOBJDUMP")).arg("-sass").arg(obj).output().expect("run cuobjdump");
     assert!(out.status.success(), "cuobjdump {obj}: {}", String::from_utf8_lossy(&out.stderr));
     let sass = String::from_utf8_lossy(&out.stdout);
-    let mut counts = [0; 4];
+    let mut counts = Counts::default();
     if obj.contains("bsg_sm100_") {
         assert!(sass.contains("sm_100a") || sass.contains("SM100"), "{obj}: not sm_100a code");
-        let [dense, grouped] = sm100_kernels(obj, &sass);
-        counts[0] += dense;
-        counts[2] += grouped;
+        [counts.sm100, counts.sm100_grouped] = sm100_kernels(obj, &sass);
     }
     if obj.contains("bsg_sm90_") {
-        counts[1] += sm90_dense_kernels(obj, &sass);
-        counts[3] += cluster_sum_ends_after_its_stores(obj, &sass);
+        sm90_kernels(obj, &sass, &mut counts);
+        counts.cluster_sums = cluster_sum_ends_after_its_stores(obj, &sass);
     }
     counts
 }
@@ -243,11 +274,12 @@ fn sm100_kernels(obj: &str, sass: &str) -> [usize; 2] {
 }
 
 /// An SM90 object (one config, every kernel of it): each GEMM kernel runs FP16 MMA fed by the
-/// on-chip e4m3 -> f16 decode, warpgroup MMA or, for the small-M stream tiles, mma.sync m16n8k16
-/// (HMMA.16816 with FP32 accumulators). Returns how many dense NVFP4 kernels it holds, a kernel
-/// being the main loop, activation and output types whatever its split-K reduction.
-fn sm90_dense_kernels(obj: &str, sass: &str) -> usize {
-    let mut dense = std::collections::BTreeSet::new();
+/// on-chip decode, warpgroup MMA or, for the small-M stream tiles, mma.sync m16n8k16 (HMMA.16816
+/// with FP32 accumulators); with NVFP4 activations the e4m3 -> f16 conversion. Counts each kind
+/// of kernel, a kernel being its main loop, activation, output type and tile scheduler whatever
+/// its split-K reduction.
+fn sm90_kernels(obj: &str, sass: &str, counts: &mut Counts) {
+    let mut seen = std::collections::BTreeSet::new();
     for f in sass.split("Function : ").skip(1) {
         let name = f.lines().next().unwrap_or("").trim();
         if !name.contains("gemm_kernel") && !name.contains("stream_kernel") {
@@ -258,14 +290,25 @@ fn sm90_dense_kernels(obj: &str, sass: &str) -> usize {
         } else {
             assert!(f.contains("HGMMA"), "{obj}: {name}: no HGMMA");
         }
-        if name.contains("ActNvfp4") {
+        let nvfp4 = name.contains("ActNvfp4");
+        assert!(nvfp4 || name.contains("ActDense"), "{obj}: {name}: neither NVFP4 nor dense activations");
+        if nvfp4 {
             assert!(f.contains("F2FP.F16.E4M3.UNPACK"), "{obj}: {name}: no e4m3x2 -> f16x2 decode");
-            if !name.contains("grouped_") {
-                dense.insert(name.replace("13ReduceCluster", "").replace("12ReduceGlobal", ""));
-            }
         }
+        if !seen.insert(name.replace("13ReduceCluster", "").replace("12ReduceGlobal", "")) {
+            continue;
+        }
+        let (moe, list) = (name.contains("GroupedTileScheduler"), name.contains("ListTileScheduler"));
+        assert!(!(moe || list) || name.contains("grouped_"), "{obj}: {name}: a tile scheduler of the grouped kernels in another kernel");
+        *match (nvfp4, moe, list) {
+            (true, false, false) => &mut counts.sm90,
+            (true, true, _) => &mut counts.sm90_grouped,
+            (true, false, true) => &mut counts.sm90_list,
+            (false, false, false) => &mut counts.w4a16,
+            (false, true, _) => &mut counts.w4a16_grouped,
+            (false, false, true) => panic!("{obj}: {name}: a W4A16 list-form kernel, which the table does not have"),
+        } += 1;
     }
-    dense.len()
 }
 
 /// The 16/32-bit epilogue's cluster split-K sum ends with a relaxed cluster arrive
