@@ -1,5 +1,6 @@
 // SM100 NVFP4 x NVFP4 GEMM, the path of CUTLASS example 72a/72b: GemmUniversalAdapter over the
-// block-scaled collective builders. One instantiation per generated translation unit.
+// block-scaled collective builders; the generated translation unit of a config instantiates it
+// once per output.
 #pragma once
 
 #include <climits>
