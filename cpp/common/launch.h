@@ -5,6 +5,8 @@
 #include <cuda_runtime_api.h>
 
 #include <atomic>
+#include <tuple>
+#include <type_traits>
 #include <utility>
 
 namespace bsg {
@@ -79,5 +81,75 @@ struct KernelLaunch {
   KernelLaunch(const KernelLaunch&) = delete;
   KernelLaunch& operator=(const KernelLaunch&) = delete;
 };
+
+namespace detail {
+using LaunchKernelEx = CUresult (*)(const CUlaunchConfig*, CUfunction, void**, void**);
+
+// The driver's cuLaunchKernelEx through the runtime's entry points (nothing links libcuda);
+// null where the driver has none.
+inline LaunchKernelEx driver_launch() {
+  static const LaunchKernelEx fn = [] {
+    void* p = nullptr;
+    cudaDriverEntryPointQueryResult q;
+    const bool ok = cudaGetDriverEntryPointByVersion("cuLaunchKernelEx", &p, 12000, cudaEnableDefault, &q) == cudaSuccess &&
+                    q == cudaDriverEntryPointSuccess;
+    return ok ? reinterpret_cast<LaunchKernelEx>(p) : nullptr;
+  }();
+  return fn;
+}
+
+template <class... Params, class... Args>
+cudaError_t launch_driver(LaunchKernelEx drv, cudaKernel_t handle, const KernelLaunch& l, void (*)(Params...), Args&&... args) {
+  // The arguments converted to the kernel's parameter types, as cudaLaunchKernelEx does.
+  std::tuple<std::remove_cv_t<std::remove_reference_t<Params>>...> vals(std::forward<Args>(args)...);
+  void* ptrs[sizeof...(Params) > 0 ? sizeof...(Params) : 1];
+  std::apply([&ptrs](auto&... v) {
+    int i = 0;
+    ((ptrs[i++] = static_cast<void*>(&v)), ...);
+  }, vals);
+  CUlaunchConfig cfg{};
+  cfg.gridDimX = l.cfg.gridDim.x;
+  cfg.gridDimY = l.cfg.gridDim.y;
+  cfg.gridDimZ = l.cfg.gridDim.z;
+  cfg.blockDimX = l.cfg.blockDim.x;
+  cfg.blockDimY = l.cfg.blockDim.y;
+  cfg.blockDimZ = l.cfg.blockDim.z;
+  cfg.sharedMemBytes = unsigned(l.cfg.dynamicSmemBytes);
+  cfg.hStream = static_cast<CUstream>(l.cfg.stream);
+  CUlaunchAttribute attr[2];
+  for (unsigned i = 0; i < l.cfg.numAttrs; ++i) {
+    const cudaLaunchAttribute& a = l.cfg.attrs[i];
+    if (a.id == cudaLaunchAttributeClusterDimension) {
+      attr[i].id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+      attr[i].value.clusterDim.x = a.val.clusterDim.x;
+      attr[i].value.clusterDim.y = a.val.clusterDim.y;
+      attr[i].value.clusterDim.z = a.val.clusterDim.z;
+    } else {
+      attr[i].id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+      attr[i].value.programmaticStreamSerializationAllowed = a.val.programmaticStreamSerializationAllowed;
+    }
+  }
+  cfg.attrs = attr;
+  cfg.numAttrs = l.cfg.numAttrs;
+  // The runtime's error codes equal the driver's for what a launch returns.
+  return static_cast<cudaError_t>(drv(&cfg, reinterpret_cast<CUfunction>(handle), ptrs, nullptr));
+}
+}  // namespace detail
+
+// Launches `Kernel` with the configuration `l` (its attributes: KernelLaunch's two). Through the
+// driver's cuLaunchKernelEx with the kernel's context-independent handle (launched in the current
+// context, where the adapters set its shared-memory limit), which costs the host about 0.5 us a
+// launch less than cudaLaunchKernelEx (bench/DESIGN.md §9); through cudaLaunchKernelEx where the
+// driver entry point or the handle cannot be had. The same kernel either way.
+template <auto Kernel, class... Args>
+cudaError_t launch_kernel(const KernelLaunch& l, Args&&... args) {
+  static const cudaKernel_t handle = [] {
+    cudaKernel_t k = nullptr;
+    return cudaGetKernel(&k, Kernel) == cudaSuccess ? k : nullptr;
+  }();
+  const detail::LaunchKernelEx drv = detail::driver_launch();
+  if (drv && handle) return detail::launch_driver(drv, handle, l, Kernel, std::forward<Args>(args)...);
+  return cudaLaunchKernelEx(&l.cfg, Kernel, std::forward<Args>(args)...);
+}
 
 }  // namespace bsg

@@ -132,7 +132,7 @@ struct Gemm {
     if constexpr (T::kPreA && (BSG_SM90_ABLATE & 32) == 0) {
       const cudaError_t e =
           kDenseA ? launch_reorder_a(reinterpret_cast<const void*>(a.a), pre, a.m, a.k, a.l, a.sm_count, stream)
-                  : launch_pre_pass(predecode_a, int64_t(a.l) * a.m * (Sched::k_pad(a) / kBK) * 2, a.sm_count, stream,
+                  : launch_pre_pass<predecode_a>(int64_t(a.l) * a.m * (Sched::k_pad(a) / kBK) * 2, a.sm_count, stream,
                                     reinterpret_cast<const uint8_t*>(a.a), reinterpret_cast<const uint8_t*>(a.sfa), reinterpret_cast<uint4*>(pre),
                                     int(a.m), int(a.k), int(a.l));
       if (e != cudaSuccess) return {int32_t(cutlass::Status::kErrorInternal), int32_t(e), 0};
@@ -147,8 +147,8 @@ struct Gemm {
     const dim3 grid(unsigned(tiles(a)), unsigned(a.split_k));
     const bool cluster = Sched::cluster_reducible(a);
     const KernelLaunch launch(grid, T::kLaunchThreads, cluster ? a.split_k : 1, T::kSmem, stream, T::kProgrammatic);
-    const cudaError_t e = cluster ? cudaLaunchKernelEx(&launch.cfg, kKernel<T, OutT, SplitReduce>, p, map_a, map_b)
-                                  : cudaLaunchKernelEx(&launch.cfg, kKernel<T, OutT, ReduceGlobal>, p, map_a, map_b);
+    const cudaError_t e = cluster ? launch_kernel<kKernel<T, OutT, SplitReduce>>(launch, p, map_a, map_b)
+                                  : launch_kernel<kKernel<T, OutT, ReduceGlobal>>(launch, p, map_a, map_b);
     return {int32_t(e == cudaSuccess ? cutlass::Status::kSuccess : cutlass::Status::kErrorInternal), int32_t(e), 0};
   }
 

@@ -81,7 +81,7 @@ struct GroupedGemm {
     gp.experts = a.experts;
     if constexpr (T::kPreA) {
       const cudaError_t e = kDenseA ? launch_reorder_a(reinterpret_cast<const void*>(a.a), pre, a.rows, a.k, 1, a.sm_count, stream)
-                                    : launch_pre_pass(predecode_a_grouped<T>, int64_t(a.rows) * (k_pad / kBK) * 2, a.sm_count, stream, gp,
+                                    : launch_pre_pass<predecode_a_grouped<T>>(int64_t(a.rows) * (k_pad / kBK) * 2, a.sm_count, stream, gp,
                                                       reinterpret_cast<uint4*>(pre));
       if (e != cudaSuccess) return {int32_t(cutlass::Status::kErrorInternal), int32_t(e), 0};
     }
@@ -89,7 +89,7 @@ struct GroupedGemm {
     // the largest routing has fewer items. Swapped tiles: a CTA for every item any routing has.
     const int64_t grid = T::kPreA ? Sched::max_items(a) : std::max<int64_t>(1, std::min<int64_t>(a.sm_count, Sched::max_items(a)));
     const KernelLaunch launch(dim3(unsigned(grid)), T::kLaunchThreads, 1, grouped_smem<T, Sched>(), stream, true);
-    const cudaError_t e = cudaLaunchKernelEx(&launch.cfg, kernel, args);
+    const cudaError_t e = launch_kernel<kKernel>(launch, args);
     return {int32_t(e == cudaSuccess ? cutlass::Status::kSuccess : cutlass::Status::kErrorInternal), int32_t(e), 0};
   }
 

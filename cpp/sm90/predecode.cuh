@@ -119,16 +119,16 @@ cudaError_t reserve_pre_pass_smem(Kernel kernel) {
 
 // A pre-pass of `items` work items: programmatic, one CTA of kPreThreads per SM at most (the
 // reserved shared memory keeps two off one SM and off an SM a GEMM CTA holds).
-template <class Kernel, class... Args>
-cudaError_t launch_pre_pass(Kernel kernel, int64_t items, int sm_count, cudaStream_t stream, Args... args) {
+template <auto Kernel, class... Args>
+cudaError_t launch_pre_pass(int64_t items, int sm_count, cudaStream_t stream, Args... args) {
   const int64_t blocks = std::max<int64_t>(1, std::min<int64_t>((items + kPreThreads - 1) / kPreThreads, sm_count));
   const KernelLaunch launch(dim3(unsigned(blocks)), kPreThreads, 1, kPreSmem, stream, true);
-  return cudaLaunchKernelEx(&launch.cfg, kernel, args...);
+  return launch_kernel<Kernel>(launch, args...);
 }
 
 // The dense activations' re-order (W4A16) of l batches of m rows into `out`.
 inline cudaError_t launch_reorder_a(const void* a, void* out, int m, int k, int l, int sm_count, cudaStream_t stream) {
-  return launch_pre_pass(reorder_a, int64_t(l) * m * ((k + 63) / 64) * 8, sm_count, stream, static_cast<const uint16_t*>(a),
+  return launch_pre_pass<reorder_a>(int64_t(l) * m * ((k + 63) / 64) * 8, sm_count, stream, static_cast<const uint16_t*>(a),
                          static_cast<uint4*>(out), m, k, l);
 }
 
