@@ -5,6 +5,7 @@
 #include <cuda_runtime_api.h>
 
 #include <atomic>
+#include <cstring>
 #include <tuple>
 #include <type_traits>
 #include <utility>
@@ -116,29 +117,30 @@ cudaError_t launch_driver(LaunchKernelEx drv, cudaKernel_t handle, const KernelL
   cfg.blockDimZ = l.cfg.blockDim.z;
   cfg.sharedMemBytes = unsigned(l.cfg.dynamicSmemBytes);
   cfg.hStream = static_cast<CUstream>(l.cfg.stream);
-  CUlaunchAttribute attr[2];
+  // The runtime's launch attributes are the driver's under other names: the same ids and a
+  // 64-byte value union of the same layout.
+  static_assert(int(cudaLaunchAttributeClusterDimension) == int(CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION) &&
+                    int(cudaLaunchAttributeProgrammaticStreamSerialization) == int(CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION),
+                "runtime and driver launch attribute ids");
+  static_assert(sizeof(cudaLaunchAttributeValue) == sizeof(CUlaunchAttributeValue), "runtime and driver launch attribute values");
+  constexpr unsigned kMaxAttrs = sizeof(KernelLaunch::attr) / sizeof(KernelLaunch::attr[0]);
+  CUlaunchAttribute attr[kMaxAttrs];
+  if (l.cfg.numAttrs > kMaxAttrs) return cudaErrorInvalidValue;
   for (unsigned i = 0; i < l.cfg.numAttrs; ++i) {
-    const cudaLaunchAttribute& a = l.cfg.attrs[i];
-    if (a.id == cudaLaunchAttributeClusterDimension) {
-      attr[i].id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
-      attr[i].value.clusterDim.x = a.val.clusterDim.x;
-      attr[i].value.clusterDim.y = a.val.clusterDim.y;
-      attr[i].value.clusterDim.z = a.val.clusterDim.z;
-    } else {
-      attr[i].id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
-      attr[i].value.programmaticStreamSerializationAllowed = a.val.programmaticStreamSerializationAllowed;
-    }
+    attr[i].id = static_cast<CUlaunchAttributeID>(l.cfg.attrs[i].id);
+    std::memcpy(&attr[i].value, &l.cfg.attrs[i].val, sizeof(attr[i].value));
   }
   cfg.attrs = attr;
   cfg.numAttrs = l.cfg.numAttrs;
-  // The runtime's error codes equal the driver's for what a launch returns.
+  // The runtime's error codes equal the driver's for every code a launch returns but
+  // CUDA_ERROR_KEY_ROTATION (916), which the runtime has no name for.
   return static_cast<cudaError_t>(drv(&cfg, reinterpret_cast<CUfunction>(handle), ptrs, nullptr));
 }
 }  // namespace detail
 
-// Launches `Kernel` with the configuration `l` (its attributes: KernelLaunch's two). Through the
-// driver's cuLaunchKernelEx with the kernel's context-independent handle (launched in the current
-// context, where the adapters set its shared-memory limit), which costs the host about 0.5 us a
+// Launches `Kernel` with the configuration `l`. Through the driver's cuLaunchKernelEx with the
+// kernel's context-independent handle (launched in the stream's context, which the caller has
+// made current and where the adapters set its shared-memory limit), which costs the host about 0.5 us a
 // launch less than cudaLaunchKernelEx (bench/DESIGN.md §9); through cudaLaunchKernelEx where the
 // driver entry point or the handle cannot be had. The same kernel either way.
 template <auto Kernel, class... Args>
