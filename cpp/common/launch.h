@@ -140,9 +140,9 @@ cudaError_t launch_driver(LaunchKernelEx drv, cudaKernel_t handle, const KernelL
 
 // Launches `Kernel` with the configuration `l`. Through the driver's cuLaunchKernelEx with the
 // kernel's context-independent handle (launched in the stream's context, which the caller has
-// made current and where the adapters set its shared-memory limit), which costs the host about 0.5 us a
-// launch less than cudaLaunchKernelEx (bench/DESIGN.md §9); through cudaLaunchKernelEx where the
-// driver entry point or the handle cannot be had. The same kernel either way.
+// made current and where the adapters set its shared-memory limit), which costs the host less
+// than cudaLaunchKernelEx (bench/DESIGN.md §9); through cudaLaunchKernelEx where the driver entry
+// point or the handle cannot be had. The same kernel either way.
 template <auto Kernel, class... Args>
 cudaError_t launch_kernel(const KernelLaunch& l, Args&&... args) {
   static const cudaKernel_t handle = [] {
