@@ -198,7 +198,13 @@ fn sass_has_block_scaled_umma() {
         // a grouped kernel of that output.
         w4a16: sum(90, |i| 2 * i.w4a16.len()),
         w4a16_grouped: sum(90, |i| 2 * i.w4a16.iter().filter(|o| i.grouped.contains(o)).count()),
-        cluster_sums: counts.cluster_sums,
+        // The split-K cluster sums of 16- and 32-bit outputs (the ReduceCluster instance of each such
+        // dense and W4A16 kernel of the configs that reduce through clusters), whose SASS
+        // cluster_sum_ends_after_its_stores checks.
+        cluster_sums: sum(90, |i| {
+            let wide = |o: &&OutType| !matches!(o, OutType::Nvfp4 | OutType::Nvfp4Ue8m0);
+            if i.cluster_reduces() { i.outputs.iter().filter(wide).count() + 2 * i.w4a16.iter().filter(wide).count() } else { 0 }
+        }),
     };
     assert_eq!(counts, want, "kernels in the objects (left) against the config table (right)");
 }
