@@ -519,18 +519,20 @@ mod tests {
 
     #[test]
     fn single_rounding_to_f16() {
-        // sum = 2048 + 1 + 2^-9 in exact arithmetic; f16 spacing at 2048 is 2, so 2049 + tiny
-        // rounds up to 2050. Summing in f16 or f32-then-f16 with a tie at 2049 would not.
+        // sum = 2048 + 1 + 2^-20 in exact arithmetic; f16 spacing at 2048 is 2, so 2049 + tiny
+        // rounds up to 2050. An f32 sum loses the 2^-20 (f32 spacing at 2049 is 2^-12), and its
+        // 2049, a tie in f16, rounds to even: 2048; summing in f16 also gives 2048.
         let k = 48;
         let mut av = vec![0f32; k];
         let mut bv = vec![0f32; k];
         av[0] = 4.0; bv[0] = 4.0; // block 0: 16 * 128 = 2048
         av[16] = 1.0; bv[16] = 1.0; // block 1: 1 * 1
-        av[32] = 0.5; bv[32] = 0.5; // block 2: 0.25 * 2^-7 = 2^-9
-        let (a, sfa) = raw(&av, &[128.0, 1.0, 2f32.powi(-7)], 1, k);
-        let (b, sfb) = raw(&bv, &[1.0, 1.0, 1.0], 1, k);
+        av[32] = 0.5; bv[32] = 0.5; // block 2: 0.25 * 2^-9 * 2^-9 = 2^-20
+        let (a, sfa) = raw(&av, &[128.0, 1.0, 2f32.powi(-9)], 1, k);
+        let (b, sfb) = raw(&bv, &[1.0, 1.0, 2f32.powi(-9)], 1, k);
         let d: Vec<f16> = gemm(&Problem::new(1, 1, k), &a, &sfa, &b, &sfb, None).unwrap();
         assert_eq!(d[0].to_f64(), 2050.0);
+        assert_eq!(f16::from_f32(2048.0f32 + 1.0 + 2f32.powi(-20)).to_f64(), 2048.0, "an f32 sum would not tell the two apart");
     }
 
     #[test]

@@ -130,7 +130,8 @@ mod tests {
         assert!((silu(1.0) - 0.731_058_6).abs() < 1e-6);
         assert!((silu(-2.0) + 0.238_405_85).abs() < 1e-6);
         let (g, u) = (half::bf16::from_f32(1.5), half::bf16::from_f32(-3.0));
-        assert_eq!(swiglu(g, u), half::bf16::from_f32(silu(1.5) * -3.0));
+        // silu(1.5) * -3 = -3.67909 (1.5 / (1 + e^-1.5) * -3 in f64), bf16 -3.671875.
+        assert_eq!(swiglu(g, u), half::bf16::from_f64(1.5 / (1.0 + (-1.5f64).exp()) * -3.0));
         let x: Vec<f32> = vec![1.0, 2.0, 3.0, 4.0, /* row 2 */ -1.0, 0.5, 2.0, -2.0];
         let h = swiglu_rows(&x, (1, 2, 2)).unwrap();
         assert_eq!(h, vec![silu(1.0) * 3.0, silu(2.0) * 4.0, silu(-1.0) * 2.0, silu(0.5) * -2.0]);

@@ -85,18 +85,20 @@ fn sm100_scale_span_limit_agrees_with_the_kernels() {
     for c in sm100 {
         // And the launch grid: L in z, at most 65535 (the tiles along N likewise, beyond what a test
         // can allocate the scales of).
-        for (p, out) in [
-            (Problem::new((1 << 29) - 128, 128, 64), OutType::F16),
-            (Problem::new(1 << 29, 128, 64), OutType::F16),
-            (Problem::new(1 << 24, 2048, 64), OutType::Nvfp4),
-            (Problem::new(128, 128, 64).batch(65535), OutType::F16),
-            (Problem::new(128, 128, 64).batch(65536), OutType::F16),
+        // Each case with whether it must be taken: just below a limit, at it.
+        for (p, out, taken) in [
+            (Problem::new((1 << 29) - 128, 128, 64), OutType::F16, true),
+            (Problem::new(1 << 29, 128, 64), OutType::F16, false),
+            (Problem::new(1 << 24, 2048, 64), OutType::Nvfp4, false),
+            (Problem::new(128, 128, 64).batch(65535), OutType::F16, true),
+            (Problem::new(128, 128, 64).batch(65536), OutType::F16, false),
         ] {
             if !c.is_built(out) {
                 continue;
             }
             let ours = p.check_sm100(out).is_ok();
-            assert_eq!(can_implement(c, out, &p).unwrap(), ours, "{c} {out} M={} N={}: Rust says {ours}", p.m, p.n);
+            assert_eq!(ours, taken, "{c} {out} M={} N={} L={}: Rust says {ours}", p.m, p.n, p.l);
+            assert_eq!(can_implement(c, out, &p).unwrap(), ours, "{c} {out} M={} N={} L={}: Rust says {ours}", p.m, p.n, p.l);
         }
     }
 }
@@ -140,7 +142,7 @@ fn sm90_split_k_rules_agree_with_the_kernels() {
 #[test]
 fn cluster_split_rule_agrees_with_the_kernels() {
     let p = Problem::new(130, 7168, 8224).batch(2);
-    let mut checked = 0;
+    let (mut checked, mut reduced) = (0, 0);
     for c in built_configs().into_iter().filter(|c| c.info().arch == 90) {
         let swapped = c.info().swapped();
         let pre = if swapped { 256 * 1024 + 2 * p.l * p.m * p.k.div_ceil(64) * 64 } else { 0 };
@@ -156,10 +158,14 @@ fn cluster_split_rule_agrees_with_the_kernels() {
                 assert_eq!(split > 1 && split_ws == 0, cluster_reduced(c, split), "{c} {out} split {split}: workspace {ws}");
                 assert_eq!(split_ws == 0, split == 1 || cluster_reduced(c, split), "{c} {out} split {split}: workspace {ws}");
                 checked += 1;
+                reduced += usize::from(cluster_reduced(c, split));
             }
         }
     }
-    eprintln!("{checked} (SM90 config, output, split) cases agree");
+    if built_configs().iter().any(|c| c.info().arch == 90) {
+        assert!(reduced > 0 && reduced < checked, "the SM90 cases must hold cluster-reduced splits and others");
+    }
+    eprintln!("{checked} (SM90 config, output, split) cases agree, {reduced} cluster-reduced");
 }
 
 #[test]
@@ -613,6 +619,7 @@ fn rust_fp4_reference_equals_cutlass_host_reference() {
         }
         let nan_sf = |s: u8| sfd_to_f32(format, s).is_nan();
         let sp = (n / 16).div_ceil(4) * 4;
+        assert_eq!(d.len(), d_ref.len());
         for (i, (x, y)) in d.iter().zip(&d_ref).enumerate() {
             let (row, col) = ((i * 2) / n, (i * 2) % n);
             let s = sfd[(row / m) * sfd.len() / l + blockscaled_gemm::layout::sf_offset(row % m, col / 16, sp)];

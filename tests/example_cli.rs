@@ -121,7 +121,7 @@ fn options_parse_and_bad_values_exit_2() {
 }
 
 /// Without a usable GPU the default (GPU) run exits 3 with one line naming the hardware; with one,
-/// it verifies a small GEMM and exits 0.
+/// it verifies a small GEMM and exits 0, naming the criterion of `--tolerance` in the verdict.
 #[test]
 fn gpu_run_or_exit_3_naming_the_hardware() {
     let o = run(&["--m", "128", "--n", "128", "--k", "64"]);
@@ -130,6 +130,12 @@ fn gpu_run_or_exit_3_naming_the_hardware() {
         0 => {
             assert!(blockscaled_gemm::BlockScaledGemm::driver_present(), "exit 0 without a driver");
             assert!(String::from_utf8_lossy(&o.stdout).contains("Disposition: Passed"));
+            // The verdict names the criterion it applied.
+            for (t, says) in [("bound", "exact or within the FP32 bound"), ("contest", "contest tolerance")] {
+                let o = run(&["--m", "128", "--n", "128", "--k", "64", "--tolerance", t]);
+                let out = String::from_utf8_lossy(&o.stdout);
+                assert!(code(&o) == 0 && out.contains(says), "--tolerance {t}: exit {}, the report does not say \"{says}\": {out}", code(&o));
+            }
             // Prepacked weights on the device that ran it: the same verdict (Hopper), or the
             // typed refusal naming the layout (SM100), in each mode.
             for args in [&["--prepack"][..], &["--prepack", "--mode", "w4a16"], &["--prepack", "--out", "nvfp4"]] {
@@ -367,9 +373,12 @@ fn tiny_alpha_asks_for_a_norm_constant() {
 
 #[test]
 fn tolerance_option() {
+    // Parsed on the CPU, where nothing is verified (the GPU run's verdict names the criterion:
+    // gpu_run_or_exit_3_naming_the_hardware).
     for t in ["bound", "contest"] {
         let o = run(&["--device", "cpu", "--m", "8", "--n", "16", "--k", "64", "--tolerance", t]);
         assert_eq!(code(&o), 0, "{t}: {}", String::from_utf8_lossy(&o.stderr));
+        assert!(String::from_utf8_lossy(&o.stdout).contains("nothing to verify"), "{t}");
     }
     let o = run(&["--device", "cpu", "--tolerance", "loose"]);
     assert_eq!(code(&o), 2);
