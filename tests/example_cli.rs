@@ -126,7 +126,13 @@ fn options_parse_and_bad_values_exit_2() {
 fn gpu_run_or_exit_3_naming_the_hardware() {
     let o = run(&["--m", "128", "--n", "128", "--k", "64"]);
     match code(&o) {
-        3 => assert!(stderr_one_line(&o).contains("compute capability"), "{}", String::from_utf8_lossy(&o.stderr)),
+        3 => {
+            assert!(stderr_one_line(&o).contains("compute capability"), "{}", String::from_utf8_lossy(&o.stderr));
+            // Only where the library itself finds no device it can run on.
+            let usable = blockscaled_gemm::BlockScaledGemm::driver_present()
+                && cudarc::driver::CudaContext::new(0).is_ok_and(|ctx| blockscaled_gemm::BlockScaledGemm::new(ctx.default_stream()).is_ok());
+            assert!(!usable, "exit 3 although BlockScaledGemm::new accepts device 0");
+        }
         0 => {
             assert!(blockscaled_gemm::BlockScaledGemm::driver_present(), "exit 0 without a driver");
             assert!(String::from_utf8_lossy(&o.stdout).contains("Disposition: Passed"));
