@@ -192,7 +192,7 @@ fn sass_has_block_scaled_umma() {
         handles.into_iter().map(|h| h.join().unwrap_or_else(|e| std::panic::resume_unwind(e))).fold(Counts::default(), Counts::add)
     });
     eprintln!("{counts:?}");
-    assert!(counts.sm90 == 0 || counts.cluster_sums > 0, "no SM90 cluster split-K sum found to check");
+    assert!(counts.sm90 == 0 || (counts.cluster_sums > 0 && counts.fp4_cluster_sums > 0), "no SM90 cluster split-K sum found to check");
     let sum = |arch: u32, n: fn(&ConfigInfo) -> usize| built_configs().iter().filter(|c| c.info().arch == arch).map(|c| n(&c.info())).sum::<usize>();
     let want = Counts {
         sm100: sum(100, |i| i.outputs.len()),
@@ -211,6 +211,8 @@ fn sass_has_block_scaled_umma() {
             let wide = |o: &&OutType| !matches!(o, OutType::Nvfp4 | OutType::Nvfp4Ue8m0);
             if i.cluster_reduces() { i.outputs.iter().filter(wide).count() + 2 * i.w4a16.iter().filter(wide).count() } else { 0 }
         }),
+        // And those of FP4 output (W4A16 has none).
+        fp4_cluster_sums: sum(90, |i| if i.cluster_reduces() { i.outputs.iter().filter(|o| matches!(o, OutType::Nvfp4 | OutType::Nvfp4Ue8m0)).count() } else { 0 }),
     };
     assert_eq!(counts, want, "kernels in the objects (left) against the config table (right)");
 }
@@ -227,6 +229,7 @@ struct Counts {
     w4a16: usize,
     w4a16_grouped: usize,
     cluster_sums: usize,
+    fp4_cluster_sums: usize,
 }
 
 impl Counts {
@@ -240,6 +243,7 @@ impl Counts {
             w4a16: self.w4a16 + o.w4a16,
             w4a16_grouped: self.w4a16_grouped + o.w4a16_grouped,
             cluster_sums: self.cluster_sums + o.cluster_sums,
+            fp4_cluster_sums: self.fp4_cluster_sums + o.fp4_cluster_sums,
         }
     }
 }
@@ -256,7 +260,7 @@ fn check_sass(obj: &str) -> Counts {
     }
     if obj.contains("bsg_sm90_") {
         sm90_kernels(obj, &sass, &mut counts);
-        counts.cluster_sums = cluster_sum_ends_after_its_stores(obj, &sass);
+        [counts.cluster_sums, counts.fp4_cluster_sums] = cluster_sum_ends_after_its_stores(obj, &sass);
     }
     counts
 }
@@ -323,25 +327,37 @@ fn sm90_kernels(obj: &str, sass: &str, counts: &mut Counts) {
     }
 }
 
-/// The 16/32-bit epilogue's cluster split-K sum ends with a relaxed cluster arrive
-/// (`cpp/sm90/epilogue.cuh`): that is safe only because every peer load feeds a global store
-/// issued before the arrive, and fast only without a memory barrier between the two. In each
-/// such kernel (`ReduceCluster`, not FP4 output, whose epilogue stores after its barriers) the
-/// last `UCGABAR_ARV` must follow the last `STG` with no `MEMBAR` between them.
-fn cluster_sum_ends_after_its_stores(obj: &str, sass: &str) -> usize {
-    let mut checked = 0;
+/// Both epilogues' cluster split-K sums end with a relaxed cluster arrive, which lets the peers
+/// leave: safe only because every peer load (`LD.E`, a generic load of a peer's shared memory)
+/// has returned by then, which holds where each feeds a store issued before the arrive.
+/// - 16/32-bit output (`cpp/sm90/epilogue.cuh`): the sums go straight to D, so the last
+///   `UCGABAR_ARV` must follow the last `STG`, with no `MEMBAR` between them (fast only without).
+/// - FP4 output (`cpp/sm90/epilogue_fp4.cuh`): the sums go to a slice tile of the CTA's own, so
+///   the last `STS` before the last `UCGABAR_ARV` must follow the last peer load, and no peer load
+///   may come after the arrive.
+/// Returns how many kernels of each kind it checked.
+fn cluster_sum_ends_after_its_stores(obj: &str, sass: &str) -> [usize; 2] {
+    let mut checked = [0; 2];
     for f in sass.split("Function : ").skip(1) {
         let name = f.lines().next().unwrap_or("");
-        if !name.contains("ReduceCluster") || name.contains("Fp4Out") {
+        if !name.contains("ReduceCluster") {
             continue;
         }
         let lines: Vec<&str> = f.lines().collect();
         let last = |op: &str| lines.iter().rposition(|l| l.contains(op));
-        let (stg, arv) = (last("STG."), last("UCGABAR_ARV"));
-        let (Some(stg), Some(arv)) = (stg, arv) else { panic!("{obj}: {name}: no STG or no UCGABAR_ARV") };
-        assert!(arv > stg, "{obj}: {name}: the last cluster arrive comes before the last store");
-        assert!(!lines[stg..arv].iter().any(|l| l.contains("MEMBAR")), "{obj}: {name}: a MEMBAR between the last store and the cluster arrive");
-        checked += 1;
+        let Some(arv) = last("UCGABAR_ARV") else { panic!("{obj}: {name}: no UCGABAR_ARV") };
+        if name.contains("Fp4Out") {
+            let before = |op: &str| lines[..arv].iter().rposition(|l| l.contains(op));
+            let (Some(ld), Some(sts)) = (before("LD.E"), before("STS.")) else { panic!("{obj}: {name}: no peer load or no shared store before the cluster arrive") };
+            assert!(sts > ld, "{obj}: {name}: the last peer load comes after the slice's last store");
+            assert!(!lines[arv..].iter().any(|l| l.contains("LD.E")), "{obj}: {name}: a peer load after the cluster arrive");
+            checked[1] += 1;
+        } else {
+            let Some(stg) = last("STG.") else { panic!("{obj}: {name}: no STG") };
+            assert!(arv > stg, "{obj}: {name}: the last cluster arrive comes before the last store");
+            assert!(!lines[stg..arv].iter().any(|l| l.contains("MEMBAR")), "{obj}: {name}: a MEMBAR between the last store and the cluster arrive");
+            checked[0] += 1;
+        }
     }
     checked
 }

@@ -23,8 +23,9 @@
 //
 // Encode (FP4 output, CUTLASS example 72b's LinCombBlockScaleFactor): written as CUTLASS's host
 //   reference does it (gett.hpp, compute_1d_scaling_factor_and_quantized_output) so results match
-//   it bit for bit: IEEE operations one at a time, NaN-propagating min/max in its operand order,
-//   float_ue4m3_t / float_ue8m0_t from float, round-to-nearest-even onto e2m1.
+//   it bit for bit: IEEE operations one at a time, NaN-propagating min/max (the epilogue takes
+//   the maximum by the bits: the same value, a NaN's payload aside, which the next multiplication
+//   drops), float_ue4m3_t / float_ue8m0_t from float, round-to-nearest-even onto e2m1.
 #pragma once
 
 #include <cuda_bf16.h>

@@ -1,8 +1,8 @@
 // SM90 epilogue for FP4 output (CUTLASS example 72b's LinCombBlockScaleFactor): per 16 outputs
 // along N, v = alpha * acc + beta * C, SFD = Sf(max|v| * (st / 6)) and D = e2m1(v * min(st /
 // float(SFD), FLT_MAX)), in the order and roundings of CUTLASS's host reference (conversions in
-// common/nvfp4.cuh), from the FP32 tile in shared memory or, summing split-K in the cluster,
-// from the peers' tiles.
+// common/nvfp4.cuh), from the FP32 tile in shared memory (summing split-K in the cluster: the
+// slice's sums over the peers' tiles, gathered into a tile of this CTA's own).
 #pragma once
 
 #include <cfloat>
@@ -69,9 +69,9 @@ __device__ __forceinline__ uint8_t fp4_encode(const Fp4Dest& o, const float (&v)
   CUTE_UNROLL
   for (int i = 0; i < (N + 7) / 8; ++i) packed[i] = 0;
   if (__fmul_rn(amax, scale) < 0x1p99f) {
-    // Every |v * scale| is at most RN(amax * scale) (rounding is monotonic), so finite and below
-    // 2^100, where e2m1_code_signed equals e2m1_from_float; a NaN among v makes amax NaN and
-    // fails the test.
+    // scale >= 0 (st > 0, checked by can_implement), so every |v * scale| is at most
+    // RN(amax * scale) (rounding is monotonic): finite and below 2^100, where e2m1_code_signed
+    // equals e2m1_from_float. A NaN among v makes amax NaN and fails the test.
     CUTE_UNROLL
     for (int e = 0; e < N; ++e) packed[e / 8] |= e2m1_code_signed(__fmul_rn(v[e], scale)) << (4 * (e % 8));
   } else {
@@ -161,10 +161,9 @@ struct Epilogue<T, Fp4Out<Sf>, Reduce> {
     const Fp4Dest o = fp4_dest(p, w.batch);
     if constexpr (std::is_same_v<Reduce, ReduceCluster> && (BSG_SM90_ABLATE & 8) == 0) {
       // As the 16-bit epilogue, this CTA sums rows [r0, r1) of the cluster's partial tiles in split
-      // order, one float4 per thread and step, consecutive threads on consecutive float4s, every
-      // unit's loads first (in flight together). The sums go to a slice tile of this CTA's own
-      // past its partial tile, which no peer reads, so only this CTA's threads wait before reading
-      // them.
+      // order, one float4 per thread and step, consecutive threads on consecutive float4s. The sums
+      // go to a slice tile of this CTA's own past its partial tile, which no peer reads, so only
+      // this CTA's threads wait before reading them.
       cute::cluster_sync();
       const int r0 = w.split * kBM / p.split_k, r1 = (w.split + 1) * kBM / p.split_k;
       // float4s per thread for the at most kBM / 2 rows of a slice (split_k >= 2); small tiles
@@ -197,7 +196,7 @@ struct Epilogue<T, Fp4Out<Sf>, Reduce> {
     } else {
       compute_sync<T>();
       fp4_from_tile<Sf, kBM, BN, kLd>(p, o, tile_s, kBM, w.m0, w.n0, tid);
-      zero_sfd_padding(p, w.m0, w.n0, kBM, BN, w.batch, tid);
+      if (w.split == 0 || !std::is_same_v<Reduce, ReduceCluster>) zero_sfd_padding(p, w.m0, w.n0, kBM, BN, w.batch, tid);
     }
   }
 };
