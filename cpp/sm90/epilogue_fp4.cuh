@@ -15,6 +15,10 @@
 
 namespace bsg::sm90 {
 
+// The norm constants FP4 output takes (every adapter's can_implement asks): positive and finite,
+// so the scale below is >= 0, which the code gate in fp4_encode relies on.
+__host__ __device__ inline bool fp4_norm_constant_ok(float st) { return st > 0.f && st <= FLT_MAX; }
+
 // Where one tile's FP4 output goes, and its constants.
 struct Fp4Dest {
   const float* c;
@@ -69,7 +73,7 @@ __device__ __forceinline__ uint8_t fp4_encode(const Fp4Dest& o, const float (&v)
   CUTE_UNROLL
   for (int i = 0; i < (N + 7) / 8; ++i) packed[i] = 0;
   if (__fmul_rn(amax, scale) < 0x1p99f) {
-    // scale >= 0 (st > 0, checked by can_implement), so every |v * scale| is at most
+    // scale >= 0 (fp4_norm_constant_ok, checked by can_implement), so every |v * scale| is at most
     // RN(amax * scale) (rounding is monotonic): finite and below 2^100, where e2m1_code_signed
     // equals e2m1_from_float. A NaN among v makes amax NaN and fails the test.
     CUTE_UNROLL
@@ -139,9 +143,9 @@ __device__ __forceinline__ void fp4_from_tile(const Params& p, const Fp4Dest& o,
 // the buffer feeds a next GEMM whole (the kernels read the 128x4-tiled layout): rows M up to the
 // 128-row padding for this tile's scale columns (and the column padding, if last in N), and scale
 // columns N/16 up to the 4-column padding for this tile's rows. No memset launch.
-__device__ __forceinline__ void zero_sfd_padding(const Params& p, int m0, int n0, int bm, int bn, int64_t batch, int tid) {
-  const int sp = int(sf_cols_padded(p.n)), mp = (p.m + 127) / 128 * 128;
-  uint8_t* sfd = p.sfd + batch * sf_batch_bytes(p.m, sp);
+__device__ __forceinline__ void zero_sfd_padding(const Params& p, const Fp4Dest& o, int m0, int n0, int bm, int bn, int tid) {
+  const int sp = int(o.sp), mp = (p.m + 127) / 128 * 128;
+  uint8_t* sfd = o.sfd;
   const bool last_m = m0 + bm >= p.m, last_n = n0 + bn >= p.n;
   if (last_m) {
     const int c0 = n0 / 16, cols = (last_n ? sp : (n0 + bn) / 16) - c0;
@@ -191,12 +195,12 @@ struct Epilogue<T, Fp4Out<Sf>, Reduce> {
       cute::cluster_arrive_relaxed();
       compute_sync<T>();
       fp4_from_tile<Sf, kBM, BN, kLd>(p, o, slice_s, r1 - r0, w.m0 + r0, w.n0, tid);
-      if (w.split == 0) zero_sfd_padding(p, w.m0, w.n0, kBM, BN, w.batch, tid);
+      if (w.split == 0) zero_sfd_padding(p, o, w.m0, w.n0, kBM, BN, tid);
       cute::cluster_wait();
     } else {
       compute_sync<T>();
       fp4_from_tile<Sf, kBM, BN, kLd>(p, o, tile_s, kBM, w.m0, w.n0, tid);
-      if (w.split == 0 || !std::is_same_v<Reduce, ReduceCluster>) zero_sfd_padding(p, w.m0, w.n0, kBM, BN, w.batch, tid);
+      if (w.split == 0 || !std::is_same_v<Reduce, ReduceCluster>) zero_sfd_padding(p, o, w.m0, w.n0, kBM, BN, tid);
     }
   }
 };

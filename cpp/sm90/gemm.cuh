@@ -9,7 +9,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <cfloat>
 #include <climits>
 #include <cstdint>
 
@@ -44,9 +43,7 @@ struct Gemm {
   static bool can_implement(const KernelArgs& a) {
     if (a.m <= 0 || a.n <= 0 || a.k <= 0 || a.l <= 0 || a.k % 32 != 0) return false;
     if (a.n % OutputInfo<OutT>::kNMultiple != 0) return false;
-    // FP4 output: the epilogue's code gate assumes a positive finite norm constant (as the grouped
-    // adapters and the Rust checks require).
-    if (!std::is_void_v<typename OutputInfo<OutT>::Sf> && (!a.sfd || !(a.norm_constant > 0.f) || a.norm_constant > FLT_MAX)) return false;
+    if (!std::is_void_v<typename OutputInfo<OutT>::Sf> && (!a.sfd || !fp4_norm_constant_ok(a.norm_constant))) return false;
     const int k_tiles = (a.k + kBK - 1) / kBK;
     return is_weight_layout(a.b_layout) && tiles(a) <= INT_MAX &&
            a.split_k >= 1 && a.split_k <= k_tiles && a.split_k <= Sched::max_split(a) && a.split_k <= BSG_SM90_MAX_SPLIT_K &&

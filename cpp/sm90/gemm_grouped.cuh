@@ -6,7 +6,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <cfloat>
 #include <climits>
 #include <cstdint>
 
@@ -40,7 +39,7 @@ struct GroupedGemm {
     if (a.rows < 1 || a.n < 1 || a.k < 1 || a.k % 32 != 0 || a.experts < 1 || a.experts > Sched::kMaxGroups) return false;
     if (!is_weight_layout(a.b_layout)) return false;
     if (a.n % OutputInfo<OutT>::kNMultiple != 0) return false;
-    if (kFp4Out && (a.sfd == 0 || !(a.norm_constant > 0.f) || a.norm_constant > FLT_MAX)) return false;
+    if (kFp4Out && (a.sfd == 0 || !fp4_norm_constant_ok(a.norm_constant))) return false;
     // Items (the swapped tiles' grid: every possible one) and padded scale rows are int on the
     // device.
     return Sched::max_items(a) <= INT_MAX && int64_t(a.rows) + 127 * int64_t(a.experts) <= INT_MAX;

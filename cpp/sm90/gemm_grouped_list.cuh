@@ -5,7 +5,6 @@
 #pragma once
 
 #include <algorithm>
-#include <cfloat>
 #include <climits>
 #include <cstdint>
 
@@ -35,7 +34,7 @@ struct GroupedListGemm {
     if (a.max_rows < 0 || a.max_rows > INT_MAX) return false;
     if (!is_weight_layout(a.b_layout)) return false;
     if (!a.problems || !a.a || !a.sfa || !a.b || !a.sfb || !a.d || (a.beta != 0.f && !a.c)) return false;
-    if (kFp4Out && (a.sfd == 0 || !(a.norm_constant > 0.f) || a.norm_constant > FLT_MAX)) return false;
+    if (kFp4Out && (a.sfd == 0 || !fp4_norm_constant_ok(a.norm_constant))) return false;
     // The descriptors are written past the split-K counters (256 KiB): they need 64-byte
     // alignment (cudaMalloc gives 256).
     if (a.workspace % 128 != 0) return false;
