@@ -117,12 +117,15 @@ cudaError_t reserve_pre_pass_smem(Kernel kernel) {
   return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kPreSmem);
 }
 
-// A pre-pass of `items` work items: programmatic, one CTA of kPreThreads per SM at most (the
-// reserved shared memory keeps two off one SM and off an SM a GEMM CTA holds).
+// A pre-pass of `items` work items: programmatic, one CTA per SM at most (the reserved shared
+// memory keeps two off one SM and off an SM a GEMM CTA holds). CTAs of half the launch bound
+// while that still gives every item a thread: the decode spreads over twice the SMs, each
+// storing half as much (bench/DESIGN.md §3).
 template <auto Kernel, class... Args>
 cudaError_t launch_pre_pass(int64_t items, int sm_count, cudaStream_t stream, Args... args) {
-  const int64_t blocks = std::max<int64_t>(1, std::min<int64_t>((items + kPreThreads - 1) / kPreThreads, sm_count));
-  const KernelLaunch launch(dim3(unsigned(blocks)), kPreThreads, 1, kPreSmem, stream, true);
+  const int threads = items <= int64_t(kPreThreads / 2) * sm_count ? kPreThreads / 2 : kPreThreads;
+  const int64_t blocks = std::max<int64_t>(1, std::min<int64_t>((items + threads - 1) / threads, sm_count));
+  const KernelLaunch launch(dim3(unsigned(blocks)), threads, 1, kPreSmem, stream, true);
   return launch_kernel<Kernel>(launch, args...);
 }
 
