@@ -612,10 +612,16 @@ fn compile_all(tools: &Toolchain, jobs: &[(PathBuf, PathBuf, Vec<String>)]) -> u
                 let t = std::time::Instant::now();
                 let out = Command::new(&tools.nvcc).args(flags.iter()).arg("-c").arg(src).arg("-o").arg(&tmp).output();
                 match out {
-                    Ok(o) if o.status.success() => {
-                        std::fs::rename(&tmp, obj).unwrap(); // atomic: concurrent builds never see half an object
-                        eprintln!("nvcc {} ({:.0} s)", src.display(), t.elapsed().as_secs_f64());
-                    }
+                    Ok(o) if o.status.success() => match serialized_wgmma(&o) {
+                        Some(note) => {
+                            let _ = std::fs::remove_file(&tmp);
+                            errors.lock().unwrap().push(format!("{}: {note}", src.display()));
+                        }
+                        None => {
+                            std::fs::rename(&tmp, obj).unwrap(); // atomic: concurrent builds never see half an object
+                            eprintln!("nvcc {} ({:.0} s)", src.display(), t.elapsed().as_secs_f64());
+                        }
+                    },
                     Ok(o) => errors.lock().unwrap().push(format!("{}:\n{}", src.display(), String::from_utf8_lossy(&o.stderr))),
                     Err(e) => errors.lock().unwrap().push(format!("cannot run {}: {e}", tools.nvcc.display())),
                 }
@@ -625,6 +631,14 @@ fn compile_all(tools: &Toolchain, jobs: &[(PathBuf, PathBuf, Vec<String>)]) -> u
     let errors = errors.into_inner().unwrap();
     assert!(errors.is_empty(), "nvcc failed:\n{}", errors.join("\n"));
     todo.len()
+}
+
+/// ptxas's note that it serialized a kernel's wgmma (C7520 and its kin, "wgmma.mma_async
+/// instructions are serialized"): the kernel still computes the same result, but waits after
+/// every HGMMA (bench/DESIGN.md §10), so the build refuses the object.
+fn serialized_wgmma(o: &std::process::Output) -> Option<String> {
+    let text = format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+    text.lines().find(|l| l.contains("wgmma.mma_async instructions are serialized")).map(|l| format!("ptxas serialized wgmma: {}", l.trim()))
 }
 
 /// Cache key of one object: the shared inputs, its own sources, its flags (paths left out).
