@@ -577,6 +577,12 @@ fn operand(rows: usize, k: usize, l: usize, rng: &mut SplitMix64, scales: &[u8])
     Nvfp4Matrix::from_parts(rows, k, l, data, to_tiled(&sf, rows, k / 16, l), None).unwrap()
 }
 
+/// The scale factor of output row `row` (stacked over the l batches of m rows) and 16-column group
+/// `group`, from an SFD buffer of l equal batches in the 128x4-tiled layout with `sp` columns.
+fn sfd_at(sfd: &[u8], l: usize, m: usize, sp: usize, row: usize, group: usize) -> u8 {
+    sfd[(row / m) * sfd.len() / l + sf_offset(row % m, group, sp)]
+}
+
 /// Elements whose scaled value `v * scale` lies exactly on an e2m1 rounding midpoint.
 fn ties(p: &Problem, acc: &[f32], c: Option<&[f32]>, sfd: &[u8], format: SfdFormat) -> usize {
     let sp = (p.n / 16).div_ceil(4) * 4;
@@ -589,7 +595,7 @@ fn ties(p: &Problem, acc: &[f32], c: Option<&[f32]>, sfd: &[u8], format: SfdForm
                 if let Some(c) = c.filter(|_| p.beta != 0.0) {
                     v += p.beta * c[idx];
                 }
-                let s = sfd[l * sfd.len() / p.l + blockscaled_gemm::layout::sf_offset(r, col / 16, sp)];
+                let s = sfd_at(sfd, p.l, p.m, sp, l * p.m + r, col / 16);
                 let scale = (p.norm_constant * (1.0 / sfd_to_f32(format, s))).min(f32::MAX);
                 let q = (v * scale).abs();
                 count += usize::from([0.25f32, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0].contains(&q));
@@ -638,7 +644,7 @@ fn rust_fp4_reference_equals_cutlass_host_reference() {
         assert_eq!(d.len(), d_ref.len());
         for (i, (x, y)) in d.iter().zip(&d_ref).enumerate() {
             let (row, col) = ((i * 2) / n, (i * 2) % n);
-            let s = sfd[(row / m) * sfd.len() / l + blockscaled_gemm::layout::sf_offset(row % m, col / 16, sp)];
+            let s = sfd_at(&sfd, l, m, sp, row, col / 16);
             // Where the scale factor is NaN, D is ±6 and the sign of a NaN is not portable.
             let mask = if nan_sf(s) { 0x77 } else { 0xFF };
             assert_eq!(x & mask, y & mask, "case {case} {p:?} {format:?}: D byte {i} (row {row}, col {col}): Rust {x:#04x}, CUTLASS {y:#04x}");
@@ -647,7 +653,7 @@ fn rust_fp4_reference_equals_cutlass_host_reference() {
         total_ties += ties(&p, &acc, c.as_deref(), &sfd, format);
         saturated += sfd.iter().filter(|&&s| s == 0x7E && format == SfdFormat::Ue4m3).count();
         // Groups whose scale factor rounds to zero (D all zero codes), the padding left out.
-        zero_groups += (0..l * m * (n / 16)).filter(|&g| sfd[(g / (m * (n / 16))) * sfd.len() / l + blockscaled_gemm::layout::sf_offset(g / (n / 16) % m, g % (n / 16), sp)] == 0).count();
+        zero_groups += (0..l * m * (n / 16)).filter(|&g| sfd_at(&sfd, l, m, sp, g / (n / 16), g % (n / 16)) == 0).count();
         cases += 1;
     }
     eprintln!("{cases} cases equal; {total_ties} elements rounded at an e2m1 tie, {saturated} saturated ue4m3 scale factors, {zero_groups} groups with a zero scale factor, {with_c} with C");
