@@ -286,12 +286,17 @@ const STREAM_SHORT_K: usize = 32;
 /// k-tiles gain; whole ranges of 432 lose).
 const STREAM_FEWER_CTAS_K: usize = 128;
 
-/// Modelled time (microseconds, H100 SXM) of the swapped 128x256 or 128x128 tile on `p` at
-/// `split`: per wave, the fixed costs (first raw stage; after the loop the cluster reduction or
-/// the epilogue) plus one K range's k-tiles at the loop's rate in clocks at 1.9 GHz. The
-/// constants are measured per tile (timelines and traces, bench/DESIGN.md §8).
+/// Modelled time (microseconds, H100 SXM) of a swapped tile (128x256, 256x128 or 128x128) on `p`
+/// at `split`: per wave, the fixed costs (first raw stage; after the loop the cluster reduction
+/// or the epilogue) plus one K range's k-tiles at the loop's rate in clocks at 1.9 GHz. The
+/// constants are measured per tile (timelines and traces, bench/DESIGN.md §8); 256x128's
+/// after-loop cost at split-K is fitted to same-run comparisons with the 128x128 (§8).
 fn swapped_estimate_us(config: Config, p: &Problem, split: u32, sm_count: usize) -> f64 {
-    let (first, reduce, clocks) = if config == Config::Sm90_Swapped_128x128x64 { (2.2, 4.3, 677.0) } else { (2.9, 6.1, 1220.0) };
+    let (first, reduce, clocks) = match config {
+        Config::Sm90_Swapped_128x128x64 => (2.2, 4.3, 677.0),
+        Config::Sm90_256x128x64 => (2.2, 6.4, 1190.0),
+        _ => (2.9, 6.1, 1220.0),
+    };
     let after = if split > 1 { reduce } else { 2.5 };
     let ctas = config.tiles(p) * split as usize;
     let waves = ctas.div_ceil(sm_count.max(1)) as f64;
@@ -414,17 +419,18 @@ pub fn select(arch: u32, p: &Problem, sm_count: usize, max_clusters: &ClusterCou
         //   unswapped 128x128 (two CTAs per SM);
         // - of the swapped tiles, 256x128 (twice the MMA work per decoded weight) wherever M pads
         //   at most a tenth more with 256-row tiles, else 128x256;
-        // - the swapped 128x128 stands in for 128x256 where swapped_estimate_us says it is faster
-        //   (short K ranges, where the fixed costs weigh, or more CTAs at a lower split).
+        // - the swapped 128x128 stands in for either where swapped_estimate_us says it is faster
+        //   (short K ranges, where the fixed costs weigh, or more CTAs: 64 tiles at split 2
+        //   where the wide tile's 32 are held to split 3 by the clusters that fit).
         let pad = |rows: usize| p.m.div_ceil(rows) * rows;
         let mut swapped = [Config::Sm90_256x128x64, Config::Sm90_128x256x64]
             .into_iter()
             .filter(|c| candidates.contains(c))
             .find(|&c| c == Config::Sm90_128x256x64 || pad(256) * 10 <= pad(128) * 11);
         let narrow = Config::Sm90_Swapped_128x128x64;
-        if swapped == Some(Config::Sm90_128x256x64) && candidates.contains(&narrow) {
+        if let Some(wide) = swapped.filter(|_| candidates.contains(&narrow)) {
             let est = |c: Config| swapped_estimate_us(c, p, split_k(c, p, sm_count, max_clusters), sm_count);
-            if est(narrow) < est(Config::Sm90_128x256x64) {
+            if est(narrow) < est(wide) {
                 swapped = Some(narrow);
             }
         }
@@ -450,6 +456,9 @@ pub fn select(arch: u32, p: &Problem, sm_count: usize, max_clusters: &ClusterCou
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// cuOccupancyMaxActiveClusters per cluster size 2 to 8, H100 SXM, one CTA per SM.
+    const H100_CLUSTERS: ClusterCounts = [66, 39, 30, 22, 17, 15, 15];
 
     #[test]
     fn grouped_picks_by_mean_rows_per_expert() {
@@ -565,45 +574,44 @@ mod tests {
 
     #[test]
     fn split_k_clusters_stay_within_one_wave() {
-        const H100: ClusterCounts = [66, 39, 30, 22, 17, 15, 15]; // cuOccupancyMaxActiveClusters, H100 SXM
         let wide = Config::Sm90_128x256x64;
         let all = |_| true;
         // 28 tiles: clusters of 4 fit (30), the 128x256 tile splits 4 ways.
-        assert_eq!(split_k(wide, &Problem::new(128, 7168, 16384), 132, &H100), 4);
-        assert_eq!(select(90, &Problem::new(128, 7168, 16384), 132, &H100, all), Some(wide));
+        assert_eq!(split_k(wide, &Problem::new(128, 7168, 16384), 132, &H100_CLUSTERS), 4);
+        assert_eq!(select(90, &Problem::new(128, 7168, 16384), 132, &H100_CLUSTERS, all), Some(wide));
         // 32 tiles: 32 clusters of 4 do not fit, 32 of 3 do, and the swapped tile keeps the
         // lowered split; at M = 1024 and 256 that is 256x128, whose 32 tiles split alike.
         let tall = Config::Sm90_256x128x64;
         let no_narrow = |c: Config| c != Config::Sm90_Swapped_128x128x64;
         for (p, c) in [(Problem::new(1024, 1024, 8192), tall), (Problem::new(128, 8192, 16384), wide), (Problem::new(256, 4096, 7168), tall)] {
             for t in [wide, c] {
-                assert_eq!(split_k(t, &p, 132, &H100), 3, "{p:?} {t}");
+                assert_eq!(split_k(t, &p, 132, &H100_CLUSTERS), 3, "{p:?} {t}");
                 assert_eq!(split_k(t, &p, 132, &ANY_CLUSTERS), 4, "{p:?} {t}");
             }
-            assert_eq!(select(90, &p, 132, &H100, no_narrow), Some(c), "{p:?}");
+            assert_eq!(select(90, &p, 132, &H100_CLUSTERS, no_narrow), Some(c), "{p:?}");
             assert_eq!(select(90, &p, 132, &ANY_CLUSTERS, no_narrow), Some(c), "{p:?}");
         }
         // The swapped 128x128 tile: 64 tiles, clusters of 2 fit (66). Where 128x256 is held to
         // split 3 (96 CTAs), it is the faster; with 128x256 at split 4 (no cluster limit) the
         // model keeps 128x256.
         let narrow = Config::Sm90_Swapped_128x128x64;
-        assert_eq!(split_k(narrow, &Problem::new(128, 8192, 16384), 132, &H100), 2);
-        assert_eq!(select(90, &Problem::new(128, 8192, 16384), 132, &H100, all), Some(narrow));
+        assert_eq!(split_k(narrow, &Problem::new(128, 8192, 16384), 132, &H100_CLUSTERS), 2);
+        assert_eq!(select(90, &Problem::new(128, 8192, 16384), 132, &H100_CLUSTERS, all), Some(narrow));
         assert_eq!(select(90, &Problem::new(128, 8192, 16384), 132, &ANY_CLUSTERS, all), Some(wide));
         // 32 tiles at 128x4096x7168: clusters of 4 do not fit (30), of 3 do.
-        assert_eq!(split_k(narrow, &Problem::new(128, 4096, 7168), 132, &H100), 3);
+        assert_eq!(split_k(narrow, &Problem::new(128, 4096, 7168), 132, &H100_CLUSTERS), 3);
         assert_eq!(split_k(narrow, &Problem::new(128, 4096, 7168), 132, &ANY_CLUSTERS), 4);
-        assert_eq!(select(90, &Problem::new(128, 4096, 7168), 132, &H100, all), Some(narrow));
+        assert_eq!(select(90, &Problem::new(128, 4096, 7168), 132, &H100_CLUSTERS, all), Some(narrow));
         assert!(cluster_reduced(narrow, 2) && !cluster_reduced(narrow, 1));
         // 40 tiles: clusters of 3 do not fit either (39), of 2 do, and 128x256 at split 2 is
         // still the faster.
-        assert_eq!(split_k(wide, &Problem::new(128, 10240, 8192), 132, &H100), 2);
-        assert_eq!(select(90, &Problem::new(128, 10240, 8192), 132, &H100, all), Some(wide));
+        assert_eq!(split_k(wide, &Problem::new(128, 10240, 8192), 132, &H100_CLUSTERS), 2);
+        assert_eq!(select(90, &Problem::new(128, 10240, 8192), 132, &H100_CLUSTERS, all), Some(wide));
         assert_eq!(select(90, &Problem::new(128, 10240, 8192), 132, &ANY_CLUSTERS, all), Some(wide)); // also against 128x128 swapped (80 tiles, no split)
         // 16 tiles: 15 clusters of 8 or 7 fit, 17 of 6; 24 tiles: 22 of 5, 30 of 4; 8 tiles: all
         // 8 ranges.
         for (p, s) in [(Problem::new(128, 4096, 7168), 6), (Problem::new(128, 4096, 16384), 6), (Problem::new(512, 1536, 7168), 4), (Problem::new(128, 2048, 7168), 8)] {
-            assert_eq!(split_k(wide, &p, 132, &H100), s, "{p:?}");
+            assert_eq!(split_k(wide, &p, 132, &H100_CLUSTERS), s, "{p:?}");
         }
         // No cluster fits: no cluster split. Splits through global memory and other tiles are
         // not limited.
@@ -768,6 +776,16 @@ mod tests {
         let narrow = Some(Config::Sm90_Swapped_128x128x64);
         for (m, n, k) in [(128, 4096, 7168), (128, 7168, 2048), (128, 3072, 1536), (128, 7168, 512), (128, 2048, 7168), (128, 1536, 7168), (128, 7168, 4096), (128, 1024, 4096), (640, 7168, 2048), (384, 1536, 4096), (128, 16384, 7168), (640, 16384, 4096), (384, 4096, 7168), (128, 3072, 16384), (128, 7168, 8192)] {
             assert_eq!(select(90, &Problem::new(m, n, k), 132, &ANY_CLUSTERS, all), narrow, "{m}x{n}x{k}");
+        }
+        // ... and for 256x128 (same run, graph us, f16, 256x128 against the swapped 128x128 at
+        // each one's split, bench/DESIGN.md §8): 64 tiles at split 2 where 256x128's 32 are held
+        // to split 3, short K ranges, or a wave's worth more CTAs.
+        for (m, n, k) in [(256, 4096, 7168), (256, 4096, 2048), (256, 4096, 16384), (160, 4096, 7168), (512, 2048, 8192), (1024, 1024, 8192), (512, 2048, 2048), (256, 7168, 2048), (512, 4096, 2048), (256, 1024, 7168), (256, 1536, 4096), (768, 2816, 4096), (768, 7168, 4096), (1024, 5120, 7168), (2048, 3072, 4096)] {
+            assert_eq!(select(90, &Problem::new(m, n, k), 132, &H100_CLUSTERS, all), narrow, "{m}x{n}x{k}");
+        }
+        // Long K ranges at the same CTAs keep 256x128, as do the large squares.
+        for (m, n, k) in [(256, 7168, 7168), (512, 4096, 7168), (256, 3072, 7168), (2048, 2048, 2048), (8192, 8192, 8192)] {
+            assert_eq!(select(90, &Problem::new(m, n, k), 132, &H100_CLUSTERS, all), Some(Config::Sm90_256x128x64), "{m}x{n}x{k}");
         }
         // Long K ranges keep 128x256, as do outputs
         // that fill the GPU with 128x256 tiles; 256x128 and the few-CTA cases (the
