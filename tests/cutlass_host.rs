@@ -137,15 +137,16 @@ fn sm90_split_k_rules_agree_with_the_kernels() {
 /// The split-K heuristic's notion of a cluster reduction (`cluster_reduced`) is the kernels' own:
 /// exactly those splits ask for no split-K workspace, unless the launch sends them through global
 /// memory (`split_global`, where their clusters would not all fit). The swapped configs' workspace also holds their pre-decoded activations, FP16 (L,
-/// M, K rounded up to 64), at its end and past the split-K counters (256 KiB, which other configs
-/// sharing the workspace need zero), so those always count.
+/// M rounded up to the tile's rows, K rounded up to 64), at its end and past the split-K counters
+/// (256 KiB, which other configs sharing the workspace need zero), so those always count.
 #[test]
 fn cluster_split_rule_agrees_with_the_kernels() {
     let p = Problem::new(130, 7168, 8224).batch(2);
     let (mut checked, mut reduced) = (0, 0);
     for c in built_configs().into_iter().filter(|c| c.info().arch == 90) {
         let swapped = c.info().swapped();
-        let pre = if swapped { 256 * 1024 + 2 * p.l * p.m * p.k.div_ceil(64) * 64 } else { 0 };
+        let rows = c.info().tile[0] as usize;
+        let pre = if swapped { 256 * 1024 + 2 * p.l * p.m.div_ceil(rows) * rows * p.k.div_ceil(64) * 64 } else { 0 };
         for &out in c.info().outputs.iter().filter(|o| c.is_built(**o)) {
             for split in 1u32..=9 {
                 let ws = workspace_size(c, out, &p, split, false).unwrap();

@@ -126,15 +126,16 @@ struct Gemm {
       return {int32_t(cutlass::Status::kErrorInternal), int32_t(e), 0};
     uint8_t* const pre = static_cast<uint8_t*>(workspace) + Sched::pre_a_offset(a);
     CUtensorMap map_a, map_b;
-    if (!encode_a(&map_a, reinterpret_cast<const void*>(a.a), pre, a.k, a.m, a.l) ||
+    const int64_t m_pad = Sched::m_pad(a);
+    if (!encode_a(&map_a, reinterpret_cast<const void*>(a.a), pre, a.k, T::kPreA ? m_pad : a.m, a.l) ||
         !encode_b(&map_b, reinterpret_cast<const void*>(a.b), a.k, a.n, a.l, BN, a.b_layout == int32_t(WeightLayout::Prepacked)))
       return {int32_t(cutlass::Status::kErrorInternal), 0, 0};
     if constexpr (T::kPreA && (BSG_SM90_ABLATE & 32) == 0) {
       const cudaError_t e =
-          kDenseA ? launch_reorder_a(reinterpret_cast<const void*>(a.a), pre, a.m, a.k, a.l, a.sm_count, stream)
-                  : launch_pre_pass<predecode_a>(int64_t(a.l) * a.m * (Sched::k_pad(a) / kBK) * 2, a.sm_count, stream,
+          kDenseA ? launch_reorder_a(reinterpret_cast<const void*>(a.a), pre, a.m, int(m_pad), a.k, a.l, a.sm_count, stream)
+                  : launch_pre_pass<predecode_a>(int64_t(a.l) * m_pad * (Sched::k_pad(a) / kBK) * 2, a.sm_count, stream,
                                     reinterpret_cast<const uint8_t*>(a.a), reinterpret_cast<const uint8_t*>(a.sfa), reinterpret_cast<uint4*>(pre),
-                                    int(a.m), int(a.k), int(a.l));
+                                    int(a.m), int(m_pad), int(a.k), int(a.l));
       if (e != cudaSuccess) return {int32_t(cutlass::Status::kErrorInternal), int32_t(e), 0};
     }
     Params p{a.m, a.n, a.k, a.l, a.split_k,

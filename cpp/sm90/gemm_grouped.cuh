@@ -79,7 +79,7 @@ struct GroupedGemm {
     gp.expert_alpha = reinterpret_cast<const float*>(a.expert_alpha);
     gp.experts = a.experts;
     if constexpr (T::kPreA) {
-      const cudaError_t e = kDenseA ? launch_reorder_a(reinterpret_cast<const void*>(a.a), pre, a.rows, a.k, 1, a.sm_count, stream)
+      const cudaError_t e = kDenseA ? launch_reorder_a(reinterpret_cast<const void*>(a.a), pre, a.rows, a.rows, a.k, 1, a.sm_count, stream)
                                     : launch_pre_pass<predecode_a_grouped<T>>(int64_t(a.rows) * (k_pad / kBK) * 2, a.sm_count, stream, gp,
                                                       reinterpret_cast<uint4*>(pre));
       if (e != cudaSuccess) return {int32_t(cutlass::Status::kErrorInternal), int32_t(e), 0};

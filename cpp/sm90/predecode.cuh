@@ -1,7 +1,9 @@
 // The swapped tiles' activation pre-pass: A (packed e2m1, tiled ue4m3 scales) decoded once per
-// GEMM to FP16 a * sf, (L, M, k_pad) with k_pad = K rounded up to 64, each 64-K block in the
+// GEMM to FP16 a * sf, (L, m_pad, k_pad) with k_pad = K rounded up to 64, each 64-K block in the
 // order the swapped main loop's MMA steps read (act_chunks) so that TMA's 128-byte swizzle lays
-// it out as an in-CTA decode would; K past the end is 0.
+// it out as an in-CTA decode would; K past the end is 0, and so are rows M .. m_pad - 1 (the
+// dense GEMM pads M to its tile's rows: boxes reaching past the buffer's rows, filled by TMA,
+// made the swapped tiles slow at ragged M, bench/DESIGN.md §3).
 #pragma once
 
 #include <algorithm>
@@ -59,21 +61,30 @@ __device__ __forceinline__ void predecode_item(const uint8_t* a_row, const uint8
   for (int st = 0; st < 4; ++st) dst[2 * st + hh] = ch[st];
 }
 
-// One work item per (batch, row, 64-K block, parity), strided over the grid. Launched
-// programmatically behind the previous kernel: nothing is read or written before griddep_wait
-// returns; then the GEMM may be scheduled, and it issues its first weights while this runs.
-// Static: every translation unit that includes this keeps its own.
-static __global__ void __launch_bounds__(kPreThreads) predecode_a(const uint8_t* a, const uint8_t* sfa, uint4* out, int m, int k, int l) {
+// One work item per (batch, output row, 64-K block, parity), strided over the grid; rows m ..
+// m_pad - 1 of each batch are written as zeros. Launched programmatically behind the previous
+// kernel: nothing is read or written before griddep_wait returns; then the GEMM may be scheduled,
+// and it issues its first weights while this runs. Static: every translation unit that includes
+// this keeps its own.
+static __global__ void __launch_bounds__(kPreThreads)
+    predecode_a(const uint8_t* a, const uint8_t* sfa, uint4* out, int m, int m_pad, int k, int l) {
   griddep_wait();
   griddep_launch_dependents();
   const int kb_n = (k + 63) / 64;
-  const int64_t items = int64_t(l) * m * kb_n * 2;
+  const int64_t items = int64_t(l) * m_pad * kb_n * 2;
   const int64_t sp = sf_cols_padded(k);
   for (int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; idx < items; idx += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t rowb = idx / 2 / kb_n;  // batch * m + row
-    const int row = int(rowb % m);
-    const uint8_t* sf_rows = sfa + (rowb / m) * sf_batch_bytes(m, sp) + sf_offset(row / 128 * 128, 0, sp);
-    predecode_item(a + rowb * (k / 2), sf_rows, row % 128, out + rowb * kb_n * 8, int((idx / 2) % kb_n), int(idx % 2), k);
+    const int64_t rowp = idx / 2 / kb_n;  // batch * m_pad + row
+    const int64_t batch = rowp / m_pad;
+    const int row = int(rowp - batch * m_pad), kb = int((idx / 2) % kb_n), hh = int(idx % 2);
+    uint4* const out_row = out + rowp * kb_n * 8;
+    if (row >= m) {
+      CUTE_UNROLL
+      for (int st = 0; st < 4; ++st) out_row[kb * 8 + 2 * st + hh] = make_uint4(0, 0, 0, 0);
+      continue;
+    }
+    const uint8_t* sf_rows = sfa + batch * sf_batch_bytes(m, sp) + sf_offset(row / 128 * 128, 0, sp);
+    predecode_item(a + (batch * m + row) * (k / 2), sf_rows, row % 128, out_row, kb, hh, k);
   }
 }
 
@@ -83,7 +94,7 @@ static __global__ void __launch_bounds__(kPreThreads) predecode_a(const uint8_t*
 // is 0. One thread per output chunk o = 2 st + hh, so eight threads write a block's 128 bytes side
 // by side. Input word i of a block holds values (2i, 2i + 1): group c's pair for step st is words
 // 8c + 2st and 8c + 2st + 1, i.e. 16-byte chunk 2c + st / 2 at words 2 (st % 2) and 2 (st % 2) + 1.
-__device__ __forceinline__ void reorder_chunk(const uint16_t* a, uint4* out, int64_t rowb, int kb, int o, int k, int kb_n) {
+__device__ __forceinline__ void reorder_chunk(const uint16_t* a, uint4* out, int64_t rowb, int64_t rowp, int kb, int o, int k, int kb_n) {
   const bool whole = kb * 64 + 64 <= k;  // else 32 K (K % 32 == 0): groups 2 and 3 are past K
   const uint4* src = reinterpret_cast<const uint4*>(a + rowb * k + kb * 64);
   const int st = o / 2;
@@ -94,19 +105,32 @@ __device__ __forceinline__ void reorder_chunk(const uint16_t* a, uint4* out, int
     const uint4 q = c < 2 || whole ? src[2 * c + st / 2] : make_uint4(0, 0, 0, 0);
     w[c] = st % 2 ? __byte_perm(q.z, q.w, sel) : __byte_perm(q.x, q.y, sel);
   }
-  out[(rowb * kb_n + kb) * 8 + o] = make_uint4(w[0], w[1], w[2], w[3]);
+  out[(rowp * kb_n + kb) * 8 + o] = make_uint4(w[0], w[1], w[2], w[3]);
 }
 
-// One thread per (batch, row, 64-K block, output chunk), strided over the grid; launched like
-// predecode_a. (A thread per whole block, each reading and writing 128 bytes alone, ran at a
-// tenth of copy speed: bench/DESIGN.md §15.)
-static __global__ void __launch_bounds__(kPreThreads) reorder_a(const uint16_t* a, uint4* out, int m, int k, int l) {
+// One thread per (batch, output row, 64-K block, output chunk), strided over the grid; rows m ..
+// m_pad - 1 of each batch zeros; launched like predecode_a. (A thread per whole block, each
+// reading and writing 128 bytes alone, ran at a tenth of copy speed: bench/DESIGN.md §15.)
+static __global__ void __launch_bounds__(kPreThreads) reorder_a(const uint16_t* a, uint4* out, int m, int m_pad, int k, int l) {
   griddep_wait();
   griddep_launch_dependents();
   const int kb_n = (k + 63) / 64;
-  const int64_t items = int64_t(l) * m * kb_n * 8;
-  for (int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; idx < items; idx += int64_t(gridDim.x) * blockDim.x)
-    reorder_chunk(a, out, idx / 8 / kb_n, int((idx / 8) % kb_n), int(idx % 8), k, kb_n);
+  const int64_t items = int64_t(l) * m_pad * kb_n * 8;
+  for (int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; idx < items; idx += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t rowp = idx / 8 / kb_n;
+    const int kb = int((idx / 8) % kb_n), o = int(idx % 8);
+    int64_t rowb = rowp;
+    if (m_pad != m) {  // uniform: no 64-bit division where nothing is padded (bench/DESIGN.md §3)
+      const int64_t batch = rowp / m_pad;
+      const int row = int(rowp - batch * m_pad);
+      if (row >= m) {
+        out[(rowp * kb_n + kb) * 8 + o] = make_uint4(0, 0, 0, 0);
+        continue;
+      }
+      rowb = batch * m + row;
+    }
+    reorder_chunk(a, out, rowb, rowp, kb, o, k, kb_n);
+  }
 }
 
 // ---- host side: the pre-pass launches the dense and grouped adapters share ----
@@ -129,10 +153,10 @@ cudaError_t launch_pre_pass(int64_t items, int sm_count, cudaStream_t stream, Ar
   return launch_kernel<Kernel>(launch, args...);
 }
 
-// The dense activations' re-order (W4A16) of l batches of m rows into `out`.
-inline cudaError_t launch_reorder_a(const void* a, void* out, int m, int k, int l, int sm_count, cudaStream_t stream) {
-  return launch_pre_pass<reorder_a>(int64_t(l) * m * ((k + 63) / 64) * 8, sm_count, stream, static_cast<const uint16_t*>(a),
-                         static_cast<uint4*>(out), m, k, l);
+// The dense activations' re-order (W4A16) of l batches of m rows into `out`, m_pad rows a batch.
+inline cudaError_t launch_reorder_a(const void* a, void* out, int m, int m_pad, int k, int l, int sm_count, cudaStream_t stream) {
+  return launch_pre_pass<reorder_a>(int64_t(l) * m_pad * ((k + 63) / 64) * 8, sm_count, stream, static_cast<const uint16_t*>(a),
+                         static_cast<uint4*>(out), m, m_pad, k, l);
 }
 
 }  // namespace bsg::sm90

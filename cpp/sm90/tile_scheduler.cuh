@@ -117,10 +117,13 @@ struct TileScheduler {
     return kCountersBytes + size_t(a.split_k) * size_t(tiles(a)) * T::kAcc * kThreads * sizeof(float);
   }
   static int64_t k_pad(const KernelArgs& a) { return (int64_t(a.k) + kBK - 1) / kBK * kBK; }
+  // Rows a batch of the decoded activations: M rounded up to the tile's, so no TMA box of them
+  // reaches past the buffer (predecode.cuh).
+  static int64_t m_pad(const KernelArgs& a) { return (int64_t(a.m) + T::kBM - 1) / T::kBM * T::kBM; }
   static size_t pre_a_offset(const KernelArgs& a) { return (std::max(split_bytes(a), kCountersBytes) + 1023) / 1024 * 1024; }
   static size_t workspace_size(const KernelArgs& a) {
     if (!T::kPreA) return split_bytes(a);
-    return pre_a_offset(a) + size_t(a.l) * size_t(a.m) * size_t(k_pad(a)) * 2;
+    return pre_a_offset(a) + size_t(a.l) * size_t(m_pad(a)) * size_t(k_pad(a)) * 2;
   }
 };
 
