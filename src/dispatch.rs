@@ -783,13 +783,19 @@ mod tests {
         for (m, n, k) in [(256, 4096, 7168), (256, 4096, 2048), (256, 4096, 16384), (160, 4096, 7168), (512, 2048, 8192), (1024, 1024, 8192), (512, 2048, 2048), (256, 7168, 2048), (512, 4096, 2048), (256, 1024, 7168), (256, 1536, 4096), (768, 2816, 4096), (768, 7168, 4096), (1024, 5120, 7168), (2048, 3072, 4096)] {
             assert_eq!(select(90, &Problem::new(m, n, k), 132, &H100_CLUSTERS, all), narrow, "{m}x{n}x{k}");
         }
+        // The third-of-the-SMs rule sees the swapped 128x128 where it stands in: outputs whose
+        // 256x128 CTAs fill too few SMs no longer fall back to the unswapped 128x128 (measured
+        // faster or equal, bench/DESIGN.md §8).
+        for (m, n, k) in [(160, 512, 14336), (256, 512, 7168), (256, 1024, 1024), (512, 1024, 512)] {
+            assert_eq!(select(90, &Problem::new(m, n, k), 132, &H100_CLUSTERS, all), narrow, "{m}x{n}x{k}");
+        }
         // Long K ranges at the same CTAs keep 256x128, as do the large squares.
         for (m, n, k) in [(256, 7168, 7168), (512, 4096, 7168), (256, 3072, 7168), (2048, 2048, 2048), (8192, 8192, 8192)] {
             assert_eq!(select(90, &Problem::new(m, n, k), 132, &H100_CLUSTERS, all), Some(Config::Sm90_256x128x64), "{m}x{n}x{k}");
         }
-        // Long K ranges keep 128x256, as do outputs
-        // that fill the GPU with 128x256 tiles; 256x128 and the few-CTA cases (the
-        // third-of-the-SMs rule) are as before.
+        // Long K ranges keep 128x256, as do outputs that fill the GPU with 128x256 tiles; a
+        // swapped tile whose CTAs fill under a third of the SMs still gives way to the unswapped
+        // 128x128 (128x512x2048: 4 x 8 CTAs).
         let wide = Config::Sm90_128x256x64;
         for (m, n, k, c) in [(128, 7168, 16384, wide), (384, 7168, 2304, wide), (640, 4096, 4096, wide), (1152, 2048, 4096, wide), (640, 24576, 1024, wide), (256, 7168, 7168, Config::Sm90_256x128x64), (128, 512, 2048, Config::Sm90_128x128x64)] {
             assert_eq!(select(90, &Problem::new(m, n, k), 132, &ANY_CLUSTERS, all), Some(c), "{m}x{n}x{k}");

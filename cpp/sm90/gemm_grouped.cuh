@@ -32,7 +32,7 @@ struct GroupedGemm {
     k.m = a.rows, k.n = a.n, k.k = a.k, k.l = 1, k.split_k = 1;
     return k;
   }
-  static size_t workspace_size(const GroupedArgs& a) { return T::kPreA ? TileScheduler<T>::workspace_size(dense_view(a)) : 0; }
+  static size_t workspace_size(const GroupedArgs& a) { return T::kPreA ? TileScheduler<T>::workspace_size(dense_view(a), a.rows) : 0; }
   static constexpr bool kFp4Out = !std::is_void_v<typename OutputInfo<OutT>::Sf>;
 
   static bool can_implement(const GroupedArgs& a) {

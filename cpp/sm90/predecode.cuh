@@ -110,7 +110,7 @@ __device__ __forceinline__ void reorder_chunk(const uint16_t* a, uint4* out, int
 
 // One thread per (batch, output row, 64-K block, output chunk), strided over the grid; rows m ..
 // m_pad - 1 of each batch zeros; launched like predecode_a. (A thread per whole block, each
-// reading and writing 128 bytes alone, ran at a tenth of copy speed: bench/DESIGN.md §15.)
+// reading and writing 128 bytes alone, was far slower: bench/DESIGN.md §15.)
 static __global__ void __launch_bounds__(kPreThreads) reorder_a(const uint16_t* a, uint4* out, int m, int m_pad, int k, int l) {
   griddep_wait();
   griddep_launch_dependents();

@@ -98,7 +98,8 @@ struct RawPipeline {
     const uint32_t stage_s = raw_s + slot * T::kRawBytes;
     const int kt = stage_kt(r);
     const uint32_t sf_bytes = sf_stage_bytes(kt);
-    // kPreA: every box of FP16 activations is whole (zero-filled past K_pad, M or the batch).
+    // kPreA: every box of FP16 activations is whole (zero-filled by TMA past K_pad, the rows or
+    // the batch; the dense pre-pass pads the rows itself).
     constexpr uint32_t kPreBytes = T::kPreA ? T::kSubs * kBM * kBK * 2 : 0;
     constexpr int kSfA = T::kPreA || !T::Activation::kScaled ? 0 : 1;
     const uint32_t bytes = kPreBytes + T::kRawA + T::kRawB + sf_bytes * (kSfA + sfb_chunks);

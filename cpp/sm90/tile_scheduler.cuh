@@ -121,10 +121,12 @@ struct TileScheduler {
   // reaches past the buffer (predecode.cuh).
   static int64_t m_pad(const KernelArgs& a) { return (int64_t(a.m) + T::kBM - 1) / T::kBM * T::kBM; }
   static size_t pre_a_offset(const KernelArgs& a) { return (std::max(split_bytes(a), kCountersBytes) + 1023) / 1024 * 1024; }
-  static size_t workspace_size(const KernelArgs& a) {
+  // With `rows` decoded rows a batch: the dense GEMM's m_pad, the grouped pre-pass's stacked rows.
+  static size_t workspace_size(const KernelArgs& a, int64_t rows) {
     if (!T::kPreA) return split_bytes(a);
-    return pre_a_offset(a) + size_t(a.l) * size_t(m_pad(a)) * size_t(k_pad(a)) * 2;
+    return pre_a_offset(a) + size_t(a.l) * size_t(rows) * size_t(k_pad(a)) * 2;
   }
+  static size_t workspace_size(const KernelArgs& a) { return workspace_size(a, m_pad(a)); }
 };
 
 }  // namespace bsg::sm90
