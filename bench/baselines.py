@@ -3,9 +3,9 @@
 
 For each shape M x N x K (A: (M, K) activations, W: (N, K) weights, result A @ W.T):
 - cublas_bf16: `a @ w.T`, bf16 a and w (w stands for weights already dequantized to bf16);
-- cublas_fp8 (--op gemm): `torch._scaled_mm(a8, w8.T, s_a, s_b, out_dtype=bf16)`, e4m3 operands,
-  per-tensor float32 scales; w8.T of the row-major (N, K) w8 is the column-major second operand
-  that _scaled_mm wants;
+- cublas_fp8 (--op gemm): `torch._scaled_mm(a8, w8.T, s_a, s_b, out_dtype=bf16)`, e4m3 operands
+  (a and w cast), per-tensor float32 scales; w8.T of the row-major (N, K) w8 is the column-major
+  second operand that _scaled_mm wants;
 - int4_tinygemm (--op w4a16): `torch._weight_int4pack_mm(a, w_packed, 128, scales_and_zeros)`,
   bf16 a, int4 weights in groups of 128 packed by `torch._convert_weight_to_int4pack`.
 - bf16_grouped (--op grouped, cases from --grouped-cases FILE, which `bench --emit-grouped-cases`
@@ -13,6 +13,14 @@ For each shape M x N x K (A: (M, K) activations, W: (N, K) weights, result A @ W
   and activations (T, K) stacked by expert: `torch._grouped_mm(a, w.transpose(-2, -1), offs)`
   where this PyTorch has it and takes the case (`bf16_grouped_kind` "grouped_mm"), else a loop of
   `a[rows of e] @ w[e].T` over the experts with rows, all in the one graph (kind "loop").
+
+Data (--data): nvfp4-gaussian (default): the operands the crate's bench multiplies, dequantized:
+N(0, 1) values quantized to NVFP4 (block scale e4m3(max|x| / 6), global scale 1) and back, as
+bf16; for --op w4a16 the activations are N(0, 1) bf16 as the crate's are. randn: bf16 N(0, 1)
+for every operand (the baselines before 2026-11-27). Under load the GPU's clock depends on the
+operands' bits (power), so a comparison holds only on the same data: at 8192^3 cuBLAS bf16 took
+1519-1544 us on randn and 1454 on nvfp4-gaussian in one H100 session (bench/DESIGN.md, "Data and
+power").
 
 Method, per contender and shape:
 - S input sets (every tensor of a call cloned S times), S = max(2, ceil(2 * L2 / B) + 1) where B
@@ -32,12 +40,12 @@ Method, per contender and shape:
 Once per run: device-to-device copy bandwidth, `copy_gbps` = 2 * bytes / time of a 1 GiB
 `dst.copy_(src)` (median of 10, CUDA events).
 
-Output JSON (see --help): {"gpu", "l2_bytes", "copy_gbps", "torch", "triton", "cuda", "op",
+Output JSON (see --help): {"gpu", "l2_bytes", "copy_gbps", "torch", "triton", "cuda", "op", "data",
 "shapes": {"MxNxK": {"<contender>_graph_us", "<contender>_do_bench_us", "graph_calls", "sets",
 "<contender>_error" (only on failure), ...}}}. A contender that fails gets nulls and an error
 string; the script goes on, rewrites the JSON after every shape, and exits 0 once it is written.
 
-  python3 bench/baselines.py --out FILE.json [--shape MxNxK ...] [--op gemm|w4a16]
+  python3 bench/baselines.py --out FILE.json [--shape MxNxK ...] [--op gemm|w4a16] [--data KIND]
   python3 bench/baselines.py --out FILE.json --op grouped --grouped-cases CASES.json
 """
 import argparse
@@ -62,18 +70,47 @@ def log(msg):
     print(msg, file=sys.stderr, flush=True)
 
 
-def contenders(op, m, n, k, gen):
-    """name -> (bytes of one call's inputs, make() -> one input set (tuple), call(*set) -> output)."""
+E2M1_MAGNITUDES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
+
+
+def nvfp4_gaussian(rows, k, gen):
+    """(rows, K) bf16: N(0, 1) quantized to NVFP4 and dequantized (ties and the order of the
+    crate's roundings aside, the distribution of Nvfp4Matrix::random_gaussian). In row chunks of
+    at most 2^26 values, so that expert stacks of several GB fit."""
+    out = torch.empty(rows, k, device="cuda", dtype=torch.bfloat16)
+    grid = torch.tensor(E2M1_MAGNITUDES, device="cuda")
+    mids = (grid[1:] + grid[:-1]) / 2
+    step = max(1, (1 << 26) // k)
+    for r0 in range(0, rows, step):
+        r = min(step, rows - r0)
+        x = torch.randn(r, k // 16, 16, device="cuda", generator=gen)
+        sf = (x.abs().amax(-1, keepdim=True) / 6).to(torch.float8_e4m3fn).float()
+        q = torch.where(sf > 0, x / sf, torch.zeros_like(x))
+        out[r0:r0 + r] = (torch.copysign(grid[torch.bucketize(q.abs(), mids)], q) * sf).view(r, k).to(torch.bfloat16)
+    return out
+
+
+def operands(data, gen):
+    """(weights(rows, K), activations(rows, K), activations16(rows, K)) makers for --data: NVFP4
+    operands (weights and NVFP4 activations) and the 16-bit activations of W4A16."""
     def randn(*shape):
         return torch.randn(*shape, device="cuda", dtype=torch.bfloat16, generator=gen)
+    if data == "randn":
+        return randn, randn, randn
+    return (lambda r, k: nvfp4_gaussian(r, k, gen)), (lambda r, k: nvfp4_gaussian(r, k, gen)), randn
 
-    out = {"cublas_bf16": ((m + n) * k * 2, lambda: (randn(m, k), randn(n, k)), lambda a, w: a @ w.T)}
+
+def contenders(op, m, n, k, gen, data):
+    """name -> (bytes of one call's inputs, make() -> one input set (tuple), call(*set) -> output)."""
+    weights, acts, acts16 = operands(data, gen)
+    a_make = acts if op == "gemm" else acts16
+    out = {"cublas_bf16": ((m + n) * k * 2, lambda: (a_make(m, k), weights(n, k)), lambda a, w: a @ w.T)}
     if op == "gemm":
         one = torch.ones((), device="cuda", dtype=torch.float32)
         f8 = torch.float8_e4m3fn
         out["cublas_fp8"] = (
             (m + n) * k,
-            lambda: (randn(m, k).to(f8), randn(n, k).to(f8)),
+            lambda: (acts(m, k).to(f8), weights(n, k).to(f8)),
             lambda a, w: torch._scaled_mm(a, w.T, one, one, out_dtype=torch.bfloat16))
     else:
         def make_int4():
@@ -82,7 +119,7 @@ def contenders(op, m, n, k, gen):
             q = torch.randint(0, 256, (n, k // 2), device="cuda", dtype=torch.uint8, generator=gen)
             packed = torch._convert_weight_to_int4pack(q, 8)  # PyTorch >= 2.5: uint8 codes
             sz = torch.stack([torch.full((k // GROUP, n), 0.01), torch.zeros(k // GROUP, n)], -1)
-            return randn(m, k), packed, sz.to("cuda", torch.bfloat16).contiguous()
+            return acts16(m, k), packed, sz.to("cuda", torch.bfloat16).contiguous()
         out["int4_tinygemm"] = (
             m * k * 2 + n * k // 2 + (k // GROUP) * n * 4,
             make_int4,
@@ -90,16 +127,17 @@ def contenders(op, m, n, k, gen):
     return out
 
 
-def grouped_contender(n, k, counts, gen):
+def grouped_contender(n, k, counts, gen, data):
     """bf16_grouped for one case: (bytes a call touches, make, call, kind)."""
+    weights, acts, _ = operands(data, gen)
     experts, t = len(counts), sum(counts)
     hit = [e for e in range(experts) if counts[e]]
     ends = [sum(counts[:e + 1]) for e in range(experts)]
     nbytes = len(hit) * n * k * 2 + t * k * 2 + t * n * 2
 
     def make():
-        a = torch.randn(t, k, device="cuda", dtype=torch.bfloat16, generator=gen)
-        w = torch.randn(experts, n, k, device="cuda", dtype=torch.bfloat16, generator=gen)
+        a = acts(t, k)
+        w = weights(experts * n, k).view(experts, n, k)
         return a, w, torch.tensor(ends, device="cuda", dtype=torch.int32)
 
     def grouped(a, w, offs):
@@ -124,9 +162,9 @@ def grouped_contender(n, k, counts, gen):
     return nbytes, make, call, kind
 
 
-def run_grouped(name, case, l2):
+def run_grouped(name, case, l2, data):
     gen = torch.Generator(device="cuda").manual_seed(0)
-    nbytes, make, call, kind = grouped_contender(case["n"], case["k"], case["counts"], gen)
+    nbytes, make, call, kind = grouped_contender(case["n"], case["k"], case["counts"], gen, data)
     nsets = 1 if nbytes > 2 * l2 else math.ceil(2 * l2 / nbytes) + 1
     calls = nsets * math.ceil(MIN_CALLS / nsets)
     rec = {"graph_calls": calls, "sets": nsets, "bf16_grouped_kind": kind,
@@ -215,10 +253,10 @@ def free():
     torch.cuda.empty_cache()
 
 
-def run_shape(op, shape, l2):
+def run_shape(op, shape, l2, data):
     m, n, k = (int(x) for x in shape.split("x"))
     gen = torch.Generator(device="cuda").manual_seed(0)
-    table = contenders(op, m, n, k, gen)
+    table = contenders(op, m, n, k, gen, data)
     nsets = max(2, math.ceil(2 * l2 / min(b for b, _, _ in table.values())) + 1)
     if nsets > MAX_SETS:
         log(f"{shape}: {nsets} sets needed to cover 2x L2, capped at {MAX_SETS}")
@@ -269,6 +307,8 @@ def main():
                    help="gemm: cuBLAS bf16 and FP8; w4a16: cuBLAS bf16 and int4 tinygemm; "
                         "grouped: bf16 grouped GEMM over --grouped-cases")
     p.add_argument("--grouped-cases", help="JSON of the grouped cases (bench --emit-grouped-cases)")
+    p.add_argument("--data", choices=["nvfp4-gaussian", "randn"], default="nvfp4-gaussian",
+                   help="operand values (see the module doc); the crate's bench --data gaussian matches the default")
     args = p.parse_args()
     if args.op == "grouped" and not args.grouped_cases:
         p.error("--op grouped needs --grouped-cases FILE")
@@ -285,7 +325,7 @@ def main():
         triton_version = None
     doc = {"gpu": props.name, "l2_bytes": props.L2_cache_size, "copy_gbps": None,
            "torch": torch.__version__, "triton": triton_version, "cuda": torch.version.cuda,
-           "op": args.op, "shapes": {}}
+           "op": args.op, "data": args.data, "shapes": {}}
     try:
         doc["copy_gbps"] = round(copy_gbps(), 1)
         log(f"{props.name}, L2 {props.L2_cache_size / 2**20:.0f} MiB, copy {doc['copy_gbps']} GB/s")
@@ -298,11 +338,11 @@ def main():
             cases = json.load(f)
         doc["cases"] = {}
         for name, case in cases.items():
-            doc["cases"][name] = run_grouped(name, case, props.L2_cache_size)
+            doc["cases"][name] = run_grouped(name, case, props.L2_cache_size, args.data)
             write(args.out, doc)
         shapes = []
     for s in shapes:
-        doc["shapes"][s] = run_shape(args.op, s, props.L2_cache_size)
+        doc["shapes"][s] = run_shape(args.op, s, props.L2_cache_size, args.data)
         write(args.out, doc)
     write(args.out, doc)
 

@@ -167,7 +167,8 @@ def ending(lines, rows, source, label_of=shape, units="shapes"):
     if any(r.get("ours_prepacked_graph_us") is not None for r in rows):
         lines += ["", comparison(rows, "ours_graph_us", "the standard layout", label_of, units, "ours_prepacked_graph_us",
                                  "Prepacked weights (`Nvfp4Tensor::prepack`) faster")]
-    lines += ["", f"Source: {source} ({joined(rows, 'gpu')}, commit {joined(rows, 'commit')})", ""]
+    data = joined(rows, "data") if any(r.get("data") for r in rows) else "contest"
+    lines += ["", f"Source: {source} ({joined(rows, 'gpu')}, commit {joined(rows, 'commit')}, operand data {data})", ""]
     return "\n".join(lines)
 
 

@@ -633,17 +633,9 @@ fn generate<T: OutputElement>(cli: &Cli) -> Result<Inputs<T>, Exit> {
     let (m, n, k, l) = (cli.m, cli.n, cli.k, cli.l);
     let (a, b) = match cli.data {
         DataArg::Contest => (Nvfp4Matrix::random_contest(m, k, l, cli.seed)?, Nvfp4Matrix::random_contest(n, k, l, cli.seed.wrapping_add(1))?),
-        DataArg::Realistic => {
-            let gauss = |rows: usize, seed: u64| {
-                let mut rng = SplitMix64::new(seed);
-                let x: Vec<f32> = (0..l * rows * k).map(|_| rng.normal() as f32).collect();
-                // Global scale 1 (the block scales of N(0, 1) data stay well inside ue4m3): the
-                // files this program reads and writes carry no global scales, and the CPU paths
-                // below take alpha as given.
-                Nvfp4Matrix::quantize(&x, (l, rows, k), Some(1.0))
-            };
-            (gauss(m, cli.seed)?, gauss(n, cli.seed.wrapping_add(1))?)
-        }
+        // Global scale 1 (the block scales of N(0, 1) data stay well inside ue4m3): the files this
+        // program reads and writes carry no global scales, and the CPU paths below take alpha as given.
+        DataArg::Realistic => (Nvfp4Matrix::random_gaussian(m, k, l, cli.seed)?, Nvfp4Matrix::random_gaussian(n, k, l, cli.seed.wrapping_add(1))?),
     };
     let c = (cli.beta != 0.0).then(|| {
         let mut rng = SplitMix64::new(cli.seed.wrapping_add(2));

@@ -111,6 +111,18 @@ impl Nvfp4Matrix {
         Self::random_with(rows, k, batch, seed, |rng| lo + rng.below((hi - lo + 1) as u64) as u8)
     }
 
+    /// N(0, 1) samples quantized with [`Self::quantize`] at global scale 1, as a tensor of real
+    /// weights or activations arrives: no block is all zeros, the block scales sit near
+    /// max|x| / 6. The benchmarks run on this data: the GPU's clock under load depends on the
+    /// operands' bits (bench/DESIGN.md, "Data and power"). Deterministic in `seed`.
+    pub fn random_gaussian(rows: usize, k: usize, batch: usize, seed: u64) -> Result<Self> {
+        check_shape(rows, k, batch)?;
+        let mut rng = SplitMix64::new(seed);
+        let mut x = try_vec::<f32>("generated values", batch * rows * k)?;
+        x.extend((0..batch * rows * k).map(|_| rng.normal() as f32));
+        Self::quantize(&x, (batch, rows, k), Some(1.0))
+    }
+
     fn random_with(rows: usize, k: usize, batch: usize, seed: u64, mut scale: impl FnMut(&mut SplitMix64) -> u8) -> Result<Self> {
         check_shape(rows, k, batch)?;
         let mut rng = SplitMix64::new(seed);
@@ -487,6 +499,21 @@ mod tests {
         assert_ne!(m, Nvfp4Matrix::random_contest(130, 64, 2, 8).unwrap());
         let r = Nvfp4Matrix::random_realistic(64, 64, 1, 1).unwrap();
         assert!(r.scales_row_major().iter().all(|&b| (0.0625..=16.0).contains(&ue4m3_to_f32(b))));
+    }
+
+    #[test]
+    fn gaussian_generator_style() {
+        let m = Nvfp4Matrix::random_gaussian(130, 64, 2, 7).unwrap();
+        let mut rng = SplitMix64::new(7);
+        let x: Vec<f32> = (0..2 * 130 * 64).map(|_| rng.normal() as f32).collect();
+        assert_eq!(m, Nvfp4Matrix::quantize(&x, (2, 130, 64), Some(1.0)).unwrap(), "N(0, 1) of the seed, quantized at g = 1");
+        // No block is all zeros (contest data has a quarter of them); the scales sit near max|x| / 6.
+        let sf = m.scales_row_major();
+        assert!(sf.iter().all(|&b| (0.05..=1.0).contains(&ue4m3_to_f32(b))), "{sf:?}");
+        let d = m.dequantize();
+        let mean_sq = d.iter().map(|v| f64::from(*v).powi(2)).sum::<f64>() / d.len() as f64;
+        assert!((0.8..1.2).contains(&mean_sq), "{mean_sq}");
+        assert_ne!(m, Nvfp4Matrix::random_gaussian(130, 64, 2, 8).unwrap());
     }
 
     #[test]

@@ -120,6 +120,35 @@ struct Cli {
     /// Commit recorded in the JSON (default: the one this binary was built from, if known).
     #[arg(long)]
     commit: Option<String>,
+    /// NVFP4 operands: gaussian (N(0, 1) quantized, as real tensors arrive) or contest (random
+    /// codes, block scales 0..3: a quarter of the blocks zero; the data of results before
+    /// 2026-11-27). The GPU's clock under load depends on the operands' bits: compare rows of
+    /// the same data only (bench/DESIGN.md, "Data and power").
+    #[arg(long, value_enum, default_value_t = Data::Gaussian)]
+    data: Data,
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum Data {
+    Gaussian,
+    Contest,
+}
+
+impl Data {
+    fn name(self) -> &'static str {
+        match self {
+            Data::Gaussian => "gaussian",
+            Data::Contest => "contest",
+        }
+    }
+}
+
+/// An NVFP4 operand (batch, rows, K) of the `--data` kind.
+fn operand(cli: &Cli, rows: usize, k: usize, batch: usize, seed: u64) -> blockscaled_gemm::Result<Nvfp4Matrix> {
+    match cli.data {
+        Data::Gaussian => Nvfp4Matrix::random_gaussian(rows, k, batch, seed),
+        Data::Contest => Nvfp4Matrix::random_contest(rows, k, batch, seed),
+    }
 }
 
 const DEFAULT_SHAPES: &[(usize, usize, usize)] = &[
@@ -181,6 +210,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let gemm = BlockScaledGemm::new(stream.clone())?.with_split_k(cli.split_k);
     let l2 = ctx.attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE)? as usize;
     let gpu = ctx.name()?;
+    let data = cli.data.name();
     let commit = cli.commit.clone().or_else(|| option_env!("BSG_COMMIT").map(str::to_string)).unwrap_or_else(|| "unknown".into());
     let baselines = match &cli.baselines {
         Some(p) => Some(Baselines::read(p)?),
@@ -200,7 +230,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             let num = |x: Option<f64>| x.map_or("null".to_string(), |v| format!("{v:.3}"));
             let (prepacked_us, prepacked_config) = prepacked_json(r.prepacked);
             json += &format!(
-                "{{\"op\":\"gemm\",\"gpu\":\"{gpu}\",\"commit\":\"{commit}\",\"m\":{m},\"n\":{n},\"k\":{k},\"l\":1,\"out\":\"{}\",\"config\":\"{}\",\"split_k\":{},\"runs\":{},\"graph_calls\":{},\"ours_launch_us\":{:.3},\"ours_b2b_us\":{:.3},\"ours_graph_us\":{:.3},\"ours_prepacked_graph_us\":{},\"prepacked_config\":{},\"host_enqueue_us\":{:.3},\"host_plan_us\":{:.3},\"cublas_bf16_graph_us\":{},\"cublas_fp8_graph_us\":{},\"floor_us\":{:.3},\"copy_gbps\":{copy_gbps:.1},\"workspace_bytes\":{},\"exact\":{},\"verdict\":\"{}\"}}\n",
+                "{{\"op\":\"gemm\",\"gpu\":\"{gpu}\",\"commit\":\"{commit}\",\"data\":\"{data}\",\"m\":{m},\"n\":{n},\"k\":{k},\"l\":1,\"out\":\"{}\",\"config\":\"{}\",\"split_k\":{},\"runs\":{},\"graph_calls\":{},\"ours_launch_us\":{:.3},\"ours_b2b_us\":{:.3},\"ours_graph_us\":{:.3},\"ours_prepacked_graph_us\":{},\"prepacked_config\":{},\"host_enqueue_us\":{:.3},\"host_plan_us\":{:.3},\"cublas_bf16_graph_us\":{},\"cublas_fp8_graph_us\":{},\"floor_us\":{:.3},\"copy_gbps\":{copy_gbps:.1},\"workspace_bytes\":{},\"exact\":{},\"verdict\":\"{}\"}}\n",
                 out.name(), r.config, r.split, cli.runs, cli.graph_calls, r.launch_us, r.b2b_us, r.graph_us, prepacked_us, prepacked_config, r.host_us, r.plan_us, num(bf16), num(fp8), r.floor_us, r.workspace, r.check.bit_exact, r.check.verdict());
         }
     }
@@ -228,7 +258,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let num = |x: Option<f64>| x.map_or("null".to_string(), |v| format!("{v:.3}"));
         let (prepacked_us, prepacked_config) = prepacked_json(r.prepacked);
         json += &format!(
-            "{{\"op\":\"w4a16\",\"gpu\":\"{gpu}\",\"commit\":\"{commit}\",\"m\":{m},\"n\":{n},\"k\":{k},\"l\":1,\"input\":\"{input}\",\"out\":\"{input}\",\"config\":\"{}\",\"split_k\":{},\"runs\":{},\"graph_calls\":{},\"ours_b2b_us\":{:.3},\"ours_graph_us\":{:.3},\"ours_prepacked_graph_us\":{},\"prepacked_config\":{},\"host_enqueue_us\":{:.3},\"cublas_bf16_graph_us\":{},\"int4_tinygemm_graph_us\":{},\"floor_us\":{:.3},\"copy_gbps\":{copy_gbps:.1},\"exact\":{}}}\n",
+            "{{\"op\":\"w4a16\",\"gpu\":\"{gpu}\",\"commit\":\"{commit}\",\"data\":\"{data}\",\"m\":{m},\"n\":{n},\"k\":{k},\"l\":1,\"input\":\"{input}\",\"out\":\"{input}\",\"config\":\"{}\",\"split_k\":{},\"runs\":{},\"graph_calls\":{},\"ours_b2b_us\":{:.3},\"ours_graph_us\":{:.3},\"ours_prepacked_graph_us\":{},\"prepacked_config\":{},\"host_enqueue_us\":{:.3},\"cublas_bf16_graph_us\":{},\"int4_tinygemm_graph_us\":{},\"floor_us\":{:.3},\"copy_gbps\":{copy_gbps:.1},\"exact\":{}}}\n",
             r.config, r.split, cli.runs, cli.graph_calls, r.b2b_us, r.graph_us, prepacked_us, prepacked_config, r.host_us, num(bf16), num(int4), r.floor_us, r.exact);
     }
     let quantizer = Quantizer::new(stream.clone());
@@ -280,7 +310,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             r.b2b_us, r.graph_us, r.host_us, r.loop_graph_us, fmt(bf16), r.floor_us, r.graph_us / r.floor_us, if r.exact { "exact" } else { "FAILED" }, r.list_graph_us, fmt(r.w4a16_graph_us), fmt(r.prepacked_graph_us));
         let num = |x: Option<f64>| x.map_or("null".to_string(), |v| format!("{v:.3}"));
         json += &format!(
-            "{{\"op\":\"grouped\",\"gpu\":\"{gpu}\",\"commit\":\"{commit}\",\"case\":\"{}\",\"groups\":{},\"experts_hit\":{},\"sum_m\":{t},\"n\":{},\"k\":{},\"out\":\"bf16\",\"config\":\"{}\",\"runs\":{},\"graph_calls\":{},\"ours_b2b_us\":{:.3},\"ours_graph_us\":{:.3},\"ours_prepacked_graph_us\":{},\"host_enqueue_us\":{:.3},\"loop_graph_us\":{:.3},\"list_config\":\"{}\",\"list_graph_us\":{:.3},\"w4a16_config\":{},\"w4a16_graph_us\":{},\"bf16_grouped_graph_us\":{},\"bf16_grouped_kind\":{},\"floor_us\":{:.3},\"bytes\":{},\"gbps\":{:.1},\"copy_gbps\":{copy_gbps:.1},\"exact\":{}}}\n",
+            "{{\"op\":\"grouped\",\"gpu\":\"{gpu}\",\"commit\":\"{commit}\",\"data\":\"{data}\",\"case\":\"{}\",\"groups\":{},\"experts_hit\":{},\"sum_m\":{t},\"n\":{},\"k\":{},\"out\":\"bf16\",\"config\":\"{}\",\"runs\":{},\"graph_calls\":{},\"ours_b2b_us\":{:.3},\"ours_graph_us\":{:.3},\"ours_prepacked_graph_us\":{},\"host_enqueue_us\":{:.3},\"loop_graph_us\":{:.3},\"list_config\":\"{}\",\"list_graph_us\":{:.3},\"w4a16_config\":{},\"w4a16_graph_us\":{},\"bf16_grouped_graph_us\":{},\"bf16_grouped_kind\":{},\"floor_us\":{:.3},\"bytes\":{},\"gbps\":{:.1},\"copy_gbps\":{copy_gbps:.1},\"exact\":{}}}\n",
             case.name, case.counts.len(), r.experts_hit, case.n, case.k, r.config, cli.runs, cli.graph_calls, r.b2b_us, r.graph_us, num(r.prepacked_graph_us), r.host_us, r.loop_graph_us, r.list_config, r.list_graph_us,
             r.w4a16_config.map_or("null".to_string(), |c| format!("\"{c}\"")), num(r.w4a16_graph_us), num(bf16),
             kind.map_or("null".to_string(), |k| format!("\"{k}\"")), r.floor_us, r.bytes, r.bytes as f64 / (r.graph_us * 1e-6) / 1e9, r.exact);
@@ -408,8 +438,8 @@ impl Check {
 
 #[allow(clippy::too_many_arguments)]
 fn bench_one(cli: &Cli, gemm: &BlockScaledGemm, stream: &Arc<CudaStream>, l2: usize, copy_gbps: f64, (m, n, k): (usize, usize, usize), out: OutType) -> Result<Result1, Box<dyn std::error::Error>> {
-    let a = Nvfp4Matrix::random_contest(m, k, 1, 1)?;
-    let b = Nvfp4Matrix::random_contest(n, k, 1, 2)?;
+    let a = operand(cli, m, k, 1, 1)?;
+    let b = operand(cli, n, k, 1, 2)?;
     // Verified rows; for FP4 outputs they also set the norm constant (top scale near 448).
     let rows: Vec<usize> = (0..m.min(64)).map(|i| i * (m - 1) / (m.min(64) - 1).max(1)).collect();
     let a_rows = a.select_rows(&rows);

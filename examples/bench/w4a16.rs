@@ -11,7 +11,7 @@
 use std::sync::Arc;
 
 use blockscaled_gemm::compare::verify_w4a16;
-use blockscaled_gemm::{Activation16, BlockScaledGemm, Config, Nvfp4Matrix, Nvfp4Tensor, Problem, SplitMix64, WeightLayout};
+use blockscaled_gemm::{Activation16, BlockScaledGemm, Config, Nvfp4Tensor, Problem, SplitMix64, WeightLayout};
 use cudarc::driver::{CudaSlice, CudaStream};
 
 use crate::{poison, time_back_to_back, time_graph, Cli};
@@ -32,7 +32,7 @@ pub struct W4a16Result {
 pub fn bench_shape<TA: Activation16>(cli: &Cli, gemm: &BlockScaledGemm, stream: &Arc<CudaStream>, l2: usize, copy_gbps: f64, (m, n, k): (usize, usize, usize)) -> Result<W4a16Result, Box<dyn std::error::Error>> {
     let mut rng = SplitMix64::new(3);
     let x: Vec<TA> = (0..m * k).map(|_| TA::from_f64(rng.normal())).collect();
-    let w = Nvfp4Matrix::random_contest(n, k, 1, 2)?;
+    let w = crate::operand(cli, n, k, 1, 2)?;
     let p = Problem::new(m, n, k);
     let config = match &cli.config {
         Some(c) => Config::from_name(c).ok_or("unknown --config")?,
