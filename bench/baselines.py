@@ -17,7 +17,7 @@ For each shape M x N x K (A: (M, K) activations, W: (N, K) weights, result A @ W
 Data (--data): nvfp4-gaussian (default): the operands the crate's bench multiplies, dequantized:
 N(0, 1) values quantized to NVFP4 (block scale e4m3(max|x| / 6), global scale 1) and back, as
 bf16; for --op w4a16 the activations are N(0, 1) bf16 as the crate's are. randn: bf16 N(0, 1)
-for every operand (the baselines before 2026-11-27). Under load the GPU's clock depends on the
+for every operand (the baselines before bf30fc7). Under load the GPU's clock depends on the
 operands' bits (power), so a comparison holds only on the same data: at 8192^3 cuBLAS bf16 took
 1519-1544 us on randn and 1454 on nvfp4-gaussian in one H100 session (bench/DESIGN.md, "Data and
 power").

@@ -6,8 +6,9 @@
 Each line: one JSON object with op ("gemm"), gpu, commit, m, n, k, l, out, config,
 ours_launch_us, ours_b2b_us, ours_graph_us, host_enqueue_us, cublas_bf16_graph_us,
 cublas_fp8_graph_us, floor_us, exact, verdict; ours_prepacked_graph_us (the weights prepacked,
-every table: its column, and a sentence comparing it with ours_graph_us where the file has it). Rows with op "gemm" (or none) are used, in file order;
-extra fields and nulls are fine.
+every table: its column, and a sentence comparing it with ours_graph_us where the file has it);
+data and baselines_data (the operands' kind on each side, named in every table's source line).
+Rows with op "gemm" (or none) are used, in file order; extra fields and nulls are fine.
 - --png: time / floor_us per shape (log scale), one subplot per output type, one marker series
   per contender (ours graph, back to back, per launch; cuBLAS bf16 and FP8 graph), the floor at 1.
 - --readme: in each file, replaces the lines between `<!-- bench-table:begin -->` and
@@ -168,6 +169,8 @@ def ending(lines, rows, source, label_of=shape, units="shapes"):
         lines += ["", comparison(rows, "ours_graph_us", "the standard layout", label_of, units, "ours_prepacked_graph_us",
                                  "Prepacked weights (`Nvfp4Tensor::prepack`) faster")]
     data = joined(rows, "data") if any(r.get("data") for r in rows) else "contest"
+    if any(r.get("baselines_data") for r in rows):
+        data += f", baselines' data {joined(rows, 'baselines_data')}"
     lines += ["", f"Source: {source} ({joined(rows, 'gpu')}, commit {joined(rows, 'commit')}, operand data {data})", ""]
     return "\n".join(lines)
 

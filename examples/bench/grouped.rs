@@ -1,7 +1,7 @@
 //! The grouped (mixture-of-experts) cases of the bench (`op` "grouped"): the cases, their
 //! routing, and one case's timings.
 //!
-//! Per case, in one run: stacked contest-data activations (T = sum of the experts' rows, K),
+//! Per case, in one run: stacked NVFP4 activations of the `--data` kind (T = sum of the experts' rows, K),
 //! weights (E, N, K) of which eight distinct experts repeat, expert scales 1, bf16 output; buffer
 //! sets rotated so that the bytes a call touches (the weights of the experts with rows, the
 //! activations, their scales and D) cover more than twice the L2 (one set where a call already

@@ -122,7 +122,7 @@ struct Cli {
     commit: Option<String>,
     /// NVFP4 operands: gaussian (N(0, 1) quantized, as real tensors arrive) or contest (random
     /// codes, block scales 0..3: a quarter of the blocks zero; the data of results before
-    /// 2026-11-27). The GPU's clock under load depends on the operands' bits: compare rows of
+    /// bf30fc7). The GPU's clock under load depends on the operands' bits: compare rows of
     /// the same data only (bench/DESIGN.md, "Data and power").
     #[arg(long, value_enum, default_value_t = Data::Gaussian)]
     data: Data,
@@ -216,6 +216,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         Some(p) => Some(Baselines::read(p)?),
         None => None,
     };
+    let gemm_base_data = baselines_data(&baselines, &cli.baselines, cli.data);
     let copy_gbps = copy_bandwidth(&stream)?;
     println!("device: {gpu}, {} SMs, L2 {} MB, copy {copy_gbps:.0} GB/s; commit {commit}", gemm.device().sm_count, l2 >> 20);
     println!("{:>16} {:>6} {:>24} {:>5} {:>9} {:>8} {:>8} {:>8} {:>8} {:>8} {:>10} {:>9} {:>7} {:>6}", "MxNxK", "out", "config", "split", "launch_us", "b2b_us", "graph_us", "prepack", "host_us", "floor_us", "bf16_graph", "fp8_graph", "x_floor", "check");
@@ -230,7 +231,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             let num = |x: Option<f64>| x.map_or("null".to_string(), |v| format!("{v:.3}"));
             let (prepacked_us, prepacked_config) = prepacked_json(r.prepacked);
             json += &format!(
-                "{{\"op\":\"gemm\",\"gpu\":\"{gpu}\",\"commit\":\"{commit}\",\"data\":\"{data}\",\"m\":{m},\"n\":{n},\"k\":{k},\"l\":1,\"out\":\"{}\",\"config\":\"{}\",\"split_k\":{},\"runs\":{},\"graph_calls\":{},\"ours_launch_us\":{:.3},\"ours_b2b_us\":{:.3},\"ours_graph_us\":{:.3},\"ours_prepacked_graph_us\":{},\"prepacked_config\":{},\"host_enqueue_us\":{:.3},\"host_plan_us\":{:.3},\"cublas_bf16_graph_us\":{},\"cublas_fp8_graph_us\":{},\"floor_us\":{:.3},\"copy_gbps\":{copy_gbps:.1},\"workspace_bytes\":{},\"exact\":{},\"verdict\":\"{}\"}}\n",
+                "{{\"op\":\"gemm\",\"gpu\":\"{gpu}\",\"commit\":\"{commit}\",\"data\":\"{data}\",\"baselines_data\":{gemm_base_data},\"m\":{m},\"n\":{n},\"k\":{k},\"l\":1,\"out\":\"{}\",\"config\":\"{}\",\"split_k\":{},\"runs\":{},\"graph_calls\":{},\"ours_launch_us\":{:.3},\"ours_b2b_us\":{:.3},\"ours_graph_us\":{:.3},\"ours_prepacked_graph_us\":{},\"prepacked_config\":{},\"host_enqueue_us\":{:.3},\"host_plan_us\":{:.3},\"cublas_bf16_graph_us\":{},\"cublas_fp8_graph_us\":{},\"floor_us\":{:.3},\"copy_gbps\":{copy_gbps:.1},\"workspace_bytes\":{},\"exact\":{},\"verdict\":\"{}\"}}\n",
                 out.name(), r.config, r.split, cli.runs, cli.graph_calls, r.launch_us, r.b2b_us, r.graph_us, prepacked_us, prepacked_config, r.host_us, r.plan_us, num(bf16), num(fp8), r.floor_us, r.workspace, r.check.bit_exact, r.check.verdict());
         }
     }
@@ -238,6 +239,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         Some(p) => Some(Baselines::read(p)?),
         None => None,
     };
+    let w4a16_base_data = baselines_data(&w4a16_baselines, &cli.w4a16_baselines, cli.data);
     if !cli.no_gemm && !cli.no_w4a16 {
         println!("{:>16} {:>24} {:>5} {:>8} {:>8} {:>8} {:>8} {:>8} {:>10} {:>10} {:>7} {:>6}", "w4a16 MxNxK", "config", "split", "b2b_us", "graph_us", "prepack", "host_us", "floor_us", "bf16_graph", "int4_graph", "x_floor", "check");
     }
@@ -258,7 +260,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let num = |x: Option<f64>| x.map_or("null".to_string(), |v| format!("{v:.3}"));
         let (prepacked_us, prepacked_config) = prepacked_json(r.prepacked);
         json += &format!(
-            "{{\"op\":\"w4a16\",\"gpu\":\"{gpu}\",\"commit\":\"{commit}\",\"data\":\"{data}\",\"m\":{m},\"n\":{n},\"k\":{k},\"l\":1,\"input\":\"{input}\",\"out\":\"{input}\",\"config\":\"{}\",\"split_k\":{},\"runs\":{},\"graph_calls\":{},\"ours_b2b_us\":{:.3},\"ours_graph_us\":{:.3},\"ours_prepacked_graph_us\":{},\"prepacked_config\":{},\"host_enqueue_us\":{:.3},\"cublas_bf16_graph_us\":{},\"int4_tinygemm_graph_us\":{},\"floor_us\":{:.3},\"copy_gbps\":{copy_gbps:.1},\"exact\":{}}}\n",
+            "{{\"op\":\"w4a16\",\"gpu\":\"{gpu}\",\"commit\":\"{commit}\",\"data\":\"{data}\",\"baselines_data\":{w4a16_base_data},\"m\":{m},\"n\":{n},\"k\":{k},\"l\":1,\"input\":\"{input}\",\"out\":\"{input}\",\"config\":\"{}\",\"split_k\":{},\"runs\":{},\"graph_calls\":{},\"ours_b2b_us\":{:.3},\"ours_graph_us\":{:.3},\"ours_prepacked_graph_us\":{},\"prepacked_config\":{},\"host_enqueue_us\":{:.3},\"cublas_bf16_graph_us\":{},\"int4_tinygemm_graph_us\":{},\"floor_us\":{:.3},\"copy_gbps\":{copy_gbps:.1},\"exact\":{}}}\n",
             r.config, r.split, cli.runs, cli.graph_calls, r.b2b_us, r.graph_us, prepacked_us, prepacked_config, r.host_us, num(bf16), num(int4), r.floor_us, r.exact);
     }
     let quantizer = Quantizer::new(stream.clone());
@@ -296,6 +298,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         Some(p) => Some(Baselines::read(p)?),
         None => None,
     };
+    let grouped_base_data = baselines_data(&grouped_baselines, &cli.grouped_baselines, cli.data);
     let cases: Vec<grouped::Case> = grouped::cases().into_iter().filter(|c| cli.grouped == "all" || cli.grouped.split(',').any(|x| x == c.name)).collect();
     if !cases.is_empty() {
         println!("{:>26} {:>5} {:>6} {:>5} {:>26} {:>8} {:>9} {:>8} {:>9} {:>10} {:>8} {:>7} {:>6} {:>8} {:>8} {:>8}", "case", "E", "hit", "T", "config", "b2b_us", "graph_us", "host_us", "loop_us", "bf16_group", "floor_us", "x_floor", "check", "list_us", "w4a16_us", "prepack");
@@ -310,7 +313,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             r.b2b_us, r.graph_us, r.host_us, r.loop_graph_us, fmt(bf16), r.floor_us, r.graph_us / r.floor_us, if r.exact { "exact" } else { "FAILED" }, r.list_graph_us, fmt(r.w4a16_graph_us), fmt(r.prepacked_graph_us));
         let num = |x: Option<f64>| x.map_or("null".to_string(), |v| format!("{v:.3}"));
         json += &format!(
-            "{{\"op\":\"grouped\",\"gpu\":\"{gpu}\",\"commit\":\"{commit}\",\"data\":\"{data}\",\"case\":\"{}\",\"groups\":{},\"experts_hit\":{},\"sum_m\":{t},\"n\":{},\"k\":{},\"out\":\"bf16\",\"config\":\"{}\",\"runs\":{},\"graph_calls\":{},\"ours_b2b_us\":{:.3},\"ours_graph_us\":{:.3},\"ours_prepacked_graph_us\":{},\"host_enqueue_us\":{:.3},\"loop_graph_us\":{:.3},\"list_config\":\"{}\",\"list_graph_us\":{:.3},\"w4a16_config\":{},\"w4a16_graph_us\":{},\"bf16_grouped_graph_us\":{},\"bf16_grouped_kind\":{},\"floor_us\":{:.3},\"bytes\":{},\"gbps\":{:.1},\"copy_gbps\":{copy_gbps:.1},\"exact\":{}}}\n",
+            "{{\"op\":\"grouped\",\"gpu\":\"{gpu}\",\"commit\":\"{commit}\",\"data\":\"{data}\",\"baselines_data\":{grouped_base_data},\"case\":\"{}\",\"groups\":{},\"experts_hit\":{},\"sum_m\":{t},\"n\":{},\"k\":{},\"out\":\"bf16\",\"config\":\"{}\",\"runs\":{},\"graph_calls\":{},\"ours_b2b_us\":{:.3},\"ours_graph_us\":{:.3},\"ours_prepacked_graph_us\":{},\"host_enqueue_us\":{:.3},\"loop_graph_us\":{:.3},\"list_config\":\"{}\",\"list_graph_us\":{:.3},\"w4a16_config\":{},\"w4a16_graph_us\":{},\"bf16_grouped_graph_us\":{},\"bf16_grouped_kind\":{},\"floor_us\":{:.3},\"bytes\":{},\"gbps\":{:.1},\"copy_gbps\":{copy_gbps:.1},\"exact\":{}}}\n",
             case.name, case.counts.len(), r.experts_hit, case.n, case.k, r.config, cli.runs, cli.graph_calls, r.b2b_us, r.graph_us, num(r.prepacked_graph_us), r.host_us, r.loop_graph_us, r.list_config, r.list_graph_us,
             r.w4a16_config.map_or("null".to_string(), |c| format!("\"{c}\"")), num(r.w4a16_graph_us), num(bf16),
             kind.map_or("null".to_string(), |k| format!("\"{k}\"")), r.floor_us, r.bytes, r.bytes as f64 / (r.graph_us * 1e-6) / 1e9, r.exact);
@@ -695,4 +698,21 @@ impl Baselines {
     fn text(&self, name: &str, key: &str) -> Option<String> {
         Some(self.field(name, key)?.strip_prefix('"')?.strip_suffix('"')?.to_string())
     }
+    /// The operand data the baselines ran on (files before bf30fc7 have no "data": randn).
+    fn data(&self) -> &str {
+        let key = "\"data\": \"";
+        self.0.find(key).and_then(|i| self.0[i + key.len()..].split('"').next()).unwrap_or("randn")
+    }
+}
+
+/// A record's `baselines_data` (null without baselines), warning when the baselines' data are not
+/// this run's (then the two sides' times do not compare: bench/README.md, "Data").
+fn baselines_data(baselines: &Option<Baselines>, path: &Option<std::path::PathBuf>, data: Data) -> String {
+    let Some(b) = baselines else { return "null".into() };
+    let matched = matches!((data, b.data()), (Data::Gaussian, "nvfp4-gaussian"));
+    if !matched {
+        let file = path.as_ref().map_or(String::new(), |p| p.display().to_string());
+        eprintln!("warning: the baselines in {file} ran on {} data, this crate on {}: their times do not compare", b.data(), data.name());
+    }
+    format!("\"{}\"", b.data())
 }

@@ -1,5 +1,5 @@
 //! The W4A16 rows of the bench (`op` "w4a16"): bf16 or f16 activations (`--w4a16-input`;
-//! N(0, 1)) times NVFP4 weights (contest data), output of the activations' type, at every GEMM
+//! N(0, 1)) times NVFP4 weights (`--data`), output of the activations' type, at every GEMM
 //! shape of the run. Buffer sets rotated over more
 //! than twice the L2; timed as `gemm` is (`ours_b2b_us` and `host_enqueue_us` back to back,
 //! `ours_graph_us` from a CUDA graph). `exact`: sampled rows of every timing pass the verdict
