@@ -10,16 +10,16 @@
 //   decode8<kLowScale = true> multiplies by sf alone (no 2^6): the results are value * sf * 2^-6,
 //   still exact (at least 2^-16, 6 significant bits); the caller multiplies its FP32 sums by 64.
 //
-// Decode to BF16 (W4A16 with bf16 activations; exact): decode8's placement and conversion give
-//   x = value * 2^-6 in FP16, either +-0 or normal with exponent field E in [8, 11] (value in
-//   [0.5, 6]), i.e. bits 14..10 = 0 1 0 e e. Shifted right by 3 under the mask 0x0FFF, E lands
-//   in BF16's exponent field and the one mantissa bit in its top mantissa bit; x & 0xF000 adds the
-//   sign and bit 13 (1 exactly when x != 0), i.e. 64 to the exponent field. So the BF16 number is
-//   value * 2^-6 * 2^(E + 64 - 127) / 2^(E - 15) = value * 2^-54, and +-0 stays +-0. A shift and
-//   one LOP3 do both halves (the high half's bits that the shift moves down fall under the mask). One
-//   HMUL2.BF16 by sf * 2^54 (in [2^45, 2^63], exact in BF16: 4 significant bits) gives value *
-//   sf, exact in BF16 (6 significant bits in [2^-10, 2688]); bf16 x bf16 products are exact in
-//   FP32 (16 significant bits), as are FP16 x FP16 ones.
+// Decode to BF16 (W4A16 with bf16 activations; exact): an e2m1 nibble s|e1 e0 m placed as the
+//   BF16 bits s<<15 | (e1 e0 m)<<6 is exactly value * 2^-126: e1 e0 fill the exponent field's two
+//   low bits (bias 127 against e2m1's 1), m the top mantissa bit, and e1 e0 = 0 gives the
+//   subnormal m * 2^-127 (0.5 * 2^-126) or +-0. A 32-bit word's nibbles j and j + 4 go to the two
+//   halves with one shift for the signs and one for the magnitudes (both halves move alike); a byte
+//   permute first puts decode8's pairs (elements 0 and 2, 1 and 3, 4 and 6, 5 and 7) at nibbles j,
+//   j + 4. One HMUL2.BF16 by sf * 2^119 (at most 448 * 2^119 < 2^128, exact in BF16: 4 significant
+//   bits) gives value * sf * 2^-7: 6 significant bits in [2^-17, 21], exact in BF16, so the sums
+//   carry 2^-7 (kBf16WeightUnscale undoes it). bf16 x bf16 products are exact in FP32 (16
+//   significant bits), as are FP16 x FP16 ones.
 //
 // Encode (FP4 output, CUTLASS example 72b's LinCombBlockScaleFactor): written as CUTLASS's host
 //   reference does it (gett.hpp, compute_1d_scaling_factor_and_quantized_output) so results match
@@ -90,33 +90,46 @@ __device__ __forceinline__ uint4 decode8(uint32_t w, uint32_t scale2) {
   return r;
 }
 
-// One scale (the e4m3 byte in the low byte of sf) as BF16 sf * 2^54 in both halves: the scale
+// What the FP32 sums of BF16 weights (decode8_bf16) carry, undone after the loop: 2^-7.
+inline constexpr float kBf16WeightUnscale = 128.f;
+
+// One scale (the e4m3 byte in the low byte of sf) as BF16 sf * 2^119 in both halves: the scale
 // operand of decode8_bf16. Through FP32: FP16 and FP32 hold every e4m3 value and the power of
 // two exactly (NaN stays NaN).
 __device__ __forceinline__ uint32_t decode8_bf16_scale(uint32_t sf) {
-  const float f = __half2float(__ushort_as_half(uint16_t(e4m3x2_to_f16x2(sf) & 0xFFFFu))) * 0x1p54f;
+  const float f = __half2float(__ushort_as_half(uint16_t(e4m3x2_to_f16x2(sf) & 0xFFFFu))) * 0x1p119f;
   const __nv_bfloat162 r = __float2bfloat162_rn(f);
   return *reinterpret_cast<const uint32_t*>(&r);
 }
 
-// value * 2^-6 in FP16 (two halves) to value * 2^-54 in BF16: a shift and a LOP3 (the algebra
-// above).
-__device__ __forceinline__ uint32_t bf16_from_scaled_f16x2(uint32_t x) { return ((x >> 3) & 0x0FFF0FFFu) | (x & 0xF000F000u); }
+// Two scales in FP16 times 2^-1: decode8 with them gives value * sf * 2^-7 in FP16 (at least
+// 2^-17 with 6 significant bits, so its last bit is at least 2^-22: exact), the products of
+// decode8_bf16 for bf16 activations taken as FP16.
+__device__ __forceinline__ uint32_t decode8_scales_bf16_sums(uint32_t two_scales_f16) { return hmul2(two_scales_f16, 0x38003800u); }
+
+// Nibbles j and j + 4 of p placed as BF16 value * 2^-126 in the low and high half (the algebra
+// above): the sign from bit 4j + 3 to bit 15, the magnitude from bits 4j + 2 .. 4j to 8 .. 6.
+template <int J>
+__device__ __forceinline__ uint32_t e2m1_nibbles_to_bf16(uint32_t p) {
+  constexpr int kMag = 6 - 4 * J, kSign = 12 - 4 * J;
+  const uint32_t mag = (kMag >= 0 ? p << (kMag > 0 ? kMag : 0) : p >> (kMag < 0 ? -kMag : 0)) & 0x01C001C0u;
+  return ((p << kSign) & 0x80008000u) | mag;
+}
 
 __device__ __forceinline__ uint32_t hmul2_bf16(uint32_t a, uint32_t b) {
   const __nv_bfloat162 r = __hmul2(*reinterpret_cast<const __nv_bfloat162*>(&a), *reinterpret_cast<const __nv_bfloat162*>(&b));
   return *reinterpret_cast<const uint32_t*>(&r);
 }
 
-// decode8 in BF16: the same 8 values in the same order, value * sf exactly. scale2:
+// decode8 in BF16: the same 8 values in the same order, each value * sf * 2^-7 exactly. scale2:
 // decode8_bf16_scale's.
 __device__ __forceinline__ uint4 decode8_bf16(uint32_t w, uint32_t scale2) {
-  const uint32_t even = e2m1_lo_to_e4m3(w), odd = e2m1_lo_to_e4m3(w >> 4);
+  const uint32_t p = __byte_perm(w, 0, 0x3120);  // bytes 0 2 1 3: nibbles 0..7 hold elements 0 1 4 5 2 3 6 7
   uint4 r;
-  r.x = hmul2_bf16(bf16_from_scaled_f16x2(e4m3x2_to_f16x2(even)), scale2);
-  r.y = hmul2_bf16(bf16_from_scaled_f16x2(e4m3x2_to_f16x2(odd)), scale2);
-  r.z = hmul2_bf16(bf16_from_scaled_f16x2(e4m3x2_hi_to_f16x2(even)), scale2);
-  r.w = hmul2_bf16(bf16_from_scaled_f16x2(e4m3x2_hi_to_f16x2(odd)), scale2);
+  r.x = hmul2_bf16(e2m1_nibbles_to_bf16<0>(p), scale2);  // elements 0, 2
+  r.y = hmul2_bf16(e2m1_nibbles_to_bf16<1>(p), scale2);  // 1, 3
+  r.z = hmul2_bf16(e2m1_nibbles_to_bf16<2>(p), scale2);  // 4, 6
+  r.w = hmul2_bf16(e2m1_nibbles_to_bf16<3>(p), scale2);  // 5, 7
   return r;
 }
 

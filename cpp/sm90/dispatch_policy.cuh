@@ -8,6 +8,7 @@
 
 #include "blockscaled_gemm/kernel_abi.h"
 #include "common/instrument.cuh"
+#include "common/nvfp4.cuh"
 #include "cute/arch/mma_sm90.hpp"
 #include "cute/atom/mma_atom.hpp"
 #include "cute/atom/mma_traits_sm90_gmma.hpp"
@@ -81,10 +82,11 @@ struct ActDense {
   static constexpr bool kScaled = false;
 };
 
-// What the FP32 sums of a stream tile carry: 2^-6 per operand decoded as decode8<true> (FP16);
-// BF16 weights (decode8_bf16) and dense activations carry none.
+// What the FP32 sums of a stream tile carry: 2^-6 per operand decoded as decode8<true> (FP16),
+// 2^-7 for BF16 weights (decode8_bf16, and the FP16 loop that stands in for them); dense
+// activations carry none.
 template <class Act>
-inline constexpr float kStreamUnscale = Act::kScaled ? 4096.f : std::is_same_v<typename Act::Mma, cute::half_t> ? 64.f : 1.f;
+inline constexpr float kStreamUnscale = Act::kScaled ? 4096.f : std::is_same_v<typename Act::Mma, cute::half_t> ? 64.f : kBf16WeightUnscale;
 
 // Split-K reductions (split_k > 1): partial tiles in global memory, summed in split order by the
 // last CTA of a tile; or through the cluster's distributed shared memory.
@@ -137,10 +139,11 @@ struct Tile {
   // Swapped: k-tiles per ping-pong turn (the swapped 128x128's and 64x128's decode needs two
   // chains to hide).
   static constexpr int kTurn = kSwap128 ? BSG_SM90_SWAP_TURN(BM) : 1;
-  // The swapped 128x128 decodes weights with the scale as converted (decode8<true>) and multiplies
-  // its FP32 sums by 64 after the loop; the other swapped tiles keep the 2^6 in the scale.
-  // (BF16 weights are decoded as value * sf: nothing to undo.)
+  // The swapped 128x128 decodes FP16 weights with the scale as converted (decode8<true>); the
+  // other swapped tiles keep the 2^6 in the scale. What the FP32 sums then carry (2^-6, or 2^-7 from
+  // BF16 weights) is undone after the loop.
   static constexpr bool kWScaleLow = kSwap128 && std::is_same_v<MmaElement, half_t>;
+  static constexpr float kWUnscale = kWScaleLow ? 64.f : std::is_same_v<MmaElement, cute::bfloat16_t> ? kBf16WeightUnscale : 1.f;
   // Swapped: activations arrive pre-decoded (FP16, a * sf) or, dense, re-ordered (predecode.cuh)
   // through TMA.
   static constexpr bool kPreA = kSwap;

@@ -31,9 +31,9 @@ __device__ __forceinline__ uint32_t sw128_group(int r, int sub, int c) {
 // (value * sf * 2^-6 in FP16, exact), v[2 st] goes to MMA step st's K positions 2c, 2c + 1 and
 // v[2 st + 1] to 2c + 8, 2c + 9. Both operands are decoded alike, so every product pairs equal K
 // (the order of mainloop_swapped.cuh), and each product carries 2^-12, undone after the loop.
-// E = bfloat16_t (W4A16 with bf16 activations): decode8_bf16, value * sf exactly, no 2^-6.
-// kExact (FP16): value * sf exactly too (decode8 with the scale times 2^6), for bf16 activations
-// taken as FP16 (run<true>), whose products then equal the BF16 loop's.
+// E = bfloat16_t (W4A16 with bf16 activations): decode8_bf16, value * sf * 2^-7 exactly.
+// kExact (FP16): value * sf * 2^-7 exactly too (decode8 with the scale times 2^-1), for bf16
+// activations taken as FP16 (run<true>), whose products then equal the BF16 loop's.
 template <class E = cute::half_t, bool kExact = false>
 __device__ __forceinline__ void decode_group(const uint8_t* box, const uint8_t* sf_chunk, int r, int sub, int c, int sf_row,
                                              uint32_t (&v)[8]) {
@@ -44,7 +44,7 @@ __device__ __forceinline__ void decode_group(const uint8_t* box, const uint8_t* 
     const uint32_t s = decode8_bf16_scale(sf);
     v0 = decode8_bf16(q.x, s), v1 = decode8_bf16(q.y, s);
   } else if constexpr (kExact) {
-    const uint32_t s = decode8_scales(e4m3x2_to_f16x2(sf * 0x0101u));
+    const uint32_t s = decode8_scales_bf16_sums(e4m3x2_to_f16x2(sf * 0x0101u));
     v0 = decode8(q.x, s), v1 = decode8(q.y, s);
   } else {
     const uint32_t s = e4m3x2_to_f16x2(sf);

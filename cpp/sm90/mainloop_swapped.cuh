@@ -169,9 +169,9 @@ struct CollectiveMainloop<Tile<BM, BN, MainloopSwappedRegisterDecode, Act>> {
       if (i + kTurn < n_kt) step(i + kTurn, frag1, frag0);
     }
     asm volatile("bar.sync 1, %0;\n" ::"n"(kThreads) : "memory");  // both warpgroups' wgmma done: the epilogue reuses the buffers
-    if constexpr (T::kWScaleLow) {
+    if constexpr (T::kWUnscale != 1.f) {
       CUTE_UNROLL
-      for (int i = 0; i < size(acc); ++i) acc(i) *= 64.f;  // the weights' 2^-6
+      for (int i = 0; i < size(acc); ++i) acc(i) *= T::kWUnscale;  // the weights' 2^-6 or 2^-7
     }
     (void)kBM;
   }
