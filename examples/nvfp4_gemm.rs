@@ -3,8 +3,11 @@
 //! the time, TFLOP/s and GB/s. `--device cpu` computes with the reference alone.
 //!
 //! `--out nvfp4` (or `nvfp4-ue8m0`, 72b's own) writes D as e2m1 with generated scale factors per
-//! 16 outputs, scaled by `--norm-constant` (default: 6 * 448 / max|A·Bᵀ| over the verified rows,
-//! so the largest scale factor lands at the top of ue4m3); C is then f32. Verification compares
+//! 16 outputs, scaled by `--norm-constant` (default: 6 * 448 / max|alpha * A·Bᵀ + beta * C| over
+//! the rows verification takes at the default `--check-budget`, every row up to 2^33
+//! multiply-adds: a function of the data alone, so the largest scale factor lands at the top of
+//! ue4m3); C is then f32. The report, `--json` and `--save` (an F32 scalar `norm_constant`
+//! beside `d` and `sfd`) give the constant used: D ≈ d * sfd / norm_constant. Verification compares
 //! scale factors and codes group by group: byte for byte where the FP32 sums are exact (contest
 //! data), else within one e2m1 step with the scale factor equal or its neighbour.
 //!
@@ -31,7 +34,11 @@
 //! (F8_E4M3 or U8) in the tiled storage order of `blockscaled_gemm::layout`, flat, or labelled with the
 //! contest's permuted shape (32, 4, rest, 4, rest_k, L) or its storage shape
 //! (L, rest, rest_k, 32, 4, 4): in every case the bytes are read in storage order; `c`, when
-//! present, has D's shape ([M, N] or [L, M, N]) and dtype.
+//! present, has D's shape ([M, N] or [L, M, N]) and dtype; `global_scale_a` and
+//! `global_scale_b`, when present (F32, shape [] or [1], finite and positive, as `--save` writes
+//! them for checkpoint runs), are A's and B's global scales, folded into alpha as the GEMM folds
+//! them: D = alpha * ga * gb * A·Bᵀ + beta * C. Other tensors (`x`, `d`) are ignored. The file's
+//! shapes are checked against the host's available memory before D is allocated.
 //!
 //! Checkpoints (`--checkpoint FILE --layer NAME`): the linear layer NAME of an NVFP4 checkpoint
 //! (ModelOpt or compressed-tensors names, `blockscaled_gemm::checkpoint`) is B, N and K come
@@ -39,8 +46,12 @@
 //! (W4A16, below); with `--mode nvfp4` quantized on the host with the layer's input scale
 //! (computed from their amax where the file has none): NVFP4 x NVFP4, both global scales folded
 //! into alpha. `--save` writes the activations as `x` (bf16 [M, K])
-//! beside `a`, `sfa`, `b`, `sfb`, `global_scale_a`, `global_scale_b` (F32 scalars) and `d`. A bad
-//! file exits 2 naming the tensor and the rule.
+//! beside `a`, `sfa`, `b`, `sfb`, `global_scale_a`, `global_scale_b` (F32 scalars) and `d`; read
+//! back with `--input`, they give the same d. A bad file (also one whose tensors do not cover its
+//! data exactly, as the safetensors format requires) exits 2 naming the tensor and the rule.
+//!
+//! `--save` writes a temporary file beside the target and renames it over the target only once
+//! it is complete: a failed write leaves no file, and an existing one as it was.
 //!
 //! `--mode w4a16` (the default with `--checkpoint`): A is the bf16 activations as they are
 //! (`--m` rows of N(0, 1), L = `--l`), B the NVFP4 weights (the layer's, or generated), D =
@@ -49,7 +60,7 @@
 //! `global_scale_b` and `d`. `--mode nvfp4` (the default otherwise): A quantized to NVFP4 as
 //! above.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Instant;
 
@@ -67,16 +78,16 @@ use safetensors::{Dtype, SafeTensors};
 #[command(name = "nvfp4_gemm", about = "NVFP4 block-scaled GEMM (CUTLASS 72b style), verified against the exact CPU reference")]
 struct Cli {
     /// Rows of A and D.
-    #[arg(long, default_value_t = 1024)]
+    #[arg(long, default_value_t = 1024, allow_negative_numbers = true)]
     m: usize,
     /// Rows of B, columns of D.
-    #[arg(long, default_value_t = 1024)]
+    #[arg(long, default_value_t = 1024, allow_negative_numbers = true)]
     n: usize,
-    /// Reduction extent (multiple of 32 on the GPU, of 16 on the CPU).
-    #[arg(long, default_value_t = 1024)]
+    /// Reduction extent (a multiple of 32, on either device).
+    #[arg(long, default_value_t = 1024, allow_negative_numbers = true)]
     k: usize,
     /// Batch count.
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 1, allow_negative_numbers = true)]
     l: usize,
     /// D = alpha * A·Bᵀ + beta * C.
     #[arg(long, default_value_t = 1.0, allow_negative_numbers = true)]
@@ -85,13 +96,13 @@ struct Cli {
     #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
     beta: f32,
     /// Timed iterations (GPU).
-    #[arg(long, default_value_t = 10)]
+    #[arg(long, default_value_t = 10, allow_negative_numbers = true)]
     iterations: usize,
     /// Untimed warm-up iterations (GPU).
-    #[arg(long, default_value_t = 3)]
+    #[arg(long, default_value_t = 3, allow_negative_numbers = true)]
     warmup: usize,
     /// Seed of the generated data.
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 1, allow_negative_numbers = true)]
     seed: u64,
     /// Kernel config: auto, or a name from the config table.
     #[arg(long, default_value = "auto")]
@@ -99,8 +110,12 @@ struct Cli {
     /// Output type of D.
     #[arg(long, value_enum, default_value_t = OutArg::F16)]
     out: OutArg,
-    /// FP4 outputs: the normalization constant (SFD = max|D| * it / 6); default from the data.
-    #[arg(long)]
+    /// FP4 outputs: the normalization constant (SFD = max|D| * it / 6, so D ≈ d * SFD / it).
+    /// Default: 6 * 448 / max|alpha * A·Bᵀ + beta * C| over the rows verification takes at the
+    /// default --check-budget (every row up to 2^33 multiply-adds, else evenly spread ones), so
+    /// the same data gives the same constant on either device and at any --check-budget. The
+    /// report, --json and --save (`norm_constant`) give the one used.
+    #[arg(long, allow_negative_numbers = true)]
     norm_constant: Option<f32>,
     /// Where to compute.
     #[arg(long, value_enum, default_value_t = DeviceArg::Gpu)]
@@ -137,7 +152,7 @@ struct Cli {
     #[arg(long, value_enum, default_value_t = ToleranceArg::Bound)]
     tolerance: ToleranceArg,
     /// Multiply-adds of reference work verification may spend; beyond it, rows are sampled.
-    #[arg(long, default_value_t = SAMPLE_BUDGET as u64)]
+    #[arg(long, default_value_t = SAMPLE_BUDGET as u64, allow_negative_numbers = true)]
     check_budget: u64,
 }
 
@@ -193,6 +208,18 @@ fn bad(msg: impl Into<String>) -> Exit {
     Exit(2, msg.into())
 }
 
+/// alpha with the global scales folded in as the GEMM and `reference_gemm` fold them (left to
+/// right in f32), refused as they refuse it where that overflows or underflows to 0: the CPU
+/// paths that take a bare `Problem` fold here (the library's fold is crate-private).
+fn folded_alpha(alpha: f32, ga: Option<f32>, gb: Option<f32>) -> Result<f32, Exit> {
+    let (ga, gb) = (ga.unwrap_or(1.0), gb.unwrap_or(1.0));
+    let folded = alpha * ga * gb;
+    if !folded.is_finite() || (folded == 0.0 && alpha != 0.0) {
+        return Err(Error::InvalidData { what: "alpha", detail: format!("alpha {alpha} times the global scales {ga} (A) and {gb} (B) is {folded}: must be finite, and nonzero where alpha is") }.into());
+    }
+    Ok(folded)
+}
+
 /// B on the device, prepacked with `--prepack`.
 fn weights(cli: &Cli, b: &Nvfp4Matrix, stream: &std::sync::Arc<cudarc::driver::CudaStream>) -> Result<Nvfp4Tensor, Error> {
     let t = Nvfp4Tensor::upload(b, stream)?;
@@ -207,8 +234,9 @@ fn main() -> ExitCode {
             return ExitCode::SUCCESS;
         }
         Err(e) => {
-            let text = e.to_string();
-            eprintln!("{}", text.lines().next().unwrap_or("invalid arguments"));
+            // Whole: the first line alone can omit what is wrong (the missing argument, the
+            // possible values).
+            eprint!("{e}");
             return ExitCode::from(2);
         }
     };
@@ -274,10 +302,14 @@ fn prepare<T: OutputElement + safetensors_dtype::HasDtype>(cli: &Cli) -> Result<
     let (a, b) = (&inputs.a, &inputs.b);
     let p = problem(a.rows(), b.rows(), a.k(), a.batch());
     p.validate(out, inputs.c.is_some())?;
+    if cli.input.is_some() {
+        // A small file can describe a huge D (M and N from the shapes, K = 32).
+        check_host_memory(cli, &p, 0.0)?;
+    }
     Ok((inputs, p))
 }
 
-/// Refuses a generated run whose host buffers alone (A, B and their scales, C, D, and for
+/// Refuses a run whose host buffers alone (A, B and their scales, C, D, and for
 /// realistic data the f32 values they are quantized from) exceed the memory the system reports
 /// available, instead of letting the allocator abort or the OOM killer end the process.
 fn check_host_memory(cli: &Cli, p: &Problem, extra_bytes: f64) -> Result<(), Exit> {
@@ -289,7 +321,7 @@ fn check_host_memory(cli: &Cli, p: &Problem, extra_bytes: f64) -> Result<(), Exi
     if cli.beta != 0.0 {
         need += cd * elem;
     }
-    if matches!(cli.data, DataArg::Realistic) {
+    if matches!(cli.data, DataArg::Realistic) && cli.input.is_none() && cli.checkpoint.is_none() {
         // One operand's f32 values and codes at a time.
         need += 5.0 * p.l as f64 * p.m.max(p.n) as f64 * p.k as f64;
     }
@@ -385,8 +417,9 @@ fn run_w4a16<T: OutputElement + DeviceRepr + safetensors_dtype::HasDtype>(cli: &
         let mut rng = SplitMix64::new(cli.seed.wrapping_add(3));
         (0..p.a_elems()).map(|_| bf16::from_f64(rng.normal())).collect()
     });
-    // The reference's alpha: the GEMM folds B's global scale in (f32, alpha * 1 * gB).
-    let folded = p.scalars(p.alpha * 1.0 * b.global_scale().unwrap_or(1.0), p.beta);
+    // The reference's alpha: the GEMM folds B's global scale in (f32, alpha * 1 * gB), and
+    // refuses a fold that overflows or vanishes; so does the CPU path.
+    let folded = p.scalars(folded_alpha(p.alpha, None, b.global_scale())?, p.beta);
     let (x_bytes, w_bytes) = (2.0 * p.a_elems() as f64, (p.b_bytes() + p.sfb_bytes() + (T::OUT.bits() / 8) * p.cd_elems()) as f64);
     let traffic = x_bytes + w_bytes;
     if cli.device == DeviceArg::Cpu {
@@ -446,30 +479,46 @@ fn run_fp4(cli: &Cli) -> Result<bool, Exit> {
     if cli.mode() == ModeArg::W4a16 {
         return Err(bad(format!("--out {out} with --mode w4a16: W4A16 writes f16, bf16 or f32 (pass --mode nvfp4)")));
     }
-    let rows = sample_rows(&p, cli.check_budget as u128);
-    let a_rows = if rows.len() == p.m { inputs.a.clone() } else { inputs.a.select_rows(&rows) };
-    let pr = Problem { m: rows.len(), ..p };
-    // The exact accumulators of the verified rows: they set the default norm constant and, on
-    // the GPU path, are the reference's; computed once.
-    let acc_rows = || reference::accumulators(&pr, a_rows.data(), a_rows.scales(), inputs.b.data(), inputs.b.scales(), Accumulation::Exact);
-    let (st, acc) = match cli.norm_constant {
-        Some(st) => (st, None),
+    // The reference's alpha has both global scales folded in (checkpoint runs, input files that
+    // carry them), as the GEMM folds them; `p` itself goes to the GPU, which folds them there.
+    let alpha = folded_alpha(p.alpha, inputs.a.global_scale(), inputs.b.global_scale())?;
+    // The exact accumulators of `rows` of every batch.
+    let acc_of = |rows: &[usize]| -> Result<Vec<f32>, Exit> {
+        let picked;
+        let a = if rows.len() == p.m { &inputs.a } else { picked = inputs.a.select_rows(rows); &picked };
+        let pr = Problem { m: rows.len(), ..p };
+        Ok(reference::accumulators(&pr, a.data(), a.scales(), inputs.b.data(), inputs.b.scales(), Accumulation::Exact)?)
+    };
+    let t = Instant::now();
+    // The default norm constant's rows are those of the default budget whatever --check-budget
+    // says, so the constant depends on the data alone (and is the same on either device).
+    let mut norm_acc = None;
+    let st = match cli.norm_constant {
+        Some(st) => st,
         None => {
-            let acc = acc_rows()?;
-            (default_norm_constant(&acc, p.alpha)?, Some(acc))
+            let rows = sample_rows(&p, SAMPLE_BUDGET);
+            let acc = acc_of(&rows)?;
+            let c = inputs.c.as_ref().map(|c| pick_rows(c, &rows, p.m, p.n, p.l));
+            let st = default_norm_constant(&acc, c.as_deref(), p.alpha, alpha, p.beta)?;
+            norm_acc = Some((rows, acc));
+            st
         }
     };
-    let (p, pr) = (p.norm_constant(st), pr.norm_constant(st));
+    let p = p.norm_constant(st);
     p.validate(out, inputs.c.is_some())?;
-    let c_rows = inputs.c.as_ref().map(|c| pick_rows(c, &rows, p.m, p.n, p.l));
+    let pf = p.scalars(alpha, p.beta);
     let fp4_tensors = |d: Vec<u8>, sfd: Vec<u8>| -> Vec<(String, Dtype, Vec<usize>, Vec<u8>)> {
         let sf_dtype = if format == SfdFormat::Ue4m3 { Dtype::F8_E4M3 } else { Dtype::U8 };
         let sfd_len = sfd.len();
-        vec![("d".into(), Dtype::U8, d_shape(&p, p.n / 2), d), ("sfd".into(), sf_dtype, vec![sfd_len], sfd)]
+        // The norm constant decodes the output: D ≈ d * sfd / norm_constant.
+        vec![("d".into(), Dtype::U8, d_shape(&p, p.n / 2), d), ("sfd".into(), sf_dtype, vec![sfd_len], sfd), ("norm_constant".into(), Dtype::F32, vec![], st.to_le_bytes().to_vec())]
     };
     if cli.device == DeviceArg::Cpu {
-        let t = Instant::now();
-        let (d, sfd) = reference::gemm_fp4(&p, inputs.a.data(), inputs.a.scales(), inputs.b.data(), inputs.b.scales(), inputs.c.as_deref(), format, Accumulation::Exact)?;
+        let (d, sfd) = match norm_acc {
+            // Every row's accumulators are at hand (the default norm constant's): the epilogue alone.
+            Some((rows, acc)) if rows.len() == p.m => fp4_out::epilogue(&pf, &acc, inputs.c.as_deref(), format),
+            _ => reference::gemm_fp4(&pf, inputs.a.data(), inputs.a.scales(), inputs.b.data(), inputs.b.scales(), inputs.c.as_deref(), format, Accumulation::Exact)?,
+        };
         let secs = t.elapsed().as_secs_f64();
         save(cli, &inputs, &p, None, fp4_tensors(d, sfd))?;
         report(cli, &p, "cpu", "reference", None, secs * 1e3, p.flops() / secs / 1e12, traffic(&p, out) / secs / 1e9);
@@ -494,10 +543,13 @@ fn run_fp4(cli: &Cli) -> Result<bool, Exit> {
     let ran = launch()?;
     let ms = time_launches(cli, &stream, &mut launch)?;
     let (got_d, got_sfd) = (stream.clone_dtoh(&d).map_err(Error::from)?, stream.clone_dtoh(&sfd).map_err(Error::from)?);
-    let acc = match acc {
-        Some(acc) => acc,
-        None => acc_rows()?,
+    let rows = sample_rows(&p, cli.check_budget as u128);
+    let acc = match norm_acc {
+        Some((r, acc)) if r == rows => acc,
+        _ => acc_of(&rows)?,
     };
+    let pr = Problem { m: rows.len(), ..pf };
+    let c_rows = inputs.c.as_ref().map(|c| pick_rows(c, &rows, p.m, p.n, p.l));
     let (want_d, want_sfd) = fp4_out::epilogue(&pr, &acc, c_rows.as_deref(), format);
     let groups = p.n / 16;
     let got_sf_rows = pick_rows(&from_tiled(&got_sfd, p.m, groups, p.l), &rows, p.m, groups, p.l);
@@ -510,18 +562,24 @@ fn run_fp4(cli: &Cli) -> Result<bool, Exit> {
     Ok(check.passed)
 }
 
-/// The default norm constant of an FP4 output, `6 * 448 / max|alpha * acc|` over the verified
-/// rows' exact accumulators (1 where they are all 0), or exit 2 saying to pass one where it is
-/// not a finite, positive f32 (a tiny or huge alpha).
-fn default_norm_constant(acc: &[f32], alpha: f32) -> Result<f32, Exit> {
-    let amax = acc.iter().fold(0f64, |m, &v| m.max((v as f64 * alpha as f64).abs()));
+/// The default norm constant of an FP4 output, `6 * 448 / max|v|` over the epilogue's values
+/// `v = alpha * acc + beta * C` (f32, as [`fp4_out::epilogue`] forms them; `folded` is alpha with
+/// the global scales) of the given rows' exact accumulators, so the largest scale factor lands at
+/// the top of ue4m3 (1 where every v is 0); or exit 2 saying to pass one where it is not a
+/// finite, positive f32 (a tiny or huge alpha, beta or C).
+fn default_norm_constant(acc: &[f32], c: Option<&[f32]>, alpha: f32, folded: f32, beta: f32) -> Result<f32, Exit> {
+    let c = c.filter(|_| beta != 0.0);
+    let amax = acc.iter().enumerate().fold(0f64, |m, (i, &x)| {
+        let v = folded * x + c.map_or(0.0, |c| beta * c[i]);
+        m.max(v.abs() as f64)
+    });
     if amax == 0.0 {
         return Ok(1.0);
     }
     let st = 6.0 * 448.0 / amax;
     match st as f32 {
         x if x.is_finite() && x > 0.0 => Ok(x),
-        _ => Err(bad(format!("alpha = {alpha:e}: the default norm constant 6 * 448 / max|alpha * A·Bᵀ| = {st:e} is not a finite, positive f32; pass --norm-constant"))),
+        _ => Err(bad(format!("alpha = {alpha:e}, beta = {beta:e}: the default norm constant 6 * 448 / max|alpha * A·Bᵀ + beta * C| = {st:e} is not a finite, positive f32; pass --norm-constant"))),
     }
 }
 
@@ -590,11 +648,14 @@ fn report(cli: &Cli, p: &Problem, device: &str, config: &str, check: Option<&Che
             ToleranceArg::Contest => "contest",
         };
         let (alpha, beta, ms, tflops, gbps) = (num(Some(p.alpha)), num(Some(p.beta)), num(Some(ms)), num(Some(tflops)), num(Some(gbps)));
-        println!("{{\"m\":{},\"n\":{},\"k\":{},\"l\":{},\"alpha\":{alpha},\"beta\":{beta},\"out\":\"{out}\",\"device\":\"{device}\",\"config\":\"{config}\",\"criterion\":\"{criterion}\",\"passed\":{passed},\"bad\":{bad},\"max_abs\":{max_abs},\"worst_ratio\":{worst_ratio},\"checked\":{checked},\"avg_ms\":{ms},\"tflops\":{tflops},\"gbps\":{gbps}}}",
+        // FP4 outputs: the norm constant that decodes D (null for the others).
+        let norm = num(out.sfd().map(|_| p.norm_constant));
+        println!("{{\"m\":{},\"n\":{},\"k\":{},\"l\":{},\"alpha\":{alpha},\"beta\":{beta},\"out\":\"{out}\",\"norm_constant\":{norm},\"device\":\"{device}\",\"config\":\"{config}\",\"criterion\":\"{criterion}\",\"passed\":{passed},\"bad\":{bad},\"max_abs\":{max_abs},\"worst_ratio\":{worst_ratio},\"checked\":{checked},\"avg_ms\":{ms},\"tflops\":{tflops},\"gbps\":{gbps}}}",
             p.m, p.n, p.k, p.l);
         return;
     }
-    println!("  Problem: {}x{}x{} L={} alpha={} beta={} out={out}", p.m, p.n, p.k, p.l, p.alpha, p.beta);
+    let norm = out.sfd().map_or(String::new(), |_| format!(" norm_constant={}", p.norm_constant));
+    println!("  Problem: {}x{}x{} L={} alpha={} beta={} out={out}{norm}", p.m, p.n, p.k, p.l, p.alpha, p.beta);
     println!("  Device: {device}, config: {config}");
     match check {
         Some(c) => println!("  Disposition: {} ({})", if c.passed { "Passed" } else { "Failed" }, c.detail),
@@ -633,8 +694,8 @@ fn generate<T: OutputElement>(cli: &Cli) -> Result<Inputs<T>, Exit> {
     let (m, n, k, l) = (cli.m, cli.n, cli.k, cli.l);
     let (a, b) = match cli.data {
         DataArg::Contest => (Nvfp4Matrix::random_contest(m, k, l, cli.seed)?, Nvfp4Matrix::random_contest(n, k, l, cli.seed.wrapping_add(1))?),
-        // Global scale 1 (the block scales of N(0, 1) data stay well inside ue4m3): the files this
-        // program reads and writes carry no global scales, and the CPU paths below take alpha as given.
+        // Global scale 1 (the block scales of N(0, 1) data stay well inside ue4m3): generated
+        // operands carry no global scales, so --save writes none for them.
         DataArg::Realistic => (Nvfp4Matrix::random_gaussian(m, k, l, cli.seed)?, Nvfp4Matrix::random_gaussian(n, k, l, cli.seed.wrapping_add(1))?),
     };
     let c = (cli.beta != 0.0).then(|| {
@@ -682,8 +743,9 @@ fn load<T: OutputElement + safetensors_dtype::HasDtype>(path: &PathBuf, beta: f3
     }
     let sfa = scales("sfa", &get("sfa")?, ma, ka, la)?;
     let sfb = scales("sfb", &get("sfb")?, nb, ka, la)?;
-    let am = Nvfp4Matrix::from_parts(ma, ka, la, a.data().to_vec(), sfa, None)?;
-    let bm = Nvfp4Matrix::from_parts(nb, ka, la, b.data().to_vec(), sfb, None)?;
+    let (ga, gb) = (global_scale(&st, "global_scale_a")?, global_scale(&st, "global_scale_b")?);
+    let am = matrix("sfa", Nvfp4Matrix::from_parts(ma, ka, la, a.data().to_vec(), sfa, ga))?;
+    let bm = matrix("sfb", Nvfp4Matrix::from_parts(nb, ka, la, b.data().to_vec(), sfb, gb))?;
     let c = match st.tensor("c") {
         Ok(c) => {
             let want: Vec<usize> = if la == 1 && c.shape().len() == 2 { vec![ma, nb] } else { vec![la, ma, nb] };
@@ -696,6 +758,29 @@ fn load<T: OutputElement + safetensors_dtype::HasDtype>(path: &PathBuf, beta: f3
         Err(_) => None,
     };
     Ok(Inputs { a: am, b: bm, c, generated: false, x: None })
+}
+
+/// An operand of an input file, or its error naming the file's scale tensor where the library's
+/// says `scales` (the sizes are checked against the shapes before).
+fn matrix(scales: &str, m: Result<Nvfp4Matrix, Error>) -> Result<Nvfp4Matrix, Exit> {
+    m.map_err(|e| match e {
+        Error::InvalidData { what: "scales", detail } => bad(format!("{scales}: {detail}")),
+        e => e.into(),
+    })
+}
+
+/// A global scale of an input file (`global_scale_a`, `global_scale_b`: F32, shape [] or [1], as
+/// `--save` writes them), where present; the GEMM folds it into alpha.
+fn global_scale(st: &SafeTensors<'_>, name: &str) -> Result<Option<f32>, Exit> {
+    let Ok(t) = st.tensor(name) else { return Ok(None) };
+    if t.dtype() != Dtype::F32 || !matches!(t.shape(), [] | [1]) {
+        return Err(bad(format!("{name}: {:?} {:?}, expected F32 [] or [1] (a per-tensor scale)", t.dtype(), t.shape())));
+    }
+    let g = f32::from_le_bytes(t.data().try_into().map_err(|_| bad(format!("{name}: {} bytes, expected 4", t.data().len())))?);
+    if !(g.is_finite() && g > 0.0) {
+        return Err(bad(format!("{name}: {g}: a global scale must be finite and positive")));
+    }
+    Ok(Some(g))
 }
 
 /// (L, rows, K) of a packed operand.
@@ -776,8 +861,42 @@ fn save<T: OutputElement + safetensors_dtype::HasDtype>(cli: &Cli, inputs: &Inpu
         .map(|(n, dt, s, bytes)| (n.clone(), safetensors::tensor::TensorView::new(*dt, s.clone(), bytes).expect("consistent tensor")))
         .collect();
     let bytes = safetensors::serialize(views, None).map_err(|e| bad(format!("{}: cannot serialize: {e}", path.display())))?;
-    std::fs::write(path, bytes).map_err(|e| bad(format!("{}: cannot write: {e}", path.display())))
+    write_atomically(path, &bytes).map_err(|e| bad(format!("{}: cannot write: {e}", path.display())))
 }
+
+/// Writes `bytes` to a new temporary file beside `path`, renamed over `path` only once complete:
+/// a failed write (a full disk, `ulimit -f`) leaves no partial file and an existing one as it was.
+fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    let name = path.file_name().ok_or_else(|| std::io::Error::new(std::io::ErrorKind::InvalidInput, "not a file name"))?;
+    let tmp = path.with_file_name(format!(".{}.partial-{}", name.to_string_lossy(), std::process::id()));
+    ignore_sigxfsz();
+    // create_new: never truncate a file this run did not make (and so never remove one).
+    let mut f = std::fs::File::create_new(&tmp)?;
+    let written = f.write_all(bytes).and_then(|_| f.sync_all()).and_then(|_| std::fs::rename(&tmp, path));
+    if written.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    written
+}
+
+/// A write past the file size limit (`ulimit -f`) raises SIGXFSZ, whose default action ends the
+/// process before the partial file can be removed; ignored, the write fails with EFBIG instead.
+#[cfg(all(target_os = "linux", any(target_arch = "x86_64", target_arch = "aarch64")))]
+fn ignore_sigxfsz() {
+    extern "C" {
+        fn signal(signum: i32, handler: usize) -> usize;
+    }
+    const SIGXFSZ: i32 = 25;
+    const SIG_IGN: usize = 1;
+    // SAFETY: signal(2) with SIG_IGN installs no handler; nothing else here uses SIGXFSZ.
+    unsafe {
+        signal(SIGXFSZ, SIG_IGN);
+    }
+}
+
+#[cfg(not(all(target_os = "linux", any(target_arch = "x86_64", target_arch = "aarch64"))))]
+fn ignore_sigxfsz() {}
 
 /// safetensors dtypes and little-endian bytes of the output types.
 mod safetensors_dtype {

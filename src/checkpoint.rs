@@ -493,7 +493,31 @@ fn read_header(path: &Path, id: usize) -> Result<(Shard, HashMap<String, TensorE
         }
         tensors.insert(name.clone(), entry);
     }
+    check_fully_indexed(&tensors, file_len - data_start, &file)?;
     Ok((Shard { path: path.to_path_buf(), data_start, file_len }, tensors))
+}
+
+/// The safetensors rule the `safetensors` crate enforces (so `--input` and a checkpoint accept the
+/// same files): the tensors' byte ranges, in order, tile the data exactly, with no overlap, no
+/// hole and nothing after the last. Ranges are within the data already.
+fn check_fully_indexed(tensors: &HashMap<String, TensorEntry>, data_len: u64, file: &str) -> Result<()> {
+    let mut by_start: Vec<(&String, (u64, u64))> = tensors.iter().map(|(n, e)| (n, e.range)).collect();
+    by_start.sort_by_key(|&(n, r)| (r, n));
+    let mut end = 0u64;
+    let mut prev: Option<&String> = None;
+    for (name, (a, b)) in by_start {
+        if a != end {
+            let after = prev.map_or(String::new(), |p| format!(" ({p} ends at {end})"));
+            let what = if a < end { format!("overlap the tensor before{after}") } else { format!("leave data bytes {end}..{a} unused{after}") };
+            return Err(bad(name.clone(), format!("data_offsets [{a}, {b}] {what} in {file}: a safetensors file's tensors must cover its data exactly, without overlap or holes")));
+        }
+        (end, prev) = (b, Some(name));
+    }
+    if end != data_len {
+        let last = prev.map_or("no tensor".into(), |p| format!("the last tensor, {p}, ends at {end}"));
+        return Err(bad(file, format!("{} bytes of data follow the tensors ({last} of {data_len}): a safetensors file's tensors must cover its data exactly", data_len - end)));
+    }
+    Ok(())
 }
 
 /// A shard name of an index: relative, with no `..` (it stays inside the index's directory).
@@ -776,6 +800,51 @@ mod tests {
         std::fs::write(dir.join("x"), b"\xff\xff\xff\xff\xff\xff\xff\x7fjunk").unwrap();
         assert!(Checkpoint::open(dir.join("x")).unwrap_err().to_string().contains("not a safetensors file?"));
         assert!(matches!(Checkpoint::open(dir.join("missing")).unwrap_err(), Error::Io { .. }));
+    }
+
+    /// The safetensors crate's rule, which `--input` files meet: the data offsets tile the data
+    /// exactly. Overlapping ranges, a hole and trailing bytes are refused, naming the tensor (or
+    /// the file) and the rule.
+    #[test]
+    fn data_offsets_must_tile_the_data() {
+        let p = "l";
+        let (_, good) = layer_tensors(p, Convention::ModelOpt, 32, 64, 3, None);
+        let file = write("tile", &refs(&good));
+        let bytes = std::fs::read(&*file).unwrap();
+        let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+        let header: serde_json::Value = serde_json::from_slice(&bytes[8..8 + n]).unwrap();
+        let data = &bytes[8 + n..];
+        // The file as written with its header edited by `edit`, and `extra` bytes after the data.
+        let check = |tag: &str, edit: &dyn Fn(&mut serde_json::Value), extra: &[u8], want: &[&str]| {
+            let mut h = header.clone();
+            edit(&mut h);
+            let hj = serde_json::to_vec(&h).unwrap();
+            let out = [&(hj.len() as u64).to_le_bytes()[..], &hj, data, extra].concat();
+            let dir = fresh_dir(tag);
+            let path = dir.join("model.safetensors");
+            std::fs::write(&path, out).unwrap();
+            let e = Checkpoint::open(&path).and_then(|c| c.layer(p)).unwrap_err().to_string();
+            for w in want {
+                assert!(e.contains(w), "{tag}: {e}");
+            }
+            assert!(e.contains(&path.display().to_string()), "{tag}: the file is named: {e}");
+        };
+        let offs = |h: &serde_json::Value, t: &str| -> (u64, u64) {
+            let o = &h[t]["data_offsets"];
+            (o[0].as_u64().unwrap(), o[1].as_u64().unwrap())
+        };
+        let (s0, s1) = offs(&header, "l.weight_scale");
+        // The later of the weight and its scales moved onto the other's first bytes: in the data
+        // alone, overlapping.
+        let (first, later) = if offs(&header, "l.weight").0 < s0 { ("l.weight", "l.weight_scale") } else { ("l.weight_scale", "l.weight") };
+        let ((f0, _), (l0, l1)) = (offs(&header, first), offs(&header, later));
+        check("overlap", &|h| h[later]["data_offsets"] = serde_json::json!([f0, f0 + (l1 - l0)]), b"", &["overlap the tensor before", "data_offsets"]);
+        // A one-byte-shorter scale range: a hole (and the scales' size no longer matches, but the
+        // layout is checked first, when the file is opened).
+        check("hole", &|h| h["l.weight_scale"]["data_offsets"] = serde_json::json!([s0 + 1, s1]), b"", &["l.weight_scale: data_offsets", "unused"]);
+        check("trailing", &|_| {}, b"garbage!", &["8 bytes of data follow the tensors"]);
+        // The file unedited opens.
+        Checkpoint::open(&*file).unwrap().layer(p).unwrap();
     }
 
     /// The checkpoint's layer `prefix`: codes, tiled scales, global and input scale, convention.

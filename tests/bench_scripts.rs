@@ -17,7 +17,7 @@ fn bench_scripts_compile() {
     for script in ["bench/baselines.py", "bench/report.py"] {
         // Compiled to a string, not to __pycache__: nothing is written into the source tree.
         let code = "import sys; compile(open(sys.argv[1]).read(), sys.argv[1], 'exec')";
-        let out = Command::new(python()).args(["-c", &code]).arg(root().join(script)).output().expect("python3 runs (the build needs it too)");
+        let out = Command::new(python()).args(["-c", code]).arg(root().join(script)).output().expect("python3 runs (the build needs it too)");
         assert!(out.status.success(), "{script} does not compile: {}", String::from_utf8_lossy(&out.stderr));
     }
 }

@@ -336,6 +336,7 @@ fn sm90_kernels(obj: &str, sass: &str, counts: &mut Counts) {
 /// - FP4 output (`cpp/sm90/epilogue_fp4.cuh`): the sums go to a slice tile of the CTA's own, so
 ///   the last `STS` before the last `UCGABAR_ARV` must follow the last peer load, and no peer load
 ///   may come after the arrive.
+///
 /// Returns how many kernels of each kind it checked.
 fn cluster_sum_ends_after_its_stores(obj: &str, sass: &str) -> [usize; 2] {
     let mut checked = [0; 2];

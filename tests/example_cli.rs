@@ -12,11 +12,15 @@ fn exe() -> PathBuf {
     let deps = std::env::current_exe().unwrap().parent().unwrap().to_path_buf();
     let path = deps.parent().unwrap().join("examples").join("nvfp4_gemm");
     BUILT.call_once(|| {
-        // `cargo test` builds examples; `cargo test --test example_cli` alone does not.
-        if !path.exists() {
-            let st = Command::new(env!("CARGO")).args(["build", "--example", "nvfp4_gemm"]).current_dir(env!("CARGO_MANIFEST_DIR")).status().unwrap();
-            assert!(st.success(), "building the example failed");
+        // `cargo test` builds examples; `cargo test --test example_cli` alone does not, and would
+        // run a stale binary: build it in this test binary's profile (a no-op when up to date).
+        let release = deps.parent().unwrap().file_name().is_some_and(|p| p == "release");
+        let mut cmd = Command::new(env!("CARGO"));
+        cmd.args(["build", "--example", "nvfp4_gemm"]).current_dir(env!("CARGO_MANIFEST_DIR"));
+        if release {
+            cmd.arg("--release");
         }
+        assert!(cmd.status().unwrap().success(), "building the example failed");
     });
     path
 }
@@ -81,7 +85,10 @@ fn independent(st: &SafeTensors, m: usize, n: usize, k: usize, l: usize, alpha: 
 #[allow(clippy::too_many_arguments)]
 fn independent_with(st: &SafeTensors, m: usize, n: usize, k: usize, l: usize, alpha: f64, beta: f64, a_val: &dyn Fn(usize, usize, usize) -> f64) -> Vec<f64> {
     let (b, sfb) = (st.tensor("b").unwrap(), st.tensor("sfb").unwrap());
-    let c = st.tensor("c").ok().map(|c| c.data().chunks_exact(2).map(|x| half::f16::from_le_bytes([x[0], x[1]]).to_f64()).collect::<Vec<_>>());
+    let c = st.tensor("c").ok().map(|c| match c.dtype() {
+        Dtype::F32 => c.data().chunks_exact(4).map(|x| f32::from_le_bytes(x.try_into().unwrap()) as f64).collect::<Vec<_>>(),
+        _ => c.data().chunks_exact(2).map(|x| half::f16::from_le_bytes([x[0], x[1]]).to_f64()).collect(),
+    });
     let sp = (k / 16).div_ceil(4) * 4;
     let pb = n.div_ceil(128) * 128 * sp;
     let val = |data: &[u8], sf: &[u8], per: usize, rows: usize, li: usize, r: usize, kk: usize| {
@@ -110,14 +117,50 @@ fn options_parse_and_bad_values_exit_2() {
     let o = run(&["--help"]);
     assert_eq!(code(&o), 0);
     assert!(String::from_utf8_lossy(&o.stdout).contains("--device"));
-    for args in [&["--bogus"][..], &["--out", "f64"], &["--m", "x"], &["--device", "tpu"], &["--config", "nope", "--device", "cpu"], &["--k", "48", "--device", "cpu"], &["--input", "/nonexistent.safetensors", "--device", "cpu"]] {
+    for args in [&["--config", "nope", "--device", "cpu"][..], &["--k", "48", "--device", "cpu"], &["--input", "/nonexistent.safetensors", "--device", "cpu"]] {
         let o = run(args);
         assert_eq!(code(&o), 2, "{args:?}: {}", String::from_utf8_lossy(&o.stderr));
         let e = stderr_one_line(&o);
         assert!(!e.contains("panicked"), "{args:?}: {e}");
     }
-    assert!(String::from_utf8_lossy(&run(&["--k", "48", "--device", "cpu"]).stderr).contains("K = 48: must be a multiple of 32"));
+    // The CPU keeps the GPU's rule, and the help says so.
+    for k in ["16", "48"] {
+        refused(&["--k", k, "--device", "cpu", "--m", "8", "--n", "16"], &format!("K = {k}: must be a multiple of 32"));
+    }
+    let help = String::from_utf8_lossy(&run(&["--help"]).stdout).to_string();
+    let k_help = help.split("--k <K>").nth(1).and_then(|h| h.split("--l <L>").next()).unwrap_or_default().to_string();
+    assert!(k_help.contains("multiple of 32") && !k_help.contains("16"), "--k's help: {k_help}");
     refused(&["--prepack", "--device", "cpu"], "--prepack: the GPU's weight layout");
+}
+
+/// Option errors: clap's whole message (what is missing, the possible values), exit 2; negative
+/// numbers reach the program's own rules instead of reading as unknown options.
+#[test]
+fn option_errors_say_what_is_wrong() {
+    let cases: [(&[&str], &[&str]); 8] = [
+        (&["--bogus"], &["--bogus"]),
+        (&["--out", "f64"], &["f64", "possible values", "nvfp4-ue8m0"]),
+        (&["--device", "tpu"], &["tpu", "possible values", "cpu"]),
+        (&["--m", "x"], &["'x'", "--m"]),
+        (&["--device", "cpu", "--layer", "l"], &["required", "--checkpoint"]),
+        (&["--device", "cpu", "--tolerance", "loose"], &["loose", "possible values", "contest"]),
+        (&["--device", "cpu", "--m", "-1"], &["'-1'", "--m"]),
+        (&["--device", "cpu", "--check-budget", "-5"], &["'-5'", "--check-budget"]),
+    ];
+    for (args, says) in cases {
+        let o = run(args);
+        assert_eq!(code(&o), 2, "{args:?}");
+        let e = String::from_utf8_lossy(&o.stderr).to_string();
+        assert!(e.starts_with("error:") && !e.contains("panicked"), "{args:?}: {e}");
+        // A negative number is a value, not an option.
+        assert!(!(args.iter().any(|a| a.starts_with("-") && a[1..].starts_with(|c: char| c.is_ascii_digit())) && e.contains("unexpected argument")), "{args:?}: {e}");
+        for w in says {
+            assert!(e.contains(w), "{args:?}: no {w:?} in {e}");
+        }
+        assert!(o.stdout.is_empty(), "{args:?}");
+    }
+    // A negative norm constant is the library's to refuse, by its rule.
+    refused(&["--device", "cpu", "--out", "nvfp4", "--m", "8", "--n", "32", "--k", "64", "--norm-constant", "-1"], "norm_constant = -1: must be finite and greater than 0");
 }
 
 /// Without a usable GPU the default (GPU) run exits 3 with one line naming the hardware; with one,
@@ -246,7 +289,11 @@ fn bad_files_exit_2_with_one_line() {
         ("scale size", vec![good("a"), good("b"), ("sfa", Dtype::U8, vec![511], vec![0; 511]), good("sfb")], "sfa: shape [511]"),
         ("K not /32", vec![("a", Dtype::U8, vec![4, 24], vec![0; 96]), ("b", Dtype::U8, vec![8, 24], vec![0; 192]), good("sfa"), good("sfb")], "K = 48"),
         ("c shape", vec![good("a"), good("b"), good("sfa"), good("sfb"), ("c", Dtype::F16, vec![4, 4], vec![0; 32])], "c: F16 [4, 4]"),
-        ("negative scale", vec![good("a"), good("b"), ("sfa", Dtype::U8, vec![512], vec![0x80; 512]), good("sfb")], "sign bit"),
+        ("negative scale", vec![good("a"), good("b"), ("sfa", Dtype::U8, vec![512], vec![0x80; 512]), good("sfb")], "sfa: byte 0x80 at offset 0 has the sign bit"),
+        ("negative B scale", vec![good("a"), good("b"), good("sfa"), ("sfb", Dtype::U8, vec![512], vec![0x88; 512])], "sfb: byte 0x88 at offset 0 has the sign bit"),
+        ("NaN scale padding", vec![good("a"), good("b"), good("sfa"), ("sfb", Dtype::U8, vec![512], vec![0x7F; 512])], "sfb: padding byte"),
+        ("bad global scale", vec![good("a"), good("b"), good("sfa"), good("sfb"), ("global_scale_a", Dtype::F32, vec![], (-1f32).to_le_bytes().to_vec())], "global_scale_a: -1: a global scale must be finite and positive"),
+        ("global scale shape", vec![good("a"), good("b"), good("sfa"), good("sfb"), ("global_scale_b", Dtype::F32, vec![2], vec![0; 8])], "global_scale_b: F32 [2], expected F32 [] or [1]"),
     ];
     for (what, tensors, msg) in cases {
         let f = tmp(&format!("bad-{}.safetensors", what.replace([' ', '/'], "-")));
@@ -388,7 +435,7 @@ fn tolerance_option() {
     }
     let o = run(&["--device", "cpu", "--tolerance", "loose"]);
     assert_eq!(code(&o), 2);
-    stderr_one_line(&o);
+    assert!(String::from_utf8_lossy(&o.stderr).contains("possible values"));
 }
 
 /// A ModelOpt layer `l` of N x K with row-major scales, written to `path`; `edit` changes the
@@ -489,8 +536,157 @@ fn bad_checkpoints_exit_2_naming_the_tensor() {
     let o = run(&["--device", "cpu", "--checkpoint", ck.to_str().unwrap(), "--layer", "l", "--m", "2000000000"]);
     assert_eq!(code(&o), 2);
     assert!(stderr_one_line(&o).contains("host buffers need"));
-    // --layer alone, or with --input: refused by the option rules.
+    // --layer alone, or with --input: refused by the option rules, naming what is missing.
     let o = run(&["--device", "cpu", "--layer", "l"]);
     assert_eq!(code(&o), 2);
-    stderr_one_line(&o);
+    assert!(String::from_utf8_lossy(&o.stderr).contains("--checkpoint"));
+}
+
+/// The D an FP4 file decodes to, `e2m1 * sfd / norm_constant` per element (ue4m3 SFD), with the
+/// norm constant the file itself stores, and that constant.
+fn fp4_decoded(st: &SafeTensors, m: usize, n: usize) -> (Vec<(f64, f64)>, f64) {
+    let (d, sfd) = (st.tensor("d").unwrap(), st.tensor("sfd").unwrap());
+    let norm = st.tensor("norm_constant").unwrap();
+    assert_eq!((norm.dtype(), norm.shape()), (Dtype::F32, &[][..]));
+    let norm = f32::from_le_bytes(norm.data().try_into().unwrap()) as f64;
+    let sp = (n / 16).div_ceil(4) * 4;
+    let v = (0..m * n)
+        .map(|i| {
+            let (r, j) = (i / n, i % n);
+            let code = d.data()[i / 2] >> (4 * (j % 2)) & 15;
+            let scale = e4m3(sfd.data()[sf_off(r, j / 16, sp)]) / norm;
+            (e2m1(code) * scale, scale)
+        })
+        .collect();
+    (v, norm)
+}
+
+/// Probe finding: an --input file's shapes can describe a D far beyond memory (a few MiB of A
+/// and B, M = N = 2^18, K = 32): refused as generated runs are, before D is allocated.
+#[test]
+fn input_files_are_checked_against_host_memory() {
+    let rows = 1usize << 18;
+    let sf = vec![0x38u8; rows * 4];
+    let f = tmp("huge-d.safetensors");
+    write(&f, &[("a", Dtype::U8, vec![rows, 16], vec![0x22; rows * 16]), ("b", Dtype::U8, vec![rows, 16], vec![0x22; rows * 16]), ("sfa", Dtype::U8, vec![sf.len()], sf.clone()), ("sfb", Dtype::U8, vec![sf.len()], sf)]);
+    for out in ["f16", "nvfp4"] {
+        refused(&["--device", "cpu", "--input", f.to_str().unwrap(), "--out", out], "the host buffers need about");
+    }
+}
+
+/// Probe finding: --save wrote in place, so a failed write (here the file size limit) left a
+/// truncated file, destroying an existing one. Now nothing is written unless all of it is.
+#[cfg(unix)]
+#[test]
+fn a_failed_save_writes_nothing() {
+    let keep = tmp("keep.safetensors");
+    std::fs::write(&keep, b"keep").unwrap();
+    let new = tmp("new.safetensors");
+    for f in [&keep, &new] {
+        let o = Command::new("sh").args(["-c", "ulimit -f 1 && exec \"$0\" --device cpu --m 64 --n 64 --k 64 --save \"$1\"", exe().to_str().unwrap(), f.to_str().unwrap()]).output().unwrap();
+        assert_eq!(code(&o), 2, "{}", String::from_utf8_lossy(&o.stderr));
+        assert!(stderr_one_line(&o).contains("cannot write"), "{}", String::from_utf8_lossy(&o.stderr));
+    }
+    assert_eq!(std::fs::read(&keep).unwrap(), b"keep", "the existing file is kept as it was");
+    assert!(!new.exists(), "no partial file");
+    let left: Vec<String> = std::fs::read_dir(keep.parent().unwrap()).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).filter(|n| n.contains(".partial-") && (n.contains("keep.") || n.contains("new."))).collect();
+    assert!(left.is_empty(), "temporary files left: {left:?}");
+    // Without the limit the same call replaces the file.
+    let o = run(&["--device", "cpu", "--m", "64", "--n", "64", "--k", "64", "--save", keep.to_str().unwrap()]);
+    assert_eq!(code(&o), 0, "{}", String::from_utf8_lossy(&o.stderr));
+    SafeTensors::deserialize(&std::fs::read(&keep).unwrap()).unwrap().tensor("d").unwrap();
+}
+
+/// Probe finding: the default norm constant of FP4 output ignored beta * C (with --beta 1000
+/// every scale factor saturated) and depended on the rows --check-budget samples. Now it covers
+/// the epilogue's values, is the same at any --check-budget, and the report, the JSON and the
+/// saved file give it, so the output decodes.
+#[test]
+fn fp4_default_norm_constant_is_the_datas() {
+    let (m, n, k) = (130, 64, 96);
+    let base = ["--device", "cpu", "--out", "nvfp4", "--m", "130", "--n", "64", "--k", "96", "--beta", "1000", "--seed", "4", "--json"];
+    let f = tmp("fp4-beta.safetensors");
+    let o = run(&[&base[..], &["--save", f.to_str().unwrap()]].concat());
+    assert_eq!(code(&o), 0, "{}", String::from_utf8_lossy(&o.stderr));
+    let bytes = std::fs::read(&f).unwrap();
+    let file = SafeTensors::deserialize(&bytes).unwrap();
+    let (got, norm) = fp4_decoded(&file, m, n);
+    let json = String::from_utf8_lossy(&o.stdout).to_string();
+    assert!(json.contains(&format!("\"norm_constant\":{}", norm as f32)), "{json}");
+    let want = independent(&file, m, n, k, 1, 1.0, 1000.0);
+    for (i, ((g, scale), w)) in got.iter().zip(&want).enumerate() {
+        assert!((g - w).abs() <= 1.5 * scale, "element {i}: decoded {g}, exact {w} (norm constant {norm})");
+    }
+    // The largest scale factor at the top of ue4m3 (448), not every one there.
+    let sfd = file.tensor("sfd").unwrap().data().to_vec();
+    assert!(sfd.contains(&0x7E) && sfd.iter().filter(|&&b| b == 0x7E).count() < m * n / 16 / 2, "scale factors: {:?}", &sfd[..32]);
+    // Any --check-budget: the same constant and bytes.
+    let f2 = tmp("fp4-beta-budget.safetensors");
+    let o = run(&[&base[..], &["--check-budget", "1", "--save", f2.to_str().unwrap()]].concat());
+    assert_eq!(code(&o), 0, "{}", String::from_utf8_lossy(&o.stderr));
+    let bytes2 = std::fs::read(&f2).unwrap();
+    let file2 = SafeTensors::deserialize(&bytes2).unwrap();
+    for t in ["d", "sfd", "norm_constant"] {
+        assert_eq!(file2.tensor(t).unwrap().data(), file.tensor(t).unwrap().data(), "{t} depends on --check-budget");
+    }
+    // The report names it too.
+    let o = run(&base[..base.len() - 1]);
+    assert!(String::from_utf8_lossy(&o.stdout).contains(&format!("norm_constant={}", norm as f32)), "{}", String::from_utf8_lossy(&o.stdout));
+}
+
+/// Probe finding: the CPU W4A16 path folded alpha into the weight's global scale unchecked, so an
+/// overflow or underflow gave inf or zeros with exit 0; it is refused as the GPU path and
+/// --mode nvfp4 refuse it.
+#[test]
+fn w4a16_alpha_fold_is_checked() {
+    for (g, alpha, says) in [(1e30f32, "1e12", "is inf: must be finite"), (1e-30, "1e-20", "is 0: must be finite, and nonzero")] {
+        let ck = tmp(&format!("ck-fold-{g}.safetensors"));
+        modelopt_file(&ck, 32, 64, |t| t[2].3 = g.to_le_bytes().to_vec());
+        for mode in ["w4a16", "nvfp4"] {
+            refused(&["--device", "cpu", "--checkpoint", ck.to_str().unwrap(), "--layer", "l", "--m", "2", "--mode", mode, "--alpha", alpha], says);
+        }
+    }
+}
+
+/// Probe finding: the checkpoint loader took files the safetensors format (and --input) refuses:
+/// bytes after the last tensor, here; overlaps and holes are covered by the loader's unit tests.
+#[test]
+fn checkpoints_must_cover_their_data_exactly() {
+    let ck = tmp("ck-trailing.safetensors");
+    modelopt_file(&ck, 32, 64, |_| {});
+    let mut bytes = std::fs::read(&ck).unwrap();
+    bytes.extend_from_slice(b"garbage!");
+    std::fs::write(&ck, bytes).unwrap();
+    refused(&["--device", "cpu", "--checkpoint", ck.to_str().unwrap(), "--layer", "l", "--m", "3"], &format!("{}: 8 bytes of data follow the tensors", ck.display()));
+}
+
+/// Probe finding: --input ignored the global scales --save writes for checkpoint runs, so reading
+/// such a file back changed D by ga * gb. They are folded into alpha now, and the FP4 output of
+/// a checkpoint run on the CPU folds them too.
+#[test]
+fn saved_global_scales_are_applied() {
+    let (n, k, m) = (64, 256, 5);
+    let ck = tmp("ck-rt.safetensors");
+    modelopt_file(&ck, n, k, |_| {});
+    let f1 = tmp("ck-rt-1.safetensors");
+    let o = run(&["--device", "cpu", "--checkpoint", ck.to_str().unwrap(), "--layer", "l", "--m", &m.to_string(), "--mode", "nvfp4", "--out", "f32", "--alpha", "0.5", "--save", f1.to_str().unwrap()]);
+    assert_eq!(code(&o), 0, "{}", String::from_utf8_lossy(&o.stderr));
+    let f2 = tmp("ck-rt-2.safetensors");
+    let o = run(&["--device", "cpu", "--input", f1.to_str().unwrap(), "--out", "f32", "--alpha", "0.5", "--save", f2.to_str().unwrap()]);
+    assert_eq!(code(&o), 0, "{}", String::from_utf8_lossy(&o.stderr));
+    let (b1, b2) = (std::fs::read(&f1).unwrap(), std::fs::read(&f2).unwrap());
+    let (st1, st2) = (SafeTensors::deserialize(&b1).unwrap(), SafeTensors::deserialize(&b2).unwrap());
+    assert_eq!(st2.tensor("d").unwrap().data(), st1.tensor("d").unwrap().data(), "the round trip reproduces d");
+    // FP4 output of the same layer: decodes to alpha * ga * gb * A·Bᵀ.
+    let f3 = tmp("ck-rt-fp4.safetensors");
+    let o = run(&["--device", "cpu", "--checkpoint", ck.to_str().unwrap(), "--layer", "l", "--m", &m.to_string(), "--mode", "nvfp4", "--out", "nvfp4", "--save", f3.to_str().unwrap()]);
+    assert_eq!(code(&o), 0, "{}", String::from_utf8_lossy(&o.stderr));
+    let b3 = std::fs::read(&f3).unwrap();
+    let st3 = SafeTensors::deserialize(&b3).unwrap();
+    let scalar = |name: &str| f32::from_le_bytes(st3.tensor(name).unwrap().data().try_into().unwrap()) as f64;
+    let want = independent(&st3, m, n, k, 1, scalar("global_scale_a") * scalar("global_scale_b"), 0.0);
+    let (got, _) = fp4_decoded(&st3, m, n);
+    for (i, ((g, scale), w)) in got.iter().zip(&want).enumerate() {
+        assert!((g - w).abs() <= 1.5 * scale, "element {i}: decoded {g}, exact {w}");
+    }
 }
