@@ -241,6 +241,12 @@ fn main() -> ExitCode {
         }
     };
     let result = match cli.out {
+        // A flag the run would not use is refused rather than ignored.
+        OutArg::F16 | OutArg::Bf16 | OutArg::F32 if cli.norm_constant.is_some() => Err(bad(format!(
+            "--norm-constant {}: scales FP4 output only (--out nvfp4 or nvfp4-ue8m0), not --out {}",
+            cli.norm_constant.unwrap_or_default(),
+            cli.out_type()
+        ))),
         OutArg::F16 => run::<f16>(&cli),
         OutArg::Bf16 => run::<bf16>(&cli),
         OutArg::F32 => run::<f32>(&cli),
@@ -729,6 +735,11 @@ fn from_checkpoint<T: OutputElement>(cli: &Cli, path: &PathBuf) -> Result<Inputs
 }
 
 fn load<T: OutputElement + safetensors_dtype::HasDtype>(path: &PathBuf, beta: f32) -> Result<Inputs<T>, Exit> {
+    // Not a FIFO or a device: reading one would block or never end.
+    match std::fs::metadata(path) {
+        Ok(m) if !m.is_file() => return Err(bad(format!("{}: not a regular file", path.display()))),
+        _ => {}
+    }
     let bytes = std::fs::read(path).map_err(|e| bad(format!("{}: cannot read: {e}", path.display())))?;
     let st = SafeTensors::deserialize(&bytes).map_err(|e| bad(format!("{}: not a safetensors file: {e}", path.display())))?;
     let get = |name: &str| st.tensor(name).map_err(|_| bad(format!("{}: no tensor `{name}`", path.display())));

@@ -110,6 +110,13 @@ fn bad(tensor: impl Into<String>, rule: impl Into<String>) -> Error {
     Error::Checkpoint { tensor: tensor.into(), rule: rule.into() }
 }
 
+/// Refuses a path that is not a regular file (after symlinks) before it is opened: opening a
+/// FIFO blocks until a writer comes, and a device or socket never ends.
+fn regular_file(path: &Path) -> Result<()> {
+    let meta = std::fs::metadata(path).map_err(|source| Error::Io { path: path.display().to_string(), source })?;
+    if meta.is_file() { Ok(()) } else { Err(bad(path.display().to_string(), "is not a regular file (a checkpoint is a .safetensors file, its index, or their directory)")) }
+}
+
 impl Checkpoint {
     /// Opens a checkpoint and reads its headers (no tensor data): `path` is a `.safetensors`
     /// file, a `*.index.json` (Hugging Face's `weight_map` of tensor name to shard file, the
@@ -147,6 +154,7 @@ impl Checkpoint {
             };
         }
         let algos = check_quant_config(path.parent().unwrap_or(Path::new("")))?;
+        regular_file(path)?;
         let is_index = path.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.ends_with(".index.json"));
         Ok((if is_index { Self::open_index(path) } else { Self::open_file(path) })?.with_algos(algos))
     }
@@ -166,6 +174,7 @@ impl Checkpoint {
     /// An index and the shards its `weight_map` names, in its directory.
     fn open_index(index: &Path) -> Result<Self> {
         let idx = index.display().to_string();
+        regular_file(index)?;
         let text = std::fs::read(index).map_err(|source| Error::Io { path: idx.clone(), source })?;
         let json: serde_json::Value = serde_json::from_slice(&text).map_err(|e| bad(idx.clone(), format!("the index is not JSON: {e}")))?;
         let map = json
@@ -461,6 +470,7 @@ fn refuse_capture(call: &'static str, stream: &Arc<CudaStream>) -> Result<()> {
 /// data start and length, and its tensors.
 fn read_header(path: &Path, id: usize) -> Result<(Shard, HashMap<String, TensorEntry>)> {
     let io = |source: std::io::Error| Error::Io { path: path.display().to_string(), source };
+    regular_file(path)?;
     let mut f = File::open(path).map_err(io)?;
     let file_len = f.metadata().map_err(io)?.len();
     let mut n = [0u8; 8];
@@ -540,11 +550,11 @@ fn weights_are_nvfp4(algo: &str) -> bool {
 fn check_quant_config(dir: &Path) -> Result<Option<HashMap<String, String>>> {
     let path = dir.join(QUANT_CONFIG);
     let file = path.display().to_string();
-    let text = match std::fs::read(&path) {
-        Ok(text) => text,
+    match std::fs::metadata(&path) {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(source) => return Err(Error::Io { path: file, source }),
-    };
+        _ => regular_file(&path)?,
+    }
+    let text = std::fs::read(&path).map_err(|source| Error::Io { path: file.clone(), source })?;
     let json: serde_json::Value = serde_json::from_slice(&text).map_err(|e| bad(file.clone(), format!("not JSON: {e}")))?;
     let q = json.get("quantization").filter(|q| q.get("quant_algo").is_some()).unwrap_or(&json);
     match q.get("quant_algo") {
@@ -800,6 +810,25 @@ mod tests {
         std::fs::write(dir.join("x"), b"\xff\xff\xff\xff\xff\xff\xff\x7fjunk").unwrap();
         assert!(Checkpoint::open(dir.join("x")).unwrap_err().to_string().contains("not a safetensors file?"));
         assert!(matches!(Checkpoint::open(dir.join("missing")).unwrap_err(), Error::Io { .. }));
+    }
+
+    /// A FIFO (or any file that is not regular) is refused before it is opened: opening one for
+    /// reading would block until a writer came. The call runs on a thread so that a regression
+    /// fails the test instead of hanging it.
+    #[test]
+    fn files_that_are_not_regular_are_refused() {
+        let dir = fresh_dir("fifo");
+        let fifo = dir.join("model.safetensors");
+        let made = std::process::Command::new("mkfifo").arg(&fifo).status();
+        if !made.is_ok_and(|s| s.success()) {
+            eprintln!("skipped: mkfifo is not available");
+            return;
+        }
+        let (tx, rx) = std::sync::mpsc::channel();
+        let path = fifo.clone();
+        std::thread::spawn(move || tx.send(Checkpoint::open(&path).map(|_| ()).map_err(|e| e.to_string())).unwrap());
+        let e = rx.recv_timeout(std::time::Duration::from_secs(10)).expect("Checkpoint::open on a FIFO returned").unwrap_err();
+        assert!(e.contains("is not a regular file") && e.contains(&fifo.display().to_string()), "{e}");
     }
 
     /// The safetensors crate's rule, which `--input` files meet: the data offsets tile the data

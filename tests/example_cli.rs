@@ -690,3 +690,38 @@ fn saved_global_scales_are_applied() {
         assert!((g - w).abs() <= 1.5 * scale, "element {i}: decoded {g}, exact {w}");
     }
 }
+
+/// A flag the run would not use is refused: --norm-constant scales FP4 output only.
+#[test]
+fn norm_constant_without_fp4_output_is_refused() {
+    for out in ["f16", "bf16", "f32"] {
+        refused(&["--device", "cpu", "--m", "3", "--n", "32", "--k", "64", "--out", out, "--norm-constant", "2"], "--norm-constant 2: scales FP4 output only");
+    }
+    refused(&["--device", "cpu", "--m", "3", "--n", "32", "--k", "64", "--mode", "w4a16", "--norm-constant", "2"], "--norm-constant 2");
+}
+
+/// A FIFO as --input or --checkpoint is refused before it is opened (opening one blocks until a
+/// writer comes): the run is given 20 s, then killed and the test fails.
+#[test]
+fn inputs_that_are_not_regular_files_are_refused() {
+    let fifo = tmp("fifo.safetensors");
+    if !Command::new("mkfifo").arg(&fifo).status().is_ok_and(|s| s.success()) {
+        eprintln!("skipped: mkfifo is not available");
+        return;
+    }
+    for flag in [&["--input"][..], &["--layer", "l", "--checkpoint"][..]] {
+        let mut child = Command::new(exe()).args(["--device", "cpu"]).args(flag).arg(&fifo).stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped()).spawn().unwrap();
+        let t = std::time::Instant::now();
+        while child.try_wait().unwrap().is_none() {
+            if t.elapsed().as_secs() > 20 {
+                child.kill().unwrap();
+                panic!("{flag:?} FIFO: still running after 20 s");
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        let o = child.wait_with_output().unwrap();
+        assert_eq!(code(&o), 2, "{flag:?}: {}", String::from_utf8_lossy(&o.stderr));
+        let e = String::from_utf8_lossy(&o.stderr);
+        assert!(e.contains("not a regular file") && e.contains(&*fifo.to_string_lossy()), "{flag:?}: {e}");
+    }
+}
