@@ -18,8 +18,9 @@
 //   permute first puts decode8's pairs (elements 0 and 2, 1 and 3, 4 and 6, 5 and 7) at nibbles j,
 //   j + 4. One HMUL2.BF16 by sf * 2^119 (at most 448 * 2^119 < 2^128, exact in BF16: 4 significant
 //   bits) gives value * sf * 2^-7: 6 significant bits in [2^-17, 21], exact in BF16, so the sums
-//   carry 2^-7 (kBf16WeightUnscale undoes it). bf16 x bf16 products are exact in FP32 (16
-//   significant bits), as are FP16 x FP16 ones.
+//   carry 2^-7 (kBf16WeightUnscale undoes it). bf16 x bf16 products have at most 16 significant
+//   bits, as do FP16 x FP16 ones: exact in FP32 wherever they lie in its normal range (with the
+//   2^-7, products below 2^-119 in true magnitude fall under it, where the tensor cores may flush).
 //
 // Encode (FP4 output, CUTLASS example 72b's LinCombBlockScaleFactor): written as CUTLASS's host
 //   reference does it (gett.hpp, compute_1d_scaling_factor_and_quantized_output) so results match
@@ -134,7 +135,7 @@ __device__ __forceinline__ uint4 decode8_bf16(uint32_t w, uint32_t scale2) {
 }
 
 // BF16 activations as FP16 where FP16 holds them exactly (W4A16 with bf16 activations; the stream
-//   tiles then decode the weights to FP16 as for f16 activations, two instructions a pair fewer):
+//   tiles then decode the weights to FP16, 17 instructions for 8 weights against decode8_bf16's 20):
 //   a BF16 number is exact in FP16 when it is +-0 or its magnitude is in [2^-17, 2^16). Its last
 //   significant bit (8 bits) is 2^(e - 7) >= 2^-24, FP16's subnormal step, and its largest,
 //   (2 - 2^-7) 2^15 = 65280, is below FP16's 65504; NaN and infinities fail the test. Over the pairs

@@ -139,9 +139,9 @@ struct Tile {
   // Swapped: k-tiles per ping-pong turn (the swapped 128x128's and 64x128's decode needs two
   // chains to hide).
   static constexpr int kTurn = kSwap128 ? BSG_SM90_SWAP_TURN(BM) : 1;
-  // The swapped 128x128 decodes FP16 weights with the scale as converted (decode8<true>); the
-  // other swapped tiles keep the 2^6 in the scale. What the FP32 sums then carry (2^-6, or 2^-7 from
-  // BF16 weights) is undone after the loop.
+  // The swapped 128x128 and 64x128 (kSwap128) decode FP16 weights with the scale as converted
+  // (decode8<true>); the other swapped tiles keep the 2^6 in the scale. What the FP32 sums then
+  // carry (2^-6, or 2^-7 from BF16 weights) is undone after the loop.
   static constexpr bool kWScaleLow = kSwap128 && std::is_same_v<MmaElement, half_t>;
   static constexpr float kWUnscale = kWScaleLow ? 64.f : std::is_same_v<MmaElement, cute::bfloat16_t> ? kBf16WeightUnscale : 1.f;
   // Swapped: activations arrive pre-decoded (FP16, a * sf) or, dense, re-ordered (predecode.cuh)

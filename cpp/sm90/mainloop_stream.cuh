@@ -85,8 +85,8 @@ struct CollectiveMainloop<Tile<BM, BN, MainloopStream<kStageKTiles>, Act>> {
 
   // bf16 activations on the 8-row tiles: where all of a CTA's activations are exact in FP16
   // (nvfp4.cuh, Bf16RangeAcc; the dense kernel checks them before its loop,
-  // activations_fit_f16), run<true> takes them as FP16 and decodes the weights to FP16, two
-  // instructions a pair of weights fewer than to BF16; the products are the BF16 path's, each
+  // activations_fit_f16), run<true> takes them as FP16 and decodes the weights to FP16 (17
+  // instructions for 8 weights against 20 to BF16); the products are the BF16 path's, each
   // exact in FP32. At 16 rows the check's reads cost more than the path saves; the grouped
   // kernels keep the BF16 path (a check per work item would sit on each item's start). One path
   // a loop: both in one loop, chosen per k-tile, ran 20-50 % slower than either (bench/DESIGN.md
