@@ -208,18 +208,6 @@ fn bad(msg: impl Into<String>) -> Exit {
     Exit(2, msg.into())
 }
 
-/// alpha with the global scales folded in as the GEMM and `reference_gemm` fold them (left to
-/// right in f32), refused as they refuse it where that overflows or underflows to 0: the CPU
-/// paths that take a bare `Problem` fold here (the library's fold is crate-private).
-fn folded_alpha(alpha: f32, ga: Option<f32>, gb: Option<f32>) -> Result<f32, Exit> {
-    let (ga, gb) = (ga.unwrap_or(1.0), gb.unwrap_or(1.0));
-    let folded = alpha * ga * gb;
-    if !folded.is_finite() || (folded == 0.0 && alpha != 0.0) {
-        return Err(Error::InvalidData { what: "alpha", detail: format!("alpha {alpha} times the global scales {ga} (A) and {gb} (B) is {folded}: must be finite, and nonzero where alpha is") }.into());
-    }
-    Ok(folded)
-}
-
 /// B on the device, prepacked with `--prepack`.
 fn weights(cli: &Cli, b: &Nvfp4Matrix, stream: &std::sync::Arc<cudarc::driver::CudaStream>) -> Result<Nvfp4Tensor, Error> {
     let t = Nvfp4Tensor::upload(b, stream)?;
@@ -425,7 +413,7 @@ fn run_w4a16<T: OutputElement + DeviceRepr + safetensors_dtype::HasDtype>(cli: &
     });
     // The reference's alpha: the GEMM folds B's global scale in (f32, alpha * 1 * gB), and
     // refuses a fold that overflows or vanishes; so does the CPU path.
-    let folded = p.scalars(folded_alpha(p.alpha, None, b.global_scale())?, p.beta);
+    let folded = p.fold_global_scales(None, b.global_scale())?;
     let (x_bytes, w_bytes) = (2.0 * p.a_elems() as f64, (p.b_bytes() + p.sfb_bytes() + (T::OUT.bits() / 8) * p.cd_elems()) as f64);
     let traffic = x_bytes + w_bytes;
     if cli.device == DeviceArg::Cpu {
@@ -487,7 +475,7 @@ fn run_fp4(cli: &Cli) -> Result<bool, Exit> {
     }
     // The reference's alpha has both global scales folded in (checkpoint runs, input files that
     // carry them), as the GEMM folds them; `p` itself goes to the GPU, which folds them there.
-    let alpha = folded_alpha(p.alpha, inputs.a.global_scale(), inputs.b.global_scale())?;
+    let alpha = p.fold_global_scales(inputs.a.global_scale(), inputs.b.global_scale())?.alpha;
     // The exact accumulators of `rows` of every batch.
     let acc_of = |rows: &[usize]| -> Result<Vec<f32>, Exit> {
         let picked;

@@ -148,6 +148,13 @@ impl Problem {
         /// Sets alpha and beta.
         scalars: alpha, beta: f32;
     }
+    /// This problem with the operands' global scales folded into alpha (`alpha * ga * gb` left to
+    /// right in f32, 1 for an operand without one), as the GEMM entry points and
+    /// [`crate::reference_gemm`] fold them: for calling the reference functions, which take alpha
+    /// as given. An error where the fold overflows, or underflows to 0 from a nonzero alpha.
+    pub fn fold_global_scales(self, ga: Option<f32>, gb: Option<f32>) -> Result<Self> {
+        Ok(Problem { alpha: folded_alpha(self.alpha, ga.unwrap_or(1.0), gb.unwrap_or(1.0))?, ..self })
+    }
     /// Packed bytes of A: `L * M * K / 2`. Like every count below it saturates at `usize::MAX`
     /// where the exact count does not fit (no buffer is that long, so a length check against it
     /// fails instead of passing a wrapped count); [`Self::validate`] rejects such problems.
@@ -402,6 +409,10 @@ mod tests {
         assert!(folded_alpha(1.0, 1e-30, 1e-30).unwrap_err().to_string().contains("is 0"));
         let e = folded_alpha(1e30, 1e10, 1.0).unwrap_err().to_string();
         assert!(e.contains("must be finite") && e.contains("is inf"), "{e}");
+        // The public form on a problem: a missing scale is 1, beta and the rest stay.
+        let p = Problem::new(3, 32, 64).scalars(0.75, 0.5).fold_global_scales(Some(3.0e-3), None).unwrap();
+        assert_eq!((p.alpha, p.beta, p.m), (0.75f32 * 3.0e-3f32 * 1.0, 0.5, 3));
+        assert!(Problem::new(3, 32, 64).fold_global_scales(Some(1e-30), Some(1e-30)).unwrap_err().to_string().contains("is 0"));
     }
 
     #[test]
