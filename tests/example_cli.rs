@@ -14,8 +14,14 @@ fn exe() -> PathBuf {
     BUILT.call_once(|| {
         // `cargo test` builds examples; `cargo test --test example_cli` alone does not, and would
         // run a stale binary: build it in this test binary's profile (a no-op when up to date).
+        // Cargo sets CARGO for the tests it runs; a test binary run by hand (the GPU bundle, which
+        // ships the example beside it and has no cargo) uses the binary it finds.
+        let Some(cargo) = std::env::var_os("CARGO") else {
+            assert!(path.is_file(), "{} is missing: run through cargo, or build the example", path.display());
+            return;
+        };
         let release = deps.parent().unwrap().file_name().is_some_and(|p| p == "release");
-        let mut cmd = Command::new(env!("CARGO"));
+        let mut cmd = Command::new(cargo);
         cmd.args(["build", "--example", "nvfp4_gemm"]).current_dir(env!("CARGO_MANIFEST_DIR"));
         if release {
             cmd.arg("--release");
