@@ -196,7 +196,7 @@ struct Exit(u8, String);
 impl From<Error> for Exit {
     fn from(e: Error) -> Self {
         let code = match e {
-            Error::ArchMismatch { .. } | Error::UnsupportedDevice { .. } | Error::NoDriver => 3,
+            Error::ArchMismatch { .. } | Error::UnsupportedDevice { .. } => 3,
             Error::Cutlass { .. } | Error::CudaRuntime { .. } | Error::Driver(_) | Error::CannotImplement { .. } => 1,
             _ => 2,
         };
@@ -454,7 +454,7 @@ fn run_w4a16<T: OutputElement + DeviceRepr + safetensors_dtype::HasDtype>(cli: &
         }
         ToleranceArg::Contest => {
             let want: Vec<T> = reference::gemm_w4a16(&pr, &x_rows, b.data(), b.scales(), c_rows.as_deref())?;
-            let cmp = compare(&got_rows, &want, 1e-3, 1e-3);
+            let cmp = compare(&got_rows, &want, 1e-3, 1e-3)?;
             let detail = format!("{} elements{sampled} against the exact W4A16 reference, contest tolerance: {cmp}", got_rows.len());
             Check { passed: cmp.passed(), bad: cmp.bad, max_abs: Some(cmp.max_abs), worst_ratio: None, checked: got_rows.len(), detail }
         }
@@ -479,7 +479,7 @@ fn run_fp4(cli: &Cli) -> Result<bool, Exit> {
     // The exact accumulators of `rows` of every batch.
     let acc_of = |rows: &[usize]| -> Result<Vec<f32>, Exit> {
         let picked;
-        let a = if rows.len() == p.m { &inputs.a } else { picked = inputs.a.select_rows(rows); &picked };
+        let a = if rows.len() == p.m { &inputs.a } else { picked = inputs.a.select_rows(rows)?; &picked };
         let pr = Problem { m: rows.len(), ..p };
         Ok(reference::accumulators(&pr, a.data(), a.scales(), inputs.b.data(), inputs.b.scales(), Accumulation::Exact)?)
     };
@@ -510,7 +510,7 @@ fn run_fp4(cli: &Cli) -> Result<bool, Exit> {
     if cli.device == DeviceArg::Cpu {
         let (d, sfd) = match norm_acc {
             // Every row's accumulators are at hand (the default norm constant's): the epilogue alone.
-            Some((rows, acc)) if rows.len() == p.m => fp4_out::epilogue(&pf, &acc, inputs.c.as_deref(), format),
+            Some((rows, acc)) if rows.len() == p.m => fp4_out::epilogue(&pf, &acc, inputs.c.as_deref(), format)?,
             _ => reference::gemm_fp4(&pf, inputs.a.data(), inputs.a.scales(), inputs.b.data(), inputs.b.scales(), inputs.c.as_deref(), format, Accumulation::Exact)?,
         };
         let secs = t.elapsed().as_secs_f64();
@@ -544,11 +544,11 @@ fn run_fp4(cli: &Cli) -> Result<bool, Exit> {
     };
     let pr = Problem { m: rows.len(), ..pf };
     let c_rows = inputs.c.as_ref().map(|c| pick_rows(c, &rows, p.m, p.n, p.l));
-    let (want_d, want_sfd) = fp4_out::epilogue(&pr, &acc, c_rows.as_deref(), format);
+    let (want_d, want_sfd) = fp4_out::epilogue(&pr, &acc, c_rows.as_deref(), format)?;
     let groups = p.n / 16;
-    let got_sf_rows = pick_rows(&from_tiled(&got_sfd, p.m, groups, p.l), &rows, p.m, groups, p.l);
+    let got_sf_rows = pick_rows(&from_tiled(&got_sfd, p.m, groups, p.l)?, &rows, p.m, groups, p.l);
     let got_d_rows = pick_rows(&got_d, &rows, p.m, p.n / 2, p.l);
-    let cmp = compare_fp4(&got_d_rows, &got_sf_rows, &want_d, &from_tiled(&want_sfd, rows.len(), groups, p.l), p.n);
+    let cmp = compare_fp4(&got_d_rows, &got_sf_rows, &want_d, &from_tiled(&want_sfd, rows.len(), groups, p.l)?, p.n)?;
     let exactly = if cmp.byte_equal() { "byte for byte" } else { "within one e2m1 step" };
     let check = Check { passed: cmp.within_one_step(), bad: cmp.sfd_far + cmp.codes_far, max_abs: None, worst_ratio: None, checked: cmp.codes, detail: format!("{} rows against the exact reference ({exactly}; norm constant {st}): {cmp}", rows.len()) };
     save(cli, &inputs, &p, None, fp4_tensors(got_d, got_sfd))?;
@@ -592,7 +592,7 @@ struct Check {
 /// Verifies the GPU result on `rows` (every column) by `--tolerance`.
 fn verify<T: OutputElement>(cli: &Cli, inputs: &Inputs<T>, p: &Problem, rows: &[usize], got: &[T]) -> Result<Check, Exit> {
     let (m, n) = (p.m, p.n);
-    let a = if rows.len() == m { inputs.a.clone() } else { inputs.a.select_rows(rows) };
+    let a = if rows.len() == m { inputs.a.clone() } else { inputs.a.select_rows(rows)? };
     let c_rows = inputs.c.as_ref().map(|c| pick_rows(c, rows, m, n, p.l));
     let got_rows = pick_rows(got, rows, m, n, p.l);
     let checked = got_rows.len();
@@ -610,7 +610,7 @@ fn verify<T: OutputElement>(cli: &Cli, inputs: &Inputs<T>, p: &Problem, rows: &[
         }
         ToleranceArg::Contest => {
             let want: Vec<T> = reference_gemm(&a, &inputs.b, p.alpha, p.beta, c_rows.as_deref())?;
-            let cmp = compare(&got_rows, &want, 1e-3, 1e-3);
+            let cmp = compare(&got_rows, &want, 1e-3, 1e-3)?;
             let detail = format!("{checked} elements{sampled} against the exact reference, contest tolerance: {cmp}");
             Check { passed: cmp.passed(), bad: cmp.bad, max_abs: Some(cmp.max_abs), worst_ratio: None, checked, detail }
         }

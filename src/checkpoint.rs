@@ -341,7 +341,7 @@ impl Checkpoint {
     /// whichever convention its names follow.
     pub fn layer(&self, prefix: &str) -> Result<CheckpointLayer> {
         let r = self.raw_layer(prefix)?;
-        let weight = Nvfp4Matrix::from_parts(r.n, r.k, 1, r.data, to_tiled(&r.scales, r.n, r.k / 16, 1), Some(r.global))?;
+        let weight = Nvfp4Matrix::from_parts(r.n, r.k, 1, r.data, to_tiled(&r.scales, r.n, r.k / 16, 1)?, Some(r.global))?;
         Ok(CheckpointLayer { weight, input_scale: r.input_scale, convention: r.convention })
     }
 
@@ -363,7 +363,7 @@ impl Checkpoint {
     /// scales, so they are an error naming both (run one GEMM per shard then).
     pub fn fused(&self, prefixes: &[&str]) -> Result<CheckpointLayer> {
         let r = self.fused_raw(prefixes)?;
-        let weight = Nvfp4Matrix::from_parts(r.n, r.k, 1, r.data, to_tiled(&r.scales, r.n, r.k / 16, 1), Some(r.global))?;
+        let weight = Nvfp4Matrix::from_parts(r.n, r.k, 1, r.data, to_tiled(&r.scales, r.n, r.k / 16, 1)?, Some(r.global))?;
         Ok(CheckpointLayer { weight, input_scale: r.input_scale, convention: r.convention })
     }
 
@@ -408,7 +408,7 @@ impl Checkpoint {
     /// [`Self::layer`] gives each expert's).
     pub fn experts(&self, experts: usize, prefix_of: impl Fn(usize) -> String) -> Result<(Nvfp4Matrix, Vec<f32>)> {
         let x = self.experts_raw(experts, prefix_of)?;
-        Ok((Nvfp4Matrix::from_parts(x.n, x.k, experts, x.data, to_tiled(&x.scales, x.n, x.k / 16, experts), None)?, x.globals))
+        Ok((Nvfp4Matrix::from_parts(x.n, x.k, experts, x.data, to_tiled(&x.scales, x.n, x.k / 16, experts)?, None)?, x.globals))
     }
 
     /// [`Self::experts`] on the device: the experts' packed weights and row-major scales uploaded
@@ -673,7 +673,7 @@ mod tests {
         };
         let mut t = vec![
             (format!("{prefix}.{w}"), Dtype::U8, vec![n, k / 2], m.data().to_vec()),
-            (format!("{prefix}.weight_scale"), Dtype::F8_E4M3, vec![n, k / 16], m.scales_row_major()),
+            (format!("{prefix}.weight_scale"), Dtype::F8_E4M3, vec![n, k / 16], m.scales_row_major().unwrap()),
             (format!("{prefix}.{gs}"), Dtype::F32, vec![], f32s(gv)),
         ];
         if let Some(v) = iv {
@@ -716,9 +716,9 @@ mod tests {
         let g = whole.global_scale().unwrap();
         let (mut t, mut at) = (Vec::new(), 0);
         for (name, n) in ["q", "k", "v"].into_iter().zip(ns) {
-            let part = whole.select_rows(&(at..at + n).collect::<Vec<_>>());
+            let part = whole.select_rows(&(at..at + n).collect::<Vec<_>>()).unwrap();
             t.push((format!("{name}.weight"), Dtype::U8, vec![n, k / 2], part.data().to_vec()));
-            t.push((format!("{name}.weight_scale"), Dtype::F8_E4M3, vec![n, k / 16], part.scales_row_major()));
+            t.push((format!("{name}.weight_scale"), Dtype::F8_E4M3, vec![n, k / 16], part.scales_row_major().unwrap()));
             t.push((format!("{name}.weight_scale_2"), Dtype::F32, vec![], f32s(g)));
             at += n;
         }
@@ -763,8 +763,8 @@ mod tests {
         let (w, scales) = ck.experts(3, |e| format!("mlp.experts.{e}.up_proj")).unwrap();
         assert_eq!((w.batch(), w.rows(), w.k(), w.global_scale()), (3, 64, 128, None));
         for (e, m) in want.iter().enumerate() {
-            assert_eq!(w.batch_slice(e).data(), m.data());
-            assert_eq!(w.batch_slice(e).scales(), m.scales());
+            assert_eq!(w.batch_slice(e).unwrap().data(), m.data());
+            assert_eq!(w.batch_slice(e).unwrap().scales(), m.scales());
             assert_eq!(scales[e], m.global_scale().unwrap());
         }
         let e = ck.experts(4, |e| format!("mlp.experts.{e}.up_proj")).unwrap_err().to_string();
@@ -928,8 +928,8 @@ mod tests {
         let (w, scales) = ck.experts(4, |e| format!("mlp.experts.{e}.down_proj")).unwrap();
         assert_eq!((w.batch(), w.rows(), w.k()), (4, 32, 64));
         for (e, m) in want.iter().enumerate() {
-            assert_eq!(w.batch_slice(e).data(), m.data());
-            assert_eq!(w.batch_slice(e).scales(), m.scales());
+            assert_eq!(w.batch_slice(e).unwrap().data(), m.data());
+            assert_eq!(w.batch_slice(e).unwrap().scales(), m.scales());
             assert_eq!(scales[e], m.global_scale().unwrap());
         }
         let file = write("experts-one", &refs(&all));

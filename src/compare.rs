@@ -63,7 +63,7 @@
 //! NaN: the exact result is NaN only where a scale is NaN (0x7F) or C holds NaN; then D must be
 //! NaN. A NaN elsewhere fails.
 
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::formats::OutputElement;
 use crate::problem::{check_len, product, OutType, Problem};
 use crate::reference::Dot;
@@ -110,12 +110,10 @@ impl std::fmt::Display for Comparison {
     }
 }
 
-/// Compares `got` with `want` element by element against `atol + rtol * |want|`.
-///
-/// # Panics
-/// If the lengths differ.
-pub fn compare<T: OutputElement>(got: &[T], want: &[T], atol: f64, rtol: f64) -> Comparison {
-    assert_eq!(got.len(), want.len(), "compare: lengths differ");
+/// Compares `got` with `want` element by element against `atol + rtol * |want|`; fails where
+/// their lengths differ.
+pub fn compare<T: OutputElement>(got: &[T], want: &[T], atol: f64, rtol: f64) -> Result<Comparison> {
+    check_len("got", got.len(), want.len(), "one element for each of want")?;
     let mut c = Comparison { count: got.len(), max_abs: 0.0, max_rel: 0.0, bad: 0, nan_mismatch: 0, worst: None, worst_values: None, atol, rtol };
     let mut worst_excess = f64::NEG_INFINITY;
     for (i, (g, w)) in got.iter().zip(want).enumerate() {
@@ -145,14 +143,16 @@ pub fn compare<T: OutputElement>(got: &[T], want: &[T], atol: f64, rtol: f64) ->
             }
         }
     }
-    c
+    Ok(c)
 }
 
-/// Panics with the report when `got` and `want` differ beyond tolerance.
+/// For tests: panics with the report when `got` and `want` differ beyond tolerance or in length.
 #[track_caller]
 pub fn assert_close<T: OutputElement>(got: &[T], want: &[T], atol: f64, rtol: f64) {
-    let c = compare(got, want, atol, rtol);
-    assert!(c.passed(), "{c}");
+    match compare(got, want, atol, rtol) {
+        Ok(c) => assert!(c.passed(), "{c}"),
+        Err(e) => panic!("{e}"),
+    }
 }
 
 #[cfg(test)]
@@ -163,17 +163,18 @@ mod tests {
     fn counts_and_worst() {
         let want = [1.0f32, 2.0, 3.0, 4.0, f32::NAN, 0.0];
         let got = [1.0f32, 2.1, 3.0, 40.0, f32::NAN, f32::NAN];
-        let c = compare(&got, &want, 0.0, 0.01);
+        let c = compare(&got, &want, 0.0, 0.01).unwrap();
         assert_eq!(c.bad, 3); // 2.1, 40, NaN-vs-0
         assert_eq!(c.nan_mismatch, 1);
         assert_eq!(c.worst, Some(5));
         assert!((c.max_abs - 36.0).abs() < 1e-9);
         assert!(!c.passed());
         assert!(c.to_string().contains("3 of 6 outside"));
-        let c = compare(&[1.0f32, f32::INFINITY], &[1.0f32, f32::INFINITY], 0.0, 0.0);
+        let c = compare(&[1.0f32, f32::INFINITY], &[1.0f32, f32::INFINITY], 0.0, 0.0).unwrap();
         assert!(c.passed());
-        let c = compare(&[1.0f32], &[f32::NAN], 1e9, 1e9);
+        let c = compare(&[1.0f32], &[f32::NAN], 1e9, 1e9).unwrap();
         assert!(!c.passed(), "NaN never passes a tolerance");
+        assert!(matches!(compare(&[1.0f32], &[1.0, 2.0], 0.0, 0.0), Err(Error::BufferLength { name: "got", got: 1, want: 2, .. })));
     }
 }
 
@@ -221,12 +222,17 @@ impl std::fmt::Display for Fp4Comparison {
 }
 
 /// Compares FP4 outputs: `d` packed e2m1 rows of `n` values, `sfd` the scale factors row-major,
-/// `n / 16` per row (see [`crate::layout::from_tiled`]).
-///
-/// # Panics
-/// If the lengths disagree with each other or with `n`.
-pub fn compare_fp4(got_d: &[u8], got_sfd: &[u8], want_d: &[u8], want_sfd: &[u8], n: usize) -> Fp4Comparison {
-    assert!(n.is_multiple_of(16) && got_d.len() == want_d.len() && got_sfd.len() == want_sfd.len() && got_sfd.len() * 8 == got_d.len(), "compare_fp4: lengths");
+/// `n / 16` per row (see [`crate::layout::from_tiled`]). Fails where `n` is not a positive
+/// multiple of 16 or the lengths disagree with each other or with `n`.
+pub fn compare_fp4(got_d: &[u8], got_sfd: &[u8], want_d: &[u8], want_sfd: &[u8], n: usize) -> Result<Fp4Comparison> {
+    if n == 0 || !n.is_multiple_of(16) {
+        return Err(Error::InvalidData { what: "n", detail: format!("{n}: a positive multiple of 16 (one scale factor per 16 outputs)") });
+    }
+    let rows = got_d.len() / (n / 2);
+    check_len("got_d", got_d.len(), rows * (n / 2), "whole rows of n / 2 bytes")?;
+    check_len("want_d", want_d.len(), got_d.len(), "as many bytes as got_d")?;
+    check_len("got_sfd", got_sfd.len(), rows * (n / 16), "n / 16 scale factors per row of got_d")?;
+    check_len("want_sfd", want_sfd.len(), got_sfd.len(), "as many scale factors as got_sfd")?;
     let rank = |code: u8| if code & 8 != 0 { -((code & 7) as i32) } else { (code & 7) as i32 };
     let mut c = Fp4Comparison { groups: got_sfd.len(), ..Default::default() };
     for (gi, (&gs, &ws)) in got_sfd.iter().zip(want_sfd).enumerate() {
@@ -253,7 +259,7 @@ pub fn compare_fp4(got_d: &[u8], got_sfd: &[u8], want_d: &[u8], want_sfd: &[u8],
             }
         }
     }
-    c
+    Ok(c)
 }
 
 #[cfg(test)]
@@ -267,14 +273,14 @@ mod fp4_tests {
         got_d[0] = 0x22; // 1 -> 2: one step
         got_d[1] = 0x81; // 2 -> -0: two steps
         got_d[9] = 0x00; // second group, whose SFD differs: not compared
-        let c = compare_fp4(&got_d, &[5, 7], &want_d, &[5, 6], 16);
+        let c = compare_fp4(&got_d, &[5, 7], &want_d, &[5, 6], 16).unwrap();
         assert_eq!((c.groups, c.sfd_equal, c.sfd_neighbour, c.sfd_far), (2, 1, 1, 0));
         assert_eq!((c.codes, c.codes_equal, c.codes_one_step, c.codes_far), (16, 14, 1, 1));
         assert!(!c.byte_equal() && !c.within_one_step());
-        let c = compare_fp4(&want_d, &[5, 6], &want_d, &[5, 6], 16);
+        let c = compare_fp4(&want_d, &[5, 6], &want_d, &[5, 6], 16).unwrap();
         assert!(c.byte_equal() && c.within_one_step(), "{c}");
         // -0 and +0 are the same point.
-        let c = compare_fp4(&[0x08; 8], &[1], &[0x00; 8], &[1], 16);
+        let c = compare_fp4(&[0x08; 8], &[1], &[0x00; 8], &[1], 16).unwrap();
         assert!(!c.byte_equal() && c.codes_equal == 16);
     }
 }
@@ -559,7 +565,7 @@ mod verdict_tests {
         let e = one(1e-6, 0.05);
         let got = [0.04f32];
         assert!(verdict(&got, &e).unwrap().passed());
-        assert!(!compare(&got, &[1e-6f32], 1e-3, 1e-3).passed());
+        assert!(!compare(&got, &[1e-6f32], 1e-3, 1e-3).unwrap().passed());
     }
 
     #[test]

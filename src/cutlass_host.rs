@@ -3,7 +3,7 @@
 //! the Rust layout and validator to CUTLASS's own.
 
 use crate::dispatch::Config;
-use crate::error::{Error, Result};
+use crate::error::{checked_product, try_vec, Error, Result};
 use crate::sys::{self as bridge, KernelArgs};
 use crate::problem::{check_len, check_operand_lens, OutType, Problem, SfdFormat};
 
@@ -234,7 +234,9 @@ pub fn sf_offsets(config: Config, p: &Problem, operand_b: bool) -> Result<(Vec<i
     built(config, out)?;
     p.check_dims(i32::MAX as usize)?;
     let rows = if operand_b { p.n } else { p.m };
-    let mut offsets = vec![0i64; rows * (p.k / 16) * p.l];
+    let count = checked_product("SF offsets", "rows * K / 16 * L", &[("rows", rows), ("K / 16", p.k / 16), ("L", p.l)])?;
+    let mut offsets = try_vec("SF offsets", count)?;
+    offsets.resize(count, 0i64);
     let cosize = bridge::sf_offsets(config.info().index, out.index(), p.m as i32, p.n as i32, p.k as i32, p.l as i32, operand_b, &mut offsets);
     if cosize < 0 {
         return Err(Error::InvalidData { what: "sf_offsets", detail: format!("the shim answered {cosize}") });
@@ -267,7 +269,8 @@ pub fn reference_fp4(p: &Problem, a: &[u8], sfa: &[u8], b: &[u8], sfb: &[u8], c:
 /// (M, N, L) (its cosize without the zero strides).
 pub fn sfd_cosize(m: usize, n: usize, l: usize) -> Result<usize> {
     Problem::new(m, n, 32).batch(l).check_dims(i32::MAX as usize)?;
-    Ok(bridge::host_sfd_cosize(m as i32, n as i32, l as i32) as usize)
+    let cosize = bridge::host_sfd_cosize(m as i32, n as i32, l as i32);
+    usize::try_from(cosize).map_err(|_| Error::InvalidData { what: "SFD layout", detail: format!("the shim answered {cosize} for M = {m}, N = {n}, L = {l}") })
 }
 
 /// A conversion of CUTLASS's host code from f32.

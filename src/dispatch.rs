@@ -128,12 +128,12 @@ impl Config {
     /// Output tiles of a problem (over all batches).
     pub fn tiles(self, p: &Problem) -> usize {
         let t = self.info().tile;
-        p.m.div_ceil(t[0] as usize) * p.n.div_ceil(t[1] as usize) * p.l
+        p.m.div_ceil(t[0] as usize).saturating_mul(p.n.div_ceil(t[1] as usize)).saturating_mul(p.l)
     }
 
     /// SMs the launch occupies for a problem: tiles times SMs per tile.
     pub fn sms_used(self, p: &Problem) -> usize {
-        self.tiles(p) * self.info().sms as usize
+        self.tiles(p).saturating_mul(self.info().sms as usize)
     }
 }
 
@@ -234,7 +234,9 @@ pub fn split_k(config: Config, p: &Problem, sm_count: usize, max_clusters: &Clus
     if i.arch != 90 {
         return 1;
     }
-    let tiles = config.tiles(p);
+    // A problem with a zero dimension has no tiles; `Problem::validate` refuses it before any
+    // launch, and the rule answers for it as for one tile.
+    let tiles = config.tiles(p).max(1);
     let k_tiles = p.k.div_ceil(i.tile[2] as usize);
     if i.streams() {
         // One CTA per SM: as many ranges as fit, each of at least 8 k-tiles (one raw stage of
@@ -243,7 +245,7 @@ pub fn split_k(config: Config, p: &Problem, sm_count: usize, max_clusters: &Clus
     }
     let ranges = |ctas: usize| (ctas / tiles).min(k_tiles / 4).clamp(1, 16);
     if !i.swapped() {
-        let two = ranges(2 * sm_count);
+        let two = ranges(sm_count.saturating_mul(2));
         return if k_tiles / two >= 28 { two } else { ranges(sm_count) } as u32;
     }
     let mut split = ranges(sm_count) as u32;
@@ -398,7 +400,7 @@ pub fn select(arch: u32, p: &Problem, sm_count: usize, max_clusters: &ClusterCou
                     same.clone().find(want).or_else(|| same.next())
                 })
                 .collect();
-            let ctas = |c: &Config| c.tiles(p) * split(*c);
+            let ctas = |c: &Config| c.tiles(p).saturating_mul(split(*c));
             let widest = per_width.last().copied()?;
             let short_enough = |c: &Config| tile_rows(*c) < 32 || short(*c);
             let short_split = |c: &Config| split(*c) >= 2 && range(*c) <= STREAM_FEWER_CTAS_K;
@@ -422,11 +424,11 @@ pub fn select(arch: u32, p: &Problem, sm_count: usize, max_clusters: &ClusterCou
         // - the swapped 128x128 stands in for either where swapped_estimate_us says it is faster
         //   (short K ranges, where the fixed costs weigh, or more CTAs: 64 tiles at split 2
         //   where the wide tile's 32 are held to split 3 by the clusters that fit).
-        let pad = |rows: usize| p.m.div_ceil(rows) * rows;
+        let pad = |rows: usize| p.m.div_ceil(rows).saturating_mul(rows);
         let mut swapped = [Config::Sm90_256x128x64, Config::Sm90_128x256x64]
             .into_iter()
             .filter(|c| candidates.contains(c))
-            .find(|&c| c == Config::Sm90_128x256x64 || pad(256) * 10 <= pad(128) * 11);
+            .find(|&c| c == Config::Sm90_128x256x64 || pad(256).saturating_mul(10) <= pad(128).saturating_mul(11));
         let narrow = Config::Sm90_Swapped_128x128x64;
         if let Some(wide) = swapped.filter(|_| candidates.contains(&narrow)) {
             let est = |c: Config| swapped_estimate_us(c, p, split_k(c, p, sm_count, max_clusters), sm_count);
@@ -434,7 +436,7 @@ pub fn select(arch: u32, p: &Problem, sm_count: usize, max_clusters: &ClusterCou
                 swapped = Some(narrow);
             }
         }
-        if let Some(s) = swapped.filter(|&s| s.tiles(p) * split_k(s, p, sm_count, max_clusters) as usize * 3 >= sm_count) {
+        if let Some(s) = swapped.filter(|&s| s.tiles(p).saturating_mul(split_k(s, p, sm_count, max_clusters) as usize).saturating_mul(3) >= sm_count) {
             return Some(s);
         }
         if candidates.contains(&Config::Sm90_128x128x64) {
@@ -447,7 +449,7 @@ pub fn select(arch: u32, p: &Problem, sm_count: usize, max_clusters: &ClusterCou
     let area = |c: &Config| c.info().tile[0] as usize * c.info().tile[1] as usize;
     let padded = |c: &Config| {
         let t = c.info().tile;
-        p.m.div_ceil(t[0] as usize) * t[0] as usize * p.n.div_ceil(t[1] as usize) * t[1] as usize
+        (p.m.div_ceil(t[0] as usize) * t[0] as usize).saturating_mul(p.n.div_ceil(t[1] as usize) * t[1] as usize)
     };
     let filling = candidates.iter().filter(|c| c.sms_used(p) >= sm_count).max_by_key(|c| (area(c), std::cmp::Reverse(padded(c))));
     filling.or_else(|| candidates.iter().max_by_key(|c| (c.sms_used(p), std::cmp::Reverse(padded(c))))).copied()

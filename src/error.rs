@@ -163,9 +163,6 @@ pub enum Error {
     /// A CUDA driver call through cudarc failed.
     #[error("CUDA driver: {0}")]
     Driver(#[from] cudarc::driver::DriverError),
-    /// libcuda could not be loaded: no NVIDIA driver on this machine.
-    #[error("no NVIDIA driver: libcuda could not be loaded")]
-    NoDriver,
     /// A checkpoint tensor (or the file) that breaks a rule of [`crate::checkpoint`].
     #[error("{tensor}: {rule}")]
     Checkpoint {
@@ -263,6 +260,16 @@ pub enum Error {
         /// Bytes asked for.
         bytes: usize,
     },
+    /// An index past the end of what it indexes (a row, a batch).
+    #[error("{what} {index}: must be below {len}")]
+    Index {
+        /// What is indexed, e.g. "row" or "batch".
+        what: &'static str,
+        /// The index given.
+        index: usize,
+        /// How many there are.
+        len: usize,
+    },
     /// A non-finite input to the quantizer.
     #[error("input element {index} is {value}: the quantizer needs finite values")]
     NonFiniteInput {
@@ -275,3 +282,45 @@ pub enum Error {
 
 /// The crate's result type.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// The product of `factors` in u128, saturating at `u128::MAX` (exact for up to two factors of
+/// any size, and for any number of dimensions that passed [`crate::Problem::check_dims`]).
+pub(crate) fn product(factors: &[usize]) -> u128 {
+    factors.iter().fold(1u128, |acc, &x| acc.saturating_mul(x as u128))
+}
+
+/// Checks one buffer's element count.
+pub(crate) fn check_len(name: &'static str, got: usize, want: usize, rule: &'static str) -> Result<()> {
+    if got != want {
+        return Err(Error::BufferLength { name, got, want, rule });
+    }
+    Ok(())
+}
+
+/// An empty vector with room for `n` elements, or [`Error::HostMemory`] where the host cannot
+/// give it (a `Vec` of that size would abort the process instead).
+pub(crate) fn try_vec<T>(what: &'static str, n: usize) -> Result<Vec<T>> {
+    let mut v = Vec::new();
+    v.try_reserve_exact(n).map_err(|_| Error::HostMemory { what, bytes: n.saturating_mul(std::mem::size_of::<T>()) })?;
+    Ok(v)
+}
+
+/// `n` zero bytes, or [`Error::HostMemory`].
+pub(crate) fn try_zeros(what: &'static str, n: usize) -> Result<Vec<u8>> {
+    let mut v = try_vec(what, n)?;
+    v.resize(n, 0);
+    Ok(v)
+}
+
+/// The product of `factors`, or [`Error::SizeLimit`] naming `what` and `rule` where it does not
+/// fit in `usize`.
+pub(crate) fn checked_product(what: &'static str, rule: &'static str, factors: &[(&str, usize)]) -> Result<usize> {
+    factors.iter().try_fold(1usize, |acc, &(_, x)| acc.checked_mul(x)).ok_or_else(|| Error::SizeLimit {
+        what,
+        rule,
+        dims: factors.iter().map(|(name, x)| format!("{name} = {x}")).collect::<Vec<_>>().join(", "),
+        value: product(&factors.iter().map(|&(_, x)| x).collect::<Vec<_>>()),
+        max: usize::MAX as u128,
+        why: "host memory is addressed by usize",
+    })
+}

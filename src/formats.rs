@@ -4,6 +4,8 @@
 //! built at compile time. Packing follows PyTorch `float4_e2m1fn_x2`, CUTLASS `float_e2m1_t`
 //! arrays and PTX `e2m1x2`: element `2i` in the low nibble, `2i+1` in the high nibble.
 
+use crate::error::{Error, Result};
+
 /// Magnitudes of the 8 non-negative e2m1 codes.
 pub const E2M1_MAGNITUDES: [f32; 8] = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0];
 /// Largest finite e2m1 value.
@@ -68,13 +70,13 @@ pub const fn unpack_e2m1(byte: u8) -> (u8, u8) {
     (byte & 0xF, byte >> 4)
 }
 
-/// Packs a slice of e2m1 codes (even length) two per byte.
-///
-/// # Panics
-/// If `codes.len()` is odd: NVFP4 rows always hold an even number of values.
-pub fn pack_e2m1_slice(codes: &[u8]) -> Vec<u8> {
-    assert!(codes.len().is_multiple_of(2), "pack_e2m1_slice: odd number of codes ({})", codes.len());
-    codes.chunks_exact(2).map(|p| pack_e2m1(p[0], p[1])).collect()
+/// Packs a slice of e2m1 codes two per byte; fails where their count is odd (NVFP4 rows always
+/// hold an even number of values).
+pub fn pack_e2m1_slice(codes: &[u8]) -> Result<Vec<u8>> {
+    if !codes.len().is_multiple_of(2) {
+        return Err(Error::InvalidData { what: "e2m1 codes", detail: format!("{} of them: an even count, two to a byte", codes.len()) });
+    }
+    Ok(codes.chunks_exact(2).map(|p| pack_e2m1(p[0], p[1])).collect())
 }
 
 /// Unpacks bytes into e2m1 codes, two per byte, low nibble first.
@@ -428,7 +430,7 @@ mod tests {
         assert_eq!(pack_e2m1(0x1, 0xA), 0xA1);
         assert_eq!(unpack_e2m1(0xA1), (0x1, 0xA));
         let codes: Vec<u8> = (0..16).collect();
-        let packed = pack_e2m1_slice(&codes);
+        let packed = pack_e2m1_slice(&codes).unwrap();
         assert_eq!(packed[0], 0x10);
         assert_eq!(unpack_e2m1_slice(&packed), codes);
     }

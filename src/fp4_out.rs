@@ -16,9 +16,10 @@
 //! The conversions are CUTLASS's host ones, which differ from PTX `cvt` in corner cases: e2m1
 //! NaN gives ±6 with the NaN's sign, ue4m3 drops the sign of its input, and ue8m0 rounds up.
 
+use crate::error::{check_len, try_zeros, Error, Result};
 use crate::formats::{e2m1_from_f32, ue4m3_from_f32, ue4m3_to_f32, ue8m0_to_f32};
 use crate::layout::{padded_sf_cols, sf_batch_bytes, sf_offset, SF_VEC};
-use crate::problem::{Problem, SfdFormat};
+use crate::problem::{OutType, Problem, SfdFormat};
 
 /// `cutlass::NumericConverter<float_e2m1_t, float>` on the host: round to nearest even,
 /// saturating at ±6, sign kept (so -0.1 gives -0, 0x8); NaN gives 6 with the NaN's sign.
@@ -81,10 +82,9 @@ fn min_nan(l: f32, r: f32) -> f32 {
     }
 }
 
-/// Quantizes one group of at most 16 epilogue values: returns the SFD byte and writes the e2m1
-/// codes of `v` into `codes`.
-pub fn quantize_group(v: &[f32], norm_constant: f32, format: SfdFormat, codes: &mut [u8]) -> u8 {
-    debug_assert!(v.len() <= SF_VEC && codes.len() == v.len());
+/// Quantizes one group of 16 epilogue values: returns the SFD byte and writes the e2m1 codes of
+/// `v` into `codes`.
+pub fn quantize_group(v: &[f32; SF_VEC], norm_constant: f32, format: SfdFormat, codes: &mut [u8; SF_VEC]) -> u8 {
     // `1.0f / 6.0f` with 6 = numeric_limits<float_e2m1_t>::max().
     let st_scaled_down = norm_constant * (1.0f32 / 6.0f32);
     let amax = v.iter().fold(0.0f32, |m, x| max_nan(m, x.abs()));
@@ -99,14 +99,21 @@ pub fn quantize_group(v: &[f32], norm_constant: f32, format: SfdFormat, codes: &
 /// The FP4 epilogue over f32 accumulators `acc` (L, M, N): `v = alpha * acc`, plus `beta * C`
 /// (two roundings, no fused multiply-add) when beta != 0, then [`quantize_group`] per 16
 /// columns. Returns D, (L, M, N/2) packed bytes, and SFD, `p.sfd_bytes()` bytes with zero
-/// padding. N must be a multiple of 16 and `c`, when beta != 0, hold L * M * N values.
-pub fn epilogue(p: &Problem, acc: &[f32], c: Option<&[f32]>, format: SfdFormat) -> (Vec<u8>, Vec<u8>) {
+/// padding. Fails where N is not a multiple of 16, `acc` does not hold L * M * N values, or `c`,
+/// read when beta != 0, does not.
+pub fn epilogue(p: &Problem, acc: &[f32], c: Option<&[f32]>, format: SfdFormat) -> Result<(Vec<u8>, Vec<u8>)> {
     let (m, n) = (p.m, p.n);
-    assert!(n.is_multiple_of(SF_VEC) && acc.len() == p.cd_elems(), "epilogue: N % 16 == 0 and L * M * N accumulators");
+    if !n.is_multiple_of(SF_VEC) {
+        return Err(Error::NMultiple { n, multiple: SF_VEC, out: OutType::Nvfp4 });
+    }
+    check_len("accumulators", acc.len(), p.cd_elems(), "L * M * N")?;
     let c = c.filter(|_| p.beta != 0.0);
+    if let Some(c) = c {
+        check_len("C", c.len(), p.cd_elems(), "L * M * N f32 values")?;
+    }
     let sp = padded_sf_cols(n / SF_VEC);
-    let mut d = vec![0u8; p.cd_elems() / 2];
-    let mut sfd = vec![0u8; p.sfd_bytes()];
+    let mut d = try_zeros("D", p.cd_elems() / 2)?;
+    let mut sfd = try_zeros("SFD", p.sfd_bytes())?;
     let mut v = [0f32; SF_VEC];
     let mut codes = [0u8; SF_VEC];
     for l in 0..p.l {
@@ -128,7 +135,7 @@ pub fn epilogue(p: &Problem, acc: &[f32], c: Option<&[f32]>, format: SfdFormat) 
             }
         }
     }
-    (d, sfd)
+    Ok((d, sfd))
 }
 
 #[cfg(test)]
@@ -165,7 +172,7 @@ mod tests {
 
     #[test]
     fn a_group_round_trips_within_one_e2m1_step() {
-        let v: Vec<f32> = (0..16).map(|i| (i as f32 - 7.5) * 0.37).collect();
+        let v: [f32; 16] = std::array::from_fn(|i| (i as f32 - 7.5) * 0.37);
         let mut codes = [0u8; 16];
         for format in [SfdFormat::Ue4m3, SfdFormat::Ue8m0] {
             for st in [1.0f32, 2.0, 100.0] { // amax * st / 6 stays below 448: no saturation

@@ -210,7 +210,7 @@ pub(crate) fn resolve_config(device: &DeviceFacts, out: OutType, forced: Option<
 /// gemm.gemm(&Problem::new(m, n, k), &a_dev, &b_dev, &mut d, None)?;
 /// let d_host = stream.clone_dtoh(&d)?;
 /// let want: Vec<half::f16> = blockscaled_gemm::reference_gemm(&a, &b, 1.0, 0.0, None)?;
-/// assert!(blockscaled_gemm::compare::compare(&d_host, &want, 1e-3, 1e-3).passed());
+/// assert!(blockscaled_gemm::compare::compare(&d_host, &want, 1e-3, 1e-3)?.passed());
 /// # Ok(()) }
 /// ```
 pub struct BlockScaledGemm {
@@ -248,7 +248,7 @@ struct Scratch {
 }
 
 impl BlockScaledGemm {
-    /// A GEMM that launches on `stream`. Fails with [`Error::NoDriver`] where libcuda is absent.
+    /// A GEMM that launches on `stream` (so libcuda is loaded: see [`Self::driver_present`]).
     pub fn new(stream: Arc<CudaStream>) -> Result<Self> {
         let ctx = stream.context();
         let cc = ctx.compute_capability()?;

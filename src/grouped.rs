@@ -290,8 +290,8 @@ pub fn reference_moe<T: OutputElement>(x: &Nvfp4Matrix, w: &Nvfp4Matrix, offsets
             continue;
         }
         let rows: Vec<usize> = (r0..r1).collect();
-        let a = x.select_rows(&rows).without_global_scale();
-        let we = w.batch_slice(e).without_global_scale();
+        let a = x.select_rows(&rows)?.without_global_scale();
+        let we = w.batch_slice(e)?.without_global_scale();
         let d: Vec<T> = crate::matrix::reference_gemm(&a, &we, folded * expert_scales[e], 0.0, None)?;
         out[r0 * n..r1 * n].copy_from_slice(&d);
     }
@@ -571,7 +571,7 @@ mod tests {
         let d: Vec<f32> = reference_moe(&x, &w, &offsets, &scales, 0.75).unwrap();
         for (e, r0, r1) in [(0usize, 0usize, 17usize), (2, 17, 40)] {
             let rows: Vec<usize> = (r0..r1).collect();
-            let want: Vec<f32> = crate::matrix::reference_gemm(&x.select_rows(&rows), &w.batch_slice(e), 0.75 * scales[e], 0.0, None).unwrap();
+            let want: Vec<f32> = crate::matrix::reference_gemm(&x.select_rows(&rows).unwrap(), &w.batch_slice(e).unwrap(), 0.75 * scales[e], 0.0, None).unwrap();
             assert_eq!(&d[r0 * 64..r1 * 64], &want[..]);
         }
     }

@@ -15,6 +15,7 @@
 //! pitch apart. The scales keep their tiled layout, which the kernels already read as
 //! contiguous 512-byte chunks.
 
+use crate::error::{check_len, checked_product, try_zeros, Error, Result};
 use std::fmt;
 
 /// Bytes of K of one prepacked chunk (256 values; `BSG_PREPACK_CHUNK_BYTES` in the launch ABI).
@@ -70,31 +71,39 @@ fn chunk_pieces(rows: usize, k: usize, batch: usize) -> impl Iterator<Item = (us
     })
 }
 
+/// Checks that K is even (two e2m1 values a byte) and `src` holds `want` bytes.
+fn check_values(src: usize, want: usize, k: usize, rule: &'static str) -> Result<()> {
+    if !k.is_multiple_of(2) {
+        return Err(Error::KMultiple { k, multiple: 2, why: "two e2m1 values per byte" });
+    }
+    check_len("values", src, want, rule)
+}
+
 /// Packed values `(batch, rows, K/2)` into the prepacked layout (zeros past K), on the host: the
-/// GPU's transform ([`crate::Nvfp4Tensor::prepack`]) writes the same bytes.
-///
-/// # Panics
-/// If `src.len() != batch * rows * k / 2` or K is odd.
-pub fn prepack_values(src: &[u8], rows: usize, k: usize, batch: usize) -> Vec<u8> {
-    assert!(k.is_multiple_of(2) && src.len() == batch * rows * k / 2, "standard layout of (batch, rows, K)");
-    let mut out = vec![0u8; prepacked_bytes(rows, k, batch)];
+/// GPU's transform ([`crate::Nvfp4Tensor::prepack`]) writes the same bytes. Fails where K is
+/// odd or `src` does not hold `batch * rows * K / 2` bytes.
+pub fn prepack_values(src: &[u8], rows: usize, k: usize, batch: usize) -> Result<Vec<u8>> {
+    let dims = [("batch", batch), ("rows", rows), ("K / 2", k / 2)];
+    let rule = "batch * rows * K / 2 bytes (standard layout)";
+    check_values(src.len(), checked_product("values", rule, &dims)?, k, rule)?;
+    let mut out = try_zeros("prepacked values", prepacked_bytes(rows, k, batch))?;
     for (std_at, packed_at, len) in chunk_pieces(rows, k, batch) {
         out[packed_at..packed_at + len].copy_from_slice(&src[std_at..std_at + len]);
     }
-    out
+    Ok(out)
 }
 
-/// The prepacked layout back to `(batch, rows, K/2)` (the bytes past K are dropped).
-///
-/// # Panics
-/// If `src.len() != prepacked_bytes(rows, k, batch)` or K is odd.
-pub fn unpack_values(src: &[u8], rows: usize, k: usize, batch: usize) -> Vec<u8> {
-    assert!(k.is_multiple_of(2) && src.len() == prepacked_bytes(rows, k, batch), "prepacked layout of (batch, rows, K)");
-    let mut out = vec![0u8; batch * rows * k / 2];
+/// The prepacked layout back to `(batch, rows, K/2)` (the bytes past K are dropped). Fails where
+/// K is odd or `src` does not hold [`prepacked_bytes`]`(rows, k, batch)` bytes.
+pub fn unpack_values(src: &[u8], rows: usize, k: usize, batch: usize) -> Result<Vec<u8>> {
+    let rule = "batch * ceil(K / 256) * rows * 128 bytes (prepacked layout)";
+    let dims = [("batch", batch), ("K / 256 rounded up", prepack_chunks(k)), ("rows", rows), ("bytes a chunk", PREPACK_CHUNK_BYTES)];
+    check_values(src.len(), checked_product("values", rule, &dims)?, k, rule)?;
+    let mut out = try_zeros("values", batch * rows * (k / 2))?;
     for (std_at, packed_at, len) in chunk_pieces(rows, k, batch) {
         out[std_at..std_at + len].copy_from_slice(&src[packed_at..packed_at + len]);
     }
-    out
+    Ok(out)
 }
 
 /// Elements of K that share one scale (NVFP4 vector size).
@@ -160,15 +169,20 @@ pub const fn sf_offset_elem(l: usize, r: usize, k_elem: usize, rows: usize, k: u
     l * sf_batch_bytes(rows, k) + sf_offset(r, k_elem / SF_VEC, padded_sf_cols(sf_cols(k)))
 }
 
-/// Converts row-major scales `(batch, rows, sf_cols)` into the tiled layout, zero padding.
-///
-/// # Panics
-/// If `src.len() != batch * rows * sf_cols`, or the tiled size does not fit in `usize`.
-pub fn to_tiled(src: &[u8], rows: usize, sf_cols: usize, batch: usize) -> Vec<u8> {
-    assert_eq!(Some(src.len()), batch.checked_mul(rows).and_then(|x| x.checked_mul(sf_cols)), "to_tiled: source length");
-    let sp = padded_sf_cols(sf_cols);
-    let per = padded_rows(rows).checked_mul(sp).expect("to_tiled: tiled size overflows usize");
-    let mut out = vec![0u8; per.checked_mul(batch).expect("to_tiled: tiled size overflows usize")];
+/// Bytes of tiled scales for `(batch, rows, sf_cols)`, or [`Error::SizeLimit`].
+fn tiled_bytes(rows: usize, sf_cols: usize, batch: usize) -> Result<usize> {
+    let dims = [("batch", batch), ("rows rounded up to 128", padded_rows(rows)), ("scale columns rounded up to 4", padded_sf_cols(sf_cols))];
+    checked_product("tiled scale bytes", "batch * padded rows * padded scale columns", &dims)
+}
+
+/// Converts row-major scales `(batch, rows, sf_cols)` into the tiled layout, zero padding. Fails
+/// where `src` does not hold `batch * rows * sf_cols` bytes or the tiled size does not fit.
+pub fn to_tiled(src: &[u8], rows: usize, sf_cols: usize, batch: usize) -> Result<Vec<u8>> {
+    let rule = "batch * rows * scale columns (row-major)";
+    check_len("row-major scales", src.len(), checked_product("row-major scales", rule, &[("batch", batch), ("rows", rows), ("scale columns", sf_cols)])?, rule)?;
+    let (sp, total) = (padded_sf_cols(sf_cols), tiled_bytes(rows, sf_cols, batch)?);
+    let per = padded_rows(rows).saturating_mul(sp);
+    let mut out = try_zeros("tiled scales", total)?;
     for l in 0..batch {
         for r in 0..rows {
             for s in 0..sf_cols {
@@ -176,18 +190,17 @@ pub fn to_tiled(src: &[u8], rows: usize, sf_cols: usize, batch: usize) -> Vec<u8
             }
         }
     }
-    out
+    Ok(out)
 }
 
-/// Converts tiled scales back to row-major `(batch, rows, sf_cols)`, dropping the padding.
-///
-/// # Panics
-/// If `tiled.len() != batch * padded_rows(rows) * padded_sf_cols(sf_cols)`.
-pub fn from_tiled(tiled: &[u8], rows: usize, sf_cols: usize, batch: usize) -> Vec<u8> {
+/// Converts tiled scales back to row-major `(batch, rows, sf_cols)`, dropping the padding. Fails
+/// where `tiled` does not hold `batch * padded_rows(rows) * padded_sf_cols(sf_cols)` bytes.
+pub fn from_tiled(tiled: &[u8], rows: usize, sf_cols: usize, batch: usize) -> Result<Vec<u8>> {
     let sp = padded_sf_cols(sf_cols);
+    check_len("tiled scales", tiled.len(), tiled_bytes(rows, sf_cols, batch)?, "batch * rows rounded up to 128 * scale columns rounded up to 4")?;
     let per = padded_rows(rows).saturating_mul(sp);
-    assert_eq!(Some(tiled.len()), per.checked_mul(batch), "from_tiled: tiled length");
-    let mut out = vec![0u8; batch * rows * sf_cols];
+    // Every row-major byte is one of the tiled ones, so this count fits too.
+    let mut out = try_zeros("row-major scales", batch * rows * sf_cols)?;
     for l in 0..batch {
         for r in 0..rows {
             for s in 0..sf_cols {
@@ -195,7 +208,7 @@ pub fn from_tiled(tiled: &[u8], rows: usize, sf_cols: usize, batch: usize) -> Ve
             }
         }
     }
-    out
+    Ok(out)
 }
 
 #[cfg(test)]
@@ -252,9 +265,9 @@ mod tests {
     fn round_trip_odd_shapes() {
         for &(rows, cols, batch) in &[(1, 1, 1), (127, 3, 2), (129, 5, 1), (33, 4, 3), (256, 8, 1), (1000, 17, 2)] {
             let src: Vec<u8> = (0..rows * cols * batch).map(|i| (i * 7 + 3) as u8 | 1).collect();
-            let tiled = to_tiled(&src, rows, cols, batch);
+            let tiled = to_tiled(&src, rows, cols, batch).unwrap();
             assert_eq!(tiled.len(), batch * padded_rows(rows) * padded_sf_cols(cols));
-            assert_eq!(from_tiled(&tiled, rows, cols, batch), src);
+            assert_eq!(from_tiled(&tiled, rows, cols, batch).unwrap(), src);
             // Exactly the padding is zero (every source byte is odd, so nonzero).
             let nonzero = tiled.iter().filter(|&&b| b != 0).count();
             assert_eq!(nonzero, src.len());
@@ -266,9 +279,9 @@ mod tests {
         // K of whole chunks, a partial last chunk, and less than one chunk.
         for &(rows, k, batch) in &[(3, 512, 2), (5, 7168, 1), (130, 288, 3), (7, 32, 2), (1, 2080, 1)] {
             let src: Vec<u8> = (0..batch * rows * k / 2).map(|i| (i * 13 + 5) as u8 | 1).collect();
-            let packed = prepack_values(&src, rows, k, batch);
+            let packed = prepack_values(&src, rows, k, batch).unwrap();
             assert_eq!(packed.len(), batch * (k / 2).div_ceil(128) * rows * 128);
-            assert_eq!(unpack_values(&packed, rows, k, batch), src, "{rows} {k} {batch}");
+            assert_eq!(unpack_values(&packed, rows, k, batch).unwrap(), src, "{rows} {k} {batch}");
             // Exactly the bytes past K are zero (every source byte is odd).
             assert_eq!(packed.iter().filter(|&&b| b != 0).count(), src.len());
             // Byte j of chunk c of row r of batch l, as the launch ABI states it.

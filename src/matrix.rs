@@ -1,6 +1,6 @@
 //! `Nvfp4Matrix`: an NVFP4 tensor on the host, its generators, the quantizer and dequantization.
 
-use crate::error::{Error, Result};
+use crate::error::{try_vec, Error, Result};
 use crate::formats::{e2m1_from_f32, e2m1_to_f32, e4m3_from_f32, ue4m3_to_f32, E2M1_MAX, E4M3_MAX, E4M3_NAN};
 use crate::layout::{padded_rows, padded_sf_cols, sf_batch_bytes, sf_cols, sf_offset, SF_VEC};
 
@@ -134,7 +134,7 @@ impl Nvfp4Matrix {
         }
         let mut row_major = try_vec::<u8>("generated scales", batch * rows * sf_cols(k))?;
         row_major.extend((0..batch * rows * sf_cols(k)).map(|_| scale(&mut rng)));
-        let scales = crate::layout::to_tiled(&row_major, rows, sf_cols(k), batch);
+        let scales = crate::layout::to_tiled(&row_major, rows, sf_cols(k), batch)?;
         Ok(Nvfp4Matrix { rows, k, batch, data, scales, global_scale: None })
     }
 
@@ -213,41 +213,43 @@ impl Nvfp4Matrix {
                 *c = if s > 0.0 { e2m1_from_f32(x / s) } else { 0 };
             }
         }
-        let scales = crate::layout::to_tiled(&sf_row_major, rows, kb, batch);
-        Ok(Nvfp4Matrix { rows, k, batch, data: crate::formats::pack_e2m1_slice(&codes), scales, global_scale: Some(g) })
+        let scales = crate::layout::to_tiled(&sf_row_major, rows, kb, batch)?;
+        Ok(Nvfp4Matrix { rows, k, batch, data: crate::formats::pack_e2m1_slice(&codes)?, scales, global_scale: Some(g) })
     }
 
     /// A matrix of the given rows (in that order) of every batch, with their scales; for
-    /// checking a sample of a large result against the reference.
-    ///
-    /// # Panics
-    /// If a row index is out of range or `rows` is empty.
-    pub fn select_rows(&self, rows: &[usize]) -> Nvfp4Matrix {
-        assert!(!rows.is_empty(), "select_rows: no rows");
+    /// checking a sample of a large result against the reference. Fails where `rows` is empty
+    /// or names a row past the last.
+    pub fn select_rows(&self, rows: &[usize]) -> Result<Nvfp4Matrix> {
+        if rows.is_empty() {
+            return Err(Error::Dimension { dim: "rows selected", value: 0, max: usize::MAX });
+        }
+        if let Some(&r) = rows.iter().find(|&&r| r >= self.rows) {
+            return Err(Error::Index { what: "row", index: r, len: self.rows });
+        }
         let kb = sf_cols(self.k);
-        let mut data = Vec::with_capacity(self.batch * rows.len() * self.k / 2);
-        let mut sf = Vec::with_capacity(self.batch * rows.len() * kb);
+        let mut data = try_vec("selected rows", self.batch.saturating_mul(rows.len()).saturating_mul(self.k / 2))?;
+        let mut sf = try_vec("selected rows' scales", self.batch.saturating_mul(rows.len()).saturating_mul(kb))?;
         for l in 0..self.batch {
             for &r in rows {
-                assert!(r < self.rows, "select_rows: row {r} of {}", self.rows);
                 data.extend_from_slice(&self.data[(l * self.rows + r) * self.k / 2..][..self.k / 2]);
                 sf.extend((0..kb).map(|s| self.scale(l, r, s)));
             }
         }
-        let scales = crate::layout::to_tiled(&sf, rows.len(), kb, self.batch);
-        Nvfp4Matrix { rows: rows.len(), k: self.k, batch: self.batch, data, scales, global_scale: self.global_scale }
+        let scales = crate::layout::to_tiled(&sf, rows.len(), kb, self.batch)?;
+        Ok(Nvfp4Matrix { rows: rows.len(), k: self.k, batch: self.batch, data, scales, global_scale: self.global_scale })
     }
 
-    /// Batch `l` alone, as a matrix of one batch (its global scale kept).
-    ///
-    /// # Panics
-    /// If `l` is not below the batch count.
-    pub fn batch_slice(&self, l: usize) -> Nvfp4Matrix {
-        assert!(l < self.batch, "batch_slice: batch {l} of {}", self.batch);
+    /// Batch `l` alone, as a matrix of one batch (its global scale kept). Fails where `l` is not
+    /// below the batch count.
+    pub fn batch_slice(&self, l: usize) -> Result<Nvfp4Matrix> {
+        if l >= self.batch {
+            return Err(Error::Index { what: "batch", index: l, len: self.batch });
+        }
         let (data_len, sf_len) = (self.rows * self.k / 2, sf_batch_bytes(self.rows, self.k));
         let data = self.data[l * data_len..][..data_len].to_vec();
         let scales = self.scales[l * sf_len..][..sf_len].to_vec();
-        Nvfp4Matrix { rows: self.rows, k: self.k, batch: 1, data, scales, global_scale: self.global_scale }
+        Ok(Nvfp4Matrix { rows: self.rows, k: self.k, batch: 1, data, scales, global_scale: self.global_scale })
     }
 
     /// The same codes and scales without a global scale (read as 1).
@@ -271,19 +273,36 @@ impl Nvfp4Matrix {
     }
 
     /// Value of element (l, r, k) without the global scale: `e2m1 * scale`.
+    ///
+    /// # Panics
+    /// Where an index is out of range (`l < batch`, `r < rows`, `kk < K`), as slice indexing does.
     pub fn value(&self, l: usize, r: usize, kk: usize) -> f32 {
         e2m1_to_f32(self.code(l, r, kk)) * ue4m3_to_f32(self.scale(l, r, kk / SF_VEC))
     }
 
     /// The e2m1 code of element (l, r, k).
+    ///
+    /// # Panics
+    /// Where an index is out of range (`l < batch`, `r < rows`, `kk < K`), as slice indexing does.
     pub fn code(&self, l: usize, r: usize, kk: usize) -> u8 {
+        self.check_index(l, r, kk, self.k);
         let byte = self.data[((l * self.rows + r) * self.k + kk) / 2];
         if kk.is_multiple_of(2) { byte & 0xF } else { byte >> 4 }
     }
 
     /// The scale byte of (l, r, scale column s).
+    ///
+    /// # Panics
+    /// Where an index is out of range (`l < batch`, `r < rows`, `s < K / 16`), as slice indexing
+    /// does.
     pub fn scale(&self, l: usize, r: usize, s: usize) -> u8 {
+        self.check_index(l, r, s, sf_cols(self.k));
         self.scales[l * sf_batch_bytes(self.rows, self.k) + sf_offset(r, s, padded_sf_cols(sf_cols(self.k)))]
+    }
+
+    /// An index past its extent would otherwise read another row's or batch's bytes silently.
+    fn check_index(&self, l: usize, r: usize, col: usize, cols: usize) {
+        assert!(l < self.batch && r < self.rows && col < cols, "index (batch {l}, row {r}, column {col}) of ({}, {}, {cols})", self.batch, self.rows);
     }
 
     /// Rows (M for A, N for B).
@@ -310,8 +329,9 @@ impl Nvfp4Matrix {
     pub fn global_scale(&self) -> Option<f32> {
         self.global_scale
     }
-    /// Scales as a row-major (batch, rows, k/16) matrix.
-    pub fn scales_row_major(&self) -> Vec<u8> {
+    /// Scales as a row-major (batch, rows, k/16) matrix; fails only where the host cannot
+    /// allocate it.
+    pub fn scales_row_major(&self) -> Result<Vec<u8>> {
         crate::layout::from_tiled(&self.scales, self.rows, sf_cols(self.k), self.batch)
     }
     /// Padded rows of the scale layout.
@@ -392,13 +412,6 @@ macro_rules! half_host_float {
 }
 half_host_float!(half::f16, half::bf16);
 
-/// An empty vector with room for `n` elements, or a typed error where the host cannot give it.
-fn try_vec<T>(what: &'static str, n: usize) -> Result<Vec<T>> {
-    let mut v = Vec::new();
-    v.try_reserve_exact(n).map_err(|_| Error::HostMemory { what, bytes: n.saturating_mul(std::mem::size_of::<T>()) })?;
-    Ok(v)
-}
-
 /// Checks a matrix shape: no zero extent, K a multiple of 16, and element and scale counts that
 /// fit in memory, so the products computed from the shape afterwards cannot overflow.
 pub(crate) fn check_shape(rows: usize, k: usize, batch: usize) -> Result<()> {
@@ -474,7 +487,7 @@ mod tests {
     #[test]
     fn select_rows_keeps_values_and_scales() {
         let m = Nvfp4Matrix::random_realistic(300, 64, 2, 4).unwrap();
-        let s = m.select_rows(&[299, 0, 130]);
+        let s = m.select_rows(&[299, 0, 130]).unwrap();
         for l in 0..2 {
             for (i, &r) in [299, 0, 130].iter().enumerate() {
                 for kk in 0..64 {
@@ -487,7 +500,7 @@ mod tests {
     #[test]
     fn contest_generator_style() {
         let m = Nvfp4Matrix::random_contest(130, 64, 2, 7).unwrap();
-        let sf = m.scales_row_major();
+        let sf = m.scales_row_major().unwrap();
         assert!(sf.iter().all(|b| [0x00, 0x38, 0x40, 0x44].contains(b)));
         for want in [0x00, 0x38, 0x40, 0x44] {
             assert!(sf.contains(&want), "scale 0x{want:02x} never drawn");
@@ -498,7 +511,7 @@ mod tests {
         assert_eq!(m, Nvfp4Matrix::random_contest(130, 64, 2, 7).unwrap(), "deterministic in the seed");
         assert_ne!(m, Nvfp4Matrix::random_contest(130, 64, 2, 8).unwrap());
         let r = Nvfp4Matrix::random_realistic(64, 64, 1, 1).unwrap();
-        assert!(r.scales_row_major().iter().all(|&b| (0.0625..=16.0).contains(&ue4m3_to_f32(b))));
+        assert!(r.scales_row_major().unwrap().iter().all(|&b| (0.0625..=16.0).contains(&ue4m3_to_f32(b))));
     }
 
     #[test]
@@ -508,7 +521,7 @@ mod tests {
         let x: Vec<f32> = (0..2 * 130 * 64).map(|_| rng.normal() as f32).collect();
         assert_eq!(m, Nvfp4Matrix::quantize(&x, (2, 130, 64), Some(1.0)).unwrap(), "N(0, 1) of the seed, quantized at g = 1");
         // No block is all zeros (contest data has a quarter of them); the scales sit near max|x| / 6.
-        let sf = m.scales_row_major();
+        let sf = m.scales_row_major().unwrap();
         assert!(sf.iter().all(|&b| (0.05..=1.0).contains(&ue4m3_to_f32(b))), "{sf:?}");
         let d = m.dequantize();
         let mean_sq = d.iter().map(|v| f64::from(*v).powi(2)).sum::<f64>() / d.len() as f64;
@@ -561,8 +574,8 @@ mod tests {
         let q = Nvfp4Matrix::quantize(&v, (1, 1, 32), None).unwrap();
         let g = q.global_scale().unwrap();
         assert_eq!(g, f32::MIN_POSITIVE);
-        assert!(q.scales().iter().all(|&b| b != E4M3_NAN), "{:?}", q.scales_row_major());
-        assert_eq!(q.scales_row_major(), vec![0, 0], "the zero block and the one below 2^-136 get scale 0");
+        assert!(q.scales().iter().all(|&b| b != E4M3_NAN), "{:?}", q.scales_row_major().unwrap());
+        assert_eq!(q.scales_row_major().unwrap(), vec![0, 0], "the zero block and the one below 2^-136 get scale 0");
         assert!(q.dequantize().iter().all(|&x| x == 0.0));
         // Every finite amax gives a finite, normal, positive global scale.
         for amax in [f32::from_bits(1), 1e-43, 1e-40, 3e-35, 1.0, 1e38, f32::MAX] {
@@ -681,7 +694,7 @@ mod tests {
             assert!((a - b).abs() <= s * 1.0001, "element {i}: {a} -> {b}, scale {s}");
         }
         let tiny = Nvfp4Matrix::quantize(&x, (1, 2, 32), Some(g / 16.0)).unwrap();
-        assert!(tiny.scales_row_major().iter().all(|&b| b == 0x7E), "block scales saturate at 448");
+        assert!(tiny.scales_row_major().unwrap().iter().all(|&b| b == 0x7E), "block scales saturate at 448");
         for bad in [0.0, -1.0, f32::NAN, f32::INFINITY] {
             let e = Nvfp4Matrix::quantize(&x, (1, 2, 32), Some(bad)).unwrap_err().to_string();
             assert!(e.contains("global scale") && e.contains("finite and positive"), "{bad}: {e}");

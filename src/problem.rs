@@ -1,6 +1,7 @@
 //! Problem shapes, output types and the validation every launch passes before any FFI call.
 
 use crate::error::{Error, Result};
+pub(crate) use crate::error::{check_len, product};
 use crate::layout;
 
 /// Builder methods of the problem types that set fields of one type: `name: a, b: type;` gives
@@ -337,19 +338,6 @@ impl Problem {
     }
 }
 
-/// The product of `factors` in u128, saturating at `u128::MAX` (exact for up to two factors of
-/// any size, and for any number of dimensions that passed [`Problem::check_dims`]).
-pub(crate) fn product(factors: &[usize]) -> u128 {
-    factors.iter().fold(1u128, |acc, &x| acc.saturating_mul(x as u128))
-}
-
-/// Checks one buffer's element count against the problem.
-pub(crate) fn check_len(name: &'static str, got: usize, want: usize, rule: &'static str) -> Result<()> {
-    if got != want {
-        return Err(Error::BufferLength { name, got, want, rule });
-    }
-    Ok(())
-}
 
 /// Checks a device address for 16-byte alignment.
 pub(crate) fn check_align(name: &'static str, addr: u64) -> Result<()> {

@@ -576,7 +576,7 @@ fn cutlass_sfd_layout_spans_the_rust_buffer() {
 fn operand(rows: usize, k: usize, l: usize, rng: &mut SplitMix64, scales: &[u8]) -> Nvfp4Matrix {
     let data = rng.bytes(l * rows * k / 2);
     let sf: Vec<u8> = (0..l * rows * k / 16).map(|_| scales[rng.below(scales.len() as u64) as usize]).collect();
-    Nvfp4Matrix::from_parts(rows, k, l, data, to_tiled(&sf, rows, k / 16, l), None).unwrap()
+    Nvfp4Matrix::from_parts(rows, k, l, data, to_tiled(&sf, rows, k / 16, l).unwrap(), None).unwrap()
 }
 
 /// The scale factor of output row `row` (stacked over the l batches of m rows) and 16-column group

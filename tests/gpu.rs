@@ -123,7 +123,7 @@ fn upload_b(g: &BlockScaledGemm, m: &Nvfp4Matrix) -> (CudaSlice<u8>, CudaSlice<u
         return upload(g, m);
     }
     let s = g.stream();
-    (s.clone_htod(&layout::prepack_values(m.data(), m.rows(), m.k(), m.batch())).unwrap(), s.clone_htod(m.scales()).unwrap())
+    (s.clone_htod(&layout::prepack_values(m.data(), m.rows(), m.k(), m.batch()).unwrap()).unwrap(), s.clone_htod(m.scales()).unwrap())
 }
 
 /// A weight tensor on the device (global scale as the matrix's), in the layout of `with_b_layout`.
@@ -133,7 +133,7 @@ fn upload_weights(m: &Nvfp4Matrix, s: &Arc<CudaStream>) -> Nvfp4Tensor {
         return t;
     }
     let (_, scales) = t.into_parts();
-    let values = s.clone_htod(&layout::prepack_values(m.data(), m.rows(), m.k(), m.batch())).unwrap();
+    let values = s.clone_htod(&layout::prepack_values(m.data(), m.rows(), m.k(), m.batch()).unwrap()).unwrap();
     Nvfp4Tensor::new_prepacked(values, scales, (m.batch(), m.rows(), m.k()), m.global_scale().unwrap_or(1.0)).unwrap()
 }
 
@@ -227,7 +227,7 @@ fn run_sm90<T: OutputElement + cudarc::driver::DeviceRepr>(g: &BlockScaledGemm, 
     let want: Vec<T> = reference_gemm(a, b, alpha, beta, (beta != 0.0).then_some(&c[..])).unwrap();
     let what = format!("{ran} {m}x{n}x{k}x{l} alpha={alpha} beta={beta} {:?}", T::OUT);
     if exact {
-        let cmp = compare(&got, &want, 0.0, 0.0);
+        let cmp = compare(&got, &want, 0.0, 0.0).unwrap();
         assert!(cmp.passed(), "{what}: {cmp}");
     } else {
         assert!(got.iter().all(|x| !x.to_f64().is_nan()) || want.iter().any(|x| x.to_f64().is_nan()), "{what}: NaN in the output");
@@ -389,7 +389,7 @@ fn sm90_extreme_scales() -> Outcome {
         let mut rng = blockscaled_gemm::SplitMix64::new(seed() ^ salt);
         let data: Vec<u8> = (0..rows * k / 2).map(|_| if rng.below(4) == 0 { 0x77 } else { rng.next_u64() as u8 }).collect();
         let sf: Vec<u8> = (0..rows * k / 16).map(|_| [0x00, 0x7E, 0x01, 0x38][rng.below(4) as usize]).collect();
-        Nvfp4Matrix::from_parts(rows, k, 1, data, blockscaled_gemm::layout::to_tiled(&sf, rows, k / 16, 1), None).unwrap()
+        Nvfp4Matrix::from_parts(rows, k, 1, data, blockscaled_gemm::layout::to_tiled(&sf, rows, k / 16, 1).unwrap(), None).unwrap()
     };
     let (a, b) = (mk(m, 40), mk(n, 41));
     for c in Config::ALL.iter().copied().filter(|c| c.info().arch == 90) {
@@ -490,7 +490,7 @@ fn workspace_limit_and_release() -> Outcome {
     for round in 0..2 {
         s.memcpy_htod(&poison, &mut d).unwrap();
         g.gemm(&p, &ta(&p, &av, &asf), &tb(&p, &bv, &bsf), &mut d, None).unwrap();
-        let cmp = compare(&s.clone_dtoh(&d).unwrap(), &want, 0.0, 0.0);
+        let cmp = compare(&s.clone_dtoh(&d).unwrap(), &want, 0.0, 0.0).unwrap();
         assert!(cmp.passed(), "round {round}: {cmp}");
         assert_eq!(g.workspace_bytes(), need, "round {round}: the workspace grows to what the call needs");
         // SAFETY: as above.
@@ -640,7 +640,7 @@ fn fp4_output_realistic_data_within_one_step() -> Outcome {
     let a = Nvfp4Matrix::random_realistic(m, k, 1, seed() ^ 80).unwrap();
     let b = Nvfp4Matrix::random_realistic(n, k, 1, seed() ^ 81).unwrap();
     let acc = reference::accumulators(&Problem::new(m, n, k), a.data(), a.scales(), b.data(), b.scales(), Accumulation::Exact).unwrap();
-    let row_major = |t: &[u8]| blockscaled_gemm::layout::from_tiled(t, m, n / 16, 1);
+    let row_major = |t: &[u8]| blockscaled_gemm::layout::from_tiled(t, m, n / 16, 1).unwrap();
     for config in Config::ALL.iter().copied().filter(|c| c.compute_capability() == cc && c.is_built(OutType::Nvfp4)) {
         for out in [OutType::Nvfp4, OutType::Nvfp4Ue8m0] {
             let format = out.sfd().unwrap();
@@ -649,7 +649,7 @@ fn fp4_output_realistic_data_within_one_step() -> Outcome {
             let (ran, d, sfd) = run_fp4(&g, &p, out, &a, &b, None, Some(config));
             let (want_d, want_sfd) = reference::gemm_fp4(&p, a.data(), a.scales(), b.data(), b.scales(), None, format, Accumulation::Exact).unwrap();
             let (got_sf, want_sf) = (row_major(&sfd), row_major(&want_sfd));
-            let cmp = compare_fp4(&d, &got_sf, &want_d, &want_sf, n);
+            let cmp = compare_fp4(&d, &got_sf, &want_d, &want_sf, n).unwrap();
             assert!(cmp.within_one_step(), "{ran} {out}: {cmp}");
             // A neighbouring scale factor only where the unrounded scale sits at a rounding point.
             for (gi, (x, y)) in got_sf.iter().zip(&want_sf).enumerate().filter(|(_, (x, y))| x != y) {
@@ -785,7 +785,7 @@ fn general_data_passes_the_verdict() -> Outcome {
         let mut rng = blockscaled_gemm::SplitMix64::new(seed() ^ salt);
         let data = rng.bytes(l * rows * k / 2);
         let sf: Vec<u8> = (0..l * rows * k / 16).map(|_| 0x10 + rng.below(0x49) as u8).collect();
-        Nvfp4Matrix::from_parts(rows, k, l, data, blockscaled_gemm::layout::to_tiled(&sf, rows, k / 16, l), None).unwrap()
+        Nvfp4Matrix::from_parts(rows, k, l, data, blockscaled_gemm::layout::to_tiled(&sf, rows, k / 16, l).unwrap(), None).unwrap()
     };
     fn auto<T: OutputElement + cudarc::driver::DeviceRepr>(g: &BlockScaledGemm, a: &Nvfp4Matrix, b: &Nvfp4Matrix, alpha: f32, beta: f32) {
         let (m, n, k, l) = (a.rows(), b.rows(), a.k(), a.batch());
@@ -918,7 +918,7 @@ fn threads_with_own_and_shared_gemms() -> Outcome {
             let mut d = s.clone_htod(&vec![bf16::NAN; want.len()]).unwrap();
             let ran = g.gemm(p, &tensors[i].0, &tensors[i].1, &mut d, None).unwrap();
             let got = s.clone_dtoh(&d).unwrap();
-            let cmp = compare(&got, want, 0.0, 0.0);
+            let cmp = compare(&got, want, 0.0, 0.0).unwrap();
             assert!(cmp.passed(), "{ran} {}x{}x{}x{}: {cmp}", p.m, p.n, p.k, p.l);
         }
         cases.len()
@@ -1140,7 +1140,7 @@ fn graph_capture_replays_with_new_data() -> Outcome {
             let mut d = stream.alloc_zeros::<f16>(big.cd_elems()).unwrap();
             g.gemm(&big, &ta(&big, &av, &asf), &tb(&big, &bv, &bsf), &mut d, None).unwrap();
             let want: Vec<f16> = reference_gemm(&ba, &bb, 1.0, 0.0, None).unwrap();
-            assert!(compare(&stream.clone_dtoh(&d).unwrap(), &want, 0.0, 0.0).passed(), "eager call between replays");
+            assert!(compare(&stream.clone_dtoh(&d).unwrap(), &want, 0.0, 0.0).unwrap().passed(), "eager call between replays");
         }
         for (i, c) in cases.iter().enumerate() {
             let (a, b) = &wants[i];
@@ -1148,13 +1148,13 @@ fn graph_capture_replays_with_new_data() -> Outcome {
             let got = stream.clone_dtoh(d).unwrap();
             let le2 = |x: &[u8]| [x[0], x[1]];
             let ok = match c.out {
-                OutType::F16 => compare(&got.chunks_exact(2).map(|x| f16::from_le_bytes(le2(x))).collect::<Vec<_>>(), &reference_gemm::<f16>(a, b, 1.0, 0.0, None).unwrap(), 0.0, 0.0).passed(),
-                OutType::Bf16 => compare(&got.chunks_exact(2).map(|x| bf16::from_le_bytes(le2(x))).collect::<Vec<_>>(), &reference_gemm::<bf16>(a, b, 1.0, 0.0, None).unwrap(), 0.0, 0.0).passed(),
-                OutType::F32 => compare(&got.chunks_exact(4).map(|x| f32::from_le_bytes([x[0], x[1], x[2], x[3]])).collect::<Vec<_>>(), &reference_gemm::<f32>(a, b, 1.0, 0.0, None).unwrap(), 0.0, 0.0).passed(),
+                OutType::F16 => compare(&got.chunks_exact(2).map(|x| f16::from_le_bytes(le2(x))).collect::<Vec<_>>(), &reference_gemm::<f16>(a, b, 1.0, 0.0, None).unwrap(), 0.0, 0.0).unwrap().passed(),
+                OutType::Bf16 => compare(&got.chunks_exact(2).map(|x| bf16::from_le_bytes(le2(x))).collect::<Vec<_>>(), &reference_gemm::<bf16>(a, b, 1.0, 0.0, None).unwrap(), 0.0, 0.0).unwrap().passed(),
+                OutType::F32 => compare(&got.chunks_exact(4).map(|x| f32::from_le_bytes([x[0], x[1], x[2], x[3]])).collect::<Vec<_>>(), &reference_gemm::<f32>(a, b, 1.0, 0.0, None).unwrap(), 0.0, 0.0).unwrap().passed(),
                 _ => {
                     let acc = reference::accumulators(p, a.data(), a.scales(), b.data(), b.scales(), Accumulation::Exact).unwrap();
-                    let (wd, wsf) = blockscaled_gemm::fp4_out::epilogue(p, &acc, None, c.out.sfd().unwrap());
-                    let tiled = |x: &[u8]| blockscaled_gemm::layout::from_tiled(x, c.m, c.n / 16, 1);
+                    let (wd, wsf) = blockscaled_gemm::fp4_out::epilogue(p, &acc, None, c.out.sfd().unwrap()).unwrap();
+                    let tiled = |x: &[u8]| blockscaled_gemm::layout::from_tiled(x, c.m, c.n / 16, 1).unwrap();
                     got == wd && tiled(&stream.clone_dtoh(sfd).unwrap()) == tiled(&wsf)
                 }
             };
@@ -1188,7 +1188,7 @@ fn check_moe<T: OutputElement + cudarc::driver::DeviceRepr>(g: &BlockScaledGemm,
     let es: Vec<f32> = (0..counts.len()).map(|e| [1.0, 0.5, 2.0, 0.25][e % 4]).collect();
     let (ran, got) = moe_on_device::<T>(g, &x, &w, &moe_scales(&x, &offsets).unwrap(), &offsets, &es, 0.5, config).unwrap();
     let want: Vec<T> = reference_moe(&x, &w, &offsets, &es, 0.5).unwrap();
-    let cmp = compare(&got, &want, 0.0, 0.0);
+    let cmp = compare(&got, &want, 0.0, 0.0).unwrap();
     assert!(cmp.passed(), "{ran} {:?} T={t} N={n} K={k} E={}: {cmp}", T::OUT, counts.len());
     ran
 }
@@ -1263,8 +1263,8 @@ fn grouped_moe_same_bits_as_gemm_per_expert() -> Outcome {
                 continue;
             }
             let rows: Vec<usize> = (r0..r1).collect();
-            let a = x.select_rows(&rows);
-            let b = w.batch_slice(e);
+            let a = x.select_rows(&rows).unwrap();
+            let b = w.batch_slice(e).unwrap();
             let (_, want) = run_poisoned::<bf16>(&split1, &a, &b, 0.625 * es[e], 0.0, &[], Some(config));
             assert!(got[r0 * n..r1 * n].iter().zip(&want).all(|(x, y)| x.to_bits() == y.to_bits()), "{config} expert {e}: grouped and gemm differ");
             check_accumulation_bound(&got[r0 * n..r1 * n], &a, &b, 0.625 * es[e], 0.0, &[], &format!("{config} expert {e}"));
@@ -1319,7 +1319,7 @@ fn grouped_moe_fp4_output_is_gemm_fp4_per_expert() -> Outcome {
                 }
                 let rows: Vec<usize> = (r0..r1).collect();
                 let pe = Problem::new(r1 - r0, n, k).scalars(alpha * es[e], 0.0).norm_constant(st);
-                let (_, want_d, want_sfd) = run_fp4(&split1, &pe, out, &x.select_rows(&rows), &w.batch_slice(e), None, Some(config));
+                let (_, want_d, want_sfd) = run_fp4(&split1, &pe, out, &x.select_rows(&rows).unwrap(), &w.batch_slice(e).unwrap(), None, Some(config));
                 assert!(d[r0 * n / 2..r1 * n / 2] == want_d[..], "{config} {out} expert {e}: D");
                 let at = starts[e] * spn;
                 assert!(sfd[at..at + want_sfd.len()] == want_sfd[..], "{config} {out} expert {e}: SFD");
@@ -1340,11 +1340,11 @@ fn grouped_moe_fp4_output_is_gemm_fp4_per_expert() -> Outcome {
                         }
                     }
                 }
-                let h = Nvfp4Matrix::from_parts(t, n, 1, d.clone(), blockscaled_gemm::layout::to_tiled(&rm, t, n / 16, 1), None).unwrap();
+                let h = Nvfp4Matrix::from_parts(t, n, 1, d.clone(), blockscaled_gemm::layout::to_tiled(&rm, t, n / 16, 1).unwrap(), None).unwrap();
                 let (_, got) = moe_on_device::<f32>(&g, &h, &w2, &sfd, &offsets, &[1.0; 6], 1.0 / st, None).unwrap();
                 for e in (0..experts).filter(|&e| offsets[e] < offsets[e + 1]) {
                     let rows: Vec<usize> = (offsets[e] as usize..offsets[e + 1] as usize).collect();
-                    check_accumulation_bound(&got[rows[0] * n2..(rows[rows.len() - 1] + 1) * n2], &h.select_rows(&rows), &w2.batch_slice(e), 1.0 / st, 0.0, &[], &format!("{config}: the next grouped GEMM, expert {e}"));
+                    check_accumulation_bound(&got[rows[0] * n2..(rows[rows.len() - 1] + 1) * n2], &h.select_rows(&rows).unwrap(), &w2.batch_slice(e).unwrap(), 1.0 / st, 0.0, &[], &format!("{config}: the next grouped GEMM, expert {e}"));
                 }
             }
         }
@@ -1599,7 +1599,7 @@ fn grouped_moe_bad_device_offsets_stay_inside_d() -> Outcome {
             let end = r.map_or(0, |x| x.2 - r0);
             clamped[e + 1] = end.max(clamped[e] as usize) as i32;
         }
-        let sfa_inner = moe_scales(&x.select_rows(&covered), &clamped).unwrap();
+        let sfa_inner = moe_scales(&x.select_rows(&covered).unwrap(), &clamped).unwrap();
         let mut sfa = vec![0u8; MoeProblem::new(t, n, k, 4).sfa_bytes()];
         sfa[..sfa_inner.len()].copy_from_slice(&sfa_inner);
         for config in [Config::Sm90_Stream_16x128x64, Config::Sm90_Swapped_128x128x64] {
@@ -1607,8 +1607,8 @@ fn grouped_moe_bad_device_offsets_stay_inside_d() -> Outcome {
             assert!(got[uncovered.start * n..uncovered.end * n].iter().all(|v| v.is_nan()), "{config} {device_offsets:?}: rows no expert holds were written");
             for &(e, a, b) in ranges {
                 let rows: Vec<usize> = (a..b).collect();
-                let want: Vec<f32> = reference_gemm(&x.select_rows(&rows), &w.batch_slice(e), es[e], 0.0, None).unwrap();
-                assert!(compare(&got[a * n..b * n], &want, 0.0, 0.0).passed(), "{config} {device_offsets:?}: expert {e}");
+                let want: Vec<f32> = reference_gemm(&x.select_rows(&rows).unwrap(), &w.batch_slice(e).unwrap(), es[e], 0.0, None).unwrap();
+                assert!(compare(&got[a * n..b * n], &want, 0.0, 0.0).unwrap().passed(), "{config} {device_offsets:?}: expert {e}");
             }
         }
     }
@@ -1672,7 +1672,7 @@ fn grouped_moe_captured_follows_device_routing() -> Outcome {
         stream.memcpy_htod(&vec![f16::NAN; p.d_elems()], &mut d).unwrap();
         graph.launch().unwrap();
         let want: Vec<f16> = reference_moe(&x, &w, &o, &vec![1.0; experts], 1.0).unwrap();
-        let cmp = compare(&stream.clone_dtoh(&d).unwrap(), &want, 0.0, 0.0);
+        let cmp = compare(&stream.clone_dtoh(&d).unwrap(), &want, 0.0, 0.0).unwrap();
         assert!(cmp.passed(), "replay {replay} ({counts:?}): {cmp}");
     }
     Ok(())
@@ -1834,7 +1834,7 @@ fn general_weights(rows: usize, k: usize, l: usize, g: f32, salt: u64) -> Nvfp4M
     let mut rng = blockscaled_gemm::SplitMix64::new(seed() ^ salt);
     let data = rng.bytes(l * rows * k / 2);
     let sf: Vec<u8> = (0..l * rows * k / 16).map(|_| 0x10 + rng.below(0x49) as u8).collect();
-    Nvfp4Matrix::from_parts(rows, k, l, data, blockscaled_gemm::layout::to_tiled(&sf, rows, k / 16, l), Some(g)).unwrap()
+    Nvfp4Matrix::from_parts(rows, k, l, data, blockscaled_gemm::layout::to_tiled(&sf, rows, k / 16, l).unwrap(), Some(g)).unwrap()
 }
 
 /// One W4A16 GEMM, D poisoned with NaN first (C given where beta != 0): the config that ran and D.
@@ -1914,7 +1914,7 @@ fn w4a16_bf16_in_and_out_of_f16_range_exact() -> Outcome {
     let (l, n, k) = (2, 256, 1024);
     let mut rng = blockscaled_gemm::SplitMix64::new(seed() ^ 0x4A17);
     // Codes of every kind, scales 1.0 (ue4m3 0x38), no global scale: weights in {0, +-0.5 .. +-6}.
-    let w = Nvfp4Matrix::from_parts(n, k, l, rng.bytes(l * n * k / 2), blockscaled_gemm::layout::to_tiled(&vec![0x38u8; l * n * k / 16], n, k / 16, l), None).unwrap();
+    let w = Nvfp4Matrix::from_parts(n, k, l, rng.bytes(l * n * k / 2), blockscaled_gemm::layout::to_tiled(&vec![0x38u8; l * n * k / 16], n, k / 16, l).unwrap(), None).unwrap();
     let small_m: Vec<Config> = Config::ALL.iter().copied().filter(|c| c.is_built_w4a16(OutType::F32) && c.info().streams() && c.info().tile[0] <= 16).collect();
     if small_m.is_empty() {
         return Err("no W4A16 stream config of at most 16 rows in this build".into());
@@ -2043,7 +2043,7 @@ fn w4a16_grouped_moe_every_config() -> Outcome {
             if r0 == r1 {
                 continue;
             }
-            let we = w.batch_slice(ex);
+            let we = w.batch_slice(ex).unwrap();
             let pe = Problem::new(r1 - r0, n, k).scalars(0.5 * es[ex] * gw, 0.0);
             let v = verify_w4a16(&pe, &x[r0 * k..r1 * k], we.data(), we.scales(), None, &got[r0 * n..r1 * n]).unwrap();
             assert!(v.passed(), "{ran} expert {ex} ({} rows) {} -> {:?}: {v}", r1 - r0, std::any::type_name::<TA>(), T::OUT);
@@ -2052,7 +2052,7 @@ fn w4a16_grouped_moe_every_config() -> Outcome {
             let mut de = s.clone_htod(&vec![T::from_f64(f64::NAN); (r1 - r0) * n]).unwrap();
             split1.gemm_w4a16(&Problem::new(r1 - r0, n, k).scalars(0.5 * es[ex], 0.0), &xe, &wte, &mut de, Some(ran)).unwrap();
             let dense = s.clone_dtoh(&de).unwrap();
-            let cmp = compare(&got[r0 * n..r1 * n], &dense, 0.0, 0.0);
+            let cmp = compare(&got[r0 * n..r1 * n], &dense, 0.0, 0.0).unwrap();
             assert!(cmp.passed(), "{ran} expert {ex}: grouped vs gemm_w4a16: {cmp}");
         }
     }
@@ -2122,7 +2122,7 @@ fn row_major_scales_tiled_on_the_gpu() -> Outcome {
     for &(batch, rows, k) in &[(1usize, 1usize, 16usize), (2, 200, 112), (1, 128, 7168), (3, 129, 48)] {
         let mut rng = blockscaled_gemm::SplitMix64::new(seed() ^ (rows * 31 + k) as u64);
         let rm: Vec<u8> = (0..batch * rows * k / 16).map(|_| rng.below(0x7F) as u8).collect();
-        let want = blockscaled_gemm::layout::to_tiled(&rm, rows, k / 16, batch);
+        let want = blockscaled_gemm::layout::to_tiled(&rm, rows, k / 16, batch).unwrap();
         let values = s.clone_htod(&vec![0x21u8; batch * rows * k / 2]).unwrap();
         let t = Nvfp4Tensor::from_row_major_scales(values, &s.clone_htod(&rm).unwrap(), (batch, rows, k), 0.5, &s).unwrap();
         assert_eq!(s.clone_dtoh(t.scales()).unwrap(), want, "{batch}x{rows}x{k}");
@@ -2132,7 +2132,7 @@ fn row_major_scales_tiled_on_the_gpu() -> Outcome {
         let (m, n, k) = (16, 256, 1024);
         let a = Nvfp4Matrix::random_contest(m, k, 1, seed() ^ 0x51).unwrap();
         let b = general_weights(n, k, 1, 0.25, 0x52);
-        let rm = blockscaled_gemm::layout::from_tiled(b.scales(), n, k / 16, 1);
+        let rm = blockscaled_gemm::layout::from_tiled(b.scales(), n, k / 16, 1).unwrap();
         let bt = Nvfp4Tensor::from_row_major_scales(s.clone_htod(b.data()).unwrap(), &s.clone_htod(&rm).unwrap(), (1, n, k), 0.25, &s).unwrap();
         let at = Nvfp4Tensor::upload(&a, &s).unwrap();
         let mut d = s.clone_htod(&vec![f32::NAN; m * n]).unwrap();
@@ -2144,7 +2144,7 @@ fn row_major_scales_tiled_on_the_gpu() -> Outcome {
     // A checkpoint layer converted on the device equals the host conversion, byte for byte.
     let (n, k) = (200, 112);
     let w = general_weights(n, k, 1, 1.0, 0x53);
-    let rm = blockscaled_gemm::layout::from_tiled(w.scales(), n, k / 16, 1);
+    let rm = blockscaled_gemm::layout::from_tiled(w.scales(), n, k / 16, 1).unwrap();
     let path = std::env::temp_dir().join(format!("bsg-gpu-ck-{}.safetensors", std::process::id()));
     let scale2 = 0.01f32.to_le_bytes();
     let tensors = [("l.weight", safetensors::Dtype::U8, vec![n, k / 2], w.data()), ("l.weight_scale", safetensors::Dtype::F8_E4M3, vec![n, k / 16], &rm[..]), ("l.weight_scale_2", safetensors::Dtype::F32, vec![], &scale2[..])];
@@ -2159,9 +2159,9 @@ fn row_major_scales_tiled_on_the_gpu() -> Outcome {
     // Fused shards and an expert stack converted on the device equal the host conversions.
     let (n2, experts) = (72, 3);
     let shard2 = general_weights(n2, k, 1, 1.0, 0x54);
-    let rm2 = blockscaled_gemm::layout::from_tiled(shard2.scales(), n2, k / 16, 1);
+    let rm2 = blockscaled_gemm::layout::from_tiled(shard2.scales(), n2, k / 16, 1).unwrap();
     let ex: Vec<Nvfp4Matrix> = (0..experts).map(|e| general_weights(n2, k, 1, 1.0, 0x60 + e as u64)).collect();
-    let ex_rm: Vec<Vec<u8>> = ex.iter().map(|w| blockscaled_gemm::layout::from_tiled(w.scales(), n2, k / 16, 1)).collect();
+    let ex_rm: Vec<Vec<u8>> = ex.iter().map(|w| blockscaled_gemm::layout::from_tiled(w.scales(), n2, k / 16, 1).unwrap()).collect();
     let ex_g: Vec<[u8; 4]> = (0..experts).map(|e| (0.5f32 + e as f32).to_le_bytes()).collect();
     let mut tensors: Vec<(String, safetensors::Dtype, Vec<usize>, &[u8])> = vec![
         ("gate.weight".into(), safetensors::Dtype::U8, vec![n, k / 2], w.data()), ("gate.weight_scale".into(), safetensors::Dtype::F8_E4M3, vec![n, k / 16], &rm[..]), ("gate.weight_scale_2".into(), safetensors::Dtype::F32, vec![], &scale2[..]),
@@ -2204,7 +2204,7 @@ fn prepacked_weights_transforms_and_refusals() -> Outcome {
         let w = Nvfp4Matrix::random_contest(rows, k, l, seed() ^ (0x77 + i as u64)).unwrap();
         let packed = Nvfp4Tensor::upload(&w, &s).unwrap().prepack(&s).unwrap();
         assert_eq!(packed.layout(), WeightLayout::Prepacked);
-        assert_eq!(s.clone_dtoh(packed.values()).unwrap(), layout::prepack_values(w.data(), rows, k, l), "prepack {rows}x{k}x{l}");
+        assert_eq!(s.clone_dtoh(packed.values()).unwrap(), layout::prepack_values(w.data(), rows, k, l).unwrap(), "prepack {rows}x{k}x{l}");
         let err = Nvfp4Tensor::new_prepacked(s.clone_htod(&[0u8; 16]).unwrap(), s.clone_htod(w.scales()).unwrap(), (l, rows, k), 1.0).unwrap_err();
         assert!(matches!(err, Error::BufferLength { .. }), "{err}");
         let back = packed.unpack(&s).unwrap();

@@ -28,7 +28,7 @@ fn naive<T: OutputElement>(a: &Nvfp4Matrix, b: &Nvfp4Matrix, alpha: f32, beta: f
 }
 
 fn bits_equal<T: OutputElement>(got: &[T], want: &[T], what: &str) {
-    let c = compare(got, want, 0.0, 0.0);
+    let c = compare(got, want, 0.0, 0.0).unwrap();
     assert!(c.passed(), "{what}: {c}");
 }
 
@@ -93,7 +93,7 @@ fn extreme_scales_448_are_exact() {
     // which f32 holds exactly: the largest products neither overflow nor lose a bit.
     let k = 4096;
     let data = vec![0x77u8; k / 2];
-    let scales = blockscaled_gemm::layout::to_tiled(&vec![0x7E; k / 16], 1, k / 16, 1);
+    let scales = blockscaled_gemm::layout::to_tiled(&vec![0x7E; k / 16], 1, k / 16, 1).unwrap();
     let a = Nvfp4Matrix::from_parts(1, k, 1, data, scales, None).unwrap();
     let d: Vec<f32> = reference_gemm(&a, &a, 1.0, 0.0, None).unwrap();
     assert_eq!(d[0] as f64, 4096.0 * (6.0f64 * 448.0).powi(2));

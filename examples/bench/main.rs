@@ -445,7 +445,7 @@ fn bench_one(cli: &Cli, gemm: &BlockScaledGemm, stream: &Arc<CudaStream>, l2: us
     let b = operand(cli, n, k, 1, 2)?;
     // Verified rows; for FP4 outputs they also set the norm constant (top scale near 448).
     let rows: Vec<usize> = (0..m.min(64)).map(|i| i * (m - 1) / (m.min(64) - 1).max(1)).collect();
-    let a_rows = a.select_rows(&rows);
+    let a_rows = a.select_rows(&rows)?;
     let acc = out.sfd().map(|_| reference::accumulators(&Problem::new(rows.len(), n, k), a_rows.data(), a_rows.scales(), b.data(), b.scales(), Accumulation::Exact)).transpose()?;
     let st = acc.as_ref().map_or(1.0, |acc| 6.0 * 448.0 / acc.iter().fold(1e-30f32, |x, v| x.max(v.abs())));
     let p = Problem::new(m, n, k).norm_constant(st);
@@ -492,11 +492,11 @@ fn bench_one(cli: &Cli, gemm: &BlockScaledGemm, stream: &Arc<CudaStream>, l2: us
         Ok(match out.sfd() {
             Some(format) => {
                 let pr = Problem::new(rows.len(), n, k).norm_constant(st);
-                let (want_d, want_sfd) = fp4_out::epilogue(&pr, acc.as_deref().expect("computed for FP4"), None, format);
-                let got_sfd = from_tiled(&stream.clone_dtoh(&sfd.slice(..p.sfd_bytes()))?, m, n / 16, 1);
+                let (want_d, want_sfd) = fp4_out::epilogue(&pr, acc.as_deref().expect("computed for FP4"), None, format)?;
+                let got_sfd = from_tiled(&stream.clone_dtoh(&sfd.slice(..p.sfd_bytes()))?, m, n / 16, 1)?;
                 let got_d: Vec<u8> = rows.iter().flat_map(|&r| got[r * n / 2..][..n / 2].iter().copied()).collect();
                 let got_sf: Vec<u8> = rows.iter().flat_map(|&r| got_sfd[r * n / 16..][..n / 16].iter().copied()).collect();
-                let cmp = compare_fp4(&got_d, &got_sf, &want_d, &from_tiled(&want_sfd, rows.len(), n / 16, 1), n);
+                let cmp = compare_fp4(&got_d, &got_sf, &want_d, &from_tiled(&want_sfd, rows.len(), n / 16, 1)?, n)?;
                 let c = Check { bit_exact: cmp.byte_equal(), passed: cmp.within_one_step() };
                 if !c.passed {
                     eprintln!("{m}x{n}x{k} {out}: verification failed: {cmp}");
