@@ -65,7 +65,8 @@
 
 use crate::error::{Error, Result};
 use crate::formats::OutputElement;
-use crate::problem::{check_len, product, OutType, Problem};
+use crate::problem::{OutType, Problem};
+use crate::error::{check_len, product};
 use crate::reference::Dot;
 use crate::Nvfp4Matrix;
 
@@ -226,10 +227,12 @@ impl std::fmt::Display for Fp4Comparison {
 /// multiple of 16 or the lengths disagree with each other or with `n`.
 pub fn compare_fp4(got_d: &[u8], got_sfd: &[u8], want_d: &[u8], want_sfd: &[u8], n: usize) -> Result<Fp4Comparison> {
     if n == 0 || !n.is_multiple_of(16) {
-        return Err(Error::InvalidData { what: "n", detail: format!("{n}: a positive multiple of 16 (one scale factor per 16 outputs)") });
+        return Err(Error::InvalidData { what: "n", detail: format!("{n} is not a positive multiple of 16 (one scale factor per 16 outputs)") });
+    }
+    if !got_d.len().is_multiple_of(n / 2) {
+        return Err(Error::InvalidData { what: "got_d", detail: format!("{} bytes are not whole rows of n / 2 = {} bytes", got_d.len(), n / 2) });
     }
     let rows = got_d.len() / (n / 2);
-    check_len("got_d", got_d.len(), rows * (n / 2), "whole rows of n / 2 bytes")?;
     check_len("want_d", want_d.len(), got_d.len(), "as many bytes as got_d")?;
     check_len("got_sfd", got_sfd.len(), rows * (n / 16), "n / 16 scale factors per row of got_d")?;
     check_len("want_sfd", want_sfd.len(), got_sfd.len(), "as many scale factors as got_sfd")?;
@@ -313,7 +316,7 @@ pub struct Expected {
 /// [`crate::reference::dots`] and C (read only when beta != 0, as the kernels do).
 pub fn expected<T: OutputElement>(p: &Problem, dots: &[Dot], c: Option<&[T]>) -> Result<Vec<Expected>> {
     check_len("dots", dots.len(), p.cd_elems(), "L * M * N, one per output")?;
-    crate::reference::check_c(p, c.map(<[T]>::len))?;
+    crate::problem::check_c(p, c.map(<[T]>::len))?;
     let (alpha, beta) = (p.alpha as f64, p.beta as f64);
     let gamma = summation_gamma(p.k);
     // The f64 sums are the exact integers rounded once: S may be 2^-53 below the exact S.
@@ -473,7 +476,7 @@ pub fn verdict<T: OutputElement>(got: &[T], expected: &[Expected]) -> Result<Ver
 /// Judges a GEMM result `got` (L, M, N) on raw operands laid out as the kernels take them (see
 /// [`crate::reference::gemm`]) by [`verdict`]; C is read only when beta != 0.
 pub fn verify<T: OutputElement>(p: &Problem, a: &[u8], sfa: &[u8], b: &[u8], sfb: &[u8], c: Option<&[T]>, got: &[T]) -> Result<Verdict> {
-    crate::reference::check_c(p, c.map(<[T]>::len))?;
+    crate::problem::check_c(p, c.map(<[T]>::len))?;
     let dots = crate::reference::dots(p, a, sfa, b, sfb)?;
     verdict(got, &expected(p, &dots, c)?)
 }
@@ -483,7 +486,7 @@ pub fn verify<T: OutputElement>(p: &Problem, a: &[u8], sfa: &[u8], b: &[u8], sfb
 /// weight is exact in FP32, so the FP32 bound is the one of [`verify`]. It assumes no product
 /// falls below f32's normal range (|a b| >= 2^-126 or 0), as activations of a model do.
 pub fn verify_w4a16<TA: crate::w4a16::Activation16, T: OutputElement>(p: &Problem, a: &[TA], b: &[u8], sfb: &[u8], c: Option<&[T]>, got: &[T]) -> Result<Verdict> {
-    crate::reference::check_c(p, c.map(<[T]>::len))?;
+    crate::problem::check_c(p, c.map(<[T]>::len))?;
     let dots = crate::reference::w4a16_dots(p, a, b, sfb)?;
     verdict(got, &expected(p, &dots, c)?)
 }

@@ -5,7 +5,8 @@
 use crate::dispatch::Config;
 use crate::error::{checked_product, try_vec, Error, Result};
 use crate::sys::{self as bridge, KernelArgs};
-use crate::problem::{check_len, check_operand_lens, OutType, Problem, SfdFormat};
+use crate::problem::{check_operand_lens, OutType, Problem, SfdFormat};
+use crate::error::check_len;
 
 fn args(p: &Problem) -> KernelArgs {
     // Aligned, never dereferenced: these calls only inspect shapes and layouts.
@@ -252,7 +253,7 @@ pub fn sf_offsets(config: Config, p: &Problem, operand_b: bool) -> Result<(Vec<i
 pub fn reference_fp4(p: &Problem, a: &[u8], sfa: &[u8], b: &[u8], sfb: &[u8], c: Option<&[f32]>, format: SfdFormat) -> Result<(Vec<u8>, Vec<u8>)> {
     p.validate(OutType::Nvfp4, c.is_some())?;
     check_operand_lens(p, [a.len(), sfa.len(), b.len(), sfb.len()])?;
-    crate::reference::check_c(p, c.map(<[f32]>::len))?;
+    crate::problem::check_c(p, c.map(<[f32]>::len))?;
     let cosize = bridge::host_sfd_cosize(p.m as i32, p.n as i32, p.l as i32);
     if cosize < 0 || cosize as usize > p.sfd_bytes() {
         return Err(Error::InvalidData { what: "SFD layout", detail: format!("CUTLASS's SFD layout spans {cosize} bytes, the buffer {}", p.sfd_bytes()) });

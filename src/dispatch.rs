@@ -449,7 +449,7 @@ pub fn select(arch: u32, p: &Problem, sm_count: usize, max_clusters: &ClusterCou
     let area = |c: &Config| c.info().tile[0] as usize * c.info().tile[1] as usize;
     let padded = |c: &Config| {
         let t = c.info().tile;
-        (p.m.div_ceil(t[0] as usize) * t[0] as usize).saturating_mul(p.n.div_ceil(t[1] as usize) * t[1] as usize)
+        p.m.div_ceil(t[0] as usize).saturating_mul(t[0] as usize).saturating_mul(p.n.div_ceil(t[1] as usize).saturating_mul(t[1] as usize))
     };
     let filling = candidates.iter().filter(|c| c.sms_used(p) >= sm_count).max_by_key(|c| (area(c), std::cmp::Reverse(padded(c))));
     filling.or_else(|| candidates.iter().max_by_key(|c| (c.sms_used(p), std::cmp::Reverse(padded(c))))).copied()

@@ -37,7 +37,7 @@ pub enum Error {
         out: OutType,
     },
     /// A buffer's element count does not match the problem.
-    #[error("{name}: holds {got} elements, the problem needs exactly {want} ({rule})")]
+    #[error("{name}: holds {got} elements where exactly {want} are needed ({rule})")]
     BufferLength {
         /// "A", "SFA", "B", "SFB", "C", "D" or a host vector.
         name: &'static str,
@@ -315,11 +315,12 @@ pub(crate) fn try_zeros(what: &'static str, n: usize) -> Result<Vec<u8>> {
 /// The product of `factors`, or [`Error::SizeLimit`] naming `what` and `rule` where it does not
 /// fit in `usize`.
 pub(crate) fn checked_product(what: &'static str, rule: &'static str, factors: &[(&str, usize)]) -> Result<usize> {
-    factors.iter().try_fold(1usize, |acc, &(_, x)| acc.checked_mul(x)).ok_or_else(|| Error::SizeLimit {
+    let value = product(&factors.iter().map(|&(_, x)| x).collect::<Vec<_>>());
+    usize::try_from(value).map_err(|_| Error::SizeLimit {
         what,
         rule,
         dims: factors.iter().map(|(name, x)| format!("{name} = {x}")).collect::<Vec<_>>().join(", "),
-        value: product(&factors.iter().map(|&(_, x)| x).collect::<Vec<_>>()),
+        value,
         max: usize::MAX as u128,
         why: "host memory is addressed by usize",
     })

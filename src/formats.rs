@@ -74,7 +74,7 @@ pub const fn unpack_e2m1(byte: u8) -> (u8, u8) {
 /// hold an even number of values).
 pub fn pack_e2m1_slice(codes: &[u8]) -> Result<Vec<u8>> {
     if !codes.len().is_multiple_of(2) {
-        return Err(Error::InvalidData { what: "e2m1 codes", detail: format!("{} of them: an even count, two to a byte", codes.len()) });
+        return Err(Error::InvalidData { what: "e2m1 codes", detail: format!("{} given; the count must be even (two codes to a byte)", codes.len()) });
     }
     Ok(codes.chunks_exact(2).map(|p| pack_e2m1(p[0], p[1])).collect())
 }

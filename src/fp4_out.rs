@@ -19,7 +19,7 @@
 use crate::error::{check_len, try_zeros, Error, Result};
 use crate::formats::{e2m1_from_f32, ue4m3_from_f32, ue4m3_to_f32, ue8m0_to_f32};
 use crate::layout::{padded_sf_cols, sf_batch_bytes, sf_offset, SF_VEC};
-use crate::problem::{OutType, Problem, SfdFormat};
+use crate::problem::{check_c, Problem, SfdFormat};
 
 /// `cutlass::NumericConverter<float_e2m1_t, float>` on the host: round to nearest even,
 /// saturating at ±6, sign kept (so -0.1 gives -0, 0x8); NaN gives 6 with the NaN's sign.
@@ -99,18 +99,16 @@ pub fn quantize_group(v: &[f32; SF_VEC], norm_constant: f32, format: SfdFormat, 
 /// The FP4 epilogue over f32 accumulators `acc` (L, M, N): `v = alpha * acc`, plus `beta * C`
 /// (two roundings, no fused multiply-add) when beta != 0, then [`quantize_group`] per 16
 /// columns. Returns D, (L, M, N/2) packed bytes, and SFD, `p.sfd_bytes()` bytes with zero
-/// padding. Fails where N is not a multiple of 16, `acc` does not hold L * M * N values, or `c`,
-/// read when beta != 0, does not.
+/// padding. Fails where N is not a multiple of 16, `acc` or a given `c` does not hold L * M * N
+/// values, or beta != 0 has no `c`.
 pub fn epilogue(p: &Problem, acc: &[f32], c: Option<&[f32]>, format: SfdFormat) -> Result<(Vec<u8>, Vec<u8>)> {
     let (m, n) = (p.m, p.n);
     if !n.is_multiple_of(SF_VEC) {
-        return Err(Error::NMultiple { n, multiple: SF_VEC, out: OutType::Nvfp4 });
+        return Err(Error::InvalidData { what: "N", detail: format!("{n} is not a multiple of 16 (one scale factor per 16 outputs)") });
     }
     check_len("accumulators", acc.len(), p.cd_elems(), "L * M * N")?;
+    check_c(p, c.map(<[f32]>::len))?;
     let c = c.filter(|_| p.beta != 0.0);
-    if let Some(c) = c {
-        check_len("C", c.len(), p.cd_elems(), "L * M * N f32 values")?;
-    }
     let sp = padded_sf_cols(n / SF_VEC);
     let mut d = try_zeros("D", p.cd_elems() / 2)?;
     let mut sfd = try_zeros("SFD", p.sfd_bytes())?;

@@ -86,7 +86,12 @@ pub fn prepack_values(src: &[u8], rows: usize, k: usize, batch: usize) -> Result
     let dims = [("batch", batch), ("rows", rows), ("K / 2", k / 2)];
     let rule = "batch * rows * K / 2 bytes (standard layout)";
     check_values(src.len(), checked_product("values", rule, &dims)?, k, rule)?;
-    let mut out = try_zeros("prepacked values", prepacked_bytes(rows, k, batch))?;
+    let dims = [("batch", batch), ("K / 256 rounded up", prepack_chunks(k)), ("rows", rows), ("bytes a chunk", PREPACK_CHUNK_BYTES)];
+    let total = checked_product("prepacked values", "batch * ceil(K / 256) * rows * 128 bytes", &dims)?;
+    if total == 0 {
+        return Ok(Vec::new()); // no values: nothing to move (rows or batch may still be huge)
+    }
+    let mut out = try_zeros("prepacked values", total)?;
     for (std_at, packed_at, len) in chunk_pieces(rows, k, batch) {
         out[packed_at..packed_at + len].copy_from_slice(&src[std_at..std_at + len]);
     }
@@ -99,7 +104,11 @@ pub fn unpack_values(src: &[u8], rows: usize, k: usize, batch: usize) -> Result<
     let rule = "batch * ceil(K / 256) * rows * 128 bytes (prepacked layout)";
     let dims = [("batch", batch), ("K / 256 rounded up", prepack_chunks(k)), ("rows", rows), ("bytes a chunk", PREPACK_CHUNK_BYTES)];
     check_values(src.len(), checked_product("values", rule, &dims)?, k, rule)?;
-    let mut out = try_zeros("values", batch * rows * (k / 2))?;
+    let total = checked_product("values", "batch * rows * K / 2 bytes", &[("batch", batch), ("rows", rows), ("K / 2", k / 2)])?;
+    if total == 0 {
+        return Ok(Vec::new());
+    }
+    let mut out = try_zeros("values", total)?;
     for (std_at, packed_at, len) in chunk_pieces(rows, k, batch) {
         out[std_at..std_at + len].copy_from_slice(&src[packed_at..packed_at + len]);
     }
@@ -182,6 +191,9 @@ pub fn to_tiled(src: &[u8], rows: usize, sf_cols: usize, batch: usize) -> Result
     check_len("row-major scales", src.len(), checked_product("row-major scales", rule, &[("batch", batch), ("rows", rows), ("scale columns", sf_cols)])?, rule)?;
     let (sp, total) = (padded_sf_cols(sf_cols), tiled_bytes(rows, sf_cols, batch)?);
     let per = padded_rows(rows).saturating_mul(sp);
+    if total == 0 {
+        return Ok(Vec::new());
+    }
     let mut out = try_zeros("tiled scales", total)?;
     for l in 0..batch {
         for r in 0..rows {
@@ -199,8 +211,11 @@ pub fn from_tiled(tiled: &[u8], rows: usize, sf_cols: usize, batch: usize) -> Re
     let sp = padded_sf_cols(sf_cols);
     check_len("tiled scales", tiled.len(), tiled_bytes(rows, sf_cols, batch)?, "batch * rows rounded up to 128 * scale columns rounded up to 4")?;
     let per = padded_rows(rows).saturating_mul(sp);
-    // Every row-major byte is one of the tiled ones, so this count fits too.
-    let mut out = try_zeros("row-major scales", batch * rows * sf_cols)?;
+    let total = checked_product("row-major scales", "batch * rows * scale columns", &[("batch", batch), ("rows", rows), ("scale columns", sf_cols)])?;
+    if total == 0 {
+        return Ok(Vec::new());
+    }
+    let mut out = try_zeros("row-major scales", total)?;
     for l in 0..batch {
         for r in 0..rows {
             for s in 0..sf_cols {

@@ -184,7 +184,7 @@ impl Nvfp4Matrix {
     pub fn quantize_unchecked<T: HostFloat>(values: &[T], shape: (usize, usize, usize), global_scale: Option<f32>) -> Result<Self> {
         let (batch, rows, k) = shape;
         check_shape(rows, k, batch)?;
-        crate::problem::check_len("values", values.len(), batch * rows * k, "batch * rows * K")?;
+        crate::error::check_len("values", values.len(), batch * rows * k, "batch * rows * K")?;
         if let Some(g) = global_scale {
             check_global_scale(g)?;
         }
@@ -222,7 +222,7 @@ impl Nvfp4Matrix {
     /// or names a row past the last.
     pub fn select_rows(&self, rows: &[usize]) -> Result<Nvfp4Matrix> {
         if rows.is_empty() {
-            return Err(Error::Dimension { dim: "rows selected", value: 0, max: usize::MAX });
+            return Err(Error::InvalidData { what: "select_rows", detail: "no rows given: select at least one".into() });
         }
         if let Some(&r) = rows.iter().find(|&&r| r >= self.rows) {
             return Err(Error::Index { what: "row", index: r, len: self.rows });
@@ -353,8 +353,8 @@ pub(crate) fn computed_global_scale(amax: f32) -> f32 {
 /// The lengths of an NVFP4 tensor's two buffers, (batch, rows, K): `values` = (its name, its
 /// length) of the packed codes, and the tiled scales. The shape has passed [`check_shape`].
 pub(crate) fn check_lens(values: (&'static str, usize), scales: usize, (batch, rows, k): (usize, usize, usize)) -> Result<()> {
-    crate::problem::check_len(values.0, values.1, batch * rows * k / 2, "batch * rows * K / 2 packed bytes")?;
-    crate::problem::check_len("scales", scales, batch * sf_batch_bytes(rows, k), "batch * ceil(rows/128)*128 * ceil(K/64)*4 tiled bytes")
+    crate::error::check_len(values.0, values.1, batch * rows * k / 2, "batch * rows * K / 2 packed bytes")?;
+    crate::error::check_len("scales", scales, batch * sf_batch_bytes(rows, k), "batch * ceil(rows/128)*128 * ceil(K/64)*4 tiled bytes")
 }
 
 /// A global scale multiplies every value: it must be finite and positive.
@@ -427,11 +427,11 @@ pub(crate) fn check_shape(rows: usize, k: usize, batch: usize) -> Result<()> {
     let max = isize::MAX as u128;
     let dims = || format!("rows = {rows}, K = {k}, batch = {batch}");
     // Elements, not bytes: the quantizer's input holds 4 bytes per element, the matrix half a byte.
-    let elems = crate::problem::product(&[batch, rows, k]);
+    let elems = crate::error::product(&[batch, rows, k]);
     if elems > max {
         return Err(Error::SizeLimit { what: "elements", rule: "batch * rows * K", dims: dims(), value: elems, max, why: WHY });
     }
-    let scales = crate::problem::product(&[batch, padded_rows(rows), padded_sf_cols(sf_cols(k))]);
+    let scales = crate::error::product(&[batch, padded_rows(rows), padded_sf_cols(sf_cols(k))]);
     if scales > max {
         return Err(Error::SizeLimit { what: "tiled scale bytes", rule: "batch * ceil(rows/128)*128 * ceil(K/64)*4", dims: dims(), value: scales, max, why: WHY });
     }

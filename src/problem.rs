@@ -1,7 +1,7 @@
 //! Problem shapes, output types and the validation every launch passes before any FFI call.
 
 use crate::error::{Error, Result};
-pub(crate) use crate::error::{check_len, product};
+use crate::error::{check_len, product};
 use crate::layout;
 
 /// Builder methods of the problem types that set fields of one type: `name: a, b: type;` gives
@@ -339,6 +339,17 @@ impl Problem {
 }
 
 
+/// Checks C against the problem: its length when given, and that beta != 0 has one.
+pub(crate) fn check_c(p: &Problem, c_len: Option<usize>) -> Result<()> {
+    if let Some(len) = c_len {
+        check_len("C", len, p.cd_elems(), "L * M * N elements")?;
+    }
+    if p.beta != 0.0 && c_len.is_none() {
+        return Err(Error::BetaWithoutC { beta: p.beta });
+    }
+    Ok(())
+}
+
 /// Checks a device address for 16-byte alignment.
 pub(crate) fn check_align(name: &'static str, addr: u64) -> Result<()> {
     if !addr.is_multiple_of(16) {
@@ -496,7 +507,7 @@ mod tests {
         assert_eq!(p.sfa_bytes(), 2 * 256 * 8);
         assert_eq!(p.sfb_bytes(), 2 * 256 * 8);
         assert_eq!(p.cd_elems(), 2 * 130 * 256);
-        assert!(check_len("A", 5, 6, "r").unwrap_err().to_string().contains("A: holds 5 elements, the problem needs exactly 6"));
+        assert!(check_len("A", 5, 6, "r").unwrap_err().to_string().contains("A: holds 5 elements where exactly 6 are needed"));
         assert!(check_align("C", 0x1008).unwrap_err().to_string().contains("0x1008"));
         check_align("C", 0x1010).unwrap();
     }

@@ -12,7 +12,8 @@ use rayon::prelude::*;
 use crate::error::Result;
 use crate::formats::{e4m3_to_f32, OutputElement, E4M3_NAN};
 use crate::layout::{padded_sf_cols, sf_batch_bytes, sf_offset, SF_VEC};
-use crate::problem::{check_len, check_operand_lens, Problem, SfdFormat};
+use crate::problem::{check_c, check_operand_lens, Problem, SfdFormat};
+use crate::error::check_len;
 use crate::Error;
 
 /// e2m1 code -> value * 2, as i8.
@@ -122,17 +123,6 @@ fn check_reference_shape(p: &Problem, out_elem_bytes: usize, sfd: bool) -> Resul
         return Err(Error::KMultiple { k: p.k, multiple: SF_VEC, why: "one scale per 16 elements of K" });
     }
     p.check_counts(out_elem_bytes, sfd, isize::MAX as usize, "the largest host allocation is isize::MAX bytes")
-}
-
-/// Checks C against the problem: its length when given, and that beta != 0 has one.
-pub(crate) fn check_c(p: &Problem, c_len: Option<usize>) -> Result<()> {
-    if let Some(len) = c_len {
-        check_len("C", len, p.cd_elems(), "L * M * N elements")?;
-    }
-    if p.beta != 0.0 && c_len.is_none() {
-        return Err(Error::BetaWithoutC { beta: p.beta });
-    }
-    Ok(())
 }
 
 /// How the reference sums the K products of one output.
@@ -557,7 +547,7 @@ mod tests {
     fn length_errors_name_the_buffer() {
         let p = Problem::new(2, 2, 32);
         let e = gemm::<f32>(&p, &[0; 31], &[0; 512], &[0; 32], &[0; 512], None).unwrap_err();
-        assert!(e.to_string().contains("A: holds 31 elements, the problem needs exactly 32"), "{e}");
+        assert!(e.to_string().contains("A: holds 31 elements where exactly 32 are needed"), "{e}");
         let e = gemm::<f32>(&p, &[0; 32], &[0; 511], &[0; 32], &[0; 512], None).unwrap_err();
         assert!(e.to_string().starts_with("SFA"), "{e}");
         let e = gemm::<f32>(&Problem::new(2, 2, 24), &[0; 24], &[0; 512], &[0; 24], &[0; 512], None).unwrap_err();

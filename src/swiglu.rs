@@ -17,7 +17,7 @@
 
 use crate::error::Result;
 use crate::matrix::HostFloat;
-use crate::problem::check_len;
+use crate::error::check_len;
 
 // The same f32 values as cpp/quant/swiglu.cuh's literals (LOG2_E is its 1.44269504088896341f,
 // 0x3FB8AA3B).

@@ -18,6 +18,9 @@ fn scale_layouts_check_lengths_and_sizes() {
     assert!(matches!(e, Error::BufferLength { name: "tiled scales", got: 511, want: 512, .. }), "{e}");
     let e = from_tiled(&[], usize::MAX / 64, 1, 64).unwrap_err();
     assert!(matches!(e, Error::SizeLimit { what: "tiled scale bytes", .. }), "{e}");
+    // No scale columns: nothing to move, however many rows (no loop over them, no overflow).
+    assert_eq!(to_tiled(&[], usize::MAX, 0, 2).unwrap(), Vec::<u8>::new());
+    assert_eq!(from_tiled(&[], usize::MAX, 0, 2).unwrap(), Vec::<u8>::new());
     // And the round trip where the lengths are right.
     let sf: Vec<u8> = (0..2 * 3 * 5).map(|i| i as u8).collect();
     assert_eq!(from_tiled(&to_tiled(&sf, 3, 5, 2).unwrap(), 3, 5, 2).unwrap(), sf);
@@ -32,6 +35,9 @@ fn value_layouts_check_k_and_lengths() {
     // A product that wraps in usize is a size error, not a length that happens to match.
     let e = prepack_values(&[], 1 << 62, 8, 4).unwrap_err();
     assert!(matches!(e, Error::SizeLimit { .. }), "{e}");
+    // K = 0: no values, however many rows.
+    assert_eq!(prepack_values(&[], usize::MAX, 0, 2).unwrap(), Vec::<u8>::new());
+    assert_eq!(unpack_values(&[], usize::MAX, 0, 2).unwrap(), Vec::<u8>::new());
     let e = unpack_values(&[0; 100], 2, 8, 1).unwrap_err();
     assert!(matches!(e, Error::BufferLength { name: "values", got: 100, .. }), "{e}");
     let values: Vec<u8> = (0..3 * 300).map(|i| (i * 7) as u8).collect();
@@ -43,7 +49,7 @@ fn value_layouts_check_k_and_lengths() {
 #[test]
 fn packing_odd_codes_is_an_error() {
     let e = pack_e2m1_slice(&[1, 2, 3]).unwrap_err();
-    assert!(e.to_string().contains("3 of them"), "{e}");
+    assert!(e.to_string().contains("3 given"), "{e}");
     assert_eq!(pack_e2m1_slice(&[1, 2]).unwrap(), vec![0x21]);
 }
 
@@ -53,7 +59,7 @@ fn row_and_batch_selection_check_their_indexes() {
     let e = m.select_rows(&[0, 5]).unwrap_err();
     assert!(matches!(e, Error::Index { what: "row", index: 5, len: 5 }), "{e}");
     let e = m.select_rows(&[]).unwrap_err();
-    assert!(matches!(e, Error::Dimension { value: 0, .. }), "{e}");
+    assert!(matches!(e, Error::InvalidData { what: "select_rows", .. }), "{e}");
     let e = m.batch_slice(2).unwrap_err();
     assert!(matches!(e, Error::Index { what: "batch", index: 2, len: 2 }), "{e}");
     let picked = m.select_rows(&[4, 0]).unwrap();
@@ -63,12 +69,14 @@ fn row_and_batch_selection_check_their_indexes() {
 
 #[test]
 fn element_accessors_refuse_indexes_past_their_extent() {
-    // Unchecked, (row 0, K index 32) of a 32-wide matrix would read row 1's first code.
-    let m = Nvfp4Matrix::random_contest(2, 32, 1, 3).unwrap();
+    // Unchecked, each of these reads another element's bytes: (row 0, K index 32) of a 32-wide
+    // matrix is row 1's first code, row 2 of a 2-row batch is the next batch's first row, row 2's
+    // scales are the tile's padding.
+    let m = Nvfp4Matrix::random_contest(2, 32, 2, 3).unwrap();
     assert!(std::panic::catch_unwind(|| m.code(0, 0, 32)).is_err());
+    assert!(std::panic::catch_unwind(|| m.value(0, 2, 0)).is_err());
     assert!(std::panic::catch_unwind(|| m.scale(0, 2, 0)).is_err());
     assert!(std::panic::catch_unwind(|| m.scale(0, 0, 2)).is_err());
-    assert!(std::panic::catch_unwind(|| m.value(1, 0, 0)).is_err());
 }
 
 #[test]
@@ -76,15 +84,17 @@ fn comparisons_check_lengths() {
     let e = compare(&[1.0f32, 2.0], &[1.0f32], 0.0, 0.0).unwrap_err();
     assert!(matches!(e, Error::BufferLength { name: "got", got: 2, want: 1, .. }), "{e}");
     let d = [0u8; 16];
-    let e = compare_fp4(&d, &[1, 1], &d, &[1, 1], 24).unwrap_err();
-    assert!(matches!(e, Error::InvalidData { what: "n", .. }), "{e}");
+    for n in [0, 24] {
+        let e = compare_fp4(&d, &[1, 1], &d, &[1, 1], n).unwrap_err();
+        assert!(matches!(e, Error::InvalidData { what: "n", .. }), "{e}");
+    }
     // 16 bytes are one row of 32 values: two scale factors, not three.
     let e = compare_fp4(&d, &[1, 1, 1], &d, &[1, 1, 1], 32).unwrap_err();
     assert!(matches!(e, Error::BufferLength { name: "got_sfd", got: 3, want: 2, .. }), "{e}");
     let e = compare_fp4(&d, &[1, 1], &d[..8], &[1, 1], 32).unwrap_err();
     assert!(matches!(e, Error::BufferLength { name: "want_d", got: 8, want: 16, .. }), "{e}");
     let e = compare_fp4(&d[..12], &[1], &d[..12], &[1], 32).unwrap_err();
-    assert!(matches!(e, Error::BufferLength { name: "got_d", .. }), "{e}");
+    assert!(matches!(e, Error::InvalidData { what: "got_d", .. }), "{e}");
     assert!(compare_fp4(&d, &[1, 1], &d, &[1, 1], 32).unwrap().byte_equal());
 }
 
@@ -97,8 +107,11 @@ fn fp4_epilogue_checks_n_and_its_inputs() {
     // beta != 0 reads C: a short C is an error, not an index past its end.
     let e = fp4_out::epilogue(&p, &acc, Some(&acc[..10]), SfdFormat::Ue4m3).unwrap_err();
     assert!(matches!(e, Error::BufferLength { name: "C", got: 10, want: 64, .. }), "{e}");
+    // beta != 0 without C would drop beta * C silently.
+    let e = fp4_out::epilogue(&p, &acc, None, SfdFormat::Ue4m3).unwrap_err();
+    assert!(matches!(e, Error::BetaWithoutC { .. }), "{e}");
     let e = fp4_out::epilogue(&Problem::new(2, 24, 64), &acc[..48], None, SfdFormat::Ue4m3).unwrap_err();
-    assert!(matches!(e, Error::NMultiple { n: 24, multiple: 16, .. }), "{e}");
+    assert!(matches!(e, Error::InvalidData { what: "N", .. }), "{e}");
     let (d, sfd) = fp4_out::epilogue(&p, &acc, Some(&acc), SfdFormat::Ue4m3).unwrap();
     assert_eq!((d.len(), sfd.len()), (32, p.sfd_bytes()));
 }
@@ -112,7 +125,8 @@ fn dispatch_rules_answer_empty_and_huge_problems() {
         }
         let _ = select_config(90, &p, 132, &ANY_CLUSTERS, |_| true);
     }
-    let huge = Problem::new(usize::MAX / 2, usize::MAX / 2, 1 << 20).batch(usize::MAX / 2);
-    let _ = select_config(90, &huge, 132, &ANY_CLUSTERS, |_| true);
-    let _ = select_config(100, &huge, 148, &ANY_CLUSTERS, |_| true);
+    for huge in [Problem::new(usize::MAX / 2, usize::MAX / 2, 1 << 20).batch(usize::MAX / 2), Problem::new(usize::MAX, usize::MAX, usize::MAX).batch(usize::MAX)] {
+        let _ = select_config(90, &huge, 132, &ANY_CLUSTERS, |_| true);
+        let _ = select_config(100, &huge, 148, &ANY_CLUSTERS, |_| true);
+    }
 }
