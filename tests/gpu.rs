@@ -1991,7 +1991,7 @@ fn w4a16_bf16_fp16_loop_same_bits_as_bf16_loop() -> Outcome {
         let v = verify_w4a16(&p.scalars(0.0123, 0.0), &x, w.data(), w.scales(), None, &fp16_loop).unwrap();
         assert!(v.passed(), "{a} {m}x{n}x{k}x{l}: {v}");
     }
-    println!("W4A16 bf16: the 8-row tile's FP16 loop gives the 16-row tile's BF16-loop bits (f32 out, M = 1, 5, 8)");
+    println!("W4A16 bf16: the 8-row tile (its FP16 loop at M = 1, BF16 loop at 5 and 8) gives the 16-row tile's BF16-loop bits (f32 out)");
     Ok(())
 }
 

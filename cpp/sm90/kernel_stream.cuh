@@ -48,7 +48,7 @@ __global__ void __launch_bounds__(T::kLaunchThreads, T::kMinBlocks)
 
   float acc[T::kRW][T::kNT][4] = {};
   if constexpr (Mainloop::kBf16AsF16) {
-    if (Mainloop::activations_fit_f16(p, w, tid)) Mainloop::template run<true>(pipe, w, smem, acc, tid);
+    if (p.m - w.m0 <= Mainloop::kF16TestRows && Mainloop::activations_fit_f16(p, w, tid)) Mainloop::template run<true>(pipe, w, smem, acc, tid);
     else Mainloop::run(pipe, w, smem, acc, tid);
   } else {
     Mainloop::run(pipe, w, smem, acc, tid);

@@ -87,11 +87,12 @@ struct CollectiveMainloop<Tile<BM, BN, MainloopStream<kStageKTiles>, Act>> {
   // (nvfp4.cuh, Bf16RangeAcc; the dense kernel checks them before its loop,
   // activations_fit_f16), run<true> takes them as FP16 and decodes the weights to FP16 (17
   // instructions for 8 weights against 20 to BF16); the products are the BF16 path's, each
-  // exact in FP32. At 16 rows the check's reads cost more than the path saves; the grouped
-  // kernels keep the BF16 path (a check per work item would sit on each item's start). One path
-  // a loop: both in one loop, chosen per k-tile, ran 20-50 % slower than either (bench/DESIGN.md
-  // §15).
+  // exact in FP32. Only where the CTA holds one token row (kF16TestRows): the check's reads grow
+  // with the rows and cost more than the path saves from three rows on; the grouped kernels keep
+  // the BF16 path (a check per work item would sit on each item's start). One path a loop: both
+  // in one loop, chosen per k-tile, ran 20-50 % slower than either (bench/DESIGN.md §15).
   static constexpr bool kBf16AsF16 = std::is_same_v<E, cute::bfloat16_t> && !Act::kScaled && kNT == 1;
+  static constexpr int kF16TestRows = 1;
 
   // Whether this CTA's activations (rows m0 .. m0 + BM of A, its K range) are all exact in FP16:
   // every compute thread reads its share from global memory (the same for all CTAs of an output
