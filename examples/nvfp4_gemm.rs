@@ -53,6 +53,10 @@
 //! `--save` writes a temporary file beside the target and renames it over the target only once
 //! it is complete: a failed write leaves no file, and an existing one as it was.
 //!
+//! Sizes whose host buffers would exceed the available memory (MemAvailable of /proc/meminfo,
+//! or the bytes in `NVFP4_GEMM_HOST_MEMORY` where set, e.g. a container's limit) exit 2 before
+//! any data is made.
+//!
 //! `--mode w4a16` (the default with `--checkpoint`): A is the bf16 activations as they are
 //! (`--m` rows of N(0, 1), L = `--l`), B the NVFP4 weights (the layer's, or generated), D =
 //! alpha * gB * A dec(B)ᵀ by `gemm_w4a16` on the GPU or `reference::gemm_w4a16` on the CPU,
@@ -303,11 +307,12 @@ fn prepare<T: OutputElement + safetensors_dtype::HasDtype>(cli: &Cli) -> Result<
     Ok((inputs, p))
 }
 
-/// Refuses a run whose host buffers alone (A, B and their scales, C, D, and for
-/// realistic data the f32 values they are quantized from) exceed the memory the system reports
-/// available, instead of letting the allocator abort or the OOM killer end the process.
+/// Refuses a run whose host buffers alone (A, B and their scales, C, D, for realistic data the
+/// f32 values they are quantized from, and on the CPU the reference's working buffers) exceed the
+/// memory the system reports available, instead of letting the allocator abort or the OOM killer
+/// end the process.
 fn check_host_memory(cli: &Cli, p: &Problem, extra_bytes: f64) -> Result<(), Exit> {
-    let Some(available) = mem_available() else { return Ok(()) };
+    let Some(available) = mem_available()? else { return Ok(()) };
     let out = cli.out_type();
     let cd = p.cd_elems() as f64;
     let elem = if out.sfd().is_some() { 4.0 } else { (out.bits() / 8) as f64 };
@@ -319,6 +324,18 @@ fn check_host_memory(cli: &Cli, p: &Problem, extra_bytes: f64) -> Result<(), Exi
         // One operand's f32 values and codes at a time.
         need += 5.0 * p.l as f64 * p.m.max(p.n) as f64 * p.k as f64;
     }
+    if cli.mode() == ModeArg::W4a16 {
+        // The bf16 activations.
+        need += 2.0 * p.l as f64 * p.m as f64 * p.k as f64;
+    }
+    if cli.device == DeviceArg::Cpu {
+        // The reference decodes one batch of B (an i8 value and, per 16, an i64 and an f64
+        // scale: 2 bytes a value); W4A16's keeps two f64 sums an output until it rounds them.
+        need += 2.0 * p.n as f64 * p.k as f64;
+        if cli.mode() == ModeArg::W4a16 {
+            need += 16.0 * cd;
+        }
+    }
     if need > available as f64 {
         let gib = |x: f64| x / (1u64 << 30) as f64;
         return Err(bad(format!("M = {}, N = {}, K = {}, L = {}: the host buffers need about {:.1} GiB, {:.1} GiB is available", p.m, p.n, p.k, p.l, gib(need), gib(available as f64))));
@@ -326,8 +343,16 @@ fn check_host_memory(cli: &Cli, p: &Problem, extra_bytes: f64) -> Result<(), Exi
     Ok(())
 }
 
-/// MemAvailable of /proc/meminfo in bytes, where the system reports it.
-fn mem_available() -> Option<u64> {
+/// The bytes in NVFP4_GEMM_HOST_MEMORY where set, else MemAvailable of /proc/meminfo, where the
+/// system reports it.
+fn mem_available() -> Result<Option<u64>, Exit> {
+    if let Some(v) = std::env::var_os("NVFP4_GEMM_HOST_MEMORY") {
+        return v.to_str().and_then(|v| v.parse().ok()).map(Some).ok_or_else(|| bad(format!("NVFP4_GEMM_HOST_MEMORY = {v:?}: must be a number of bytes")));
+    }
+    Ok(mem_available_proc())
+}
+
+fn mem_available_proc() -> Option<u64> {
     let info = std::fs::read_to_string("/proc/meminfo").ok()?;
     let line = info.lines().find(|l| l.starts_with("MemAvailable:"))?;
     let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
