@@ -178,52 +178,47 @@ pub const fn sf_offset_elem(l: usize, r: usize, k_elem: usize, rows: usize, k: u
     l * sf_batch_bytes(rows, k) + sf_offset(r, k_elem / SF_VEC, padded_sf_cols(sf_cols(k)))
 }
 
-/// Bytes of tiled scales for `(batch, rows, sf_cols)`, or [`Error::SizeLimit`].
-fn tiled_bytes(rows: usize, sf_cols: usize, batch: usize) -> Result<usize> {
+/// The sizes of `(batch, rows, sf_cols)` scales, (row-major bytes, tiled bytes), or
+/// [`Error::SizeLimit`] where one does not fit in `usize`.
+fn scale_sizes(rows: usize, sf_cols: usize, batch: usize) -> Result<(usize, usize)> {
+    let row_major = checked_product("row-major scales", "batch * rows * scale columns", &[("batch", batch), ("rows", rows), ("scale columns", sf_cols)])?;
     let dims = [("batch", batch), ("rows rounded up to 128", padded_rows(rows)), ("scale columns rounded up to 4", padded_sf_cols(sf_cols))];
-    checked_product("tiled scale bytes", "batch * padded rows * padded scale columns", &dims)
+    Ok((row_major, checked_product("tiled scale bytes", "batch * padded rows * padded scale columns", &dims)?))
+}
+
+/// `out` (`out_len` zero bytes) with every scale of `(batch, rows, sf_cols)` copied from `src`,
+/// `index(row-major index, tiled index)` giving (index into out, index into src).
+fn move_scales(src: &[u8], out_len: usize, what: &'static str, rows: usize, sf_cols: usize, batch: usize, index: impl Fn(usize, usize) -> (usize, usize)) -> Result<Vec<u8>> {
+    if out_len == 0 {
+        return Ok(Vec::new()); // no scales: no loop over rows, however many
+    }
+    let (sp, mut out) = (padded_sf_cols(sf_cols), try_zeros(what, out_len)?);
+    let per = padded_rows(rows) * sp; // fits: out or src holds batch of them
+    for l in 0..batch {
+        for r in 0..rows {
+            for s in 0..sf_cols {
+                let (o, i) = index((l * rows + r) * sf_cols + s, l * per + sf_offset(r, s, sp));
+                out[o] = src[i];
+            }
+        }
+    }
+    Ok(out)
 }
 
 /// Converts row-major scales `(batch, rows, sf_cols)` into the tiled layout, zero padding. Fails
 /// where `src` does not hold `batch * rows * sf_cols` bytes or the tiled size does not fit.
 pub fn to_tiled(src: &[u8], rows: usize, sf_cols: usize, batch: usize) -> Result<Vec<u8>> {
-    let rule = "batch * rows * scale columns (row-major)";
-    check_len("row-major scales", src.len(), checked_product("row-major scales", rule, &[("batch", batch), ("rows", rows), ("scale columns", sf_cols)])?, rule)?;
-    let (sp, total) = (padded_sf_cols(sf_cols), tiled_bytes(rows, sf_cols, batch)?);
-    let per = padded_rows(rows).saturating_mul(sp);
-    if total == 0 {
-        return Ok(Vec::new());
-    }
-    let mut out = try_zeros("tiled scales", total)?;
-    for l in 0..batch {
-        for r in 0..rows {
-            for s in 0..sf_cols {
-                out[l * per + sf_offset(r, s, sp)] = src[(l * rows + r) * sf_cols + s];
-            }
-        }
-    }
-    Ok(out)
+    let (row_major, tiled) = scale_sizes(rows, sf_cols, batch)?;
+    check_len("row-major scales", src.len(), row_major, "batch * rows * scale columns")?;
+    move_scales(src, tiled, "tiled scales", rows, sf_cols, batch, |rm, t| (t, rm))
 }
 
 /// Converts tiled scales back to row-major `(batch, rows, sf_cols)`, dropping the padding. Fails
 /// where `tiled` does not hold `batch * padded_rows(rows) * padded_sf_cols(sf_cols)` bytes.
 pub fn from_tiled(tiled: &[u8], rows: usize, sf_cols: usize, batch: usize) -> Result<Vec<u8>> {
-    let sp = padded_sf_cols(sf_cols);
-    check_len("tiled scales", tiled.len(), tiled_bytes(rows, sf_cols, batch)?, "batch * rows rounded up to 128 * scale columns rounded up to 4")?;
-    let per = padded_rows(rows).saturating_mul(sp);
-    let total = checked_product("row-major scales", "batch * rows * scale columns", &[("batch", batch), ("rows", rows), ("scale columns", sf_cols)])?;
-    if total == 0 {
-        return Ok(Vec::new());
-    }
-    let mut out = try_zeros("row-major scales", total)?;
-    for l in 0..batch {
-        for r in 0..rows {
-            for s in 0..sf_cols {
-                out[(l * rows + r) * sf_cols + s] = tiled[l * per + sf_offset(r, s, sp)];
-            }
-        }
-    }
-    Ok(out)
+    let (row_major, tiled_len) = scale_sizes(rows, sf_cols, batch)?;
+    check_len("tiled scales", tiled.len(), tiled_len, "batch * rows rounded up to 128 * scale columns rounded up to 4")?;
+    move_scales(tiled, row_major, "row-major scales", rows, sf_cols, batch, |rm, t| (rm, t))
 }
 
 #[cfg(test)]
