@@ -20,13 +20,21 @@ fn exe() -> PathBuf {
             assert!(path.is_file(), "{} is missing: run through cargo, or build the example", path.display());
             return;
         };
-        let release = deps.parent().unwrap().file_name().is_some_and(|p| p == "release");
-        let mut cmd = Command::new(cargo);
-        cmd.args(["build", "--example", "nvfp4_gemm"]).current_dir(env!("CARGO_MANIFEST_DIR"));
-        if release {
-            cmd.arg("--release");
+        // target[/<triple>]/<profile dir>/deps: build into the same folder (the dev profile's is
+        // "debug"; a target triple adds a level).
+        let profile_dir = deps.parent().unwrap();
+        let profile = match profile_dir.file_name().and_then(|p| p.to_str()) {
+            Some("debug") | None => "dev".to_string(),
+            Some(p) => p.to_string(),
+        };
+        let mut cmd = Command::new(&cargo);
+        cmd.args(["build", "--example", "nvfp4_gemm", "--profile", &profile]).current_dir(env!("CARGO_MANIFEST_DIR"));
+        let above = profile_dir.parent().unwrap();
+        if above.file_name() != Path::new(env!("CARGO_TARGET_TMPDIR")).parent().unwrap().file_name() {
+            cmd.args(["--target", above.file_name().unwrap().to_str().unwrap()]);
         }
-        assert!(cmd.status().unwrap().success(), "building the example failed");
+        let status = cmd.status().unwrap_or_else(|e| panic!("running {cargo:?} (CARGO) to build the example: {e}"));
+        assert!(status.success(), "building the example failed");
     });
     path
 }
