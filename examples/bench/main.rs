@@ -212,11 +212,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let gpu = ctx.name()?;
     let data = cli.data.name();
     let commit = cli.commit.clone().or_else(|| option_env!("BSG_COMMIT").map(str::to_string)).unwrap_or_else(|| "unknown".into());
-    let baselines = match &cli.baselines {
-        Some(p) => Some(Baselines::read(p)?),
-        None => None,
-    };
-    let gemm_base_data = baselines_data(&baselines, &cli.baselines, cli.data);
+    let (baselines, gemm_base_data) = read_baselines(&cli.baselines, cli.data)?;
     let copy_gbps = copy_bandwidth(&stream)?;
     println!("device: {gpu}, {} SMs, L2 {} MB, copy {copy_gbps:.0} GB/s; commit {commit}", gemm.device().sm_count, l2 >> 20);
     println!("{:>16} {:>6} {:>24} {:>5} {:>9} {:>8} {:>8} {:>8} {:>8} {:>8} {:>10} {:>9} {:>7} {:>6}", "MxNxK", "out", "config", "split", "launch_us", "b2b_us", "graph_us", "prepack", "host_us", "floor_us", "bf16_graph", "fp8_graph", "x_floor", "check");
@@ -235,11 +231,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 out.name(), r.config, r.split, cli.runs, cli.graph_calls, r.launch_us, r.b2b_us, r.graph_us, prepacked_us, prepacked_config, r.host_us, r.plan_us, num(bf16), num(fp8), r.floor_us, r.workspace, r.check.bit_exact, r.check.verdict());
         }
     }
-    let w4a16_baselines = match &cli.w4a16_baselines {
-        Some(p) => Some(Baselines::read(p)?),
-        None => None,
-    };
-    let w4a16_base_data = baselines_data(&w4a16_baselines, &cli.w4a16_baselines, cli.data);
+    let (w4a16_baselines, w4a16_base_data) = read_baselines(&cli.w4a16_baselines, cli.data)?;
     if !cli.no_gemm && !cli.no_w4a16 {
         println!("{:>16} {:>24} {:>5} {:>8} {:>8} {:>8} {:>8} {:>8} {:>10} {:>10} {:>7} {:>6}", "w4a16 MxNxK", "config", "split", "b2b_us", "graph_us", "prepack", "host_us", "floor_us", "bf16_graph", "int4_graph", "x_floor", "check");
     }
@@ -294,11 +286,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             "{{\"op\":\"quantize\",\"layout\":\"moe\",\"case\":\"{}\",\"experts\":{},\"gpu\":\"{gpu}\",\"commit\":\"{commit}\",\"m\":{t},\"k\":{k},\"l\":1,\"input\":\"bf16\",\"runs\":{},\"graph_calls\":{},\"ours_b2b_us\":{:.3},\"ours_graph_us\":{:.3},\"host_enqueue_us\":{:.3},\"bytes\":{},\"gbps\":{gbps:.1},\"copy_gbps\":{copy_gbps:.1},\"copy_same_us\":{:.3},\"exact\":{}}}\n",
             case.name, case.counts.len(), cli.runs, cli.graph_calls, r.b2b_us, r.graph_us, r.host_us, r.bytes, r.copy_same_us, r.exact);
     }
-    let grouped_baselines = match &cli.grouped_baselines {
-        Some(p) => Some(Baselines::read(p)?),
-        None => None,
-    };
-    let grouped_base_data = baselines_data(&grouped_baselines, &cli.grouped_baselines, cli.data);
+    let (grouped_baselines, grouped_base_data) = read_baselines(&cli.grouped_baselines, cli.data)?;
     let cases: Vec<grouped::Case> = grouped::cases().into_iter().filter(|c| cli.grouped == "all" || cli.grouped.split(',').any(|x| x == c.name)).collect();
     if !cases.is_empty() {
         println!("{:>26} {:>5} {:>6} {:>5} {:>26} {:>8} {:>9} {:>8} {:>9} {:>10} {:>8} {:>7} {:>6} {:>8} {:>8} {:>8}", "case", "E", "hit", "T", "config", "b2b_us", "graph_us", "host_us", "loop_us", "bf16_group", "floor_us", "x_floor", "check", "list_us", "w4a16_us", "prepack");
@@ -705,14 +693,15 @@ impl Baselines {
     }
 }
 
-/// A record's `baselines_data` (null without baselines), warning when the baselines' data are not
-/// this run's (then the two sides' times do not compare: bench/README.md, "Data").
-fn baselines_data(baselines: &Option<Baselines>, path: &Option<std::path::PathBuf>, data: Data) -> String {
-    let Some(b) = baselines else { return "null".into() };
-    let matched = matches!((data, b.data()), (Data::Gaussian, "nvfp4-gaussian"));
-    if !matched {
-        let file = path.as_ref().map_or(String::new(), |p| p.display().to_string());
-        eprintln!("warning: the baselines in {file} ran on {} data, this crate on {}: their times do not compare", b.data(), data.name());
+/// The baselines in `path`, if given, and the records' `baselines_data` (null without them),
+/// warning when the baselines' data are not this run's (then the two sides' times do not
+/// compare: bench/README.md, "Data").
+fn read_baselines(path: &Option<std::path::PathBuf>, data: Data) -> Result<(Option<Baselines>, String), Box<dyn std::error::Error>> {
+    let Some(path) = path else { return Ok((None, "null".into())) };
+    let b = Baselines::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    if !matches!((data, b.data()), (Data::Gaussian, "nvfp4-gaussian")) {
+        eprintln!("warning: the baselines in {} ran on {} data, this crate on {}: their times do not compare", path.display(), b.data(), data.name());
     }
-    format!("\"{}\"", b.data())
+    let field = format!("\"{}\"", b.data());
+    Ok((Some(b), field))
 }
