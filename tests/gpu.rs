@@ -1900,9 +1900,10 @@ fn w4a16_every_config_and_output() -> Outcome {
     Ok(())
 }
 
-/// bf16 activations on the stream tiles: on the 8-row tiles a CTA takes its activations as FP16
-/// when all pass the kernel's test (+-0, or magnitudes in [2^-17, 2^16): exact in FP16), else as
-/// BF16 (and the 16-row tiles always as BF16). Data whose FP32 sums are exact (weights of scale 1,
+/// bf16 activations on the stream tiles: on the 8-row tiles a CTA of one token row takes its
+/// activations as FP16 when all pass the kernel's test (+-0, or magnitudes in [2^-17, 2^16):
+/// exact in FP16), else as BF16 (other CTAs, and the 16-row tiles, always as BF16; M = 9 mixes
+/// both in one launch). Data whose FP32 sums are exact (weights of scale 1,
 /// activations of few bits), so every element must equal the reference bit for bit: all values
 /// in the range (its edges 2^-17 and 65280 among them), or k-tiles of values in it, outside it
 /// (below: (2 - 2^-7) 2^-18, which FP16 does not hold, and 2^-20, 3 2^-20, which it does; above:
@@ -1930,7 +1931,7 @@ fn w4a16_bf16_in_and_out_of_f16_range_exact() -> Outcome {
         for mode in 0..3 {
             // 0: every k-tile in range or zero; 1: classes per k-tile for all rows; 2: per row and k-tile.
             let per_row = mode == 2;
-            for &m in &[1usize, 3, 8, 16] {
+            for &m in &[1usize, 3, 8, 9, 16] {
                 // Class of (batch, row, 64-value k-tile): 0 inside, 1 outside, 2 zeros.
                 let tiles = k / 64;
                 let classes: Vec<u64> = (0..l * m * tiles).map(|_| match rng.below(20) { 0..=10 => 0, 11..=16 if mode > 0 => 1, 11..=16 => 0, _ => 2 }).collect();
@@ -1962,7 +1963,8 @@ fn w4a16_bf16_in_and_out_of_f16_range_exact() -> Outcome {
 }
 
 /// The FP16 loop of the 8-row tiles adds like the BF16 loop: on general bf16 data inside the FP16
-/// test's range (so the 8-row tile takes its FP16 loop) with f32 output, `Sm90_StreamShortK_8x128x64`
+/// test's range (so the 8-row tile's CTAs of one row take the FP16 loop: M = 1, and M = 9's last
+/// tile) with f32 output, `Sm90_StreamShortK_8x128x64`
 /// gives the bits of `Sm90_StreamShortK_16x128x64`, which always runs the BF16 loop; both take
 /// stages of four k-tiles, so each sums the same products in the same order, and the tensor
 /// cores must add FP16 and BF16 products alike.
@@ -1974,7 +1976,7 @@ fn w4a16_bf16_fp16_loop_same_bits_as_bf16_loop() -> Outcome {
     }
     let (l, n, k) = (2, 384, 2048);
     let mut rng = blockscaled_gemm::SplitMix64::new(seed() ^ 0x4A18);
-    for m in [1usize, 5, 8] {
+    for m in [1usize, 5, 8, 9] {
         // N(0, 1) times 2^-6 .. 2^6, magnitudes below 2^-17 moved to 2^-10: every value passes.
         let x: Vec<bf16> = (0..l * m * k)
             .map(|i| {
@@ -1991,7 +1993,7 @@ fn w4a16_bf16_fp16_loop_same_bits_as_bf16_loop() -> Outcome {
         let v = verify_w4a16(&p.scalars(0.0123, 0.0), &x, w.data(), w.scales(), None, &fp16_loop).unwrap();
         assert!(v.passed(), "{a} {m}x{n}x{k}x{l}: {v}");
     }
-    println!("W4A16 bf16: the 8-row tile (its FP16 loop at M = 1, BF16 loop at 5 and 8) gives the 16-row tile's BF16-loop bits (f32 out)");
+    println!("W4A16 bf16: the 8-row tile (its FP16 loop at one row: M = 1, and M = 9's last tile) gives the 16-row tile's BF16-loop bits (f32 out)");
     Ok(())
 }
 

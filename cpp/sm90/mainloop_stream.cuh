@@ -88,7 +88,8 @@ struct CollectiveMainloop<Tile<BM, BN, MainloopStream<kStageKTiles>, Act>> {
   // activations_fit_f16), run<true> takes them as FP16 and decodes the weights to FP16 (17
   // instructions for 8 weights against 20 to BF16); the products are the BF16 path's, each
   // exact in FP32. Only where the CTA holds one token row (kF16TestRows): the check's reads grow
-  // with the rows and cost more than the path saves from three rows on; the grouped kernels keep
+  // with the rows, and from two rows on they cost more than the path saves at all but one shape
+  // measured (bench/DESIGN.md §15); the grouped kernels keep
   // the BF16 path (a check per work item would sit on each item's start). One path a loop: both
   // in one loop, chosen per k-tile, ran 20-50 % slower than either (bench/DESIGN.md §15).
   static constexpr bool kBf16AsF16 = std::is_same_v<E, cute::bfloat16_t> && !Act::kScaled && kNT == 1;
