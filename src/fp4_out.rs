@@ -108,6 +108,9 @@ pub fn epilogue(p: &Problem, acc: &[f32], c: Option<&[f32]>, format: SfdFormat) 
     }
     check_len("accumulators", acc.len(), p.cd_elems(), "L * M * N")?;
     check_c(p, c.map(<[f32]>::len))?;
+    if p.cd_elems() == 0 {
+        return Ok((Vec::new(), Vec::new())); // no outputs: no loop over (possibly usize::MAX) rows
+    }
     let c = c.filter(|_| p.beta != 0.0);
     let sp = padded_sf_cols(n / SF_VEC);
     let mut d = try_zeros("D", p.cd_elems() / 2)?;

@@ -222,7 +222,7 @@ impl Nvfp4Matrix {
     /// or names a row past the last.
     pub fn select_rows(&self, rows: &[usize]) -> Result<Nvfp4Matrix> {
         if rows.is_empty() {
-            return Err(Error::InvalidData { what: "select_rows", detail: "no rows given: select at least one".into() });
+            return Err(Error::InvalidData { what: "rows", detail: "none given: select at least one".into() });
         }
         if let Some(&r) = rows.iter().find(|&&r| r >= self.rows) {
             return Err(Error::Index { what: "row", index: r, len: self.rows });

@@ -59,7 +59,7 @@ fn row_and_batch_selection_check_their_indexes() {
     let e = m.select_rows(&[0, 5]).unwrap_err();
     assert!(matches!(e, Error::Index { what: "row", index: 5, len: 5 }), "{e}");
     let e = m.select_rows(&[]).unwrap_err();
-    assert!(matches!(e, Error::InvalidData { what: "select_rows", .. }), "{e}");
+    assert!(matches!(e, Error::InvalidData { what: "rows", .. }), "{e}");
     let e = m.batch_slice(2).unwrap_err();
     assert!(matches!(e, Error::Index { what: "batch", index: 2, len: 2 }), "{e}");
     let picked = m.select_rows(&[4, 0]).unwrap();
@@ -112,6 +112,9 @@ fn fp4_epilogue_checks_n_and_its_inputs() {
     assert!(matches!(e, Error::BetaWithoutC { .. }), "{e}");
     let e = fp4_out::epilogue(&Problem::new(2, 24, 64), &acc[..48], None, SfdFormat::Ue4m3).unwrap_err();
     assert!(matches!(e, Error::InvalidData { what: "N", .. }), "{e}");
+    // No outputs (N = 0): nothing to loop over, however many rows.
+    let empty = Problem::new(usize::MAX, 0, 64);
+    assert_eq!(fp4_out::epilogue(&empty, &[], None, SfdFormat::Ue4m3).unwrap(), (Vec::new(), Vec::new()));
     let (d, sfd) = fp4_out::epilogue(&p, &acc, Some(&acc), SfdFormat::Ue4m3).unwrap();
     assert_eq!((d.len(), sfd.len()), (32, p.sfd_bytes()));
 }
