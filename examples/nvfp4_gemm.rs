@@ -328,6 +328,8 @@ fn check_host_memory(cli: &Cli, p: &Problem, extra_bytes: f64) -> Result<(), Exi
         // The bf16 activations.
         need += 2.0 * p.l as f64 * p.m as f64 * p.k as f64;
     }
+    // D once more, encoded for --save or the report.
+    need += cd * elem;
     if cli.device == DeviceArg::Cpu {
         // The reference decodes one batch of B (an i8 value and, per 16, an i64 and an f64
         // scale: 2 bytes a value); W4A16's keeps two f64 sums an output until it rounds them.
@@ -335,6 +337,17 @@ fn check_host_memory(cli: &Cli, p: &Problem, extra_bytes: f64) -> Result<(), Exi
         if cli.mode() == ModeArg::W4a16 {
             need += 16.0 * cd;
         }
+    } else {
+        // The poisoned D uploaded, D downloaded, and per checked output the exact sums and the
+        // verdict's expectations (40 bytes); the check covers the rows its budget allows.
+        let per_row = (p.n as f64) * (p.k as f64) * (p.l as f64);
+        let rows = if per_row * p.m as f64 <= SAMPLE_BUDGET as f64 { p.m as f64 } else { (SAMPLE_BUDGET as f64 / per_row).floor().max(2.0).min(p.m as f64) };
+        need += 2.0 * cd * elem + 40.0 * rows * (p.n as f64) * (p.l as f64);
+    }
+    if out.sfd().is_some() {
+        // FP4 output: D's codes and scale factors, the accumulators of the reference and of the
+        // norm constant's sample, and with beta a copy of C's checked rows.
+        need += 0.6 * cd + 8.0 * cd + if cli.beta != 0.0 { 4.0 * cd } else { 0.0 };
     }
     if need > available as f64 {
         let gib = |x: f64| x / (1u64 << 30) as f64;
