@@ -90,7 +90,10 @@ fn main() {
         // Documentation only (docs.rs has no network and no nvcc): the Rust side of the table and
         // the ABI, no kernels, nothing to link. Every config then reports `NotBuilt`.
         std::fs::write(out_dir.join("configs.rs"), rust_table(&configs, &outputs, &[], &|_| false)).unwrap();
-        generate_abi(&root, None, &out_dir);
+        // libclang: the pinned wheel where an earlier build fetched it (nothing is fetched here),
+        // else the system's.
+        let wheel_libclang = toolchain_dir(&root).join("libclang");
+        generate_abi(&root, wheel_libclang.join("libclang.so").exists().then_some(wheel_libclang.as_path()), &out_dir);
         for k in ["BSG_CUOBJDUMP", "BSG_KERNEL_OBJECTS", "BSG_BUILT_ARCHS", "BSG_NVCC"] {
             println!("cargo:rustc-env={k}=");
         }
