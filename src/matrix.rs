@@ -275,7 +275,8 @@ impl Nvfp4Matrix {
     /// Value of element (l, r, k) without the global scale: `e2m1 * scale`.
     ///
     /// # Panics
-    /// Where an index is out of range (`l < batch`, `r < rows`, `kk < K`), as slice indexing does.
+    /// Where an index is out of range (`l < batch`, `r < rows`, `kk < K`), as slice indexing does;
+    /// [`Self::get_value`] answers `None` instead.
     pub fn value(&self, l: usize, r: usize, kk: usize) -> f32 {
         e2m1_to_f32(self.code(l, r, kk)) * ue4m3_to_f32(self.scale(l, r, kk / SF_VEC))
     }
@@ -283,7 +284,8 @@ impl Nvfp4Matrix {
     /// The e2m1 code of element (l, r, k).
     ///
     /// # Panics
-    /// Where an index is out of range (`l < batch`, `r < rows`, `kk < K`), as slice indexing does.
+    /// Where an index is out of range (`l < batch`, `r < rows`, `kk < K`), as slice indexing does;
+    /// [`Self::get_code`] answers `None` instead.
     pub fn code(&self, l: usize, r: usize, kk: usize) -> u8 {
         self.check_index(l, r, kk, self.k);
         let byte = self.data[((l * self.rows + r) * self.k + kk) / 2];
@@ -294,7 +296,7 @@ impl Nvfp4Matrix {
     ///
     /// # Panics
     /// Where an index is out of range (`l < batch`, `r < rows`, `s < K / 16`), as slice indexing
-    /// does.
+    /// does; [`Self::get_scale`] answers `None` instead.
     pub fn scale(&self, l: usize, r: usize, s: usize) -> u8 {
         self.check_index(l, r, s, sf_cols(self.k));
         self.scales[l * sf_batch_bytes(self.rows, self.k) + sf_offset(r, s, padded_sf_cols(sf_cols(self.k)))]
@@ -302,7 +304,26 @@ impl Nvfp4Matrix {
 
     /// An index past its extent would otherwise read another row's or batch's bytes silently.
     fn check_index(&self, l: usize, r: usize, col: usize, cols: usize) {
-        assert!(l < self.batch && r < self.rows && col < cols, "index (batch {l}, row {r}, column {col}) of ({}, {}, {cols})", self.batch, self.rows);
+        assert!(self.in_range(l, r, col, cols), "index (batch {l}, row {r}, column {col}) of ({}, {}, {cols})", self.batch, self.rows);
+    }
+
+    fn in_range(&self, l: usize, r: usize, col: usize, cols: usize) -> bool {
+        l < self.batch && r < self.rows && col < cols
+    }
+
+    /// [`Self::value`], or `None` where an index is out of range (as `slice::get`).
+    pub fn get_value(&self, l: usize, r: usize, kk: usize) -> Option<f32> {
+        self.in_range(l, r, kk, self.k).then(|| self.value(l, r, kk))
+    }
+
+    /// [`Self::code`], or `None` where an index is out of range.
+    pub fn get_code(&self, l: usize, r: usize, kk: usize) -> Option<u8> {
+        self.in_range(l, r, kk, self.k).then(|| self.code(l, r, kk))
+    }
+
+    /// [`Self::scale`], or `None` where an index is out of range.
+    pub fn get_scale(&self, l: usize, r: usize, s: usize) -> Option<u8> {
+        self.in_range(l, r, s, sf_cols(self.k)).then(|| self.scale(l, r, s))
     }
 
     /// Rows (M for A, N for B).

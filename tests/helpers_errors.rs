@@ -77,6 +77,11 @@ fn element_accessors_refuse_indexes_past_their_extent() {
     assert!(std::panic::catch_unwind(|| m.value(0, 2, 0)).is_err());
     assert!(std::panic::catch_unwind(|| m.scale(0, 2, 0)).is_err());
     assert!(std::panic::catch_unwind(|| m.scale(0, 0, 2)).is_err());
+    // The get_ forms answer None where those panic, and the element where they do not.
+    assert_eq!((m.get_code(0, 0, 32), m.get_value(0, 2, 0), m.get_scale(0, 2, 0), m.get_scale(0, 0, 2)), (None, None, None, None));
+    assert_eq!(m.get_code(1, 1, 31), Some(m.code(1, 1, 31)));
+    assert_eq!(m.get_value(1, 1, 31).map(f32::to_bits), Some(m.value(1, 1, 31).to_bits()));
+    assert_eq!(m.get_scale(1, 1, 1), Some(m.scale(1, 1, 1)));
 }
 
 #[test]
