@@ -96,6 +96,14 @@ pub fn quantize_group(v: &[f32; SF_VEC], norm_constant: f32, format: SfdFormat, 
     sfd
 }
 
+/// N of an FP4 output: whole groups of 16 outputs a row (one scale factor each).
+pub(crate) fn check_whole_groups(n: usize) -> Result<()> {
+    if !n.is_multiple_of(SF_VEC) {
+        return Err(Error::InvalidData { what: "N", detail: format!("{n}: FP4 output needs whole groups of 16 outputs per row") });
+    }
+    Ok(())
+}
+
 /// The FP4 epilogue over f32 accumulators `acc` (L, M, N): `v = alpha * acc`, plus `beta * C`
 /// (two roundings, no fused multiply-add) when beta != 0, then [`quantize_group`] per 16
 /// columns. Returns D, (L, M, N/2) packed bytes, and SFD, `p.sfd_bytes()` bytes with zero
@@ -103,9 +111,7 @@ pub fn quantize_group(v: &[f32; SF_VEC], norm_constant: f32, format: SfdFormat, 
 /// values, or beta != 0 has no `c`.
 pub fn epilogue(p: &Problem, acc: &[f32], c: Option<&[f32]>, format: SfdFormat) -> Result<(Vec<u8>, Vec<u8>)> {
     let (m, n) = (p.m, p.n);
-    if !n.is_multiple_of(SF_VEC) {
-        return Err(Error::InvalidData { what: "N", detail: format!("{n} is not a multiple of 16 (one scale factor per 16 outputs)") });
-    }
+    check_whole_groups(n)?;
     check_len("accumulators", acc.len(), p.cd_elems(), "L * M * N")?;
     check_c(p, c.map(<[f32]>::len))?;
     if p.cd_elems() == 0 {

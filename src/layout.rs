@@ -71,23 +71,27 @@ fn chunk_pieces(rows: usize, k: usize, batch: usize) -> impl Iterator<Item = (us
     })
 }
 
-/// Checks that K is even (two e2m1 values a byte) and `src` holds `want` bytes.
-fn check_values(src: usize, want: usize, k: usize, rule: &'static str) -> Result<()> {
+/// The rules of the two value layouts' sizes.
+const STANDARD_RULE: &str = "batch * rows * K / 2 bytes (standard layout)";
+const PREPACKED_RULE: &str = "batch * ceil(K / 256) * rows * 128 bytes (prepacked layout)";
+
+/// The sizes of `(batch, rows, K)` values, (standard bytes, prepacked bytes), after checking that
+/// K is even (two e2m1 values a byte); or [`Error::SizeLimit`] where one does not fit in `usize`.
+fn value_sizes(rows: usize, k: usize, batch: usize) -> Result<(usize, usize)> {
     if !k.is_multiple_of(2) {
         return Err(Error::KMultiple { k, multiple: 2, why: "two e2m1 values per byte" });
     }
-    check_len("values", src, want, rule)
+    let standard = checked_product("values", STANDARD_RULE, &[("batch", batch), ("rows", rows), ("K / 2", k / 2)])?;
+    let dims = [("batch", batch), ("K / 256 rounded up", prepack_chunks(k)), ("rows", rows), ("bytes a chunk", PREPACK_CHUNK_BYTES)];
+    Ok((standard, checked_product("prepacked values", PREPACKED_RULE, &dims)?))
 }
 
 /// Packed values `(batch, rows, K/2)` into the prepacked layout (zeros past K), on the host: the
 /// GPU's transform ([`crate::Nvfp4Tensor::prepack`]) writes the same bytes. Fails where K is
 /// odd or `src` does not hold `batch * rows * K / 2` bytes.
 pub fn prepack_values(src: &[u8], rows: usize, k: usize, batch: usize) -> Result<Vec<u8>> {
-    let dims = [("batch", batch), ("rows", rows), ("K / 2", k / 2)];
-    let rule = "batch * rows * K / 2 bytes (standard layout)";
-    check_values(src.len(), checked_product("values", rule, &dims)?, k, rule)?;
-    let dims = [("batch", batch), ("K / 256 rounded up", prepack_chunks(k)), ("rows", rows), ("bytes a chunk", PREPACK_CHUNK_BYTES)];
-    let total = checked_product("prepacked values", "batch * ceil(K / 256) * rows * 128 bytes", &dims)?;
+    let (standard, total) = value_sizes(rows, k, batch)?;
+    check_len("values", src.len(), standard, STANDARD_RULE)?;
     if total == 0 {
         return Ok(Vec::new()); // no values: nothing to move (rows or batch may still be huge)
     }
@@ -101,10 +105,8 @@ pub fn prepack_values(src: &[u8], rows: usize, k: usize, batch: usize) -> Result
 /// The prepacked layout back to `(batch, rows, K/2)` (the bytes past K are dropped). Fails where
 /// K is odd or `src` does not hold [`prepacked_bytes`]`(rows, k, batch)` bytes.
 pub fn unpack_values(src: &[u8], rows: usize, k: usize, batch: usize) -> Result<Vec<u8>> {
-    let rule = "batch * ceil(K / 256) * rows * 128 bytes (prepacked layout)";
-    let dims = [("batch", batch), ("K / 256 rounded up", prepack_chunks(k)), ("rows", rows), ("bytes a chunk", PREPACK_CHUNK_BYTES)];
-    check_values(src.len(), checked_product("values", rule, &dims)?, k, rule)?;
-    let total = checked_product("values", "batch * rows * K / 2 bytes", &[("batch", batch), ("rows", rows), ("K / 2", k / 2)])?;
+    let (total, prepacked) = value_sizes(rows, k, batch)?;
+    check_len("values", src.len(), prepacked, PREPACKED_RULE)?;
     if total == 0 {
         return Ok(Vec::new());
     }

@@ -9,11 +9,10 @@
 
 use rayon::prelude::*;
 
-use crate::error::Result;
+use crate::error::{check_len, Result};
 use crate::formats::{e4m3_to_f32, OutputElement, E4M3_NAN};
 use crate::layout::{padded_sf_cols, sf_batch_bytes, sf_offset, SF_VEC};
 use crate::problem::{check_c, check_operand_lens, Problem, SfdFormat};
-use crate::error::check_len;
 use crate::Error;
 
 /// e2m1 code -> value * 2, as i8.
@@ -178,9 +177,7 @@ pub fn accumulators(p: &Problem, a: &[u8], sfa: &[u8], b: &[u8], sfb: &[u8], mod
 /// N must be a multiple of 16; `c` (f32) is read only when beta != 0.
 #[allow(clippy::too_many_arguments)]
 pub fn gemm_fp4(p: &Problem, a: &[u8], sfa: &[u8], b: &[u8], sfb: &[u8], c: Option<&[f32]>, format: SfdFormat, mode: Accumulation) -> Result<(Vec<u8>, Vec<u8>)> {
-    if !p.n.is_multiple_of(SF_VEC) {
-        return Err(Error::InvalidData { what: "N", detail: format!("{}: FP4 output needs whole groups of 16 outputs per row", p.n) });
-    }
+    crate::fp4_out::check_whole_groups(p.n)?;
     p.check_norm_constant()?;
     check_operands(p, a, sfa, b, sfb, std::mem::size_of::<f32>(), true)?;
     check_c(p, c.map(<[f32]>::len))?;
