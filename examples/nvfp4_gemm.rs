@@ -68,7 +68,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Instant;
 
-use blockscaled_gemm::compare::{compare, compare_fp4, sample_rows, verify_matrices, verify_w4a16, SAMPLE_BUDGET};
+use blockscaled_gemm::compare::{compare, compare_fp4, sample_row_count, sample_rows, verify_matrices, verify_w4a16, SAMPLE_BUDGET};
 use blockscaled_gemm::layout::{from_tiled, padded_rows, padded_sf_cols, sf_bytes, sf_cols};
 use blockscaled_gemm::fp4_out;
 use blockscaled_gemm::reference::{self, Accumulation};
@@ -340,8 +340,7 @@ fn check_host_memory(cli: &Cli, p: &Problem, extra_bytes: f64) -> Result<(), Exi
     } else {
         // The poisoned D uploaded, D downloaded, and per checked output the exact sums and the
         // verdict's expectations (40 bytes); the check covers the rows its budget allows.
-        let per_row = (p.n as f64) * (p.k as f64) * (p.l as f64);
-        let rows = if per_row * p.m as f64 <= SAMPLE_BUDGET as f64 { p.m as f64 } else { (SAMPLE_BUDGET as f64 / per_row).floor().max(2.0).min(p.m as f64) };
+        let rows = sample_row_count(p, cli.check_budget as u128) as f64;
         need += 2.0 * cd * elem + 40.0 * rows * (p.n as f64) * (p.l as f64);
     }
     if out.sfd().is_some() {

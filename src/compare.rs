@@ -63,10 +63,9 @@
 //! NaN: the exact result is NaN only where a scale is NaN (0x7F) or C holds NaN; then D must be
 //! NaN. A NaN elsewhere fails.
 
-use crate::error::{Error, Result};
+use crate::error::{check_len, product, Error, Result};
 use crate::formats::OutputElement;
 use crate::problem::{OutType, Problem};
-use crate::error::{check_len, product};
 use crate::reference::Dot;
 use crate::Nvfp4Matrix;
 
@@ -502,16 +501,25 @@ pub fn verify_matrices<T: OutputElement>(a: &Nvfp4Matrix, b: &Nvfp4Matrix, alpha
 /// 2 cores.
 pub const SAMPLE_BUDGET: u128 = 1 << 33;
 
+/// How many rows [`sample_rows`] picks at most (M where every row fits the budget), without
+/// listing them: to size what a verification will hold.
+pub fn sample_row_count(p: &Problem, budget: u128) -> usize {
+    let m = p.m;
+    let per_row = product(&[p.n, p.k, p.l]);
+    if m == 0 || per_row.saturating_mul(m as u128) <= budget {
+        return m;
+    }
+    (budget / per_row.max(1)).max(2).min(m as u128) as usize
+}
+
 /// The rows of M a verification covers within `budget` multiply-adds of the reference: all when
 /// `M * N * K * L` fits, else R rows spread evenly over M, first and last included, with R the
 /// most that fit but at least 2 (1 when M = 1).
 pub fn sample_rows(p: &Problem, budget: u128) -> Vec<usize> {
-    let m = p.m;
-    let per_row = product(&[p.n, p.k, p.l]);
-    if m == 0 || per_row.saturating_mul(m as u128) <= budget {
+    let (m, r) = (p.m, sample_row_count(p, budget));
+    if r == m {
         return (0..m).collect();
     }
-    let r = (budget / per_row.max(1)).max(2).min(m as u128) as usize;
     if r == 1 {
         return vec![0];
     }
