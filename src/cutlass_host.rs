@@ -3,10 +3,9 @@
 //! the Rust layout and validator to CUTLASS's own.
 
 use crate::dispatch::Config;
-use crate::error::{checked_product, try_vec, Error, Result};
+use crate::error::{check_len, checked_product, try_vec, Error, Result};
 use crate::sys::{self as bridge, KernelArgs};
 use crate::problem::{check_operand_lens, OutType, Problem, SfdFormat};
-use crate::error::check_len;
 
 fn args(p: &Problem) -> KernelArgs {
     // Aligned, never dereferenced: these calls only inspect shapes and layouts.

@@ -9,11 +9,10 @@ use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
 
 use crate::dispatch::{self, Config};
 use crate::layout::WeightLayout;
-use crate::error::{Error, Result};
+use crate::error::{check_len, Error, Result};
 use crate::sys::{self, KernelArgs};
 use crate::formats::{OutputElement, PackedFp4, ScaleByte};
 use crate::problem::{check_align, check_operand_lens, d_rule, OutType, Problem};
-use crate::error::check_len;
 use crate::problem::folded_alpha;
 use crate::tensor::Nvfp4Tensor;
 

@@ -17,13 +17,12 @@ use std::sync::Arc;
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
 
 use crate::dispatch::{self, Config};
-use crate::error::{Error, Result};
+use crate::error::{check_len, product, Error, Result};
 use crate::formats::{OutputElement, PackedFp4, ScaleByte};
 use crate::gemm::{check_devices, resolve_config, status_result, BlockScaledGemm, Nvfp4Output, Table, SUPPORTED_GROUPED};
 use crate::layout::{padded_sf_cols, sf_bytes, sf_cols, sf_offset};
 use crate::matrix::Nvfp4Matrix;
 use crate::problem::{check_align, folded_alpha, setters, OutType, Problem};
-use crate::error::{check_len, product};
 use crate::sys;
 use crate::tensor::Nvfp4Tensor;
 

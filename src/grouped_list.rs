@@ -18,12 +18,11 @@
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, SyncOnDrop};
 
 use crate::dispatch::{self, Config};
-use crate::error::{Error, Result};
+use crate::error::{check_len, product, Error, Result};
 use crate::formats::{OutputElement, PackedFp4, ScaleByte};
 use crate::gemm::{check_devices, check_weight_layout, resolve_config, status_result, BlockScaledGemm, Nvfp4Output};
 use crate::grouped::MAX_EXPERTS;
 use crate::problem::{check_align, folded_alpha, setters, OutType, Problem};
-use crate::error::{check_len, product};
 use crate::layout::WeightLayout;
 use crate::sys;
 use crate::tensor::Nvfp4Tensor;

@@ -1,7 +1,6 @@
 //! Problem shapes, output types and the validation every launch passes before any FFI call.
 
-use crate::error::{Error, Result};
-use crate::error::{check_len, product};
+use crate::error::{check_len, product, Error, Result};
 use crate::layout;
 
 /// Builder methods of the problem types that set fields of one type: `name: a, b: type;` gives

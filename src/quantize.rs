@@ -4,13 +4,12 @@ use std::sync::Arc;
 
 use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut, DeviceRepr};
 
-use crate::error::{Error, Result};
+use crate::error::{check_len, Error, Result};
 use crate::gemm::{capture_check, check_devices};
 use crate::grouped::{moe_sfa_bytes, moe_sfa_rows, MAX_EXPERTS};
 use crate::layout::sf_batch_bytes;
 use crate::matrix::{check_global_scale, check_lens, check_shape, computed_global_scale, HostFloat};
 use crate::problem::check_align;
-use crate::error::check_len;
 use crate::sys::{self, InKind, QuantTransform, QuantizeArgs};
 use crate::tensor::Nvfp4Tensor;
 

@@ -15,9 +15,8 @@
 //! - `swiglu(g, u) = round_T(silu(g) * u)`, rounded to the input type T (nearest, ties to even),
 //!   as an unfused `silu_and_mul` would store it before quantizing.
 
-use crate::error::Result;
+use crate::error::{check_len, Result};
 use crate::matrix::HostFloat;
-use crate::error::check_len;
 
 // The same f32 values as cpp/quant/swiglu.cuh's literals (LOG2_E is its 1.44269504088896341f,
 // 0x3FB8AA3B).

@@ -8,11 +8,10 @@ use std::sync::Arc;
 use cudarc::driver::sys::CUdeviceptr;
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut, DeviceRepr, DeviceSlice, SyncOnDrop};
 
-use crate::error::{Error, Result};
+use crate::error::{check_len, Error, Result};
 use crate::formats::{PackedFp4, ScaleByte};
 use crate::layout::{prepacked_bytes, sf_batch_bytes, WeightLayout};
 use crate::matrix::{check_global_scale, check_lens, check_shape, Nvfp4Matrix};
-use crate::error::check_len;
 use crate::sys;
 
 /// An NVFP4 tensor of shape (batch, rows, K) on the device: packed e2m1 values (two per byte, K

@@ -7,13 +7,12 @@
 use cudarc::driver::{DevicePtr, DevicePtrMut};
 
 use crate::dispatch::Config;
-use crate::error::{Error, Result};
+use crate::error::{check_len, product, Error, Result};
 use crate::formats::{OutputElement, PackedFp4, ScaleByte};
 use crate::gemm::{check_devices, choose_config, BlockScaledGemm, DeviceFacts, Table};
 use crate::layout::WeightLayout;
 use crate::grouped::{check_moe_lens, grouped_args, MoeProblem};
 use crate::problem::{folded_alpha, OutType, Problem};
-use crate::error::{check_len, product};
 use crate::quantize::QuantInput;
 use crate::sys::{self, KernelArgs};
 use crate::tensor::Nvfp4Tensor;
