@@ -153,11 +153,13 @@ __global__ void __launch_bounds__(T::kLaunchThreads, T::kMinBlocks) grouped_gemm
   Epilogue<T, OutT, ReduceGlobal>::run(pe, we, tile_s, tid);
 }
 
-// The list form's prologue: every CTA learns which groups have tiles; thread g of the grid makes
-// group g's descriptors (A: its packed rows, or for the swapped tiles its decoded rows in the
-// workspace; B: its packed rows) from the host's templates; then, for the swapped tiles, the
-// grid decodes every such group's activations into its rows of the workspace (a row's 64-K blocks
-// past its group's K are neither written nor read).
+// The list form's prologue: thread g of the grid makes group g's descriptors, where the group has
+// tiles (A: its packed rows, or for the swapped tiles its decoded rows in the workspace; B: its
+// packed rows) from the host's templates; then, for the swapped tiles, the grid decodes every
+// such group's activations into its rows of the workspace (a row's 64-K blocks past its group's K
+// are neither written nor read). Only the swapped tiles need the scheduler's walk over all groups
+// (a group's rows start at the sum of the rows before it, and the row bound may cut it); the
+// stream tiles' thread g decides from group g alone, so the descriptors follow one read.
 template <class T>
 __global__ void __launch_bounds__(kPreThreads) list_prologue(const __grid_constant__ ListParams lp, const __grid_constant__ CUtensorMap tmpl_a,
                                                              const __grid_constant__ CUtensorMap tmpl_b) {
@@ -165,11 +167,13 @@ __global__ void __launch_bounds__(kPreThreads) list_prologue(const __grid_consta
   __shared__ typename Sched::Shared sched;
   griddep_wait();
   griddep_launch_dependents();
-  Sched::prepare(typename Sched::Args{lp}, sched, threadIdx.x);
+  if constexpr (T::kPreA) Sched::prepare(typename Sched::Args{lp}, sched, threadIdx.x);
   const int64_t tid = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (tid < lp.groups && Sched::has_tiles(sched, int(tid))) {
+  const ListGroup q = tid < lp.groups ? list_group(lp, int(tid)) : ListGroup{0, 0, 0, false};
+  bool tiles = Sched::has_rows(q);
+  if constexpr (T::kPreA) tiles = tid < lp.groups && Sched::has_tiles(sched, int(tid));
+  if (tiles) {
     const int g = int(tid);
-    const ListGroup q = list_group(lp, g);
     if constexpr (T::kPreA) {
       const int64_t k_pad = (q.k + kBK - 1) / kBK * kBK;
       make_tensormap(lp.maps + 2 * g, tmpl_a, lp.pre + int64_t(Sched::row0(sched, g)) * lp.pre_pitch, uint32_t(k_pad), uint32_t(q.m), lp.pre_pitch);

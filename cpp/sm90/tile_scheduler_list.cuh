@@ -70,6 +70,10 @@ struct ListTileScheduler {
     int64_t rows;              // rows of the groups with tiles (swapped tiles: within max_rows)
   };
 
+  // Whether group g can have tiles before any row bound: its sizes and addresses are usable and
+  // it has rows. For the stream tiles (no row bound) this is has_tiles, decided from the group alone.
+  __device__ __forceinline__ static bool has_rows(const ListGroup& q) { return q.ok && q.m > 0; }
+
   // Every thread of the CTA; ends with a CTA barrier. Group g has tiles where it is usable, has
   // rows and (the swapped tiles) its rows end within max_rows, counting from the sum of m over the
   // usable groups before it (a running sum: once one group is past, every later one with rows is).
@@ -80,7 +84,7 @@ struct ListTileScheduler {
       for (int g0 = 0; g0 < lp.groups; g0 += 32) {
         const int g = g0 + tid;
         const ListGroup q = g < lp.groups ? list_group(lp, g) : ListGroup{0, 0, 0, false};
-        const int64_t want = q.ok ? q.m : 0;
+        const int64_t want = has_rows(q) ? q.m : 0;
         int64_t incl = want;
         for (int d = 1; d < 32; d *= 2) {
           const int64_t v = __shfl_up_sync(0xffffffffu, incl, d);
@@ -90,7 +94,7 @@ struct ListTileScheduler {
         const bool fits = !T::kPreA || before + want <= lp.max_rows;
         if (g < lp.groups) {
           s.row_end[g] = int(min(before + want, int64_t(INT_MAX)));
-          s.work_end[g] = fits && want > 0 ? int((want + T::kBM - 1) / T::kBM) * ((q.n + T::kBN - 1) / T::kBN) : 0;
+          s.work_end[g] = fits && has_rows(q) ? int((want + T::kBM - 1) / T::kBM) * ((q.n + T::kBN - 1) / T::kBN) : 0;
         }
         run += __shfl_sync(0xffffffffu, incl, 31);
       }
