@@ -150,9 +150,12 @@ impl Quantizer {
     /// `scales` in the grouped GEMM's layout ([`crate::grouped::moe_sfa_bytes`] bytes: each
     /// expert's rows from a multiple of 128, the rest of its 128-row blocks zeroed), with the
     /// given global scale: the A operand of `moe_gemm`. Bit for bit the CPU quantizer of the whole
-    /// (1, T, K) tensor, its scales placed by [`crate::grouped::moe_scales`]: the whole scale
-    /// buffer is written (zeroed in stream order, then the experts' rows), the codes of rows no
-    /// expert holds (invalid offsets) are left as they were. A memset and one launch, no
+    /// (1, T, K) tensor, its scales placed by [`crate::grouped::moe_scales`] in the experts'
+    /// blocks: each expert with rows gets its 128-row blocks written whole (its rows' scales,
+    /// zeros in the padding). Past the last expert's blocks (the buffer's room for other
+    /// routings, which no GEMM of these offsets reads) the first `T + 127 min(E, T)` scale rows
+    /// (rounded down to 128) are zeroed and the rest of the buffer is left as it was, as are the
+    /// codes of rows no expert holds (invalid offsets). A memset of those rows and one launch, no
     /// allocation, no host synchronisation: capturable.
     pub fn quantize_moe_into<T, X, O, C, S>(&self, x: &X, (rows, k): (usize, usize), offsets: &O, global_scale: f32, codes: &mut C, scales: &mut S) -> Result<()>
     where

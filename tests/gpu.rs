@@ -1683,7 +1683,11 @@ fn grouped_moe_quantizer_matches_the_cpu() -> Outcome {
     let s = g.stream();
     let q = blockscaled_gemm::Quantizer::new(s.clone());
     let mut rng = blockscaled_gemm::SplitMix64::new(seed() ^ 60);
-    for (counts, k) in [(vec![130usize, 0, 1, 169], 512usize), (vec![3, 5, 0, 0, 250, 1, 1, 40], 2048), (vec![7], 64)] {
+    // The last case has more experts than rows: the buffer's rows past the blocks any routing
+    // can reach stay as they were.
+    let mut sparse = vec![0usize; 16];
+    (sparse[1], sparse[4]) = (1, 2);
+    for (counts, k) in [(vec![130usize, 0, 1, 169], 512usize), (vec![3, 5, 0, 0, 250, 1, 1, 40], 2048), (vec![7], 64), (sparse, 256)] {
         let t: usize = counts.iter().sum();
         let experts = counts.len();
         // Normal data with zero blocks and a few huge and tiny values.
@@ -1700,12 +1704,15 @@ fn grouped_moe_quantizer_matches_the_cpu() -> Outcome {
         let mut scales = s.clone_htod(&vec![0x7Fu8; moe_sfa_bytes(t, k, experts)]).unwrap();
         q.quantize_moe_into(&xd, (t, k), &od, gs, &mut codes, &mut scales).unwrap();
         assert!(s.clone_dtoh(&codes).unwrap() == cpu.data(), "codes, {counts:?} K={k}");
-        // The experts' 128-row blocks as moe_scales places them (their padding zero); the rows
-        // past them (room for other routings) zero.
-        let used = moe_scale_starts(&offsets).unwrap()[experts] * blockscaled_gemm::layout::padded_sf_cols(k / 16);
+        // The experts' 128-row blocks as moe_scales places them (their padding zero, over the
+        // 0x7F poison); past them, the rows any routing's blocks can reach zero, the rest
+        // untouched.
+        let cols = blockscaled_gemm::layout::padded_sf_cols(k / 16);
+        let used = moe_scale_starts(&offsets).unwrap()[experts] * cols;
+        let reach = (t + 127 * experts.min(t)) / 128 * 128 * cols;
         let (got, want) = (s.clone_dtoh(&scales).unwrap(), moe_scales(&cpu, &offsets).unwrap());
         assert!(got[..used] == want[..used], "scales of the experts' blocks, {counts:?} K={k}");
-        assert!(got[used..].iter().all(|&b| b == 0), "scale rows past the experts' blocks not zeroed, {counts:?} K={k}");
+        assert!(got[used..reach].iter().all(|&b| b == 0) && got[reach..].iter().all(|&b| b == 0x7F), "scale rows past the experts' blocks, {counts:?} K={k}");
         // The GEMM on the GPU-quantized operand gives the bits it gives on the CPU's.
         let n = 256;
         let w = Nvfp4Matrix::random_contest(n, k, experts, seed() ^ 61).unwrap();
@@ -1736,7 +1743,7 @@ fn grouped_moe_quantizer_matches_the_cpu() -> Outcome {
     let mut dense = s.alloc_zeros::<u8>(blockscaled_gemm::layout::sf_bytes(t, k, 1)).unwrap();
     let e = q.quantize_moe_into(&xd, (t, k), &od, 1.0, &mut codes, &mut dense).unwrap_err();
     assert!(e.to_string().starts_with("scales: holds"), "{e}");
-    println!("MoE quantizer: codes and the experts' scale blocks bit-identical to the CPU quantizer and moe_scales, their padding and the rows past them zero; the GEMM on them bit-equal");
+    println!("MoE quantizer: codes and the experts' scale blocks bit-identical to the CPU quantizer and moe_scales, their padding zero, the rows past them as documented; the GEMM on them bit-equal");
     Ok(())
 }
 
@@ -1814,7 +1821,8 @@ fn swiglu_quantizer_matches_the_cpu() -> Outcome {
         assert!(s.clone_dtoh(&codes).unwrap() == cpu.data(), "MoE codes, {counts:?} K={k}");
         let used = moe_scale_starts(&offsets).unwrap()[counts.len()] * blockscaled_gemm::layout::padded_sf_cols(k / 16);
         let (got, want) = (s.clone_dtoh(&scales).unwrap(), moe_scales(&cpu, &offsets).unwrap());
-        assert!(got[..used] == want[..used] && got[used..].iter().all(|&b| b == 0), "MoE scales, {counts:?} K={k}");
+        let reach = (t + 127 * counts.len().min(t)) / 128 * 128 * blockscaled_gemm::layout::padded_sf_cols(k / 16);
+        assert!(got[..used] == want[..used] && got[used..reach].iter().all(|&b| b == 0) && got[reach..].iter().all(|&b| b == 0x7F), "MoE scales, {counts:?} K={k}");
         runs += 1;
     }
     // Refused, nothing written: x of K values a row (not 2K).

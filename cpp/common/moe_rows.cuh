@@ -44,6 +44,12 @@ __device__ __forceinline__ int first_exceeding(const int* incl, int n, int value
 // over E experts, each expert's rows padded to 128, fit in floor((T + 127 E) / 128) * 128.
 __host__ __device__ constexpr int64_t moe_sf_rows(int64_t rows, int64_t experts) { return (rows + 127 * experts) / 128 * 128; }
 
+// The first scale rows that hold every expert's blocks whatever the routing: only experts with
+// rows have blocks, at most min(E, T) of them.
+__host__ __device__ constexpr int64_t moe_used_sf_rows(int64_t rows, int64_t experts) {
+  return moe_sf_rows(rows, experts < rows ? experts : rows);
+}
+
 struct MoeRows {
   static constexpr int kMaxGroups = BSG_MAX_GROUPS;
   int row[kMaxGroups + 1];

@@ -61,9 +61,11 @@ bsg::KernelStatus run(const bsg::QuantizeArgs& a) {
       {reinterpret_cast<const void*>(&quantize_kernel<T, MoeScales, Identity>), reinterpret_cast<const void*>(&quantize_kernel<T, MoeScales, SwigluHalves>)}};
   const void* kernel = kernels[moe][swiglu];
   if (moe) {
-    // The whole MoE scale buffer (room for any routing) zeroed in stream order: the padding of
-    // each expert's blocks and the rows past them; the kernel writes the experts' rows.
-    const size_t rows = size_t(bsg::moe_sf_rows(a.m, a.experts));
+    // The scale rows the experts' blocks can reach zeroed in stream order (the padding of each
+    // expert's blocks); the kernel writes the experts' rows. Only experts with rows have blocks,
+    // at most min(E, T) of them, so at most T + 127 min(E, T) rows: at decode sizes a few of the
+    // buffer's T + 127 E (zeroing all of it took most of the time: bench/DESIGN.md section 13).
+    const size_t rows = size_t(bsg::moe_used_sf_rows(a.m, a.experts));
     if (cudaError_t e = cudaMemsetAsync(scales, 0, rows * size_t(bsg::sf_cols_padded(a.k)), stream)) {
       st.cuda_error = e;
       return st;
