@@ -1678,16 +1678,24 @@ fn grouped_moe_captured_follows_device_routing() -> Outcome {
     Ok(())
 }
 
+/// Rows per expert of `experts` experts, zero but where `hit` gives (expert, rows).
+fn sparse_counts(experts: usize, hit: &[(usize, usize)]) -> Vec<usize> {
+    let mut counts = vec![0; experts];
+    for &(e, rows) in hit {
+        counts[e] = rows;
+    }
+    counts
+}
+
 fn grouped_moe_quantizer_matches_the_cpu() -> Outcome {
     let g = hopper()?;
     let s = g.stream();
     let q = blockscaled_gemm::Quantizer::new(s.clone());
     let mut rng = blockscaled_gemm::SplitMix64::new(seed() ^ 60);
-    // The last case has more experts than rows: the buffer's rows past the blocks any routing
-    // can reach stay as they were.
-    let mut sparse = vec![0usize; 16];
-    (sparse[1], sparse[4]) = (1, 2);
-    for (counts, k) in [(vec![130usize, 0, 1, 169], 512usize), (vec![3, 5, 0, 0, 250, 1, 1, 40], 2048), (vec![7], 64), (sparse, 256)] {
+    // The last two cases have more experts than rows (the buffer's rows past the blocks any
+    // routing can reach stay as they were): two experts hit, and every row its own expert (the
+    // blocks end where the zeroed rows do).
+    for (counts, k) in [(vec![130usize, 0, 1, 169], 512usize), (vec![3, 5, 0, 0, 250, 1, 1, 40], 2048), (vec![7], 64), (sparse_counts(16, &[(1, 1), (4, 2)]), 256), (sparse_counts(16, &[(2, 1), (7, 1), (11, 1)]), 128)] {
         let t: usize = counts.iter().sum();
         let experts = counts.len();
         // Normal data with zero blocks and a few huge and tiny values.
@@ -1808,8 +1816,9 @@ fn swiglu_quantizer_matches_the_cpu() -> Outcome {
         dense(&q, &xb, (1, m, k), 1.0, "bf16 ties, NaN and Inf");
         runs += 2;
     }
-    // The MoE form: the experts' rows, scales in the grouped GEMM's layout.
-    for (counts, k) in [(vec![130usize, 0, 1, 169], 512usize), (vec![3, 5, 0, 0, 250, 1, 1, 40], 2048)] {
+    // The MoE form: the experts' rows, scales in the grouped GEMM's layout (the last case with
+    // more experts than rows).
+    for (counts, k) in [(vec![130usize, 0, 1, 169], 512usize), (vec![3, 5, 0, 0, 250, 1, 1, 40], 2048), (sparse_counts(16, &[(2, 1), (7, 1), (11, 1)]), 128)] {
         let t: usize = counts.iter().sum();
         let x: Vec<bf16> = quantizer_data(&mut rng, t * 2 * k, 3, 8, 1e-6).iter().map(|&v| bf16::from_f32(v)).collect();
         let gs = 3.0 / 2688.0;

@@ -276,8 +276,9 @@ pub fn bench_case(cli: &Cli, gemm: &BlockScaledGemm, stream: &Arc<CudaStream>, l
 /// The MoE-form quantizer on case `case`'s stacked rows: bf16 (T, K) N(0, 1) data, the case's
 /// routing on the device, global scale 4 / 2688 given; inputs rotated over more than twice the
 /// L2; `exact`: codes, and the scales of the experts' 128-row blocks, equal the CPU quantizer's
-/// with `moe_scales`' placement (the buffer's rows past those blocks are not written). Bytes: the
-/// input read, the codes and the whole scale buffer written.
+/// with `moe_scales`' placement (the buffer's rows past those blocks are not checked). Bytes: the
+/// input read, the codes and the scale rows any routing's blocks can reach written (the rest of
+/// the buffer is not written).
 pub fn bench_quantize_moe(cli: &Cli, q: &blockscaled_gemm::Quantizer, stream: &Arc<CudaStream>, l2: usize, case: &Case) -> Result<crate::QuantResult, Box<dyn std::error::Error>> {
     let (t, k) = (case.counts.iter().sum::<usize>(), case.k);
     let mut rng = SplitMix64::new(7);
@@ -299,8 +300,6 @@ pub fn bench_quantize_moe(cli: &Cli, q: &blockscaled_gemm::Quantizer, stream: &A
     let check = |codes: &CudaSlice<u8>, scales: &CudaSlice<u8>| -> Result<bool, Box<dyn std::error::Error>> {
         Ok(stream.clone_dtoh(codes)? == want.data() && stream.clone_dtoh(scales)?[..used] == want_scales[..used])
     };
-    // What the quantizer moves: the inputs, the codes and the scale rows any routing's blocks
-    // can reach (zeroed, then the experts' rows written; the buffer past them is not written).
     let reach = (t + 127 * case.counts.len().min(t)) / 128 * 128 * padded_sf_cols(k / 16);
     let bytes = 2 * t * k + t * k / 2 + reach;
     crate::time_quantizer(cli, stream, l2, bytes, (&mut codes, &mut scales), launch, check)
