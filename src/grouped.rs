@@ -413,7 +413,8 @@ impl BlockScaledGemm {
     /// `p.norm_constant`), D (T, N/2) packed, its scale factors in the MoE layout of A's scales
     /// over (T, N/16) ([`MoeProblem::sfd_bytes`]: each expert's rows from a multiple of 128, their
     /// blocks' padding zeroed; scale rows past the experts' blocks are left as they were on
-    /// Hopper, zeroed on Blackwell, where a memset of the buffer precedes the GEMM), so the
+    /// Hopper; on Blackwell, where a memset precedes the GEMM, the first `T + 127 min(E, T)`
+    /// (rounded down to 128) are zeroed, the rest left as they were), so the
     /// next grouped GEMM takes (D, SFD) as its [`MoeActivations`] with the same offsets and the
     /// global scale 1 / norm_constant. Per expert, the bits of [`Self::gemm_fp4`] at split 1.
     #[allow(clippy::too_many_arguments)]

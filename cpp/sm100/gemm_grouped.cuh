@@ -288,9 +288,10 @@ KernelStatus GroupedGemm<Sms, TileM, TileN, TileK, ClusterM, ClusterN, Out>::run
   cutlass::Status st = gemm.initialize(arguments(p, w), base + arrays_bytes(p.experts), stream);
   if (st != cutlass::Status::kSuccess) return KernelStatus{static_cast<int32_t>(st), static_cast<int32_t>(cudaGetLastError()), 0};
   if constexpr (kFp4Out) {
-    // CUTLASS's epilogue leaves the padding of the scale-factor tiles unwritten: the whole MoE
-    // scale buffer (room for any routing) is zeroed in stream order first.
-    const size_t bytes = size_t(moe_sf_rows(p.rows, p.experts)) * size_t(sf_cols_padded(p.n));
+    // CUTLASS's epilogue leaves the padding of the scale-factor tiles unwritten: the scale rows
+    // any routing's blocks can reach (common/moe_rows.cuh) are zeroed in stream order first; the
+    // rest of the buffer, which no grouped GEMM of these offsets reads, is left as it was.
+    const size_t bytes = size_t(moe_used_sf_rows(p.rows, p.experts)) * size_t(sf_cols_padded(p.n));
     if (const cudaError_t e = cudaMemsetAsync(reinterpret_cast<void*>(p.sfd), 0, bytes, stream); e != cudaSuccess)
       return KernelStatus{int32_t(cutlass::Status::kErrorInternal), int32_t(e), 0};
   }
