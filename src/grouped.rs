@@ -136,6 +136,16 @@ pub const fn moe_sfa_rows(rows: usize, experts: usize) -> usize {
     rows.saturating_add(experts.saturating_mul(127)) / 128 * 128
 }
 
+/// The first rows of the MoE scale layout that hold every expert's blocks whatever the routing
+/// of `rows` stacked rows over `experts` experts: only experts with rows have blocks, at most
+/// `min(E, T)` of them, so `floor((T + 127 min(E, T)) / 128) * 128` (saturating), at most
+/// [`moe_sfa_rows`]. The rows [`crate::Quantizer::quantize_moe_into`] zeroes before it writes
+/// the experts' rows (and the memset ahead of Blackwell's `moe_gemm_fp4`); past them no grouped
+/// GEMM reads, and the buffer is left as it was.
+pub const fn moe_sfa_used_rows(rows: usize, experts: usize) -> usize {
+    moe_sfa_rows(rows, if experts < rows { experts } else { rows })
+}
+
 /// Bytes of the MoE scale layout: [`moe_sfa_rows`] times K/16 padded to 4 (saturating).
 pub const fn moe_sfa_bytes(rows: usize, k: usize, experts: usize) -> usize {
     moe_sfa_rows(rows, experts).saturating_mul(padded_sf_cols(sf_cols(k)))
@@ -413,8 +423,8 @@ impl BlockScaledGemm {
     /// `p.norm_constant`), D (T, N/2) packed, its scale factors in the MoE layout of A's scales
     /// over (T, N/16) ([`MoeProblem::sfd_bytes`]: each expert's rows from a multiple of 128, their
     /// blocks' padding zeroed; scale rows past the experts' blocks are left as they were on
-    /// Hopper; on Blackwell, where a memset precedes the GEMM, the first `T + 127 min(E, T)`
-    /// (rounded down to 128) are zeroed, the rest left as they were), so the
+    /// Hopper; on Blackwell, where a memset precedes the GEMM, the first [`moe_sfa_used_rows`]
+    /// are zeroed, the rest left as they were), so the
     /// next grouped GEMM takes (D, SFD) as its [`MoeActivations`] with the same offsets and the
     /// global scale 1 / norm_constant. Per expert, the bits of [`Self::gemm_fp4`] at split 1.
     #[allow(clippy::too_many_arguments)]
@@ -491,11 +501,17 @@ mod tests {
             let counts: Vec<usize> = (0..experts).map(|_| if rng.below(2) == 0 { 0 } else { rng.below(300) as usize }).collect();
             let t: usize = counts.iter().sum();
             let need: usize = counts.iter().map(|c| c.div_ceil(128) * 128).sum();
-            assert!(need <= MoeProblem::new(t, 32, 64, experts).sfa_rows(), "{counts:?}");
+            assert!(need <= moe_sfa_used_rows(t, experts) && moe_sfa_used_rows(t, experts) <= MoeProblem::new(t, 32, 64, experts).sfa_rows(), "{counts:?}");
         }
         let worst: Vec<usize> = vec![129; 10];
         let need: usize = worst.iter().map(|c| c.div_ceil(128) * 128).sum();
         assert_eq!(need, MoeProblem::new(1290, 32, 64, 10).sfa_rows());
+        assert_eq!(need, moe_sfa_used_rows(1290, 10));
+        // More experts than rows: every row its own expert reaches the bound, which is far below
+        // the buffer's rows (one token of DeepSeek-V3: 8 rows over 256 experts).
+        assert_eq!(moe_sfa_used_rows(8, 256), 8 * 128);
+        assert_eq!(moe_sfa_rows(8, 256), 32512);
+        assert_eq!(moe_sfa_used_rows(0, 256), 0);
     }
 
     #[test]

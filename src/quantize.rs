@@ -153,10 +153,10 @@ impl Quantizer {
     /// (1, T, K) tensor, its scales placed by [`crate::grouped::moe_scales`] in the experts'
     /// blocks: each expert with rows gets its 128-row blocks written whole (its rows' scales,
     /// zeros in the padding). Past the last expert's blocks (the buffer's room for other
-    /// routings, which no GEMM of these offsets reads) the first `T + 127 min(E, T)` scale rows
-    /// (rounded down to 128) are zeroed and the rest of the buffer is left as it was, as are the
-    /// codes of rows no expert holds (invalid offsets). A memset of those rows and one launch, no
-    /// allocation, no host synchronisation: capturable.
+    /// routings, which no GEMM of these offsets reads) the first
+    /// [`crate::grouped::moe_sfa_used_rows`] scale rows are zeroed and the rest of the buffer is
+    /// left as it was, as are the codes of rows no expert holds (invalid offsets). A memset of
+    /// those rows and one launch, no allocation, no host synchronisation: capturable.
     pub fn quantize_moe_into<T, X, O, C, S>(&self, x: &X, (rows, k): (usize, usize), offsets: &O, global_scale: f32, codes: &mut C, scales: &mut S) -> Result<()>
     where
         T: QuantInput, X: DevicePtr<T>, O: DevicePtr<i32>, C: DevicePtrMut<u8>, S: DevicePtrMut<u8>,

@@ -4,7 +4,7 @@
 use blockscaled_gemm::compare::{compare, compare_fp4, verify_matrices, verify_w4a16};
 use blockscaled_gemm::fp4_out::sfd_from_f32;
 use blockscaled_gemm::reference::{self, Accumulation};
-use blockscaled_gemm::grouped::{expert_offsets, moe_scale_starts, moe_sfa_bytes, moe_scales, reference_moe};
+use blockscaled_gemm::grouped::{expert_offsets, moe_scale_starts, moe_sfa_bytes, moe_sfa_used_rows, moe_scales, reference_moe};
 use blockscaled_gemm::{reference_gemm, Activation16, BlockScaledGemm, ListArrays, ListGroup, ListProblem, MoeActivations, MoeProblem, Config, Error, ForeignBuffer, Nvfp4Matrix, Nvfp4Output, Nvfp4Tensor, OutType, OutputElement, Problem, WeightLayout};
 use blockscaled_gemm::layout;
 use cudarc::driver::{CudaSlice, CudaStream, CudaView};
@@ -1717,7 +1717,7 @@ fn grouped_moe_quantizer_matches_the_cpu() -> Outcome {
         // untouched.
         let cols = blockscaled_gemm::layout::padded_sf_cols(k / 16);
         let used = moe_scale_starts(&offsets).unwrap()[experts] * cols;
-        let reach = (t + 127 * experts.min(t)) / 128 * 128 * cols;
+        let reach = moe_sfa_used_rows(t, experts) * cols;
         let (got, want) = (s.clone_dtoh(&scales).unwrap(), moe_scales(&cpu, &offsets).unwrap());
         assert!(got[..used] == want[..used], "scales of the experts' blocks, {counts:?} K={k}");
         assert!(got[used..reach].iter().all(|&b| b == 0) && got[reach..].iter().all(|&b| b == 0x7F), "scale rows past the experts' blocks, {counts:?} K={k}");
@@ -1830,7 +1830,7 @@ fn swiglu_quantizer_matches_the_cpu() -> Outcome {
         assert!(s.clone_dtoh(&codes).unwrap() == cpu.data(), "MoE codes, {counts:?} K={k}");
         let used = moe_scale_starts(&offsets).unwrap()[counts.len()] * blockscaled_gemm::layout::padded_sf_cols(k / 16);
         let (got, want) = (s.clone_dtoh(&scales).unwrap(), moe_scales(&cpu, &offsets).unwrap());
-        let reach = (t + 127 * counts.len().min(t)) / 128 * 128 * blockscaled_gemm::layout::padded_sf_cols(k / 16);
+        let reach = moe_sfa_used_rows(t, counts.len()) * blockscaled_gemm::layout::padded_sf_cols(k / 16);
         assert!(got[..used] == want[..used] && got[used..reach].iter().all(|&b| b == 0) && got[reach..].iter().all(|&b| b == 0x7F), "MoE scales, {counts:?} K={k}");
         runs += 1;
     }

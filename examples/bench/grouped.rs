@@ -16,7 +16,7 @@
 use std::sync::Arc;
 
 use blockscaled_gemm::compare::compare;
-use blockscaled_gemm::grouped::{expert_offsets, moe_scale_starts, moe_scales};
+use blockscaled_gemm::grouped::{expert_offsets, moe_scale_starts, moe_scales, moe_sfa_used_rows};
 use blockscaled_gemm::layout::{padded_sf_cols, sf_batch_bytes};
 use blockscaled_gemm::{reference_gemm, BlockScaledGemm, Config, ListArrays, ListProblem, MoeActivations, MoeProblem, Nvfp4Matrix, Nvfp4Tensor, OutType, Problem, SplitMix64};
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
@@ -300,7 +300,7 @@ pub fn bench_quantize_moe(cli: &Cli, q: &blockscaled_gemm::Quantizer, stream: &A
     let check = |codes: &CudaSlice<u8>, scales: &CudaSlice<u8>| -> Result<bool, Box<dyn std::error::Error>> {
         Ok(stream.clone_dtoh(codes)? == want.data() && stream.clone_dtoh(scales)?[..used] == want_scales[..used])
     };
-    let reach = (t + 127 * case.counts.len().min(t)) / 128 * 128 * padded_sf_cols(k / 16);
+    let reach = moe_sfa_used_rows(t, case.counts.len()) * padded_sf_cols(k / 16);
     let bytes = 2 * t * k + t * k / 2 + reach;
     crate::time_quantizer(cli, stream, l2, bytes, (&mut codes, &mut scales), launch, check)
 }
