@@ -44,6 +44,14 @@ fn run(args: &[&str]) -> Output {
     Command::new(exe()).args(args).output().expect("run the example (cargo test builds it)")
 }
 
+/// Runs the example and asserts it exits 0, with its stderr where it does not.
+#[track_caller]
+fn run_ok(args: &[&str]) -> Output {
+    let o = run(args);
+    assert_eq!(code(&o), 0, "{args:?}: {}", String::from_utf8_lossy(&o.stderr));
+    o
+}
+
 fn code(o: &Output) -> i32 {
     o.status.code().unwrap_or(-1)
 }
@@ -129,8 +137,7 @@ fn f16s(t: &TensorView<'_>) -> Vec<f64> {
 
 #[test]
 fn options_parse_and_bad_values_exit_2() {
-    let o = run(&["--help"]);
-    assert_eq!(code(&o), 0);
+    let o = run_ok(&["--help"]);
     assert!(String::from_utf8_lossy(&o.stdout).contains("--device"));
     for args in [&["--config", "nope", "--device", "cpu"][..], &["--k", "48", "--device", "cpu"], &["--input", "/nonexistent.safetensors", "--device", "cpu"]] {
         let o = run(args);
@@ -219,8 +226,7 @@ fn generated_round_trip_matches_independent_math() {
     // L = 2, alpha != 1, beta with a generated C, M and N not multiples of 128.
     let (m, n, k, l) = (130, 72, 96, 2);
     let f1 = tmp("gen.safetensors");
-    let o = run(&["--device", "cpu", "--m", &m.to_string(), "--n", &n.to_string(), "--k", &k.to_string(), "--l", "2", "--alpha", "0.75", "--beta", "-1.5", "--seed", "9", "--save", f1.to_str().unwrap(), "--json"]);
-    assert_eq!(code(&o), 0, "{}", String::from_utf8_lossy(&o.stderr));
+    let o = run_ok(&["--device", "cpu", "--m", &m.to_string(), "--n", &n.to_string(), "--k", &k.to_string(), "--l", "2", "--alpha", "0.75", "--beta", "-1.5", "--seed", "9", "--save", f1.to_str().unwrap(), "--json"]);
     assert!(String::from_utf8_lossy(&o.stdout).starts_with("{\"m\":130,"));
     let bytes = std::fs::read(&f1).unwrap();
     let st = SafeTensors::deserialize(&bytes).unwrap();
@@ -233,8 +239,7 @@ fn generated_round_trip_matches_independent_math() {
     }
     // Reading the file back reproduces d.
     let f2 = tmp("again.safetensors");
-    let o = run(&["--device", "cpu", "--input", f1.to_str().unwrap(), "--alpha", "0.75", "--beta", "-1.5", "--save", f2.to_str().unwrap()]);
-    assert_eq!(code(&o), 0, "{}", String::from_utf8_lossy(&o.stderr));
+    run_ok(&["--device", "cpu", "--input", f1.to_str().unwrap(), "--alpha", "0.75", "--beta", "-1.5", "--save", f2.to_str().unwrap()]);
     let bytes2 = std::fs::read(&f2).unwrap();
     let st2 = SafeTensors::deserialize(&bytes2).unwrap();
     assert_eq!(st2.tensor("d").unwrap().data(), st.tensor("d").unwrap().data());
@@ -262,8 +267,7 @@ fn hand_made_file_with_a_worked_answer() {
     let f = tmp("hand.safetensors");
     write(&f, &[("a", Dtype::U8, vec![m, k / 2], a), ("b", Dtype::U8, vec![n, k / 2], b), ("sfa", Dtype::F8_E4M3, vec![512], sfa), ("sfb", Dtype::U8, vec![32, 4, 1, 4, 1, 1], sfb)]);
     let out = tmp("hand-d.safetensors");
-    let o = run(&["--device", "cpu", "--input", f.to_str().unwrap(), "--out", "f32", "--save", out.to_str().unwrap()]);
-    assert_eq!(code(&o), 0, "{}", String::from_utf8_lossy(&o.stderr));
+    run_ok(&["--device", "cpu", "--input", f.to_str().unwrap(), "--out", "f32", "--save", out.to_str().unwrap()]);
     let bytes = std::fs::read(&out).unwrap();
     let st = SafeTensors::deserialize(&bytes).unwrap();
     let d = st.tensor("d").unwrap();
@@ -334,8 +338,7 @@ fn fp4_output_saved_and_close_to_independent_math() {
     let (m, n, k) = (130, 64, 96);
     let st = 0.5f64; // scale factors max|D| / 12 stay inside ue4m3 for this data
     let f = tmp("fp4.safetensors");
-    let o = run(&["--device", "cpu", "--out", "nvfp4", "--norm-constant", "0.5", "--m", &m.to_string(), "--n", &n.to_string(), "--k", &k.to_string(), "--seed", "4", "--save", f.to_str().unwrap()]);
-    assert_eq!(code(&o), 0, "{}", String::from_utf8_lossy(&o.stderr));
+    run_ok(&["--device", "cpu", "--out", "nvfp4", "--norm-constant", "0.5", "--m", &m.to_string(), "--n", &n.to_string(), "--k", &k.to_string(), "--seed", "4", "--save", f.to_str().unwrap()]);
     let bytes = std::fs::read(&f).unwrap();
     let file = SafeTensors::deserialize(&bytes).unwrap();
     let (d, sfd) = (file.tensor("d").unwrap(), file.tensor("sfd").unwrap());
@@ -392,8 +395,7 @@ fn bad_sizes_exit_2_before_any_data_is_made() {
 #[test]
 fn m_1_samples_one_row() {
     for out in ["nvfp4", "nvfp4-ue8m0"] {
-        let o = run(&["--device", "cpu", "--out", out, "--m", "1", "--n", "64", "--k", "64", "--check-budget", "100"]);
-        assert_eq!(code(&o), 0, "{out}: {}", String::from_utf8_lossy(&o.stderr));
+        run_ok(&["--device", "cpu", "--out", out, "--m", "1", "--n", "64", "--k", "64", "--check-budget", "100"]);
     }
 }
 
@@ -411,8 +413,7 @@ fn cpu_validates_like_the_gpu_and_prints_valid_json() {
     for args in [&["--alpha", "1e-39"][..], &["--alpha", "-3e38", "--out", "f32"], &["--out", "nvfp4", "--norm-constant", "1e-30"]] {
         let mut all = vec!["--device", "cpu", "--m", "8", "--n", "32", "--k", "64", "--json"];
         all.extend_from_slice(args);
-        let o = run(&all);
-        assert_eq!(code(&o), 0, "{all:?}: {}", String::from_utf8_lossy(&o.stderr));
+        let o = run_ok(&all);
         let line = String::from_utf8_lossy(&o.stdout).to_string();
         assert_eq!(line.trim_end().lines().count(), 1, "{line}");
         assert!(line.starts_with('{') && line.trim_end().ends_with('}'), "{line}");
@@ -435,8 +436,7 @@ fn tiny_alpha_asks_for_a_norm_constant() {
     assert!(e.contains("alpha = 1e-39"), "{e}");
     assert!(!e.contains("norm_constant = inf"), "{e}");
     args.extend(["--norm-constant", "1e30"]);
-    let o = run(&args);
-    assert_eq!(code(&o), 0, "{}", String::from_utf8_lossy(&o.stderr));
+    run_ok(&args);
 }
 
 #[test]
@@ -444,8 +444,7 @@ fn tolerance_option() {
     // Parsed on the CPU, where nothing is verified (the GPU run's verdict names the criterion:
     // gpu_run_or_exit_3_naming_the_hardware).
     for t in ["bound", "contest"] {
-        let o = run(&["--device", "cpu", "--m", "8", "--n", "16", "--k", "64", "--tolerance", t]);
-        assert_eq!(code(&o), 0, "{t}: {}", String::from_utf8_lossy(&o.stderr));
+        let o = run_ok(&["--device", "cpu", "--m", "8", "--n", "16", "--k", "64", "--tolerance", t]);
         assert!(String::from_utf8_lossy(&o.stdout).contains("nothing to verify"), "{t}");
     }
     let o = run(&["--device", "cpu", "--tolerance", "loose"]);
@@ -474,8 +473,7 @@ fn checkpoint_layer_runs_and_saves_what_it_ran() {
     let ck = tmp("ck-good.safetensors");
     modelopt_file(&ck, n, k, |_| {});
     let out = tmp("ck-out.safetensors");
-    let o = run(&["--device", "cpu", "--checkpoint", ck.to_str().unwrap(), "--layer", "l", "--m", &m.to_string(), "--out", "f32", "--mode", "nvfp4", "--save", out.to_str().unwrap()]);
-    assert_eq!(code(&o), 0, "{}", String::from_utf8_lossy(&o.stderr));
+    run_ok(&["--device", "cpu", "--checkpoint", ck.to_str().unwrap(), "--layer", "l", "--m", &m.to_string(), "--out", "f32", "--mode", "nvfp4", "--save", out.to_str().unwrap()]);
     // D against this file's own math: the saved a, sfa, b, sfb and global scales, decoded here.
     let bytes = std::fs::read(&out).unwrap();
     let st = SafeTensors::deserialize(&bytes).unwrap();
@@ -503,8 +501,7 @@ fn checkpoint_layer_w4a16_by_default() {
     let ck = tmp("ck-w4a16.safetensors");
     modelopt_file(&ck, n, k, |_| {});
     let out = tmp("ck-w4a16-out.safetensors");
-    let o = run(&["--device", "cpu", "--checkpoint", ck.to_str().unwrap(), "--layer", "l", "--m", &m.to_string(), "--out", "f32", "--alpha", "0.5", "--save", out.to_str().unwrap()]);
-    assert_eq!(code(&o), 0, "{}", String::from_utf8_lossy(&o.stderr));
+    run_ok(&["--device", "cpu", "--checkpoint", ck.to_str().unwrap(), "--layer", "l", "--m", &m.to_string(), "--out", "f32", "--alpha", "0.5", "--save", out.to_str().unwrap()]);
     let bytes = std::fs::read(&out).unwrap();
     let st = SafeTensors::deserialize(&bytes).unwrap();
     assert!(st.tensor("a").is_err() && st.tensor("sfa").is_err(), "W4A16 saves no NVFP4 A");
@@ -623,8 +620,7 @@ fn a_failed_save_writes_nothing() {
     let left: Vec<String> = std::fs::read_dir(keep.parent().unwrap()).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).filter(|n| n.contains(".partial-") && (n.contains("keep.") || n.contains("new."))).collect();
     assert!(left.is_empty(), "temporary files left: {left:?}");
     // Without the limit the same call replaces the file.
-    let o = run(&["--device", "cpu", "--m", "64", "--n", "64", "--k", "64", "--save", keep.to_str().unwrap()]);
-    assert_eq!(code(&o), 0, "{}", String::from_utf8_lossy(&o.stderr));
+    run_ok(&["--device", "cpu", "--m", "64", "--n", "64", "--k", "64", "--save", keep.to_str().unwrap()]);
     SafeTensors::deserialize(&std::fs::read(&keep).unwrap()).unwrap().tensor("d").unwrap();
 }
 
@@ -637,8 +633,7 @@ fn fp4_default_norm_constant_is_the_datas() {
     let (m, n, k) = (130, 64, 96);
     let base = ["--device", "cpu", "--out", "nvfp4", "--m", "130", "--n", "64", "--k", "96", "--beta", "1000", "--seed", "4", "--json"];
     let f = tmp("fp4-beta.safetensors");
-    let o = run(&[&base[..], &["--save", f.to_str().unwrap()]].concat());
-    assert_eq!(code(&o), 0, "{}", String::from_utf8_lossy(&o.stderr));
+    let o = run_ok(&[&base[..], &["--save", f.to_str().unwrap()]].concat());
     let bytes = std::fs::read(&f).unwrap();
     let file = SafeTensors::deserialize(&bytes).unwrap();
     let (got, norm) = fp4_decoded(&file, m, n);
@@ -653,8 +648,7 @@ fn fp4_default_norm_constant_is_the_datas() {
     assert!(sfd.contains(&0x7E) && sfd.iter().filter(|&&b| b == 0x7E).count() < m * n / 16 / 2, "scale factors: {:?}", &sfd[..32]);
     // Any --check-budget: the same constant and bytes.
     let f2 = tmp("fp4-beta-budget.safetensors");
-    let o = run(&[&base[..], &["--check-budget", "1", "--save", f2.to_str().unwrap()]].concat());
-    assert_eq!(code(&o), 0, "{}", String::from_utf8_lossy(&o.stderr));
+    run_ok(&[&base[..], &["--check-budget", "1", "--save", f2.to_str().unwrap()]].concat());
     let bytes2 = std::fs::read(&f2).unwrap();
     let file2 = SafeTensors::deserialize(&bytes2).unwrap();
     for t in ["d", "sfd", "norm_constant"] {
@@ -700,18 +694,15 @@ fn saved_global_scales_are_applied() {
     let ck = tmp("ck-rt.safetensors");
     modelopt_file(&ck, n, k, |_| {});
     let f1 = tmp("ck-rt-1.safetensors");
-    let o = run(&["--device", "cpu", "--checkpoint", ck.to_str().unwrap(), "--layer", "l", "--m", &m.to_string(), "--mode", "nvfp4", "--out", "f32", "--alpha", "0.5", "--save", f1.to_str().unwrap()]);
-    assert_eq!(code(&o), 0, "{}", String::from_utf8_lossy(&o.stderr));
+    run_ok(&["--device", "cpu", "--checkpoint", ck.to_str().unwrap(), "--layer", "l", "--m", &m.to_string(), "--mode", "nvfp4", "--out", "f32", "--alpha", "0.5", "--save", f1.to_str().unwrap()]);
     let f2 = tmp("ck-rt-2.safetensors");
-    let o = run(&["--device", "cpu", "--input", f1.to_str().unwrap(), "--out", "f32", "--alpha", "0.5", "--save", f2.to_str().unwrap()]);
-    assert_eq!(code(&o), 0, "{}", String::from_utf8_lossy(&o.stderr));
+    run_ok(&["--device", "cpu", "--input", f1.to_str().unwrap(), "--out", "f32", "--alpha", "0.5", "--save", f2.to_str().unwrap()]);
     let (b1, b2) = (std::fs::read(&f1).unwrap(), std::fs::read(&f2).unwrap());
     let (st1, st2) = (SafeTensors::deserialize(&b1).unwrap(), SafeTensors::deserialize(&b2).unwrap());
     assert_eq!(st2.tensor("d").unwrap().data(), st1.tensor("d").unwrap().data(), "the round trip reproduces d");
     // FP4 output of the same layer: decodes to alpha * ga * gb * A·Bᵀ.
     let f3 = tmp("ck-rt-fp4.safetensors");
-    let o = run(&["--device", "cpu", "--checkpoint", ck.to_str().unwrap(), "--layer", "l", "--m", &m.to_string(), "--mode", "nvfp4", "--out", "nvfp4", "--save", f3.to_str().unwrap()]);
-    assert_eq!(code(&o), 0, "{}", String::from_utf8_lossy(&o.stderr));
+    run_ok(&["--device", "cpu", "--checkpoint", ck.to_str().unwrap(), "--layer", "l", "--m", &m.to_string(), "--mode", "nvfp4", "--out", "nvfp4", "--save", f3.to_str().unwrap()]);
     let b3 = std::fs::read(&f3).unwrap();
     let st3 = SafeTensors::deserialize(&b3).unwrap();
     let scalar = |name: &str| f32::from_le_bytes(st3.tensor(name).unwrap().data().try_into().unwrap()) as f64;
