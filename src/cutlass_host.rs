@@ -3,7 +3,7 @@
 //! the Rust layout and validator to CUTLASS's own.
 
 use crate::dispatch::Config;
-use crate::error::{check_len, checked_product, try_vec, Error, Result};
+use crate::error::{check_len, checked_product, try_zeros, Error, Result};
 use crate::sys::{self as bridge, KernelArgs};
 use crate::problem::{check_operand_lens, OutType, Problem, SfdFormat};
 
@@ -235,8 +235,7 @@ pub fn sf_offsets(config: Config, p: &Problem, operand_b: bool) -> Result<(Vec<i
     p.check_dims(i32::MAX as usize)?;
     let rows = if operand_b { p.n } else { p.m };
     let count = checked_product("SF offsets", "rows * K / 16 * L", &[("rows", rows), ("K / 16", p.k / 16), ("L", p.l)])?;
-    let mut offsets = try_vec("SF offsets", count)?;
-    offsets.resize(count, 0i64);
+    let mut offsets: Vec<i64> = try_zeros("SF offsets", count)?;
     let cosize = bridge::sf_offsets(config.info().index, out.index(), p.m as i32, p.n as i32, p.k as i32, p.l as i32, operand_b, &mut offsets);
     if cosize < 0 {
         return Err(Error::InvalidData { what: "sf_offsets", detail: format!("the shim answered {cosize}") });

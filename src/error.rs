@@ -305,10 +305,10 @@ pub(crate) fn try_vec<T>(what: &'static str, n: usize) -> Result<Vec<T>> {
     Ok(v)
 }
 
-/// `n` zero bytes, or [`Error::HostMemory`].
-pub(crate) fn try_zeros(what: &'static str, n: usize) -> Result<Vec<u8>> {
+/// `n` zeros (default values), or [`Error::HostMemory`].
+pub(crate) fn try_zeros<T: Clone + Default>(what: &'static str, n: usize) -> Result<Vec<T>> {
     let mut v = try_vec(what, n)?;
-    v.resize(n, 0);
+    v.resize(n, T::default());
     Ok(v)
 }
 

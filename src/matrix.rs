@@ -1,6 +1,6 @@
 //! `Nvfp4Matrix`: an NVFP4 tensor on the host, its generators, the quantizer and dequantization.
 
-use crate::error::{try_vec, Error, Result};
+use crate::error::{try_vec, try_zeros, Error, Result};
 use crate::formats::{e2m1_from_f32, e2m1_to_f32, e4m3_from_f32, ue4m3_to_f32, E2M1_MAX, E4M3_MAX, E4M3_NAN};
 use crate::layout::{padded_rows, padded_sf_cols, sf_batch_bytes, sf_cols, sf_offset, SF_VEC};
 
@@ -200,10 +200,8 @@ impl Nvfp4Matrix {
             }
         };
         let kb = sf_cols(k);
-        let mut codes = try_vec::<u8>("quantized codes", values.len())?;
-        codes.resize(values.len(), 0);
-        let mut sf_row_major = try_vec::<u8>("block scales", batch * rows * kb)?;
-        sf_row_major.resize(batch * rows * kb, 0);
+        let mut codes = try_zeros::<u8>("quantized codes", values.len())?;
+        let mut sf_row_major = try_zeros::<u8>("block scales", batch * rows * kb)?;
         for (blk, (src, dst)) in values.chunks_exact(SF_VEC).zip(codes.chunks_exact_mut(SF_VEC)).enumerate() {
             let bamax = src.iter().fold(0f32, |m, v| m.max(v.abs()));
             let sf = e4m3_from_f32(bamax / E2M1_MAX / g);

@@ -337,7 +337,6 @@ impl Problem {
     }
 }
 
-
 /// Checks C against the problem: its length when given, and that beta != 0 has one.
 pub(crate) fn check_c(p: &Problem, c_len: Option<usize>) -> Result<()> {
     if let Some(len) = c_len {
