@@ -224,6 +224,7 @@ struct Tile<BM, BN, MainloopStream<kStageKTiles>, Act> {
   static constexpr int kBN = BN;
   static constexpr int kWk = kStageKTiles ? kStageKTiles : BSG_SM90_STREAM_WK(BM);
   static constexpr int kWn = 8 / kWk;
+  static constexpr bool kShortK = kStageKTiles != 0;  // the short-K stages (MainloopStreamWeightsShortK)
   static constexpr int kRW = BN / (16 * kWn);
   static constexpr int kNT = BM / 8;
   static_assert(BM % 8 == 0 && BM <= 64 && (kWk == 4 || kWk == 8) && kRW >= 1 && kRW * 16 * kWn == BN && BN <= 128 && 128 % BN == 0,
@@ -273,6 +274,19 @@ __device__ __forceinline__ void compute_sync() {
   if constexpr (T::kProducerExits) asm volatile("bar.sync 1, %0;\n" ::"n"(kThreads) : "memory");
   else __syncthreads();
 }
+
+// The threads that run an epilogue, as a tag: the compute threads (their barrier) or the one
+// epilogue warp of a persistent grouped kernel (kernel_grouped.cuh), which writes an item out
+// while the compute warps decode the next.
+template <class T>
+struct ComputeThreads {
+  static constexpr int kCount = kThreads;
+  __device__ __forceinline__ static void sync() { compute_sync<T>(); }
+};
+struct EpilogueWarp {
+  static constexpr int kCount = 32;
+  __device__ __forceinline__ static void sync() { __syncwarp(); }
+};
 
 // The compute threads' AND of a per-thread condition (a barrier, as compute_sync).
 template <class T>

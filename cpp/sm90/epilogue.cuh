@@ -42,9 +42,12 @@ struct EpilogueTile {
   }
 };
 
-template <class T, class OutT, class Reduce>
+// Threads: who runs it (ComputeThreads<T>, or EpilogueWarp where Reduce is ReduceGlobal and the
+// tile is whole); tid is the thread's index among them.
+template <class T, class OutT, class Reduce, class Threads = ComputeThreads<T>>
 struct Epilogue {
   static constexpr int kBM = T::kBM, BN = T::kBN, kLd = T::kEpiLd;
+  static_assert(std::is_same_v<Threads, ComputeThreads<T>> || !std::is_same_v<Reduce, ReduceCluster>, "the cluster sum runs on the compute threads");
 
   __device__ __forceinline__ static void run(const Params& p, const TileWork& w, const float* tile_s, int tid) {
     constexpr int kW = 16 / sizeof(OutT);  // elements per 16 bytes; N % kW == 0
@@ -98,14 +101,14 @@ struct Epilogue {
       cute::cluster_arrive_relaxed();
       cute::cluster_wait();
     } else {
-      compute_sync<T>();
+      Threads::sync();
       // Unrolled, with 16-byte shared-memory loads; tiles of fewer chunks than threads leave the
       // rest idle.
-      constexpr int kChunks = kBM * BN / kW;
+      constexpr int kChunks = kBM * BN / kW, kN = Threads::kCount;
       CUTE_UNROLL
-      for (int it = 0; it < (kChunks + kThreads - 1) / kThreads; ++it) {
-        const int chunk = tid + it * kThreads;
-        if (kChunks % kThreads != 0 && chunk >= kChunks) break;
+      for (int it = 0; it < (kChunks + kN - 1) / kN; ++it) {
+        const int chunk = tid + it * kN;
+        if (kChunks % kN != 0 && chunk >= kChunks) break;
         const int r = chunk / (BN / kW), col = (chunk % (BN / kW)) * kW;
         float4 v[kW / 4];
         CUTE_UNROLL

@@ -119,16 +119,17 @@ __device__ __forceinline__ void fp4_quarter(const Params& p, const Fp4Dest& o, f
 // written out: four threads a group where the tile has at most one group a thread (the small
 // stream tiles, where few groups make the dependency chains what counts), else one (the scale
 // computed once a group rather than four times).
-template <class Sf, int kBM, int BN, int kLd>
+// kN: the threads that call it (tid below kN).
+template <class Sf, int kBM, int BN, int kLd, int kN = kThreads>
 __device__ __forceinline__ void fp4_from_tile(const Params& p, const Fp4Dest& o, const float* tile_s, int rows, int m0, int n0, int tid) {
-  if constexpr (kBM * (BN / 16) <= kThreads) {
-    for (int u = tid; u < rows * (BN / 4); u += kThreads) {
+  if constexpr (kBM * (BN / 16) <= kN) {
+    for (int u = tid; u < rows * (BN / 4); u += kN) {
       const int r = u / (BN / 4), col = (u % (BN / 4)) * 4;
       // A group is inside D or outside it whole (N % 32 == 0), so its four threads agree.
       if (m0 + r < p.m && n0 + col < p.n) fp4_quarter<Sf>(p, o, *reinterpret_cast<const float4*>(tile_s + r * kLd + col), m0 + r, n0 + col, tid);
     }
   } else {
-    for (int gi = tid; gi < rows * (BN / 16); gi += kThreads) {
+    for (int gi = tid; gi < rows * (BN / 16); gi += kN) {
       const int r = gi / (BN / 16), col = (gi % (BN / 16)) * 16;
       if (m0 + r >= p.m || n0 + col >= p.n) continue;
       float4 v[4];
@@ -142,24 +143,27 @@ __device__ __forceinline__ void fp4_from_tile(const Params& p, const Fp4Dest& o,
 // The SFD bytes no output tile covers are zeroed by the CTAs of the last tiles in M and in N, so
 // the buffer feeds a next GEMM whole (the kernels read the 128x4-tiled layout): rows M up to the
 // 128-row padding for this tile's scale columns (and the column padding, if last in N), and scale
-// columns N/16 up to the 4-column padding for this tile's rows. No memset launch.
+// columns N/16 up to the 4-column padding for this tile's rows. No memset launch. kN: the threads
+// that call it.
+template <int kN = kThreads>
 __device__ __forceinline__ void zero_sfd_padding(const Params& p, const Fp4Dest& o, int m0, int n0, int bm, int bn, int tid) {
   const int sp = int(o.sp), mp = (p.m + 127) / 128 * 128;
   uint8_t* sfd = o.sfd;
   const bool last_m = m0 + bm >= p.m, last_n = n0 + bn >= p.n;
   if (last_m) {
     const int c0 = n0 / 16, cols = (last_n ? sp : (n0 + bn) / 16) - c0;
-    for (int i = tid; i < (mp - p.m) * cols; i += kThreads) sfd[sf_offset(p.m + i / cols, c0 + i % cols, sp)] = 0;
+    for (int i = tid; i < (mp - p.m) * cols; i += kN) sfd[sf_offset(p.m + i / cols, c0 + i % cols, sp)] = 0;
   }
   if (last_n) {
     const int rows = min(m0 + bm, p.m) - m0, cols = sp - p.n / 16;
-    for (int i = tid; i < rows * cols; i += kThreads) sfd[sf_offset(m0 + i / cols, p.n / 16 + i % cols, sp)] = 0;
+    for (int i = tid; i < rows * cols; i += kN) sfd[sf_offset(m0 + i / cols, p.n / 16 + i % cols, sp)] = 0;
   }
 }
 
-template <class T, class Sf, class Reduce>
-struct Epilogue<T, Fp4Out<Sf>, Reduce> {
+template <class T, class Sf, class Reduce, class Threads>
+struct Epilogue<T, Fp4Out<Sf>, Reduce, Threads> {
   static constexpr int kBM = T::kBM, BN = T::kBN, kLd = T::kEpiLd;
+  static_assert(std::is_same_v<Threads, ComputeThreads<T>> || !std::is_same_v<Reduce, ReduceCluster>, "the cluster sum runs on the compute threads");
 
   __device__ __forceinline__ static void run(const Params& p, const TileWork& w, float* tile_s, int tid) {
     const Fp4Dest o = fp4_dest(p, w.batch);
@@ -198,9 +202,9 @@ struct Epilogue<T, Fp4Out<Sf>, Reduce> {
       if (w.split == 0) zero_sfd_padding(p, o, w.m0, w.n0, kBM, BN, tid);
       cute::cluster_wait();
     } else {
-      compute_sync<T>();
-      fp4_from_tile<Sf, kBM, BN, kLd>(p, o, tile_s, kBM, w.m0, w.n0, tid);
-      if (w.split == 0 || !std::is_same_v<Reduce, ReduceCluster>) zero_sfd_padding(p, o, w.m0, w.n0, kBM, BN, tid);
+      Threads::sync();
+      fp4_from_tile<Sf, kBM, BN, kLd, Threads::kCount>(p, o, tile_s, kBM, w.m0, w.n0, tid);
+      if (w.split == 0 || !std::is_same_v<Reduce, ReduceCluster>) zero_sfd_padding<Threads::kCount>(p, o, w.m0, w.n0, kBM, BN, tid);
     }
   }
 };

@@ -29,34 +29,58 @@ namespace bsg::sm90 {
 // The persistent stream kernel's dynamic shared memory: the raw ring and, where they fit beside
 // it (with the scheduler's table and the barriers), the warp-row slabs, the epilogue tile being
 // slab 0. Apart, the producer fills the next item's stages while an item's sums and epilogue
-// run; over the ring, it waits for them at each item's end.
+// run; over the ring, it waits for them at each item's end. kEpilogueWarp: the sums and the
+// epilogue run on a warp of their own while the compute warps decode the next item; taken by
+// the short-K tiles (short items, where the per-item work weighs most), not by the long-stage
+// ones, which it made 1-4 % slower (bench/DESIGN.md §14).
 template <class T, class Sched>
 struct GroupedStreamSmem {
   static constexpr int kRing = T::kRawStages * T::kRawBytes;
   static constexpr int kApartBytes = 1024 + kRing + T::kWk * T::kSlab;  // 1024: swizzle alignment
   static constexpr bool kApart = kApartBytes + int(sizeof(typename Sched::Shared)) + 1024 <= kMaxCtaSmem;
   static constexpr int kBytes = !kApart ? T::kSmem : kApartBytes > kOneCtaPerSmSmem ? kApartBytes : kOneCtaPerSmSmem;
+  static constexpr bool kEpilogueWarp = kApart && T::kShortK;
 };
 
-// A grouped kernel's dynamic shared memory.
+// A grouped kernel's dynamic shared memory and threads (the stream tiles' epilogue warp, where
+// they have one, after the producer warp).
 template <class T, class Sched>
 constexpr int grouped_smem() {
   if constexpr (T::kPreA) return T::kSmem;
   else return GroupedStreamSmem<T, Sched>::kBytes;
 }
+template <class T, class Sched>
+constexpr int grouped_threads() {
+  if constexpr (T::kPreA) return T::kLaunchThreads;
+  else return T::kLaunchThreads + (GroupedStreamSmem<T, Sched>::kEpilogueWarp ? 32 : 0);
+}
 
+// Roles: compute warps (tid < kThreads) run the main loop of each of the CTA's items; the producer
+// warp (the next 32) fills the ring; with kEpilogueWarp, the last warp sums each item's warp-row
+// slabs and writes the item out while the compute warps decode the next, so that no compute warp
+// waits at an item's end for the others or for the epilogue. The slabs are one buffer: the
+// compute warps store an item's slabs once the epilogue warp has read the previous item's
+// (slab_bar[1]), and it starts on them once all have (slab_bar[0]).
 template <class T, class OutT, class Sched>
-__global__ void __launch_bounds__(T::kLaunchThreads, 1) grouped_stream_kernel(const __grid_constant__ typename Sched::Args args) {
+__global__ void __launch_bounds__(grouped_threads<T, Sched>(), 1) grouped_stream_kernel(const __grid_constant__ typename Sched::Args args) {
   using Mainloop = CollectiveMainloop<T>;
   using Smem = GroupedStreamSmem<T, Sched>;
   __shared__ typename Sched::Shared sched;
   __shared__ uint64_t full_bar[T::kRawStages];
   __shared__ uint64_t empty_bar[T::kRawStages];
+  __shared__ uint64_t slab_bar[2];  // [0]: every compute thread stored its slab; [1]: the epilogue warp read them
   uint8_t* ring = aligned_smem();
   uint8_t* slabs = Smem::kApart ? ring + Smem::kRing : ring;
   const int tid = threadIdx.x;
   // One ring for all of the CTA's items: its barriers' phases run on from item to item.
-  if (tid == 0) init_ring_barriers<T>(full_bar, empty_bar);
+  if (tid == 0) {
+    init_ring_barriers<T>(full_bar, empty_bar);
+    if constexpr (Smem::kEpilogueWarp) {
+      cutlass::arch::ClusterBarrier::init(&slab_bar[0], kThreads);
+      cutlass::arch::ClusterBarrier::init(&slab_bar[1], 32);
+      cutlass::arch::fence_barrier_init();
+    }
+  }
   // The offsets or sizes, like every operand, may be the previous kernel's output.
   griddep_wait();
   Sched::prepare(args, sched, tid);  // ends with a CTA barrier, which publishes the barriers too
@@ -64,8 +88,22 @@ __global__ void __launch_bounds__(T::kLaunchThreads, 1) grouped_stream_kernel(co
   // stages' order decides), the ring full where CTAs stream item after item (bench/DESIGN.md §12).
   const int ahead = Sched::total(sched) <= 2 * int(gridDim.x) ? Mainloop::kLoadsAhead : T::kRawStages;
   int base = 0;  // ring stages of the items before
-  for (int item = blockIdx.x; item < Sched::total(sched); item += gridDim.x) {
+  int n = 0;     // the CTA's items before
+  for (int item = blockIdx.x; item < Sched::total(sched); item += gridDim.x, ++n) {
     const TileWork w = Sched::work(args, sched, item);
+    if (tid >= kThreads + 32) {
+      if constexpr (Smem::kEpilogueWarp) {
+        // Its global reads (the expert's or group's alpha, D) while the item's slabs are stored.
+        const Params pe = Sched::template epilogue_params<OutT>(args, sched, w);
+        cutlass::arch::ClusterBarrier::wait(&slab_bar[0], n & 1);
+        float* tile_s = Mainloop::sum_slabs_in_place(slabs, tid % 32);
+        TileWork we = w;
+        we.batch = 0;
+        Epilogue<T, OutT, ReduceGlobal, EpilogueWarp>::run(pe, we, tile_s, tid % 32);
+        cutlass::arch::ClusterBarrier::arrive(&slab_bar[1]);
+      }
+      continue;
+    }
     // Every stage is released for a refill, by this item or a later one (the CTA's last
     // kRawStages releases are arrivals nobody waits for).
     const RawPipeline<T> pipe(Sched::load_params(args, sched, w), w, full_bar, empty_bar, ring, ring, Sched::map_a(args, w),
@@ -76,13 +114,19 @@ __global__ void __launch_bounds__(T::kLaunchThreads, 1) grouped_stream_kernel(co
     } else {
       float acc[T::kRW][T::kNT][4] = {};
       Mainloop::run(pipe, w, ring, acc, tid);
-      Units<T::kAcc> u;
-      Mainloop::sum_warp_rows(acc, slabs, u.v, tid);  // its first compute barrier: every thread is past the last epilogue
-      float* tile_s = Mainloop::store_units(u.v, slabs, tid);
-      const Params pe = Sched::template epilogue_params<OutT>(args, sched, w);
-      TileWork we = w;
-      we.batch = 0;
-      Epilogue<T, OutT, ReduceGlobal>::run(pe, we, tile_s, tid);
+      if constexpr (Smem::kEpilogueWarp) {
+        if (n > 0) cutlass::arch::ClusterBarrier::wait(&slab_bar[1], (n - 1) & 1);
+        Mainloop::store_slab(acc, slabs, tid);
+        cutlass::arch::ClusterBarrier::arrive(&slab_bar[0]);
+      } else {
+        Units<T::kAcc> u;
+        Mainloop::sum_warp_rows(acc, slabs, u.v, tid);  // its first compute barrier: every thread is past the last epilogue
+        float* tile_s = Mainloop::store_units(u.v, slabs, tid);
+        const Params pe = Sched::template epilogue_params<OutT>(args, sched, w);
+        TileWork we = w;
+        we.batch = 0;
+        Epilogue<T, OutT, ReduceGlobal>::run(pe, we, tile_s, tid);
+      }
     }
     base += w.n_raw;
     if constexpr (!Smem::kApart) {

@@ -199,18 +199,13 @@ struct CollectiveMainloop<Tile<BM, BN, MainloopStream<kStageKTiles>, Act>> {
     }
   }
 
-  // The warp rows' sums: each warp's fragments, times kStreamUnscale, go into its row's slab of the FP32
-  // tile (tokens as rows, transposed back; conflict-free with the pitch of BN + 4), then thread
-  // tid sums float4 units tid + j * kThreads of the tile over the slabs in warp-row order into
-  // u[4 j .. 4 j + 3]. `smem`: the slabs, over the raw stages where the kernel has no room for
-  // both (every warp has then passed every stage, so every load has landed, before the first
-  // store) or beside them.
-  __device__ __forceinline__ static void sum_warp_rows(const float (&acc)[kRW][kNT][4], uint8_t* smem, float (&u)[T::kAcc], int tid) {
+  // This warp's fragments, times kStreamUnscale, into its warp row's slab of the FP32 tile (tokens
+  // as rows, transposed back; conflict-free with the pitch of BN + 4).
+  __device__ __forceinline__ static void store_slab(const float (&acc)[kRW][kNT][4], uint8_t* smem, int tid) {
     const int warp = tid / 32, lane = tid % 32, g = lane / 4, c = lane % 4;
     const int wn = warp % T::kWn, wk = warp / T::kWn;
     float* slab = reinterpret_cast<float*>(smem);
     constexpr int kLd = T::kEpiLd, kSlab = T::kSlab / 4;
-    compute_sync<T>();
     CUTE_UNROLL
     for (int t = 0; t < kRW; ++t) {
       CUTE_UNROLL
@@ -220,22 +215,50 @@ struct CollectiveMainloop<Tile<BM, BN, MainloopStream<kStageKTiles>, Act>> {
           slab[wk * kSlab + (nt * 8 + 2 * c + (i & 1)) * kLd + wn * 16 * kRW + 16 * t + g + 8 * (i >> 1)] = acc[t][nt][i] * kStreamUnscale<Act>;
       }
     }
+  }
+
+  // Float4 unit `unit` of the tile (row unit / (BN / 4), four columns) summed over the slabs in
+  // warp-row order, and where it sits in a slab.
+  __device__ __forceinline__ static int unit_offset(int unit) { return unit / (BN / 4) * T::kEpiLd + (unit % (BN / 4)) * 4; }
+  __device__ __forceinline__ static float4 sum_unit(const uint8_t* smem, int unit) {
+    const float* slab = reinterpret_cast<const float*>(smem) + unit_offset(unit);
+    float4 s = *reinterpret_cast<const float4*>(slab);
+    CUTE_UNROLL
+    for (int q = 1; q < T::kWk; ++q) {
+      const float4 v = *reinterpret_cast<const float4*>(slab + q * (T::kSlab / 4));
+      s.x += v.x, s.y += v.y, s.z += v.z, s.w += v.w;
+    }
+    return s;
+  }
+
+  // The warp rows' sums: every compute warp's slab (store_slab), then thread tid sums float4
+  // units tid + j * kThreads of the tile over the slabs in warp-row order into u[4 j .. 4 j + 3].
+  // `smem`: the slabs, over the raw stages where the kernel has no room for both (every warp has
+  // then passed every stage, so every load has landed, before the first store) or beside them.
+  __device__ __forceinline__ static void sum_warp_rows(const float (&acc)[kRW][kNT][4], uint8_t* smem, float (&u)[T::kAcc], int tid) {
+    compute_sync<T>();
+    store_slab(acc, smem, tid);
     compute_sync<T>();
     CUTE_UNROLL
     for (int j = 0; j < T::kAcc / 4; ++j) {
-      const int unit = tid + j * kThreads, row = unit / (BN / 4), col = (unit % (BN / 4)) * 4;
+      const int unit = tid + j * kThreads;
       if (T::kUnits < kThreads && unit >= T::kUnits) {
         u[4 * j] = u[4 * j + 1] = u[4 * j + 2] = u[4 * j + 3] = 0.f;
         continue;
       }
-      float4 s = *reinterpret_cast<const float4*>(slab + row * kLd + col);
-      CUTE_UNROLL
-      for (int q = 1; q < T::kWk; ++q) {
-        const float4 v = *reinterpret_cast<const float4*>(slab + q * kSlab + row * kLd + col);
-        s.x += v.x, s.y += v.y, s.z += v.z, s.w += v.w;
-      }
+      const float4 s = sum_unit(smem, unit);
       u[4 * j] = s.x, u[4 * j + 1] = s.y, u[4 * j + 2] = s.z, u[4 * j + 3] = s.w;
     }
+  }
+
+  // The epilogue warp of a persistent grouped kernel, once every compute warp's slab is stored:
+  // the sums as sum_warp_rows forms them, each into its own place in slab 0, which is then the
+  // tile (pitch kEpiLd) the epilogue reads.
+  __device__ __forceinline__ static float* sum_slabs_in_place(uint8_t* smem, int lane) {
+    float* tile = reinterpret_cast<float*>(smem);
+    for (int unit = lane; unit < T::kUnits; unit += 32) *reinterpret_cast<float4*>(tile + unit_offset(unit)) = sum_unit(smem, unit);
+    __syncwarp();
+    return tile;
   }
 
   // Units back into the tile (slab 0), where the epilogue reads them once the compute threads
@@ -245,9 +268,9 @@ struct CollectiveMainloop<Tile<BM, BN, MainloopStream<kStageKTiles>, Act>> {
     compute_sync<T>();  // every thread has read the slabs
     CUTE_UNROLL
     for (int j = 0; j < T::kAcc / 4; ++j) {
-      const int unit = tid + j * kThreads, row = unit / (BN / 4), col = (unit % (BN / 4)) * 4;
+      const int unit = tid + j * kThreads;
       if (T::kUnits < kThreads && unit >= T::kUnits) continue;
-      *reinterpret_cast<float4*>(tile + row * T::kEpiLd + col) = make_float4(u[4 * j], u[4 * j + 1], u[4 * j + 2], u[4 * j + 3]);
+      *reinterpret_cast<float4*>(tile + unit_offset(unit)) = make_float4(u[4 * j], u[4 * j + 1], u[4 * j + 2], u[4 * j + 3]);
     }
     return tile;
   }
