@@ -206,8 +206,9 @@ struct Tile {
 // raw stage belongs to warp row j), kWn along N (kRW m16 blocks of weight rows each). A raw stage
 // holds kWk k-tiles of both operands as TMA boxes of 128-byte rows in the 128-byte swizzle (so the
 // fragment loads of eight rows at one K offset hit distinct banks) and their scale chunks; one
-// producer warp issues the stages and exits. Accumulators: kRW x (BM / 8) m16n8 fragments per
-// thread, summed over the warp rows in shared memory after the loop.
+// producer warp issues the stages and exits (the persistent grouped kernels of the short-K tiles
+// add a tenth warp for their epilogues: kernel_grouped.cuh). Accumulators: kRW x (BM / 8) m16n8
+// fragments per thread, summed over the warp rows in shared memory after the loop.
 //
 // Dense activations (W4A16): one box of 128-byte rows (64 values) per k-tile, no scales; fewer
 // stages where the default ring would not fit.

@@ -32,7 +32,7 @@ namespace bsg::sm90 {
 // run; over the ring, it waits for them at each item's end. kEpilogueWarp: the sums and the
 // epilogue run on a warp of their own while the compute warps decode the next item; taken by
 // the short-K tiles (short items, where the per-item work weighs most), not by the long-stage
-// ones, which it made 1-4 % slower (bench/DESIGN.md §14).
+// ones, which it made 1-4.5 % slower (bench/DESIGN.md §14).
 template <class T, class Sched>
 struct GroupedStreamSmem {
   static constexpr int kRing = T::kRawStages * T::kRawBytes;
@@ -55,12 +55,24 @@ constexpr int grouped_threads() {
   else return T::kLaunchThreads + (GroupedStreamSmem<T, Sched>::kEpilogueWarp ? 32 : 0);
 }
 
+// The slab handoff's mbarrier arrive and wait: CUTLASS's order memory in hardware (release,
+// acquire) but are no compiler barriers, and the slabs are plain shared-memory accesses.
+__device__ __forceinline__ void slab_arrive(uint64_t* bar) {
+  asm volatile("" ::: "memory");
+  cutlass::arch::ClusterBarrier::arrive(bar);
+}
+__device__ __forceinline__ void slab_wait(uint64_t* bar, uint32_t parity) {
+  cutlass::arch::ClusterBarrier::wait(bar, parity);
+  asm volatile("" ::: "memory");
+}
+
 // Roles: compute warps (tid < kThreads) run the main loop of each of the CTA's items; the producer
 // warp (the next 32) fills the ring; with kEpilogueWarp, the last warp sums each item's warp-row
-// slabs and writes the item out while the compute warps decode the next, so that no compute warp
-// waits at an item's end for the others or for the epilogue. The slabs are one buffer: the
-// compute warps store an item's slabs once the epilogue warp has read the previous item's
-// (slab_bar[1]), and it starts on them once all have (slab_bar[0]).
+// slabs and writes the item out while the compute warps decode the next: they no longer wait at
+// each item's end for one another and the epilogue, only, before storing an item's slabs, for the
+// epilogue warp to have read the previous item's. The slabs are one buffer: the compute warps
+// store an item's slabs once the epilogue warp has read the previous item's (slab_bar[1]), and it
+// starts on them once all have (slab_bar[0]).
 template <class T, class OutT, class Sched>
 __global__ void __launch_bounds__(grouped_threads<T, Sched>(), 1) grouped_stream_kernel(const __grid_constant__ typename Sched::Args args) {
   using Mainloop = CollectiveMainloop<T>;
@@ -93,14 +105,14 @@ __global__ void __launch_bounds__(grouped_threads<T, Sched>(), 1) grouped_stream
     const TileWork w = Sched::work(args, sched, item);
     if (tid >= kThreads + 32) {
       if constexpr (Smem::kEpilogueWarp) {
-        // Its global reads (the expert's or group's alpha, D) while the item's slabs are stored.
+        // Its global reads (the expert's or group's alpha, D's address) while the slabs are stored.
         const Params pe = Sched::template epilogue_params<OutT>(args, sched, w);
-        cutlass::arch::ClusterBarrier::wait(&slab_bar[0], n & 1);
+        slab_wait(&slab_bar[0], n & 1);
         float* tile_s = Mainloop::sum_slabs_in_place(slabs, tid % 32);
         TileWork we = w;
         we.batch = 0;
         Epilogue<T, OutT, ReduceGlobal, EpilogueWarp>::run(pe, we, tile_s, tid % 32);
-        cutlass::arch::ClusterBarrier::arrive(&slab_bar[1]);
+        slab_arrive(&slab_bar[1]);
       }
       continue;
     }
@@ -115,9 +127,9 @@ __global__ void __launch_bounds__(grouped_threads<T, Sched>(), 1) grouped_stream
       float acc[T::kRW][T::kNT][4] = {};
       Mainloop::run(pipe, w, ring, acc, tid);
       if constexpr (Smem::kEpilogueWarp) {
-        if (n > 0) cutlass::arch::ClusterBarrier::wait(&slab_bar[1], (n - 1) & 1);
+        if (n > 0) slab_wait(&slab_bar[1], (n - 1) & 1);
         Mainloop::store_slab(acc, slabs, tid);
-        cutlass::arch::ClusterBarrier::arrive(&slab_bar[0]);
+        slab_arrive(&slab_bar[0]);
       } else {
         Units<T::kAcc> u;
         Mainloop::sum_warp_rows(acc, slabs, u.v, tid);  // its first compute barrier: every thread is past the last epilogue
@@ -129,6 +141,7 @@ __global__ void __launch_bounds__(grouped_threads<T, Sched>(), 1) grouped_stream
       }
     }
     base += w.n_raw;
+    static_assert(!Smem::kEpilogueWarp || Smem::kApart, "the epilogue warp's `continue` skips the barrier below");
     if constexpr (!Smem::kApart) {
       // The slabs and the epilogue tile overlay the raw stages that the next item's TMA loads
       // fill: order these generic-proxy accesses before them.
