@@ -68,11 +68,10 @@ __device__ __forceinline__ void slab_wait(uint64_t* bar, uint32_t parity) {
 
 // Roles: compute warps (tid < kThreads) run the main loop of each of the CTA's items; the producer
 // warp (the next 32) fills the ring; with kEpilogueWarp, the last warp sums each item's warp-row
-// slabs and writes the item out while the compute warps decode the next: they no longer wait at
-// each item's end for one another and the epilogue, only, before storing an item's slabs, for the
-// epilogue warp to have read the previous item's. The slabs are one buffer: the compute warps
-// store an item's slabs once the epilogue warp has read the previous item's (slab_bar[1]), and it
-// starts on them once all have (slab_bar[0]).
+// slabs and writes the item out while the compute warps decode the next. The slabs are one
+// buffer: the compute warps store an item's slabs once the epilogue warp has read the previous
+// item's (slab_bar[1], the only wait left them at an item's end), and it starts on them once all
+// have (slab_bar[0]).
 template <class T, class OutT, class Sched>
 __global__ void __launch_bounds__(grouped_threads<T, Sched>(), 1) grouped_stream_kernel(const __grid_constant__ typename Sched::Args args) {
   using Mainloop = CollectiveMainloop<T>;
