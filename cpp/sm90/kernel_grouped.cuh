@@ -226,8 +226,9 @@ __global__ void __launch_bounds__(kPreThreads) list_prologue(const __grid_consta
   if constexpr (T::kPreA) Sched::prepare(typename Sched::Args{lp}, sched, threadIdx.x);
   const int64_t tid = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   const ListGroup q = tid < lp.groups ? list_group(lp, int(tid)) : ListGroup{0, 0, 0, false};
-  bool tiles = Sched::has_rows(q);
+  bool tiles;
   if constexpr (T::kPreA) tiles = tid < lp.groups && Sched::has_tiles(sched, int(tid));
+  else tiles = Sched::has_rows(q);
   if (tiles) {
     const int g = int(tid);
     if constexpr (T::kPreA) {
