@@ -56,20 +56,62 @@ fn routing(tokens: usize, experts: usize, top_k: usize, seed: u64) -> Vec<usize>
 /// top-8, hidden 7168, expert width 2048) and Qwen3-30B-A3B (E = 128, top-8, hidden 2048, expert
 /// width 768) at 1, 8, 64 and 512 tokens.
 pub fn cases() -> Vec<Case> {
-    let mut v = vec![
-        Case { name: "g8-n4096-k7168".into(), n: 4096, k: 7168, counts: vec![80, 176, 128, 72, 64, 248, 96, 160] },
-        Case { name: "g8-n7168-k2048".into(), n: 7168, k: 2048, counts: vec![40, 76, 168, 72, 164, 148, 196, 160] },
-        Case { name: "g2-n3072-k4096".into(), n: 3072, k: 4096, counts: vec![192, 320] },
-        Case { name: "g2-n4096-k1536".into(), n: 4096, k: 1536, counts: vec![128, 384] },
-    ];
-    for (model, experts, layers) in [("dsv3", 256, [("gate-up", 4096, 7168), ("down", 7168, 2048)]), ("qwen3-30b-a3b", 128, [("gate-up", 1536, 2048), ("down", 2048, 768)])] {
+    let mut v = fixed_cases();
+    for (model, experts, layers) in MODELS {
         for (layer, n, k) in layers {
             for t in [1, 8, 64, 512] {
-                v.push(Case { name: format!("{model}-{layer}-t{t}"), n, k, counts: routing(t, experts, 8, 0x5eed + t as u64) });
+                v.push(model_case(model, experts, layer, n, k, t));
             }
         }
     }
     v
+}
+
+/// A model's expert layers: (model, experts, [(layer, N, K)]), each routed top-8.
+type Model = (&'static str, usize, [(&'static str, usize, usize); 2]);
+const MODELS: [Model; 2] =
+    [("dsv3", 256, [("gate-up", 4096, 7168), ("down", 7168, 2048)]), ("qwen3-30b-a3b", 128, [("gate-up", 1536, 2048), ("down", 2048, 768)])];
+
+fn model_case(model: &str, experts: usize, layer: &str, n: usize, k: usize, t: usize) -> Case {
+    Case { name: format!("{model}-{layer}-t{t}"), n, k, counts: routing(t, experts, 8, 0x5eed + t as u64) }
+}
+
+/// `--grouped` names: `all`, `none`, or a comma-separated list of the cases' names and of model
+/// layers at any token count (`MODEL-LAYER-tT`, e.g. `dsv3-down-t384`: the bench's routing of T
+/// tokens, 1 <= T <= 65536). An unknown name is an error.
+pub fn select(names: &str) -> Result<Vec<Case>, String> {
+    match names {
+        "all" => return Ok(cases()),
+        "none" | "" => return Ok(Vec::new()),
+        _ => {}
+    }
+    let mut all = cases();
+    names
+        .split(',')
+        .map(|name| {
+            if let Some(i) = all.iter().position(|c| c.name == name) {
+                return Ok(all.swap_remove(i));
+            }
+            MODELS
+                .iter()
+                .flat_map(|&(model, experts, layers)| layers.into_iter().map(move |(layer, n, k)| (model, experts, layer, n, k)))
+                .find_map(|(model, experts, layer, n, k)| {
+                    let t: usize = name.strip_prefix(&format!("{model}-{layer}-t"))?.parse().ok()?;
+                    (1..=65536).contains(&t).then(|| model_case(model, experts, layer, n, k, t))
+                })
+                .ok_or_else(|| format!("--grouped: unknown case {name:?} (the cases' names, MODEL-LAYER-tT with T in 1..=65536, all or none)"))
+        })
+        .collect()
+}
+
+/// The fixed-size cases.
+fn fixed_cases() -> Vec<Case> {
+    vec![
+        Case { name: "g8-n4096-k7168".into(), n: 4096, k: 7168, counts: vec![80, 176, 128, 72, 64, 248, 96, 160] },
+        Case { name: "g8-n7168-k2048".into(), n: 7168, k: 2048, counts: vec![40, 76, 168, 72, 164, 148, 196, 160] },
+        Case { name: "g2-n3072-k4096".into(), n: 3072, k: 4096, counts: vec![192, 320] },
+        Case { name: "g2-n4096-k1536".into(), n: 4096, k: 1536, counts: vec![128, 384] },
+    ]
 }
 
 /// The cases as JSON for bench/baselines.py (`--op grouped --grouped-cases FILE`).

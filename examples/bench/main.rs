@@ -96,7 +96,8 @@ struct Cli {
     /// Skip the GEMMs (quantizer runs only).
     #[arg(long)]
     no_gemm: bool,
-    /// Grouped cases to run, comma-separated names, `all` or `none`.
+    /// Grouped cases to run: comma-separated names (the bench's cases, or a model layer at any
+    /// token count, e.g. `dsv3-down-t384`), `all` or `none`.
     #[arg(long, default_value = "all")]
     grouped: String,
     /// Force the grouped cases' config by name.
@@ -105,7 +106,7 @@ struct Cli {
     /// JSON from bench/baselines.py --op grouped (bf16 grouped GEMM, same device session).
     #[arg(long)]
     grouped_baselines: Option<std::path::PathBuf>,
-    /// Write the grouped cases (names, N, K, rows per expert) as JSON here and exit.
+    /// Write the `--grouped` cases (names, N, K, rows per expert) as JSON here and exit.
     #[arg(long)]
     emit_grouped_cases: Option<std::path::PathBuf>,
     /// Skip the W4A16 rows (bf16 activations x NVFP4 weights at every GEMM shape).
@@ -168,13 +169,17 @@ type Sets = Vec<(Nvfp4Tensor, Nvfp4Tensor)>;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let cli = Cli::parse();
-    if let Some(path) = &cli.emit_grouped_cases {
-        std::fs::write(path, grouped::cases_json(&grouped::cases()))?;
-        return Ok(());
-    }
     if cli.runs < 100 || cli.graph_calls < 20 || cli.replays < 1 {
         eprintln!("bench: --runs must be at least 100, --graph-calls at least 20, --replays at least 1");
         std::process::exit(2);
+    }
+    let cases = grouped::select(&cli.grouped).unwrap_or_else(|e| {
+        eprintln!("bench: {e}");
+        std::process::exit(2);
+    });
+    if let Some(path) = &cli.emit_grouped_cases {
+        std::fs::write(path, grouped::cases_json(&cases))?;
+        return Ok(());
     }
     if !BlockScaledGemm::driver_present() {
         eprintln!("bench: no NVIDIA driver on this machine");
@@ -277,7 +282,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             cli.runs, cli.graph_calls, r.b2b_us, r.graph_us, r.host_us, r.bytes, r.copy_same_us, r.exact);
     }
     // The MoE-form quantizer on the DeepSeek-V3 gate-up cases' stacked rows (K = 7168).
-    for case in grouped::cases().iter().filter(|c| c.name.starts_with("dsv3-gate-up") && (cli.grouped == "all" || cli.grouped.split(',').any(|x| x == c.name))) {
+    for case in cases.iter().filter(|c| c.name.starts_with("dsv3-gate-up")) {
         let r = grouped::bench_quantize_moe(&cli, &quantizer, &stream, l2, case)?;
         let (t, k) = (case.counts.iter().sum::<usize>(), case.k);
         let gbps = r.bytes as f64 / (r.graph_us * 1e-6) / 1e9;
@@ -287,7 +292,6 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             case.name, case.counts.len(), cli.runs, cli.graph_calls, r.b2b_us, r.graph_us, r.host_us, r.bytes, r.copy_same_us, r.exact);
     }
     let (grouped_baselines, grouped_base_data) = read_baselines(&cli.grouped_baselines, cli.data)?;
-    let cases: Vec<grouped::Case> = grouped::cases().into_iter().filter(|c| cli.grouped == "all" || cli.grouped.split(',').any(|x| x == c.name)).collect();
     if !cases.is_empty() {
         println!("{:>26} {:>5} {:>6} {:>5} {:>26} {:>8} {:>9} {:>8} {:>9} {:>10} {:>8} {:>7} {:>6} {:>8} {:>8} {:>8}", "case", "E", "hit", "T", "config", "b2b_us", "graph_us", "host_us", "loop_us", "bf16_group", "floor_us", "x_floor", "check", "list_us", "w4a16_us", "prepack");
     }
