@@ -311,9 +311,9 @@ fn swapped_estimate_us(config: Config, p: &Problem, split: u32, sm_count: usize)
 /// the mean rows per expert `ceil(T / min(E, T))` (the routing is on the device, so the mean is
 /// all the host knows), among the configs with a grouped kernel for `out` that `available`
 /// allows: from GROUPED_SWAPPED_MEAN rows the swapped 128-row tiles (the 128x128 one, else
-/// 128x256); below, the stream tile of the fewest rows that holds the mean, else the tallest, in
-/// its short-K stages where K is at most STREAM_SHORT_K k-tiles (each work item spans the whole
-/// K).
+/// 128x256); below, the stream tile of the fewest rows that holds the mean (where K is at most
+/// STREAM_SHORT_K k-tiles: more rows than the mean), else the tallest, in its short-K stages
+/// where K is at most STREAM_SHORT_K k-tiles (each work item spans the whole K).
 pub fn select_grouped(arch: u32, rows: usize, experts: usize, k: usize, out: OutType, available: impl Fn(Config) -> bool) -> Option<Config> {
     select_grouped_in(|i| i.grouped, arch, rows, experts, k, out, available)
 }
@@ -340,8 +340,12 @@ fn select_grouped_in(table: fn(&ConfigInfo) -> &'static [OutType], arch: u32, ro
     }
     let candidates: Vec<Config> = all.into_iter().filter(|c| c.info().streams()).collect();
     let tile_rows = |c: &Config| c.info().tile[0] as usize;
-    let rows_pick = candidates.iter().map(tile_rows).filter(|&r| r >= mean).min().or_else(|| candidates.iter().map(tile_rows).max())?;
     let short = k.div_ceil(64) <= STREAM_SHORT_K;
+    // At short K a tile above the mean: about half the experts get more rows than the mean, and
+    // there a second m-tile (the weights decoded again, a short item's fixed costs again) costs
+    // more than the taller tile's work (bench/DESIGN.md §14: mean 8 and 16 measured).
+    let holds = |r: usize| if short { r > mean } else { r >= mean };
+    let rows_pick = candidates.iter().map(tile_rows).filter(|&r| holds(r)).min().or_else(|| candidates.iter().map(tile_rows).max())?;
     let fewest: Vec<Config> = candidates.into_iter().filter(|c| tile_rows(c) == rows_pick).collect();
     fewest.iter().copied().find(|c| (c.info().schedule == Schedule::StreamWeightsShortK) == short).or(fewest.first().copied())
 }
@@ -471,6 +475,14 @@ mod tests {
         assert_eq!(select_grouped(90, 120, 8, 7168, OutType::F16, all), Some(Config::Sm90_Stream_16x128x64));
         // No short-K stages of 32 rows: the 32-row tile as it is.
         assert_eq!(select_grouped(90, 4096, 128, 2048, OutType::F32, all), Some(Config::Sm90_Stream_32x128x64));
+        // At short K a tile of more rows than the mean (DeepSeek-V3 down at 256 and 512 tokens:
+        // means 8 and 16); at long K one that holds it (its gate-up at 512 tokens).
+        assert_eq!(select_grouped(90, 2048, 256, 2048, OutType::Bf16, all), Some(Config::Sm90_StreamShortK_16x128x64));
+        assert_eq!(select_grouped(90, 1792, 256, 2048, OutType::Bf16, all), Some(Config::Sm90_StreamShortK_8x128x64));
+        assert_eq!(select_grouped(90, 4096, 256, 2048, OutType::Bf16, all), Some(Config::Sm90_Stream_32x128x64));
+        assert_eq!(select_grouped(90, 3584, 256, 2048, OutType::Bf16, all), Some(Config::Sm90_StreamShortK_16x128x64));
+        assert_eq!(select_grouped(90, 4096, 256, 7168, OutType::Bf16, all), Some(Config::Sm90_Stream_16x128x64));
+        assert_eq!(select_grouped(90, 2048, 256, 7168, OutType::Bf16, all), Some(Config::Sm90_Stream_8x128x64));
         // From 64 rows per expert, the swapped 128-row tiles.
         assert_eq!(select_grouped(90, 1024, 8, 7168, OutType::Bf16, all), Some(Config::Sm90_Swapped_128x128x64));
         assert_eq!(select_grouped(90, 1024, 8, 7168, OutType::Bf16, |c| c != Config::Sm90_Swapped_128x128x64), Some(Config::Sm90_128x256x64));
