@@ -312,8 +312,8 @@ fn swapped_estimate_us(config: Config, p: &Problem, split: u32, sm_count: usize)
 /// all the host knows), among the configs with a grouped kernel for `out` that `available`
 /// allows: from GROUPED_SWAPPED_MEAN rows the swapped 128-row tiles (the 128x128 one, else
 /// 128x256); below, the stream tile of the fewest rows that holds the mean (where K is at most
-/// STREAM_SHORT_K k-tiles: more rows than the mean), else the tallest, in its short-K stages
-/// where K is at most STREAM_SHORT_K k-tiles (each work item spans the whole K).
+/// STREAM_SHORT_K k-tiles: up to GROUPED_SHORT_K_MAX_MEAN), else the tallest, in its short-K
+/// stages where K is at most STREAM_SHORT_K k-tiles (each work item spans the whole K).
 pub fn select_grouped(arch: u32, rows: usize, experts: usize, k: usize, out: OutType, available: impl Fn(Config) -> bool) -> Option<Config> {
     select_grouped_in(|i| i.grouped, arch, rows, experts, k, out, available)
 }
@@ -341,14 +341,19 @@ fn select_grouped_in(table: fn(&ConfigInfo) -> &'static [OutType], arch: u32, ro
     let candidates: Vec<Config> = all.into_iter().filter(|c| c.info().streams()).collect();
     let tile_rows = |c: &Config| c.info().tile[0] as usize;
     let short = k.div_ceil(64) <= STREAM_SHORT_K;
-    // At short K a tile above the mean: about half the experts get more rows than the mean, and
-    // there a second m-tile (the weights decoded again, a short item's fixed costs again) costs
-    // more than the taller tile's work (bench/DESIGN.md §14: mean 8 and 16 measured).
-    let holds = |r: usize| if short { r > mean } else { r >= mean };
-    let rows_pick = candidates.iter().map(tile_rows).filter(|&r| holds(r)).min().or_else(|| candidates.iter().map(tile_rows).max())?;
+    let max_mean = |r: usize| if short { GROUPED_SHORT_K_MAX_MEAN.iter().find(|&&(t, _)| t == r).map_or(r, |&(_, m)| m) } else { r };
+    let rows_pick = candidates.iter().map(tile_rows).filter(|&r| max_mean(r) >= mean).min().or_else(|| candidates.iter().map(tile_rows).max())?;
     let fewest: Vec<Config> = candidates.into_iter().filter(|c| tile_rows(c) == rows_pick).collect();
     fewest.iter().copied().find(|c| (c.info().schedule == Schedule::StreamWeightsShortK) == short).or(fewest.first().copied())
 }
+
+/// At K of at most STREAM_SHORT_K k-tiles, the largest mean rows an expert that the 8- and 16-row
+/// stream tiles take (a taller tile takes larger ones): top-k routing spreads the experts' rows
+/// around the mean, and an expert's second m-tile decodes its weights again and pays a short
+/// item's fixed costs again, so the taller tile wins from a mean of 7 and 16 rows (bench/DESIGN.md
+/// §14: the next taller tile lost at means 5-6 and 10-15, won at 7-8 and 16). At long K a tile
+/// takes means up to its rows.
+const GROUPED_SHORT_K_MAX_MEAN: [(usize, usize); 2] = [(8, 6), (16, 15)];
 
 /// Mean rows per expert from which the grouped GEMM takes the swapped tiles: the stream tiles
 /// decode each weight tile once per 32 rows and lose to them from about 72 rows in the dense
@@ -475,12 +480,14 @@ mod tests {
         assert_eq!(select_grouped(90, 120, 8, 7168, OutType::F16, all), Some(Config::Sm90_Stream_16x128x64));
         // No short-K stages of 32 rows: the 32-row tile as it is.
         assert_eq!(select_grouped(90, 4096, 128, 2048, OutType::F32, all), Some(Config::Sm90_Stream_32x128x64));
-        // At short K a tile of more rows than the mean (DeepSeek-V3 down at 256 and 512 tokens:
-        // means 8 and 16); at long K one that holds it (its gate-up at 512 tokens).
-        assert_eq!(select_grouped(90, 2048, 256, 2048, OutType::Bf16, all), Some(Config::Sm90_StreamShortK_16x128x64));
-        assert_eq!(select_grouped(90, 1792, 256, 2048, OutType::Bf16, all), Some(Config::Sm90_StreamShortK_8x128x64));
-        assert_eq!(select_grouped(90, 4096, 256, 2048, OutType::Bf16, all), Some(Config::Sm90_Stream_32x128x64));
-        assert_eq!(select_grouped(90, 3584, 256, 2048, OutType::Bf16, all), Some(Config::Sm90_StreamShortK_16x128x64));
+        // At short K the 8-row tile up to a mean of 6 rows, the 16-row up to 15 (DeepSeek-V3 down
+        // at 192, 224, 480 and 512 tokens: means 6, 7, 15, 16); at long K a tile holding the mean
+        // (its gate-up at 256 and 512 tokens).
+        assert_eq!(select_grouped(90, 1536, 256, 2048, OutType::Bf16, all), Some(Config::Sm90_StreamShortK_8x128x64));
+        assert_eq!(select_grouped(90, 1537, 256, 2048, OutType::Bf16, all), Some(Config::Sm90_StreamShortK_16x128x64));
+        assert_eq!(select_grouped(90, 3840, 256, 2048, OutType::Bf16, all), Some(Config::Sm90_StreamShortK_16x128x64));
+        assert_eq!(select_grouped(90, 3841, 256, 2048, OutType::Bf16, all), Some(Config::Sm90_Stream_32x128x64));
+        assert_eq!(select_grouped(90, 8192, 256, 2048, OutType::Bf16, all), Some(Config::Sm90_Stream_32x128x64));
         assert_eq!(select_grouped(90, 4096, 256, 7168, OutType::Bf16, all), Some(Config::Sm90_Stream_16x128x64));
         assert_eq!(select_grouped(90, 2048, 256, 7168, OutType::Bf16, all), Some(Config::Sm90_Stream_8x128x64));
         // From 64 rows per expert, the swapped 128-row tiles.
