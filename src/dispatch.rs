@@ -313,7 +313,8 @@ fn swapped_estimate_us(config: Config, p: &Problem, split: u32, sm_count: usize)
 /// allows: from GROUPED_SWAPPED_MEAN rows the swapped 128-row tiles (the 128x128 one, else
 /// 128x256); below, the stream tile of the fewest rows that holds the mean (where K is at most
 /// STREAM_SHORT_K k-tiles: up to GROUPED_SHORT_K_MAX_MEAN), else the tallest, in its short-K
-/// stages where K is at most STREAM_SHORT_K k-tiles (each work item spans the whole K).
+/// stages where K is at most STREAM_SHORT_K k-tiles and it has them (the 32-row tile has long
+/// stages only; each work item spans the whole K).
 pub fn select_grouped(arch: u32, rows: usize, experts: usize, k: usize, out: OutType, available: impl Fn(Config) -> bool) -> Option<Config> {
     select_grouped_in(|i| i.grouped, arch, rows, experts, k, out, available)
 }
@@ -480,9 +481,9 @@ mod tests {
         assert_eq!(select_grouped(90, 120, 8, 7168, OutType::F16, all), Some(Config::Sm90_Stream_16x128x64));
         // No short-K stages of 32 rows: the 32-row tile as it is.
         assert_eq!(select_grouped(90, 4096, 128, 2048, OutType::F32, all), Some(Config::Sm90_Stream_32x128x64));
-        // At short K the 8-row tile up to a mean of 6 rows, the 16-row up to 15 (DeepSeek-V3 down
-        // at 192, 224, 480 and 512 tokens: means 6, 7, 15, 16); at long K a tile holding the mean
-        // (its gate-up at 256 and 512 tokens).
+        // At short K the 8-row tile up to a mean of 6 rows, the 16-row up to 15 (256 experts, K =
+        // 2048: means 6, 7, 15, 16 and 32); at long K a tile holding the mean (K = 7168: means 16
+        // and 8).
         assert_eq!(select_grouped(90, 1536, 256, 2048, OutType::Bf16, all), Some(Config::Sm90_StreamShortK_8x128x64));
         assert_eq!(select_grouped(90, 1537, 256, 2048, OutType::Bf16, all), Some(Config::Sm90_StreamShortK_16x128x64));
         assert_eq!(select_grouped(90, 3840, 256, 2048, OutType::Bf16, all), Some(Config::Sm90_StreamShortK_16x128x64));

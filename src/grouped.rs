@@ -394,8 +394,9 @@ impl BlockScaledGemm {
     /// `expert_scales`: E `f32` on the device (the experts' weight global scales; ones where
     /// there are none). Experts without rows cost nothing.
     ///
-    /// `config`: `None` picks, on SM90, the tile from the mean rows per expert (T / E: a stream
-    /// tile below 64 rows, the swapped 128x128 tile from there), on SM100 the config with grouped
+    /// `config`: `None` picks, on SM90, the tile from the mean rows per expert (`ceil(T / min(E,
+    /// T))`: a stream tile below 64 rows, the swapped 128x128 tile from there; `select_grouped`
+    /// in `src/dispatch.rs` has the rule), on SM100 the config with grouped
     /// kernels (`Sm100_1Sm_128x128x256`); a forced config must carry a grouped kernel for D's
     /// type (`ConfigInfo::grouped`). The workspace holds the swapped tiles' activations decoded
     /// once (as [`Self::gemm`]'s do), or on SM100 the experts' arguments and CUTLASS's own

@@ -78,30 +78,33 @@ fn model_case(model: &str, experts: usize, layer: &str, n: usize, k: usize, t: u
 
 /// `--grouped` names: `all`, `none`, or a comma-separated list of the cases' names and of model
 /// layers at any token count (`MODEL-LAYER-tT`, e.g. `dsv3-down-t384`: the bench's routing of T
-/// tokens, 1 <= T <= 65536). An unknown name is an error.
+/// tokens, T in 1..=65536 written without sign or leading zeros). Each case runs once, in the
+/// order first named; an unknown or empty name is an error.
 pub fn select(names: &str) -> Result<Vec<Case>, String> {
-    match names {
+    match names.trim() {
         "all" => return Ok(cases()),
         "none" | "" => return Ok(Vec::new()),
         _ => {}
     }
-    let mut all = cases();
-    names
-        .split(',')
-        .map(|name| {
-            if let Some(i) = all.iter().position(|c| c.name == name) {
-                return Ok(all.swap_remove(i));
-            }
+    let fixed = cases();
+    let mut picked: Vec<Case> = Vec::new();
+    for name in names.split(',').map(str::trim) {
+        if picked.iter().any(|c| c.name == name) {
+            continue;
+        }
+        let case = fixed.iter().find(|c| c.name == name).map(|c| Case { name: c.name.clone(), n: c.n, k: c.k, counts: c.counts.clone() }).or_else(|| {
             MODELS
                 .iter()
                 .flat_map(|&(model, experts, layers)| layers.into_iter().map(move |(layer, n, k)| (model, experts, layer, n, k)))
                 .find_map(|(model, experts, layer, n, k)| {
-                    let t: usize = name.strip_prefix(&format!("{model}-{layer}-t"))?.parse().ok()?;
+                    let digits = name.strip_prefix(&format!("{model}-{layer}-t"))?;
+                    let t: usize = digits.parse().ok().filter(|t: &usize| t.to_string() == digits)?;
                     (1..=65536).contains(&t).then(|| model_case(model, experts, layer, n, k, t))
                 })
-                .ok_or_else(|| format!("--grouped: unknown case {name:?} (the cases' names, MODEL-LAYER-tT with T in 1..=65536, all or none)"))
-        })
-        .collect()
+        });
+        picked.push(case.ok_or_else(|| format!("--grouped: unknown case {name:?} (the cases' names, MODEL-LAYER-tT with T in 1..=65536, all or none)"))?);
+    }
+    Ok(picked)
 }
 
 /// The fixed-size cases.
