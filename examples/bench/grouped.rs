@@ -355,3 +355,29 @@ fn poison_bf16(stream: &Arc<CudaStream>, d: &mut CudaSlice<bf16>) -> Result<(), 
     // SAFETY: any byte is a valid u8; the view covers exactly D's bytes.
     poison(stream, &mut unsafe { d.transmute_mut::<u8>(bytes) }.expect("2 bytes each"))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn names(list: &str) -> Result<Vec<String>, String> {
+        select(list).map(|v| v.into_iter().map(|c| c.name).collect())
+    }
+
+    #[test]
+    fn grouped_names_select_cases_once_and_refuse_unknown_ones() {
+        assert_eq!(names("all").unwrap().len(), 20);
+        assert!(names("none").unwrap().is_empty());
+        assert_eq!(names("dsv3-down-t384, g8-n4096-k7168,dsv3-down-t384").unwrap(), ["dsv3-down-t384", "g8-n4096-k7168"]);
+        // A model layer at one of the standard token counts is the standard case, routing included.
+        let standard = cases().into_iter().find(|c| c.name == "qwen3-30b-a3b-down-t64").unwrap();
+        assert_eq!(select("qwen3-30b-a3b-down-t64").unwrap()[0].counts, standard.counts);
+        // T tokens, each routed to 8 distinct experts of 256.
+        let c = &select("dsv3-down-t384").unwrap()[0];
+        assert_eq!((c.n, c.k, c.counts.len(), c.counts.iter().sum::<usize>()), (7168, 2048, 256, 8 * 384));
+        assert!(c.counts.iter().all(|&r| r <= 384));
+        for bad in ["foo", "dsv3-down-t0", "dsv3-down-t65537", "dsv3-down-t008", "dsv3-down-t+8", "a,,b", "dsv3-mid-t8", "dsv3-down-t8,"] {
+            assert!(select(bad).is_err(), "{bad:?} accepted");
+        }
+    }
+}
