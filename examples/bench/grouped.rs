@@ -86,13 +86,13 @@ pub fn select(names: &str) -> Result<Vec<Case>, String> {
         "none" | "" => return Ok(Vec::new()),
         _ => {}
     }
-    let fixed = cases();
     let mut picked: Vec<Case> = Vec::new();
     for name in names.split(',').map(str::trim) {
         if picked.iter().any(|c| c.name == name) {
             continue;
         }
-        let case = fixed.iter().find(|c| c.name == name).map(|c| Case { name: c.name.clone(), n: c.n, k: c.k, counts: c.counts.clone() }).or_else(|| {
+        // A model layer at a standard token count is the standard case: model_case builds both.
+        let case = fixed_cases().into_iter().find(|c| c.name == name).or_else(|| {
             MODELS
                 .iter()
                 .flat_map(|&(model, experts, layers)| layers.into_iter().map(move |(layer, n, k)| (model, experts, layer, n, k)))
