@@ -54,12 +54,30 @@ case "${1:-tests}" in
     dir=${OUT:-/tmp}
     gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | grep -oiE 'h100|h200|b200|gb200' | head -1 | tr A-Z a-z)
     name="$(date +%F)-${gpu:-gpu}-$(cat "$here/COMMIT")"
+    # The baselines time what the bench will: its --shape list (else the default shapes), the
+    # GEMM and W4A16 rows unless --no-gemm / --no-w4a16 skip them, and its --grouped cases.
+    shapes=() gemm=1 w4a16=1 prev=""
+    for a in "$@"; do
+      case "$prev:$a" in
+        --shape:*) shapes+=(--shape "$a") ;;
+        *:--shape=*) shapes+=(--shape "${a#--shape=}") ;;
+        *:--no-gemm) gemm=0 ;;
+        *:--no-w4a16) w4a16=0 ;;
+      esac
+      prev=$a
+    done
     base=""
     if python3 -c 'import torch' 2>/dev/null; then
-      python3 "$here/baselines.py" --out "$dir/$name-baselines.json" && base="--baselines $dir/$name-baselines.json"
-      python3 "$here/baselines.py" --op w4a16 --out "$dir/$name-w4a16-baselines.json" && base="$base --w4a16-baselines $dir/$name-w4a16-baselines.json"
-      # The grouped cases come from the bench itself (one routing for both sides).
-      "$here/examples/bench" --emit-grouped-cases "$dir/$name-grouped-cases.json" &&
+      if [ $gemm = 1 ]; then
+        python3 "$here/baselines.py" ${shapes[@]+"${shapes[@]}"} --out "$dir/$name-baselines.json" && base="--baselines $dir/$name-baselines.json"
+        if [ $w4a16 = 1 ]; then
+          python3 "$here/baselines.py" --op w4a16 ${shapes[@]+"${shapes[@]}"} --out "$dir/$name-w4a16-baselines.json" && base="$base --w4a16-baselines $dir/$name-w4a16-baselines.json"
+        fi
+      fi
+      # The grouped cases come from the bench itself, with this run's arguments (one routing for
+      # both sides, the --grouped selection).
+      "$here/examples/bench" "$@" --emit-grouped-cases "$dir/$name-grouped-cases.json" &&
+        [ "$(tr -d ' \n' < "$dir/$name-grouped-cases.json")" != "{}" ] &&
         python3 "$here/baselines.py" --op grouped --grouped-cases "$dir/$name-grouped-cases.json" --out "$dir/$name-grouped-baselines.json" &&
         base="$base --grouped-baselines $dir/$name-grouped-baselines.json"
     fi

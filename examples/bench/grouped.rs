@@ -180,10 +180,15 @@ pub fn bench_case(cli: &Cli, gemm: &BlockScaledGemm, stream: &Arc<CudaStream>, l
     let offsets_dev = stream.clone_htod(&offsets)?;
     let ones = stream.clone_htod(&vec![1.0f32; experts])?;
     let mut d: CudaSlice<bf16> = stream.alloc_zeros(p.d_elems())?;
-    let config = match &cli.grouped_config {
-        Some(name) => Config::from_name(name).ok_or("unknown --grouped-config")?,
+    let forced = match &cli.grouped_config {
+        Some(name) => Some(Config::from_name(name).ok_or("unknown --grouped-config")?),
+        None => None,
+    };
+    let config = match forced {
+        Some(c) => c,
         None => gemm.select_grouped_config(&p, blockscaled_gemm::OutType::Bf16)?,
     };
+    let w4a16_forced = forced.filter(|c| c.is_built_grouped_w4a16(OutType::Bf16));
     let launch = |i: usize, d: &mut CudaSlice<bf16>| -> Result<(), blockscaled_gemm::Error> {
         let s = &sets[i % n_sets];
         let a = MoeActivations::new(s.a.as_view(), s.sfa.as_view(), (t, k), 1.0)?;
@@ -201,12 +206,17 @@ pub fn bench_case(cli: &Cli, gemm: &BlockScaledGemm, stream: &Arc<CudaStream>, l
     // The list form: one group per expert with rows, at most as many rows as the largest.
     let max_m = hit.iter().map(|&e| case.counts[e]).max().unwrap_or(0);
     let list_p = ListProblem::new(hit.len(), max_m, n, k).max_rows(t);
-    let list_config = gemm.select_list_config(&list_p, OutType::Bf16)?;
+    // `--grouped-config` forces the list and W4A16 forms too where the config has their kernels
+    // (the three forms share the rule; forcing one alone would time the others on other tiles).
+    let list_config = match forced.filter(|c| c.is_built_grouped_list(OutType::Bf16)) {
+        Some(c) => c,
+        None => gemm.select_list_config(&list_p, OutType::Bf16)?,
+    };
     workspace = workspace.max(gemm.grouped_list_workspace_size(&list_p, OutType::Bf16, Some(list_config))?);
     // W4A16 (`moe_gemm_w4a16`): the same activations in bf16, where each NVFP4 value is exact, so
     // D is the NVFP4 GEMM's (the kernels pair the same products in the same order) and the same
     // check applies; the rule's config. Skipped where the device has none (SM100).
-    let w4a16_workspace = match gemm.moe_w4a16_workspace_size::<bf16>(&p, OutType::Bf16, None) {
+    let w4a16_workspace = match gemm.moe_w4a16_workspace_size::<bf16>(&p, OutType::Bf16, w4a16_forced) {
         Ok(bytes) => Some(bytes),
         Err(blockscaled_gemm::Error::UnsupportedDevice { .. }) => None,
         Err(e) => return Err(e.into()),
@@ -238,7 +248,7 @@ pub fn bench_case(cli: &Cli, gemm: &BlockScaledGemm, stream: &Arc<CudaStream>, l
     let w4a16_launch = |i: usize, d: &mut CudaSlice<bf16>| -> Result<Config, blockscaled_gemm::Error> {
         let s = &sets[i % n_sets];
         let b = Nvfp4Tensor::new(s.b.as_view(), s.sfb.as_view(), (experts, n, k), 1.0)?;
-        gemm.moe_gemm_w4a16(&p, &a16_sets[i % n_sets], &b, &offsets_dev, &ones, d, None)
+        gemm.moe_gemm_w4a16(&p, &a16_sets[i % n_sets], &b, &offsets_dev, &ones, d, w4a16_forced)
     };
     let loop_launch = |i: usize, d: &mut CudaSlice<bf16>| -> Result<(), blockscaled_gemm::Error> {
         let s = &sets[i % n_sets];

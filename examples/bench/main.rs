@@ -100,7 +100,8 @@ struct Cli {
     /// token count, e.g. `dsv3-down-t384`), `all` or `none`.
     #[arg(long, default_value = "all")]
     grouped: String,
-    /// Force the grouped cases' config by name.
+    /// Force the grouped cases' config by name: the MoE form's, and the list and W4A16 forms'
+    /// where it has their kernels (`list_config`, `w4a16_config` in the JSON say what ran).
     #[arg(long)]
     grouped_config: Option<String>,
     /// JSON from bench/baselines.py --op grouped (bf16 grouped GEMM, same device session).
