@@ -311,8 +311,9 @@ fn swapped_estimate_us(config: Config, p: &Problem, split: u32, sm_count: usize)
 /// the mean rows per expert `ceil(T / min(E, T))` (the routing is on the device, so the mean is
 /// all the host knows), among the configs with a grouped kernel for `out` that `available`
 /// allows: from GROUPED_SWAPPED_MEAN rows the swapped 128-row tiles (the 128x128 one, else
-/// 128x256); below, the stream tile of the fewest rows that holds the mean (where K is at most
-/// STREAM_SHORT_K k-tiles: up to GROUPED_SHORT_K_MAX_MEAN), else the tallest, in its short-K
+/// 128x256); below, the stream tile of the fewest rows that holds the mean (up to
+/// GROUPED_SHORT_K_MAX_MEAN where K is at most STREAM_SHORT_K k-tiles, GROUPED_LONG_K_MAX_MEAN
+/// elsewhere), else the tallest, in its short-K
 /// stages where K is at most STREAM_SHORT_K k-tiles and it has them (the 32-row tile has long
 /// stages only; each work item spans the whole K).
 pub fn select_grouped(arch: u32, rows: usize, experts: usize, k: usize, out: OutType, available: impl Fn(Config) -> bool) -> Option<Config> {
@@ -342,7 +343,8 @@ fn select_grouped_in(table: fn(&ConfigInfo) -> &'static [OutType], arch: u32, ro
     let candidates: Vec<Config> = all.into_iter().filter(|c| c.info().streams()).collect();
     let tile_rows = |c: &Config| c.info().tile[0] as usize;
     let short = k.div_ceil(64) <= STREAM_SHORT_K;
-    let max_mean = |r: usize| if short { GROUPED_SHORT_K_MAX_MEAN.iter().find(|&&(t, _)| t == r).map_or(r, |&(_, m)| m) } else { r };
+    let table: &[(usize, usize)] = if short { &GROUPED_SHORT_K_MAX_MEAN } else { &GROUPED_LONG_K_MAX_MEAN };
+    let max_mean = |r: usize| table.iter().find(|&&(t, _)| t == r).map_or(r, |&(_, m)| m);
     let rows_pick = candidates.iter().map(tile_rows).filter(|&r| max_mean(r) >= mean).min().or_else(|| candidates.iter().map(tile_rows).max())?;
     let fewest: Vec<Config> = candidates.into_iter().filter(|c| tile_rows(c) == rows_pick).collect();
     fewest.iter().copied().find(|c| (c.info().schedule == Schedule::StreamWeightsShortK) == short).or(fewest.first().copied())
@@ -352,14 +354,18 @@ fn select_grouped_in(table: fn(&ConfigInfo) -> &'static [OutType], arch: u32, ro
 /// stream tiles take (a taller tile takes larger ones): top-k routing spreads the experts' rows
 /// around the mean, and an expert's second m-tile decodes its weights again and pays a short
 /// item's fixed costs again, so the taller tile wins from a mean of 7 and 16 rows (bench/DESIGN.md
-/// §14: the next taller tile lost at means 5-6 and 10-15, won at 7-8 and 16). At long K a tile
-/// takes means up to its rows.
+/// §14: the next taller tile lost at means 5-6 and 10-15, won at 7-8 and 16).
 const GROUPED_SHORT_K_MAX_MEAN: [(usize, usize); 2] = [(8, 6), (16, 15)];
 
-/// Mean rows per expert from which the grouped GEMM takes the swapped tiles: the stream tiles
-/// decode each weight tile once per 32 rows and lose to them from about 72 rows in the dense
-/// GEMM (bench/DESIGN.md §12, §14).
-const GROUPED_SWAPPED_MEAN: usize = 64;
+/// The same at long K: the 8-row tile up to a mean of 5 (the 16-row one lost at 5 and won at 6-8,
+/// bench/DESIGN.md §14); the 16- and 32-row tiles up to their rows (the 32-row one lost at
+/// 10-16).
+const GROUPED_LONG_K_MAX_MEAN: [(usize, usize); 1] = [(8, 5)];
+
+/// Mean rows per expert from which the grouped GEMM takes the swapped tiles. Above 32 rows the
+/// 32-row stream tile decodes most experts' weights twice, the swapped tile once; it won at a
+/// mean of 32, tied at 34 and lost from 36 (long K) or 40 (short K; bench/DESIGN.md §14).
+const GROUPED_SWAPPED_MEAN: usize = 35;
 
 /// Picks a configuration of architecture `arch` for `p`, among those `available` says are
 /// built: on SM90 at M <= 64 the stream tile of the fewest rows that holds M (else the tallest),
@@ -482,20 +488,26 @@ mod tests {
         // No short-K stages of 32 rows: the 32-row tile as it is.
         assert_eq!(select_grouped(90, 4096, 128, 2048, OutType::F32, all), Some(Config::Sm90_Stream_32x128x64));
         // At short K the 8-row tile up to a mean of 6 rows, the 16-row up to 15 (256 experts, K =
-        // 2048: means 6, 7, 15, 16 and 32); at long K a tile holding the mean (K = 7168: means 16
-        // and 8).
+        // 2048: means 6, 7, 15, 16 and 32); at long K the 8-row tile up to 5, the 16-row up to 16
+        // (K = 7168: means 5, 6, 16 and 17).
         assert_eq!(select_grouped(90, 1536, 256, 2048, OutType::Bf16, all), Some(Config::Sm90_StreamShortK_8x128x64));
         assert_eq!(select_grouped(90, 1537, 256, 2048, OutType::Bf16, all), Some(Config::Sm90_StreamShortK_16x128x64));
         assert_eq!(select_grouped(90, 3840, 256, 2048, OutType::Bf16, all), Some(Config::Sm90_StreamShortK_16x128x64));
         assert_eq!(select_grouped(90, 3841, 256, 2048, OutType::Bf16, all), Some(Config::Sm90_Stream_32x128x64));
         assert_eq!(select_grouped(90, 8192, 256, 2048, OutType::Bf16, all), Some(Config::Sm90_Stream_32x128x64));
         assert_eq!(select_grouped(90, 4096, 256, 7168, OutType::Bf16, all), Some(Config::Sm90_Stream_16x128x64));
-        assert_eq!(select_grouped(90, 2048, 256, 7168, OutType::Bf16, all), Some(Config::Sm90_Stream_8x128x64));
-        // From 64 rows per expert, the swapped 128-row tiles.
+        assert_eq!(select_grouped(90, 4097, 256, 7168, OutType::Bf16, all), Some(Config::Sm90_Stream_32x128x64));
+        assert_eq!(select_grouped(90, 1280, 256, 7168, OutType::Bf16, all), Some(Config::Sm90_Stream_8x128x64));
+        assert_eq!(select_grouped(90, 1281, 256, 7168, OutType::Bf16, all), Some(Config::Sm90_Stream_16x128x64));
+        assert_eq!(select_grouped(90, 2048, 256, 7168, OutType::Bf16, all), Some(Config::Sm90_Stream_16x128x64));
+        // From 35 rows per expert, the swapped 128-row tiles, at any K.
         assert_eq!(select_grouped(90, 1024, 8, 7168, OutType::Bf16, all), Some(Config::Sm90_Swapped_128x128x64));
         assert_eq!(select_grouped(90, 1024, 8, 7168, OutType::Bf16, |c| c != Config::Sm90_Swapped_128x128x64), Some(Config::Sm90_128x256x64));
-        assert_eq!(select_grouped(90, 63 * 8, 8, 7168, OutType::Bf16, all), Some(Config::Sm90_Stream_32x128x64));
-        assert_eq!(select_grouped(90, 64, 8, 7168, OutType::Nvfp4, all), Some(Config::Sm90_Stream_8x128x64));
+        assert_eq!(select_grouped(90, 34 * 256, 256, 7168, OutType::Bf16, all), Some(Config::Sm90_Stream_32x128x64));
+        assert_eq!(select_grouped(90, 34 * 256 + 1, 256, 7168, OutType::Bf16, all), Some(Config::Sm90_Swapped_128x128x64));
+        assert_eq!(select_grouped(90, 34 * 256 + 1, 256, 2048, OutType::Bf16, all), Some(Config::Sm90_Swapped_128x128x64));
+        assert_eq!(select_grouped(90, 34 * 256, 256, 2048, OutType::Bf16, all), Some(Config::Sm90_Stream_32x128x64));
+        assert_eq!(select_grouped(90, 40, 8, 7168, OutType::Nvfp4, all), Some(Config::Sm90_Stream_8x128x64));
         assert_eq!(select_grouped(90, 1024, 8, 7168, OutType::Nvfp4Ue8m0, all), Some(Config::Sm90_Swapped_128x128x64));
         assert_eq!(select_grouped(100, 64, 8, 7168, OutType::Nvfp4, all), Some(Config::Sm100_1Sm_128x128x256));
         assert_eq!(select_grouped(100, 64, 8, 7168, OutType::F16, all), Some(Config::Sm100_1Sm_128x128x256));
