@@ -211,8 +211,9 @@ impl BlockScaledGemm {
     /// Workspace bytes a list-form call on `p` with output `out` and `config` (or the one it
     /// would choose) needs. SM90: past the 256 KiB that split-K's counters keep at the start of
     /// every workspace (left as they are), 256 bytes a group (its TMA descriptors) and, for the
-    /// swapped tiles, the activations decoded to FP16, 2 * max_rows * max_k bytes (max_k rounded
-    /// up to 64). SM100: the groups' argument arrays and CUTLASS's own workspace. Reserve it
+    /// swapped tiles, 8 bytes a group more (the scheduler's sums over the groups, made once a
+    /// call) and the activations decoded to FP16, 2 * max_rows * max_k bytes (max_k rounded up
+    /// to 64). SM100: the groups' argument arrays and CUTLASS's own workspace. Reserve it
     /// ([`Self::reserve_workspace`]) before capturing.
     pub fn grouped_list_workspace_size(&self, p: &ListProblem, out: OutType, config: Option<Config>) -> Result<usize> {
         p.validate(out, p.beta != 0.0)?;

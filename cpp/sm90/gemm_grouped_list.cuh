@@ -73,6 +73,7 @@ struct GroupedListGemm {
     lp.n_multiple = OutputInfo<OutT>::kNMultiple;
     lp.max_rows = a.max_rows;
     lp.maps = reinterpret_cast<CUtensorMap*>(ws + Sched::maps_offset(a));
+    lp.walk = T::kPreA ? reinterpret_cast<ListWalk*>(ws + Sched::walk_offset(a)) : nullptr;
     lp.pre = T::kPreA ? ws + Sched::pre_offset(a) : nullptr;
     lp.pre_pitch = Sched::k_pad(a) * 2;
     lp.b_chunked = a.b_layout == int32_t(WeightLayout::Prepacked);

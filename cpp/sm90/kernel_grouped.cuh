@@ -214,8 +214,9 @@ __global__ void __launch_bounds__(T::kLaunchThreads, T::kMinBlocks) grouped_gemm
 // packed rows) from the host's templates; then, for the swapped tiles, the grid decodes every
 // such group's activations into its rows of the workspace (a row's 64-K blocks past its group's K
 // are neither written nor read). Only the swapped tiles need the scheduler's walk over all groups
-// (a group's rows start at the sum of the rows before it, and the row bound may cut it); the
-// stream tiles' thread g decides from group g alone, so the descriptors follow one read.
+// (a group's rows start at the sum of the rows before it, and the row bound may cut it), which the
+// first CTA also stores for the grouped kernel's CTAs; the stream tiles' thread g decides from
+// group g alone, so the descriptors follow one read.
 template <class T>
 __global__ void __launch_bounds__(kPreThreads) list_prologue(const __grid_constant__ ListParams lp, const __grid_constant__ CUtensorMap tmpl_a,
                                                              const __grid_constant__ CUtensorMap tmpl_b) {
@@ -223,7 +224,10 @@ __global__ void __launch_bounds__(kPreThreads) list_prologue(const __grid_consta
   __shared__ typename Sched::Shared sched;
   griddep_wait();
   griddep_launch_dependents();
-  if constexpr (T::kPreA) Sched::prepare(typename Sched::Args{lp}, sched, threadIdx.x);
+  if constexpr (T::kPreA) {
+    Sched::walk(typename Sched::Args{lp}, sched, threadIdx.x);
+    if (blockIdx.x == 0) Sched::store_walk(lp, sched, threadIdx.x);
+  }
   const int64_t tid = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   const ListGroup q = tid < lp.groups ? list_group(lp, int(tid)) : ListGroup{0, 0, 0, false};
   bool tiles;

@@ -23,6 +23,17 @@
 
 namespace bsg::sm90 {
 
+// The swapped tiles' walk over the groups (the scheduler's prefix sums), stored by the list
+// prologue's first CTA and read by every CTA of the grouped kernel, which runs one CTA per work
+// item: one coalesced read each instead of ceil(G / 32) dependent rounds of global reads. Followed
+// in the workspace by work_end[groups], then row_end[groups].
+struct ListWalk {
+  int64_t rows;
+  int32_t total, pad;
+  __device__ __forceinline__ int32_t* ends() { return reinterpret_cast<int32_t*>(this + 1); }
+  __host__ __device__ static constexpr size_t bytes(int groups) { return sizeof(ListWalk) + size_t(groups) * 2 * sizeof(int32_t); }
+};
+
 // The launch's arguments on the device.
 struct ListParams {
   const int32_t* problems;  // [groups][3]: m, n, k
@@ -32,6 +43,7 @@ struct ListParams {
   int32_t groups, max_m, max_n, max_k, n_multiple;
   int64_t max_rows;         // rows of `pre` (swapped tiles)
   CUtensorMap* maps;        // [groups][2] (A, B), in the workspace
+  ListWalk* walk;           // the swapped tiles' walk, in the workspace (else null)
   uint8_t* pre;             // the decoded activations (swapped tiles), rows of pre_pitch bytes
   int64_t pre_pitch;
   int32_t b_chunked;        // every group's B prepacked (WeightLayout::Prepacked)
@@ -74,10 +86,31 @@ struct ListTileScheduler {
   // it has rows. For the stream tiles (no row bound) this is has_tiles, decided from the group alone.
   __device__ __forceinline__ static bool has_rows(const ListGroup& q) { return q.ok && q.m > 0; }
 
+  // Every thread of the CTA; ends with a CTA barrier. The stream tiles' persistent kernel walks
+  // the groups itself; the swapped tiles' kernel reads the walk the list prologue stored.
+  __device__ static void prepare(const Args& args, Shared& s, int tid) {
+    if constexpr (T::kPreA) {
+      const ListParams& lp = args.lp;
+      const int32_t* ends = lp.walk->ends();
+      for (int g = tid; g < lp.groups; g += blockDim.x) s.work_end[g] = ends[g], s.row_end[g] = ends[lp.groups + g];
+      if (tid == 0) s.total = lp.walk->total, s.rows = lp.walk->rows;
+      __syncthreads();
+    } else {
+      walk(args, s, tid);
+    }
+  }
+
+  // The list prologue's first CTA, after walk: stores it for prepare (kPreA).
+  __device__ static void store_walk(const ListParams& lp, const Shared& s, int tid) {
+    int32_t* ends = lp.walk->ends();
+    for (int g = tid; g < lp.groups; g += blockDim.x) ends[g] = s.work_end[g], ends[lp.groups + g] = s.row_end[g];
+    if (tid == 0) lp.walk->total = s.total, lp.walk->rows = s.rows;
+  }
+
   // Every thread of the CTA; ends with a CTA barrier. Group g has tiles where it is usable, has
   // rows and (the swapped tiles) its rows end within max_rows, counting from the sum of m over the
   // usable groups before it (a running sum: once one group is past, every later one with rows is).
-  __device__ static void prepare(const Args& args, Shared& s, int tid) {
+  __device__ static void walk(const Args& args, Shared& s, int tid) {
     const ListParams& lp = args.lp;
     if (tid < 32) {
       int64_t run = 0;
@@ -170,11 +203,12 @@ struct ListTileScheduler {
   }
   static int64_t k_pad(const GroupedListArgs& a) { return (int64_t(a.max_k) + kBK - 1) / kBK * kBK; }
   // The workspace: the descriptors past the split-K counter region (one workspace serves every
-  // call, and a later split-K launch needs those counters still zero), then (kPreA) max_rows
-  // decoded rows from a 1024-byte boundary.
+  // call, and a later split-K launch needs those counters still zero), then (kPreA) the walk and
+  // max_rows decoded rows from a 1024-byte boundary.
   static size_t maps_offset(const GroupedListArgs&) { return TileScheduler<T>::kCountersBytes; }
   static size_t maps_bytes(const GroupedListArgs& a) { return size_t(a.groups) * 2 * sizeof(CUtensorMap); }
-  static size_t pre_offset(const GroupedListArgs& a) { return (maps_offset(a) + maps_bytes(a) + 1023) / 1024 * 1024; }
+  static size_t walk_offset(const GroupedListArgs& a) { return maps_offset(a) + maps_bytes(a); }
+  static size_t pre_offset(const GroupedListArgs& a) { return (walk_offset(a) + ListWalk::bytes(a.groups) + 1023) / 1024 * 1024; }
   static size_t workspace_size(const GroupedListArgs& a) {
     return T::kPreA ? pre_offset(a) + size_t(a.max_rows) * size_t(k_pad(a)) * 2 : maps_offset(a) + maps_bytes(a);
   }
