@@ -32,7 +32,15 @@ struct GroupedGemm {
     k.m = a.rows, k.n = a.n, k.k = a.k, k.l = 1, k.split_k = 1;
     return k;
   }
-  static size_t workspace_size(const GroupedArgs& a) { return T::kPreA ? TileScheduler<T>::workspace_size(dense_view(a), a.rows) : 0; }
+  // The swapped tiles with NVFP4 activations: their pre-pass stores the walk over the experts
+  // past the decoded activations (W4A16's pre-pass is the dense GEMM's re-order, which does not
+  // walk them: there each CTA walks them itself).
+  static constexpr bool kWalk = T::kPreA && !kDenseA;
+  static size_t walk_offset(const GroupedArgs& a) { return (TileScheduler<T>::workspace_size(dense_view(a), a.rows) + 255) / 256 * 256; }
+  static size_t workspace_size(const GroupedArgs& a) {
+    if constexpr (kWalk) return walk_offset(a) + GroupedWalk::bytes(a.experts);
+    else return T::kPreA ? TileScheduler<T>::workspace_size(dense_view(a), a.rows) : 0;
+  }
   static constexpr bool kFp4Out = !std::is_void_v<typename OutputInfo<OutT>::Sf>;
 
   static bool can_implement(const GroupedArgs& a) {
@@ -78,6 +86,7 @@ struct GroupedGemm {
     gp.offsets = reinterpret_cast<const int32_t*>(a.offsets);
     gp.expert_alpha = reinterpret_cast<const float*>(a.expert_alpha);
     gp.experts = a.experts;
+    gp.walk = kWalk ? reinterpret_cast<GroupedWalk*>(reinterpret_cast<uint8_t*>(a.workspace) + walk_offset(a)) : nullptr;
     if constexpr (T::kPreA) {
       const cudaError_t e = kDenseA ? launch_reorder_a(reinterpret_cast<const void*>(a.a), pre, a.rows, a.rows, a.k, 1, a.sm_count, stream)
                                     : launch_pre_pass<predecode_a_grouped<T>>(int64_t(a.rows) * (k_pad / kBK) * 2, a.sm_count, stream, gp,

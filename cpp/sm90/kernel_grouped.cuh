@@ -152,14 +152,16 @@ __global__ void __launch_bounds__(grouped_threads<T, Sched>(), 1) grouped_stream
 
 // The swapped tiles' pre-pass over the stacked rows: row r decoded with its scales at its
 // expert's place in the MoE scale layout; rows no expert holds decode to zeros (no tile reads
-// them into an output row).
+// them into an output row). Its first CTA also stores the walk over the experts for the grouped
+// kernel's CTAs.
 template <class T>
 __global__ void __launch_bounds__(kPreThreads) predecode_a_grouped(const __grid_constant__ GroupedParams gp, uint4* out) {
   using Sched = GroupedTileScheduler<T>;
   __shared__ typename Sched::Shared sched;
   griddep_wait();
   griddep_launch_dependents();
-  Sched::prepare(gp, sched, threadIdx.x);
+  Sched::walk(gp, sched, threadIdx.x);
+  if (blockIdx.x == 0) Sched::store_walk(gp, sched, threadIdx.x);
   const Params& p = gp.base;
   const int kb_n = (p.k + 63) / 64;
   const int64_t items = int64_t(p.m) * kb_n * 2, sp = sf_cols_padded(p.k);

@@ -22,6 +22,16 @@
 
 namespace bsg::sm90 {
 
+// The swapped tiles' walk over the experts (the scheduler's sums), stored by the first CTA of
+// their activation pre-pass and read by every CTA of the grouped kernel, which runs one CTA per
+// work item: one coalesced read each instead of reading the offsets and three scans over the
+// experts. Followed in the workspace by row[experts + 1], sf_row[experts], work_end[experts].
+struct GroupedWalk {
+  int32_t total, pad[3];
+  __device__ __forceinline__ int32_t* ends() { return reinterpret_cast<int32_t*>(this + 1); }
+  __host__ __device__ static constexpr size_t bytes(int experts) { return sizeof(GroupedWalk) + size_t(3 * experts + 1) * sizeof(int32_t); }
+};
+
 // The launch's arguments on the device: the problem as one GEMM of T rows (m) and batch 1, whose
 // B is indexed by expert, plus the routing.
 struct GroupedParams {
@@ -29,6 +39,7 @@ struct GroupedParams {
   const int32_t* offsets;      // [experts + 1]
   const float* expert_alpha;   // [experts], or null
   int32_t experts;
+  GroupedWalk* walk;           // the swapped tiles with NVFP4 activations (their pre-pass stores it), else null
 };
 
 template <class T>
@@ -47,10 +58,34 @@ struct GroupedTileScheduler {
     int total;
   };
 
-  // Every thread of the CTA, after griddep_wait (the offsets may come from the previous kernel).
-  // Ends with a CTA barrier.
-  __device__ static void prepare(const Args& args, Shared& s, int tid) { prepare(args.gp, s, tid); }
-  __device__ static void prepare(const GroupedParams& gp, Shared& s, int tid) {
+  // Every thread of the CTA, after griddep_wait (the offsets, or the walk the pre-pass stored,
+  // may come from the previous kernel). Ends with a CTA barrier.
+  __device__ static void prepare(const Args& args, Shared& s, int tid) {
+    const GroupedParams& gp = args.gp;
+    if (gp.walk) {
+      const int32_t* ends = gp.walk->ends();
+      const int e = gp.experts;
+      for (int i = tid; i <= e; i += blockDim.x) s.rows.row[i] = ends[i];
+      for (int i = tid; i < e; i += blockDim.x) s.rows.sf_row[i] = ends[e + 1 + i], s.work_end[i] = ends[2 * e + 1 + i];
+      if (tid == 0) s.total = gp.walk->total;
+      __syncthreads();
+    } else {
+      walk(gp, s, tid);
+    }
+  }
+
+  // The pre-pass's first CTA, after walk: stores it for prepare (gp.walk not null).
+  __device__ static void store_walk(const GroupedParams& gp, const Shared& s, int tid) {
+    int32_t* ends = gp.walk->ends();
+    const int e = gp.experts;
+    for (int i = tid; i <= e; i += blockDim.x) ends[i] = s.rows.row[i];
+    for (int i = tid; i < e; i += blockDim.x) ends[e + 1 + i] = s.rows.sf_row[i], ends[2 * e + 1 + i] = s.work_end[i];
+    if (tid == 0) gp.walk->total = s.total;
+  }
+
+  // Every thread of the CTA; ends with a CTA barrier: the experts' rows from the offsets and the
+  // items' prefix sums.
+  __device__ static void walk(const GroupedParams& gp, Shared& s, int tid) {
     s.rows.prepare(gp.offsets, gp.experts, gp.base.m, tid);
     if (tid < 32) {
       const int tiles_n = (gp.base.n + T::kBN - 1) / T::kBN;
