@@ -465,8 +465,8 @@ impl BlockScaledGemm {
 
     /// Workspace bytes [`Self::moe_gemm`] needs on `p` with output `out` and `config` (or the one
     /// it would choose): the swapped tiles' activations decoded to FP16 (2 * T * K bytes plus
-    /// 256 KiB; with NVFP4 activations 12 bytes an expert more, the scheduler's sums over the
-    /// experts, made once a call), none for the stream tiles; on SM100 the experts' argument arrays (about 200
+    /// 256 KiB and 12 bytes an expert, the scheduler's sums over the experts, made once a call),
+    /// none for the stream tiles; on SM100 the experts' argument arrays (about 200
     /// bytes an expert) and CUTLASS's workspace (its TMA descriptors, per SM). Reserve it
     /// ([`Self::reserve_workspace`]) before capturing a call in a CUDA graph.
     pub fn moe_workspace_size(&self, p: &MoeProblem, out: OutType, config: Option<Config>) -> Result<usize> {

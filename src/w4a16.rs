@@ -197,7 +197,8 @@ impl BlockScaledGemm {
 
     /// Workspace bytes [`Self::moe_gemm_w4a16`] needs on `p` with output `out` and `config` (or
     /// the one it would choose): the swapped tiles' re-ordered activations (about 2 * T * K
-    /// bytes: K rounded up to 64, after the split-K counters), none for the stream tiles.
+    /// bytes: K rounded up to 64, after the split-K counters) and 12 bytes an expert (the
+    /// scheduler's sums over the experts), none for the stream tiles.
     pub fn moe_w4a16_workspace_size<TA: Activation16>(&self, p: &MoeProblem, out: OutType, config: Option<Config>) -> Result<usize> {
         p.validate(out)?;
         let config = self.grouped_config(p, out, config, SUPPORTED_W4A16, |c, o| c.is_built_grouped_w4a16(o))?;

@@ -21,7 +21,7 @@ template <class T, class OutT>
 struct GroupedGemm {
   using Sched = GroupedTileScheduler<T>;
   // W4A16: a is (T, K) 16-bit, sfa unused; the swapped tiles' pre-pass is the dense re-order over
-  // all T rows (no scales to place: rows no expert holds are re-ordered and never read).
+  // all T rows (reorder_a_grouped: no scales to place).
   static constexpr bool kDenseA = !T::Activation::kScaled;
   static constexpr auto kKernel = grouped_kernel<T, OutT, Sched>;
 
@@ -32,15 +32,10 @@ struct GroupedGemm {
     k.m = a.rows, k.n = a.n, k.k = a.k, k.l = 1, k.split_k = 1;
     return k;
   }
-  // The swapped tiles with NVFP4 activations: their pre-pass stores the walk over the experts
-  // past the decoded activations (W4A16's pre-pass is the dense GEMM's re-order, which does not
-  // walk them: there each CTA walks them itself).
-  static constexpr bool kWalk = T::kPreA && !kDenseA;
+  // The swapped tiles: their pre-pass stores the walk over the experts past the decoded (or
+  // re-ordered) activations.
   static size_t walk_offset(const GroupedArgs& a) { return (TileScheduler<T>::workspace_size(dense_view(a), a.rows) + 255) / 256 * 256; }
-  static size_t workspace_size(const GroupedArgs& a) {
-    if constexpr (kWalk) return walk_offset(a) + GroupedWalk::bytes(a.experts);
-    else return T::kPreA ? TileScheduler<T>::workspace_size(dense_view(a), a.rows) : 0;
-  }
+  static size_t workspace_size(const GroupedArgs& a) { return T::kPreA ? walk_offset(a) + GroupedWalk::bytes(a.experts) : 0; }
   static constexpr bool kFp4Out = !std::is_void_v<typename OutputInfo<OutT>::Sf>;
 
   static bool can_implement(const GroupedArgs& a) {
@@ -63,7 +58,7 @@ struct GroupedGemm {
     if (const cudaError_t e = smem_limit.ensure(a.device_id, [kernel] {
           cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, grouped_smem<T, Sched>());
           if constexpr (T::kPreA) {
-            if (e == cudaSuccess) e = kDenseA ? reserve_pre_pass_smem(reorder_a) : reserve_pre_pass_smem(predecode_a_grouped<T>);
+            if (e == cudaSuccess) e = kDenseA ? reserve_pre_pass_smem(reorder_a_grouped<T>) : reserve_pre_pass_smem(predecode_a_grouped<T>);
           }
           return e;
         });
@@ -86,9 +81,11 @@ struct GroupedGemm {
     gp.offsets = reinterpret_cast<const int32_t*>(a.offsets);
     gp.expert_alpha = reinterpret_cast<const float*>(a.expert_alpha);
     gp.experts = a.experts;
-    gp.walk = kWalk ? reinterpret_cast<GroupedWalk*>(reinterpret_cast<uint8_t*>(a.workspace) + walk_offset(a)) : nullptr;
+    gp.walk = T::kPreA ? reinterpret_cast<GroupedWalk*>(reinterpret_cast<uint8_t*>(a.workspace) + walk_offset(a)) : nullptr;
     if constexpr (T::kPreA) {
-      const cudaError_t e = kDenseA ? launch_reorder_a(reinterpret_cast<const void*>(a.a), pre, a.rows, a.rows, a.k, 1, a.sm_count, stream)
+      const cudaError_t e = kDenseA ? launch_pre_pass<reorder_a_grouped<T>>(int64_t(a.rows) * (k_pad / kBK) * 8, a.sm_count, stream, gp,
+                                                                            static_cast<const uint16_t*>(reinterpret_cast<const void*>(a.a)),
+                                                                            reinterpret_cast<uint4*>(pre))
                                     : launch_pre_pass<predecode_a_grouped<T>>(int64_t(a.rows) * (k_pad / kBK) * 2, a.sm_count, stream, gp,
                                                       reinterpret_cast<uint4*>(pre));
       if (e != cudaSuccess) return {int32_t(cutlass::Status::kErrorInternal), int32_t(e), 0};

@@ -174,6 +174,21 @@ __global__ void __launch_bounds__(kPreThreads) predecode_a_grouped(const __grid_
   }
 }
 
+// W4A16's swapped tiles' pre-pass: the dense re-order of the T stacked rows (rows no expert holds
+// are re-ordered and never read), its first CTA also storing the walk over the experts.
+template <class T>
+__global__ void __launch_bounds__(kPreThreads) reorder_a_grouped(const __grid_constant__ GroupedParams gp, const uint16_t* a, uint4* out) {
+  using Sched = GroupedTileScheduler<T>;
+  __shared__ typename Sched::Shared sched;
+  griddep_wait();
+  griddep_launch_dependents();
+  if (blockIdx.x == 0) {
+    Sched::walk(gp, sched, threadIdx.x);
+    Sched::store_walk(gp, sched, threadIdx.x);
+  }
+  reorder_rows(a, out, gp.base.m, gp.base.m, gp.base.k, 1);
+}
+
 // The swapped tiles: CTA blockIdx.x takes item blockIdx.x (the grid holds any routing's items;
 // CTAs past this routing's exit at once), as gemm_kernel takes its tile at split 1.
 template <class T, class OutT, class Sched>

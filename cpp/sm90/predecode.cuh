@@ -111,9 +111,7 @@ __device__ __forceinline__ void reorder_chunk(const uint16_t* a, uint4* out, int
 // One thread per (batch, output row, 64-K block, output chunk), strided over the grid; rows m ..
 // m_pad - 1 of each batch zeros; launched like predecode_a. (A thread per whole block, each
 // reading and writing 128 bytes alone, was far slower: bench/DESIGN.md §15.)
-static __global__ void __launch_bounds__(kPreThreads) reorder_a(const uint16_t* a, uint4* out, int m, int m_pad, int k, int l) {
-  griddep_wait();
-  griddep_launch_dependents();
+__device__ __forceinline__ void reorder_rows(const uint16_t* a, uint4* out, int m, int m_pad, int k, int l) {
   const int kb_n = (k + 63) / 64;
   const int64_t items = int64_t(l) * m_pad * kb_n * 8;
   for (int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; idx < items; idx += int64_t(gridDim.x) * blockDim.x) {
@@ -131,6 +129,11 @@ static __global__ void __launch_bounds__(kPreThreads) reorder_a(const uint16_t* 
     }
     reorder_chunk(a, out, rowb, rowp, kb, o, k, kb_n);
   }
+}
+static __global__ void __launch_bounds__(kPreThreads) reorder_a(const uint16_t* a, uint4* out, int m, int m_pad, int k, int l) {
+  griddep_wait();
+  griddep_launch_dependents();
+  reorder_rows(a, out, m, m_pad, k, l);
 }
 
 // ---- host side: the pre-pass launches the dense and grouped adapters share ----

@@ -39,7 +39,7 @@ struct GroupedParams {
   const int32_t* offsets;      // [experts + 1]
   const float* expert_alpha;   // [experts], or null
   int32_t experts;
-  GroupedWalk* walk;           // the swapped tiles with NVFP4 activations (their pre-pass stores it), else null
+  GroupedWalk* walk;           // the swapped tiles' (their pre-pass stores it), else null
 };
 
 template <class T>
