@@ -200,8 +200,8 @@ __global__ void __launch_bounds__(T::kLaunchThreads, T::kMinBlocks) grouped_gemm
   half_t* decA = reinterpret_cast<half_t*>(smem);
   uint8_t* raw = smem + T::kDecA + T::kDecB;
   const int tid = threadIdx.x;
-  // The offsets may be the output of the kernel before the pre-pass: wait for the pre-pass to
-  // complete (it waited for that kernel) before reading them.
+  // The walk over the groups is the pre-pass's output (and the routing it read may be the kernel
+  // before it's): wait for the pre-pass to complete before reading it.
   griddep_wait();
   Sched::prepare(args, sched, tid);
   if (int(blockIdx.x) >= Sched::total(sched)) return;

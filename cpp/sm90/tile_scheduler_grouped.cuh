@@ -3,9 +3,10 @@
 // the swapped tiles take item blockIdx.x of a grid sized for any routing (the rest exit). Items run
 // expert by expert; inside an expert, n-tile by n-tile with its m-tiles adjacent, so CTAs that run
 // together share a weight tile through L2. The experts' row ranges come from device offsets, read
-// once per CTA into shared memory and turned into prefix sums there: the host never learns the
-// routing, so a call can be captured, and an expert without rows adds no item. The experts' rows
-// are common/moe_rows.cuh's.
+// into shared memory and turned into prefix sums there (by each persistent CTA; for the swapped
+// tiles once, by their pre-pass, whose sums each CTA copies: GroupedWalk): the host never learns
+// the routing, so a call can be captured, and an expert without rows adds no item. The experts'
+// rows are common/moe_rows.cuh's.
 #pragma once
 
 #include <cuda.h>

@@ -3,8 +3,9 @@
 // group, n-tile by n-tile with the m-tiles adjacent (as the MoE scheduler orders experts); a group
 // the device finds invalid adds no tile, so nothing of it is read or written. The groups' TMA
 // descriptors are made on the device by the list prologue (kernel_grouped.cuh) in the workspace
-// (past the split-K counters), one pair per group; the swapped tiles' decoded activations follow them, each group's rows at
-// the running sum of the rows before it, every row k_pad(max_k) halves long.
+// (past the split-K counters), one pair per group; for the swapped tiles the walk over the groups
+// (ListWalk) and the decoded activations follow them, each group's rows at the running sum of the
+// rows before it, every row k_pad(max_k) halves long.
 #pragma once
 
 #include <cuda.h>

@@ -215,7 +215,8 @@ pub fn bench_case(cli: &Cli, gemm: &BlockScaledGemm, stream: &Arc<CudaStream>, l
     workspace = workspace.max(gemm.grouped_list_workspace_size(&list_p, OutType::Bf16, Some(list_config))?);
     // W4A16 (`moe_gemm_w4a16`): the same activations in bf16, where each NVFP4 value is exact, so
     // D is the NVFP4 GEMM's (the kernels pair the same products in the same order) and the same
-    // check applies; the rule's config. Skipped where the device has none (SM100).
+    // check applies; the rule's config, or the forced one where it has W4A16 kernels. Skipped where
+    // the device has none (SM100).
     let w4a16_workspace = match gemm.moe_w4a16_workspace_size::<bf16>(&p, OutType::Bf16, w4a16_forced) {
         Ok(bytes) => Some(bytes),
         Err(blockscaled_gemm::Error::UnsupportedDevice { .. }) => None,
