@@ -362,10 +362,11 @@ const GROUPED_SHORT_K_MAX_MEAN: [(usize, usize); 2] = [(8, 6), (16, 15)];
 /// 10-16).
 const GROUPED_LONG_K_MAX_MEAN: [(usize, usize); 1] = [(8, 5)];
 
-/// Mean rows per expert from which the grouped GEMM takes the swapped tiles. Above 32 rows the
-/// 32-row stream tile decodes most experts' weights twice, the swapped tile once; it won at a
-/// mean of 32, tied at 34 and lost from 36 (long K) or 40 (short K; bench/DESIGN.md §14).
-const GROUPED_SWAPPED_MEAN: usize = 35;
+/// Mean rows per expert from which the grouped GEMM takes the swapped tiles: where no stream tile
+/// holds the mean. Above 32 rows the 32-row stream tile decodes most experts' weights twice, the
+/// swapped tile once; since the swapped kernels read the walk over the experts their pre-pass
+/// stores, the 32-row tile tied at a mean of 33 (long K) and lost from 34 (bench/DESIGN.md §14).
+const GROUPED_SWAPPED_MEAN: usize = 33;
 
 /// Picks a configuration of architecture `arch` for `p`, among those `available` says are
 /// built: on SM90 at M <= 64 the stream tile of the fewest rows that holds M (else the tallest),
@@ -500,13 +501,13 @@ mod tests {
         assert_eq!(select_grouped(90, 1280, 256, 7168, OutType::Bf16, all), Some(Config::Sm90_Stream_8x128x64));
         assert_eq!(select_grouped(90, 1281, 256, 7168, OutType::Bf16, all), Some(Config::Sm90_Stream_16x128x64));
         assert_eq!(select_grouped(90, 2048, 256, 7168, OutType::Bf16, all), Some(Config::Sm90_Stream_16x128x64));
-        // From 35 rows per expert, the swapped 128-row tiles, at any K.
+        // From 33 rows per expert, the swapped 128-row tiles, at any K.
         assert_eq!(select_grouped(90, 1024, 8, 7168, OutType::Bf16, all), Some(Config::Sm90_Swapped_128x128x64));
         assert_eq!(select_grouped(90, 1024, 8, 7168, OutType::Bf16, |c| c != Config::Sm90_Swapped_128x128x64), Some(Config::Sm90_128x256x64));
-        assert_eq!(select_grouped(90, 34 * 256, 256, 7168, OutType::Bf16, all), Some(Config::Sm90_Stream_32x128x64));
-        assert_eq!(select_grouped(90, 34 * 256 + 1, 256, 7168, OutType::Bf16, all), Some(Config::Sm90_Swapped_128x128x64));
-        assert_eq!(select_grouped(90, 34 * 256 + 1, 256, 2048, OutType::Bf16, all), Some(Config::Sm90_Swapped_128x128x64));
-        assert_eq!(select_grouped(90, 34 * 256, 256, 2048, OutType::Bf16, all), Some(Config::Sm90_Stream_32x128x64));
+        assert_eq!(select_grouped(90, 32 * 256, 256, 7168, OutType::Bf16, all), Some(Config::Sm90_Stream_32x128x64));
+        assert_eq!(select_grouped(90, 32 * 256 + 1, 256, 7168, OutType::Bf16, all), Some(Config::Sm90_Swapped_128x128x64));
+        assert_eq!(select_grouped(90, 32 * 256 + 1, 256, 2048, OutType::Bf16, all), Some(Config::Sm90_Swapped_128x128x64));
+        assert_eq!(select_grouped(90, 32 * 256, 256, 2048, OutType::Bf16, all), Some(Config::Sm90_Stream_32x128x64));
         assert_eq!(select_grouped(90, 40, 8, 7168, OutType::Nvfp4, all), Some(Config::Sm90_Stream_8x128x64));
         assert_eq!(select_grouped(90, 1024, 8, 7168, OutType::Nvfp4Ue8m0, all), Some(Config::Sm90_Swapped_128x128x64));
         assert_eq!(select_grouped(100, 64, 8, 7168, OutType::Nvfp4, all), Some(Config::Sm100_1Sm_128x128x256));
