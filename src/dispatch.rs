@@ -343,8 +343,8 @@ fn select_grouped_in(table: fn(&ConfigInfo) -> &'static [OutType], arch: u32, ro
     let candidates: Vec<Config> = all.into_iter().filter(|c| c.info().streams()).collect();
     let tile_rows = |c: &Config| c.info().tile[0] as usize;
     let short = k.div_ceil(64) <= STREAM_SHORT_K;
-    let table: &[(usize, usize)] = if short { &GROUPED_SHORT_K_MAX_MEAN } else { &GROUPED_LONG_K_MAX_MEAN };
-    let max_mean = |r: usize| table.iter().find(|&&(t, _)| t == r).map_or(r, |&(_, m)| m);
+    let max_means: &[(usize, usize)] = if short { &GROUPED_SHORT_K_MAX_MEAN } else { &GROUPED_LONG_K_MAX_MEAN };
+    let max_mean = |r: usize| max_means.iter().find(|&&(t, _)| t == r).map_or(r, |&(_, m)| m);
     let rows_pick = candidates.iter().map(tile_rows).filter(|&r| max_mean(r) >= mean).min().or_else(|| candidates.iter().map(tile_rows).max())?;
     let fewest: Vec<Config> = candidates.into_iter().filter(|c| tile_rows(c) == rows_pick).collect();
     fewest.iter().copied().find(|c| (c.info().schedule == Schedule::StreamWeightsShortK) == short).or(fewest.first().copied())
