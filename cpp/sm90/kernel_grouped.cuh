@@ -26,6 +26,13 @@
 
 namespace bsg::sm90 {
 
+// Item w as its epilogue sees it: the scheduler's epilogue_params point D at the item's group, so
+// D is not batched (w.batch, the group, chose the weights and the parameters).
+__device__ __forceinline__ TileWork epilogue_work(TileWork w) {
+  w.batch = 0;
+  return w;
+}
+
 // The persistent stream kernel's dynamic shared memory: the raw ring and, where they fit beside
 // it (with the scheduler's table and the barriers), the warp-row slabs, the epilogue tile being
 // slab 0. Apart, the producer fills the next item's stages while an item's sums and epilogue
@@ -108,9 +115,7 @@ __global__ void __launch_bounds__(grouped_threads<T, Sched>(), 1) grouped_stream
         const Params pe = Sched::template epilogue_params<OutT>(args, sched, w);
         slab_wait(&slab_bar[0], n & 1);
         float* tile_s = Mainloop::sum_slabs_in_place(slabs, tid % 32);
-        TileWork we = w;
-        we.batch = 0;
-        Epilogue<T, OutT, ReduceGlobal, EpilogueWarp>::run(pe, we, tile_s, tid % 32);
+        Epilogue<T, OutT, ReduceGlobal, EpilogueWarp>::run(pe, epilogue_work(w), tile_s, tid % 32);
         slab_arrive(&slab_bar[1]);
       }
       continue;
@@ -134,9 +139,7 @@ __global__ void __launch_bounds__(grouped_threads<T, Sched>(), 1) grouped_stream
         Mainloop::sum_warp_rows(acc, slabs, u.v, tid);  // its first compute barrier: every thread is past the last epilogue
         float* tile_s = Mainloop::store_units(u.v, slabs, tid);
         const Params pe = Sched::template epilogue_params<OutT>(args, sched, w);
-        TileWork we = w;
-        we.batch = 0;
-        Epilogue<T, OutT, ReduceGlobal>::run(pe, we, tile_s, tid);
+        Epilogue<T, OutT, ReduceGlobal>::run(pe, epilogue_work(w), tile_s, tid);
       }
     }
     base += w.n_raw;
@@ -221,9 +224,7 @@ __global__ void __launch_bounds__(T::kLaunchThreads, T::kMinBlocks) grouped_gemm
   griddep_launch_dependents();
   float* tile_s = EpilogueTile<T>::stage(mma, acc, smem, tid);
   const Params pe = Sched::template epilogue_params<OutT>(args, sched, w);
-  TileWork we = w;
-  we.batch = 0;
-  Epilogue<T, OutT, ReduceGlobal>::run(pe, we, tile_s, tid);
+  Epilogue<T, OutT, ReduceGlobal>::run(pe, epilogue_work(w), tile_s, tid);
 }
 
 // The list form's prologue: thread g of the grid makes group g's descriptors, where the group has

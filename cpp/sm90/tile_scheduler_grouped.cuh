@@ -40,7 +40,7 @@ struct GroupedParams {
   const int32_t* offsets;      // [experts + 1]
   const float* expert_alpha;   // [experts], or null
   int32_t experts;
-  GroupedWalk* walk;           // the swapped tiles' (their pre-pass stores it), else null
+  GroupedWalk* walk;           // the swapped tiles' (kPreA: their pre-pass stores it), else null
 };
 
 template <class T>
@@ -63,7 +63,7 @@ struct GroupedTileScheduler {
   // may come from the previous kernel). Ends with a CTA barrier.
   __device__ static void prepare(const Args& args, Shared& s, int tid) {
     const GroupedParams& gp = args.gp;
-    if (gp.walk) {
+    if constexpr (T::kPreA) {
       const int32_t* ends = gp.walk->ends();
       const int e = gp.experts;
       for (int i = tid; i <= e; i += blockDim.x) s.rows.row[i] = ends[i];
@@ -75,7 +75,7 @@ struct GroupedTileScheduler {
     }
   }
 
-  // The pre-pass's first CTA, after walk: stores it for prepare (gp.walk not null).
+  // The pre-pass's first CTA, after walk: stores it for prepare (kPreA).
   __device__ static void store_walk(const GroupedParams& gp, const Shared& s, int tid) {
     int32_t* ends = gp.walk->ends();
     const int e = gp.experts;
