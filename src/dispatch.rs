@@ -397,15 +397,17 @@ pub fn select(arch: u32, p: &Problem, sm_count: usize, max_clusters: &ClusterCou
             let short = |c: Config| range(c) <= STREAM_SHORT_K;
             let want = |c: &Config| (c.info().schedule == Schedule::StreamWeightsShortK) == short(*c);
             let fewest: Vec<Config> = stream.filter(|&c| tile_rows(c) == rows).collect();
-            // Per width (64 or 128 weight rows), the schedule the K range asks for, else the one
-            // built; then the narrowest whose CTAs (tiles x split) fit one wave and are at least
-            // the widest's (at the same CTAs it runs half the split: a cluster sum where the wider
-            // one sums through global memory, or none), or (8 and 16 rows) fewer CTAs still
+            // Per width (32, 64 or 128 weight rows), the schedule the K range asks for, else the
+            // one built; then the narrowest whose CTAs (tiles x split) fit one wave and are at
+            // least the widest's (at the same CTAs it runs half the split: a cluster sum where the
+            // wider one sums through global memory, or none), or (8 and 16 rows) fewer CTAs still
             // splitting K into ranges of at most STREAM_FEWER_CTAS_K k-tiles (short streams, where
             // the wider tile's larger split-K sum and fixed costs outweigh the SMs left idle; at
             // split 1 W4A16's bf16 range test reads each CTA's whole K); at 32 rows only where its
-            // K ranges are short (each CTA decodes its activations over its whole range). Else the
-            // widest.
+            // K ranges are short (each CTA decodes its activations over its whole range); 32 wide
+            // only where it still splits K (at split 1 each CTA decodes its tokens' activations
+            // over the whole K for 32 weight rows: 1x4096x7168 9 % slower than 64 wide at split
+            // 2, bench/DESIGN.md §12). Else the widest.
             let width = |c: &Config| c.info().tile[1];
             let mut widths: Vec<u32> = fewest.iter().map(width).collect();
             widths.sort_unstable();
@@ -422,7 +424,8 @@ pub fn select(arch: u32, p: &Problem, sm_count: usize, max_clusters: &ClusterCou
             let short_enough = |c: &Config| tile_rows(*c) < 32 || short(*c);
             let short_split = |c: &Config| split(*c) >= 2 && range(*c) <= STREAM_FEWER_CTAS_K;
             let enough_ctas = |c: &Config| ctas(c) >= ctas(&widest) || (tile_rows(*c) < 32 && short_split(c));
-            let pick = per_width.iter().copied().find(|c| ctas(c) <= sm_count && enough_ctas(c) && short_enough(c)).unwrap_or(widest);
+            let splits_if_32 = |c: &Config| width(c) > 32 || split(*c) >= 2;
+            let pick = per_width.iter().copied().find(|c| ctas(c) <= sm_count && enough_ctas(c) && short_enough(c) && splits_if_32(c)).unwrap_or(widest);
             // 33 to 64 rows: two 32-row stream tiles decode every weight twice; the swapped 64x128
             // tile decodes it once, and wins unless the stream tiles' K ranges are short and
             // their CTAs fit one wave (there the swapped tile's fixed costs weigh).
@@ -556,7 +559,7 @@ mod tests {
                 // What the stream Tile static_asserts: 8 to 64 token rows, the summed tile's
                 // float4 units whole per thread or fewer than the 256 threads; and the table's
                 // choice: short-K stages for 8 and 16 rows only (measured there).
-                assert!(info.arch == 90 && [8, 16, 32, 64].contains(&info.tile[0]) && [64, 128].contains(&info.tile[1]), "{c}");
+                assert!(info.arch == 90 && [8, 16, 32, 64].contains(&info.tile[0]) && [32, 64, 128].contains(&info.tile[1]), "{c}");
                 let units = info.tile[0] * info.tile[1] / 4;
                 assert!(units % 256 == 0 || units < 256, "{c}");
                 // The grouped rule picks among the stream tiles by rows alone: only the 128-wide
@@ -661,8 +664,8 @@ mod tests {
     #[test]
     fn small_m_takes_the_stream_tiles() {
         let all = |_| true;
-        // The 128-wide tiles alone first (the 64-wide ones below).
-        let wide = |c: Config| !(c.info().streams() && c.info().tile[1] == 64);
+        // The 128-wide tiles alone first (the 64- and 32-wide ones below).
+        let wide = |c: Config| !c.info().streams() || c.info().tile[1] == 128;
         let s8 = Config::Sm90_Stream_8x128x64;
         let (short8, short16) = (Config::Sm90_StreamShortK_8x128x64, Config::Sm90_StreamShortK_16x128x64);
         // At N x K = 4096 x 7168 each CTA's range is 28 k-tiles (split 4): short-K stages up to
@@ -688,8 +691,9 @@ mod tests {
         // 128-wide ones': at the same CTAs, half the split. 1x4096x7168: 64 tiles x 2 against 32
         // x 4; 1x7168x16384: 112 x 1 against 56 x 2.
         let (n8, n16) = (Config::Sm90_Stream_8x64x64, Config::Sm90_Stream_16x64x64);
+        let no32 = |c: Config| !c.info().streams() || c.info().tile[1] >= 64;
         for (m, n, k, c) in [(1, 4096, 7168, n8), (8, 7168, 2048, n8), (1, 7168, 16384, n8), (9, 4096, 7168, n16), (16, 2048, 7168, n16), (17, 4096, 7168, Config::Sm90_Stream_32x128x64)] {
-            assert_eq!(select(90, &Problem::new(m, n, k), 132, &ANY_CLUSTERS, all), Some(c), "{m}x{n}x{k}");
+            assert_eq!(select(90, &Problem::new(m, n, k), 132, &ANY_CLUSTERS, no32), Some(c), "{m}x{n}x{k}");
         }
         assert_eq!(split_k(n8, &Problem::new(1, 4096, 7168), 132, &ANY_CLUSTERS), 2);
         // Batches count as tiles: 1x4096x7168 x 2 is 128 tiles x 1 at 64 wide (64 x 2 at 128);
@@ -701,7 +705,15 @@ mod tests {
         // split 1 (1x5120x5120: 80 x 1 against 40 x 3; 1x5120x27648: 80 x 1, 432 k-tiles) or two
         // waves (4x14336x4096: 224 tiles against 112).
         for (m, n, k, c) in [(1, 3072, 4096, n8), (1, 3072, 7168, n8), (16, 1536, 7168, n16), (1, 5120, 5120, short8), (16, 5120, 5120, short16), (1, 5120, 27648, s8), (4, 14336, 4096, s8)] {
+            assert_eq!(select(90, &Problem::new(m, n, k), 132, &ANY_CLUSTERS, no32), Some(c), "{m}x{n}x{k}");
+        }
+        // The 32-wide tiles where they still split K: 1x2048x7168 (64 tiles x 2 against 32 x 4 at
+        // 64 wide), 16x1536x7168 (48 x 2 against 24 x 5), 1x576x7168 (18 x 7 against 9 x 14);
+        // not at split 1 (1x4096x7168: 128 x 1 against 64 x 2; 1x7168x2048: two waves).
+        let (w8, w16) = (Config::Sm90_Stream_8x32x64, Config::Sm90_Stream_16x32x64);
+        for (m, n, k, c, s) in [(1, 2048, 7168, w8, 2), (8, 2048, 7168, w8, 2), (16, 2048, 7168, w16, 2), (16, 1536, 7168, w16, 2), (1, 576, 7168, w8, 7), (1, 2048, 2048, w8, 2), (1, 4096, 7168, n8, 2), (16, 4096, 7168, n16, 2), (1, 4096, 4096, n8, 2), (1, 7168, 2048, n8, 1), (1, 3072, 4096, n8, 2)] {
             assert_eq!(select(90, &Problem::new(m, n, k), 132, &ANY_CLUSTERS, all), Some(c), "{m}x{n}x{k}");
+            assert_eq!(split_k(c, &Problem::new(m, n, k), 132, &ANY_CLUSTERS), s, "{m}x{n}x{k}");
         }
         // At 32 rows only with short K ranges: 32x7168x2048 (112 tiles x 1, 32 k-tiles) and
         // 32x2048x7168 (32 x 4, 28) take 32x64; 32x4096x7168 (64 x 2, 56 k-tiles) and
