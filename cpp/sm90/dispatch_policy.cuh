@@ -243,10 +243,7 @@ struct Tile<BM, BN, MainloopStream<kStageKTiles>, Act> {
   static constexpr int kSfA = kRawA + kRawB;  // A's scales in a raw stage (ActNvfp4)
   static constexpr int kSfB = kRawA + kRawB + (Act::kScaled ? kSfStage : 0);  // B's scales
   static constexpr int kRawBytes = kSfB + kSfStage;
-  // Raw stages in flight in the dense kernel (MainloopStream's kLoadsAhead): two, three for the
-  // 8x32 tile, whose stages carry the fewest weight bytes, with a ring of eight for them.
-  static constexpr int kAhead = BM <= 8 && BN <= 32 ? 3 : 2;
-  static constexpr int kDefaultStages = kStageKTiles ? 32 / kStageKTiles : kAhead == 3 ? 8 : BSG_SM90_STREAM_STAGES(BM);
+  static constexpr int kDefaultStages = kStageKTiles ? 32 / kStageKTiles : BSG_SM90_STREAM_STAGES(BM);
   static constexpr int kRawStages = kDefaultStages * kRawBytes <= 208 * 1024 ? kDefaultStages : 208 * 1024 / kRawBytes;
   static constexpr int kEmptyArrivals = 8;  // one per compute warp
   static constexpr bool kProducerExits = true;

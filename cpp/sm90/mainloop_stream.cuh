@@ -80,9 +80,8 @@ struct CollectiveMainloop<Tile<BM, BN, MainloopStream<kStageKTiles>, Act>> {
   // all of them; two at a time land in order and the decode of one overlaps the loads of the
   // next two. Where CTAs stream item after item (the persistent grouped kernels with many
   // items) the ring stays full (`ahead` = kRawStages: no wait beyond the slot's), which is
-  // faster there. The 8x32 tile keeps three in flight: its stages hold a quarter of the 8x128
-  // tile's weight bytes (bench/DESIGN.md §12).
-  static constexpr int kLoadsAhead = T::kRawStages < T::kAhead ? T::kRawStages : T::kAhead;
+  // faster there (bench/DESIGN.md §12).
+  static constexpr int kLoadsAhead = T::kRawStages < 2 ? T::kRawStages : 2;
 
   // bf16 activations on the 8-row tiles: where all of a CTA's activations are exact in FP16
   // (nvfp4.cuh, Bf16RangeAcc; the dense kernel checks them before its loop,
