@@ -288,6 +288,12 @@ const STREAM_SHORT_K: usize = 32;
 /// k-tiles gain; whole ranges of 432 lose).
 const STREAM_FEWER_CTAS_K: usize = 128;
 
+/// The 32-wide stream tiles only where each CTA's K range is at most this many k-tiles: each
+/// CTA decodes its tokens' activations over its whole range for 32 weight rows, half the
+/// 64-wide tile's weights a decoded activation (bench/DESIGN.md §12: ranges of 8 to 56 k-tiles
+/// gained 2-14 %, 64 lost 5 % or tied, 96 to 128 lost up to 10 %).
+const STREAM_NARROW_K: usize = 56;
+
 /// Modelled time (microseconds, H100 SXM) of a swapped tile (128x256, 256x128 or 128x128) on `p`
 /// at `split`: per wave, the fixed costs (first raw stage; after the loop the cluster reduction
 /// or the epilogue) plus one K range's k-tiles at the loop's rate in clocks at 1.9 GHz. The
@@ -399,15 +405,14 @@ pub fn select(arch: u32, p: &Problem, sm_count: usize, max_clusters: &ClusterCou
             let fewest: Vec<Config> = stream.filter(|&c| tile_rows(c) == rows).collect();
             // Per width (32, 64 or 128 weight rows), the schedule the K range asks for, else the
             // one built; then the narrowest whose CTAs (tiles x split) fit one wave and are at
-            // least the widest's (at the same CTAs it runs half the split: a cluster sum where the
-            // wider one sums through global memory, or none), or (8 and 16 rows) fewer CTAs still
-            // splitting K into ranges of at most STREAM_FEWER_CTAS_K k-tiles (short streams, where
-            // the wider tile's larger split-K sum and fixed costs outweigh the SMs left idle; at
-            // split 1 W4A16's bf16 range test reads each CTA's whole K); at 32 rows only where its
-            // K ranges are short (each CTA decodes its activations over its whole range); 32 wide
-            // only where it still splits K (at split 1 each CTA decodes its tokens' activations
-            // over the whole K for 32 weight rows: 1x4096x7168 9 % slower than 64 wide at split
-            // 2, bench/DESIGN.md §12). Else the widest.
+            // least the widest's (at the same CTAs it runs a fraction of the split: a cluster sum
+            // where the wider one sums through global memory, or none), or (8 and 16 rows) fewer
+            // CTAs still splitting K into ranges of at most STREAM_FEWER_CTAS_K k-tiles (short
+            // streams, where the wider tile's larger split-K sum and fixed costs outweigh the SMs
+            // left idle; at split 1 W4A16's bf16 range test reads each CTA's whole K); at 32 rows
+            // only where its K ranges are short (each CTA decodes its activations over its whole
+            // range); 32 wide only where its K ranges are at most STREAM_NARROW_K k-tiles (the
+            // same reason). Else the widest.
             let width = |c: &Config| c.info().tile[1];
             let mut widths: Vec<u32> = fewest.iter().map(width).collect();
             widths.sort_unstable();
@@ -424,8 +429,8 @@ pub fn select(arch: u32, p: &Problem, sm_count: usize, max_clusters: &ClusterCou
             let short_enough = |c: &Config| tile_rows(*c) < 32 || short(*c);
             let short_split = |c: &Config| split(*c) >= 2 && range(*c) <= STREAM_FEWER_CTAS_K;
             let enough_ctas = |c: &Config| ctas(c) >= ctas(&widest) || (tile_rows(*c) < 32 && short_split(c));
-            let splits_if_32 = |c: &Config| width(c) > 32 || split(*c) >= 2;
-            let pick = per_width.iter().copied().find(|c| ctas(c) <= sm_count && enough_ctas(c) && short_enough(c) && splits_if_32(c)).unwrap_or(widest);
+            let narrow_enough = |c: &Config| width(c) > 32 || range(*c) <= STREAM_NARROW_K;
+            let pick = per_width.iter().copied().find(|c| ctas(c) <= sm_count && enough_ctas(c) && short_enough(c) && narrow_enough(c)).unwrap_or(widest);
             // 33 to 64 rows: two 32-row stream tiles decode every weight twice; the swapped 64x128
             // tile decodes it once, and wins unless the stream tiles' K ranges are short and
             // their CTAs fit one wave (there the swapped tile's fixed costs weigh).
@@ -707,11 +712,13 @@ mod tests {
         for (m, n, k, c) in [(1, 3072, 4096, n8), (1, 3072, 7168, n8), (16, 1536, 7168, n16), (1, 5120, 5120, short8), (16, 5120, 5120, short16), (1, 5120, 27648, s8), (4, 14336, 4096, s8)] {
             assert_eq!(select(90, &Problem::new(m, n, k), 132, &ANY_CLUSTERS, no32), Some(c), "{m}x{n}x{k}");
         }
-        // The 32-wide tiles where they still split K: 1x2048x7168 (64 tiles x 2 against 32 x 4 at
-        // 64 wide), 16x1536x7168 (48 x 2 against 24 x 5), 1x576x7168 (18 x 7 against 9 x 14);
-        // not at split 1 (1x4096x7168: 128 x 1 against 64 x 2; 1x7168x2048: two waves).
+        // The 32-wide tiles where their K ranges are at most 56 k-tiles: 1x2048x7168 (64 tiles x 2,
+        // 56 k-tiles, against 32 x 4 at 64 wide), 16x1536x7168 (48 x 2 against 24 x 5),
+        // 1x576x7168 (18 x 7 against 9 x 14), 1x4096x512 (128 x 1, 8 k-tiles, against 64 x 1);
+        // not with longer ranges (1x4096x7168: 128 x 1, 112 k-tiles; 1x4096x4096: 64;
+        // 1x2048x16384: 64 x 2, 128; 1x1024x16384: 32 x 4, 64) or two waves (1x7168x2048).
         let (w8, w16) = (Config::Sm90_Stream_8x32x64, Config::Sm90_Stream_16x32x64);
-        for (m, n, k, c, s) in [(1, 2048, 7168, w8, 2), (8, 2048, 7168, w8, 2), (16, 2048, 7168, w16, 2), (16, 1536, 7168, w16, 2), (1, 576, 7168, w8, 7), (1, 2048, 2048, w8, 2), (1, 4096, 7168, n8, 2), (16, 4096, 7168, n16, 2), (1, 4096, 4096, n8, 2), (1, 7168, 2048, n8, 1), (1, 3072, 4096, n8, 2)] {
+        for (m, n, k, c, s) in [(1, 2048, 7168, w8, 2), (8, 2048, 7168, w8, 2), (16, 2048, 7168, w16, 2), (16, 1536, 7168, w16, 2), (1, 576, 7168, w8, 7), (1, 2048, 2048, w8, 2), (1, 4096, 512, w8, 1), (16, 4096, 512, w16, 1), (1, 4096, 7168, n8, 2), (16, 4096, 7168, n16, 2), (1, 4096, 4096, n8, 2), (1, 2048, 16384, n8, 4), (1, 1024, 16384, n8, 8), (1, 7168, 2048, n8, 1), (1, 3072, 4096, n8, 2)] {
             assert_eq!(select(90, &Problem::new(m, n, k), 132, &ANY_CLUSTERS, all), Some(c), "{m}x{n}x{k}");
             assert_eq!(split_k(c, &Problem::new(m, n, k), 132, &ANY_CLUSTERS), s, "{m}x{n}x{k}");
         }

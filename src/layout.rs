@@ -11,7 +11,7 @@
 //! the Hopper kernels stream in whole blocks: K cut into chunks of [`PREPACK_CHUNK_BYTES`] bytes
 //! (256 values), each chunk of every row of a batch stored together, `(batch, ceil(K/256), rows,
 //! 128)`, the last chunk's bytes past K zero. A TMA box of the kernels (128 or 64 bytes of K of
-//! up to 256 rows) is then one contiguous block of memory instead of 128-256 pieces one row
+//! up to 256 rows) is then one contiguous block of memory instead of one piece a row, one row
 //! pitch apart. The scales keep their tiled layout, which the kernels already read as
 //! contiguous 512-byte chunks.
 

@@ -325,8 +325,8 @@ fn sm90_small_m_every_output() -> Outcome {
             }
             runs += 5;
         }
-        // Cluster sums of 3 to 8 K ranges on the 64- and 32-wide tiles (slices of one to three of
-        // the 8 or 16 rows): the rule's split here is 2 at most. 64 wide, 12 tiles over the
+        // Cluster sums of 3 to 8 K ranges on the 64- and 32-wide tiles (each CTA of a cluster
+        // sums a slice of the 8 or 16 rows): the rule's split here is 2 at most. 64 wide, 12 tiles over the
         // batches: every cluster fits; 32 wide, 22: from 6 ranges an H100's clusters do not all
         // fit, and the same split sums through global memory.
         // (Prepacked weights: at most one range per 256 values of K, 5 here.)

@@ -26,8 +26,9 @@
 
 namespace bsg::sm90 {
 
-// Item w as its epilogue sees it: the scheduler's epilogue_params point D at the item's group, so
-// D is not batched (w.batch, the group, chose the weights and the parameters).
+// Item w as its epilogue sees it: D is not batched. The MoE scheduler's items carry their expert
+// in w.batch (the weights' batch) and its epilogue_params point D at the expert's rows; the list
+// form's items have batch 0 already.
 __device__ __forceinline__ TileWork epilogue_work(TileWork w) {
   w.batch = 0;
   return w;
