@@ -252,7 +252,8 @@ struct Tile<BM, BN, MainloopStream<kStageKTiles>, Act> {
   static constexpr int kEpiLd = BN + 4;
   // The output tile once the warp rows are summed: kUnits float4 units, unit u of thread
   // u % kThreads; kAcc floats a thread (where the tile has fewer units than threads, 8x64, 8x32
-  // and 16x32, the others hold one unit of zeros, which the global split-K sum stores and adds like the rest).
+  // and 16x32, the others hold one unit of zeros, which the global split-K sum stores and adds
+  // like the rest).
   static constexpr int kUnits = BM * BN / 4;
   static constexpr int kAcc = 4 * ((kUnits + kThreads - 1) / kThreads);
   static_assert(kUnits % kThreads == 0 || kUnits < kThreads, "stream tile: whole float4 units per thread");
@@ -260,8 +261,8 @@ struct Tile<BM, BN, MainloopStream<kStageKTiles>, Act> {
   // persistent grouped kernel keeps them apart where both fit: kernel_grouped.cuh).
   static constexpr int kSlab = BM * kEpiLd * 4;
   // One CTA per SM, as the split rule assumes: the 64- and 32-wide tiles need less than half an
-  // SM's shared memory, and a second CTA on an SM (of the next launch, which the programmatic launch
-  // lets in early) leaves others idle (bench/DESIGN.md §12).
+  // SM's shared memory, and a second CTA on an SM (of the next launch, which the programmatic
+  // launch lets in early) leaves others idle (bench/DESIGN.md §12).
   static constexpr int kSmemUsed = 1024 + (kRawStages * kRawBytes > kWk * kSlab ? kRawStages * kRawBytes : kWk * kSlab);
   static constexpr int kSmem = kSmemUsed > kOneCtaPerSmSmem ? kSmemUsed : kOneCtaPerSmSmem;
   static constexpr int kMinBlocks = 1;
