@@ -1,5 +1,6 @@
 //! The example binary as users run it: options, safetensors in and out, every error exit, and
-//! `--device cpu` against answers computed here from the file bytes, independently of the crate.
+//! `--device cpu` against answers computed here from the file bytes, independently of the crate;
+//! and the benchmark's option errors.
 #![allow(clippy::too_many_arguments, clippy::type_complexity)]
 use safetensors::tensor::TensorView;
 use safetensors::{Dtype, SafeTensors};
@@ -7,18 +8,25 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 fn exe() -> PathBuf {
-    // target/<profile>/deps/example_cli-<hash> -> target/<profile>/examples/nvfp4_gemm
-    static BUILT: std::sync::Once = std::sync::Once::new();
+    example("nvfp4_gemm")
+}
+
+/// The example `name`, built first where cargo runs this test.
+fn example(name: &str) -> PathBuf {
+    // target/<profile>/deps/example_cli-<hash> -> target/<profile>/examples/<name>
+    static BUILT: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
     let deps = std::env::current_exe().unwrap().parent().unwrap().to_path_buf();
-    let path = deps.parent().unwrap().join("examples").join("nvfp4_gemm");
-    BUILT.call_once(|| {
+    let path = deps.parent().unwrap().join("examples").join(name);
+    let mut built = BUILT.lock().unwrap_or_else(|e| e.into_inner());
+    if !built.iter().any(|b| b == name) {
+        built.push(name.to_string());
         // `cargo test` builds examples; `cargo test --test example_cli` alone does not, and would
         // run a stale binary: build it in this test binary's profile (a no-op when up to date).
         // Cargo sets CARGO for the tests it runs; a test binary run by hand (the GPU bundle, which
         // ships the example beside it and has no cargo) uses the binary it finds.
         let Some(cargo) = std::env::var_os("CARGO") else {
             assert!(path.is_file(), "{} is missing: run through cargo, or build the example", path.display());
-            return;
+            return path;
         };
         // target[/<triple>]/<profile dir>/deps: build into the same folder, in the profile that
         // built this binary (`cargo test` builds in the test profile, whose folder is "debug", and
@@ -29,14 +37,14 @@ fn exe() -> PathBuf {
             Some(p) => p.to_string(),
         };
         let mut cmd = Command::new(&cargo);
-        cmd.args(["build", "--example", "nvfp4_gemm", "--profile", &profile]).current_dir(env!("CARGO_MANIFEST_DIR"));
+        cmd.args(["build", "--example", name, "--profile", &profile]).current_dir(env!("CARGO_MANIFEST_DIR"));
         let above = profile_dir.parent().unwrap();
         if above.file_name() != Path::new(env!("CARGO_TARGET_TMPDIR")).parent().unwrap().file_name() {
             cmd.args(["--target", above.file_name().unwrap().to_str().unwrap()]);
         }
         let status = cmd.status().unwrap_or_else(|e| panic!("running {cargo:?} (CARGO) to build the example: {e}"));
-        assert!(status.success(), "building the example failed");
-    });
+        assert!(status.success(), "building the example {name} failed");
+    }
     path
 }
 
@@ -183,6 +191,45 @@ fn option_errors_say_what_is_wrong() {
     }
     // A negative norm constant is the library's to refuse, by its rule.
     refused(&["--device", "cpu", "--out", "nvfp4", "--m", "8", "--n", "32", "--k", "64", "--norm-constant", "-1"], "norm_constant = -1: must be finite and greater than 0");
+}
+
+/// The benchmark checks every option value at startup, before it touches a GPU or spends minutes on
+/// the runs before the bad one: exit 2, clap's message naming the option and the value.
+#[test]
+fn bench_option_errors_exit_2_at_startup() {
+    let cases: [(&[&str], &[&str]); 11] = [
+        (&["--config", "nope"], &["'nope'", "--config", "Sm90_Swapped_64x128x64"]),
+        (&["--grouped-config", "Sm90_x"], &["'Sm90_x'", "--grouped-config"]),
+        (&["--out", "f16,f8"], &["f8", "--out", "nvfp4-ue8m0"]),
+        (&["--out", ""], &["--out", "at least one"]),
+        (&["--shape", "1x2"], &["'1x2'", "--shape", "MxNxK"]),
+        (&["--shape", "1x2x3x4"], &["'1x2x3x4'", "MxNxK"]),
+        (&["--shape", "8x16x64", "--shape", "8xax64"], &["'8xax64'", "MxNxK"]),
+        (&["--w4a16-input", "bf16,f32"], &["f32", "--w4a16-input", "bf16 or f16"]),
+        (&["--quantize-rows", "1,x"], &["x is not a row count", "--quantize-rows"]),
+        (&["--swiglu-rows=-1"], &["-1 is not a row count", "--swiglu-rows"]),
+        (&["--data", "zeros"], &["zeros", "possible values", "gaussian"]),
+    ];
+    for (args, says) in cases {
+        let o = Command::new(example("bench")).args(args).output().expect("run the bench example");
+        assert_eq!(code(&o), 2, "{args:?}: {}", String::from_utf8_lossy(&o.stderr));
+        let e = String::from_utf8_lossy(&o.stderr).to_string();
+        assert!(e.starts_with("error:") && !e.contains("panicked"), "{args:?}: {e}");
+        for w in says {
+            assert!(e.contains(w), "{args:?}: no {w:?} in {e}");
+        }
+        assert!(o.stdout.is_empty(), "{args:?}");
+    }
+    // Valid values pass (`--emit-grouped-cases` writes the cases and exits, GPU or not).
+    let cases = tmp("bench-cases.json");
+    let o = Command::new(example("bench"))
+        .args(["--config", "Sm90_Swapped_64x128x64", "--grouped-config", "Sm90_Stream_8x128x64", "--out", "f16,nvfp4", "--shape", "8x16x64", "--quantize-rows="])
+        .args(["--swiglu-rows", "1, 16", "--w4a16-input", "bf16,f16", "--grouped", "g2-n3072-k4096", "--emit-grouped-cases"])
+        .arg(&cases)
+        .output()
+        .expect("run the bench example");
+    assert_eq!(code(&o), 0, "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(std::fs::read_to_string(&cases).unwrap().contains("g2-n3072-k4096"));
 }
 
 /// Without a usable GPU the default (GPU) run exits 3 with one line naming the hardware; with one,

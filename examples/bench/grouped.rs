@@ -180,10 +180,7 @@ pub fn bench_case(cli: &Cli, gemm: &BlockScaledGemm, stream: &Arc<CudaStream>, l
     let offsets_dev = stream.clone_htod(&offsets)?;
     let ones = stream.clone_htod(&vec![1.0f32; experts])?;
     let mut d: CudaSlice<bf16> = stream.alloc_zeros(p.d_elems())?;
-    let forced = match &cli.grouped_config {
-        Some(name) => Some(Config::from_name(name).ok_or("unknown --grouped-config")?),
-        None => None,
-    };
+    let forced = cli.grouped_config;
     let config = match forced {
         Some(c) => c,
         None => gemm.select_grouped_config(&p, blockscaled_gemm::OutType::Bf16)?,

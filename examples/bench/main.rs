@@ -67,29 +67,29 @@ struct Cli {
     #[arg(long)]
     baselines: Option<std::path::PathBuf>,
     /// Shapes to run (default: the ten of bench/README.md), e.g. --shape 128x7168x16384.
-    #[arg(long)]
-    shape: Vec<String>,
+    #[arg(long, value_parser = parse_shape)]
+    shape: Vec<(usize, usize, usize)>,
     /// Force a config by name.
-    #[arg(long)]
-    config: Option<String>,
+    #[arg(long, value_parser = parse_config)]
+    config: Option<Config>,
     /// Force the SM90 split-K count.
     #[arg(long)]
     split_k: Option<u32>,
     /// Output types, comma-separated: f16, bf16, f32, nvfp4, nvfp4-ue8m0.
-    #[arg(long, default_value = "f16")]
-    out: String,
+    #[arg(long, default_value = "f16", value_parser = parse_outs)]
+    out: List<OutType>,
     /// Write one JSON object per shape and output type here (JSON lines).
     #[arg(long)]
     json: Option<std::path::PathBuf>,
     /// Rows of the quantizer runs, comma-separated (empty: none).
-    #[arg(long, default_value = "1,16,128,4096,16384")]
-    quantize_rows: String,
+    #[arg(long, default_value = "1,16,128,4096,16384", value_parser = parse_rows)]
+    quantize_rows: List<usize>,
     /// K of the quantizer runs.
     #[arg(long, default_value_t = 7168)]
     quantize_k: usize,
     /// Rows of the fused SwiGLU quantizer runs (bf16 (1, M, 2K) in), comma-separated.
-    #[arg(long, default_value = "1,16,128,4096,16384")]
-    swiglu_rows: String,
+    #[arg(long, default_value = "1,16,128,4096,16384", value_parser = parse_rows)]
+    swiglu_rows: List<usize>,
     /// K of the SwiGLU quantizer runs (the output's; DeepSeek-V3's expert width by default).
     #[arg(long, default_value_t = 2048)]
     swiglu_k: usize,
@@ -102,8 +102,8 @@ struct Cli {
     grouped: String,
     /// Force the grouped cases' config by name: the MoE form's, and the list and W4A16 forms'
     /// where it has their kernels (`list_config`, `w4a16_config` in the JSON say what ran).
-    #[arg(long)]
-    grouped_config: Option<String>,
+    #[arg(long, value_parser = parse_config)]
+    grouped_config: Option<Config>,
     /// JSON from bench/baselines.py --op grouped (bf16 grouped GEMM, same device session).
     #[arg(long)]
     grouped_baselines: Option<std::path::PathBuf>,
@@ -114,8 +114,8 @@ struct Cli {
     #[arg(long)]
     no_w4a16: bool,
     /// W4A16 activation types, comma-separated: bf16, f16 (D has the activations' type).
-    #[arg(long, default_value = "bf16")]
-    w4a16_input: String,
+    #[arg(long, default_value = "bf16", value_parser = parse_inputs)]
+    w4a16_input: List<&'static str>,
     /// JSON from bench/baselines.py --op w4a16 (cuBLAS bf16 and torch._weight_int4pack_mm).
     #[arg(long)]
     w4a16_baselines: Option<std::path::PathBuf>,
@@ -128,6 +128,42 @@ struct Cli {
     /// the same data only (bench/DESIGN.md, "Data and power").
     #[arg(long, value_enum, default_value_t = Data::Gaussian)]
     data: Data,
+}
+
+/// A comma-separated option's values, parsed (and so checked) with the others at startup.
+#[derive(Clone, Debug)]
+struct List<T>(Vec<T>);
+
+fn parse_shape(s: &str) -> Result<(usize, usize, usize), String> {
+    match s.split('x').map(str::parse).collect::<Result<Vec<usize>, _>>().as_deref() {
+        Ok(&[m, n, k]) => Ok((m, n, k)),
+        _ => Err("expected MxNxK, three whole numbers".into()),
+    }
+}
+
+fn parse_config(s: &str) -> Result<Config, String> {
+    Config::from_name(s).ok_or_else(|| format!("not a config of cpp/configs.def ({})", Config::ALL.iter().map(|c| c.to_string()).collect::<Vec<_>>().join(", ")))
+}
+
+/// Comma-separated values, each by `one`; empty items are skipped, so "" is none.
+fn parse_list<T>(s: &str, one: impl Fn(&str) -> Result<T, String>) -> Result<List<T>, String> {
+    s.split(',').map(str::trim).filter(|v| !v.is_empty()).map(one).collect::<Result<_, _>>().map(List)
+}
+
+fn parse_outs(s: &str) -> Result<List<OutType>, String> {
+    let outs = parse_list(s, |v| OutType::ALL.into_iter().find(|o| o.name() == v).ok_or_else(|| format!("{v}: one of f16, bf16, f32, nvfp4, nvfp4-ue8m0")))?;
+    if outs.0.is_empty() {
+        return Err("at least one output type (--no-gemm skips the GEMMs)".into());
+    }
+    Ok(outs)
+}
+
+fn parse_rows(s: &str) -> Result<List<usize>, String> {
+    parse_list(s, |v| v.parse().map_err(|_| format!("{v} is not a row count")))
+}
+
+fn parse_inputs(s: &str) -> Result<List<&'static str>, String> {
+    parse_list(s, |v| ["bf16", "f16"].into_iter().find(|i| *i == v).ok_or_else(|| format!("{v}: bf16 or f16")))
 }
 
 #[derive(Clone, Copy, clap::ValueEnum)]
@@ -186,28 +222,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         eprintln!("bench: no NVIDIA driver on this machine");
         std::process::exit(3);
     }
-    let mut outs = Vec::new();
-    for name in cli.out.split(',') {
-        match OutType::ALL.into_iter().find(|o| o.name() == name) {
-            Some(o) => outs.push(o),
-            None => {
-                eprintln!("bench: --out {name}: one of f16, bf16, f32, nvfp4, nvfp4-ue8m0");
-                std::process::exit(2);
-            }
-        }
-    }
-    let mut shapes = Vec::new();
-    for s in &cli.shape {
-        let v: Vec<usize> = s.split('x').filter_map(|x| x.parse().ok()).collect();
-        if v.len() != 3 {
-            eprintln!("bench: --shape {s}: expected MxNxK");
-            std::process::exit(2);
-        }
-        shapes.push((v[0], v[1], v[2]));
-    }
-    if shapes.is_empty() {
-        shapes = DEFAULT_SHAPES.to_vec();
-    }
+    let outs = &cli.out.0;
+    let shapes = if cli.shape.is_empty() { DEFAULT_SHAPES.to_vec() } else { cli.shape.clone() };
     let ctx = CudaContext::new(0)?;
     // Graph capture needs a stream of our own and no cudarc event tracking (BlockScaledGemm docs).
     // SAFETY: this program orders every buffer's uses on the one stream below.
@@ -224,7 +240,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("{:>16} {:>6} {:>24} {:>5} {:>9} {:>8} {:>8} {:>8} {:>8} {:>8} {:>10} {:>9} {:>7} {:>6}", "MxNxK", "out", "config", "split", "launch_us", "b2b_us", "graph_us", "prepack", "host_us", "floor_us", "bf16_graph", "fp8_graph", "x_floor", "check");
     let mut json = String::new();
     for &(m, n, k) in shapes.iter().filter(|_| !cli.no_gemm) {
-        for &out in &outs {
+        for &out in outs {
             let r = bench_one(&cli, &gemm, &stream, l2, copy_gbps, (m, n, k), out)?;
             let (bf16, fp8) = baselines.as_ref().map_or((None, None), |b| b.get(m, n, k));
             let fmt = |x: Option<f64>| x.map_or("-".to_string(), |v| format!("{v:.2}"));
@@ -241,10 +257,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     if !cli.no_gemm && !cli.no_w4a16 {
         println!("{:>16} {:>24} {:>5} {:>8} {:>8} {:>8} {:>8} {:>8} {:>10} {:>10} {:>7} {:>6}", "w4a16 MxNxK", "config", "split", "b2b_us", "graph_us", "prepack", "host_us", "floor_us", "bf16_graph", "int4_graph", "x_floor", "check");
     }
-    let inputs: Vec<&str> = cli.w4a16_input.split(',').map(str::trim).filter(|s| !s.is_empty()).collect();
-    if let Some(bad) = inputs.iter().find(|s| !["bf16", "f16"].contains(s)) {
-        return Err(format!("--w4a16-input {bad}: bf16 or f16").into());
-    }
+    let inputs = &cli.w4a16_input.0;
     for (&(m, n, k), &input) in shapes.iter().filter(|_| !cli.no_gemm && !cli.no_w4a16).flat_map(|s| inputs.iter().map(move |i| (s, i))) {
         let r = match input {
             "f16" => w4a16::bench_shape::<f16>(&cli, &gemm, &stream, l2, copy_gbps, (m, n, k))?,
@@ -263,8 +276,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     let quantizer = Quantizer::new(stream.clone());
     let k = cli.quantize_k;
-    for m in cli.quantize_rows.split(',').filter(|s| !s.is_empty()) {
-        let m: usize = m.trim().parse().map_err(|_| format!("--quantize-rows: {m} is not a row count"))?;
+    for &m in &cli.quantize_rows.0 {
         let r = bench_quantize(&cli, &quantizer, &stream, l2, (m, k), false)?;
         let gbps = r.bytes as f64 / (r.graph_us * 1e-6) / 1e9;
         println!("quantize bf16 {m}x{k}: b2b {:.2} us, graph {:.2} us, host {:.2} us, {gbps:.0} GB/s ({:.0}% of copy; a same-size copy {:.2} us), {}", r.b2b_us, r.graph_us, r.host_us, 100.0 * gbps / copy_gbps, r.copy_same_us, if r.exact { "exact" } else { "FAILED" });
@@ -273,8 +285,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             cli.runs, cli.graph_calls, r.b2b_us, r.graph_us, r.host_us, r.bytes, r.copy_same_us, r.exact);
     }
     let k = cli.swiglu_k;
-    for m in cli.swiglu_rows.split(',').filter(|s| !s.is_empty()) {
-        let m: usize = m.trim().parse().map_err(|_| format!("--swiglu-rows: {m} is not a row count"))?;
+    for &m in &cli.swiglu_rows.0 {
         let r = bench_quantize(&cli, &quantizer, &stream, l2, (m, k), true)?;
         let gbps = r.bytes as f64 / (r.graph_us * 1e-6) / 1e9;
         println!("quantize swiglu bf16 {m}x{}->{k}: b2b {:.2} us, graph {:.2} us, host {:.2} us, {gbps:.0} GB/s ({:.0}% of copy; a same-size copy {:.2} us), {}", 2 * k, r.b2b_us, r.graph_us, r.host_us, 100.0 * gbps / copy_gbps, r.copy_same_us, if r.exact { "exact" } else { "FAILED" });
@@ -442,8 +453,8 @@ fn bench_one(cli: &Cli, gemm: &BlockScaledGemm, stream: &Arc<CudaStream>, l2: us
     let acc = out.sfd().map(|_| reference::accumulators(&Problem::new(rows.len(), n, k), a_rows.data(), a_rows.scales(), b.data(), b.scales(), Accumulation::Exact)).transpose()?;
     let st = acc.as_ref().map_or(1.0, |acc| 6.0 * 448.0 / acc.iter().fold(1e-30f32, |x, v| x.max(v.abs())));
     let p = Problem::new(m, n, k).norm_constant(st);
-    let config = match &cli.config {
-        Some(c) => Config::from_name(c).ok_or("unknown --config")?,
+    let config = match cli.config {
+        Some(c) => c,
         None => gemm.select_config(&p, out)?,
     };
     let split = cli.split_k.unwrap_or_else(|| blockscaled_gemm::config_split_k(config, &p, gemm.device().sm_count, &gemm.device().max_clusters));

@@ -34,8 +34,8 @@ pub fn bench_shape<TA: Activation16>(cli: &Cli, gemm: &BlockScaledGemm, stream: 
     let x: Vec<TA> = (0..m * k).map(|_| TA::from_f64(rng.normal())).collect();
     let w = crate::operand(cli, n, k, 1, 2)?;
     let p = Problem::new(m, n, k);
-    let config = match &cli.config {
-        Some(c) => Config::from_name(c).ok_or("unknown --config")?,
+    let config = match cli.config {
+        Some(c) => c,
         None => gemm.select_w4a16_config(&p, TA::OUT)?,
     };
     let split = cli.split_k.unwrap_or_else(|| blockscaled_gemm::config_split_k(config, &p, gemm.device().sm_count, &gemm.device().max_clusters));
