@@ -66,6 +66,11 @@ case "${1:-tests}" in
       esac
       prev=$a
     done
+    # The bench checks its arguments first, so a bad one stops here (its exit status) and not after
+    # minutes of baselines; the grouped cases come from it too, with this run's arguments (one
+    # routing for both sides, the --grouped selection).
+    cases="$dir/$name-grouped-cases.json"
+    "$here/examples/bench" "$@" --emit-grouped-cases "$cases" || exit
     base=""
     if python3 -c 'import torch' 2>/dev/null; then
       if [ $gemm = 1 ]; then
@@ -74,12 +79,10 @@ case "${1:-tests}" in
           python3 "$here/baselines.py" --op w4a16 ${shapes[@]+"${shapes[@]}"} --out "$dir/$name-w4a16-baselines.json" && base="$base --w4a16-baselines $dir/$name-w4a16-baselines.json"
         fi
       fi
-      # The grouped cases come from the bench itself, with this run's arguments (one routing for
-      # both sides, the --grouped selection).
-      "$here/examples/bench" "$@" --emit-grouped-cases "$dir/$name-grouped-cases.json" &&
-        [ "$(tr -d ' \n' < "$dir/$name-grouped-cases.json")" != "{}" ] &&
-        python3 "$here/baselines.py" --op grouped --grouped-cases "$dir/$name-grouped-cases.json" --out "$dir/$name-grouped-baselines.json" &&
-        base="$base --grouped-baselines $dir/$name-grouped-baselines.json"
+      if [ "$(tr -d ' \n' < "$cases")" != "{}" ]; then
+        python3 "$here/baselines.py" --op grouped --grouped-cases "$cases" --out "$dir/$name-grouped-baselines.json" &&
+          base="$base --grouped-baselines $dir/$name-grouped-baselines.json"
+      fi
     fi
     "$here/examples/bench" $base --json "$dir/$name.jsonl" "$@" || exit 1
     python3 "$here/report.py" "$dir/$name.jsonl" --png "$dir/$name.png" || true ;;

@@ -17,15 +17,17 @@ fn example(name: &str) -> PathBuf {
     static BUILT: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
     let deps = std::env::current_exe().unwrap().parent().unwrap().to_path_buf();
     let path = deps.parent().unwrap().join("examples").join(name);
+    // Recorded once built: a failed build panics before that, so later tests build again and fail
+    // too rather than run a stale binary.
     let mut built = BUILT.lock().unwrap_or_else(|e| e.into_inner());
     if !built.iter().any(|b| b == name) {
-        built.push(name.to_string());
         // `cargo test` builds examples; `cargo test --test example_cli` alone does not, and would
         // run a stale binary: build it in this test binary's profile (a no-op when up to date).
         // Cargo sets CARGO for the tests it runs; a test binary run by hand (the GPU bundle, which
         // ships the example beside it and has no cargo) uses the binary it finds.
         let Some(cargo) = std::env::var_os("CARGO") else {
             assert!(path.is_file(), "{} is missing: run through cargo, or build the example", path.display());
+            built.push(name.to_string());
             return path;
         };
         // target[/<triple>]/<profile dir>/deps: build into the same folder, in the profile that
@@ -44,6 +46,7 @@ fn example(name: &str) -> PathBuf {
         }
         let status = cmd.status().unwrap_or_else(|e| panic!("running {cargo:?} (CARGO) to build the example: {e}"));
         assert!(status.success(), "building the example {name} failed");
+        built.push(name.to_string());
     }
     path
 }
