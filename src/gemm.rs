@@ -541,10 +541,14 @@ impl BlockScaledGemm {
     }
 
     /// Makes the workspace at least `bytes` (allocated and zeroed now, on this stream): calls that
-    /// need at most this then allocate nothing, so they can be captured in a CUDA graph.
+    /// need at most this then allocate nothing, so they can be captured in a CUDA graph. On SM100
+    /// it also allocates the 4-byte slot from which FP4 outputs read their norm constant.
     pub fn reserve_workspace(&self, bytes: usize) -> Result<()> {
         let capturing = self.capture_check()?;
         let mut scratch = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
+        if self.device.arch() == Some(100) && scratch.norm_slot.is_none() && !capturing {
+            scratch.norm_slot = Some(DeviceBuffer::zeroed(&self.stream, 4, false)?);
+        }
         if scratch.workspace.as_ref().is_some_and(|w| w.bytes >= bytes) {
             return Ok(());
         }
