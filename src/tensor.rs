@@ -54,7 +54,8 @@ impl<V, S> Nvfp4Tensor<V, S> {
     /// A tensor over device buffers: `values` holds `batch * rows * k / 2` packed bytes and
     /// `scales` `batch * layout::sf_batch_bytes(rows, k)` tiled bytes; `global_scale` is finite and
     /// positive (1.0 where the data has none). K must be a multiple of 16 (one scale per 16
-    /// values); the GEMM adds its own rules (K a multiple of 128 or 256, alignment).
+    /// values); the GEMM adds its own rules (K a multiple of 32, N a multiple of 32 for FP4 outputs:
+    /// `Problem::validate`).
     pub fn new<TV: PackedFp4, TS: ScaleByte>(values: V, scales: S, shape: (usize, usize, usize), global_scale: f32) -> Result<Self>
     where
         V: DeviceSlice<TV>, S: DeviceSlice<TS>,
