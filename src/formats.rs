@@ -222,10 +222,22 @@ fn pow2f64(e: i32) -> f64 {
 }
 
 /// A one-byte storage type: `u8` or one of cudarc's typed bytes.
+/// The storage and output traits below are implemented in this crate only: a launch moves as
+/// many bytes per element as the type's tag says, so another type could not be trusted to match.
+mod sealed {
+    pub trait Sealed {}
+    impl Sealed for u8 {}
+    impl Sealed for float4::F4E2M1x2 {}
+    impl Sealed for float8::F8E4M3 {}
+    impl Sealed for half::f16 {}
+    impl Sealed for half::bf16 {}
+    impl Sealed for f32 {}
+}
+
 macro_rules! byte_storage {
     ($(#[$doc:meta])* $name:ident: $($t:ty),+) => {
         $(#[$doc])*
-        pub trait $name: Copy + Send + Sync + 'static {
+        pub trait $name: Copy + Send + Sync + 'static + sealed::Sealed {
             /// The raw byte.
             fn to_byte(self) -> u8;
             /// From a raw byte.
@@ -253,8 +265,20 @@ byte_storage!(
     ScaleByte: float8::F8E4M3
 );
 
-/// Output element types of the GEMM: `half::f16`, `half::bf16` and `f32`.
-pub trait OutputElement: Copy + Send + Sync + PartialEq + std::fmt::Debug + 'static {
+/// Output element types of the GEMM: `half::f16`, `half::bf16` and `f32` (sealed: `OUT` sets
+/// the bytes each element gets).
+///
+/// ```compile_fail
+/// // A 2-byte type claiming 4-byte outputs is refused at compile time.
+/// #[derive(Clone, Copy, Debug, PartialEq)]
+/// struct Narrow(u16);
+/// impl blockscaled_gemm::OutputElement for Narrow {
+///     const OUT: blockscaled_gemm::OutType = blockscaled_gemm::OutType::F32;
+///     fn from_f64(_: f64) -> Self { Narrow(0) }
+///     fn to_f64(self) -> f64 { 0.0 }
+/// }
+/// ```
+pub trait OutputElement: Copy + Send + Sync + PartialEq + std::fmt::Debug + 'static + sealed::Sealed {
     /// The runtime tag of this type.
     const OUT: crate::OutType;
     /// Rounds (to nearest even) from f64, once.
