@@ -156,7 +156,9 @@ impl Quantizer {
     /// routings, which no GEMM of these offsets reads) the first
     /// [`crate::grouped::moe_sfa_used_rows`] scale rows are zeroed and the rest of the buffer is
     /// left as it was, as are the codes of rows no expert holds (invalid offsets). A memset of
-    /// those rows and one launch, no allocation, no host synchronisation: capturable.
+    /// those rows and one launch, no allocation, no host synchronisation: capturable. T = 0 (no
+    /// rows, as [`crate::BlockScaledGemm::moe_gemm`] takes it) checks the arguments and launches
+    /// nothing.
     pub fn quantize_moe_into<T, X, O, C, S>(&self, x: &X, (rows, k): (usize, usize), offsets: &O, global_scale: f32, codes: &mut C, scales: &mut S) -> Result<()>
     where
         T: QuantInput, X: DevicePtr<T>, O: DevicePtr<i32>, C: DevicePtrMut<u8>, S: DevicePtrMut<u8>,
@@ -184,7 +186,13 @@ impl Quantizer {
         if experts == 0 || experts > MAX_EXPERTS {
             return Err(Error::Dimension { dim: "experts (offsets.len() - 1)", value: experts, max: MAX_EXPERTS });
         }
-        self.check_input(x, (1, rows, k), transform)?;
+        if rows == 0 {
+            // T = 0, which moe_gemm takes too: K's rules and empty x hold, nothing launches.
+            check_dims((1, 1, k))?;
+            check_len("x", x.len(), 0, "T * K values (T = 0)")?;
+        } else {
+            self.check_input(x, (1, rows, k), transform)?;
+        }
         // The kernel's shared table counts the padded scale rows in 32-bit signed integers (T
         // itself is bounded by check_input).
         if moe_sfa_rows(rows, experts) > i32::MAX as usize {
@@ -192,8 +200,11 @@ impl Quantizer {
         }
         check_len("codes", codes.len(), rows * k / 2, "T * K / 2 packed bytes")?;
         check_len("scales", scales.len(), moe_sfa_bytes(rows, k, experts), "floor((T + 127 E) / 128) * 128 * ceil(K/64)*4 scale bytes (each expert padded to 128 rows)")?;
-        check_devices(self.stream.context().ordinal(), [("codes", codes.stream()), ("scales", scales.stream()), ("offsets", offsets.stream())])?;
+        check_devices(self.stream.context().ordinal(), [("x", x.stream()), ("codes", codes.stream()), ("scales", scales.stream()), ("offsets", offsets.stream())])?;
         capture_check(&self.stream)?;
+        if rows == 0 {
+            return Ok(());
+        }
         let stream = &self.stream;
         let (px, _gx) = x.device_ptr(stream);
         let (po, _go) = offsets.device_ptr(stream);

@@ -1753,7 +1753,12 @@ fn grouped_moe_quantizer_matches_the_cpu() -> Outcome {
     let mut dense = s.alloc_zeros::<u8>(blockscaled_gemm::layout::sf_bytes(t, k, 1)).unwrap();
     let e = q.quantize_moe_into(&xd, (t, k), &od, 1.0, &mut codes, &mut dense).unwrap_err();
     assert!(e.to_string().starts_with("scales: holds"), "{e}");
-    println!("MoE quantizer: codes and the experts' scale blocks bit-identical to the CPU quantizer and moe_scales, their padding zero, the rows past them as documented; the GEMM on them bit-equal");
+    // T = 0, as moe_gemm takes it: accepted, nothing written.
+    let before = s.clone_dtoh(&scales).unwrap();
+    let no_rows = s.clone_htod(&[0i32; 5]).unwrap();
+    q.quantize_moe_into(&xd.slice(0..0), (0, k), &no_rows, 1.0, &mut codes.slice_mut(0..0), &mut scales.slice_mut(0..moe_sfa_bytes(0, k, 4))).unwrap();
+    assert!(s.clone_dtoh(&scales).unwrap() == before, "T = 0 wrote scales");
+    println!("MoE quantizer: codes and the experts' scale blocks bit-identical to the CPU quantizer and moe_scales, their padding zero, the rows past them as documented; the GEMM on them bit-equal; T = 0 accepted, nothing written");
     Ok(())
 }
 
