@@ -17,9 +17,10 @@
 //! A checkpoint is one safetensors file or a sharded one: a directory or its
 //! `model.safetensors.index.json`, whose `weight_map` names each tensor's shard. Only the files'
 //! headers are parsed when it is opened (each shard's once); each layer reads its own tensors,
-//! from whichever shards hold them. An `hf_quant_config.json` beside the files (ModelOpt's) must
-//! name `quant_algo` NVFP4, and a layer with an AWQ `pre_quant_scale` is refused: this loader
-//! implements NVFP4's scales only.
+//! from whichever shards hold them. Where an `hf_quant_config.json` beside the files (ModelOpt's)
+//! names a `quant_algo`, it must be NVFP4 (or W4A16_NVFP4, or MIXED_PRECISION with the layer's
+//! entry NVFP4), and a layer with an AWQ `pre_quant_scale` is refused: this loader implements
+//! NVFP4's scales only.
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -391,7 +392,8 @@ impl Checkpoint {
                 return Err(bad(gname(l.convention, p), format!("global scale {:?}, {} has {:?}: fused shards need one global scale (run a GEMM per shard)", Some(l.global), gname(base.convention, first), Some(base.global))));
             }
             if l.input_scale != base.input_scale {
-                return Err(bad(format!("{p}.input_scale"), format!("{:?}, {first} has {:?}: fused shards share the activations' scale", l.input_scale, base.input_scale)));
+                let iname = if l.convention == Convention::ModelOpt { "input_scale" } else { "input_global_scale" };
+                return Err(bad(format!("{p}.{iname}"), format!("{:?}, {first} has {:?}: fused shards share the activations' scale", l.input_scale, base.input_scale)));
             }
             base.data.extend_from_slice(&l.data);
             base.scales.extend_from_slice(&l.scales);
@@ -733,6 +735,30 @@ mod tests {
         let e = ck.fused(&["q", "k", "v"]).unwrap_err().to_string();
         assert!(e.starts_with("k.weight_scale_2: global scale") && e.contains("run a GEMM per shard"), "{e}");
         assert!(ck.fused(&[]).is_err());
+    }
+
+    #[test]
+    fn fused_shards_name_their_input_scale_by_convention() {
+        // Two shards of one quantization (one global scale) whose activations' scales differ.
+        let mut rng = crate::SplitMix64::new(23);
+        let k = 64;
+        let x: Vec<f32> = (0..64 * k).map(|_| rng.normal() as f32).collect();
+        let whole = Nvfp4Matrix::quantize(&x, (1, 64, k), None).unwrap();
+        let g = whole.global_scale().unwrap();
+        let conventions = [("weight", "weight_scale_2", "input_scale", g), ("weight_packed", "weight_global_scale", "input_global_scale", 1.0 / g)];
+        for (w, gs, inn, gv) in conventions {
+            let mut t = Vec::new();
+            for (i, name) in ["gate", "up"].into_iter().enumerate() {
+                let part = whole.select_rows(&(32 * i..32 * (i + 1)).collect::<Vec<_>>()).unwrap();
+                t.push((format!("{name}.{w}"), Dtype::U8, vec![32, k / 2], part.data().to_vec()));
+                t.push((format!("{name}.weight_scale"), Dtype::F8_E4M3, vec![32, k / 16], part.scales_row_major().unwrap()));
+                t.push((format!("{name}.{gs}"), Dtype::F32, vec![], f32s(gv)));
+                t.push((format!("{name}.{inn}"), Dtype::F32, vec![1], f32s(0.5 + i as f32)));
+            }
+            let file = write(&format!("fused-{inn}"), &refs(&t));
+            let e = Checkpoint::open(&file).unwrap().fused(&["gate", "up"]).unwrap_err().to_string();
+            assert!(e.starts_with(&format!("up.{inn}: ")) && e.contains("share the activations' scale"), "{e}");
+        }
     }
 
     #[test]
