@@ -146,6 +146,11 @@ const fn arch_facts(arch: u32) -> ((i32, i32), &'static str) {
     }
 }
 
+/// The architecture of this build (`BSG_ARCHS`) whose kernels run on compute capability `cc`.
+pub(crate) fn built_arch(cc: (i32, i32)) -> Option<u32> {
+    BUILT_ARCHS.iter().copied().find(|&a| arch_facts(a).0 == cc)
+}
+
 /// (M, N, K).
 type Shape = (usize, usize, usize);
 
@@ -542,6 +547,17 @@ mod tests {
             if !c.info().grouped.is_empty() {
                 assert!(c.info().arch == 100 || c.info().streams() || (c.info().swapped() && c.info().tile[0] == 128), "{c}: grouped SM90 kernels are built on the stream and swapped 128-row tiles");
             }
+        }
+    }
+
+    #[test]
+    fn built_arch_is_the_exact_compute_capability() {
+        for &a in BUILT_ARCHS {
+            assert_eq!(built_arch(arch_facts(a).0), Some(a));
+        }
+        // sm_90a and sm_100a cubins run on 9.0 and 10.0 only.
+        for cc in [(8, 0), (8, 9), (9, 1), (10, 3), (12, 0)] {
+            assert_eq!(built_arch(cc), None, "{cc:?}");
         }
     }
 

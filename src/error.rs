@@ -58,13 +58,17 @@ pub enum Error {
         /// The shape the problem needs.
         want: (usize, usize, usize),
     },
-    /// A device buffer does not start on a 16-byte boundary (TMA needs it).
-    #[error("{name}: device address {addr:#x} is not 16-byte aligned")]
+    /// A device buffer does not start on the boundary its loads need: 16 bytes for the operands
+    /// and outputs (TMA, 16-byte accesses), 4 for the i32 offsets and f32 factors the grouped
+    /// kernels read one at a time.
+    #[error("{name}: device address {addr:#x} is not {align}-byte aligned")]
     Misaligned {
         /// Which buffer.
         name: &'static str,
         /// Its device address.
         addr: u64,
+        /// The boundary it needs, in bytes.
+        align: u64,
     },
     /// alpha or beta is NaN or infinite.
     #[error("{name} = {value}: must be finite")]

@@ -24,7 +24,10 @@ use crate::tensor::Nvfp4Tensor;
 pub struct Nvfp4Output<'a, V, S> {
     /// Packed values.
     pub values: &'a mut V,
-    /// Generated scale factors; the padding is written with zeros.
+    /// Generated scale factors; the padding is written with zeros. On SM100 a memset queued ahead
+    /// of the GEMM writes those zeros, so a launch CUTLASS then rejects (a cluster the device
+    /// cannot schedule, say) returns its error with the padding already zeroed: the one write a
+    /// failed call can leave.
     pub scales: &'a mut S,
 }
 
@@ -651,17 +654,21 @@ impl Drop for DeviceBuffer {
 
 /// The typed outcome of a kernel's status (after any workspace retry): `config`'s launch of a
 /// problem (M, N, K, L) with output `out`.
+/// A CUDA error the adapter reports beside CUTLASS's status (the SM90 adapters return
+/// kErrorInternal with it) is the more telling of the two, so it comes first.
 pub(crate) fn status_result(status: sys::KernelStatus, config: Config, out: OutType, (m, n, k, l): (usize, usize, usize, usize)) -> Result<Config> {
     match status.cutlass_status {
-        0 => {}
         NOT_BUILT => return Err(Error::NotBuilt { config, out }),
         INVALID_PROBLEM => return Err(Error::CannotImplement { config, m, n, k, l }),
-        code => return Err(Error::Cutlass { code, name: sys::cutlass_status_name(code) }),
+        _ => {}
     }
     if status.cuda_error != 0 {
         return Err(Error::CudaRuntime { code: status.cuda_error, name: sys::cuda_error_name(status.cuda_error) });
     }
-    Ok(config)
+    match status.cutlass_status {
+        0 => Ok(config),
+        code => Err(Error::Cutlass { code, name: sys::cutlass_status_name(code) }),
+    }
 }
 
 impl Scratch {
@@ -717,6 +724,21 @@ mod tests {
     }
     const B200: DeviceFacts = DeviceFacts { ordinal: 0, compute_capability: (10, 0), sm_count: 148, max_clusters: dispatch::ANY_CLUSTERS };
     const H100: DeviceFacts = DeviceFacts { ordinal: 1, compute_capability: (9, 0), sm_count: 132, max_clusters: [66, 39, 30, 22, 17, 15, 15] };
+
+    #[test]
+    fn status_names_the_cuda_error_beside_cutlass_internal() {
+        let c = Config::Sm90_Swapped_64x128x64;
+        let st = |cutlass_status, cuda_error| sys::KernelStatus { cutlass_status, cuda_error, workspace_needed: 0 };
+        let shape = (64, 4096, 7168, 1);
+        assert_eq!(status_result(st(0, 0), c, OutType::F16, shape).unwrap(), c);
+        // kErrorInternal (7) with cudaErrorNoKernelImageForDevice (209): the CUDA error is named.
+        let e = status_result(st(7, 209), c, OutType::F16, shape).unwrap_err();
+        assert!(matches!(e, Error::CudaRuntime { code: 209, .. }), "{e}");
+        let e = status_result(st(7, 0), c, OutType::F16, shape).unwrap_err();
+        assert!(matches!(e, Error::Cutlass { code: 7, .. }), "{e}");
+        assert!(matches!(status_result(st(NOT_BUILT, 0), c, OutType::F16, shape), Err(Error::NotBuilt { .. })));
+        assert!(matches!(status_result(st(INVALID_PROBLEM, 0), c, OutType::F16, shape), Err(Error::CannotImplement { .. })));
+    }
 
     #[test]
     fn plan_checks_every_buffer_and_the_device() {

@@ -22,7 +22,7 @@ use crate::formats::{OutputElement, PackedFp4, ScaleByte};
 use crate::gemm::{check_devices, resolve_config, status_result, BlockScaledGemm, Nvfp4Output, Table, SUPPORTED_GROUPED};
 use crate::layout::{padded_sf_cols, sf_bytes, sf_cols, sf_offset};
 use crate::matrix::Nvfp4Matrix;
-use crate::problem::{check_align, folded_alpha, setters, OutType, Problem};
+use crate::problem::{check_align, check_align_to, folded_alpha, setters, OutType, Problem};
 use crate::sys;
 use crate::tensor::Nvfp4Tensor;
 
@@ -356,6 +356,8 @@ impl BlockScaledGemm {
         for (name, addr) in [("A", a), ("SFA", sfa), ("B", pb), ("SFB", psfb), ("D", pd), ("SFD", psfd)] {
             check_align(name, addr)?;
         }
+        check_align_to("offsets", po, 4)?;
+        check_align_to("expert_scales", pes, 4)?;
         let args = sys::GroupedArgs {
             a, sfa, b: pb, sfb: psfb, d: pd, sfd: psfd, offsets: po, expert_alpha: pes, alpha,
             stream: stream.cu_stream() as u64, device_id: dev.ordinal as i32, sm_count: dev.sm_count as i32, b_layout: b.layout().abi(),
@@ -364,7 +366,8 @@ impl BlockScaledGemm {
         let status = self.launch_with_workspace(capturing, |workspace, workspace_bytes| {
             let args = sys::GroupedArgs { workspace, workspace_bytes, ..args };
             // SAFETY: every address is a live device allocation of the checked length on this
-            // stream's device, 16-byte aligned where the kernel loads in 16 bytes; the guards
+            // stream's device, 16-byte aligned where the kernel loads in 16 bytes (4 for the
+            // offsets and expert scales, read one at a time); the guards
             // above (and the caller's for A) and the workspace lock live until the launch is
             // queued. The kernel clamps the offsets it reads (see moe_gemm) and launches nothing
             // when the workspace is short.

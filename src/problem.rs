@@ -350,8 +350,13 @@ pub(crate) fn check_c(p: &Problem, c_len: Option<usize>) -> Result<()> {
 
 /// Checks a device address for 16-byte alignment.
 pub(crate) fn check_align(name: &'static str, addr: u64) -> Result<()> {
-    if !addr.is_multiple_of(16) {
-        return Err(Error::Misaligned { name, addr });
+    check_align_to(name, addr, 16)
+}
+
+/// Checks a device address for `align`-byte alignment.
+pub(crate) fn check_align_to(name: &'static str, addr: u64, align: u64) -> Result<()> {
+    if !addr.is_multiple_of(align) {
+        return Err(Error::Misaligned { name, addr, align });
     }
     Ok(())
 }
@@ -506,7 +511,9 @@ mod tests {
         assert_eq!(p.sfb_bytes(), 2 * 256 * 8);
         assert_eq!(p.cd_elems(), 2 * 130 * 256);
         assert!(check_len("A", 5, 6, "r").unwrap_err().to_string().contains("A: holds 5 elements where exactly 6 are needed"));
-        assert!(check_align("C", 0x1008).unwrap_err().to_string().contains("0x1008"));
+        assert!(check_align("C", 0x1008).unwrap_err().to_string().contains("0x1008 is not 16-byte aligned"));
         check_align("C", 0x1010).unwrap();
+        assert_eq!(check_align_to("offsets", 0x1002, 4).unwrap_err().to_string(), "offsets: device address 0x1002 is not 4-byte aligned");
+        check_align_to("offsets", 0x1004, 4).unwrap();
     }
 }

@@ -1,6 +1,6 @@
 //! [`Quantizer`]: NVFP4 quantization on the GPU, bit-identical to [`Nvfp4Matrix::quantize`].
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut, DeviceRepr};
 
@@ -9,7 +9,7 @@ use crate::gemm::{capture_check, check_devices};
 use crate::grouped::{moe_sfa_bytes, moe_sfa_rows, MAX_EXPERTS};
 use crate::layout::sf_batch_bytes;
 use crate::matrix::{check_global_scale, check_lens, check_shape, computed_global_scale, HostFloat};
-use crate::problem::check_align;
+use crate::problem::{check_align, check_align_to};
 use crate::sys::{self, InKind, QuantTransform, QuantizeArgs};
 use crate::tensor::Nvfp4Tensor;
 
@@ -68,12 +68,16 @@ impl QuantInput for half::bf16 {
 /// ```
 pub struct Quantizer {
     stream: Arc<CudaStream>,
+    /// The device's compute capability, read at the first launch.
+    cc: OnceLock<(i32, i32)>,
 }
 
 impl Quantizer {
-    /// A quantizer that launches on `stream`.
+    /// A quantizer that launches on `stream`. On a device this build has no kernels for
+    /// (`BSG_ARCHS`; compute capability 9.0 and 10.0 by default) every call returns
+    /// [`Error::UnsupportedDevice`] before it writes anything.
     pub fn new(stream: Arc<CudaStream>) -> Self {
-        Quantizer { stream }
+        Quantizer { stream, cc: OnceLock::new() }
     }
 
     /// The stream launches go to.
@@ -288,6 +292,8 @@ impl Quantizer {
         for (name, addr) in ["x", "codes", "scales"].into_iter().zip(ptrs) {
             check_align(name, addr)?;
         }
+        check_align_to("offsets", offsets, 4)?;
+        self.check_device()?;
         let args = QuantizeArgs {
             m: rows as i32, k: k as i32, l: batch as i32, input: T::KIND, x: ptrs[0], codes: ptrs[1], scales: ptrs[2],
             global_scale, amax_slot, offsets, experts, stream: self.stream.cu_stream() as u64, transform,
@@ -295,11 +301,28 @@ impl Quantizer {
         // SAFETY: the addresses are live device buffers of the checked lengths on this stream's
         // device, 16-byte aligned; the caller holds their guards until this returns.
         let status = unsafe { sys::quantize(&args) };
+        if status.cuda_error != 0 {
+            return Err(Error::CudaRuntime { code: status.cuda_error, name: sys::cuda_error_name(status.cuda_error) });
+        }
         if status.cutlass_status != 0 {
             return Err(Error::Cutlass { code: status.cutlass_status, name: sys::cutlass_status_name(status.cutlass_status) });
         }
-        if status.cuda_error != 0 {
-            return Err(Error::CudaRuntime { code: status.cuda_error, name: sys::cuda_error_name(status.cuda_error) });
+        Ok(())
+    }
+
+    /// The quantizer's kernels are built for the architectures of `BSG_ARCHS` only; on another
+    /// device its launch would fail after the MoE form's memset had zeroed the scales, so the
+    /// device is checked first.
+    fn check_device(&self) -> Result<()> {
+        let cc = match self.cc.get() {
+            Some(&cc) => cc,
+            None => {
+                let cc = self.stream.context().compute_capability()?;
+                *self.cc.get_or_init(|| cc)
+            }
+        };
+        if crate::dispatch::built_arch(cc).is_none() {
+            return Err(Error::UnsupportedDevice { ordinal: self.stream.context().ordinal(), major: cc.0, minor: cc.1, supported: crate::gemm::SUPPORTED });
         }
         Ok(())
     }
