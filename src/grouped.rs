@@ -116,11 +116,13 @@ impl MoeProblem {
 
 impl MoeProblem {
     /// SM100's limit beyond [`Self::validate`]: CuTe's scale-factor layouts, one per expert, hold
-    /// int32 strides, so A's scales over T rows and B's over N rows must each span fewer than
-    /// 2^31 bytes (`ceil(rows / 128) * ceil(K / 64) * 512`).
-    pub fn check_sm100(&self) -> Result<()> {
-        for (what, rows) in [("A's scales per expert (T rows at most)", self.rows), ("B's scales per expert", self.n)] {
-            let span = rows.div_ceil(128) as u128 * self.k.div_ceil(64) as u128 * 512;
+    /// int32 strides, so A's scales over T rows, B's over N rows and (FP4 output) D's over T rows
+    /// of N / 16 must each span fewer than 2^31 bytes (`ceil(rows / 128) * ceil(K / 64) * 512`,
+    /// N in K's place for D's).
+    pub fn check_sm100(&self, out: OutType) -> Result<()> {
+        let sfd = out.sfd().map(|_| ("D's scale factors per expert (T rows at most, N / 16 columns)", self.rows, self.n));
+        for (what, rows, k) in [("A's scales per expert (T rows at most)", self.rows, self.k), ("B's scales per expert", self.n, self.k)].into_iter().chain(sfd) {
+            let span = rows.div_ceil(128) as u128 * k.div_ceil(64) as u128 * 512;
             if span > i32::MAX as u128 {
                 return Err(Error::SizeLimit { what, rule: "ceil(rows / 128) * ceil(K / 64) * 512", dims: format!("T = {}, N = {}, K = {}", self.rows, self.n, self.k), value: span, max: i32::MAX as u128, why: "CUTLASS's SM100 scale layouts hold 32-bit strides" });
             }
@@ -324,12 +326,12 @@ impl BlockScaledGemm {
         }
         let config = resolve_config(&self.device(), out, forced, supported, &built, |arch| {
             if arch == 100 {
-                p.check_sm100()?;
+                p.check_sm100(out)?;
             }
             Ok(dispatch::select_grouped(arch, p.rows, p.experts, p.k, out, |c| built(c, out)))
         })?;
         if forced.is_some() && config.info().arch == 100 {
-            p.check_sm100()?;
+            p.check_sm100(out)?;
         }
         Ok(config)
     }
@@ -428,9 +430,9 @@ impl BlockScaledGemm {
     /// over (T, N/16) ([`MoeProblem::sfd_bytes`]: each expert's rows from a multiple of 128, their
     /// blocks' padding zeroed; scale rows past the experts' blocks are left as they were on
     /// Hopper; on Blackwell, where a memset precedes the GEMM, the first [`moe_sfa_used_rows`]
-    /// are zeroed, the rest left as they were), so the
-    /// next grouped GEMM takes (D, SFD) as its [`MoeActivations`] with the same offsets and the
-    /// global scale 1 / norm_constant. Per expert, the bits of [`Self::gemm_fp4`] at split 1.
+    /// are zeroed, the rest left as they were), so with [`OutType::Nvfp4`] (ue4m3 scale factors)
+    /// the next grouped GEMM takes (D, SFD) as its [`MoeActivations`] with the same offsets and
+    /// the global scale 1 / norm_constant. Per expert, the bits of [`Self::gemm_fp4`] at split 1.
     #[allow(clippy::too_many_arguments)]
     pub fn moe_gemm_fp4<VA, SA, VB, SB, O, ES, DV, DS, TV, TS>(&self, p: &MoeProblem, out: OutType, a: &MoeActivations<VA, SA>, b: &Nvfp4Tensor<VB, SB>, offsets: &O, expert_scales: &ES, d: Nvfp4Output<'_, DV, DS>, config: Option<Config>) -> Result<Config>
     where
@@ -569,16 +571,21 @@ mod tests {
                 }
                 for p in problems {
                     assert!(p.validate(out).is_ok(), "{p:?}");
-                    let ok = c.info().arch != 100 || p.check_sm100().is_ok();
+                    let ok = c.info().arch != 100 || p.check_sm100(out).is_ok();
                     assert_eq!(crate::cutlass_host::can_implement_grouped(c, out, &p).unwrap(), ok, "{c} {out} {p:?}");
                 }
                 if c.info().arch == 100 {
                     // At the SM100 limit, and just past it (A's scales over T rows).
                     let rows = (i32::MAX as usize / 512 / 112) * 128;
                     let p = MoeProblem::new(rows, 128, 7168, 8);
-                    assert!(p.check_sm100().is_ok() && crate::cutlass_host::can_implement_grouped(c, out, &p).unwrap(), "{c} {p:?}");
+                    assert!(p.check_sm100(out).is_ok() && crate::cutlass_host::can_implement_grouped(c, out, &p).unwrap(), "{c} {p:?}");
                     let p = MoeProblem::new(rows + 1, 128, 7168, 8);
-                    assert!(p.check_sm100().is_err() && !crate::cutlass_host::can_implement_grouped(c, out, &p).unwrap(), "{c} {p:?}");
+                    assert!(p.check_sm100(out).is_err() && !crate::cutlass_host::can_implement_grouped(c, out, &p).unwrap(), "{c} {p:?}");
+                    // D's scale factors over T rows and N / 16 columns (FP4 output), K small.
+                    let p = MoeProblem::new(rows + 1, 7168, 64, 8);
+                    let ok = out.sfd().is_none();
+                    assert_eq!(p.check_sm100(out).is_ok(), ok, "{c} {out} {p:?}");
+                    assert_eq!(crate::cutlass_host::can_implement_grouped(c, out, &p).unwrap(), ok, "{c} {out} {p:?}");
                 }
             }
         }

@@ -160,7 +160,13 @@ impl HostArrays {
         } else if b.layout() != self.bounds.weight_layout {
             return Err(Error::Layout { name: "B", layout: b.layout(), rule: "every group's B in one layout (the first group's)" });
         }
-        Problem::new(m, n, k).validate(out, false)?;
+        let group = Problem::new(m, n, k);
+        group.validate(out, false)?;
+        // SM100's builder skips a group whose scales span 2^31 bytes or more: refused here
+        // instead, so a call that returns Ok wrote every group.
+        if gemm.device().arch() == Some(100) {
+            group.check_sm100_scales(out)?;
+        }
         let want = if out.sfd().is_some() { m * n / 2 } else { m * n };
         check_len("D", d_len, want, "M * N of the group (FP4: M * N / 2 bytes)")?;
         let alpha = folded_alpha(alpha, a.global_scale(), b.global_scale())?;
@@ -291,14 +297,17 @@ impl BlockScaledGemm {
     /// `d = alpha * gA * gB * dec(a) dec(b)ᵀ` in f16, bf16 or f32 (FP4: [`Self::grouped_list_fp4`]),
     /// the same bits as [`Self::gemm`] on the group at split 1 with the same tile. The groups'
     /// sizes and addresses are uploaded to the device for the call (about 70 bytes a group), so it
-    /// cannot be captured in a CUDA graph ([`Error::NotCapturable`]): for that, upload them once
-    /// and call [`Self::grouped_list_raw`]. Returns the config that ran.
+    /// cannot be captured in a CUDA graph ([`Error::NotCapturable`], returned before any buffer is
+    /// touched): for that, upload them once and call [`Self::grouped_list_raw`]. On SM100 a group
+    /// whose scale buffers span 2^31 bytes or more is refused ([`Error::SizeLimit`]). Returns the
+    /// config that ran.
     pub fn grouped_list<VA, SA, VB, SB, D, TV, TS, TO>(&self, groups: &mut [ListGroup<'_, VA, SA, VB, SB, &mut D>], config: Option<Config>) -> Result<Config>
     where
         VA: DevicePtr<TV>, SA: DevicePtr<TS>, VB: DevicePtr<TV>, SB: DevicePtr<TS>, D: DevicePtrMut<TO>,
         TV: PackedFp4, TS: ScaleByte, TO: OutputElement,
     {
         let out = TO::OUT;
+        self.refuse_capture()?;
         let mut host = HostArrays::new(groups.len());
         let mut guards = Vec::with_capacity(5 * groups.len());
         for (g, x) in groups.iter_mut().enumerate() {
@@ -323,6 +332,7 @@ impl BlockScaledGemm {
         if out.sfd().is_none() {
             return Err(Error::InvalidData { what: "out", detail: format!("{out}: grouped_list_fp4 writes the FP4 outputs nvfp4 or nvfp4-ue8m0; use grouped_list for {out}") });
         }
+        self.refuse_capture()?;
         let mut host = HostArrays::new(groups.len());
         let mut guards = Vec::with_capacity(6 * groups.len());
         for (g, x) in groups.iter_mut().enumerate() {
@@ -338,13 +348,20 @@ impl BlockScaledGemm {
         self.list_from_host(host, out, norm_constant, config)
     }
 
+    /// The safe calls refuse capture before they take any buffer's guard: with cudarc's event
+    /// tracking on, a guard makes the capturing stream wait on an event recorded outside the
+    /// capture, which invalidates it.
+    fn refuse_capture(&self) -> Result<()> {
+        if self.capture_check()? {
+            return Err(Error::NotCapturable { call: "BlockScaledGemm::grouped_list", why: "it uploads the groups' sizes and addresses", fix: "upload them once and capture BlockScaledGemm::grouped_list_raw" });
+        }
+        Ok(())
+    }
+
     /// The safe calls' upload and launch.
     fn list_from_host(&self, host: HostArrays, out: OutType, norm_constant: f32, config: Option<Config>) -> Result<Config> {
         let p = host.bounds.norm_constant(norm_constant);
         p.validate(out, false)?;
-        if self.capture_check()? {
-            return Err(Error::NotCapturable { call: "BlockScaledGemm::grouped_list", why: "it uploads the groups' sizes and addresses", fix: "upload them once and capture BlockScaledGemm::grouped_list_raw" });
-        }
         let stream = self.stream();
         let problems = stream.clone_htod(&host.problems)?;
         let [a, sfa, b, sfb, d, sfd] = host.ptrs.each_ref().map(|v| stream.clone_htod(v));

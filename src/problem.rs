@@ -312,17 +312,24 @@ impl Problem {
     /// SM100's limit beyond [`Self::validate`]: CUTLASS builds its scale-factor layouts from
     /// 32-bit extents, so SFA, SFB and (FP4 output) SFD must each span at most `i32::MAX` bytes.
     pub fn check_sm100(&self, out: OutType) -> Result<()> {
-        for (what, rule, value, dims) in self.counts(0, out.sfd().is_some()) {
-            if what.starts_with("SF") && value > i32::MAX as u128 {
-                return Err(Error::SizeLimit { what, rule, dims: dims(self), value, max: i32::MAX as u128, why: "CUTLASS's SM100 scale layouts hold 32-bit strides" });
-            }
-        }
+        self.check_sm100_scales(out)?;
         // CUTLASS's SM100 scheduler launches the tiles along N in the grid's y and L in z (at most
         // 65535 each); the narrowest config's tiles are 64 wide (a wider config refuses more).
         let grid = [("N tiles of 64", "ceil(N / 64)", self.n.div_ceil(64) as u128), ("L", "L", self.l as u128)];
         for (what, rule, value) in grid {
             if value > 65535 {
                 return Err(Error::SizeLimit { what, rule, dims: format!("N = {}, L = {}", self.n, self.l), value, max: 65535, why: "CUTLASS's SM100 launch grid holds them in y and z" });
+            }
+        }
+        Ok(())
+    }
+
+    /// The scale-factor part of [`Self::check_sm100`] (SM100's grouped kernels check each group
+    /// by it too).
+    pub(crate) fn check_sm100_scales(&self, out: OutType) -> Result<()> {
+        for (what, rule, value, dims) in self.counts(0, out.sfd().is_some()) {
+            if what.starts_with("SF") && value > i32::MAX as u128 {
+                return Err(Error::SizeLimit { what, rule, dims: dims(self), value, max: i32::MAX as u128, why: "CUTLASS's SM100 scale layouts hold 32-bit strides" });
             }
         }
         Ok(())
