@@ -329,7 +329,12 @@ pub fn expected<T: OutputElement>(p: &Problem, dots: &[Dot], c: Option<&[T]>) ->
         let e_acc = if d.abs_sum == 0.0 { 0.0 } else { gamma * d.abs_sum * s_round };
         let (t, w) = (alpha.abs() * (d.sum.abs() + e_acc), bc.abs());
         let fp32_bound = alpha.abs() * e_acc + (3.0 * U + 2f64.powi(-50)) * (t + w) + 3.0 * f32::MIN_POSITIVE as f64;
-        Expected { exact, fp32_bound, may_overflow: (t + w) * (1.0 + 4.0 * U) >= f32::MAX as f64 }
+        // Overflow is judged only where the exact result is finite (an infinite C asks for its
+        // infinity), and, where the summation bound is infinite (K >= 2^22), from the partial
+        // sums' own bound |acc| <= S (1 + u)^K, so that a NaN still fails where nothing can
+        // overflow.
+        let t_over = if e_acc.is_finite() { t } else { alpha.abs() * d.abs_sum * s_round * (p.k as f64 * U.ln_1p()).exp() };
+        Expected { exact, fp32_bound, may_overflow: exact.is_finite() && (t_over + w) * (1.0 + 4.0 * U) >= f32::MAX as f64 }
     }).collect())
 }
 
@@ -600,6 +605,18 @@ mod verdict_tests {
         assert!(verdict(&[f32::NAN], &e).unwrap().passed());
         // An infinite exact result (C holds inf) needs that infinity.
         assert!(!verdict(&[f32::MAX], &one(f64::INFINITY, 0.0)).unwrap().passed());
+        // Through `expected`: C = +inf makes the exact result +inf, which only +inf matches (the
+        // FP32 intermediate's overflow does not excuse NaN or -inf there).
+        let p = Problem::new(1, 1, 32).scalars(1.0, 1.0);
+        let e = expected::<f32>(&p, &[Dot { sum: 1.0, abs_sum: 1.0 }], Some(&[f32::INFINITY])).unwrap();
+        assert!(verdict(&[f32::INFINITY], &e).unwrap().passed());
+        for bad in [f32::NAN, f32::NEG_INFINITY, f32::MAX] {
+            assert!(!verdict(&[bad], &e).unwrap().passed(), "{bad} where C is +inf");
+        }
+        // K >= 2^22 (an infinite summation bound): a NaN fails where no partial sum can overflow.
+        let p = Problem::new(1, 1, 1 << 22);
+        let e = expected::<f32>(&p, &[Dot { sum: 3.0, abs_sum: 5.0 }], None).unwrap();
+        assert!(!e[0].may_overflow && !verdict(&[f32::NAN], &e).unwrap().passed());
         assert!(verdict(&[1.0f32, 2.0], &one(1.0, 0.0)).is_err(), "lengths");
     }
 
