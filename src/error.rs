@@ -311,8 +311,13 @@ pub(crate) fn try_vec<T>(what: &'static str, n: usize) -> Result<Vec<T>> {
 
 /// `n` zeros (default values), or [`Error::HostMemory`].
 pub(crate) fn try_zeros<T: Clone + Default>(what: &'static str, n: usize) -> Result<Vec<T>> {
+    try_filled(what, n, T::default())
+}
+
+/// `n` copies of `value`, or [`Error::HostMemory`].
+pub(crate) fn try_filled<T: Clone>(what: &'static str, n: usize, value: T) -> Result<Vec<T>> {
     let mut v = try_vec(what, n)?;
-    v.resize(n, T::default());
+    v.resize(n, value);
     Ok(v)
 }
 

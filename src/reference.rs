@@ -9,7 +9,7 @@
 
 use rayon::prelude::*;
 
-use crate::error::{check_len, Result};
+use crate::error::{check_len, try_filled, Result};
 use crate::formats::{e4m3_to_f32, OutputElement, E4M3_NAN};
 use crate::layout::{padded_sf_cols, sf_batch_bytes, sf_offset, SF_VEC};
 use crate::problem::{check_c, check_operand_lens, Problem, SfdFormat};
@@ -138,7 +138,7 @@ pub enum Accumulation {
 pub fn accumulators(p: &Problem, a: &[u8], sfa: &[u8], b: &[u8], sfb: &[u8], mode: Accumulation) -> Result<Vec<f32>> {
     check_operands(p, a, sfa, b, sfb, std::mem::size_of::<f32>(), false)?;
     let (m, n, k) = (p.m, p.n, p.k);
-    let mut out = vec![0f32; p.cd_elems()];
+    let mut out = try_filled("reference accumulators (L * M * N)", p.cd_elems(), 0f32)?;
     for l in 0..p.l {
         let bd = decode(b, sfb, n, k, l, 0..n);
         let out_l = &mut out[l * m * n..][..m * n];
@@ -195,7 +195,7 @@ pub fn gemm<T: OutputElement>(p: &Problem, a: &[u8], sfa: &[u8], b: &[u8], sfb: 
     const TILE_M: usize = 8;
     let (m, n, k) = (p.m, p.n, p.k);
     let (alpha, beta) = (p.alpha as f64, p.beta as f64);
-    let mut out = vec![T::from_f64(0.0); p.cd_elems()];
+    let mut out = try_filled("reference output (L * M * N)", p.cd_elems(), T::from_f64(0.0))?;
     for l in 0..p.l {
         let bd = decode(b, sfb, n, k, l, 0..n);
         let out_l = &mut out[l * m * n..][..m * n];
@@ -237,7 +237,7 @@ pub fn dots(p: &Problem, a: &[u8], sfa: &[u8], b: &[u8], sfb: &[u8]) -> Result<V
     check_operands(p, a, sfa, b, sfb, std::mem::size_of::<Dot>(), false)?;
     let (m, n, k) = (p.m, p.n, p.k);
     let unit = 1.0 / (1u64 << 20) as f64;
-    let mut out = vec![Dot { sum: 0.0, abs_sum: 0.0 }; p.cd_elems()];
+    let mut out = try_filled("reference dots (L * M * N)", p.cd_elems(), Dot { sum: 0.0, abs_sum: 0.0 })?;
     for l in 0..p.l {
         let bd = decode(b, sfb, n, k, l, 0..n);
         out[l * m * n..][..m * n].par_chunks_mut(n).enumerate().for_each(|(i, row)| {
@@ -348,7 +348,7 @@ fn w4a16_sums<TA: crate::w4a16::Activation16>(p: &Problem, a: &[TA], b: &[u8], s
     check_w4a16_operands(p, a.len(), b, sfb, std::mem::size_of::<Dot>())?;
     let (m, n, k) = (p.m, p.n, p.k);
     let kb = k / SF_VEC;
-    let mut out = vec![Dot { sum: 0.0, abs_sum: 0.0 }; p.cd_elems()];
+    let mut out = try_filled("reference dots (L * M * N)", p.cd_elems(), Dot { sum: 0.0, abs_sum: 0.0 })?;
     for l in 0..p.l {
         let bd = decode(b, sfb, n, k, l, 0..n);
         out[l * m * n..][..m * n].par_chunks_mut(n).enumerate().for_each(|(i, row)| {
@@ -549,5 +549,20 @@ mod tests {
         assert!(e.to_string().starts_with("SFA"), "{e}");
         let e = gemm::<f32>(&Problem::new(2, 2, 24), &[0; 24], &[0; 512], &[0; 24], &[0; 512], None).unwrap_err();
         assert!(e.to_string().contains("multiple of 16"), "{e}");
+    }
+
+    #[test]
+    fn outputs_beyond_the_hosts_memory_are_typed_errors() {
+        // 2^23 x 2^23 outputs from 96 MiB a side: 2^50 bytes of dots, more than any address
+        // space holds. A typed error, not an abort.
+        let (m, k) = (1usize << 23, 16);
+        let (a, sfa) = (vec![0u8; m * k / 2], vec![0u8; sf_batch_bytes(m, k)]);
+        let p = Problem::new(m, m, k);
+        let e = dots(&p, &a, &sfa, &a, &sfa).unwrap_err();
+        assert!(matches!(e, Error::HostMemory { bytes, .. } if bytes == 1 << 50), "{e}");
+        let e = gemm::<f32>(&p, &a, &sfa, &a, &sfa, None).unwrap_err();
+        assert!(matches!(e, Error::HostMemory { .. }), "{e}");
+        let e = accumulators(&p, &a, &sfa, &a, &sfa, Accumulation::Exact).unwrap_err();
+        assert!(matches!(e, Error::HostMemory { .. }), "{e}");
     }
 }
