@@ -15,7 +15,8 @@ fn naive<T: OutputElement>(a: &Nvfp4Matrix, b: &Nvfp4Matrix, alpha: f32, beta: f
             for j in 0..n {
                 let ra = &da[(li * m + i) * k..][..k];
                 let rb = &db[(li * n + j) * k..][..k];
-                let s: f64 = ra.iter().zip(rb).map(|(x, y)| *x as f64 * *y as f64).sum();
+                // From +0, as an FP32 accumulator starts (f64's `Sum` starts at -0 since Rust 1.82).
+                let s: f64 = ra.iter().zip(rb).map(|(x, y)| *x as f64 * *y as f64).fold(0.0, |acc, v| acc + v);
                 let mut v = alpha as f64 * s;
                 if beta != 0.0 {
                     v += beta as f64 * c.unwrap()[(li * m + i) * n + j].to_f64();
@@ -27,7 +28,17 @@ fn naive<T: OutputElement>(a: &Nvfp4Matrix, b: &Nvfp4Matrix, alpha: f32, beta: f
     out
 }
 
+/// Bit for bit (the sign of zero included; any NaN matches a NaN).
 fn bits_equal<T: OutputElement>(got: &[T], want: &[T], what: &str) {
+    assert_eq!(got.len(), want.len(), "{what}: lengths");
+    let bits = |x: T| {
+        let v = x.to_f64();
+        if v.is_nan() { u64::MAX } else { v.to_bits() }
+    };
+    if let Some(i) = (0..got.len()).find(|&i| bits(got[i]) != bits(want[i])) {
+        panic!("{what}: element {i} is {:?}, the naive sum gives {:?}", got[i], want[i]);
+    }
+    // The crate's own comparison agrees.
     let c = compare(got, want, 0.0, 0.0).unwrap();
     assert!(c.passed(), "{what}: {c}");
 }
