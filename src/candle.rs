@@ -7,8 +7,9 @@
 //! activation pre-pass), no host synchronisation, no copy of the input or output.
 //!
 //! candle's `Device::new_cuda` runs on the per-thread default stream, a different stream on each
-//! host thread: the layer keeps one GEMM (and so one workspace) per calling thread, so it can be
-//! shared between threads.
+//! host thread: on such a device the layer keeps one GEMM (and so one workspace) per calling
+//! thread, each until the layer is dropped, so it can be shared between threads. On a device with
+//! a stream of its own (`Device::new_cuda_with_stream`) every thread shares one GEMM.
 //!
 //! ```no_run
 //! use blockscaled_gemm::candle::Nvfp4Linear;
@@ -49,7 +50,9 @@ pub struct Nvfp4Linear {
     weight: Nvfp4Tensor,
     input_scale: f32,
     device: CudaDevice,
-    /// One GEMM per calling thread (see the module docs); each lives as long as the layer.
+    /// The GEMM every thread uses where the device's stream is its own; else `None` and one GEMM
+    /// per calling thread in `gemms` (see the module docs), each as long as the layer lives.
+    shared: Option<Arc<BlockScaledGemm>>,
     gemms: Mutex<HashMap<ThreadId, Arc<BlockScaledGemm>>>,
     quantizer: Quantizer,
 }
@@ -66,12 +69,19 @@ impl Nvfp4Linear {
         }
         let stream = device.cuda_stream();
         let gemm = Arc::new(BlockScaledGemm::new(stream.clone())?);
-        let gemms = Mutex::new(HashMap::from([(std::thread::current().id(), gemm)]));
-        Ok(Nvfp4Linear { weight, input_scale, device: device.clone(), gemms, quantizer: Quantizer::new(stream) })
+        let (shared, gemms) = if gemm.per_thread_stream() {
+            (None, HashMap::from([(std::thread::current().id(), gemm)]))
+        } else {
+            (Some(gemm), HashMap::new())
+        };
+        Ok(Nvfp4Linear { weight, input_scale, device: device.clone(), shared, gemms: Mutex::new(gemms), quantizer: Quantizer::new(stream) })
     }
 
-    /// This thread's GEMM, made on first use.
+    /// The GEMM for this thread: the shared one, else this thread's, made on first use.
     fn gemm(&self) -> Result<Arc<BlockScaledGemm>> {
+        if let Some(g) = &self.shared {
+            return Ok(g.clone());
+        }
         let mut gemms = self.gemms.lock().unwrap_or_else(|e| e.into_inner());
         let id = std::thread::current().id();
         if let Some(g) = gemms.get(&id) {
@@ -141,9 +151,10 @@ impl CustomOp1 for Nvfp4Linear {
             Some(&last) if last == k => {}
             last => bail!("Nvfp4Linear: the input's last dimension is {last:?}, the weight's K is {k}"),
         }
-        let (at, ours) = (storage.device().location(), self.device.location());
-        if at != ours {
-            bail!("Nvfp4Linear: the input is on {at:?}, the layer on {ours:?}");
+        // The same candle device, not only the same GPU: each CudaDevice has its own context and
+        // stream, and a buffer of another is not ordered against the layer's stream.
+        if !storage.device().same_device(&self.device) {
+            bail!("Nvfp4Linear: the input is on another candle device ({:?}) than the layer's ({:?}); use the layer's device", storage.device().location(), self.device.location());
         }
         let dtype = storage.dtype();
         if !matches!(dtype, DType::BF16 | DType::F16) {

@@ -469,6 +469,13 @@ impl BlockScaledGemm {
         capture_check(&self.stream)
     }
 
+    /// Whether this GEMM runs on the per-thread default stream (then on its creating thread
+    /// only: [`Error::PerThreadStream`]).
+    #[cfg(feature = "candle")]
+    pub(crate) fn per_thread_stream(&self) -> bool {
+        self.owner.is_some()
+    }
+
     fn thread_check(&self) -> Result<()> {
         match self.owner {
             Some(owner) if owner != std::thread::current().id() => Err(Error::PerThreadStream),

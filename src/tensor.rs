@@ -237,10 +237,12 @@ impl Nvfp4Tensor {
     /// A tensor from packed values and **row-major** ue4m3 block scales `(batch, rows, K/16)`, as
     /// checkpoints store them, both already on the device: the scales are re-tiled into the 128x4
     /// layout on the GPU, into a new buffer (padding zeroed), in `stream`'s order; `row_major` is
-    /// only read, `values` taken as they are. Scale bytes are moved, not checked (a NaN scale
-    /// stays NaN: [`crate::checkpoint`] checks them on the host). It allocates, so it is refused
-    /// during CUDA graph capture ([`Error::NotCapturable`]): convert at load time.
-    pub fn from_row_major_scales<S: DevicePtr<u8>>(values: CudaSlice<u8>, row_major: &S, shape: (usize, usize, usize), global_scale: f32, stream: &Arc<CudaStream>) -> Result<Self> {
+    /// only read, `values` taken as they are (a `CudaSlice`, a view or a [`ForeignBuffer`]: a
+    /// buffer given by value is dropped when the call fails, so pass a view to keep it). Scale
+    /// bytes are moved, not checked (a NaN scale stays NaN: [`crate::checkpoint`] checks them on
+    /// the host). It allocates, so it is refused during CUDA graph capture
+    /// ([`Error::NotCapturable`]): convert at load time.
+    pub fn from_row_major_scales<V: DeviceSlice<u8>, S: DevicePtr<u8>>(values: V, row_major: &S, shape: (usize, usize, usize), global_scale: f32, stream: &Arc<CudaStream>) -> Result<Nvfp4Tensor<V>> {
         let (batch, rows, k) = shape;
         check_shape(rows, k, batch)?;
         check_global_scale(global_scale)?;
