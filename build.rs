@@ -75,8 +75,20 @@ fn main() {
     for p in ["cpp", "include", "src/sys/bridge.rs", "third_party/pins.txt", "third_party/fetch.py"] {
         println!("cargo:rerun-if-changed={}", root.join(p).display());
     }
-    for v in ["NVCC", "CUDA_HOME", "CUTLASS_DIR", "BSG_ARCHS", "BSG_CONFIGS", "BSG_CACHE_DIR", "BSG_NVCC_JOBS", "BSG_NVCC_DEFINES", "NVCC_CCBIN", "XDG_CACHE_HOME", "DOCS_RS", "LIBCLANG_PATH"] {
+    for v in ["NVCC", "CUDA_HOME", "CUTLASS_DIR", "BSG_ARCHS", "BSG_CONFIGS", "BSG_CACHE_DIR", "BSG_NVCC_JOBS", "BSG_NVCC_DEFINES", "NVCC_CCBIN", "NVCC_PREPEND_FLAGS", "NVCC_APPEND_FLAGS", "XDG_CACHE_HOME", "DOCS_RS", "LIBCLANG_PATH"] {
         println!("cargo:rerun-if-env-changed={v}");
+    }
+    // A toolkit or CUTLASS of the user's: cargo reruns this script when their files change (the
+    // pinned wheels change only with pins.txt, watched above).
+    for (var, parts) in [("CUTLASS_DIR", &["include", "tools/util/include"][..]), ("CUDA_HOME", &["bin/nvcc", "include"][..])] {
+        if let Some(dir) = env(var) {
+            for part in parts {
+                println!("cargo:rerun-if-changed={}", Path::new(&dir).join(part).display());
+            }
+        }
+    }
+    if let Some(nvcc) = env("NVCC") {
+        println!("cargo:rerun-if-changed={nvcc}");
     }
 
     let table = std::fs::read_to_string(root.join("cpp/configs.def")).expect("read cpp/configs.def");
@@ -111,6 +123,12 @@ fn main() {
     common.update(tools.nvcc_version.as_bytes());
     common.update(tools.host_cxx_version.as_bytes());
     common.update(tools.cutlass_identity.as_bytes());
+    // Every pinned wheel (nvvm, crt, cccl and the runtime headers move apart from nvcc's own
+    // version) where the wheels build, and the flags nvcc takes from its environment.
+    common.update(tools.wheel_pins.as_bytes());
+    for v in ["NVCC_PREPEND_FLAGS", "NVCC_APPEND_FLAGS"] {
+        common.update(format!("{v}={}\0", env(v).unwrap_or_default()).as_bytes());
+    }
     // The ABI header every kernel includes; each architecture adds the folders of `cpp/` its
     // kernels include (ARCHES), so a change to one architecture's parts rebuilds only its kernels.
     hash_tree(&mut common, &root.join("include"), &["h"]);
@@ -507,6 +525,8 @@ struct Toolchain {
     nvcc_version: String,
     host_cxx_version: String,
     cutlass_identity: String,
+    /// pins.txt where the pinned CUDA wheels compile (empty with the user's toolkit).
+    wheel_pins: String,
     /// The pinned libclang wheel's library folder, when fetched.
     libclang_dir: Option<PathBuf>,
 }
@@ -522,6 +542,7 @@ impl Toolchain {
         if (user_cuda.is_none() || user_cutlass.is_none()) && !tp.is_dir() {
             fetch(root, &tp);
         }
+        let wheel_pins = if user_cuda.is_none() { std::fs::read_to_string(root.join("third_party/pins.txt")).unwrap() } else { String::new() };
         let (nvcc, cuda_root) = user_cuda.unwrap_or((wheel_cuda.join("bin/nvcc"), Some(wheel_cuda.clone())));
         let cuda_root = cuda_root.expect("cannot tell the CUDA root from NVCC; set CUDA_HOME");
         let cudart_lib_dir = ["lib64", "lib", "lib/x64"].iter().map(|d| cuda_root.join(d)).find(|d| d.join("libcudart_static.a").exists())
@@ -548,7 +569,7 @@ impl Toolchain {
         let include = cuda_root.join("include");
         let libclang = tp.join("libclang");
         let libclang_dir = libclang.join("libclang.so").exists().then_some(libclang);
-        Toolchain { nvcc, cuobjdump, cuda_include: include.exists().then_some(include), cudart_lib_dir, cutlass, nvcc_version, host_cxx_version, cutlass_identity, libclang_dir }
+        Toolchain { nvcc, cuobjdump, cuda_include: include.exists().then_some(include), cudart_lib_dir, cutlass, nvcc_version, host_cxx_version, cutlass_identity, wheel_pins, libclang_dir }
     }
 
     fn nvcc_flags(&self, root: &Path, gencode: &str) -> Vec<String> {
