@@ -331,9 +331,9 @@ pub fn expected<T: OutputElement>(p: &Problem, dots: &[Dot], c: Option<&[T]>) ->
         let fp32_bound = alpha.abs() * e_acc + (3.0 * U + 2f64.powi(-50)) * (t + w) + 3.0 * f32::MIN_POSITIVE as f64;
         // Overflow is judged only where the exact result is finite (an infinite C asks for its
         // infinity), and, where the summation bound is infinite (K >= 2^22), from the partial
-        // sums' own bound |acc| <= S (1 + u)^K, so that a NaN still fails where nothing can
-        // overflow.
-        let t_over = if e_acc.is_finite() { t } else { alpha.abs() * d.abs_sum * s_round * (p.k as f64 * U.ln_1p()).exp() };
+        // sums' own bound under the model above, |acc| <= S (1 + u')^(2K), so that a NaN still
+        // fails where nothing can overflow.
+        let t_over = if e_acc.is_finite() { t } else { alpha.abs() * d.abs_sum * s_round * (2.0 * p.k as f64 * (2.0 * U).ln_1p()).exp() };
         Expected { exact, fp32_bound, may_overflow: exact.is_finite() && (t_over + w) * (1.0 + 4.0 * U) >= f32::MAX as f64 }
     }).collect())
 }

@@ -206,6 +206,7 @@ impl Quantizer {
         check_len("scales", scales.len(), moe_sfa_bytes(rows, k, experts), "floor((T + 127 E) / 128) * 128 * ceil(K/64)*4 scale bytes (each expert padded to 128 rows)")?;
         check_devices(self.stream.context().ordinal(), [("x", x.stream()), ("codes", codes.stream()), ("scales", scales.stream()), ("offsets", offsets.stream())])?;
         capture_check(&self.stream)?;
+        self.check_device()?;
         if rows == 0 {
             return Ok(());
         }
