@@ -331,8 +331,8 @@ pub fn select_grouped(arch: u32, rows: usize, experts: usize, k: usize, out: Out
     select_grouped_in(|i| i.grouped, arch, rows, experts, k, out, available)
 }
 
-/// The list-form grouped GEMM's config (SM90 only: no other architecture has list kernels): the
-/// rule of [`select_grouped`] over the list kernels, with the mean rows a group from the host's
+/// The list-form grouped GEMM's config (SM100: its one config with list kernels, as
+/// [`select_grouped`]; SM90: the rule of [`select_grouped`] over the list kernels), with the mean rows a group from the host's
 /// bounds, `ceil(max_rows / min(groups, max_rows))` (the largest group's M where the sum of M is
 /// bounded by groups times it), and the largest K.
 pub fn select_grouped_list(arch: u32, max_rows: usize, groups: usize, max_k: usize, out: OutType, available: impl Fn(Config) -> bool) -> Option<Config> {
@@ -382,7 +382,9 @@ const GROUPED_SWAPPED_MEAN: usize = 33;
 /// Picks a configuration of architecture `arch` for `p`, among those `available` says are
 /// built: on SM90 at M <= 64 the stream tile of the fewest rows that holds M (else the tallest),
 /// or at 33 to 64 rows the swapped 64x128 tile where the stream tiles' K ranges are long or
-/// their CTAs need two waves;
+/// their CTAs need two waves; above 64 rows on SM90 a swapped tile (256x128 where M pads little
+/// more than to 128 rows, else 128x256, or the swapped 128x128 where `swapped_estimate_us` models
+/// it faster) once its CTAs with split-K occupy a third of the SMs, else the unswapped 128x128;
 /// the explicit entry of the shape table if it has one (SM100); else the largest tile that still
 /// gives every SM a tile (`sm_count`), else the config that occupies the most SMs (ties: the
 /// least padded work). `None` when no config of that architecture is available.
@@ -529,7 +531,7 @@ mod tests {
         assert_eq!(select_grouped(100, 64, 8, 7168, OutType::F16, |c| c.info().arch != 100), None);
         assert_eq!(select_grouped(90, 64, 256, 7168, OutType::Bf16, |c| c != Config::Sm90_Stream_8x128x64), Some(Config::Sm90_StreamShortK_8x128x64));
         // The list form: the same rule over its kernels, the mean from the host's bounds (Qwen3
-        // t64: 512 rows over 123 groups, K 2048); none on SM100.
+        // t64: 512 rows over 123 groups, K 2048); on SM100 its one list-kernel config, f16 out.
         assert_eq!(select_grouped_list(90, 512, 123, 2048, OutType::Bf16, all), Some(Config::Sm90_StreamShortK_8x128x64));
         assert_eq!(select_grouped_list(90, 1024, 8, 7168, OutType::Nvfp4, all), Some(Config::Sm90_Swapped_128x128x64));
         assert_eq!(select_grouped_list(90, 0, 3, 64, OutType::F32, all), Some(Config::Sm90_StreamShortK_8x128x64));

@@ -169,13 +169,15 @@ pub const fn checked_sf_bytes(rows: usize, k: usize, batch: usize) -> Option<usi
 }
 
 /// Byte offset of scale (row `r`, scale column `s`) within one batch, for a matrix whose padded
-/// scale-column count is `sp` (a multiple of 4). Batch `l` adds `l * sf_batch_bytes(..)`.
+/// scale-column count is `sp` (a multiple of 4). Batch `l` adds `l * sf_batch_bytes(..)`. For
+/// positions inside a layout whose bytes fit in `usize` (`checked_sf_bytes` is `Some`): the arithmetic
+/// is unchecked, as in an indexing loop.
 pub const fn sf_offset(r: usize, s: usize, sp: usize) -> usize {
     (r / 128) * (sp / 4) * 512 + (s / 4) * 512 + (r % 32) * 16 + ((r % 128) / 32) * 4 + (s % 4)
 }
 
 /// Byte offset of the scale of element (batch `l`, row `r`, K index `k_elem`) in a buffer for
-/// `rows` x `k`.
+/// `rows` x `k` (inside a layout whose bytes fit in `usize`, as [`sf_offset`]).
 pub const fn sf_offset_elem(l: usize, r: usize, k_elem: usize, rows: usize, k: usize) -> usize {
     l * sf_batch_bytes(rows, k) + sf_offset(r, k_elem / SF_VEC, padded_sf_cols(sf_cols(k)))
 }

@@ -159,7 +159,7 @@ impl Problem {
     /// where the exact count does not fit (no buffer is that long, so a length check against it
     /// fails instead of passing a wrapped count); [`Self::validate`] rejects such problems.
     pub const fn a_bytes(&self) -> usize {
-        self.l.saturating_mul(self.m).saturating_mul(self.k) / 2
+        half_of_product(self.l, self.m, self.k)
     }
     /// Elements of a dense (L, M, K) A (W4A16 activations): `L * M * K`.
     pub const fn a_elems(&self) -> usize {
@@ -167,7 +167,7 @@ impl Problem {
     }
     /// Packed bytes of B: `L * N * K / 2`.
     pub const fn b_bytes(&self) -> usize {
-        self.l.saturating_mul(self.n).saturating_mul(self.k) / 2
+        half_of_product(self.l, self.n, self.k)
     }
     /// Bytes of SFA in the tiled layout.
     pub const fn sfa_bytes(&self) -> usize {
@@ -309,8 +309,10 @@ impl Problem {
         self.check_tile_count((tile_m, tile_n), "output tiles of the config", "ceil(M / tile M) * ceil(N / tile N) * L", || format!(", tile {tile_m} x {tile_n}"))
     }
 
-    /// SM100's limit beyond [`Self::validate`]: CUTLASS builds its scale-factor layouts from
-    /// 32-bit extents, so SFA, SFB and (FP4 output) SFD must each span at most `i32::MAX` bytes.
+    /// SM100's limits beyond [`Self::validate`]: CUTLASS builds its scale-factor layouts from
+    /// 32-bit extents, so SFA, SFB and (FP4 output) SFD must each span at most `i32::MAX` bytes;
+    /// and its launch grid holds the N tiles (of 64 at the narrowest) and L in y and z, at most
+    /// 65535 each.
     pub fn check_sm100(&self, out: OutType) -> Result<()> {
         self.check_sm100_scales(out)?;
         // CUTLASS's SM100 scheduler launches the tiles along N in the grid's y and L in z (at most
@@ -386,10 +388,17 @@ pub(crate) fn check_operand_lens(p: &Problem, lens: [usize; 4]) -> Result<()> {
     Ok(())
 }
 
+/// `a * b * c / 2`, saturating at `usize::MAX` where it does not fit (the packed bytes of a
+/// 4-bit (a, b, c) tensor).
+const fn half_of_product(a: usize, b: usize, c: usize) -> usize {
+    let n = (a as u128).saturating_mul(b as u128).saturating_mul(c as u128) / 2;
+    if n > usize::MAX as u128 { usize::MAX } else { n as usize }
+}
+
 /// The rule on D's length for output `out`, as (name, required elements, rule).
 pub(crate) fn d_rule(p: &Problem, out: OutType) -> (&'static str, usize, &'static str) {
     if out.sfd().is_some() {
-        ("D", out.d_bytes(p.cd_elems()), "L * M * N / 2 packed bytes")
+        ("D", half_of_product(p.l, p.m, p.n), "L * M * N / 2 packed bytes")
     } else {
         ("D", p.cd_elems(), "L * M * N elements")
     }
@@ -517,6 +526,10 @@ mod tests {
         assert_eq!(p.sfa_bytes(), 2 * 256 * 8);
         assert_eq!(p.sfb_bytes(), 2 * 256 * 8);
         assert_eq!(p.cd_elems(), 2 * 130 * 256);
+        // Counts that do not fit saturate, after the halving too.
+        let huge = Problem::new(1 << 33, 1 << 33, 1 << 32);
+        assert_eq!((huge.a_bytes(), huge.b_bytes(), d_rule(&huge, OutType::Nvfp4).1), (usize::MAX, usize::MAX, usize::MAX));
+        assert_eq!(Problem::new(1 << 40, 16, 1 << 24).a_bytes(), 1 << 63, "2^64 elements, 2^63 bytes");
         assert!(check_len("A", 5, 6, "r").unwrap_err().to_string().contains("A: holds 5 elements where exactly 6 are needed"));
         assert!(check_align("C", 0x1008).unwrap_err().to_string().contains("0x1008 is not 16-byte aligned"));
         check_align("C", 0x1010).unwrap();
