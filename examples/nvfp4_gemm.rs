@@ -25,8 +25,8 @@
 //! `--prepack` runs B prepacked (`Nvfp4Tensor::prepack`: the Hopper kernels' streaming layout,
 //! the same result; on SM100 the GEMM refuses it).
 //!
-//! Exit codes: 0 passed, 1 verification failed or the GPU run failed, 2 bad input, 3 no GPU
-//! this build can run on.
+//! Exit codes: 0 passed, 1 verification failed or the GPU run failed, 2 bad input (a `--config`
+//! of another architecture included), 3 no GPU this build can run on.
 //!
 //! Input files (`--input`, safetensors): `a` and `b` hold packed e2m1 values, dtype U8 with shape
 //! [M, K/2] or [L, M, K/2] (batch outermost, the contest's memory order), or dtype F4 (PyTorch
@@ -51,7 +51,9 @@
 //! data exactly, as the safetensors format requires) exits 2 naming the tensor and the rule.
 //!
 //! `--save` writes a temporary file beside the target and renames it over the target only once
-//! it is complete: a failed write leaves no file, and an existing one as it was.
+//! it is complete: a failed write leaves no file, and an existing one as it was. A run whose
+//! verification fails (exit 1) still saves its d, so that it can be examined; a run that fails
+//! before it has a d (exit 2 or 3, or a failed GPU call) saves nothing.
 //!
 //! Sizes whose host buffers would exceed the available memory (MemAvailable of /proc/meminfo,
 //! or the bytes in `NVFP4_GEMM_HOST_MEMORY` where set, e.g. a container's limit) exit 2 before
@@ -99,8 +101,8 @@ struct Cli {
     /// Scale of C (a generated C when the input has none).
     #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
     beta: f32,
-    /// Timed iterations (GPU).
-    #[arg(long, default_value_t = 10, allow_negative_numbers = true)]
+    /// Timed iterations (GPU), at least 1.
+    #[arg(long, default_value_t = 10, allow_negative_numbers = true, value_parser = at_least_one)]
     iterations: usize,
     /// Untimed warm-up iterations (GPU).
     #[arg(long, default_value_t = 3, allow_negative_numbers = true)]
@@ -194,13 +196,24 @@ enum DataArg {
     Realistic,
 }
 
+/// A count of at least 1 (`--iterations`).
+fn at_least_one(s: &str) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(n) if n >= 1 => Ok(n),
+        Ok(_) => Err("must be at least 1".into()),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
 /// An exit with its code and one line for stderr.
 struct Exit(u8, String);
 
 impl From<Error> for Exit {
     fn from(e: Error) -> Self {
         let code = match e {
-            Error::ArchMismatch { .. } | Error::UnsupportedDevice { .. } => 3,
+            // A --config for another architecture is a bad value; no kernel for this GPU at all
+            // is missing hardware.
+            Error::UnsupportedDevice { .. } => 3,
             Error::Cutlass { .. } | Error::CudaRuntime { .. } | Error::Driver(_) | Error::CannotImplement { .. } => 1,
             _ => 2,
         };
@@ -376,8 +389,14 @@ fn gpu_stream() -> Result<std::sync::Arc<cudarc::driver::CudaStream>, Exit> {
     if !BlockScaledGemm::driver_present() {
         return Err(Exit(3, format!("no NVIDIA driver found: the GPU path needs a GPU of {} with its driver; --device cpu runs the CPU reference", blockscaled_gemm::gemm::SUPPORTED)));
     }
-    if CudaContext::device_count().map_err(Error::from)? < 1 {
-        return Err(Exit(3, format!("no CUDA device found: the GPU path needs a GPU of {}; --device cpu runs the CPU reference", blockscaled_gemm::gemm::SUPPORTED)));
+    // With the driver but no visible device (CUDA_VISIBLE_DEVICES="", a container without the
+    // GPU), cuInit itself fails: that is missing hardware too.
+    match CudaContext::device_count() {
+        Ok(n) if n >= 1 => {}
+        r => {
+            let why = r.err().map_or(String::new(), |e| format!(" ({e})"));
+            return Err(Exit(3, format!("no CUDA device found{why}: the GPU path needs a GPU of {}; --device cpu runs the CPU reference", blockscaled_gemm::gemm::SUPPORTED)));
+        }
     }
     Ok(CudaContext::new(0).map_err(Error::from)?.default_stream())
 }
@@ -389,12 +408,12 @@ fn time_launches(cli: &Cli, stream: &std::sync::Arc<cudarc::driver::CudaStream>,
     }
     let flags = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
     let start = stream.record_event(flags).map_err(Error::from)?;
-    for _ in 0..cli.iterations.max(1) {
+    for _ in 0..cli.iterations {
         launch()?;
     }
     let end = stream.record_event(flags).map_err(Error::from)?;
     end.synchronize().map_err(Error::from)?;
-    Ok(start.elapsed_ms(&end).map_err(Error::from)? as f64 / cli.iterations.max(1) as f64)
+    Ok(start.elapsed_ms(&end).map_err(Error::from)? as f64 / cli.iterations as f64)
 }
 
 fn run<T: OutputElement + DeviceRepr + safetensors_dtype::HasDtype>(cli: &Cli) -> Result<bool, Exit> {
@@ -764,6 +783,12 @@ fn load<T: OutputElement + safetensors_dtype::HasDtype>(path: &PathBuf, beta: f3
     match std::fs::metadata(path) {
         Ok(m) if !m.is_file() => return Err(bad(format!("{}: not a regular file", path.display()))),
         _ => {}
+    }
+    // The file and the operands copied out of it are in memory at once before any other check.
+    if let (Ok(m), Some(available)) = (std::fs::metadata(path), mem_available()?) {
+        if m.len().saturating_mul(2) > available {
+            return Err(bad(format!("{}: {} bytes, read and copied, need about twice that; {available} bytes of host memory are available", path.display(), m.len())));
+        }
     }
     let bytes = std::fs::read(path).map_err(|e| bad(format!("{}: cannot read: {e}", path.display())))?;
     let st = SafeTensors::deserialize(&bytes).map_err(|e| bad(format!("{}: not a safetensors file: {e}", path.display())))?;

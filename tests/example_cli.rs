@@ -170,7 +170,7 @@ fn options_parse_and_bad_values_exit_2() {
 /// numbers reach the program's own rules instead of reading as unknown options.
 #[test]
 fn option_errors_say_what_is_wrong() {
-    let cases: [(&[&str], &[&str]); 8] = [
+    let cases: [(&[&str], &[&str]); 9] = [
         (&["--bogus"], &["--bogus"]),
         (&["--out", "f64"], &["f64", "possible values", "nvfp4-ue8m0"]),
         (&["--device", "tpu"], &["tpu", "possible values", "cpu"]),
@@ -179,6 +179,7 @@ fn option_errors_say_what_is_wrong() {
         (&["--device", "cpu", "--tolerance", "loose"], &["loose", "possible values", "contest"]),
         (&["--device", "cpu", "--m", "-1"], &["'-1'", "--m"]),
         (&["--device", "cpu", "--check-budget", "-5"], &["'-5'", "--check-budget"]),
+        (&["--device", "cpu", "--iterations", "0"], &["'0'", "--iterations", "must be at least 1"]),
     ];
     for (args, says) in cases {
         let o = run(args);
@@ -650,6 +651,16 @@ fn cpu_reference_buffers_are_checked_against_host_memory() {
     let o = Command::new(exe()).args(["--device", "cpu", "--m", "64", "--n", "64", "--k", "64"]).env("NVFP4_GEMM_HOST_MEMORY", "1G").output().unwrap();
     assert_eq!(code(&o), 2, "{}", String::from_utf8_lossy(&o.stderr));
     assert!(stderr_one_line(&o).contains("NVFP4_GEMM_HOST_MEMORY = \"1G\": must be a number of bytes"), "{}", String::from_utf8_lossy(&o.stderr));
+    // An --input file is read and its operands copied before any other check: refused where
+    // twice its size is not available.
+    let f = tmp("memory-input.safetensors");
+    run_ok(&["--device", "cpu", "--m", "8", "--n", "32", "--k", "64", "--save", f.to_str().unwrap()]);
+    let len = std::fs::metadata(&f).unwrap().len();
+    let o = Command::new(exe()).args(["--device", "cpu", "--input", f.to_str().unwrap()]).env("NVFP4_GEMM_HOST_MEMORY", (2 * len - 1).to_string()).output().unwrap();
+    assert_eq!(code(&o), 2, "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(stderr_one_line(&o).contains("need about twice that"), "{}", String::from_utf8_lossy(&o.stderr));
+    let o = Command::new(exe()).args(["--device", "cpu", "--input", f.to_str().unwrap()]).env("NVFP4_GEMM_HOST_MEMORY", (1u64 << 20).to_string()).output().unwrap();
+    assert_eq!(code(&o), 0, "{}", String::from_utf8_lossy(&o.stderr));
 }
 
 /// Probe finding: --save wrote in place, so a failed write (here the file size limit) left a
