@@ -138,9 +138,10 @@ impl Nvfp4Matrix {
         Ok(Nvfp4Matrix { rows, k, batch, data, scales, global_scale: None })
     }
 
-    /// Quantizes `values` of shape (batch, rows, K), row-major, as NVIDIA ModelOpt does. `T` is
-    /// f32, `half::f16` or `half::bf16` (widened exactly). Every step is one f32 operation rounded
-    /// to nearest even, in this order:
+    /// Quantizes `values` of shape (batch, rows, K), row-major, with NVIDIA ModelOpt's scales
+    /// (the global scale and the per-block scale relative to it), in this crate's fixed order of
+    /// operations. `T` is f32, `half::f16` or `half::bf16` (widened exactly). Every step is one
+    /// f32 operation rounded to nearest even, in this order:
     ///
     /// - the global scale `g`: `global_scale` where given (ModelOpt's `input_scale` for
     ///   activations, or a weight's `weight_scale_2`; finite and positive), else computed as
@@ -149,7 +150,10 @@ impl Nvfp4Matrix {
     ///   and positive, so no block scale below divides by 0;
     /// - per 16-element block, `scale = ue4m3(block_amax / 6 / g)` (divisions left to right,
     ///   ue4m3 rounding to nearest even and saturating at 448, which a given `g` smaller than the
-    ///   computed one can reach): never NaN, since `g > 0`;
+    ///   computed one can reach): never NaN, since `g > 0`. ModelOpt divides once by `6 * g`,
+    ///   which rounds differently: about one block scale in millions lands on the other side of
+    ///   a ue4m3 tie, so a checkpoint quantized by ModelOpt is not always reproduced byte for
+    ///   byte (its bytes load as they are);
     /// - `s = ue4m3_to_f32(scale) * g`, then per value `code = e2m1(x / s)` (nearest even,
     ///   saturating at ±6).
     ///

@@ -11,7 +11,8 @@
 //!   subnormal). Below 1 ulp from the true value (0.99 at worst over 400,001 points of its range,
 //!   unit test); +Inf above 88.72283, +0 below
 //!   -103.27893, NaN for NaN.
-//! - `silu(x) = x / (1 + exp(-x))`: -0 for x below about -88.7, x itself above about 17.
+//! - `silu(x) = x / (1 + exp(-x))`: -0 for x below about -88.7 down to the largest negative
+//!   finite value, NaN at -inf (-inf / inf, as PyTorch's `silu` gives), x itself above about 17.
 //! - `swiglu(g, u) = round_T(silu(g) * u)`, rounded to the input type T (nearest, ties to even),
 //!   as an unfused `silu_and_mul` would store it before quantizing.
 
@@ -126,6 +127,9 @@ mod tests {
         assert_eq!(silu(0.0), 0.0);
         assert_eq!(silu(100.0), 100.0);
         assert_eq!(silu(-100.0).to_bits(), (-0.0f32).to_bits());
+        assert_eq!(silu(f32::MIN).to_bits(), (-0.0f32).to_bits());
+        assert!(silu(f32::NEG_INFINITY).is_nan(), "-inf / inf, as documented");
+        assert_eq!(silu(f32::INFINITY), f32::INFINITY);
         assert!((silu(1.0) - 0.731_058_6).abs() < 1e-6);
         assert!((silu(-2.0) + 0.238_405_85).abs() < 1e-6);
         let (g, u) = (half::bf16::from_f32(1.5), half::bf16::from_f32(-3.0));
