@@ -542,7 +542,8 @@ impl Toolchain {
         if (user_cuda.is_none() || user_cutlass.is_none()) && !tp.is_dir() {
             fetch(root, &tp);
         }
-        let wheel_pins = if user_cuda.is_none() { std::fs::read_to_string(root.join("third_party/pins.txt")).unwrap() } else { String::new() };
+        let pins = std::fs::read_to_string(root.join("third_party/pins.txt")).unwrap();
+        let wheel_pins = if user_cuda.is_none() { pins.clone() } else { String::new() };
         let (nvcc, cuda_root) = user_cuda.unwrap_or((wheel_cuda.join("bin/nvcc"), Some(wheel_cuda.clone())));
         let cuda_root = cuda_root.expect("cannot tell the CUDA root from NVCC; set CUDA_HOME");
         let cudart_lib_dir = ["lib64", "lib", "lib/x64"].iter().map(|d| cuda_root.join(d)).find(|d| d.join("libcudart_static.a").exists())
@@ -557,7 +558,6 @@ impl Toolchain {
                 (dir, hex(&h.finalize()))
             }
             None => {
-                let pins = std::fs::read_to_string(root.join("third_party/pins.txt")).unwrap();
                 let pin = pins.lines().find(|l| l.starts_with("nvidia-cutlass ")).expect("pins.txt: nvidia-cutlass").to_string();
                 (tp.join("cutlass"), pin)
             }

@@ -780,14 +780,16 @@ fn from_checkpoint<T: OutputElement>(cli: &Cli, path: &PathBuf) -> Result<Inputs
 
 fn load<T: OutputElement + safetensors_dtype::HasDtype>(path: &PathBuf, beta: f32) -> Result<Inputs<T>, Exit> {
     // Not a FIFO or a device: reading one would block or never end.
-    match std::fs::metadata(path) {
-        Ok(m) if !m.is_file() => return Err(bad(format!("{}: not a regular file", path.display()))),
-        _ => {}
-    }
-    // The file and the operands copied out of it are in memory at once before any other check.
-    if let (Ok(m), Some(available)) = (std::fs::metadata(path), mem_available()?) {
-        if m.len().saturating_mul(2) > available {
-            return Err(bad(format!("{}: {} bytes, read and copied, need about twice that; {available} bytes of host memory are available", path.display(), m.len())));
+    if let Ok(m) = std::fs::metadata(path) {
+        if !m.is_file() {
+            return Err(bad(format!("{}: not a regular file", path.display())));
+        }
+        // The file and the operands copied out of it are in memory at once before any other
+        // check.
+        if let Some(available) = mem_available()? {
+            if m.len().saturating_mul(2) > available {
+                return Err(bad(format!("{}: {} bytes, read and copied, need about twice that; {available} bytes of host memory are available", path.display(), m.len())));
+            }
         }
     }
     let bytes = std::fs::read(path).map_err(|e| bad(format!("{}: cannot read: {e}", path.display())))?;

@@ -299,10 +299,7 @@ impl Checkpoint {
             ));
         }
         let name = |s: &str| format!("{prefix}.{s}");
-        let (w_name, g_name, in_name) = match convention {
-            Convention::ModelOpt => (name("weight"), name("weight_scale_2"), name("input_scale")),
-            Convention::CompressedTensors => (name("weight_packed"), name("weight_global_scale"), name("input_global_scale")),
-        };
+        let [w_name, g_name, in_name] = tensor_names(convention).map(name);
         let we = self.entry(&w_name)?;
         if we.dtype != "U8" {
             return Err(bad(&w_name, format!("dtype {}: the packed weight is U8 (two e2m1 codes a byte)", we.dtype)));
@@ -382,18 +379,17 @@ impl Checkpoint {
     fn fused_raw(&self, prefixes: &[&str]) -> Result<RawLayer> {
         let (first, rest) = prefixes.split_first().ok_or_else(|| Error::InvalidData { what: "prefixes", detail: "none: a fused layer has at least one shard".into() })?;
         let mut base = self.raw_layer(first)?;
-        let gname = |c: Convention, p: &str| format!("{p}.{}", if c == Convention::ModelOpt { "weight_scale_2" } else { "weight_global_scale" });
+        let name = |c: Convention, p: &str, i: usize| format!("{p}.{}", tensor_names(c)[i]);
         for p in rest {
             let l = self.raw_layer(p)?;
             if l.k != base.k {
-                return Err(bad(format!("{p}.{}", weight_name(l.convention)), format!("K = {}: {first} has K = {}; fused shards share K", l.k, base.k)));
+                return Err(bad(name(l.convention, p, 0), format!("K = {}: {first} has K = {}; fused shards share K", l.k, base.k)));
             }
             if l.global != base.global {
-                return Err(bad(gname(l.convention, p), format!("global scale {:?}, {} has {:?}: fused shards need one global scale (run a GEMM per shard)", Some(l.global), gname(base.convention, first), Some(base.global))));
+                return Err(bad(name(l.convention, p, 1), format!("global scale {:?}, {} has {:?}: fused shards need one global scale (run a GEMM per shard)", Some(l.global), name(base.convention, first, 1), Some(base.global))));
             }
             if l.input_scale != base.input_scale {
-                let iname = if l.convention == Convention::ModelOpt { "input_scale" } else { "input_global_scale" };
-                return Err(bad(format!("{p}.{iname}"), format!("{:?}, {first} has {:?}: fused shards share the activations' scale", l.input_scale, base.input_scale)));
+                return Err(bad(name(l.convention, p, 2), format!("{:?}, {first} has {:?}: fused shards share the activations' scale", l.input_scale, base.input_scale)));
             }
             base.data.extend_from_slice(&l.data);
             base.scales.extend_from_slice(&l.scales);
@@ -436,7 +432,7 @@ impl Checkpoint {
             match nk {
                 None => nk = Some((l.n, l.k)),
                 Some(first) if first != (l.n, l.k) => {
-                    return Err(bad(format!("{prefix}.{}", weight_name(l.convention)), format!("(N, K) = {:?}: expert 0 has {first:?}; an expert stack shares N and K", (l.n, l.k))));
+                    return Err(bad(format!("{prefix}.{}", tensor_names(l.convention)[0]), format!("(N, K) = {:?}: expert 0 has {first:?}; an expert stack shares N and K", (l.n, l.k))));
                 }
                 _ => {}
             }
@@ -578,8 +574,13 @@ fn check_quant_config(dir: &Path) -> Result<Option<HashMap<String, String>>> {
 }
 
 /// The name of a layer's packed weight in a convention.
-fn weight_name(c: Convention) -> &'static str {
-    if c == Convention::ModelOpt { "weight" } else { "weight_packed" }
+/// A layer's tensor names (after its prefix) by convention: the packed weight, the weight's
+/// global scale, the activations' scale.
+fn tensor_names(c: Convention) -> [&'static str; 3] {
+    match c {
+        Convention::ModelOpt => ["weight", "weight_scale_2", "input_scale"],
+        Convention::CompressedTensors => ["weight_packed", "weight_global_scale", "input_global_scale"],
+    }
 }
 
 #[cfg(test)]

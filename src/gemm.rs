@@ -511,10 +511,7 @@ impl BlockScaledGemm {
         let mut guard = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
         let scratch = &mut *guard;
         if out.sfd().is_some() && config.info().arch == 100 {
-            if scratch.norm_slot.is_none() {
-                scratch.norm_slot = Some(DeviceBuffer::zeroed(stream, 4, capturing)?);
-            }
-            let slot = scratch.norm_slot.as_ref().expect("allocated above").ptr;
+            let slot = scratch.norm_slot(stream, capturing)?;
             // SAFETY: the slot is our own live 4-byte allocation; the memset is queued on the
             // stream ahead of the kernel that reads it.
             unsafe { cudarc::driver::sys::cuMemsetD32Async(slot, p.norm_constant.to_bits(), 1, stream.cu_stream()) }.result()?;
@@ -558,8 +555,8 @@ impl BlockScaledGemm {
     pub fn reserve_workspace(&self, bytes: usize) -> Result<()> {
         let capturing = self.capture_check()?;
         let mut scratch = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
-        if self.device.arch() == Some(100) && scratch.norm_slot.is_none() && !capturing {
-            scratch.norm_slot = Some(DeviceBuffer::zeroed(&self.stream, 4, false)?);
+        if self.device.arch() == Some(100) && !capturing {
+            scratch.norm_slot(&self.stream, false)?;
         }
         if scratch.workspace.as_ref().is_some_and(|w| w.bytes >= bytes) {
             return Ok(());
@@ -661,24 +658,36 @@ impl Drop for DeviceBuffer {
 
 /// The typed outcome of a kernel's status (after any workspace retry): `config`'s launch of a
 /// problem (M, N, K, L) with output `out`.
-/// A CUDA error the adapter reports beside CUTLASS's status (the SM90 adapters return
-/// kErrorInternal with it) is the more telling of the two, so it comes first.
 pub(crate) fn status_result(status: sys::KernelStatus, config: Config, out: OutType, (m, n, k, l): (usize, usize, usize, usize)) -> Result<Config> {
     match status.cutlass_status {
-        NOT_BUILT => return Err(Error::NotBuilt { config, out }),
-        INVALID_PROBLEM => return Err(Error::CannotImplement { config, m, n, k, l }),
-        _ => {}
+        NOT_BUILT => Err(Error::NotBuilt { config, out }),
+        INVALID_PROBLEM => Err(Error::CannotImplement { config, m, n, k, l }),
+        _ => launch_status(status).map(|()| config),
     }
+}
+
+/// A launch's errors: a CUDA error the adapter reports beside CUTLASS's status (the SM90
+/// adapters return kErrorInternal with it) is the more telling of the two, so it comes first.
+pub(crate) fn launch_status(status: sys::KernelStatus) -> Result<()> {
     if status.cuda_error != 0 {
         return Err(Error::CudaRuntime { code: status.cuda_error, name: sys::cuda_error_name(status.cuda_error) });
     }
     match status.cutlass_status {
-        0 => Ok(config),
+        0 => Ok(()),
         code => Err(Error::Cutlass { code, name: sys::cutlass_status_name(code) }),
     }
 }
 
 impl Scratch {
+    /// The SM100 FP4 norm-constant slot, allocated on first use (never during capture:
+    /// [`Error::WorkspaceDuringCapture`]).
+    fn norm_slot(&mut self, stream: &CudaStream, capturing: bool) -> Result<u64> {
+        if self.norm_slot.is_none() {
+            self.norm_slot = Some(DeviceBuffer::zeroed(stream, 4, capturing)?);
+        }
+        Ok(self.norm_slot.as_ref().expect("allocated above").ptr)
+    }
+
     /// Calls `launch` with the workspace (address, bytes; 0, 0 where none is allocated) until the
     /// kernel no longer reports it short: grows it then (never during capture, where that is
     /// [`Error::WorkspaceDuringCapture`]) and calls again. Returns the last status.

@@ -5,7 +5,7 @@ use std::sync::{Arc, OnceLock};
 use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut, DeviceRepr};
 
 use crate::error::{check_len, Error, Result};
-use crate::gemm::{capture_check, check_devices};
+use crate::gemm::{capture_check, check_devices, launch_status};
 use crate::grouped::{moe_sfa_bytes, moe_sfa_rows, MAX_EXPERTS};
 use crate::layout::sf_batch_bytes;
 use crate::matrix::{check_global_scale, check_lens, check_shape, computed_global_scale, HostFloat};
@@ -206,9 +206,8 @@ impl Quantizer {
         check_len("scales", scales.len(), moe_sfa_bytes(rows, k, experts), "floor((T + 127 E) / 128) * 128 * ceil(K/64)*4 scale bytes (each expert padded to 128 rows)")?;
         check_devices(self.stream.context().ordinal(), [("x", x.stream()), ("codes", codes.stream()), ("scales", scales.stream()), ("offsets", offsets.stream())])?;
         capture_check(&self.stream)?;
-        self.check_device()?;
         if rows == 0 {
-            return Ok(());
+            return self.check_device(); // launch_args checks it where a launch follows
         }
         let stream = &self.stream;
         let (px, _gx) = x.device_ptr(stream);
@@ -301,14 +300,7 @@ impl Quantizer {
         };
         // SAFETY: the addresses are live device buffers of the checked lengths on this stream's
         // device, 16-byte aligned; the caller holds their guards until this returns.
-        let status = unsafe { sys::quantize(&args) };
-        if status.cuda_error != 0 {
-            return Err(Error::CudaRuntime { code: status.cuda_error, name: sys::cuda_error_name(status.cuda_error) });
-        }
-        if status.cutlass_status != 0 {
-            return Err(Error::Cutlass { code: status.cutlass_status, name: sys::cutlass_status_name(status.cutlass_status) });
-        }
-        Ok(())
+        launch_status(unsafe { sys::quantize(&args) })
     }
 
     /// The quantizer's kernels are built for the architectures of `BSG_ARCHS` only; on another
