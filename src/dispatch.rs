@@ -299,15 +299,18 @@ const STREAM_FEWER_CTAS_K: usize = 128;
 /// gained 2-14 %, 64 lost 5 % or tied, 96 to 128 lost up to 10 %).
 const STREAM_NARROW_K: usize = 56;
 
-/// Modelled time (microseconds, H100 SXM) of a swapped tile (128x256, 256x128 or 128x128) on `p`
-/// at `split`: per wave, the fixed costs (first raw stage; after the loop the cluster reduction
-/// or the epilogue) plus one K range's k-tiles at the loop's rate in clocks at 1.9 GHz. The
-/// constants are measured per tile (timelines and traces, bench/DESIGN.md §8); 256x128's
-/// after-loop cost at split-K is fitted to same-run comparisons with the 128x128 (§8).
+/// Modelled time (microseconds, H100 SXM) of a swapped tile on `p` at `split`: per wave, the
+/// fixed costs (first raw stage; after the loop the cluster reduction or the epilogue) plus one K
+/// range's k-tiles at the loop's rate in clocks at 1.9 GHz. The constants of the 128-row tiles
+/// are measured per tile (timelines and traces, bench/DESIGN.md §8); 256x128's after-loop cost at
+/// split-K is fitted to same-run comparisons with the 128x128 (§8); the 64-row tiles' are fitted
+/// to graph-replayed times of both at five shapes (§12).
 fn swapped_estimate_us(config: Config, p: &Problem, split: u32, sm_count: usize) -> f64 {
     let (first, reduce, clocks) = match config {
         Config::Sm90_Swapped_128x128x64 => (2.2, 4.3, 677.0),
         Config::Sm90_256x128x64 => (2.2, 6.4, 1190.0),
+        Config::Sm90_Swapped_64x128x64 => (1.5, 4.5, 579.0),
+        Config::Sm90_Swapped_64x256x64 => (2.5, 5.5, 986.0),
         _ => (2.9, 6.1, 1220.0),
     };
     let after = if split > 1 { reduce } else { 2.5 };
@@ -381,8 +384,8 @@ const GROUPED_SWAPPED_MEAN: usize = 33;
 
 /// Picks a configuration of architecture `arch` for `p`, among those `available` says are
 /// built: on SM90 at M <= 64 the stream tile of the fewest rows that holds M (else the tallest),
-/// or at 33 to 64 rows the swapped 64x128 tile where the stream tiles' K ranges are long or
-/// their CTAs need two waves; above 64 rows on SM90 a swapped tile (256x128 where M pads little
+/// or at 33 to 64 rows a swapped 64-row tile (64x128, or 64x256 where `swapped_estimate_us`
+/// models it faster) where the stream tiles' K ranges are long or their CTAs need two waves; above 64 rows on SM90 a swapped tile (256x128 where M pads little
 /// more than to 128 rows, else 128x256, or the swapped 128x128 where `swapped_estimate_us` models
 /// it faster) once its CTAs with split-K occupy a third of the SMs, else the unswapped 128x128;
 /// the explicit entry of the shape table if it has one (SM100); else the largest tile that still
@@ -438,12 +441,18 @@ pub fn select(arch: u32, p: &Problem, sm_count: usize, max_clusters: &ClusterCou
             let enough_ctas = |c: &Config| ctas(c) >= ctas(&widest) || (tile_rows(*c) < 32 && short_split(c));
             let narrow_enough = |c: &Config| width(c) > 32 || range(*c) <= STREAM_NARROW_K;
             let pick = per_width.iter().copied().find(|c| ctas(c) <= sm_count && enough_ctas(c) && short_enough(c) && narrow_enough(c)).unwrap_or(widest);
-            // 33 to 64 rows: two 32-row stream tiles decode every weight twice; the swapped 64x128
-            // tile decodes it once, and wins unless the stream tiles' K ranges are short and
-            // their CTAs fit one wave (there the swapped tile's fixed costs weigh).
-            let swapped64 = Config::Sm90_Swapped_64x128x64;
-            if p.m > 32 && candidates.contains(&swapped64) && !(short(pick) && ctas(&pick) <= sm_count) {
-                return Some(swapped64);
+            // 33 to 64 rows: two 32-row stream tiles decode every weight twice; the swapped 64-row
+            // tiles decode it once, and win unless the stream tiles' K ranges are short and their
+            // CTAs fit one wave (there the swapped tile's fixed costs weigh). Of the two, 64x256
+            // (the activations loaded once for twice the weights, half the tiles) where
+            // swapped_estimate_us models it faster: long K ranges, or 64x128 tiles beyond one
+            // wave or held to a small split by the clusters that fit; ties keep 64x128.
+            if p.m > 32 && !(short(pick) && ctas(&pick) <= sm_count) {
+                let est = |c: &Config| swapped_estimate_us(*c, p, split_k(*c, p, sm_count, max_clusters), sm_count);
+                let swapped64 = [Config::Sm90_Swapped_64x128x64, Config::Sm90_Swapped_64x256x64].into_iter().filter(|c| candidates.contains(c));
+                if let Some(c) = swapped64.min_by(|a, b| est(a).total_cmp(&est(b))) {
+                    return Some(c);
+                }
             }
             return Some(pick);
         }
@@ -578,6 +587,8 @@ mod tests {
                 assert_eq!(info.tile, [256, 128, 64]);
             } else if *c == Config::Sm90_Swapped_64x128x64 {
                 assert_eq!(info.tile, [64, 128, 64]);
+            } else if *c == Config::Sm90_Swapped_64x256x64 {
+                assert_eq!(info.tile, [64, 256, 64]);
             } else if info.streams() {
                 // What the stream Tile static_asserts: 8 to 64 token rows, the summed tile's
                 // float4 units whole per thread or fewer than the 256 threads; and the table's
@@ -594,11 +605,11 @@ mod tests {
             }
             let k_tile = if info.arch == 100 { 256 } else { 64 };
             assert_eq!(info.tile[2], k_tile, "{c}: K tile");
-            // What the SM90 kernel's Tile static_asserts, checked here on the table: 128x256 and
-            // 256x128 and 64x128 exist only swapped, 128x64 only not, 128x128 both ways.
+            // What the SM90 kernel's Tile static_asserts, checked here on the table: 128x256,
+            // 256x128, 64x128 and 64x256 exist only swapped, 128x64 only not, 128x128 both ways.
             let t = [info.tile[0], info.tile[1]];
             if info.swapped() {
-                assert!(info.arch == 90 && [[128, 256], [256, 128], [128, 128], [64, 128]].contains(&t), "{c}");
+                assert!(info.arch == 90 && [[128, 256], [256, 128], [128, 128], [64, 128], [64, 256]].contains(&t), "{c}");
             } else if info.schedule == Schedule::SmemDecode {
                 assert!(info.arch == 90 && [[128, 64], [128, 128]].contains(&t), "{c}");
             }
@@ -747,16 +758,20 @@ mod tests {
         for (m, n, k, c) in [(32, 7168, 2048, n32), (17, 2048, 7168, n32), (32, 4096, 7168, Config::Sm90_Stream_32x128x64), (32, 7168, 16384, Config::Sm90_Stream_32x128x64), (64, 7168, 2048, Config::Sm90_Stream_32x128x64)] {
             assert_eq!(select(90, &Problem::new(m, n, k), 132, &ANY_CLUSTERS, all), Some(c), "{m}x{n}x{k}");
         }
-        // 33 to 64 rows: the swapped 64x128 tile, unless the 32-row stream tile's K ranges are
+        // 33 to 64 rows: a swapped 64-row tile (here 64x128 alone; which of the two:
+        // swapped_64_rows_by_the_model below), unless the 32-row stream tile's K ranges are
         // short and its CTAs one wave: 64x4096x7168 (64 tiles x 2, 56 k-tiles), 64x7168x16384
         // (112 x 1, 256), 64x14336x4096 (224 tiles) and 64x28672x2048 (448 tiles of 32 k-tiles:
         // two waves) take it; 64x7168x2048 (112 x 1, 32 k-tiles) and 64x2048x7168 (32 x 4, 28)
-        // keep the stream tile; without it, the stream tile.
-        let s64 = Config::Sm90_Swapped_64x128x64;
+        // keep the stream tile; without the swapped tiles, the stream tile.
+        let (s64, w64) = (Config::Sm90_Swapped_64x128x64, Config::Sm90_Swapped_64x256x64);
         for (m, n, k, c) in [(33, 4096, 7168, s64), (64, 4096, 7168, s64), (48, 7168, 16384, s64), (64, 14336, 4096, s64), (48, 28672, 2048, s64), (64, 2048, 7168, Config::Sm90_Stream_32x128x64), (64, 7168, 2048, Config::Sm90_Stream_32x128x64)] {
-            assert_eq!(select(90, &Problem::new(m, n, k), 132, &ANY_CLUSTERS, all), Some(c), "{m}x{n}x{k}");
+            assert_eq!(select(90, &Problem::new(m, n, k), 132, &ANY_CLUSTERS, |c| c != w64), Some(c), "{m}x{n}x{k}");
         }
-        assert_eq!(select(90, &Problem::new(64, 4096, 7168), 132, &ANY_CLUSTERS, |c| c != s64), Some(Config::Sm90_Stream_32x128x64));
+        assert_eq!(select(90, &Problem::new(64, 4096, 7168), 132, &ANY_CLUSTERS, |c| c != s64 && c != w64), Some(Config::Sm90_Stream_32x128x64));
+        // 64x256 alone serves where 64x128 would (its estimate against none).
+        assert_eq!(select(90, &Problem::new(64, 4096, 7168), 132, &ANY_CLUSTERS, |c| c != s64), Some(w64));
+        assert_eq!(select(90, &Problem::new(64, 7168, 2048), 132, &ANY_CLUSTERS, |c| c != s64), Some(Config::Sm90_Stream_32x128x64));
         // Only the 64-wide tiles built: they serve every shape.
         let narrow = |c: Config| !c.info().streams() || c.info().tile[1] == 64 || c.info().tile[0] == 32;
         assert_eq!(select(90, &Problem::new(4, 14336, 4096), 132, &ANY_CLUSTERS, narrow), Some(n8));
@@ -782,6 +797,39 @@ mod tests {
         let q = Problem::new(128, 7168, 16384);
         let s = split_k(wide, &q, 132, &few);
         assert!(!cluster_reduced(wide, s) || cluster_split(wide, &q, s, &few));
+    }
+
+    /// 33 to 64 rows, where a swapped tile is taken: 64x256 where `swapped_estimate_us` models it
+    /// faster than 64x128. Both forced at their own splits on an H100, same run, two rounds, graph
+    /// us, f16 (bench/DESIGN.md §12): the model picked the faster at each of these 14 shapes.
+    #[test]
+    fn swapped_64_rows_by_the_model() {
+        let all = |_| true;
+        let (s64, w64) = (Config::Sm90_Swapped_64x128x64, Config::Sm90_Swapped_64x256x64);
+        let picks = [
+            (64, 4096, 7168, s64),   // 17.4 against 17.9 (64x256 at split 6)
+            (64, 14336, 4096, s64),  // 23.5-23.7 against 24.5
+            (64, 2048, 16384, s64),  // 19.9-20.0 against 24.2
+            (64, 3072, 7168, s64),   // 14.3 against 15.4
+            (64, 7168, 4096, s64),   // 15.8 against 15.9
+            (64, 7168, 16384, w64),  // 45.0-45.3 against 40.8
+            (64, 7168, 8192, w64),   // 25.8-26.0 against 24.2-24.3
+            (64, 4096, 16384, w64),  // 32.1-32.3 against 30.5
+            (64, 4096, 28672, w64),  // 51.5 against 47.5
+            (64, 14336, 16384, w64), // 79.6-80.1 against 72.8-73.2
+            (64, 28672, 4096, w64),  // 45.4 against 38.2 (224 tiles of 64x128: two waves)
+            (64, 18432, 7168, w64),  // 72.3-72.7 against 61.2
+            (64, 5120, 27648, w64),  // 70.2-70.6 against 53.6-53.8 (64x128 held to split 2)
+            (48, 28672, 2048, w64),  // 26.1-26.3 against 21.8-21.9
+        ];
+        for (m, n, k, c) in picks {
+            assert_eq!(select(90, &Problem::new(m, n, k), 132, &H100_CLUSTERS, all), Some(c), "{m}x{n}x{k}");
+        }
+        // The splits those runs took: 64x256 at 64x4096x16384 held to 6 by the 15 clusters of 7
+        // and 8 that fit (16 tiles), 64x128 at 64x5120x27648 to 2 (40 tiles; 39 clusters of 3).
+        assert_eq!(split_k(w64, &Problem::new(64, 4096, 16384), 132, &H100_CLUSTERS), 6);
+        assert_eq!(split_k(s64, &Problem::new(64, 5120, 27648), 132, &H100_CLUSTERS), 2);
+        assert_eq!(split_k(w64, &Problem::new(64, 5120, 27648), 132, &H100_CLUSTERS), 5);
     }
 
     #[test]

@@ -178,8 +178,9 @@ pub(crate) fn resolve_config(device: &DeviceFacts, out: OutType, forced: Option<
 ///
 /// Workspace: device memory the kernels use besides their operands. On Hopper it holds split-K
 /// partials where a split goes through global memory, and for the swapped configs
-/// (`Sm90_128x256x64`, `Sm90_256x128x64`, `Sm90_Swapped_128x128x64`, `Sm90_Swapped_64x128x64`:
-/// the picks from 33 rows for most shapes, so reserve before capturing those too)
+/// (`Sm90_128x256x64`, `Sm90_256x128x64`, `Sm90_Swapped_128x128x64`, `Sm90_Swapped_64x128x64`,
+/// `Sm90_Swapped_64x256x64`: the picks from 33 rows for most shapes, so reserve before capturing
+/// those too)
 /// the activations decoded once per call to FP16: 2 * L * M * K bytes, M rounded up to the
 /// tile's rows, plus 256 KiB (4.3 MB at M = 128, K = 16384; 128 MiB at 8192^3).
 /// [`Self::workspace_size`] tells a call's need, [`Self::reserve_workspace`] allocates ahead,

@@ -305,8 +305,8 @@ fn sm90_small_m_every_output() -> Outcome {
         let (a, b) = contest(m, n, k, l, 90 + i as u64);
         let p = Problem::new(m, n, k).batch(l);
         let chosen = g.select_config(&p, OutType::F16).unwrap();
-        // The swapped 64-row tile too (the rule's at 33 to 64 rows where K ranges are long).
-        let swapped64 = Some(Config::Sm90_Swapped_64x128x64).filter(|c| c.is_built(OutType::F16));
+        // The swapped 64-row tiles too (the rule's at 33 to 64 rows where K ranges are long).
+        let swapped64 = [Config::Sm90_Swapped_64x128x64, Config::Sm90_Swapped_64x256x64].into_iter().filter(|c| c.is_built(OutType::F16));
         let configs: Vec<Config> = std::iter::once(chosen).chain(streams.iter().copied().chain(swapped64).filter(|&c| c != chosen)).collect();
         let c32: Vec<f32> = (0..l * m * n).map(|_| rng.below(33) as f32 - 16.0).collect();
         // FP4 output with C, alpha, beta and a norm constant: D and SFD byte for byte.
@@ -355,16 +355,22 @@ fn sm90_small_m_every_output() -> Outcome {
         }
     }
     // Decode shapes at the rule's tile (64 wide: split 2, clusters of 2; at 64 rows the swapped
-    // 64x128 tile, split 3) and at the 128-wide stream tile of the same rows, whose split clusters
-    // may not all fit at once (an H100 runs 30 clusters of 4; 1x4096x7168 asks 32): that launch
-    // then sums in global memory at the same split.
+    // 64x128 tile, split 3; at 40x4096x16384 on an H100 the swapped 64x256, split 6) and at the
+    // 128-wide stream tile of the same rows, whose split clusters may not all fit at once (an
+    // H100 runs 30 clusters of 4; 1x4096x7168 asks 32): that launch then sums in global memory at
+    // the same split.
     let d = g.device();
-    for (i, (m, n, k)) in [(1usize, 4096usize, 7168usize), (16, 4096, 7168), (64, 4096, 7168)].into_iter().enumerate() {
+    let h100 = d.sm_count == 132 && d.max_clusters[2] == 30 && d.max_clusters[4] == 17;
+    for (i, (m, n, k)) in [(1usize, 4096usize, 7168usize), (16, 4096, 7168), (64, 4096, 7168), (40, 4096, 16384)].into_iter().enumerate() {
         let (a, b) = contest(m, n, k, 1, 120 + i as u64);
         let p = Problem::new(m, n, k);
         let chosen = g.select_config(&p, OutType::F16).unwrap();
-        if m == 64 && Config::Sm90_Swapped_64x128x64.is_built(OutType::F16) {
+        let both = [Config::Sm90_Swapped_64x128x64, Config::Sm90_Swapped_64x256x64].iter().all(|c| c.is_built(OutType::F16));
+        if m == 64 && both {
             assert_eq!(chosen, Config::Sm90_Swapped_64x128x64, "64x4096x7168: the stream tiles' K ranges are long there");
+        }
+        if m == 40 && both && h100 {
+            assert_eq!(chosen, Config::Sm90_Swapped_64x256x64, "40x4096x16384: K ranges of 43 k-tiles");
         }
         let wide = match m {
             1..=8 => Config::Sm90_StreamShortK_8x128x64,

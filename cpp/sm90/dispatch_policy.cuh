@@ -124,16 +124,17 @@ struct Tile {
   static constexpr bool kSwap = std::is_same_v<Schedule, MainloopSwappedRegisterDecode>;
   static_assert(Act::kScaled || kSwap, "dense activations: the swapped and stream tiles");
   static_assert(kSwap || std::is_same_v<Schedule, MainloopSmemDecode>, "schedule tag");
-  static_assert((BM == 128 && (BN == 64 || BN == 128 || BN == 256)) || (BM == 256 && BN == 128) || (BM == 64 && BN == 128), "tile M x N");
+  static_assert((BM == 128 && (BN == 64 || BN == 128 || BN == 256)) || (BM == 256 && BN == 128) || (BM == 64 && (BN == 128 || BN == 256)), "tile M x N");
   static_assert(kSwap == (BN == 256 || BM != 128) || (kSwap && BM == 128 && BN == 128),
-                "128x256, 256x128 and 64x128 exist only swapped, 128x64 only unswapped; 128x128 both ways");
+                "128x256, 256x128, 64x128 and 64x256 exist only swapped, 128x64 only unswapped; 128x128 both ways");
   using Mainloop = Schedule;
   static constexpr int kBM = BM;
   static constexpr int kBN = BN;
   static constexpr int kRawK = ::bsg::sm90::kRawK;
   static constexpr int kSubs = kRawK / kBK;  // k-tiles per raw stage
-  // Swapped: each warpgroup owns BN / 2 weight rows, kMB 64-row M blocks of the MMA: 128x256 two
-  // against 128 activation rows; 256x128 one against 256; 128x128 and 64x128 one against 128 or 64.
+  // Swapped: each warpgroup owns BN / 2 weight rows, kMB 64-row M blocks of the MMA: 128x256 and
+  // 64x256 two against 128 or 64 activation rows; 256x128 one against 256; 128x128 and 64x128 one
+  // against 128 or 64.
   static constexpr int kMB = BN / 128;
   static constexpr bool kSwap128 = kSwap && kMB == 1 && BM <= 128;
   // Swapped: k-tiles per ping-pong turn (the swapped 128x128's and 64x128's decode needs two
