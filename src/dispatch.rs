@@ -401,7 +401,7 @@ pub fn select(arch: u32, p: &Problem, sm_count: usize, max_clusters: &ClusterCou
     if arch == 90 {
         // Small M (at most 64 token rows): the stream tile of the fewest rows that holds M, else
         // the tallest (M = 33 to 64: two 32-row tiles, measured faster than one 64-row stream
-        // tile; the swapped 64x128 tile may still take it below); in
+        // tile; a swapped 64-row tile may still take it below); in
         // stages of four k-tiles where each CTA's K range is at most STREAM_SHORT_K k-tiles.
         let stream = candidates.iter().copied().filter(|c| c.info().streams() && p.m <= STREAM_MAX_M);
         let tile_rows = |c: Config| c.info().tile[0] as usize;
@@ -445,8 +445,10 @@ pub fn select(arch: u32, p: &Problem, sm_count: usize, max_clusters: &ClusterCou
             // tiles decode it once, and win unless the stream tiles' K ranges are short and their
             // CTAs fit one wave (there the swapped tile's fixed costs weigh). Of the two, 64x256
             // (the activations loaded once for twice the weights, half the tiles) where
-            // swapped_estimate_us models it faster: long K ranges, or 64x128 tiles beyond one
-            // wave or held to a small split by the clusters that fit; ties keep 64x128.
+            // swapped_estimate_us models it faster (its better loop rate over each CTA's K range
+            // against its larger fixed costs and, at half the tiles, larger splits: e.g. long K,
+            // or 64x128 tiles beyond one wave or held to a small split by the clusters that fit);
+            // ties keep 64x128.
             if p.m > 32 && !(short(pick) && ctas(&pick) <= sm_count) {
                 let est = |c: &Config| swapped_estimate_us(*c, p, split_k(*c, p, sm_count, max_clusters), sm_count);
                 let swapped64 = [Config::Sm90_Swapped_64x128x64, Config::Sm90_Swapped_64x256x64].into_iter().filter(|c| candidates.contains(c));
@@ -800,8 +802,9 @@ mod tests {
     }
 
     /// 33 to 64 rows, where a swapped tile is taken: 64x256 where `swapped_estimate_us` models it
-    /// faster than 64x128. Both forced at their own splits on an H100, same run, two rounds, graph
-    /// us, f16 (bench/DESIGN.md §12): the model picked the faster at each of these 14 shapes.
+    /// faster than 64x128. Both forced at their own splits on an H100, same run, two rounds (one at
+    /// 64x4096x28672), graph us, f16 (bench/DESIGN.md §12): the model picked the faster at each of
+    /// these 14 shapes.
     #[test]
     fn swapped_64_rows_by_the_model() {
         let all = |_| true;
