@@ -299,13 +299,14 @@ const STREAM_FEWER_CTAS_K: usize = 128;
 /// gained 2-14 %, 64 lost 5 % or tied, 96 to 128 lost up to 10 %).
 const STREAM_NARROW_K: usize = 56;
 
-/// Modelled time (microseconds, H100 SXM) of a swapped tile on `p` at `split`: per wave, the
-/// fixed costs (first raw stage; after the loop the cluster reduction or the epilogue) plus one K
+/// Modelled time (microseconds, H100 SXM) of a swapped tile on `p` at the split the rule gives
+/// it ([`split_k`]): per wave, the fixed costs (first raw stage; after the loop the cluster reduction or the epilogue) plus one K
 /// range's k-tiles at the loop's rate in clocks at 1.9 GHz. The constants of the 128-row tiles
 /// are measured per tile (timelines and traces, bench/DESIGN.md §8); 256x128's after-loop cost at
 /// split-K is fitted to same-run comparisons with the 128x128 (§8); the 64-row tiles' are fitted
 /// to graph-replayed times of both at five shapes (§12).
-fn swapped_estimate_us(config: Config, p: &Problem, split: u32, sm_count: usize) -> f64 {
+fn swapped_estimate_us(config: Config, p: &Problem, sm_count: usize, max_clusters: &ClusterCounts) -> f64 {
+    let split = split_k(config, p, sm_count, max_clusters);
     let (first, reduce, clocks) = match config {
         Config::Sm90_Swapped_128x128x64 => (2.2, 4.3, 677.0),
         Config::Sm90_256x128x64 => (2.2, 6.4, 1190.0),
@@ -385,9 +386,10 @@ const GROUPED_SWAPPED_MEAN: usize = 33;
 /// Picks a configuration of architecture `arch` for `p`, among those `available` says are
 /// built: on SM90 at M <= 64 the stream tile of the fewest rows that holds M (else the tallest),
 /// or at 33 to 64 rows a swapped 64-row tile (64x128, or 64x256 where `swapped_estimate_us`
-/// models it faster) where the stream tiles' K ranges are long or their CTAs need two waves; above 64 rows on SM90 a swapped tile (256x128 where M pads little
-/// more than to 128 rows, else 128x256, or the swapped 128x128 where `swapped_estimate_us` models
-/// it faster) once its CTAs with split-K occupy a third of the SMs, else the unswapped 128x128;
+/// models it faster) where the stream tiles' K ranges are long or their CTAs need two waves;
+/// above 64 rows on SM90 a swapped tile (256x128 where M pads little more than to 128 rows, else
+/// 128x256, or the swapped 128x128 where `swapped_estimate_us` models it faster) once its CTAs
+/// with split-K occupy a third of the SMs, else the unswapped 128x128;
 /// the explicit entry of the shape table if it has one (SM100); else the largest tile that still
 /// gives every SM a tile (`sm_count`), else the config that occupies the most SMs (ties: the
 /// least padded work). `None` when no config of that architecture is available.
@@ -450,7 +452,7 @@ pub fn select(arch: u32, p: &Problem, sm_count: usize, max_clusters: &ClusterCou
             // or 64x128 tiles beyond one wave or held to a small split by the clusters that fit);
             // ties keep 64x128.
             if p.m > 32 && !(short(pick) && ctas(&pick) <= sm_count) {
-                let est = |c: &Config| swapped_estimate_us(*c, p, split_k(*c, p, sm_count, max_clusters), sm_count);
+                let est = |c: &Config| swapped_estimate_us(*c, p, sm_count, max_clusters);
                 let swapped64 = [Config::Sm90_Swapped_64x128x64, Config::Sm90_Swapped_64x256x64].into_iter().filter(|c| candidates.contains(c));
                 if let Some(c) = swapped64.min_by(|a, b| est(a).total_cmp(&est(b))) {
                     return Some(c);
@@ -474,8 +476,7 @@ pub fn select(arch: u32, p: &Problem, sm_count: usize, max_clusters: &ClusterCou
             .find(|&c| c == Config::Sm90_128x256x64 || pad(256).saturating_mul(10) <= pad(128).saturating_mul(11));
         let narrow = Config::Sm90_Swapped_128x128x64;
         if let Some(wide) = swapped.filter(|_| candidates.contains(&narrow)) {
-            let est = |c: Config| swapped_estimate_us(c, p, split_k(c, p, sm_count, max_clusters), sm_count);
-            if est(narrow) < est(wide) {
+            if swapped_estimate_us(narrow, p, sm_count, max_clusters) < swapped_estimate_us(wide, p, sm_count, max_clusters) {
                 swapped = Some(narrow);
             }
         }

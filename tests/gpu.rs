@@ -326,9 +326,9 @@ fn sm90_small_m_every_output() -> Outcome {
             runs += 5;
         }
         // Cluster sums of 3 to 8 K ranges on the 64- and 32-wide tiles (each CTA of a cluster
-        // sums a slice of the 8 or 16 rows): the rule's split here is 2 at most. 64 wide, 12 tiles over the
-        // batches: every cluster fits; 32 wide, 22: from 6 ranges an H100's clusters do not all
-        // fit, and the same split sums through global memory.
+        // sums a slice of the 8 or 16 rows): the rule's split here is 2 at most. 64 wide, 12
+        // tiles over the batches: every cluster fits; 32 wide, 22: from 6 ranges an H100's
+        // clusters do not all fit, and the same split sums through global memory.
         // (Prepacked weights: at most one range per 256 values of K, 5 here.)
         let chunks = layout::prepack_chunks(k) as u32;
         if m == 1 || m == 16 {
@@ -356,10 +356,9 @@ fn sm90_small_m_every_output() -> Outcome {
     }
     // Decode shapes at the rule's tile (64 wide: split 2, clusters of 2; on an H100 at 64 rows the
     // swapped 64x128 tile, split 3, and at 40x4096x16384 the swapped 64x256, split 6: the model's
-    // pick between the two depends on the SMs and clusters) and at the
-    // 128-wide stream tile of the same rows, whose split clusters may not all fit at once (an
-    // H100 runs 30 clusters of 4; 1x4096x7168 asks 32): that launch then sums in global memory at
-    // the same split.
+    // pick between the two depends on the SMs and clusters) and at the 128-wide stream tile of
+    // the same rows, whose split clusters may not all fit at once (an H100 runs 30 clusters of 4;
+    // 1x4096x7168 asks 32): that launch then sums in global memory at the same split.
     let d = g.device();
     let h100 = d.sm_count == 132 && d.max_clusters[2] == 30 && d.max_clusters[4] == 17;
     for (i, (m, n, k)) in [(1usize, 4096usize, 7168usize), (16, 4096, 7168), (64, 4096, 7168), (40, 4096, 16384)].into_iter().enumerate() {
