@@ -5,7 +5,7 @@
 use std::sync::{Arc, Mutex};
 
 use cudarc::driver::sys::{CUdeviceptr, CUstreamCaptureStatus};
-use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
+use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut, SyncOnDrop};
 
 use crate::dispatch::{self, Config};
 use crate::layout::WeightLayout;
@@ -14,7 +14,7 @@ use crate::sys::{self, KernelArgs};
 use crate::formats::{OutputElement, PackedFp4, ScaleByte};
 use crate::problem::{check_align, check_operand_lens, d_rule, OutType, Problem};
 use crate::problem::folded_alpha;
-use crate::tensor::Nvfp4Tensor;
+use crate::tensor::{Nvfp4Activations, Nvfp4Tensor};
 
 /// An FP4 output on the device: packed e2m1 values (`u8` or `float4::F4E2M1x2`, (L, M, N/2)
 /// bytes) and the scale factors the GEMM generates (`p.sfd_bytes()` bytes, the 128x4 tiled
@@ -123,6 +123,12 @@ pub(crate) fn choose_config(p: &Problem, out: OutType, device: &DeviceFacts, for
         _ => p.check_tiles(info.tile[0] as usize, info.tile[1] as usize)?,
     }
     Ok(config)
+}
+
+/// The kernel arguments of a decoded A ([`Nvfp4Activations`]): its address and rows a batch, or
+/// (0, 0) for none.
+fn pre_a_args(decoded: &Option<(u64, SyncOnDrop<'_>)>, m: usize) -> (u64, i32) {
+    decoded.as_ref().map_or((0, 0), |(ptr, _)| (*ptr, Nvfp4Activations::decoded_rows(m) as i32))
 }
 
 /// Prepacked weights run on the SM90 kernels only (CUTLASS's SM100 kernels take K-major B): the
@@ -325,7 +331,7 @@ impl BlockScaledGemm {
         VA: DevicePtr<TV>, SA: DevicePtr<TS>, VB: DevicePtr<TV>, SB: DevicePtr<TS>, D: DevicePtrMut<TO>,
         TV: PackedFp4, TS: ScaleByte, TO: OutputElement,
     {
-        self.run::<_, _, _, _, CudaSlice<TO>, _, _, _, _>(p, a, b, None, d, config)
+        self.run(p, a, None, b, None::<&CudaSlice<TO>>, d, config)
     }
 
     /// `D = alpha * A Bᵀ + beta * C`, C with D's type and shape.
@@ -335,7 +341,7 @@ impl BlockScaledGemm {
         VA: DevicePtr<TV>, SA: DevicePtr<TS>, VB: DevicePtr<TV>, SB: DevicePtr<TS>, C: DevicePtr<TO>, D: DevicePtrMut<TO>,
         TV: PackedFp4, TS: ScaleByte, TO: OutputElement,
     {
-        self.run(p, a, b, Some(c), d, config)
+        self.run(p, a, None, b, Some(c), d, config)
     }
 
     /// FP4 output (CUTLASS example 72b): `D = quantize(alpha * A Bᵀ)` in e2m1 with scale factors
@@ -373,7 +379,7 @@ impl BlockScaledGemm {
         VA: DevicePtr<TV>, SA: DevicePtr<TS>, VB: DevicePtr<TV>, SB: DevicePtr<TS>, DV: DevicePtrMut<TV>, DS: DevicePtrMut<TS>,
         TV: PackedFp4, TS: ScaleByte,
     {
-        self.run_fp4::<_, _, _, _, CudaSlice<f32>, _, _, _, _>(p, out, a, b, None, d, config)
+        self.run_fp4(p, out, a, None, b, None::<&CudaSlice<f32>>, d, config)
     }
 
     /// [`Self::gemm_fp4`] with `+ beta * C` before the quantization, C in f32 (L, M, N).
@@ -383,7 +389,28 @@ impl BlockScaledGemm {
         VA: DevicePtr<TV>, SA: DevicePtr<TS>, VB: DevicePtr<TV>, SB: DevicePtr<TS>, C: DevicePtr<f32>, DV: DevicePtrMut<TV>, DS: DevicePtrMut<TS>,
         TV: PackedFp4, TS: ScaleByte,
     {
-        self.run_fp4(p, out, a, b, Some(c), d, config)
+        self.run_fp4(p, out, a, None, b, Some(c), d, config)
+    }
+
+    /// [`Self::gemm`] with the activations as [`crate::Quantizer::quantize_decoded_into`] left
+    /// them: Hopper's wide tiles read their decode instead of launching a pre-pass that decodes
+    /// them again; every other tile reads the codes and scales. The same bits as
+    /// [`Self::gemm`] on [`Nvfp4Activations::tensor`], with either tile.
+    pub fn gemm_decoded<VB, SB, D, TV, TS, TO>(&self, p: &Problem, a: &Nvfp4Activations, b: &Nvfp4Tensor<VB, SB>, d: &mut D, config: Option<Config>) -> Result<Config>
+    where
+        VB: DevicePtr<TV>, SB: DevicePtr<TS>, D: DevicePtrMut<TO>,
+        TV: PackedFp4, TS: ScaleByte, TO: OutputElement,
+    {
+        self.run(p, a.tensor(), Some(a.decoded()), b, None::<&CudaSlice<TO>>, d, config)
+    }
+
+    /// [`Self::gemm_fp4`] with the activations of [`Self::gemm_decoded`].
+    pub fn gemm_fp4_decoded<VB, SB, DV, DS, TV, TS>(&self, p: &Problem, out: OutType, a: &Nvfp4Activations, b: &Nvfp4Tensor<VB, SB>, d: Nvfp4Output<'_, DV, DS>, config: Option<Config>) -> Result<Config>
+    where
+        VB: DevicePtr<TV>, SB: DevicePtr<TS>, DV: DevicePtrMut<TV>, DS: DevicePtrMut<TS>,
+        TV: PackedFp4, TS: ScaleByte,
+    {
+        self.run_fp4(p, out, a.tensor(), Some(a.decoded()), b, None::<&CudaSlice<f32>>, d, config)
     }
 
     /// The launch's K ranges (the rule's, or the forced count once checked) and whether their sum
@@ -402,10 +429,11 @@ impl BlockScaledGemm {
     /// device. Returns the config and the problem with both global scales folded into alpha. `d` lists D's
     /// buffers as (name, length, stream): the values, then for FP4 outputs the scale factors.
     #[allow(clippy::too_many_arguments)]
-    fn plan_checked<VA, SA, VB, SB, C, TV, TS, TC>(&self, p: &Problem, out: OutType, a: &Nvfp4Tensor<VA, SA>, b: &Nvfp4Tensor<VB, SB>, c: Option<&C>, d: &[(&'static str, usize, &Arc<CudaStream>)], forced: Option<Config>) -> Result<(Config, Problem)>
+    fn plan_checked<VA, SA, VB, SB, C, TA, TSA, TV, TS, TC>(&self, p: &Problem, out: OutType, a: (&Nvfp4Tensor<VA, SA>, Option<&CudaSlice<u16>>), b: &Nvfp4Tensor<VB, SB>, c: Option<&C>, d: &[(&'static str, usize, &Arc<CudaStream>)], forced: Option<Config>) -> Result<(Config, Problem)>
     where
-        VA: DevicePtr<TV>, SA: DevicePtr<TS>, VB: DevicePtr<TV>, SB: DevicePtr<TS>, C: DevicePtr<TC>,
+        VA: DevicePtr<TA>, SA: DevicePtr<TSA>, VB: DevicePtr<TV>, SB: DevicePtr<TS>, C: DevicePtr<TC>,
     {
+        let (a, decoded) = a;
         for (name, t, rows) in [("A", a.shape(), p.m), ("B", b.shape(), p.n)] {
             if t != (p.l, rows, p.k) {
                 return Err(Error::OperandShape { name, got: t, want: (p.l, rows, p.k) });
@@ -419,18 +447,19 @@ impl BlockScaledGemm {
         let mut buffers = vec![("A", a.values().stream()), ("SFA", a.scales().stream()), ("B", b.values().stream()), ("SFB", b.scales().stream())];
         buffers.extend(d.iter().map(|&(name, _, s)| (name, s)));
         buffers.extend(c.map(|c| ("C", c.stream())));
+        buffers.extend(decoded.map(|x| ("decoded A", x.stream())));
         check_devices(self.device.ordinal, buffers)?;
         Ok((config, p.scalars(folded_alpha(p.alpha, a.global_scale(), b.global_scale())?, p.beta)))
     }
 
     #[allow(clippy::too_many_arguments)]
-    fn run<VA, SA, VB, SB, C, D, TV, TS, TO>(&self, p: &Problem, a: &Nvfp4Tensor<VA, SA>, b: &Nvfp4Tensor<VB, SB>, c: Option<&C>, d: &mut D, forced: Option<Config>) -> Result<Config>
+    fn run<VA, SA, VB, SB, C, D, TA, TSA, TV, TS, TO>(&self, p: &Problem, a: &Nvfp4Tensor<VA, SA>, decoded: Option<&CudaSlice<u16>>, b: &Nvfp4Tensor<VB, SB>, c: Option<&C>, d: &mut D, forced: Option<Config>) -> Result<Config>
     where
-        VA: DevicePtr<TV>, SA: DevicePtr<TS>, VB: DevicePtr<TV>, SB: DevicePtr<TS>, C: DevicePtr<TO>, D: DevicePtrMut<TO>,
+        VA: DevicePtr<TA>, SA: DevicePtr<TSA>, VB: DevicePtr<TV>, SB: DevicePtr<TS>, C: DevicePtr<TO>, D: DevicePtrMut<TO>,
         TV: PackedFp4, TS: ScaleByte, TO: OutputElement,
     {
         let out = TO::OUT;
-        let (config, folded) = self.plan_checked(p, out, a, b, c, &[("D", d.len(), d.stream())], forced)?;
+        let (config, folded) = self.plan_checked(p, out, (a, decoded), b, c, &[("D", d.len(), d.stream())], forced)?;
         let p = &folded;
         let capturing = self.capture_check()?;
         let stream = &self.stream;
@@ -439,19 +468,21 @@ impl BlockScaledGemm {
         let c_ptr = c.map(|c| c.device_ptr(stream));
         // Without C the kernel gets D as its C pointer; beta is 0, so it never reads it.
         let pc = c_ptr.as_ref().map_or(pd, |(p, _)| *p);
-        self.launch(p, out, Table::Nvfp4, config, capturing, KernelArgs { a: pa, sfa: psfa, b: pb, sfb: psfb, c: pc, d: pd, b_layout: b.layout().abi(), ..p.launch_args() })
+        let dec = decoded.map(|x| x.device_ptr(stream));
+        let (pre_a, pre_a_rows) = pre_a_args(&dec, p.m);
+        self.launch(p, out, Table::Nvfp4, config, capturing, KernelArgs { a: pa, sfa: psfa, b: pb, sfb: psfb, c: pc, d: pd, b_layout: b.layout().abi(), pre_a, pre_a_rows, ..p.launch_args() })
     }
 
     #[allow(clippy::too_many_arguments)]
-    fn run_fp4<VA, SA, VB, SB, C, DV, DS, TV, TS>(&self, p: &Problem, out: OutType, a: &Nvfp4Tensor<VA, SA>, b: &Nvfp4Tensor<VB, SB>, c: Option<&C>, d: Nvfp4Output<'_, DV, DS>, forced: Option<Config>) -> Result<Config>
+    fn run_fp4<VA, SA, VB, SB, C, DV, DS, TA, TSA, TV, TS>(&self, p: &Problem, out: OutType, a: &Nvfp4Tensor<VA, SA>, decoded: Option<&CudaSlice<u16>>, b: &Nvfp4Tensor<VB, SB>, c: Option<&C>, d: Nvfp4Output<'_, DV, DS>, forced: Option<Config>) -> Result<Config>
     where
-        VA: DevicePtr<TV>, SA: DevicePtr<TS>, VB: DevicePtr<TV>, SB: DevicePtr<TS>, C: DevicePtr<f32>, DV: DevicePtrMut<TV>, DS: DevicePtrMut<TS>,
+        VA: DevicePtr<TA>, SA: DevicePtr<TSA>, VB: DevicePtr<TV>, SB: DevicePtr<TS>, C: DevicePtr<f32>, DV: DevicePtrMut<TV>, DS: DevicePtrMut<TS>,
         TV: PackedFp4, TS: ScaleByte,
     {
         if out.sfd().is_none() {
             return Err(Error::InvalidData { what: "out", detail: format!("{out}: gemm_fp4 writes the FP4 outputs nvfp4 or nvfp4-ue8m0; use gemm for {out}") });
         }
-        let (config, folded) = self.plan_checked(p, out, a, b, c, &[("D", d.values.len(), d.values.stream()), ("SFD", d.scales.len(), d.scales.stream())], forced)?;
+        let (config, folded) = self.plan_checked(p, out, (a, decoded), b, c, &[("D", d.values.len(), d.values.stream()), ("SFD", d.scales.len(), d.scales.stream())], forced)?;
         let p = &folded;
         let capturing = self.capture_check()?;
         let stream = &self.stream;
@@ -460,7 +491,9 @@ impl BlockScaledGemm {
         let (psfd, _gsfd) = d.scales.device_ptr_mut(stream);
         let c_ptr = c.map(|c| c.device_ptr(stream));
         let pc = c_ptr.as_ref().map_or(pd, |(p, _)| *p);
-        self.launch(p, out, Table::Nvfp4, config, capturing, KernelArgs { a: pa, sfa: psfa, b: pb, sfb: psfb, c: pc, d: pd, sfd: psfd, b_layout: b.layout().abi(), ..p.launch_args() })
+        let dec = decoded.map(|x| x.device_ptr(stream));
+        let (pre_a, pre_a_rows) = pre_a_args(&dec, p.m);
+        self.launch(p, out, Table::Nvfp4, config, capturing, KernelArgs { a: pa, sfa: psfa, b: pb, sfb: psfb, c: pc, d: pd, sfd: psfd, b_layout: b.layout().abi(), pre_a, pre_a_rows, ..p.launch_args() })
     }
 
     /// The thread check of [`Error::PerThreadStream`], then [`capture_check`]: every call that

@@ -160,7 +160,7 @@ pub use matrix::{reference_gemm, HostFloat, Nvfp4Matrix, SplitMix64};
 pub use problem::{OutType, Problem, SfdFormat};
 pub use quantize::{QuantInput, Quantizer};
 pub use layout::WeightLayout;
-pub use tensor::{ForeignBuffer, Nvfp4Tensor};
+pub use tensor::{ForeignBuffer, Nvfp4Activations, Nvfp4Tensor};
 pub use w4a16::Activation16;
 
 /// The README's code blocks, compiled by `cargo test --doc` so they cannot rot.

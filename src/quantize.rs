@@ -2,7 +2,7 @@
 
 use std::sync::{Arc, OnceLock};
 
-use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut, DeviceRepr};
+use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut, DeviceRepr};
 
 use crate::error::{check_len, Error, Result};
 use crate::gemm::{capture_check, check_devices, launch_status};
@@ -11,7 +11,7 @@ use crate::layout::sf_batch_bytes;
 use crate::matrix::{check_global_scale, check_lens, check_shape, computed_global_scale, HostFloat};
 use crate::problem::{check_align, check_align_to};
 use crate::sys::{self, InKind, QuantTransform, QuantizeArgs};
-use crate::tensor::Nvfp4Tensor;
+use crate::tensor::{Nvfp4Activations, Nvfp4Tensor};
 
 /// The shape rules and the kernel's limits (rows: its row loop counts in int32, striding by the
 /// grid; L in grid.z), before any size is computed from the shape.
@@ -92,7 +92,7 @@ impl Quantizer {
     where
         T: QuantInput, X: DevicePtr<T>, C: DevicePtrMut<u8>, S: DevicePtrMut<u8>,
     {
-        self.dense_into(x, shape, global_scale, codes, scales, QuantTransform::None)
+        self.dense_into(x, shape, global_scale, codes, scales, QuantTransform::None, None)
     }
 
     /// Quantizes the SwiGLU of `x` (batch, rows, 2K), whose rows hold the gate projection in
@@ -129,23 +129,62 @@ impl Quantizer {
     where
         T: QuantInput, X: DevicePtr<T>, C: DevicePtrMut<u8>, S: DevicePtrMut<u8>,
     {
-        self.dense_into(x, shape, global_scale, codes, scales, QuantTransform::SwigluHalves)
+        self.dense_into(x, shape, global_scale, codes, scales, QuantTransform::SwigluHalves, None)
     }
 
-    fn dense_into<T, X, C, S>(&self, x: &X, shape: (usize, usize, usize), global_scale: f32, codes: &mut C, scales: &mut S, transform: QuantTransform) -> Result<()>
+    /// The dense quantizer; `decoded`: also the decode of [`Nvfp4Activations`] (its buffer, whose
+    /// length the type keeps right for `shape`).
+    #[allow(clippy::too_many_arguments)]
+    fn dense_into<T, X, C, S>(&self, x: &X, shape: (usize, usize, usize), global_scale: f32, codes: &mut C, scales: &mut S, transform: QuantTransform, decoded: Option<&mut CudaSlice<u16>>) -> Result<()>
     where
         T: QuantInput, X: DevicePtr<T>, C: DevicePtrMut<u8>, S: DevicePtrMut<u8>,
     {
         check_global_scale(global_scale)?;
         self.check_input(x, shape, transform)?;
         check_lens(("codes", codes.len()), scales.len(), shape)?;
-        check_devices(self.stream.context().ordinal(), [("codes", codes.stream()), ("scales", scales.stream())])?;
+        let mut buffers = vec![("codes", codes.stream()), ("scales", scales.stream())];
+        buffers.extend(decoded.as_ref().map(|d| ("decoded", d.stream())));
+        check_devices(self.stream.context().ordinal(), buffers)?;
         capture_check(&self.stream)?;
         let stream = &self.stream;
         let (px, _gx) = x.device_ptr(stream);
         let (pc, _gc) = codes.device_ptr_mut(stream);
         let (ps, _gs) = scales.device_ptr_mut(stream);
-        self.launch_args::<T>(shape, [px, pc, ps], global_scale, 0, (0, 0), transform)
+        let dec = decoded.map(|d| d.device_ptr_mut(stream));
+        let dec_arg = dec.as_ref().map_or((0, 0), |(p, _)| (*p, Nvfp4Activations::decoded_rows(shape.1) as i32));
+        self.launch_args::<T>(shape, [px, pc, ps], global_scale, 0, (0, 0), transform, dec_arg)
+    }
+
+    /// Quantizes `x` (the (batch, rows, K) `out` was made for) into `out` with the given global
+    /// scale: the codes and scales of [`Self::quantize_into`], bit for bit, and beside them their
+    /// decode, which [`crate::BlockScaledGemm::gemm_decoded`] reads instead of decoding the
+    /// activations again before the GEMM ([`Nvfp4Activations`] says where that pays). One
+    /// launch, no allocation, no host synchronisation: capturable.
+    pub fn quantize_decoded_into<T, X>(&self, x: &X, global_scale: f32, out: &mut Nvfp4Activations) -> Result<()>
+    where
+        T: QuantInput, X: DevicePtr<T>,
+    {
+        self.decoded_into(x, global_scale, out, QuantTransform::None)
+    }
+
+    /// [`Self::quantize_decoded_into`] of the SwiGLU of `x` (batch, rows, 2K), as
+    /// [`Self::quantize_swiglu_into`] forms it (`out`'s shape is the output's).
+    pub fn quantize_swiglu_decoded_into<T, X>(&self, x: &X, global_scale: f32, out: &mut Nvfp4Activations) -> Result<()>
+    where
+        T: QuantInput, X: DevicePtr<T>,
+    {
+        self.decoded_into(x, global_scale, out, QuantTransform::SwigluHalves)
+    }
+
+    fn decoded_into<T, X>(&self, x: &X, global_scale: f32, out: &mut Nvfp4Activations, transform: QuantTransform) -> Result<()>
+    where
+        T: QuantInput, X: DevicePtr<T>,
+    {
+        let shape = out.shape();
+        let (codes, scales, decoded, g) = out.parts_mut();
+        self.dense_into(x, shape, global_scale, codes, scales, transform, Some(decoded))?;
+        *g = global_scale;
+        Ok(())
     }
 
     /// Quantizes the stacked activations of a mixture-of-experts layer, `x` (T, K), whose experts'
@@ -214,7 +253,7 @@ impl Quantizer {
         let (po, _go) = offsets.device_ptr(stream);
         let (pc, _gc) = codes.device_ptr_mut(stream);
         let (ps, _gs) = scales.device_ptr_mut(stream);
-        self.launch_args::<T>((1, rows, k), [px, pc, ps], global_scale, 0, (po, experts as i32), transform)
+        self.launch_args::<T>((1, rows, k), [px, pc, ps], global_scale, 0, (po, experts as i32), transform, (0, 0))
     }
 
     /// Quantizes `x` (batch, rows, K) into new device buffers. `Some(scale)`: that global scale,
@@ -283,20 +322,22 @@ impl Quantizer {
 
     /// Queues the quantizer: `ptrs` are x, codes and scales; `amax_slot` 0 uses `global_scale`.
     fn launch<T: QuantInput>(&self, shape: (usize, usize, usize), ptrs: [u64; 3], global_scale: f32, amax_slot: u64) -> Result<()> {
-        self.launch_args::<T>(shape, ptrs, global_scale, amax_slot, (0, 0), QuantTransform::None)
+        self.launch_args::<T>(shape, ptrs, global_scale, amax_slot, (0, 0), QuantTransform::None, (0, 0))
     }
 
     /// [`Self::launch`], with `(offsets, experts)` of the MoE layout ((0, 0): the dense one) and
-    /// the input's transform (SwiGLU: given global scales only).
-    fn launch_args<T: QuantInput>(&self, (batch, rows, k): (usize, usize, usize), ptrs: [u64; 3], global_scale: f32, amax_slot: u64, (offsets, experts): (u64, i32), transform: QuantTransform) -> Result<()> {
-        for (name, addr) in ["x", "codes", "scales"].into_iter().zip(ptrs) {
+    /// the input's transform (SwiGLU: given global scales only) and `(decoded, decoded_rows)` of
+    /// the dense layout's decode ((0, 0): none).
+    #[allow(clippy::too_many_arguments)]
+    fn launch_args<T: QuantInput>(&self, (batch, rows, k): (usize, usize, usize), ptrs: [u64; 3], global_scale: f32, amax_slot: u64, (offsets, experts): (u64, i32), transform: QuantTransform, (decoded, decoded_rows): (u64, i32)) -> Result<()> {
+        for (name, addr) in ["x", "codes", "scales", "decoded"].into_iter().zip(ptrs.into_iter().chain([decoded])) {
             check_align(name, addr)?;
         }
         check_align_to("offsets", offsets, 4)?;
         self.check_device()?;
         let args = QuantizeArgs {
             m: rows as i32, k: k as i32, l: batch as i32, input: T::KIND, x: ptrs[0], codes: ptrs[1], scales: ptrs[2],
-            global_scale, amax_slot, offsets, experts, stream: self.stream.cu_stream() as u64, transform,
+            global_scale, amax_slot, offsets, experts, stream: self.stream.cu_stream() as u64, transform, decoded, decoded_rows,
         };
         // SAFETY: the addresses are live device buffers of the checked lengths on this stream's
         // device, 16-byte aligned; the caller holds their guards until this returns.

@@ -1,6 +1,7 @@
 //! Device-side NVFP4 tensors: [`Nvfp4Tensor`] (values, tiled scales, shape and the per-tensor
-//! global scale, which the GEMM folds into alpha) and [`ForeignBuffer`] (device memory another
-//! library owns, passed without a copy).
+//! global scale, which the GEMM folds into alpha), [`Nvfp4Activations`] (a quantizer's output
+//! with its FP16 decode) and [`ForeignBuffer`] (device memory another library owns, passed
+//! without a copy).
 
 use std::marker::PhantomData;
 use std::sync::Arc;
@@ -276,6 +277,94 @@ impl Nvfp4Tensor {
     }
 }
 
+/// NVFP4 activations with their decode beside them: the codes and tiled scales of an
+/// [`Nvfp4Tensor`], and the codes times their scales as FP16 in the order Hopper's wide tiles
+/// read activations (those of `MainloopSwappedRegisterDecode`, which the rule takes from about 33
+/// rows). [`crate::Quantizer::quantize_decoded_into`] writes all three in one launch, and
+/// [`crate::BlockScaledGemm::gemm_decoded`] hands the decode to those tiles, which otherwise
+/// decode the activations again in a pre-pass launch before the GEMM (bench/DESIGN.md §3).
+/// The buffers are private and written together, so the decode cannot disagree with the codes:
+/// both paths give the same bits.
+///
+/// The decode takes `2 * batch * Self::decoded_rows(rows) * K` bytes (K rounded up to 64), four
+/// times the codes: it pays where the GEMM is one of those tiles (Hopper, 33 rows or more). Other
+/// tiles, and every SM100 kernel, read the codes and scales as from [`Self::tensor`].
+///
+/// ```no_run
+/// use blockscaled_gemm::{BlockScaledGemm, Nvfp4Activations, Nvfp4Matrix, Nvfp4Tensor, Problem, Quantizer};
+/// use cudarc::driver::CudaContext;
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let stream = CudaContext::new(0)?.new_stream()?;
+/// let (m, n, k) = (64, 4096, 7168);
+/// let x = stream.clone_htod(&vec![half::bf16::from_f32(0.5); m * k])?; // activations on the GPU
+/// let w = Nvfp4Tensor::upload(&Nvfp4Matrix::random_realistic(n, k, 1, 1)?, &stream)?;
+/// let mut xq = Nvfp4Activations::new(&stream, (1, m, k))?; // allocated once, reused every step
+/// let mut y = stream.alloc_zeros::<half::bf16>(m * n)?;
+/// let (quantizer, gemm) = (Quantizer::new(stream.clone()), BlockScaledGemm::new(stream.clone())?);
+/// // Each step: two launches, both capturable in a CUDA graph.
+/// quantizer.quantize_decoded_into(&x, 0.5 / 2688.0, &mut xq)?;
+/// gemm.gemm_decoded(&Problem::new(m, n, k), &xq, &w, &mut y, None)?;
+/// # Ok(()) }
+/// ```
+#[derive(Debug)]
+pub struct Nvfp4Activations {
+    tensor: Nvfp4Tensor,
+    decoded: CudaSlice<u16>,
+}
+
+impl Nvfp4Activations {
+    /// Zeroed buffers for (batch, rows, K) activations on `stream`'s device (global scale 1
+    /// until quantized into). It allocates, so it is refused during CUDA graph capture.
+    pub fn new(stream: &Arc<CudaStream>, shape: (usize, usize, usize)) -> Result<Self> {
+        let (batch, rows, k) = shape;
+        check_shape(rows, k, batch)?;
+        if crate::gemm::capture_check(stream)? {
+            return Err(Error::NotCapturable { call: "Nvfp4Activations::new", why: "it allocates its buffers", fix: "allocate before capturing; quantize_decoded_into is capturable" });
+        }
+        let (decoded_rows, k_pad) = (Self::decoded_rows(rows), k.div_ceil(64) * 64);
+        let bytes = crate::error::product(&[batch, decoded_rows, k_pad, 2]);
+        if bytes > isize::MAX as u128 {
+            let dims = format!("rows = {rows} ({decoded_rows} decoded), K = {k} ({k_pad}), batch = {batch}");
+            return Err(Error::SizeLimit { what: "decoded bytes", rule: "batch * decoded rows * K rounded up to 64 * 2", dims, value: bytes, max: isize::MAX as u128, why: "the largest allocation is isize::MAX bytes" });
+        }
+        let decoded_len = batch * decoded_rows * k_pad;
+        let (values, scales) = (stream.alloc_zeros::<u8>(batch * rows * k / 2)?, stream.alloc_zeros::<u8>(batch * sf_batch_bytes(rows, k))?);
+        let tensor = Nvfp4Tensor::new(values, scales, shape, 1.0)?;
+        Ok(Nvfp4Activations { tensor, decoded: stream.alloc_zeros::<u16>(decoded_len)? })
+    }
+
+    /// Rows a batch of the decode holds for `rows` activation rows: rounded up to 64 up to 64
+    /// rows, to 128 up to 128, to 256 beyond (the tiles' rows, so no TMA box reaches past them).
+    pub fn decoded_rows(rows: usize) -> usize {
+        match rows {
+            0..=64 => rows.div_ceil(64) * 64,
+            65..=128 => 128,
+            _ => rows.div_ceil(256) * 256,
+        }
+    }
+
+    /// The codes and scales, with the global scale of the last quantization.
+    pub fn tensor(&self) -> &Nvfp4Tensor {
+        &self.tensor
+    }
+
+    /// (batch, rows, K).
+    pub fn shape(&self) -> (usize, usize, usize) {
+        self.tensor.shape()
+    }
+
+    /// The decode (FP16 bits).
+    pub(crate) fn decoded(&self) -> &CudaSlice<u16> {
+        &self.decoded
+    }
+
+    /// The three buffers to write, and the global scale to set once the launch is queued.
+    pub(crate) fn parts_mut(&mut self) -> (&mut CudaSlice<u8>, &mut CudaSlice<u8>, &mut CudaSlice<u16>, &mut f32) {
+        let t = &mut self.tensor;
+        (&mut t.values, &mut t.scales, &mut self.decoded, &mut t.global_scale)
+    }
+}
+
 /// Device memory another library owns (a PyTorch or candle tensor, an engine's arena), given to
 /// this crate as a raw device pointer without a copy. It implements cudarc's `DevicePtr` and
 /// `DevicePtrMut`, so it goes wherever a `CudaSlice` does ([`Nvfp4Tensor::new`], the output of
@@ -335,5 +424,24 @@ impl<T> DevicePtr<T> for ForeignBuffer<'_, T> {
 impl<T> DevicePtrMut<T> for ForeignBuffer<'_, T> {
     fn device_ptr_mut<'a>(&'a mut self, _stream: &'a CudaStream) -> (CUdeviceptr, SyncOnDrop<'a>) {
         (self.ptr, SyncOnDrop::Record(None))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Nvfp4Activations;
+
+    /// The decode's rows a batch cover the rows of every tile that reads it (64, 128 or 256) from
+    /// the activation rows, and no more than the next such multiple.
+    #[test]
+    fn decoded_rows_cover_the_tiles() {
+        let cases = [(1, 64), (33, 64), (64, 64), (65, 128), (128, 128), (129, 256), (256, 256), (257, 512), (300, 512), (8192, 8192)];
+        for (rows, want) in cases {
+            assert_eq!(Nvfp4Activations::decoded_rows(rows), want, "{rows} rows");
+        }
+        for rows in 1..2000 {
+            let r = Nvfp4Activations::decoded_rows(rows);
+            assert!(r >= rows && r % 64 == 0 && (rows <= 128 || r % 256 == 0) && r - rows < 256, "{rows} rows: {r}");
+        }
     }
 }

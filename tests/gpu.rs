@@ -58,6 +58,7 @@ fn main() {
         ("grouped_moe_persistent_ctas_take_many_items", grouped_moe_persistent_ctas_take_many_items),
         ("grouped_moe_quantizer_matches_the_cpu", grouped_moe_quantizer_matches_the_cpu),
         ("swiglu_quantizer_matches_the_cpu", swiglu_quantizer_matches_the_cpu),
+        ("decoded_activations_same_bits_as_gemm", decoded_activations_same_bits_as_gemm),
         ("grouped_list_same_bits_as_gemm_per_group", grouped_list_same_bits_as_gemm_per_group),
         ("grouped_list_persistent_ctas_take_many_items", grouped_list_persistent_ctas_take_many_items),
         ("grouped_list_fp4_output_is_gemm_fp4_per_group", grouped_list_fp4_output_is_gemm_fp4_per_group),
@@ -1856,6 +1857,83 @@ fn swiglu_quantizer_matches_the_cpu() -> Outcome {
     assert!(e.to_string().contains("2K"), "{e}");
     assert!(s.clone_dtoh(&codes).unwrap().iter().all(|&b| b == 0xEE) && s.clone_dtoh(&scales).unwrap().iter().all(|&b| b == 0x7F), "a refused call wrote");
     println!("SwiGLU quantizer: {runs} runs bit-identical to the CPU quantizer of swiglu_rows (dense and MoE forms)");
+    Ok(())
+}
+
+/// The quantizer's decoded activations (`Nvfp4Activations`): its codes and scales equal
+/// `quantize_into`'s, and `gemm_decoded` / `gemm_fp4_decoded` give the bits of `gemm` /
+/// `gemm_fp4` on those codes, with every tile that reads the decode (and a stream tile, which
+/// reads the codes), K with a 32-value tail, L = 2, plain and SwiGLU quantizers, outputs poisoned
+/// first; a second quantization into the same buffers replaces the first everywhere.
+fn decoded_activations_same_bits_as_gemm() -> Outcome {
+    use blockscaled_gemm::{Nvfp4Activations, Quantizer};
+    let g = hopper()?;
+    let s = g.stream().clone();
+    let q = Quantizer::new(s.clone());
+    let mut rng = blockscaled_gemm::SplitMix64::new(seed() ^ 0xDEC);
+    let wide = [Config::Sm90_Swapped_64x128x64, Config::Sm90_Swapped_64x256x64, Config::Sm90_Swapped_128x128x64, Config::Sm90_128x256x64, Config::Sm90_256x128x64];
+    let mut runs = 0;
+    for &(l, m, n, k) in &[(2usize, 1usize, 256usize, 1056usize), (2, 3, 256, 512), (2, 16, 512, 7168), (2, 33, 256, 1056), (2, 64, 512, 2048), (2, 128, 256, 1024), (2, 200, 256, 512), (1, 300, 128, 96)] {
+        let gs = 3.0 / 2688.0;
+        let mut act = Nvfp4Activations::new(&s, (l, m, k)).unwrap();
+        let w = general_weights(n, k, l, 0.5, rng.next_u64());
+        let wt = upload_weights(&w, &s);
+        let p = Problem::new(m, n, k).batch(l);
+        for swiglu in [false, true] {
+            // Two quantizations into the same buffers: the second (another input) must replace
+            // the first wholly.
+            for round in 0..2 {
+                let width = if swiglu { 2 * k } else { k };
+                let x: Vec<bf16> = quantizer_data(&mut rng, l * m * width, 3, 8, 1e-6).iter().map(|&v| bf16::from_f32(v)).collect();
+                let xd = s.clone_htod(&x).unwrap();
+                let (mut codes, mut scales) = (s.clone_htod(&vec![0xEEu8; l * m * k / 2]).unwrap(), s.clone_htod(&vec![0x7Fu8; layout::sf_bytes(m, k, l)]).unwrap());
+                if swiglu {
+                    q.quantize_swiglu_decoded_into(&xd, gs, &mut act).unwrap();
+                    q.quantize_swiglu_into(&xd, (l, m, k), gs, &mut codes, &mut scales).unwrap();
+                } else {
+                    q.quantize_decoded_into(&xd, gs, &mut act).unwrap();
+                    q.quantize_into(&xd, (l, m, k), gs, &mut codes, &mut scales).unwrap();
+                }
+                let what = format!("{l}x{m}x{n}x{k} swiglu={swiglu} round {round}");
+                assert!(s.clone_dtoh(act.tensor().values()).unwrap() == s.clone_dtoh(&codes).unwrap(), "{what}: codes");
+                assert!(s.clone_dtoh(act.tensor().scales()).unwrap() == s.clone_dtoh(&scales).unwrap(), "{what}: scales");
+                assert_eq!(act.tensor().global_scale(), gs, "{what}: global scale");
+                if round == 0 {
+                    continue;
+                }
+                let plain = Nvfp4Tensor::new(codes.as_view(), scales.as_view(), (l, m, k), gs).unwrap();
+                let stream_tile = (m <= 64).then_some(Some(Config::Sm90_Stream_16x128x64));
+                let configs = wide.iter().copied().map(Some).chain([None]).chain(stream_tile);
+                for config in configs.filter(|c| c.is_none_or(|c| c.is_built(OutType::F16))) {
+                    let mut d1 = s.clone_htod(&vec![f16::NAN; l * m * n]).unwrap();
+                    let mut d2 = s.clone_htod(&vec![f16::from_f32(-7.0); l * m * n]).unwrap();
+                    let ran = g.gemm_decoded(&p, &act, &wt, &mut d1, config).unwrap();
+                    assert_eq!(g.gemm(&p, &plain, &wt, &mut d2, Some(ran)).unwrap(), ran);
+                    let (g1, g2) = (s.clone_dtoh(&d1).unwrap(), s.clone_dtoh(&d2).unwrap());
+                    assert!(g1.iter().map(|v| v.to_bits()).eq(g2.iter().map(|v| v.to_bits())), "{what} {ran}: f16 D differs from gemm's");
+                    runs += 1;
+                    if swiglu || !ran.is_built(OutType::Nvfp4) {
+                        continue;
+                    }
+                    let pf = p.norm_constant(6.0 * 448.0 / 4096.0);
+                    let mut e = [(s.clone_htod(&vec![0xEEu8; l * m * n / 2]).unwrap(), s.clone_htod(&vec![0x7Fu8; pf.sfd_bytes()]).unwrap()), (s.clone_htod(&vec![0x11u8; l * m * n / 2]).unwrap(), s.clone_htod(&vec![0x22u8; pf.sfd_bytes()]).unwrap())];
+                    let [(v1, f1), (v2, f2)] = &mut e;
+                    g.gemm_fp4_decoded(&pf, OutType::Nvfp4, &act, &wt, Nvfp4Output::new(v1, f1), Some(ran)).unwrap();
+                    g.gemm_fp4(&pf, OutType::Nvfp4, &plain, &wt, Nvfp4Output::new(v2, f2), Some(ran)).unwrap();
+                    assert!(s.clone_dtoh(v1).unwrap() == s.clone_dtoh(v2).unwrap() && s.clone_dtoh(f1).unwrap() == s.clone_dtoh(f2).unwrap(), "{what} {ran}: nvfp4 D differs from gemm_fp4's");
+                    runs += 1;
+                }
+            }
+        }
+    }
+    // Refused before anything runs: activations of another shape than the problem's.
+    let act = Nvfp4Activations::new(&s, (1, 40, 256)).unwrap();
+    let w = upload_weights(&general_weights(128, 256, 1, 1.0, 5), &s);
+    let mut d = s.clone_htod(&vec![f16::from_f32(-7.0); 41 * 128]).unwrap();
+    let e = g.gemm_decoded(&Problem::new(41, 128, 256), &act, &w, &mut d, None).unwrap_err();
+    assert!(matches!(e, Error::OperandShape { name: "A", .. }), "{e}");
+    assert!(s.clone_dtoh(&d).unwrap().iter().all(|v| v.to_f32() == -7.0), "a refused call wrote");
+    println!("decoded activations: {runs} GEMMs bit-identical to gemm / gemm_fp4 on the same codes");
     Ok(())
 }
 

@@ -39,27 +39,31 @@ bsg::KernelStatus run(const bsg::QuantizeArgs& a) {
       return st;
     }
   }
-  const bool moe = a.offsets != 0;
+  const bool moe = a.offsets != 0, decoded = a.decoded != 0;
+  if (decoded && (moe || a.decoded_rows < a.m)) return bsg::KernelStatus{BSG_STATUS_INVALID_PROBLEM, 0, 0};
   // Row groups of kWarps rows, kRowsPerWarp rows a warp (SwiGLU: one) where that still leaves
   // about 1024 blocks (below, a row a warp), as many as the grid's y takes (warps stride over the rest); the
   // MoE form's blocks each build the expert table first, so about 2048 blocks in all there.
-  const int64_t rows = moe ? a.m : (int64_t(a.m) + 127) / 128 * 128;
+  const int64_t rows = moe ? a.m : std::max<int64_t>((int64_t(a.m) + 127) / 128 * 128, decoded ? a.decoded_rows : 0);
   const int64_t col_blocks = (bsg::sf_cols_padded(a.k) + 31) / 32;
   constexpr int64_t kW = bsg::quant::kWarps;
   const int64_t kR = swiglu ? 1 : bsg::quant::kRowsPerWarp;
   const int64_t spread = std::max((rows + kW * kR - 1) / (kW * kR), std::min((rows + kW - 1) / kW, (1024 + col_blocks - 1) / col_blocks));
   const int64_t groups = std::min<int64_t>({spread, 65535, moe ? (2048 + col_blocks - 1) / col_blocks : 65535});
   const dim3 grid(unsigned(col_blocks), unsigned(std::max<int64_t>(groups, 1)), unsigned(a.l));
-  int m = a.m, k = a.k, experts = a.experts;
+  int m = a.m, k = a.k, experts = a.experts, decoded_rows = a.decoded_rows;
   float g = a.global_scale;
   const uint32_t* slot = amax;
   const int32_t* offsets = reinterpret_cast<const int32_t*>(a.offsets);
-  void* args[] = {&x, &codes, &scales, &m, &k, &g, &slot, &offsets, &experts};
-  using bsg::quant::DenseScales, bsg::quant::MoeScales, bsg::quant::Identity, bsg::quant::SwigluHalves, bsg::quant::quantize_kernel;
-  const void* const kernels[2][2] = {
+  auto* dec = reinterpret_cast<uint4*>(a.decoded);
+  void* args[] = {&x, &codes, &scales, &m, &k, &g, &slot, &offsets, &experts, &dec, &decoded_rows};
+  using bsg::quant::DenseScales, bsg::quant::MoeScales, bsg::quant::Identity, bsg::quant::SwigluHalves, bsg::quant::WithDecoded, bsg::quant::quantize_kernel;
+  const void* const kernels[3][2] = {
       {reinterpret_cast<const void*>(&quantize_kernel<T, DenseScales, Identity>), reinterpret_cast<const void*>(&quantize_kernel<T, DenseScales, SwigluHalves>)},
-      {reinterpret_cast<const void*>(&quantize_kernel<T, MoeScales, Identity>), reinterpret_cast<const void*>(&quantize_kernel<T, MoeScales, SwigluHalves>)}};
-  const void* kernel = kernels[moe][swiglu];
+      {reinterpret_cast<const void*>(&quantize_kernel<T, MoeScales, Identity>), reinterpret_cast<const void*>(&quantize_kernel<T, MoeScales, SwigluHalves>)},
+      {reinterpret_cast<const void*>(&quantize_kernel<T, DenseScales, Identity, WithDecoded>),
+       reinterpret_cast<const void*>(&quantize_kernel<T, DenseScales, SwigluHalves, WithDecoded>)}};
+  const void* kernel = kernels[decoded ? 2 : moe][swiglu];
   if (moe) {
     // The scale rows the experts' blocks can reach zeroed in stream order (the padding of each
     // expert's blocks); the kernel writes the experts' rows. Only experts with rows have blocks,

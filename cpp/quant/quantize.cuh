@@ -18,7 +18,9 @@
 #include <type_traits>
 
 #include "blockscaled_gemm/kernel_abi.h"
+#include "common/decoded_act.cuh"
 #include "common/moe_rows.cuh"
+#include "common/ptx.cuh"
 #include "common/nvfp4.cuh"
 #include "common/scale_layout.cuh"
 #include "quant/swiglu.cuh"
@@ -205,6 +207,11 @@ __global__ void amax_kernel(const T* x, int64_t n, uint32_t* amax_bits) {
 struct DenseScales {};
 struct MoeScales {};
 
+// Outputs besides codes and scales: none, or (dense layout) the decoded activations of
+// common/decoded_act.cuh, which the SM90 GEMM then reads instead of decoding A in a pre-pass.
+struct CodesOnly {};
+struct WithDecoded {};
+
 // What is quantized: x's values, or the SwiGLU of each row's two halves (x rows 2K long, gate
 // first; quant/swiglu.cuh).
 struct Identity {};
@@ -231,18 +238,25 @@ struct RowInputs {
 // next row's inputs before quantizing this row (not for SwiGLU), so a load stays in flight while it
 // computes. The rows are the dense layout's padded rows (ceil(M/128) * 128: rows past M write zero
 // scales), or the MoE form's stacked rows (rows no expert holds write nothing). Columns past K/16
-// up to the padded count write zero scales. grid: (padded columns / 32 rounded up, row groups, L).
-// g_given is used when amax_bits is null.
-template <class T, class Layout, class Transform>
+// up to the padded count write zero scales. WithDecoded: rows up to decoded_rows too (at least
+// m), each lane's decode beside its codes (zeros past m and K). grid: (padded columns / 32
+// rounded up, row groups, L). g_given is used when amax_bits is null. The launch lets the next
+// kernel start at once (programmatic launch): this crate's kernels that follow wait for it before
+// they read its outputs.
+template <class T, class Layout, class Transform, class Extra = CodesOnly>
 __global__ void __launch_bounds__(kThreads) quantize_kernel(const T* x, uint8_t* codes, uint8_t* scales, int m, int k, float g_given, const uint32_t* amax_bits,
-                                                         const int32_t* offsets, int experts) {
+                                                         const int32_t* offsets, int experts, uint4* decoded, int decoded_rows) {
   constexpr bool kMoe = std::is_same_v<Layout, MoeScales>, kSwiglu = std::is_same_v<Transform, SwigluHalves>;
+  constexpr bool kDecoded = std::is_same_v<Extra, WithDecoded>;
+  static_assert(!(kMoe && kDecoded), "decoded activations: dense layout only");
+  griddep_launch_dependents();
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, l = blockIdx.z;
   const int cols = k / 16, cg = blockIdx.x * 32 + lane;
   const int64_t sp = sf_cols_padded(k);
   if constexpr (kMoe) moe_table().prepare(offsets, experts, m, threadIdx.x);
   const GlobalScale gs = global_scale(amax_bits ? global_from_amax(__uint_as_float(*amax_bits)) : g_given);
-  const int row_end = kMoe ? m : (m + 127) / 128 * 128, stride = gridDim.y * kWarps;
+  const int sf_end = kMoe ? m : (m + 127) / 128 * 128, stride = gridDim.y * kWarps;
+  const int row_end = kDecoded ? max(sf_end, decoded_rows) : sf_end;
   const int64_t batch_sf = kMoe ? 0 : l * sf_batch_bytes(m, sp);
   // Input element of row r's first value of this lane (rows of 2K for SwiGLU).
   auto first = [&](int r) { return (int64_t(l) * m + r) * k * RowInputs<T, Transform>::kParts + int64_t(cg) * 16; };
@@ -270,6 +284,7 @@ __global__ void __launch_bounds__(kThreads) quantize_kernel(const T* x, uint8_t*
       srow = table.sf_row[e] + r - table.row[e];
     }
     uint32_t sf = 0;
+    uint2 packed = make_uint2(0, 0);
     if (r < m && cg < cols) {
       float v[16];
       if constexpr (kSwiglu) {
@@ -282,14 +297,16 @@ __global__ void __launch_bounds__(kThreads) quantize_kernel(const T* x, uint8_t*
       } else {
         to_float16(ahead.part[0], 0, v);
       }
-      uint2 packed;
       if constexpr (kSwiglu) sf = quantize16<GateValue>(v, BlockMax{fmax_abs16(v), false}, gs, packed);
       else sf = quantize16(v, block_max(ahead.part[0], 0, v), gs, packed);
       *reinterpret_cast<uint2*>(codes + ((int64_t(l) * m + r) * k + int64_t(cg) * 16) / 2) = packed;
     }
     const uint32_t word = sf | __shfl_down_sync(0xFFFFFFFFu, sf, 1) << 8 | __shfl_down_sync(0xFFFFFFFFu, sf, 2) << 16 |
                           __shfl_down_sync(0xFFFFFFFFu, sf, 3) << 24;
-    if (lane % 4 == 0 && cg < sp) *reinterpret_cast<uint32_t*>(scales + batch_sf + sf_offset(srow, cg, sp)) = word;
+    if (lane % 4 == 0 && cg < sp && r < sf_end) *reinterpret_cast<uint32_t*>(scales + batch_sf + sf_offset(srow, cg, sp)) = word;
+    if constexpr (kDecoded) {
+      if (r < decoded_rows && cg < sp) store_decoded_group(decoded + (int64_t(l) * decoded_rows + r) * (sp / 4) * 8, cg, packed, sf);
+    }
   }
 }
 

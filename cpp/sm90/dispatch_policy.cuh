@@ -115,6 +115,9 @@ struct Params {
   // B's values prepacked (WeightLayout::Prepacked): its map's K coordinate is (byte in chunk,
   // chunk), and K ranges start at multiples of a TMA box.
   int32_t b_chunked = 0;
+  // The swapped tiles: weights issued before griddep_wait, the kernel before being the pre-pass
+  // (0 where the decoded activations are given and the kernel before may be any).
+  int32_t weights_early = 1;
 };
 
 template <int BM, int BN, class Schedule, class Act = ActNvfp4>

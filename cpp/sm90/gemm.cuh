@@ -104,11 +104,14 @@ struct Gemm {
     else return encode(map, a, k / 2, rows, batch, kBM);
   }
 
-  static size_t workspace_size(const KernelArgs& a) { return Sched::workspace_size(a); }
+  // Decoded activations given (pre_a) need no room for the pre-pass's output.
+  static size_t workspace_size(const KernelArgs& a) {
+    return T::kPreA && a.pre_a ? Sched::pre_a_offset(a) : Sched::workspace_size(a);
+  }
 
   // Every check comes before the first write or launch, so a refused call leaves memory as it was.
   static KernelStatus run(const KernelArgs& a) {
-    if (!can_implement(a)) return {BSG_STATUS_INVALID_PROBLEM, 0, 0};
+    if (!can_implement(a) || (a.pre_a && a.pre_a_rows < a.m)) return {BSG_STATUS_INVALID_PROBLEM, 0, 0};
     if (workspace_size(a) > a.workspace_bytes) return {BSG_STATUS_WORKSPACE_NULL, 0, uint64_t(workspace_size(a))};
     void* const workspace = reinterpret_cast<void*>(a.workspace);
     const auto stream = reinterpret_cast<cudaStream_t>(a.stream);
@@ -124,14 +127,17 @@ struct Gemm {
         });
         e != cudaSuccess)
       return {int32_t(cutlass::Status::kErrorInternal), int32_t(e), 0};
-    uint8_t* const pre = static_cast<uint8_t*>(workspace) + Sched::pre_a_offset(a);
+    // The decoded activations: given, or the pre-pass's output in the workspace (rows padded to
+    // the tile's: TMA filling a box past the last row was slow, bench/DESIGN.md §3).
+    const bool given = T::kPreA && a.pre_a;
+    uint8_t* const pre = given ? reinterpret_cast<uint8_t*>(a.pre_a) : static_cast<uint8_t*>(workspace) + Sched::pre_a_offset(a);
     CUtensorMap map_a, map_b;
     const int64_t m_pad = Sched::m_pad(a);
-    if (!encode_a(&map_a, reinterpret_cast<const void*>(a.a), pre, a.k, T::kPreA ? m_pad : a.m, a.l) ||
+    if (!encode_a(&map_a, reinterpret_cast<const void*>(a.a), pre, a.k, !T::kPreA ? a.m : given ? a.pre_a_rows : m_pad, a.l) ||
         !encode_b(&map_b, reinterpret_cast<const void*>(a.b), a.k, a.n, a.l, BN, a.b_layout == int32_t(WeightLayout::Prepacked)))
       return {int32_t(cutlass::Status::kErrorInternal), 0, 0};
     if constexpr (T::kPreA && (BSG_SM90_ABLATE & 32) == 0) {
-      const cudaError_t e =
+      const cudaError_t e = given ? cudaSuccess :
           kDenseA ? launch_reorder_a(reinterpret_cast<const void*>(a.a), pre, a.m, int(m_pad), a.k, a.l, a.sm_count, stream)
                   : launch_pre_pass<predecode_a>(int64_t(a.l) * m_pad * (Sched::k_pad(a) / kBK) * 2, a.sm_count, stream,
                                     reinterpret_cast<const uint8_t*>(a.a), reinterpret_cast<const uint8_t*>(a.sfa), reinterpret_cast<uint4*>(pre),
@@ -144,7 +150,7 @@ struct Gemm {
              reinterpret_cast<const void*>(a.c), reinterpret_cast<void*>(a.d), a.alpha, a.beta,
              static_cast<uint32_t*>(workspace),
              reinterpret_cast<float*>(static_cast<uint8_t*>(workspace) + (a.split_k > 1 ? Sched::kCountersBytes : 0)),
-             reinterpret_cast<uint8_t*>(a.sfd), a.norm_constant, a.b_layout == int32_t(WeightLayout::Prepacked)};
+             reinterpret_cast<uint8_t*>(a.sfd), a.norm_constant, a.b_layout == int32_t(WeightLayout::Prepacked), !given};
     const dim3 grid(unsigned(tiles(a)), unsigned(a.split_k));
     const bool cluster = Sched::cluster_reducible(a);
     const KernelLaunch launch(grid, T::kLaunchThreads, cluster ? a.split_k : 1, T::kSmem, stream, T::kProgrammatic);

@@ -39,7 +39,7 @@ __global__ void __launch_bounds__(T::kLaunchThreads, T::kMinBlocks)
   if constexpr (Mainloop::kProducerWarpgroup) {
     // Exited threads do not hold up later CTA or cluster barriers.
     if (tid >= kThreads) {
-      Mainloop::produce(pipe, w, tid, kL2PrefetchStages<Reduce>);
+      Mainloop::produce(pipe, w, tid, p.weights_early ? kL2PrefetchStages<Reduce> : -1);
       return;
     }
     Mainloop::consumer_start();

@@ -31,15 +31,17 @@ struct CollectiveMainloop<Tile<BM, BN, MainloopSwappedRegisterDecode, Act>> {
   // pre-pass may still run (its activations are complete past griddep_wait), and the first stage
   // alone: the next ones once it has landed, so it does not wait behind their bytes. Stages 1 ..
   // prefetch - 1 are asked into L2 meanwhile, which costs the first stage less than it saves.
+  // prefetch < 0: nothing before the wait (the kernel before may be any kernel, not the pre-pass
+  // that only follows its own predecessor's completion, and may have written the weights).
   __device__ __forceinline__ static void produce(const RawPipeline<T>& pipe, const TileWork& w, int tid, int prefetch = 0) {
     cutlass::arch::warpgroup_reg_dealloc<40>();
     if (tid == kThreads) {
       int r = 0;
       if (w.n_raw > 0) {
-        pipe.issue(0, kIssueB);
+        if (prefetch >= 0) pipe.issue(0, kIssueB);
         for (r = 1; r < min(w.n_raw, prefetch); ++r) pipe.prefetch_b(r);
         griddep_wait();
-        pipe.issue(0, kIssueA);
+        pipe.issue(0, prefetch >= 0 ? kIssueA : kIssueA | kIssueB);
         pipe.wait(0);
         for (r = 1; r < min(T::kRawStages, w.n_raw); ++r) pipe.issue(r);
       }

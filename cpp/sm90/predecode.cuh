@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "common/decoded_act.cuh"
 #include "common/launch.h"
 #include "common/nvfp4.cuh"
 #include "common/ptx.cuh"
@@ -17,27 +18,20 @@
 
 namespace bsg::sm90 {
 
-// One row's 64-K block (packed bytes q0 | q1, its four scales sf4) for thread parity
-// hh = shift / 4: chunk st (8 halves) holds MMA step st's K positions 8 hh .. 8 hh + 7, i.e. for
-// each scale group c the values 4 st + hh and 4 st + hh + 2 (mainloop_swapped.cuh says why this
-// order). Decoded as decode8 does.
+// One row's 64-K block (packed bytes q0 | q1, its four scales sf4) for thread parity hh = shift / 4:
+// chunk st (8 halves) holds MMA step st's K positions 8 hh .. 8 hh + 7, i.e. for each scale group
+// c the values 4 st + hh and 4 st + hh + 2 (mainloop_swapped.cuh says why this order): act_group's
+// word st of group c is the chunk's word c. Decoded as decode8 does.
 __device__ __forceinline__ void act_chunks(uint4 q0, uint4 q1, uint32_t sf4, int shift, uint4 (&ch)[4]) {
   const uint32_t s01 = decode8_scales(e4m3x2_to_f16x2(sf4)), s23 = decode8_scales(e4m3x2_hi_to_f16x2(sf4));
   const uint32_t sc[4] = {__byte_perm(s01, s01, 0x1010), __byte_perm(s01, s01, 0x3232), __byte_perm(s23, s23, 0x1010),
                           __byte_perm(s23, s23, 0x3232)};
-  const uint32_t w[4][2] = {{q0.x, q0.y}, {q0.z, q0.w}, {q1.x, q1.y}, {q1.z, q1.w}};  // [group][word]
+  const uint2 w[4] = {{q0.x, q0.y}, {q0.z, q0.w}, {q1.x, q1.y}, {q1.z, q1.w}};  // per group
+  uint32_t g[4][4];  // [group][step]
   CUTE_UNROLL
-  for (int wd = 0; wd < 2; ++wd) {
-    uint32_t lo[4], hi[4];
-    CUTE_UNROLL
-    for (int c = 0; c < 4; ++c) {
-      const uint32_t e = e2m1_lo_to_e4m3(w[c][wd] >> shift);  // this parity's values
-      lo[c] = hmul2(e4m3x2_to_f16x2(e), sc[c]);     // step 2 wd
-      hi[c] = hmul2(e4m3x2_hi_to_f16x2(e), sc[c]);  // step 2 wd + 1
-    }
-    ch[2 * wd] = make_uint4(lo[0], lo[1], lo[2], lo[3]);
-    ch[2 * wd + 1] = make_uint4(hi[0], hi[1], hi[2], hi[3]);
-  }
+  for (int c = 0; c < 4; ++c) act_group(w[c], sc[c], shift, g[c]);
+  CUTE_UNROLL
+  for (int st = 0; st < 4; ++st) ch[st] = make_uint4(g[0][st], g[1][st], g[2][st], g[3][st]);
 }
 
 constexpr int kPreThreads = 1024;       // predecode_a's launch bound

@@ -286,21 +286,21 @@ pub fn bench_case(cli: &Cli, gemm: &BlockScaledGemm, stream: &Arc<CudaStream>, l
     for i in 0..10 {
         launch(i, &mut d)?;
     }
-    poison_bf16(stream, &mut d)?;
+    poison(stream, &mut d)?;
     let (b2b_us, host_us) = time_back_to_back(cli, stream, |i| launch(i, &mut d))?;
     let mut exact = check(&d, "back to back")?;
-    poison_bf16(stream, &mut d)?;
+    poison(stream, &mut d)?;
     let graph_us = time_graph(cli, stream, |i| launch(i, &mut d))?;
     exact &= check(&d, "graph")?;
-    poison_bf16(stream, &mut d)?;
+    poison(stream, &mut d)?;
     let loop_graph_us = time_graph(cli, stream, |i| loop_launch(i, &mut d))?;
     exact &= check(&d, "loop of gemm")?;
-    poison_bf16(stream, &mut d)?;
+    poison(stream, &mut d)?;
     let list_graph_us = time_graph(cli, stream, list_launch)?;
     exact &= check(&d, "list form")?;
     let (mut w4a16_config, mut w4a16_graph_us) = (None, None);
     if w4a16_workspace.is_some() {
-        poison_bf16(stream, &mut d)?;
+        poison(stream, &mut d)?;
         w4a16_config = Some(w4a16_launch(0, &mut d)?);
         w4a16_graph_us = Some(time_graph(cli, stream, |i| w4a16_launch(i, &mut d).map(|_| ()))?);
         exact &= check(&d, "W4A16")?;
@@ -318,7 +318,7 @@ pub fn bench_case(cli: &Cli, gemm: &BlockScaledGemm, stream: &Arc<CudaStream>, l
             let b = Nvfp4Tensor::new_prepacked(packed[i % n_sets].as_view(), s.sfb.as_view(), (experts, n, k), 1.0)?;
             gemm.moe_gemm(&p, &a, &b, &offsets_dev, &ones, d, Some(config)).map(|_| ())
         };
-        poison_bf16(stream, &mut d)?;
+        poison(stream, &mut d)?;
         prepacked_graph_us = Some(time_graph(cli, stream, |i| packed_launch(i, &mut d))?);
         exact &= check(&d, "prepacked weights")?;
     }
@@ -356,12 +356,6 @@ pub fn bench_quantize_moe(cli: &Cli, q: &blockscaled_gemm::Quantizer, stream: &A
     let reach = moe_sfa_used_rows(t, case.counts.len()) * padded_sf_cols(k / 16);
     let bytes = 2 * t * k + t * k / 2 + reach;
     crate::time_quantizer(cli, stream, l2, bytes, (&mut codes, &mut scales), launch, check)
-}
-
-fn poison_bf16(stream: &Arc<CudaStream>, d: &mut CudaSlice<bf16>) -> Result<(), cudarc::driver::DriverError> {
-    let bytes = d.len() * 2;
-    // SAFETY: any byte is a valid u8; the view covers exactly D's bytes.
-    poison(stream, &mut unsafe { d.transmute_mut::<u8>(bytes) }.expect("2 bytes each"))
 }
 
 #[cfg(test)]

@@ -30,12 +30,16 @@
 //! bf16 (1, M, 2K) in, for each of `--swiglu-rows` at K = `--swiglu-k`; `exact`: equal to the
 //! CPU quantizer of `swiglu::swiglu_rows`.
 //!
+//! Then the quantizer feeding the GEMM (`op` "quantize_gemm", [`chain`] has the method) at each
+//! of `--chain-shapes`: `quantize_into` + `gemm` against `quantize_decoded_into` + `gemm_decoded`.
+//!
 //! Then the grouped (mixture-of-experts) cases (`op` "grouped", [`grouped`] has the method),
 //! against the loop of `gemm` per expert and bf16 grouped GEMM from `--grouped-baselines FILE`
 //! (bench/baselines.py --op grouped over the cases `--emit-grouped-cases FILE` writes).
 //!
 //! `cargo run --release --example bench -- [--shape MxNxK]... [--out f16,nvfp4] [--json FILE]`
 
+mod chain;
 mod grouped;
 mod w4a16;
 
@@ -93,6 +97,10 @@ struct Cli {
     /// K of the SwiGLU quantizer runs (the output's; DeepSeek-V3's expert width by default).
     #[arg(long, default_value_t = 2048)]
     swiglu_k: usize,
+    /// Shapes of the quantizer-then-GEMM runs (`op` "quantize_gemm"), comma-separated MxNxK
+    /// (empty: none).
+    #[arg(long, default_value = "64x4096x7168,128x4096x7168,128x7168x2048,128x7168x16384,256x4096x7168", value_parser = parse_shapes)]
+    chain_shapes: List<(usize, usize, usize)>,
     /// Skip the GEMMs (quantizer runs only).
     #[arg(long)]
     no_gemm: bool,
@@ -148,6 +156,10 @@ fn parse_config(s: &str) -> Result<Config, String> {
 /// Comma-separated values, each by `one`; empty items are skipped, so "" is none.
 fn parse_list<T>(s: &str, one: impl Fn(&str) -> Result<T, String>) -> Result<List<T>, String> {
     s.split(',').map(str::trim).filter(|v| !v.is_empty()).map(one).collect::<Result<_, _>>().map(List)
+}
+
+fn parse_shapes(s: &str) -> Result<List<(usize, usize, usize)>, String> {
+    parse_list(s, parse_shape)
 }
 
 fn parse_outs(s: &str) -> Result<List<OutType>, String> {
@@ -302,6 +314,15 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         json += &format!(
             "{{\"op\":\"quantize\",\"layout\":\"moe\",\"case\":\"{}\",\"experts\":{},\"gpu\":\"{gpu}\",\"commit\":\"{commit}\",\"m\":{t},\"k\":{k},\"l\":1,\"input\":\"bf16\",\"runs\":{},\"graph_calls\":{},\"ours_b2b_us\":{:.3},\"ours_graph_us\":{:.3},\"host_enqueue_us\":{:.3},\"bytes\":{},\"gbps\":{gbps:.1},\"copy_gbps\":{copy_gbps:.1},\"copy_same_us\":{:.3},\"exact\":{}}}\n",
             case.name, case.counts.len(), cli.runs, cli.graph_calls, r.b2b_us, r.graph_us, r.host_us, r.bytes, r.copy_same_us, r.exact);
+    }
+    for &(m, n, k) in cli.chain_shapes.0.iter().filter(|_| !cli.no_gemm) {
+        let r = chain::bench_chain(&cli, &gemm, &stream, l2, (m, n, k))?;
+        let [t0, t1] = r.two_step_graph_us;
+        let [d0, d1] = r.decoded_graph_us;
+        println!("quantize+gemm bf16 {m}x{n}x{k} ({}): quantize_into + gemm {t0:.2} / {t1:.2} us, quantize_decoded_into + gemm_decoded {d0:.2} / {d1:.2} us a step (two rounds), {}", r.config, if r.exact { "same bits" } else { "DIFFERENT" });
+        json += &format!(
+            "{{\"op\":\"quantize_gemm\",\"gpu\":\"{gpu}\",\"commit\":\"{commit}\",\"data\":\"{data}\",\"m\":{m},\"n\":{n},\"k\":{k},\"l\":1,\"input\":\"bf16\",\"out\":\"f16\",\"config\":\"{}\",\"graph_calls\":{},\"two_step_graph_us\":[{t0:.3},{t1:.3}],\"decoded_graph_us\":[{d0:.3},{d1:.3}],\"exact\":{}}}\n",
+            r.config, cli.graph_calls, r.exact);
     }
     let (grouped_baselines, grouped_base_data) = read_baselines(&cli.grouped_baselines, cli.data)?;
     if !cases.is_empty() {
@@ -651,8 +672,8 @@ mod le {
     }
 }
 
-fn poison(stream: &Arc<CudaStream>, d: &mut impl DevicePtrMut<u8>) -> Result<(), cudarc::driver::DriverError> {
-    let bytes = d.len();
+fn poison<T>(stream: &Arc<CudaStream>, d: &mut impl DevicePtrMut<T>) -> Result<(), cudarc::driver::DriverError> {
+    let bytes = d.len() * std::mem::size_of::<T>();
     let (ptr, _guard) = d.device_ptr_mut(stream);
     // SAFETY: ptr is a live allocation of `bytes` bytes, ordered on this stream by the guard.
     unsafe { cudarc::driver::result::memset_d8_async(ptr, 0xFF, bytes, stream.cu_stream()) }

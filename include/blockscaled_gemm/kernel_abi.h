@@ -75,6 +75,12 @@ struct KernelArgs {
   // multiples of the tile's TMA box of B (64 or 128 bytes of K) so that no box straddles a chunk,
   // so at most one range per box (Rust allows one per chunk, ceil(K / 256)).
   int32_t b_layout;
+  // SM90 tiles that read decoded activations (kPreA: MainloopSwappedRegisterDecode's): A's decode as
+  // the quantizer wrote it beside a and sfa (QuantizeArgs::decoded: (L, pre_a_rows, K rounded up
+  // to 64) halves, pre_a_rows >= M), read instead of decoding a and sfa in a pre-pass. 0: the
+  // launch decodes them. Other tiles read a and sfa either way.
+  uint64_t pre_a;
+  int32_t pre_a_rows;
 };
 
 // One grouped (mixture-of-experts) launch, already validated by Rust: for every expert e,
@@ -162,6 +168,11 @@ struct QuantizeArgs {
   int32_t experts;
   uint64_t stream;
   QuantTransform transform;  // SwigluHalves: x is (L, M, 2K), its rows 2K long
+  // Dense layout only; 0: none. The codes times their scales as FP16, (L, decoded_rows, K rounded
+  // up to 64) halves in the order the SM90 pre-pass writes them (cpp/sm90/predecode.cuh), rows
+  // from M and K past the end zero; decoded_rows >= M.
+  uint64_t decoded;
+  int32_t decoded_rows;
 };
 
 // The outcome of a launch: cutlass::Status and cudaError_t as integers, and the workspace bytes
