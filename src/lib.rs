@@ -10,7 +10,8 @@
 //!   on chip to FP16 (exact: every e2m1 value times a ue4m3 scale is an FP16 value) and run
 //!   `wgmma` or `mma.sync` with FP32 accumulation; small-M tiles for decode steps and MoE experts
 //!   (M <= 32, and to 64 where K ranges are short: one launch, the weights streamed once; else
-//!   at 33-64 rows a swapped 64-row tile after a pre-pass). W4A16 ([`w4a16`]): bf16 or f16
+//!   at 33-64 rows a swapped 64-row tile after a pre-pass, which [`Nvfp4Activations`] saves
+//!   where the activations come from [`Quantizer`]). W4A16 ([`w4a16`]): bf16 or f16
 //!   activations as they are, the weights decoded into their type (exact as well).
 //!
 //! [`Config`] lists the kernels of this build, [`select_config`] says which one a problem gets;

@@ -441,7 +441,7 @@ mod tests {
         }
         for rows in 1..2000 {
             let r = Nvfp4Activations::decoded_rows(rows);
-            assert!(r >= rows && r % 64 == 0 && (rows <= 128 || r % 256 == 0) && r - rows < 256, "{rows} rows: {r}");
+            assert!(r >= rows && r.is_multiple_of(64) && (rows <= 128 || r.is_multiple_of(256)) && r - rows < 256, "{rows} rows: {r}");
         }
     }
 }
