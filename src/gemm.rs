@@ -188,7 +188,8 @@ pub(crate) fn resolve_config(device: &DeviceFacts, out: OutType, forced: Option<
 /// `Sm90_Swapped_64x256x64`: the picks from 33 rows for most shapes, so reserve before capturing
 /// those too)
 /// the activations decoded once per call to FP16: 2 * L * M * K bytes, M rounded up to the
-/// tile's rows, plus 256 KiB (4.3 MB at M = 128, K = 16384; 128 MiB at 8192^3).
+/// tile's rows, plus 256 KiB (4.3 MB at M = 128, K = 16384; 128 MiB at 8192^3), except where
+/// the quantizer wrote them ([`Self::gemm_decoded`]).
 /// [`Self::workspace_size`] tells a call's need, [`Self::reserve_workspace`] allocates ahead,
 /// [`Self::set_workspace_limit`] bounds it. A call
 /// grows it when needed, except during CUDA graph capture, where it returns
@@ -393,15 +394,27 @@ impl BlockScaledGemm {
     }
 
     /// [`Self::gemm`] with the activations as [`crate::Quantizer::quantize_decoded_into`] left
-    /// them: Hopper's wide tiles read their decode instead of launching a pre-pass that decodes
-    /// them again; every other tile reads the codes and scales. The same bits as
-    /// [`Self::gemm`] on [`Nvfp4Activations::tensor`], with either tile.
+    /// them: configs of [`crate::Schedule::SwappedRegisterDecode`] read their decode instead of
+    /// launching a pre-pass that decodes them again (and need no workspace for it); every other
+    /// config reads the codes and scales. The same bits as [`Self::gemm`] on
+    /// [`Nvfp4Activations::tensor`] with the same config. The kernel before this call may be any
+    /// kernel: the GEMM loads nothing before it has completed.
     pub fn gemm_decoded<VB, SB, D, TV, TS, TO>(&self, p: &Problem, a: &Nvfp4Activations, b: &Nvfp4Tensor<VB, SB>, d: &mut D, config: Option<Config>) -> Result<Config>
     where
         VB: DevicePtr<TV>, SB: DevicePtr<TS>, D: DevicePtrMut<TO>,
         TV: PackedFp4, TS: ScaleByte, TO: OutputElement,
     {
         self.run(p, a.tensor(), Some(a.decoded()), b, None::<&CudaSlice<TO>>, d, config)
+    }
+
+    /// [`Self::gemm_with_c`] with the activations of [`Self::gemm_decoded`].
+    #[allow(clippy::too_many_arguments)]
+    pub fn gemm_decoded_with_c<VB, SB, C, D, TV, TS, TO>(&self, p: &Problem, a: &Nvfp4Activations, b: &Nvfp4Tensor<VB, SB>, c: &C, d: &mut D, config: Option<Config>) -> Result<Config>
+    where
+        VB: DevicePtr<TV>, SB: DevicePtr<TS>, C: DevicePtr<TO>, D: DevicePtrMut<TO>,
+        TV: PackedFp4, TS: ScaleByte, TO: OutputElement,
+    {
+        self.run(p, a.tensor(), Some(a.decoded()), b, Some(c), d, config)
     }
 
     /// [`Self::gemm_fp4`] with the activations of [`Self::gemm_decoded`].
@@ -411,6 +424,16 @@ impl BlockScaledGemm {
         TV: PackedFp4, TS: ScaleByte,
     {
         self.run_fp4(p, out, a.tensor(), Some(a.decoded()), b, None::<&CudaSlice<f32>>, d, config)
+    }
+
+    /// [`Self::gemm_fp4_with_c`] with the activations of [`Self::gemm_decoded`].
+    #[allow(clippy::too_many_arguments)]
+    pub fn gemm_fp4_decoded_with_c<VB, SB, C, DV, DS, TV, TS>(&self, p: &Problem, out: OutType, a: &Nvfp4Activations, b: &Nvfp4Tensor<VB, SB>, c: &C, d: Nvfp4Output<'_, DV, DS>, config: Option<Config>) -> Result<Config>
+    where
+        VB: DevicePtr<TV>, SB: DevicePtr<TS>, C: DevicePtr<f32>, DV: DevicePtrMut<TV>, DS: DevicePtrMut<TS>,
+        TV: PackedFp4, TS: ScaleByte,
+    {
+        self.run_fp4(p, out, a.tensor(), Some(a.decoded()), b, Some(c), d, config)
     }
 
     /// The launch's K ranges (the rule's, or the forced count once checked) and whether their sum

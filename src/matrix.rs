@@ -461,6 +461,18 @@ pub(crate) fn check_shape(rows: usize, k: usize, batch: usize) -> Result<()> {
     Ok(())
 }
 
+/// [`check_shape`] and the GPU quantizer's limits (rows: its row loop counts in int32, striding
+/// by the grid; L in grid.z), before any size is computed from the shape.
+pub(crate) fn check_quantizer_dims((batch, rows, k): (usize, usize, usize)) -> Result<()> {
+    check_shape(rows, k, batch)?;
+    for (dim, value, max) in [("rows", rows, 65535 * 128), ("K", k, i32::MAX as usize), ("batch", batch, 65535)] {
+        if value > max {
+            return Err(Error::Dimension { dim, value, max });
+        }
+    }
+    Ok(())
+}
+
 /// Reference GEMM of two host matrices, D = alpha * ga * gb * A Bᵀ + beta * C, with A (L, M, K)
 /// and B (L, N, K) and ga, gb their global scales (1 where a matrix has none), folded into alpha
 /// left to right in f32 as the GEMM entry points fold them.

@@ -8,22 +8,10 @@ use crate::error::{check_len, Error, Result};
 use crate::gemm::{capture_check, check_devices, launch_status};
 use crate::grouped::{moe_sfa_bytes, moe_sfa_rows, MAX_EXPERTS};
 use crate::layout::sf_batch_bytes;
-use crate::matrix::{check_global_scale, check_lens, check_shape, computed_global_scale, HostFloat};
+use crate::matrix::{check_global_scale, check_lens, check_quantizer_dims as check_dims, computed_global_scale, HostFloat};
 use crate::problem::{check_align, check_align_to};
 use crate::sys::{self, InKind, QuantTransform, QuantizeArgs};
 use crate::tensor::{Nvfp4Activations, Nvfp4Tensor};
-
-/// The shape rules and the kernel's limits (rows: its row loop counts in int32, striding by the
-/// grid; L in grid.z), before any size is computed from the shape.
-fn check_dims((batch, rows, k): (usize, usize, usize)) -> Result<()> {
-    check_shape(rows, k, batch)?;
-    for (dim, value, max) in [("rows", rows, 65535 * 128), ("K", k, i32::MAX as usize), ("batch", batch, 65535)] {
-        if value > max {
-            return Err(Error::Dimension { dim, value, max });
-        }
-    }
-    Ok(())
-}
 
 /// Element types the GPU quantizer reads: f32, `half::f16`, `half::bf16`.
 pub trait QuantInput: HostFloat + DeviceRepr {
@@ -52,6 +40,12 @@ impl QuantInput for half::bf16 {
 /// [`Self::quantize_into`] allocates nothing and can be captured in a CUDA graph; with a computed
 /// one an amax pass runs first and the scale is read back to the host (the tensor carries it to
 /// the GEMM), which synchronizes the stream.
+///
+/// Stream ordering: the next operation on the stream sees the outputs complete. A next kernel
+/// launched with `cudaLaunchAttributeProgrammaticStreamSerialization` may start while the
+/// quantizer runs (it allows that from its start, so this crate's GEMM behind it is scheduled
+/// early) and must call `cudaGridDependencySynchronize()` (PTX `griddepcontrol.wait`) before it
+/// reads the outputs or writes the input, as such kernels do by contract and this crate's do.
 ///
 /// ```no_run
 /// use blockscaled_gemm::{BlockScaledGemm, Nvfp4Matrix, Nvfp4Tensor, Problem, Quantizer};

@@ -12,7 +12,7 @@ use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut, DeviceRepr,
 use crate::error::{check_len, Error, Result};
 use crate::formats::{PackedFp4, ScaleByte};
 use crate::layout::{prepacked_bytes, sf_batch_bytes, WeightLayout};
-use crate::matrix::{check_global_scale, check_lens, check_shape, Nvfp4Matrix};
+use crate::matrix::{check_global_scale, check_lens, check_quantizer_dims, check_shape, Nvfp4Matrix};
 use crate::sys;
 
 /// An NVFP4 tensor of shape (batch, rows, K) on the device: packed e2m1 values (two per byte, K
@@ -278,17 +278,19 @@ impl Nvfp4Tensor {
 }
 
 /// NVFP4 activations with their decode beside them: the codes and tiled scales of an
-/// [`Nvfp4Tensor`], and the codes times their scales as FP16 in the order Hopper's wide tiles
-/// read activations (those of `MainloopSwappedRegisterDecode`, which the rule takes from about 33
-/// rows). [`crate::Quantizer::quantize_decoded_into`] writes all three in one launch, and
-/// [`crate::BlockScaledGemm::gemm_decoded`] hands the decode to those tiles, which otherwise
+/// [`Nvfp4Tensor`], and the codes times their scales as FP16 in the order Hopper's configs of
+/// [`Schedule::SwappedRegisterDecode`](crate::Schedule::SwappedRegisterDecode) read activations
+/// (the rule's pick from 33 rows for most shapes: [`crate::BlockScaledGemm::select_config`] says).
+/// [`crate::Quantizer::quantize_decoded_into`] writes all three in one launch, and
+/// [`crate::BlockScaledGemm::gemm_decoded`] hands the decode to those configs, which otherwise
 /// decode the activations again in a pre-pass launch before the GEMM (bench/DESIGN.md §3).
-/// The buffers are private and written together, so the decode cannot disagree with the codes:
-/// both paths give the same bits.
+/// The buffers are written together, by the quantizer only, so the decode cannot disagree with
+/// the codes: both paths give the same bits.
 ///
 /// The decode takes `2 * batch * Self::decoded_rows(rows) * K` bytes (K rounded up to 64), four
-/// times the codes: it pays where the GEMM is one of those tiles (Hopper, 33 rows or more). Other
-/// tiles, and every SM100 kernel, read the codes and scales as from [`Self::tensor`].
+/// times the codes: it pays where the GEMM runs one of those configs. Other configs (the stream
+/// tiles, to 32 rows; `Sm90_128x128x64` and `Sm90_128x64x64`), and every SM100 kernel, read the
+/// codes and scales, as from [`Self::tensor`]: there the decode is written for nothing.
 ///
 /// ```no_run
 /// use blockscaled_gemm::{BlockScaledGemm, Nvfp4Activations, Nvfp4Matrix, Nvfp4Tensor, Problem, Quantizer};
@@ -317,7 +319,7 @@ impl Nvfp4Activations {
     /// until quantized into). It allocates, so it is refused during CUDA graph capture.
     pub fn new(stream: &Arc<CudaStream>, shape: (usize, usize, usize)) -> Result<Self> {
         let (batch, rows, k) = shape;
-        check_shape(rows, k, batch)?;
+        check_quantizer_dims(shape)?;
         if crate::gemm::capture_check(stream)? {
             return Err(Error::NotCapturable { call: "Nvfp4Activations::new", why: "it allocates its buffers", fix: "allocate before capturing; quantize_decoded_into is capturable" });
         }
@@ -334,7 +336,10 @@ impl Nvfp4Activations {
     }
 
     /// Rows a batch of the decode holds for `rows` activation rows: rounded up to 64 up to 64
-    /// rows, to 128 up to 128, to 256 beyond (the tiles' rows, so no TMA box reaches past them).
+    /// rows, to 128 up to 128, to 256 beyond: the rows of the tiles the rule takes there, so
+    /// that their TMA boxes stay inside the buffer (a taller tile forced at fewer rows reads
+    /// zeros past it through TMA's fill, with the same bits, which can be slower:
+    /// bench/DESIGN.md §3). The padding rows are zeros.
     pub fn decoded_rows(rows: usize) -> usize {
         match rows {
             0..=64 => rows.div_ceil(64) * 64,
@@ -353,8 +358,11 @@ impl Nvfp4Activations {
         self.tensor.shape()
     }
 
-    /// The decode (FP16 bits).
-    pub(crate) fn decoded(&self) -> &CudaSlice<u16> {
+    /// The decode, FP16 bits: (batch, [`Self::decoded_rows`], K rounded up to 64), each row's
+    /// 64-K block `b` as eight 16-byte chunks, chunk `2 s + h` holding for each scale group `c`
+    /// of the block (16 values) the values `16 c + 4 s + h` and `16 c + 4 s + h + 2`; zeros past
+    /// the rows and past K. Read-only: the quantizer is its only writer.
+    pub fn decoded(&self) -> &CudaSlice<u16> {
         &self.decoded
     }
 

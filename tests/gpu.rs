@@ -1860,11 +1860,38 @@ fn swiglu_quantizer_matches_the_cpu() -> Outcome {
     Ok(())
 }
 
+/// The decode `Nvfp4Activations::decoded` documents, computed on the host from the codes and
+/// tiled scales of (l, m, k) activations: FP16 bits of e2m1 * ue4m3 (exact in FP16).
+fn host_decode(codes: &[u8], tiled: &[u8], (l, m, k): (usize, usize, usize)) -> Vec<u16> {
+    const E2M1: [f32; 8] = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0];
+    let scales = layout::from_tiled(tiled, m, k / 16, l).unwrap();
+    let (rows, k_pad) = (blockscaled_gemm::Nvfp4Activations::decoded_rows(m), k.div_ceil(64) * 64);
+    let mut out = vec![0u16; l * rows * k_pad];
+    for b in 0..l {
+        for r in 0..m {
+            for kk in 0..k {
+                let code = (codes[((b * m + r) * k + kk) / 2] >> (4 * (kk % 2))) & 0xF;
+                let v = E2M1[usize::from(code & 7)] * if code & 8 != 0 { -1.0 } else { 1.0 };
+                let sf = float8::F8E4M3::from_bits(scales[(b * m + r) * (k / 16) + kk / 16]).to_f32();
+                let (blk, c, j) = (kk / 64, kk % 64 / 16, kk % 16);
+                // Value j of group c: j = 4 s + h + 2 hi, in chunk 2 s + h, word c, half hi.
+                let (s_, h, hi) = ((j / 4), j % 2, (j % 4) / 2);
+                out[(b * rows + r) * k_pad + blk * 64 + (2 * s_ + h) * 8 + 2 * c + hi] = f16::from_f32(v * sf).to_bits();
+            }
+        }
+    }
+    out
+}
+
 /// The quantizer's decoded activations (`Nvfp4Activations`): its codes and scales equal
-/// `quantize_into`'s, and `gemm_decoded` / `gemm_fp4_decoded` give the bits of `gemm` /
-/// `gemm_fp4` on those codes, with every tile that reads the decode (and a stream tile, which
-/// reads the codes), K with a 32-value tail, L = 2, plain and SwiGLU quantizers, outputs poisoned
-/// first; a second quantization into the same buffers replaces the first everywhere.
+/// `quantize_into`'s and its decode a host decode of them (padding zeros); `gemm_decoded` /
+/// `gemm_fp4_decoded` (and the `_with_c` forms) give the bits of `gemm` / `gemm_fp4` on those
+/// codes, with every tile that reads the decode (and a stream tile, which reads the codes), K
+/// with a 32-value tail, L = 2, plain and SwiGLU quantizers, outputs poisoned first; a second
+/// quantization into the same buffers replaces the first everywhere; the GEMM given the decode
+/// needs no workspace for it (so it read the given one); and quantizer, weight quantizer and
+/// GEMM queued with no host synchronisation between them, the GEMM right behind the kernel that
+/// writes its weights, give the bits of the synchronous calls.
 fn decoded_activations_same_bits_as_gemm() -> Outcome {
     use blockscaled_gemm::{Nvfp4Activations, Quantizer};
     let g = hopper()?;
@@ -1898,12 +1925,15 @@ fn decoded_activations_same_bits_as_gemm() -> Outcome {
                 assert!(s.clone_dtoh(act.tensor().values()).unwrap() == s.clone_dtoh(&codes).unwrap(), "{what}: codes");
                 assert!(s.clone_dtoh(act.tensor().scales()).unwrap() == s.clone_dtoh(&scales).unwrap(), "{what}: scales");
                 assert_eq!(act.tensor().global_scale(), gs, "{what}: global scale");
+                let want = host_decode(&s.clone_dtoh(&codes).unwrap(), &s.clone_dtoh(&scales).unwrap(), (l, m, k));
+                assert!(s.clone_dtoh(act.decoded()).unwrap() == want, "{what}: the decode differs from the host's");
                 if round == 0 {
                     continue;
                 }
                 let plain = Nvfp4Tensor::new(codes.as_view(), scales.as_view(), (l, m, k), gs).unwrap();
                 let stream_tile = (m <= 64).then_some(Some(Config::Sm90_Stream_16x128x64));
                 let configs = wide.iter().copied().map(Some).chain([None]).chain(stream_tile);
+                let mut wide_runs = 0;
                 for config in configs.filter(|c| c.is_none_or(|c| c.is_built(OutType::F16))) {
                     let mut d1 = s.clone_htod(&vec![f16::NAN; l * m * n]).unwrap();
                     let mut d2 = s.clone_htod(&vec![f16::from_f32(-7.0); l * m * n]).unwrap();
@@ -1912,6 +1942,7 @@ fn decoded_activations_same_bits_as_gemm() -> Outcome {
                     let (g1, g2) = (s.clone_dtoh(&d1).unwrap(), s.clone_dtoh(&d2).unwrap());
                     assert!(g1.iter().map(|v| v.to_bits()).eq(g2.iter().map(|v| v.to_bits())), "{what} {ran}: f16 D differs from gemm's");
                     runs += 1;
+                    wide_runs += usize::from(wide.contains(&ran));
                     if swiglu || !ran.is_built(OutType::Nvfp4) {
                         continue;
                     }
@@ -1923,7 +1954,53 @@ fn decoded_activations_same_bits_as_gemm() -> Outcome {
                     assert!(s.clone_dtoh(v1).unwrap() == s.clone_dtoh(v2).unwrap() && s.clone_dtoh(f1).unwrap() == s.clone_dtoh(f2).unwrap(), "{what} {ran}: nvfp4 D differs from gemm_fp4's");
                     runs += 1;
                 }
+                assert!(wide_runs > 0, "{what}: no tile that reads the decode was built");
             }
+        }
+        // With C (beta != 0), and a fresh GEMM's workspace: the kernel given the decode asks for
+        // none for it, where the pre-pass would need 2 * L * rows * K bytes.
+        let c: Vec<f16> = (0..l * m * n).map(|i| f16::from_f32((i % 7) as f32 - 3.0)).collect();
+        let cd = s.clone_htod(&c).unwrap();
+        let pc = p.scalars(1.0, -0.5);
+        let fresh = BlockScaledGemm::new(s.clone()).unwrap();
+        let config = Config::Sm90_Swapped_64x128x64;
+        let mut d1 = s.clone_htod(&vec![f16::NAN; l * m * n]).unwrap();
+        let mut d2 = s.clone_htod(&vec![f16::from_f32(-7.0); l * m * n]).unwrap();
+        fresh.gemm_decoded_with_c(&pc, &act, &wt, &cd, &mut d1, Some(config)).unwrap();
+        let (used, plain_need) = (fresh.workspace_bytes(), fresh.workspace_size(&pc, OutType::F16, Some(config)).unwrap());
+        assert!(used + 2 * l * m * k <= plain_need, "{l}x{m}x{n}x{k}: workspace {used} with the decode given, {plain_need} for the pre-pass");
+        let plain = Nvfp4Tensor::new(act.tensor().values().as_view(), act.tensor().scales().as_view(), (l, m, k), gs).unwrap();
+        g.gemm_with_c(&pc, &plain, &wt, &cd, &mut d2, Some(config)).unwrap();
+        let (g1, g2) = (s.clone_dtoh(&d1).unwrap(), s.clone_dtoh(&d2).unwrap());
+        assert!(g1.iter().map(|v| v.to_bits()).eq(g2.iter().map(|v| v.to_bits())), "{l}x{m}x{n}x{k}: with C, D differs from gemm_with_c's");
+        runs += 1;
+    }
+    // Queued back to back with no host synchronisation: activations quantized with their decode,
+    // then the weights quantized (the GEMM's immediate predecessor writes B), then the GEMM, four
+    // times into the same activation and weight buffers; each D against the synchronous calls.
+    {
+        let (m, n, k, steps) = (64usize, 1024usize, 4096usize, 4usize);
+        let (ga, gw) = (4.0 / 2688.0, 3.0 / 2688.0);
+        let xs: Vec<_> = (0..steps).map(|_| s.clone_htod(&quantizer_data(&mut rng, m * k, 3, 8, 1e-6).iter().map(|&v| bf16::from_f32(v)).collect::<Vec<_>>()).unwrap()).collect();
+        let ws: Vec<_> = (0..steps).map(|_| s.clone_htod(&quantizer_data(&mut rng, n * k, 3, 8, 1e-6).iter().map(|&v| bf16::from_f32(v)).collect::<Vec<_>>()).unwrap()).collect();
+        let mut act = Nvfp4Activations::new(&s, (1, m, k)).unwrap();
+        let (mut wc, mut wsf) = (s.alloc_zeros::<u8>(n * k / 2).unwrap(), s.alloc_zeros::<u8>(layout::sf_bytes(n, k, 1)).unwrap());
+        let mut ds: Vec<CudaSlice<f16>> = (0..steps).map(|_| s.clone_htod(&vec![f16::NAN; m * n]).unwrap()).collect();
+        let p = Problem::new(m, n, k);
+        let config = Config::Sm90_Swapped_64x128x64;
+        for (i, d) in ds.iter_mut().enumerate() {
+            q.quantize_decoded_into(&xs[i], ga, &mut act).unwrap();
+            q.quantize_into(&ws[i], (1, n, k), gw, &mut wc, &mut wsf).unwrap();
+            let w = Nvfp4Tensor::new(wc.as_view(), wsf.as_view(), (1, n, k), gw).unwrap();
+            g.gemm_decoded(&p, &act, &w, d, Some(config)).unwrap();
+        }
+        for (i, d) in ds.iter().enumerate() {
+            let (a, w) = (q.quantize(&xs[i], (1, m, k), Some(ga)).unwrap(), q.quantize(&ws[i], (1, n, k), Some(gw)).unwrap());
+            let mut want = s.clone_htod(&vec![f16::from_f32(-7.0); m * n]).unwrap();
+            g.gemm(&p, &a, &w, &mut want, Some(config)).unwrap();
+            let (got, want) = (s.clone_dtoh(d).unwrap(), s.clone_dtoh(&want).unwrap());
+            assert!(got.iter().map(|v| v.to_bits()).eq(want.iter().map(|v| v.to_bits())), "queued step {i}: D differs from the synchronous calls'");
+            runs += 1;
         }
     }
     // Refused before anything runs: activations of another shape than the problem's.

@@ -23,6 +23,8 @@ bsg::KernelStatus run(const bsg::QuantizeArgs& a) {
     return bsg::KernelStatus{BSG_STATUS_INVALID_PROBLEM, 0, 0};
   const bool swiglu = a.transform == bsg::QuantTransform::SwigluHalves;
   if (swiglu && amax) return bsg::KernelStatus{BSG_STATUS_INVALID_PROBLEM, 0, 0};  // given scales only
+  const bool moe = a.offsets != 0, decoded = a.decoded != 0;
+  if (decoded && (moe || amax || a.decoded_rows < a.m)) return bsg::KernelStatus{BSG_STATUS_INVALID_PROBLEM, 0, 0};
   if (amax) {
     if (cudaError_t e = cudaMemsetAsync(amax, 0, sizeof(uint32_t), stream)) {
       st.cuda_error = e;
@@ -39,8 +41,6 @@ bsg::KernelStatus run(const bsg::QuantizeArgs& a) {
       return st;
     }
   }
-  const bool moe = a.offsets != 0, decoded = a.decoded != 0;
-  if (decoded && (moe || a.decoded_rows < a.m)) return bsg::KernelStatus{BSG_STATUS_INVALID_PROBLEM, 0, 0};
   // Row groups of kWarps rows, kRowsPerWarp rows a warp (SwiGLU: one) where that still leaves
   // about 1024 blocks (below, a row a warp), as many as the grid's y takes (warps stride over the rest); the
   // MoE form's blocks each build the expert table first, so about 2048 blocks in all there.
