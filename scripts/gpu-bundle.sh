@@ -43,7 +43,7 @@ case "${1:-tests}" in
     rc=0
     for tool in memcheck racecheck synccheck; do
       echo "== compute-sanitizer --tool $tool"
-      compute-sanitizer --tool $tool --error-exitcode 9 "$here/deps/gpu" sm90_every_config sm90_split_k sm90_small_m sm90_extreme fp4_output_exact fp4_output_chains quantized_tensors swiglu_quantizer graph_capture grouped_moe grouped_list w4a16 prepacked_weights_transforms || rc=1
+      compute-sanitizer --tool $tool --error-exitcode 9 "$here/deps/gpu" sm90_every_config sm90_split_k sm90_small_m sm90_extreme fp4_output_exact fp4_output_chains quantized_tensors swiglu_quantizer decoded_activations graph_capture grouped_moe grouped_list w4a16 prepacked_weights_transforms || rc=1
     done
     exit $rc ;;
   example) shift; exec "$here/examples/nvfp4_gemm" "$@" ;;
