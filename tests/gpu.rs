@@ -1863,7 +1863,7 @@ fn swiglu_quantizer_matches_the_cpu() -> Outcome {
 /// The decode `Nvfp4Activations::decoded` documents, computed on the host from the codes and
 /// tiled scales of (l, m, k) activations: FP16 bits of e2m1 * ue4m3 (exact in FP16).
 fn host_decode(codes: &[u8], tiled: &[u8], (l, m, k): (usize, usize, usize)) -> Vec<u16> {
-    const E2M1: [f32; 8] = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0];
+    use blockscaled_gemm::formats::{e2m1_to_f32, ue4m3_to_f32};
     let scales = layout::from_tiled(tiled, m, k / 16, l).unwrap();
     let (rows, k_pad) = (blockscaled_gemm::Nvfp4Activations::decoded_rows(m), k.div_ceil(64) * 64);
     let mut out = vec![0u16; l * rows * k_pad];
@@ -1871,8 +1871,7 @@ fn host_decode(codes: &[u8], tiled: &[u8], (l, m, k): (usize, usize, usize)) -> 
         for r in 0..m {
             for kk in 0..k {
                 let code = (codes[((b * m + r) * k + kk) / 2] >> (4 * (kk % 2))) & 0xF;
-                let v = E2M1[usize::from(code & 7)] * if code & 8 != 0 { -1.0 } else { 1.0 };
-                let sf = float8::F8E4M3::from_bits(scales[(b * m + r) * (k / 16) + kk / 16]).to_f32();
+                let (v, sf) = (e2m1_to_f32(code), ue4m3_to_f32(scales[(b * m + r) * (k / 16) + kk / 16]));
                 let (blk, c, j) = (kk / 64, kk % 64 / 16, kk % 16);
                 // Value j of group c: j = 4 s + h + 2 hi, in chunk 2 s + h, word c, half hi.
                 let (s_, h, hi) = ((j / 4), j % 2, (j % 4) / 2);
