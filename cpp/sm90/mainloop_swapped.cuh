@@ -38,10 +38,17 @@ struct CollectiveMainloop<Tile<BM, BN, MainloopSwappedRegisterDecode, Act>> {
     if (tid == kThreads) {
       int r = 0;
       if (w.n_raw > 0) {
-        if (prefetch >= 0) pipe.issue(0, kIssueB);
-        for (r = 1; r < min(w.n_raw, prefetch); ++r) pipe.prefetch_b(r);
-        griddep_wait();
-        pipe.issue(0, prefetch >= 0 ? kIssueA : kIssueA | kIssueB);
+        // One branch per path rather than copy masks chosen at run time, so the usual path's
+        // first stage is the code it had before the decoded path (bench/DESIGN.md §3).
+        if (prefetch >= 0) {
+          pipe.issue(0, kIssueB);
+          for (r = 1; r < min(w.n_raw, prefetch); ++r) pipe.prefetch_b(r);
+          griddep_wait();
+          pipe.issue(0, kIssueA);
+        } else {
+          griddep_wait();
+          pipe.issue(0);
+        }
         pipe.wait(0);
         for (r = 1; r < min(T::kRawStages, w.n_raw); ++r) pipe.issue(r);
       }
