@@ -257,8 +257,16 @@ pub fn split_k(config: Config, p: &Problem, sm_count: usize, max_clusters: &Clus
     if split > SM90_MAX_CLUSTER_SPLIT && k_tiles / (split as usize) < 32 {
         split = SM90_MAX_CLUSTER_SPLIT;
     }
+    let unlowered = split;
     while cluster_reduced(config, split) && tiles > max_clusters[split as usize - 2] {
         split -= 1;
+    }
+    // Held down by the clusters that fit: the split as it was, summed through global memory,
+    // where the model says that is faster.
+    if let Some(global) = global_sum_us(config, unlowered).filter(|_| split < unlowered) {
+        if swapped_model_us(config, p, sm_count, unlowered, Some(global)) < swapped_model_us(config, p, sm_count, split, None) {
+            return unlowered;
+        }
     }
     split
 }
@@ -307,6 +315,14 @@ const STREAM_NARROW_K: usize = 56;
 /// to graph-replayed times of both at five shapes (§12).
 fn swapped_estimate_us(config: Config, p: &Problem, sm_count: usize, max_clusters: &ClusterCounts) -> f64 {
     let split = split_k(config, p, sm_count, max_clusters);
+    // A split the clusters that fit would have lowered, taken whole through global memory.
+    let global = cluster_reduced(config, split) && !cluster_split(config, p, split, max_clusters);
+    swapped_model_us(config, p, sm_count, split, if global { global_sum_us(config, split) } else { None })
+}
+
+/// [`swapped_estimate_us`] at `split` ranges, with `after` the after-loop cost where given (else
+/// the cluster sum's, or at split 1 the epilogue's).
+fn swapped_model_us(config: Config, p: &Problem, sm_count: usize, split: u32, after: Option<f64>) -> f64 {
     let (first, reduce, clocks) = match config {
         Config::Sm90_Swapped_128x128x64 => (2.2, 4.3, 677.0),
         Config::Sm90_256x128x64 => (2.2, 6.4, 1190.0),
@@ -314,11 +330,25 @@ fn swapped_estimate_us(config: Config, p: &Problem, sm_count: usize, max_cluster
         Config::Sm90_Swapped_64x256x64 => (2.5, 5.5, 986.0),
         _ => (2.9, 6.1, 1220.0),
     };
-    let after = if split > 1 { reduce } else { 2.5 };
+    let after = after.unwrap_or(if split > 1 { reduce } else { 2.5 });
     let ctas = config.tiles(p) * split as usize;
     let waves = ctas.div_ceil(sm_count.max(1)) as f64;
     let range = p.k.div_ceil(64).div_ceil(split.max(1) as usize) as f64;
     waves * (first + after + range * clocks / 1900.0)
+}
+
+/// After-loop cost (us) of summing `split` ranges of `config` through global memory instead of a
+/// cluster: fitted per size of partial tile to same-run comparisons of both sums at shapes of
+/// the 64-row tiles and the swapped 128x128, for one round of partial loads (split 4 at most)
+/// and for two (bench/DESIGN.md §8). None for the tiles with larger partials (no fit; the rule
+/// keeps their lowered cluster split).
+fn global_sum_us(config: Config, split: u32) -> Option<f64> {
+    let [one, two] = match config {
+        Config::Sm90_Swapped_64x128x64 => [7.0, 8.2],
+        Config::Sm90_Swapped_128x128x64 | Config::Sm90_Swapped_64x256x64 => [9.7, 11.1],
+        _ => return None,
+    };
+    Some(if split <= 4 { one } else { two })
 }
 
 /// The grouped (mixture-of-experts) kernel for `rows` stacked rows over `experts` experts. SM100:
@@ -818,8 +848,8 @@ mod tests {
             (64, 7168, 4096, s64),   // 15.8 against 15.9
             (64, 7168, 16384, w64),  // 45.0-45.3 against 40.8
             (64, 7168, 8192, w64),   // 25.8-26.0 against 24.2-24.3
-            (64, 4096, 16384, w64),  // 32.1-32.3 against 30.5
-            (64, 4096, 28672, w64),  // 51.5 against 47.5
+            (64, 4096, 16384, s64),  // 28.2 (split 4 through global memory) against 30.6-30.9 (split 6)
+            (64, 4096, 28672, s64),  // 44.0-44.1 (split 4 through global memory) against 47.3-47.9 (split 6)
             (64, 14336, 16384, w64), // 79.6-80.1 against 72.8-73.2
             (64, 28672, 4096, w64),  // 45.4 against 38.2 (224 tiles of 64x128: two waves)
             (64, 18432, 7168, w64),  // 72.3-72.7 against 61.2
@@ -829,11 +859,59 @@ mod tests {
         for (m, n, k, c) in picks {
             assert_eq!(select(90, &Problem::new(m, n, k), 132, &H100_CLUSTERS, all), Some(c), "{m}x{n}x{k}");
         }
-        // The splits those runs took: 64x256 at 64x4096x16384 held to 6 by the 15 clusters of 7
-        // and 8 that fit (16 tiles), 64x128 at 64x5120x27648 to 2 (40 tiles; 39 clusters of 3).
-        assert_eq!(split_k(w64, &Problem::new(64, 4096, 16384), 132, &H100_CLUSTERS), 6);
-        assert_eq!(split_k(s64, &Problem::new(64, 5120, 27648), 132, &H100_CLUSTERS), 2);
-        assert_eq!(split_k(w64, &Problem::new(64, 5120, 27648), 132, &H100_CLUSTERS), 5);
+        // Splits the clusters that fit hold down (64x256 at 64x4096x16384: 15 clusters of 7 and 8
+        // for 16 tiles; 64x128 at 64x5120x27648: 39 clusters of 3 for 40 tiles) are taken whole
+        // through global memory where the model says so (`swapped_split_through_global_memory`).
+        assert_eq!(split_k(w64, &Problem::new(64, 4096, 16384), 132, &H100_CLUSTERS), 8);
+        assert_eq!(split_k(s64, &Problem::new(64, 5120, 27648), 132, &H100_CLUSTERS), 3);
+        assert_eq!(split_k(w64, &Problem::new(64, 5120, 27648), 132, &H100_CLUSTERS), 6);
+    }
+
+    /// Where the clusters that fit would lower a swapped tile's split, the split as it was with
+    /// the sum through global memory, where `swapped_model_us` says so: (config, split, through
+    /// global memory). H100, same runs, two rounds, graph us, f16, every output exact
+    /// (bench/DESIGN.md §8): the rule's launch against the other.
+    #[test]
+    fn swapped_split_through_global_memory() {
+        let all = |_| true;
+        let (s64, w64, s128) = (Config::Sm90_Swapped_64x128x64, Config::Sm90_Swapped_64x256x64, Config::Sm90_Swapped_128x128x64);
+        let launch = |m, n, k| {
+            let p = Problem::new(m, n, k);
+            let c = select(90, &p, 132, &H100_CLUSTERS, all).unwrap();
+            let s = split_k(c, &p, 132, &H100_CLUSTERS);
+            (c, s, s > 1 && !cluster_split(c, &p, s, &H100_CLUSTERS))
+        };
+        let cases = [
+            ((64, 4096, 7168), (s64, 4, true)),   // 17.06-17.21 against split 3 in clusters 17.56-17.71
+            ((48, 4096, 7168), (s64, 4, true)),   // 16.86-16.95 against 17.44-17.62
+            ((64, 3072, 7168), (s64, 4, false)),  // 14.36 against split 5 through global 16.53-16.57
+            ((64, 2560, 7168), (s64, 5, false)),  // 13.24-13.25 against split 6, 15.62-15.65
+            ((128, 3072, 7168), (s128, 4, false)), // 18.43-18.48 against split 5, 23.32-23.41
+            ((128, 2560, 7168), (s128, 5, false)), // 16.85-17.12 against split 6, 21.46-22.16
+            ((128, 4096, 16384), (s128, 4, true)), // 36.3-36.7 against 128x256 at split 6, 39.7-39.8
+            ((128, 4096, 12288), (s128, 4, true)), // 30.0-30.1 against split 3 in clusters, 31.8-31.9
+            ((192, 2048, 16384), (s128, 4, true)), // 37.4 against 256x128 at split 6, 38.3-38.4
+            ((64, 10240, 7168), (w64, 3, true)),   // 31.7 against split 2 in clusters, 35.9-36.1
+            ((64, 5120, 27648), (w64, 6, true)),   // 50.5-50.9 against split 5 in clusters, 53.4-53.6
+            ((64, 2560, 24576), (s64, 6, true)),   // 29.0-29.1 against split 5 in clusters, 30.7-30.8
+            // Kept in clusters where the other lost: 256x128 at split 5 44.25-44.27 against the
+            // swapped 128x128 at split 3 through global memory 45.9-46.5; at K = 27648
+            // 67.9-68.1 against 70.7-70.9; 64x128 at split 1 23.0-23.1 against 64x256 at split 3
+            // through global memory 24.4-24.5.
+            ((256, 2560, 16384), (Config::Sm90_256x128x64, 5, false)),
+            ((256, 2560, 27648), (Config::Sm90_256x128x64, 5, false)),
+            ((64, 10240, 4096), (s64, 1, false)),
+            // The model's misses, each a gain forgone: split 8 through global memory took 19.13
+            // against 20.21-20.22; the swapped 128x128 at split 3 through global memory 44.0-44.3
+            // against 128x256 at split 5 45.1; 64x256 at split 4 through global memory 45.2-45.3
+            // against 64x128 at split 2 in clusters 45.9.
+            ((64, 2048, 16384), (s64, 6, false)),
+            ((128, 5120, 16384), (Config::Sm90_128x256x64, 5, false)),
+            ((64, 8192, 16384), (s64, 2, false)),
+        ];
+        for ((m, n, k), want) in cases {
+            assert_eq!(launch(m, n, k), want, "{m}x{n}x{k}");
+        }
     }
 
     #[test]

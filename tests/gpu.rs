@@ -356,8 +356,9 @@ fn sm90_small_m_every_output() -> Outcome {
         }
     }
     // Decode shapes at the rule's tile (64 wide: split 2, clusters of 2; on an H100 at 64 rows the
-    // swapped 64x128 tile, split 3, and at 40x4096x16384 the swapped 64x256, split 6: the model's
-    // pick between the two depends on the SMs and clusters) and at the 128-wide stream tile of
+    // swapped 64x128 tile, split 4 through global memory (32 clusters of 4 do not fit), and at
+    // 40x4096x16384 the same: the model's pick between the 64-row tiles and their sums depends
+    // on the SMs and clusters) and at the 128-wide stream tile of
     // the same rows, whose split clusters may not all fit at once (an H100 runs 30 clusters of 4;
     // 1x4096x7168 asks 32): that launch then sums in global memory at the same split.
     let d = g.device();
@@ -371,7 +372,7 @@ fn sm90_small_m_every_output() -> Outcome {
             assert_eq!(chosen, Config::Sm90_Swapped_64x128x64, "64x4096x7168: the stream tiles' K ranges are long there");
         }
         if m == 40 && both && h100 {
-            assert_eq!(chosen, Config::Sm90_Swapped_64x256x64, "40x4096x16384: K ranges of 43 k-tiles");
+            assert_eq!(chosen, Config::Sm90_Swapped_64x128x64, "40x4096x16384: split 4 through global memory");
         }
         let wide = match m {
             1..=8 => Config::Sm90_StreamShortK_8x128x64,
@@ -422,8 +423,9 @@ fn sm90_contest_and_benchmark_shapes() -> Outcome {
 }
 
 /// The driver's count of clusters the device runs at once is plausible, and the heuristic keeps
-/// every split-K cluster within it: the swapped tiles by a smaller split, the small-M tiles by the
-/// global sum where clusters of their split would not fit (a second wave doubled the time).
+/// every split-K cluster within it: the swapped tiles by a smaller split or the global sum (where
+/// modelled faster), the small-M tiles by the global sum where clusters of their split would not
+/// fit (a second wave doubled the time).
 fn sm90_split_k_clusters_fit_in_one_wave() -> Outcome {
     let g = hopper()?;
     let d = g.device();
@@ -437,10 +439,12 @@ fn sm90_split_k_clusters_fit_in_one_wave() -> Outcome {
         for c in Config::ALL.iter().copied().filter(|c| c.info().cluster_reduces()) {
             let s = blockscaled_gemm::config_split_k(c, &p, d.sm_count, &d.max_clusters);
             let tiles = c.tiles(&p);
-            // The swapped rule lowers the split until its clusters fit; the small-M rule keeps it
-            // and sums in global memory instead.
+            // A split whose clusters do not all fit is summed in global memory (the small-M rule
+            // keeps such a split; the swapped rule lowers it until its clusters fit, or keeps it
+            // where its model says the global sum is faster), and its CTAs are one wave.
             let fits = blockscaled_gemm::cluster_reduced(c, s) && tiles <= d.max_clusters[s as usize - 2];
-            assert!(!blockscaled_gemm::cluster_reduced(c, s) || !c.info().swapped() || fits, "{m}x{n}x{k} {c}: {tiles} clusters of {s}");
+            assert_eq!(blockscaled_gemm::cluster_split(c, &p, s, &d.max_clusters), fits, "{m}x{n}x{k} {c}: {tiles} clusters of {s}");
+            assert!(fits || !c.info().swapped() || tiles * s as usize <= d.sm_count, "{m}x{n}x{k} {c}: {tiles} tiles x {s} ranges");
             print!("  {m}x{n}x{k}: {c} split {s};");
         }
         println!(" chosen {}", g.select_config(&p, OutType::F16).unwrap());
