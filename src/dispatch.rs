@@ -231,7 +231,8 @@ pub const ANY_CLUSTERS: ClusterCounts = [usize::MAX; SM90_MAX_CLUSTER_SPLIT as u
 ///   28 k-tiles, else at most one CTA per SM;
 /// - swapped tiles (one CTA per SM): at most one CTA per SM, and no more than a cluster's 8
 ///   ranges unless each keeps 32 k-tiles; a cluster split takes fewer ranges until every tile's
-///   cluster fits on the GPU at once (`max_clusters`, per cluster size).
+///   cluster fits on the GPU at once (`max_clusters`, per cluster size), unless the tile's model
+///   says the split it had, summed in global memory instead, is faster.
 ///
 /// The measurements behind each rule: bench/DESIGN.md §5 and §8.
 pub fn split_k(config: Config, p: &Problem, sm_count: usize, max_clusters: &ClusterCounts) -> u32 {
@@ -882,19 +883,19 @@ mod tests {
             (c, s, s > 1 && !cluster_split(c, &p, s, &H100_CLUSTERS))
         };
         let cases = [
-            ((64, 4096, 7168), (s64, 4, true)),   // 17.06-17.21 against split 3 in clusters 17.56-17.71
-            ((48, 4096, 7168), (s64, 4, true)),   // 16.86-16.95 against 17.44-17.62
+            ((64, 4096, 7168), (s64, 4, true)),   // 17.06-17.17 against split 3 in clusters 17.64-17.71
+            ((48, 4096, 7168), (s64, 4, true)),   // 16.86-16.95 against 17.49-17.62
             ((64, 3072, 7168), (s64, 4, false)),  // 14.36 against split 5 through global 16.53-16.57
             ((64, 2560, 7168), (s64, 5, false)),  // 13.24-13.25 against split 6, 15.62-15.65
             ((128, 3072, 7168), (s128, 4, false)), // 18.43-18.48 against split 5, 23.32-23.41
-            ((128, 2560, 7168), (s128, 5, false)), // 16.85-17.12 against split 6, 21.46-22.16
+            ((128, 2560, 7168), (s128, 5, false)), // 17.10-17.12 against split 6, 22.06-22.16
             ((128, 4096, 16384), (s128, 4, true)), // 36.3-36.7 against 128x256 at split 6, 39.7-39.8
             ((128, 4096, 12288), (s128, 4, true)), // 30.0-30.1 against split 3 in clusters, 31.8-31.9
             ((192, 2048, 16384), (s128, 4, true)), // 37.4 against 256x128 at split 6, 38.3-38.4
             ((64, 10240, 7168), (w64, 3, true)),   // 31.7 against split 2 in clusters, 35.9-36.1
             ((64, 5120, 27648), (w64, 6, true)),   // 50.5-50.9 against split 5 in clusters, 53.4-53.6
             ((64, 2560, 24576), (s64, 6, true)),   // 29.0-29.1 against split 5 in clusters, 30.7-30.8
-            // Kept in clusters where the other lost: 256x128 at split 5 44.25-44.27 against the
+            // Kept where the other lost: 256x128 at split 5 in clusters 44.25-44.27 against the
             // swapped 128x128 at split 3 through global memory 45.9-46.5; at K = 27648
             // 67.9-68.1 against 70.7-70.9; 64x128 at split 1 23.0-23.1 against 64x256 at split 3
             // through global memory 24.4-24.5.
