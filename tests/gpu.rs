@@ -439,12 +439,16 @@ fn sm90_split_k_clusters_fit_in_one_wave() -> Outcome {
         for c in Config::ALL.iter().copied().filter(|c| c.info().cluster_reduces()) {
             let s = blockscaled_gemm::config_split_k(c, &p, d.sm_count, &d.max_clusters);
             let tiles = c.tiles(&p);
-            // A split whose clusters do not all fit is summed in global memory (the small-M rule
-            // keeps such a split; the swapped rule lowers it until its clusters fit, or keeps it
-            // where its model says the global sum is faster), and its CTAs are one wave.
+            // The small-M rule keeps a split whose clusters do not all fit and sums it in global
+            // memory; the swapped rule lowers it until its clusters fit, or, for the tiles whose
+            // global sum has a fitted cost, keeps it where its model says that sum is faster
+            // (then its CTAs are one wave). 128x256 and 256x128 always fit.
             let fits = blockscaled_gemm::cluster_reduced(c, s) && tiles <= d.max_clusters[s as usize - 2];
-            assert_eq!(blockscaled_gemm::cluster_split(c, &p, s, &d.max_clusters), fits, "{m}x{n}x{k} {c}: {tiles} clusters of {s}");
-            assert!(fits || !c.info().swapped() || tiles * s as usize <= d.sm_count, "{m}x{n}x{k} {c}: {tiles} tiles x {s} ranges");
+            if c.info().swapped() && blockscaled_gemm::cluster_reduced(c, s) && !fits {
+                let fitted = [Config::Sm90_Swapped_64x128x64, Config::Sm90_Swapped_64x256x64, Config::Sm90_Swapped_128x128x64];
+                assert!(fitted.contains(&c), "{m}x{n}x{k} {c}: {tiles} clusters of {s}");
+                assert!(tiles * s as usize <= d.sm_count, "{m}x{n}x{k} {c}: {tiles} tiles x {s} ranges");
+            }
             print!("  {m}x{n}x{k}: {c} split {s};");
         }
         println!(" chosen {}", g.select_config(&p, OutType::F16).unwrap());
