@@ -266,9 +266,11 @@ fn sm90_split_k_values_and_determinism() -> Outcome {
     let (a, b) = contest(128, 512, 2048, 1, 30);
     // Partial tiles in M and N, two batches, alpha and beta with C (splits 2, 3, 4 and 7 of the
     // swapped configs go through the cluster's shared memory, 32 and the other tiles' through
-    // the workspace).
+    // the workspace). At 32 every config's FP4 output too: the swapped tiles' global sum feeds
+    // the FP4 epilogue wherever the rule keeps a split its clusters would not fit.
     let (ae, be) = contest(130, 264, 2048, 2, 33);
     let (ar, br) = (Nvfp4Matrix::random_realistic(128, 2048, 1, seed() ^ 31).unwrap(), Nvfp4Matrix::random_realistic(512, 2048, 1, seed() ^ 32).unwrap());
+    let (af, bf) = contest(130, 160, 2048, 2, 34);
     for split in [1u32, 2, 3, 4, 7, 32] {
         let g = BlockScaledGemm::new(base.stream().clone()).unwrap().with_split_k(Some(split));
         for c in Config::ALL.iter().copied().filter(|c| c.info().arch == 90) {
@@ -277,6 +279,12 @@ fn sm90_split_k_values_and_determinism() -> Outcome {
             let first = run_sm90::<f32>(&g, &ar, &br, 1.0, 0.0, c, false);
             let again = run_sm90::<f32>(&g, &ar, &br, 1.0, 0.0, c, false);
             assert!(first.iter().zip(&again).all(|(x, y)| x.to_bits() == y.to_bits()), "{c} split {split}: two runs differ");
+            if split == 32 && c.is_built(OutType::Nvfp4) {
+                let p = Problem::new(130, 160, 2048).batch(2).scalars(0.5, 0.0).norm_constant(6.0);
+                let (ran, d, sfd) = run_fp4(&g, &p, OutType::Nvfp4, &af, &bf, None, Some(c));
+                let (want_d, want_sfd) = reference::gemm_fp4(&p, af.data(), af.scales(), bf.data(), bf.scales(), None, blockscaled_gemm::SfdFormat::Ue4m3, Accumulation::Exact).unwrap();
+                assert!(d == want_d && sfd == want_sfd, "{ran} split {split}: FP4 output differs from the reference");
+            }
         }
     }
     let g = BlockScaledGemm::new(base.stream().clone()).unwrap().with_split_k(Some(33));
