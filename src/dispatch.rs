@@ -229,10 +229,11 @@ pub const ANY_CLUSTERS: ClusterCounts = [usize::MAX; SM90_MAX_CLUSTER_SPLIT as u
 /// - unswapped and swapped tiles: at most 16 ranges, each of at least 4 k-tiles;
 /// - unswapped tiles (two CTAs per SM fit): two CTAs on every SM where each range keeps at least
 ///   28 k-tiles, else at most one CTA per SM;
-/// - swapped tiles (one CTA per SM): at most one CTA per SM, and no more than a cluster's 8
-///   ranges unless each keeps 32 k-tiles; a cluster split takes fewer ranges until every tile's
-///   cluster fits on the GPU at once (`max_clusters`, per cluster size), unless the tile's model
-///   says the split it had, summed in global memory instead, is faster.
+/// - swapped tiles (one CTA per SM): at most one CTA per SM; a cluster split takes fewer ranges
+///   until every tile's cluster fits on the GPU at once (`max_clusters`, per cluster size), and
+///   a split beyond a cluster's 8 ranges (only where each keeps 32 k-tiles) takes 8 and then
+///   those, unless the tile's model says the split it had, summed in global memory instead, is
+///   faster (tiles with no model of that sum: unless clusters of 8 do not fit).
 ///
 /// The measurements behind each rule: bench/DESIGN.md §5 and §8.
 pub fn split_k(config: Config, p: &Problem, sm_count: usize, max_clusters: &ClusterCounts) -> u32 {
@@ -254,18 +255,24 @@ pub fn split_k(config: Config, p: &Problem, sm_count: usize, max_clusters: &Clus
         let two = ranges(sm_count.saturating_mul(2));
         return if k_tiles / two >= 28 { two } else { ranges(sm_count) } as u32;
     }
-    let mut split = ranges(sm_count) as u32;
-    if split > SM90_MAX_CLUSTER_SPLIT && k_tiles / (split as usize) < 32 {
-        split = SM90_MAX_CLUSTER_SPLIT;
+    let mut unlowered = ranges(sm_count) as u32;
+    if unlowered > SM90_MAX_CLUSTER_SPLIT && k_tiles / (unlowered as usize) < 32 {
+        unlowered = SM90_MAX_CLUSTER_SPLIT;
     }
-    let unlowered = split;
+    let mut split = unlowered.min(SM90_MAX_CLUSTER_SPLIT);
     while cluster_reduced(config, split) && tiles > max_clusters[split as usize - 2] {
         split -= 1;
     }
-    // Held down by the clusters that fit: the split as it was, summed through global memory,
-    // where the model says that is faster.
-    if let Some(global) = global_sum_us(config, unlowered).filter(|_| split < unlowered) {
-        if swapped_model_us(config, p, sm_count, unlowered, Some(global)) < swapped_model_us(config, p, sm_count, split, None) {
+    // Beyond a cluster's ranges, or held down by the clusters that fit: the split as it was,
+    // summed through global memory, where the model says that is faster than the split the
+    // clusters sum. Tiles without a fitted global sum keep the latter, but for a split beyond 8
+    // only where clusters of 8 fit (the one comparison measured, bench/DESIGN.md §8).
+    if split < unlowered {
+        let faster = match global_sum_us(config, unlowered) {
+            Some(global) => swapped_model_us(config, p, sm_count, unlowered, Some(global)) < swapped_model_us(config, p, sm_count, split, None),
+            None => unlowered > SM90_MAX_CLUSTER_SPLIT && split < SM90_MAX_CLUSTER_SPLIT,
+        };
+        if faster {
             return unlowered;
         }
     }
@@ -318,8 +325,9 @@ const STREAM_NARROW_K: usize = 56;
 /// to graph-replayed times of both at five shapes (§12).
 fn swapped_estimate_us(config: Config, p: &Problem, sm_count: usize, max_clusters: &ClusterCounts) -> f64 {
     let split = split_k(config, p, sm_count, max_clusters);
-    // A split the clusters that fit would have lowered, taken whole through global memory.
-    let global = cluster_reduced(config, split) && !cluster_split(config, p, split, max_clusters);
+    // A split beyond a cluster's ranges, or one the clusters that fit would have lowered, taken
+    // whole through global memory.
+    let global = split > 1 && !cluster_split(config, p, split, max_clusters);
     swapped_model_us(config, p, sm_count, split, if global { global_sum_us(config, split) } else { None })
 }
 
@@ -329,7 +337,8 @@ fn swapped_model_us(config: Config, p: &Problem, sm_count: usize, split: u32, af
     let (first, reduce, clocks) = match config {
         Config::Sm90_Swapped_128x128x64 => (2.2, 4.3, 677.0),
         Config::Sm90_256x128x64 => (2.2, 6.4, 1190.0),
-        Config::Sm90_Swapped_64x128x64 => (1.5, 4.5, 579.0),
+        // The cluster sum of 64x128 grows from split 6 (5.4-6.0 us fitted at splits 6 and 8).
+        Config::Sm90_Swapped_64x128x64 => (1.5, if split <= 5 { 4.5 } else { 5.7 }, 579.0),
         Config::Sm90_Swapped_64x256x64 => (2.5, 5.5, 986.0),
         _ => (2.9, 6.1, 1220.0),
     };
@@ -342,16 +351,17 @@ fn swapped_model_us(config: Config, p: &Problem, sm_count: usize, split: u32, af
 
 /// After-loop cost (us) of summing `split` ranges of `config` through global memory instead of a
 /// cluster: fitted per size of partial tile to same-run comparisons of both sums at shapes of
-/// the 64-row tiles and the swapped 128x128, for one round of partial loads (split 4 at most)
-/// and for two (bench/DESIGN.md §8). None for the tiles with larger partials (no fit; the rule
-/// keeps their lowered cluster split).
+/// the 64-row tiles and the swapped 128x128, for one round of partial loads (the last CTA loads
+/// four partials at a time: split 4 at most) and for two, each further round costing what the
+/// second did (bench/DESIGN.md §8; checked at split 16). None for the tiles with larger partials
+/// (no fit; the rule keeps their cluster split).
 fn global_sum_us(config: Config, split: u32) -> Option<f64> {
     let [one, two] = match config {
         Config::Sm90_Swapped_64x128x64 => [7.0, 8.2],
         Config::Sm90_Swapped_128x128x64 | Config::Sm90_Swapped_64x256x64 => [9.7, 11.1],
         _ => return None,
     };
-    Some(if split <= 4 { one } else { two })
+    Some(one + f64::from(split.div_ceil(4).max(1) - 1) * (two - one))
 }
 
 /// The grouped (mixture-of-experts) kernel for `rows` stacked rows over `experts` experts. SM100:
@@ -901,6 +911,17 @@ mod tests {
             ((64, 10240, 7168), (w64, 3, true)),   // 31.7 against split 2 in clusters, 35.9-36.1
             ((64, 5120, 27648), (w64, 6, true)),   // 50.5-50.9 against split 5 in clusters, 53.4-53.6
             ((64, 2560, 24576), (s64, 6, true)),   // 29.0-29.1 against split 5 in clusters, 30.7-30.8
+            ((64, 2048, 16384), (s64, 8, true)),   // 19.0-19.1 against split 6 in clusters, 20.1-20.2
+            ((64, 2048, 24576), (s64, 8, true)),   // 24.6-24.7 against split 6 in clusters, 26.7-26.8
+            ((64, 2048, 12288), (s64, 6, false)),  // 16.6 against split 8 through global, 16.7
+            ((64, 1920, 16384), (s64, 8, false)),  // 17.2-17.3 against split 6 in clusters, 20.1
+            ((64, 10240, 5120), (w64, 3, true)),   // 26.7-26.8 against 64x128 at split 1, 27.3-27.4
+            // Beyond a cluster's 8 ranges: 21.2 against split 8 in clusters 26.5-26.6; 29.8
+            // against 64x256 at split 16 through global 33.1 (split 8 in clusters 41.1); a tie,
+            // 41.8 against 64x128 at split 5 through global 41.7-41.8 and split 8 41.8-41.9.
+            ((64, 1024, 32768), (s64, 16, true)),
+            ((64, 2048, 32768), (s64, 8, true)),
+            ((64, 3072, 32768), (w64, 11, true)),
             // Kept where the other lost: 256x128 at split 5 in clusters 44.25-44.27 against the
             // swapped 128x128 at split 3 through global memory 45.9-46.5; at K = 27648
             // 67.9-68.1 against 70.7-70.9; 64x128 at split 1 23.0-23.1 against 64x256 at split 3
@@ -908,11 +929,9 @@ mod tests {
             ((256, 2560, 16384), (Config::Sm90_256x128x64, 5, false)),
             ((256, 2560, 27648), (Config::Sm90_256x128x64, 5, false)),
             ((64, 10240, 4096), (s64, 1, false)),
-            // The model's misses, each a gain forgone: split 8 through global memory took 19.13
-            // against 20.21-20.22; the swapped 128x128 at split 3 through global memory 44.0-44.3
-            // against 128x256 at split 5 45.1; 64x256 at split 4 through global memory 45.2-45.3
-            // against 64x128 at split 2 in clusters 45.9.
-            ((64, 2048, 16384), (s64, 6, false)),
+            // The model's misses, each a gain forgone: the swapped 128x128 at split 3 through
+            // global memory 44.0-44.3 against 128x256 at split 5 45.1; 64x256 at split 4 through
+            // global memory 45.2-45.3 against 64x128 at split 2 in clusters 45.9.
             ((128, 5120, 16384), (Config::Sm90_128x256x64, 5, false)),
             ((64, 8192, 16384), (s64, 2, false)),
         ];
