@@ -233,10 +233,10 @@ pub const ANY_CLUSTERS: ClusterCounts = [usize::MAX; SM90_MAX_CLUSTER_SPLIT as u
 ///   until every tile's cluster fits on the GPU at once (`max_clusters`, per cluster size), and
 ///   a split beyond a cluster's 8 ranges (only where each keeps 32 k-tiles) takes 8 and then
 ///   those, unless the tile's model says the split it had, summed in global memory instead, is
-///   faster (tiles with no model of that sum: unless clusters of 8 do not fit).
+///   faster for output `out` (tiles with no model of that sum: unless clusters of 8 do not fit).
 ///
 /// The measurements behind each rule: bench/DESIGN.md §5 and §8.
-pub fn split_k(config: Config, p: &Problem, sm_count: usize, max_clusters: &ClusterCounts) -> u32 {
+pub fn split_k(config: Config, p: &Problem, out: OutType, sm_count: usize, max_clusters: &ClusterCounts) -> u32 {
     let i = config.info();
     if i.arch != 90 {
         return 1;
@@ -268,7 +268,7 @@ pub fn split_k(config: Config, p: &Problem, sm_count: usize, max_clusters: &Clus
     // clusters sum. Tiles without a fitted global sum keep the latter, but for a split beyond 8
     // only where clusters of 8 fit (the one comparison measured, bench/DESIGN.md §8).
     if split < unlowered {
-        let faster = match global_sum_us(config, unlowered) {
+        let faster = match global_sum_us(config, unlowered, out) {
             Some(global) => swapped_model_us(config, p, sm_count, unlowered, Some(global)) < swapped_model_us(config, p, sm_count, split, None),
             None => unlowered > SM90_MAX_CLUSTER_SPLIT && split < SM90_MAX_CLUSTER_SPLIT,
         };
@@ -283,14 +283,14 @@ pub fn split_k(config: Config, p: &Problem, sm_count: usize, max_clusters: &Clus
 /// short-K stages at any K range where the launch is one wave (tiles x split at most the SMs):
 /// their contiguous boxes then favour the finer stages, which the standard layout's row-strided
 /// ones do not (bench/DESIGN.md §12; across two waves the long stages still win). `config` as
-/// the rule chose it for the standard layout.
-pub fn for_weights(config: Config, layout: WeightLayout, p: &Problem, sm_count: usize, max_clusters: &ClusterCounts, available: impl Fn(Config) -> bool) -> Config {
+/// the rule chose it for the standard layout and output `out`.
+pub fn for_weights(config: Config, layout: WeightLayout, p: &Problem, out: OutType, sm_count: usize, max_clusters: &ClusterCounts, available: impl Fn(Config) -> bool) -> Config {
     let short = match config {
         Config::Sm90_Stream_8x128x64 => Config::Sm90_StreamShortK_8x128x64,
         Config::Sm90_Stream_16x128x64 => Config::Sm90_StreamShortK_16x128x64,
         _ => return config,
     };
-    let one_wave = config.tiles(p) * split_k(config, p, sm_count, max_clusters) as usize <= sm_count;
+    let one_wave = config.tiles(p) * split_k(config, p, out, sm_count, max_clusters) as usize <= sm_count;
     if layout == WeightLayout::Prepacked && one_wave && available(short) { short } else { config }
 }
 
@@ -323,12 +323,12 @@ const STREAM_NARROW_K: usize = 56;
 /// are measured per tile (timelines and traces, bench/DESIGN.md §8); 256x128's after-loop cost at
 /// split-K is fitted to same-run comparisons with the 128x128 (§8); the 64-row tiles' are fitted
 /// to graph-replayed times of both at five shapes (§12).
-fn swapped_estimate_us(config: Config, p: &Problem, sm_count: usize, max_clusters: &ClusterCounts) -> f64 {
-    let split = split_k(config, p, sm_count, max_clusters);
+fn swapped_estimate_us(config: Config, p: &Problem, out: OutType, sm_count: usize, max_clusters: &ClusterCounts) -> f64 {
+    let split = split_k(config, p, out, sm_count, max_clusters);
     // A split beyond a cluster's ranges, or one the clusters that fit would have lowered, taken
     // whole through global memory.
     let global = split > 1 && !cluster_split(config, p, split, max_clusters);
-    swapped_model_us(config, p, sm_count, split, if global { global_sum_us(config, split) } else { None })
+    swapped_model_us(config, p, sm_count, split, if global { global_sum_us(config, split, out) } else { None })
 }
 
 /// [`swapped_estimate_us`] at `split` ranges, with `after` the after-loop cost where given (else
@@ -353,15 +353,18 @@ fn swapped_model_us(config: Config, p: &Problem, sm_count: usize, split: u32, af
 /// cluster: fitted per size of partial tile to same-run comparisons of both sums at shapes of
 /// the 64-row tiles and the swapped 128x128, for one round of partial loads (the last CTA loads
 /// four partials at a time: split 4 at most) and for two, each further round costing what the
-/// second did (bench/DESIGN.md §8; checked at split 16). None for the tiles with larger partials
-/// (no fit; the rule keeps their cluster split).
-fn global_sum_us(config: Config, split: u32) -> Option<f64> {
-    let [one, two] = match config {
-        Config::Sm90_Swapped_64x128x64 => [7.0, 8.2],
-        Config::Sm90_Swapped_128x128x64 | Config::Sm90_Swapped_64x256x64 => [9.7, 11.1],
+/// second did (bench/DESIGN.md §8; checked at split 16). FP4 output adds the encode of the whole
+/// tile in that last CTA, which a cluster shares out: fitted for 64x128 (1.0 us; not for the
+/// 64 KiB tiles, whose comparisons the model already misses by as much). None for the tiles
+/// with larger partials (no fit; the rule keeps their cluster split).
+fn global_sum_us(config: Config, split: u32, out: OutType) -> Option<f64> {
+    let [one, two, fp4] = match config {
+        Config::Sm90_Swapped_64x128x64 => [7.0, 8.2, 1.0],
+        Config::Sm90_Swapped_128x128x64 | Config::Sm90_Swapped_64x256x64 => [9.7, 11.1, 0.0],
         _ => return None,
     };
-    Some(one + f64::from(split.div_ceil(4).max(1) - 1) * (two - one))
+    let encode = if out.sfd().is_some() { fp4 } else { 0.0 };
+    Some(one + f64::from(split.div_ceil(4).max(1) - 1) * (two - one) + encode)
 }
 
 /// The grouped (mixture-of-experts) kernel for `rows` stacked rows over `experts` experts. SM100:
@@ -435,8 +438,9 @@ const GROUPED_SWAPPED_MEAN: usize = 33;
 /// with split-K occupy a third of the SMs, else the unswapped 128x128;
 /// the explicit entry of the shape table if it has one (SM100); else the largest tile that still
 /// gives every SM a tile (`sm_count`), else the config that occupies the most SMs (ties: the
-/// least padded work). `None` when no config of that architecture is available.
-pub fn select(arch: u32, p: &Problem, sm_count: usize, max_clusters: &ClusterCounts, available: impl Fn(Config) -> bool) -> Option<Config> {
+/// least padded work). `out` weighs the splits the swapped tiles' model compares ([`split_k`]).
+/// `None` when no config of that architecture is available.
+pub fn select(arch: u32, p: &Problem, out: OutType, sm_count: usize, max_clusters: &ClusterCounts, available: impl Fn(Config) -> bool) -> Option<Config> {
     let candidates: Vec<Config> = Config::ALL.iter().copied().filter(|c| c.info().arch == arch && available(*c)).collect();
     if arch == 100 {
         if let Some((c, _)) = SM100_SHAPES.iter().find(|(c, shapes)| shapes.contains(&(p.m, p.n, p.k)) && candidates.contains(c)) {
@@ -453,7 +457,7 @@ pub fn select(arch: u32, p: &Problem, sm_count: usize, max_clusters: &ClusterCou
         let holding = stream.clone().map(tile_rows).filter(|&r| r >= p.m).min();
         if let Some(rows) = holding.or_else(|| stream.clone().map(tile_rows).max()) {
             // Each CTA's K ranges: `split` of them, `range` k-tiles of 64 each.
-            let split = |c: Config| split_k(c, p, sm_count, max_clusters) as usize;
+            let split = |c: Config| split_k(c, p, out, sm_count, max_clusters) as usize;
             let range = |c: Config| p.k.div_ceil(64).div_ceil(split(c));
             let short = |c: Config| range(c) <= STREAM_SHORT_K;
             let want = |c: &Config| (c.info().schedule == Schedule::StreamWeightsShortK) == short(*c);
@@ -495,7 +499,7 @@ pub fn select(arch: u32, p: &Problem, sm_count: usize, max_clusters: &ClusterCou
             // or 64x128 tiles beyond one wave or at a small split);
             // ties keep 64x128.
             if p.m > 32 && !(short(pick) && ctas(&pick) <= sm_count) {
-                let est = |c: &Config| swapped_estimate_us(*c, p, sm_count, max_clusters);
+                let est = |c: &Config| swapped_estimate_us(*c, p, out, sm_count, max_clusters);
                 let swapped64 = [Config::Sm90_Swapped_64x128x64, Config::Sm90_Swapped_64x256x64].into_iter().filter(|c| candidates.contains(c));
                 if let Some(c) = swapped64.min_by(|a, b| est(a).total_cmp(&est(b))) {
                     return Some(c);
@@ -519,11 +523,11 @@ pub fn select(arch: u32, p: &Problem, sm_count: usize, max_clusters: &ClusterCou
             .find(|&c| c == Config::Sm90_128x256x64 || pad(256).saturating_mul(10) <= pad(128).saturating_mul(11));
         let narrow = Config::Sm90_Swapped_128x128x64;
         if let Some(wide) = swapped.filter(|_| candidates.contains(&narrow)) {
-            if swapped_estimate_us(narrow, p, sm_count, max_clusters) < swapped_estimate_us(wide, p, sm_count, max_clusters) {
+            if swapped_estimate_us(narrow, p, out, sm_count, max_clusters) < swapped_estimate_us(wide, p, out, sm_count, max_clusters) {
                 swapped = Some(narrow);
             }
         }
-        if let Some(s) = swapped.filter(|&s| s.tiles(p).saturating_mul(split_k(s, p, sm_count, max_clusters) as usize).saturating_mul(3) >= sm_count) {
+        if let Some(s) = swapped.filter(|&s| s.tiles(p).saturating_mul(split_k(s, p, out, sm_count, max_clusters) as usize).saturating_mul(3) >= sm_count) {
             return Some(s);
         }
         if candidates.contains(&Config::Sm90_128x128x64) {
@@ -667,25 +671,25 @@ mod tests {
     #[test]
     fn split_k_fills_the_gpu_only_when_needed() {
         let c = Config::Sm90_128x128x64;
-        assert_eq!(split_k(c, &Problem::new(128, 7168, 16384), 132, &ANY_CLUSTERS), 4); // 56 tiles, 264 slots
-        assert_eq!(split_k(c, &Problem::new(128, 4096, 7168), 132, &ANY_CLUSTERS), 4); // 32 tiles: 8 ranges would be 14 k-tiles
-        assert_eq!(split_k(c, &Problem::new(128, 7168, 2048), 132, &ANY_CLUSTERS), 2); // 4 ranges would be 8 k-tiles
-        assert_eq!(split_k(c, &Problem::new(256, 4096, 7168), 132, &ANY_CLUSTERS), 4); // 64 tiles, 28 k-tiles a range
-        assert_eq!(split_k(c, &Problem::new(128, 2048, 7168), 132, &ANY_CLUSTERS), 8); // 16 tiles, one CTA per SM
+        assert_eq!(split_k(c, &Problem::new(128, 7168, 16384), OutType::F16, 132, &ANY_CLUSTERS), 4); // 56 tiles, 264 slots
+        assert_eq!(split_k(c, &Problem::new(128, 4096, 7168), OutType::F16, 132, &ANY_CLUSTERS), 4); // 32 tiles: 8 ranges would be 14 k-tiles
+        assert_eq!(split_k(c, &Problem::new(128, 7168, 2048), OutType::F16, 132, &ANY_CLUSTERS), 2); // 4 ranges would be 8 k-tiles
+        assert_eq!(split_k(c, &Problem::new(256, 4096, 7168), OutType::F16, 132, &ANY_CLUSTERS), 4); // 64 tiles, 28 k-tiles a range
+        assert_eq!(split_k(c, &Problem::new(128, 2048, 7168), OutType::F16, 132, &ANY_CLUSTERS), 8); // 16 tiles, one CTA per SM
         // 128x256: a cluster's 8 ranges at most, unless every range keeps 32 k-tiles.
-        assert_eq!(split_k(Config::Sm90_128x256x64, &Problem::new(512, 1536, 7168), 132, &ANY_CLUSTERS), 5);
-        assert_eq!(split_k(Config::Sm90_128x256x64, &Problem::new(128, 2048, 7168), 132, &ANY_CLUSTERS), 8);
-        assert_eq!(split_k(Config::Sm90_128x256x64, &Problem::new(128, 4096, 16384), 132, &ANY_CLUSTERS), 8);
-        assert_eq!(split_k(c, &Problem::new(128, 256, 256), 132, &ANY_CLUSTERS), 1); // only 4 k-tiles
-        assert_eq!(split_k(c, &Problem::new(2048, 2048, 2048), 132, &ANY_CLUSTERS), 1); // 256 tiles
+        assert_eq!(split_k(Config::Sm90_128x256x64, &Problem::new(512, 1536, 7168), OutType::F16, 132, &ANY_CLUSTERS), 5);
+        assert_eq!(split_k(Config::Sm90_128x256x64, &Problem::new(128, 2048, 7168), OutType::F16, 132, &ANY_CLUSTERS), 8);
+        assert_eq!(split_k(Config::Sm90_128x256x64, &Problem::new(128, 4096, 16384), OutType::F16, 132, &ANY_CLUSTERS), 8);
+        assert_eq!(split_k(c, &Problem::new(128, 256, 256), OutType::F16, 132, &ANY_CLUSTERS), 1); // only 4 k-tiles
+        assert_eq!(split_k(c, &Problem::new(2048, 2048, 2048), OutType::F16, 132, &ANY_CLUSTERS), 1); // 256 tiles
         // 256x128: one CTA per SM, as 128x256.
         let tall = Config::Sm90_256x128x64;
-        assert_eq!(split_k(tall, &Problem::new(2048, 2048, 2048), 132, &ANY_CLUSTERS), 1); // 128 tiles
-        assert_eq!(split_k(tall, &Problem::new(512, 4096, 7168), 132, &ANY_CLUSTERS), 2); // 64 tiles
+        assert_eq!(split_k(tall, &Problem::new(2048, 2048, 2048), OutType::F16, 132, &ANY_CLUSTERS), 1); // 128 tiles
+        assert_eq!(split_k(tall, &Problem::new(512, 4096, 7168), OutType::F16, 132, &ANY_CLUSTERS), 2); // 64 tiles
         assert!(cluster_reduced(tall, 2) && cluster_reduced(tall, SM90_MAX_CLUSTER_SPLIT));
-        assert_eq!(split_k(Config::Sm100_1Sm_128x64x256, &Problem::new(128, 4096, 7168), 148, &ANY_CLUSTERS), 1);
+        assert_eq!(split_k(Config::Sm100_1Sm_128x64x256, &Problem::new(128, 4096, 7168), OutType::F16, 148, &ANY_CLUSTERS), 1);
         for &(m, n, k) in &[(1, 8, 32), (128, 8, 64 * 200), (4096, 8, 32)] {
-            let s = split_k(c, &Problem::new(m, n, k), 132, &ANY_CLUSTERS) as usize;
+            let s = split_k(c, &Problem::new(m, n, k), OutType::F16, 132, &ANY_CLUSTERS) as usize;
             assert!(s >= 1 && s <= k.div_ceil(64), "{m}x{n}x{k}: {s}");
         }
     }
@@ -695,47 +699,47 @@ mod tests {
         let wide = Config::Sm90_128x256x64;
         let all = |_| true;
         // 28 tiles: clusters of 4 fit (30), the 128x256 tile splits 4 ways.
-        assert_eq!(split_k(wide, &Problem::new(128, 7168, 16384), 132, &H100_CLUSTERS), 4);
-        assert_eq!(select(90, &Problem::new(128, 7168, 16384), 132, &H100_CLUSTERS, all), Some(wide));
+        assert_eq!(split_k(wide, &Problem::new(128, 7168, 16384), OutType::F16, 132, &H100_CLUSTERS), 4);
+        assert_eq!(select(90, &Problem::new(128, 7168, 16384), OutType::F16, 132, &H100_CLUSTERS, all), Some(wide));
         // 32 tiles: 32 clusters of 4 do not fit, 32 of 3 do, and the swapped tile keeps the
         // lowered split; at M = 1024 and 256 that is 256x128, whose 32 tiles split alike.
         let tall = Config::Sm90_256x128x64;
         let no_narrow = |c: Config| c != Config::Sm90_Swapped_128x128x64;
         for (p, c) in [(Problem::new(1024, 1024, 8192), tall), (Problem::new(128, 8192, 16384), wide), (Problem::new(256, 4096, 7168), tall)] {
             for t in [wide, c] {
-                assert_eq!(split_k(t, &p, 132, &H100_CLUSTERS), 3, "{p:?} {t}");
-                assert_eq!(split_k(t, &p, 132, &ANY_CLUSTERS), 4, "{p:?} {t}");
+                assert_eq!(split_k(t, &p, OutType::F16, 132, &H100_CLUSTERS), 3, "{p:?} {t}");
+                assert_eq!(split_k(t, &p, OutType::F16, 132, &ANY_CLUSTERS), 4, "{p:?} {t}");
             }
-            assert_eq!(select(90, &p, 132, &H100_CLUSTERS, no_narrow), Some(c), "{p:?}");
-            assert_eq!(select(90, &p, 132, &ANY_CLUSTERS, no_narrow), Some(c), "{p:?}");
+            assert_eq!(select(90, &p, OutType::F16, 132, &H100_CLUSTERS, no_narrow), Some(c), "{p:?}");
+            assert_eq!(select(90, &p, OutType::F16, 132, &ANY_CLUSTERS, no_narrow), Some(c), "{p:?}");
         }
         // The swapped 128x128 tile: 64 tiles, clusters of 2 fit (66). Where 128x256 is held to
         // split 3 (96 CTAs), it is the faster; with 128x256 at split 4 (no cluster limit) the
         // model keeps 128x256.
         let narrow = Config::Sm90_Swapped_128x128x64;
-        assert_eq!(split_k(narrow, &Problem::new(128, 8192, 16384), 132, &H100_CLUSTERS), 2);
-        assert_eq!(select(90, &Problem::new(128, 8192, 16384), 132, &H100_CLUSTERS, all), Some(narrow));
-        assert_eq!(select(90, &Problem::new(128, 8192, 16384), 132, &ANY_CLUSTERS, all), Some(wide));
+        assert_eq!(split_k(narrow, &Problem::new(128, 8192, 16384), OutType::F16, 132, &H100_CLUSTERS), 2);
+        assert_eq!(select(90, &Problem::new(128, 8192, 16384), OutType::F16, 132, &H100_CLUSTERS, all), Some(narrow));
+        assert_eq!(select(90, &Problem::new(128, 8192, 16384), OutType::F16, 132, &ANY_CLUSTERS, all), Some(wide));
         // 32 tiles at 128x4096x7168: clusters of 4 do not fit (30), of 3 do.
-        assert_eq!(split_k(narrow, &Problem::new(128, 4096, 7168), 132, &H100_CLUSTERS), 3);
-        assert_eq!(split_k(narrow, &Problem::new(128, 4096, 7168), 132, &ANY_CLUSTERS), 4);
-        assert_eq!(select(90, &Problem::new(128, 4096, 7168), 132, &H100_CLUSTERS, all), Some(narrow));
+        assert_eq!(split_k(narrow, &Problem::new(128, 4096, 7168), OutType::F16, 132, &H100_CLUSTERS), 3);
+        assert_eq!(split_k(narrow, &Problem::new(128, 4096, 7168), OutType::F16, 132, &ANY_CLUSTERS), 4);
+        assert_eq!(select(90, &Problem::new(128, 4096, 7168), OutType::F16, 132, &H100_CLUSTERS, all), Some(narrow));
         assert!(cluster_reduced(narrow, 2) && !cluster_reduced(narrow, 1));
         // 40 tiles: clusters of 3 do not fit either (39), of 2 do, and 128x256 at split 2 is
         // still the faster.
-        assert_eq!(split_k(wide, &Problem::new(128, 10240, 8192), 132, &H100_CLUSTERS), 2);
-        assert_eq!(select(90, &Problem::new(128, 10240, 8192), 132, &H100_CLUSTERS, all), Some(wide));
-        assert_eq!(select(90, &Problem::new(128, 10240, 8192), 132, &ANY_CLUSTERS, all), Some(wide)); // also against 128x128 swapped (80 tiles, no split)
+        assert_eq!(split_k(wide, &Problem::new(128, 10240, 8192), OutType::F16, 132, &H100_CLUSTERS), 2);
+        assert_eq!(select(90, &Problem::new(128, 10240, 8192), OutType::F16, 132, &H100_CLUSTERS, all), Some(wide));
+        assert_eq!(select(90, &Problem::new(128, 10240, 8192), OutType::F16, 132, &ANY_CLUSTERS, all), Some(wide)); // also against 128x128 swapped (80 tiles, no split)
         // 16 tiles: 15 clusters of 8 or 7 fit, 17 of 6; 24 tiles: 22 of 5, 30 of 4; 8 tiles: all
         // 8 ranges.
         for (p, s) in [(Problem::new(128, 4096, 7168), 6), (Problem::new(128, 4096, 16384), 6), (Problem::new(512, 1536, 7168), 4), (Problem::new(128, 2048, 7168), 8)] {
-            assert_eq!(split_k(wide, &p, 132, &H100_CLUSTERS), s, "{p:?}");
+            assert_eq!(split_k(wide, &p, OutType::F16, 132, &H100_CLUSTERS), s, "{p:?}");
         }
         // No cluster fits: no cluster split. Splits through global memory and other tiles are
         // not limited.
-        assert_eq!(split_k(wide, &Problem::new(128, 7168, 16384), 132, &[0; 7]), 1);
-        assert_eq!(split_k(wide, &Problem::new(128, 2048, 65536), 132, &[0; 7]), 16); // 8 tiles, 64 k-tiles a range
-        assert_eq!(split_k(Config::Sm90_128x128x64, &Problem::new(128, 7168, 16384), 132, &[0; 7]), 4);
+        assert_eq!(split_k(wide, &Problem::new(128, 7168, 16384), OutType::F16, 132, &[0; 7]), 1);
+        assert_eq!(split_k(wide, &Problem::new(128, 2048, 65536), OutType::F16, 132, &[0; 7]), 16); // 8 tiles, 64 k-tiles a range
+        assert_eq!(split_k(Config::Sm90_128x128x64, &Problem::new(128, 7168, 16384), OutType::F16, 132, &[0; 7]), 4);
         assert!(cluster_reduced(wide, 2) && cluster_reduced(wide, SM90_MAX_CLUSTER_SPLIT));
         assert!(!cluster_reduced(wide, 1) && !cluster_reduced(wide, SM90_MAX_CLUSTER_SPLIT + 1));
         assert!(!cluster_reduced(Config::Sm90_128x128x64, 2));
@@ -751,41 +755,41 @@ mod tests {
         // At N x K = 4096 x 7168 each CTA's range is 28 k-tiles (split 4): short-K stages up to
         // 16 rows.
         for (m, c) in [(1, short8), (8, short8), (9, short16), (16, short16), (17, Config::Sm90_Stream_32x128x64), (32, Config::Sm90_Stream_32x128x64)] {
-            assert_eq!(select(90, &Problem::new(m, 4096, 7168), 132, &ANY_CLUSTERS, wide), Some(c), "M = {m}");
+            assert_eq!(select(90, &Problem::new(m, 4096, 7168), OutType::F16, 132, &ANY_CLUSTERS, wide), Some(c), "M = {m}");
             assert!(c.info().streams());
         }
-        assert!(!select(90, &Problem::new(65, 4096, 7168), 132, &ANY_CLUSTERS, all).unwrap().info().streams());
+        assert!(!select(90, &Problem::new(65, 4096, 7168), OutType::F16, 132, &ANY_CLUSTERS, all).unwrap().info().streams());
         // Ranges of more than 32 k-tiles keep the eight-k-tile stages: 1x7168x16384 (split 2,
         // 128 k-tiles), 4x14336x4096 (split 1, 64); 8x7168x2048 is split 2, 16 k-tiles.
-        assert_eq!(select(90, &Problem::new(1, 7168, 16384), 132, &ANY_CLUSTERS, wide), Some(s8));
-        assert_eq!(select(90, &Problem::new(4, 14336, 4096), 132, &ANY_CLUSTERS, wide), Some(s8));
-        assert_eq!(select(90, &Problem::new(8, 7168, 2048), 132, &ANY_CLUSTERS, wide), Some(short8));
-        assert_eq!(select(90, &Problem::new(16, 2048, 7168), 132, &ANY_CLUSTERS, wide), Some(short16)); // split 8, 14 k-tiles
+        assert_eq!(select(90, &Problem::new(1, 7168, 16384), OutType::F16, 132, &ANY_CLUSTERS, wide), Some(s8));
+        assert_eq!(select(90, &Problem::new(4, 14336, 4096), OutType::F16, 132, &ANY_CLUSTERS, wide), Some(s8));
+        assert_eq!(select(90, &Problem::new(8, 7168, 2048), OutType::F16, 132, &ANY_CLUSTERS, wide), Some(short8));
+        assert_eq!(select(90, &Problem::new(16, 2048, 7168), OutType::F16, 132, &ANY_CLUSTERS, wide), Some(short16)); // split 8, 14 k-tiles
         // Either variant alone serves every K range.
         let no_short = |c: Config| wide(c) && c.info().schedule != Schedule::StreamWeightsShortK;
-        assert_eq!(select(90, &Problem::new(1, 4096, 7168), 132, &ANY_CLUSTERS, no_short), Some(s8));
+        assert_eq!(select(90, &Problem::new(1, 4096, 7168), OutType::F16, 132, &ANY_CLUSTERS, no_short), Some(s8));
         let no_long = |c: Config| wide(c) && c != s8;
-        assert_eq!(select(90, &Problem::new(1, 7168, 16384), 132, &ANY_CLUSTERS, no_long), Some(short8));
-        assert_eq!(split_k(short8, &Problem::new(1, 4096, 7168), 132, &ANY_CLUSTERS), 4);
+        assert_eq!(select(90, &Problem::new(1, 7168, 16384), OutType::F16, 132, &ANY_CLUSTERS, no_long), Some(short8));
+        assert_eq!(split_k(short8, &Problem::new(1, 4096, 7168), OutType::F16, 132, &ANY_CLUSTERS), 4);
         // The 64-wide tiles where their CTAs (tiles x split) fit one wave and are at least the
         // 128-wide ones': at the same CTAs, half the split. 1x4096x7168: 64 tiles x 2 against 32
         // x 4; 1x7168x16384: 112 x 1 against 56 x 2.
         let (n8, n16) = (Config::Sm90_Stream_8x64x64, Config::Sm90_Stream_16x64x64);
         let no32 = |c: Config| !c.info().streams() || c.info().tile[1] >= 64;
         for (m, n, k, c) in [(1, 4096, 7168, n8), (8, 7168, 2048, n8), (1, 7168, 16384, n8), (9, 4096, 7168, n16), (16, 2048, 7168, n16), (17, 4096, 7168, Config::Sm90_Stream_32x128x64)] {
-            assert_eq!(select(90, &Problem::new(m, n, k), 132, &ANY_CLUSTERS, no32), Some(c), "{m}x{n}x{k}");
+            assert_eq!(select(90, &Problem::new(m, n, k), OutType::F16, 132, &ANY_CLUSTERS, no32), Some(c), "{m}x{n}x{k}");
         }
-        assert_eq!(split_k(n8, &Problem::new(1, 4096, 7168), 132, &ANY_CLUSTERS), 2);
+        assert_eq!(split_k(n8, &Problem::new(1, 4096, 7168), OutType::F16, 132, &ANY_CLUSTERS), 2);
         // Batches count as tiles: 1x4096x7168 x 2 is 128 tiles x 1 at 64 wide (64 x 2 at 128);
         // x 4, 256 tiles at 64 wide would take two waves.
-        assert_eq!(select(90, &Problem::new(1, 4096, 7168).batch(2), 132, &ANY_CLUSTERS, all), Some(n8));
-        assert_eq!(select(90, &Problem::new(1, 4096, 7168).batch(4), 132, &ANY_CLUSTERS, all), Some(s8));
+        assert_eq!(select(90, &Problem::new(1, 4096, 7168).batch(2), OutType::F16, 132, &ANY_CLUSTERS, all), Some(n8));
+        assert_eq!(select(90, &Problem::new(1, 4096, 7168).batch(4), OutType::F16, 132, &ANY_CLUSTERS, all), Some(s8));
         // Fewer CTAs at 64 wide still split into K ranges of at most 128 k-tiles: 1x3072x4096 (48
         // tiles x 2 against 24 x 5), 16x1536x7168 (24 x 5 against 12 x 11); else the 128-wide:
         // split 1 (1x5120x5120: 80 x 1 against 40 x 3; 1x5120x27648: 80 x 1, 432 k-tiles) or two
         // waves (4x14336x4096: 224 tiles against 112).
         for (m, n, k, c) in [(1, 3072, 4096, n8), (1, 3072, 7168, n8), (16, 1536, 7168, n16), (1, 5120, 5120, short8), (16, 5120, 5120, short16), (1, 5120, 27648, s8), (4, 14336, 4096, s8)] {
-            assert_eq!(select(90, &Problem::new(m, n, k), 132, &ANY_CLUSTERS, no32), Some(c), "{m}x{n}x{k}");
+            assert_eq!(select(90, &Problem::new(m, n, k), OutType::F16, 132, &ANY_CLUSTERS, no32), Some(c), "{m}x{n}x{k}");
         }
         // The 32-wide tiles where their K ranges are at most 56 k-tiles: 1x2048x7168 (64 tiles x 2,
         // 56 k-tiles, against 32 x 4 at 64 wide), 16x1536x7168 (48 x 2 against 24 x 5),
@@ -794,15 +798,15 @@ mod tests {
         // 1x2048x16384: 64 x 2, 128; 1x1024x16384: 32 x 4, 64) or two waves (1x7168x2048).
         let (w8, w16) = (Config::Sm90_Stream_8x32x64, Config::Sm90_Stream_16x32x64);
         for (m, n, k, c, s) in [(1, 2048, 7168, w8, 2), (8, 2048, 7168, w8, 2), (16, 2048, 7168, w16, 2), (16, 1536, 7168, w16, 2), (1, 576, 7168, w8, 7), (1, 2048, 2048, w8, 2), (1, 4096, 512, w8, 1), (16, 4096, 512, w16, 1), (1, 4096, 7168, n8, 2), (16, 4096, 7168, n16, 2), (1, 4096, 4096, n8, 2), (1, 2048, 16384, n8, 4), (1, 1024, 16384, n8, 8), (1, 7168, 2048, n8, 1), (1, 3072, 4096, n8, 2)] {
-            assert_eq!(select(90, &Problem::new(m, n, k), 132, &ANY_CLUSTERS, all), Some(c), "{m}x{n}x{k}");
-            assert_eq!(split_k(c, &Problem::new(m, n, k), 132, &ANY_CLUSTERS), s, "{m}x{n}x{k}");
+            assert_eq!(select(90, &Problem::new(m, n, k), OutType::F16, 132, &ANY_CLUSTERS, all), Some(c), "{m}x{n}x{k}");
+            assert_eq!(split_k(c, &Problem::new(m, n, k), OutType::F16, 132, &ANY_CLUSTERS), s, "{m}x{n}x{k}");
         }
         // At 32 rows only with short K ranges: 32x7168x2048 (112 tiles x 1, 32 k-tiles) and
         // 32x2048x7168 (32 x 4, 28) take 32x64; 32x4096x7168 (64 x 2, 56 k-tiles) and
         // 32x7168x16384 (112 x 1, 256) keep 32x128.
         let n32 = Config::Sm90_Stream_32x64x64;
         for (m, n, k, c) in [(32, 7168, 2048, n32), (17, 2048, 7168, n32), (32, 4096, 7168, Config::Sm90_Stream_32x128x64), (32, 7168, 16384, Config::Sm90_Stream_32x128x64), (64, 7168, 2048, Config::Sm90_Stream_32x128x64)] {
-            assert_eq!(select(90, &Problem::new(m, n, k), 132, &ANY_CLUSTERS, all), Some(c), "{m}x{n}x{k}");
+            assert_eq!(select(90, &Problem::new(m, n, k), OutType::F16, 132, &ANY_CLUSTERS, all), Some(c), "{m}x{n}x{k}");
         }
         // 33 to 64 rows: a swapped 64-row tile (here 64x128 alone; which of the two:
         // swapped_64_rows_by_the_model below), unless the 32-row stream tile's K ranges are
@@ -812,37 +816,37 @@ mod tests {
         // keep the stream tile; without the swapped tiles, the stream tile.
         let (s64, w64) = (Config::Sm90_Swapped_64x128x64, Config::Sm90_Swapped_64x256x64);
         for (m, n, k, c) in [(33, 4096, 7168, s64), (64, 4096, 7168, s64), (48, 7168, 16384, s64), (64, 14336, 4096, s64), (48, 28672, 2048, s64), (64, 2048, 7168, Config::Sm90_Stream_32x128x64), (64, 7168, 2048, Config::Sm90_Stream_32x128x64)] {
-            assert_eq!(select(90, &Problem::new(m, n, k), 132, &ANY_CLUSTERS, |c| c != w64), Some(c), "{m}x{n}x{k}");
+            assert_eq!(select(90, &Problem::new(m, n, k), OutType::F16, 132, &ANY_CLUSTERS, |c| c != w64), Some(c), "{m}x{n}x{k}");
         }
-        assert_eq!(select(90, &Problem::new(64, 4096, 7168), 132, &ANY_CLUSTERS, |c| c != s64 && c != w64), Some(Config::Sm90_Stream_32x128x64));
+        assert_eq!(select(90, &Problem::new(64, 4096, 7168), OutType::F16, 132, &ANY_CLUSTERS, |c| c != s64 && c != w64), Some(Config::Sm90_Stream_32x128x64));
         // 64x256 alone serves where 64x128 would (its estimate against none).
-        assert_eq!(select(90, &Problem::new(64, 4096, 7168), 132, &ANY_CLUSTERS, |c| c != s64), Some(w64));
-        assert_eq!(select(90, &Problem::new(64, 7168, 2048), 132, &ANY_CLUSTERS, |c| c != s64), Some(Config::Sm90_Stream_32x128x64));
+        assert_eq!(select(90, &Problem::new(64, 4096, 7168), OutType::F16, 132, &ANY_CLUSTERS, |c| c != s64), Some(w64));
+        assert_eq!(select(90, &Problem::new(64, 7168, 2048), OutType::F16, 132, &ANY_CLUSTERS, |c| c != s64), Some(Config::Sm90_Stream_32x128x64));
         // Only the 64-wide tiles built: they serve every shape.
         let narrow = |c: Config| !c.info().streams() || c.info().tile[1] == 64 || c.info().tile[0] == 32;
-        assert_eq!(select(90, &Problem::new(4, 14336, 4096), 132, &ANY_CLUSTERS, narrow), Some(n8));
+        assert_eq!(select(90, &Problem::new(4, 14336, 4096), OutType::F16, 132, &ANY_CLUSTERS, narrow), Some(n8));
         // Without the stream tiles the earlier rule answers.
         let no_stream = |c: Config| !c.info().streams();
-        assert_eq!(select(90, &Problem::new(1, 4096, 7168), 132, &ANY_CLUSTERS, no_stream), Some(Config::Sm90_Swapped_128x128x64));
+        assert_eq!(select(90, &Problem::new(1, 4096, 7168), OutType::F16, 132, &ANY_CLUSTERS, no_stream), Some(Config::Sm90_Swapped_128x128x64));
         // One CTA per SM: K ranges fill the SMs the tiles leave, each of at least 8 k-tiles.
-        assert_eq!(split_k(s8, &Problem::new(1, 4096, 7168), 132, &ANY_CLUSTERS), 4); // 32 tiles
-        assert_eq!(split_k(s8, &Problem::new(1, 7168, 16384), 132, &ANY_CLUSTERS), 2); // 56 tiles
-        assert_eq!(split_k(Config::Sm90_Stream_32x128x64, &Problem::new(64, 4096, 7168), 132, &ANY_CLUSTERS), 2); // 2 x 32 tiles
-        assert_eq!(split_k(s8, &Problem::new(1, 512, 16384), 132, &ANY_CLUSTERS), 32); // 4 tiles, at most 32 ranges
-        assert_eq!(split_k(s8, &Problem::new(1, 128, 256), 132, &ANY_CLUSTERS), 1); // 4 k-tiles
-        assert_eq!(split_k(s8, &Problem::new(1, 4096, 7168).batch(4), 132, &ANY_CLUSTERS), 1); // 128 tiles over the batches
+        assert_eq!(split_k(s8, &Problem::new(1, 4096, 7168), OutType::F16, 132, &ANY_CLUSTERS), 4); // 32 tiles
+        assert_eq!(split_k(s8, &Problem::new(1, 7168, 16384), OutType::F16, 132, &ANY_CLUSTERS), 2); // 56 tiles
+        assert_eq!(split_k(Config::Sm90_Stream_32x128x64, &Problem::new(64, 4096, 7168), OutType::F16, 132, &ANY_CLUSTERS), 2); // 2 x 32 tiles
+        assert_eq!(split_k(s8, &Problem::new(1, 512, 16384), OutType::F16, 132, &ANY_CLUSTERS), 32); // 4 tiles, at most 32 ranges
+        assert_eq!(split_k(s8, &Problem::new(1, 128, 256), OutType::F16, 132, &ANY_CLUSTERS), 1); // 4 k-tiles
+        assert_eq!(split_k(s8, &Problem::new(1, 4096, 7168).batch(4), OutType::F16, 132, &ANY_CLUSTERS), 1); // 128 tiles over the batches
         assert!(cluster_reduced(s8, 2) && cluster_reduced(s8, SM90_MAX_CLUSTER_SPLIT) && !cluster_reduced(s8, SM90_MAX_CLUSTER_SPLIT + 1));
         // Clusters that do not all fit at once (32 of 4 > 30): the same split, summed in global
         // memory.
         let (p, mut few) = (Problem::new(1, 4096, 7168), ANY_CLUSTERS);
         few[2] = 30;
-        assert_eq!(split_k(s8, &p, 132, &few), 4);
+        assert_eq!(split_k(s8, &p, OutType::F16, 132, &few), 4);
         assert!(!cluster_split(s8, &p, 4, &few) && cluster_split(s8, &p, 4, &ANY_CLUSTERS) && cluster_split(s8, &p, 3, &few));
         // The swapped rule lowers the split until its clusters fit; 128x256 and 256x128 (no
         // fitted cost of the global sum) never keep it, so their clusters always meet.
         let wide = Config::Sm90_128x256x64;
         let q = Problem::new(128, 7168, 16384);
-        let s = split_k(wide, &q, 132, &few);
+        let s = split_k(wide, &q, OutType::F16, 132, &few);
         assert!(!cluster_reduced(wide, s) || cluster_split(wide, &q, s, &few));
     }
 
@@ -874,14 +878,14 @@ mod tests {
             (48, 28672, 2048, w64),  // 26.1-26.3 against 21.8-21.9
         ];
         for (m, n, k, c) in picks {
-            assert_eq!(select(90, &Problem::new(m, n, k), 132, &H100_CLUSTERS, all), Some(c), "{m}x{n}x{k}");
+            assert_eq!(select(90, &Problem::new(m, n, k), OutType::F16, 132, &H100_CLUSTERS, all), Some(c), "{m}x{n}x{k}");
         }
         // Splits the clusters that fit hold down (64x256 at 64x4096x16384: 15 clusters of 7 and 8
         // for 16 tiles; 64x128 at 64x5120x27648: 39 clusters of 3 for 40 tiles) are taken whole
         // through global memory where the model says so (`swapped_split_through_global_memory`).
-        assert_eq!(split_k(w64, &Problem::new(64, 4096, 16384), 132, &H100_CLUSTERS), 8);
-        assert_eq!(split_k(s64, &Problem::new(64, 5120, 27648), 132, &H100_CLUSTERS), 3);
-        assert_eq!(split_k(w64, &Problem::new(64, 5120, 27648), 132, &H100_CLUSTERS), 6);
+        assert_eq!(split_k(w64, &Problem::new(64, 4096, 16384), OutType::F16, 132, &H100_CLUSTERS), 8);
+        assert_eq!(split_k(s64, &Problem::new(64, 5120, 27648), OutType::F16, 132, &H100_CLUSTERS), 3);
+        assert_eq!(split_k(w64, &Problem::new(64, 5120, 27648), OutType::F16, 132, &H100_CLUSTERS), 6);
     }
 
     /// Where the clusters that fit would lower a swapped tile's split, the split as it was with
@@ -892,12 +896,13 @@ mod tests {
     fn swapped_split_through_global_memory() {
         let all = |_| true;
         let (s64, w64, s128) = (Config::Sm90_Swapped_64x128x64, Config::Sm90_Swapped_64x256x64, Config::Sm90_Swapped_128x128x64);
-        let launch = |m, n, k| {
+        let launch_for = |m, n, k, out| {
             let p = Problem::new(m, n, k);
-            let c = select(90, &p, 132, &H100_CLUSTERS, all).unwrap();
-            let s = split_k(c, &p, 132, &H100_CLUSTERS);
+            let c = select(90, &p, out, 132, &H100_CLUSTERS, all).unwrap();
+            let s = split_k(c, &p, out, 132, &H100_CLUSTERS);
             (c, s, s > 1 && !cluster_split(c, &p, s, &H100_CLUSTERS))
         };
+        let launch = |m, n, k| launch_for(m, n, k, OutType::F16);
         let cases = [
             ((64, 4096, 7168), (s64, 4, true)),   // 17.06-17.17 against split 3 in clusters 17.64-17.71
             ((48, 4096, 7168), (s64, 4, true)),   // 16.86-16.95 against 17.49-17.62
@@ -922,6 +927,20 @@ mod tests {
             ((64, 1024, 32768), (s64, 16, true)),
             ((64, 2048, 32768), (s64, 8, true)),
             ((64, 3072, 32768), (w64, 11, true)),
+            ((48, 1920, 32768), (s64, 8, false)),  // 27.0-27.2 against 64x256 at split 16, 32.1-32.3
+            ((48, 2560, 28672), (s64, 6, true)),   // 32.8-32.9 against 64x256 at split 13, 35.6-35.9
+            ((64, 3072, 24576), (w64, 8, false)),  // 33.5-33.7 against split 11, 35.5-35.6
+            ((96, 1536, 24576), (s128, 8, false)), // 27.8-28.1 against split 11, 29.7-29.9
+            ((96, 2560, 28672), (s128, 5, false)), // 43.2-43.3 against 128x256 at split 13, 55.9-56.3
+            ((96, 3072, 32768), (s128, 5, true)),  // 54.1 against 128x256 at split 11, 62.2
+            ((128, 2048, 32768), (s128, 8, true)), // 40.1-40.2 against 128x256 at 16, 55.2; at 8, 53.7
+            ((160, 1024, 32768), (s128, 8, true)), // 42.9-43.2 against 256x128 at split 16, 56.5-56.6
+            // Without a fitted global sum, 8 ranges in clusters: 43.0-43.2 against split 11
+            // through global memory 52.9-53.0; 256x128 47.4-47.7 against 55.4-55.5.
+            ((96, 3072, 24576), (Config::Sm90_128x256x64, 8, false)),
+            ((160, 1536, 27648), (Config::Sm90_256x128x64, 8, false)),
+            // A loss of 1 %: 17.7 against split 6 in clusters 17.5-17.6.
+            ((33, 2048, 14336), (s64, 8, true)),
             // Kept where the other lost: 256x128 at split 5 in clusters 44.25-44.27 against the
             // swapped 128x128 at split 3 through global memory 45.9-46.5; at K = 27648
             // 67.9-68.1 against 70.7-70.9; 64x128 at split 1 23.0-23.1 against 64x256 at split 3
@@ -938,13 +957,27 @@ mod tests {
         for ((m, n, k), want) in cases {
             assert_eq!(launch(m, n, k), want, "{m}x{n}x{k}");
         }
+        // FP4 output: the last CTA of a global sum also encodes the whole tile. Same run, two
+        // rounds, graph us, nvfp4: the rule's launch against the other.
+        let fp4 = [
+            ((64, 4096, 7168), (s64, 3, false)),  // 18.35-18.39 against split 4 through global 18.81-18.98
+            ((64, 2048, 16384), (s64, 6, false)), // 20.86-20.90 against split 8, 20.86-20.88
+            ((64, 4096, 16384), (s64, 4, true)),  // 30.23-30.24 against 64x256 at split 6 in clusters, 31.3-31.4
+            ((64, 10240, 7168), (w64, 3, true)),  // 34.8-34.9 against split 2 in clusters, 37.7-37.8
+            ((128, 4096, 12288), (s128, 4, true)), // 32.7-32.8 against split 3 in clusters, 33.2-33.6
+        ];
+        for ((m, n, k), want) in fp4 {
+            for out in [OutType::Nvfp4, OutType::Nvfp4Ue8m0] {
+                assert_eq!(launch_for(m, n, k, out), want, "{m}x{n}x{k} {out:?}");
+            }
+        }
     }
 
     #[test]
     fn prepacked_weights_take_short_stages_in_one_wave() {
         let all = |_| true;
         let (s8, short8, s16, short16) = (Config::Sm90_Stream_8x128x64, Config::Sm90_StreamShortK_8x128x64, Config::Sm90_Stream_16x128x64, Config::Sm90_StreamShortK_16x128x64);
-        let pick = |m, n, k, layout| for_weights(select(90, &Problem::new(m, n, k), 132, &ANY_CLUSTERS, all).unwrap(), layout, &Problem::new(m, n, k), 132, &ANY_CLUSTERS, all);
+        let pick = |m, n, k, layout| for_weights(select(90, &Problem::new(m, n, k), OutType::F16, 132, &ANY_CLUSTERS, all).unwrap(), layout, &Problem::new(m, n, k), OutType::F16, 132, &ANY_CLUSTERS, all);
         // 1x5120x27648: 40 tiles x 3; 1x14336x4096: 112 x 1; 16x5120x27648: 40 x 3.
         for (m, n, k, std, packed) in [(1, 5120, 27648, s8, short8), (1, 14336, 4096, s8, short8), (16, 5120, 27648, s16, short16)] {
             assert_eq!(pick(m, n, k, WeightLayout::Standard), std, "{m}x{n}x{k}");
@@ -953,82 +986,82 @@ mod tests {
         // Two waves (1x18432x7168: 144 tiles) keep the long stages; other picks are untouched.
         assert_eq!(pick(1, 18432, 7168, WeightLayout::Prepacked), s8);
         assert_eq!(pick(1, 4096, 7168, WeightLayout::Prepacked), Config::Sm90_Stream_8x64x64);
-        assert_eq!(pick(128, 4096, 7168, WeightLayout::Prepacked), select(90, &Problem::new(128, 4096, 7168), 132, &ANY_CLUSTERS, all).unwrap());
+        assert_eq!(pick(128, 4096, 7168, WeightLayout::Prepacked), select(90, &Problem::new(128, 4096, 7168), OutType::F16, 132, &ANY_CLUSTERS, all).unwrap());
         // The short stages not built: the long ones.
         let p = Problem::new(1, 5120, 27648);
-        assert_eq!(for_weights(s8, WeightLayout::Prepacked, &p, 132, &ANY_CLUSTERS, |c| c != short8), s8);
+        assert_eq!(for_weights(s8, WeightLayout::Prepacked, &p, OutType::F16, 132, &ANY_CLUSTERS, |c| c != short8), s8);
     }
 
     #[test]
     fn shape_table_and_general_rule() {
         let all = |_| true;
-        assert_eq!(select(100, &Problem::new(128, 7168, 16384), 148, &ANY_CLUSTERS, all), Some(Config::Sm100_1Sm_128x64x256));
-        assert_eq!(select(100, &Problem::new(2304, 4608, 7168), 148, &ANY_CLUSTERS, all), Some(Config::Sm100_2Sm_256x256x256));
+        assert_eq!(select(100, &Problem::new(128, 7168, 16384), OutType::F16, 148, &ANY_CLUSTERS, all), Some(Config::Sm100_1Sm_128x64x256));
+        assert_eq!(select(100, &Problem::new(2304, 4608, 7168), OutType::F16, 148, &ANY_CLUSTERS, all), Some(Config::Sm100_2Sm_256x256x256));
         // Large square: the largest tile fills 148 SMs.
-        assert_eq!(select(100, &Problem::new(8192, 8192, 8192), 148, &ANY_CLUSTERS, all), Some(Config::Sm100_2Sm_256x256x256));
+        assert_eq!(select(100, &Problem::new(8192, 8192, 8192), OutType::F16, 148, &ANY_CLUSTERS, all), Some(Config::Sm100_2Sm_256x256x256));
         // Small: nothing fills the GPU, the smallest tile occupies the most SMs.
-        assert_eq!(select(100, &Problem::new(128, 1024, 1024), 148, &ANY_CLUSTERS, all), Some(Config::Sm100_1Sm_128x64x256));
+        assert_eq!(select(100, &Problem::new(128, 1024, 1024), OutType::F16, 148, &ANY_CLUSTERS, all), Some(Config::Sm100_1Sm_128x64x256));
         // Only what is built is chosen; another architecture has none.
         let no_narrow = |c| c != Config::Sm100_1Sm_128x64x256;
-        assert_ne!(select(100, &Problem::new(128, 7168, 16384), 148, &ANY_CLUSTERS, no_narrow), Some(Config::Sm100_1Sm_128x64x256));
+        assert_ne!(select(100, &Problem::new(128, 7168, 16384), OutType::F16, 148, &ANY_CLUSTERS, no_narrow), Some(Config::Sm100_1Sm_128x64x256));
         // SM90: a swapped tile once its CTAs occupy a third of the SMs (256x128 where M pads
         // little, else 128x256); else 128x128. (The swapped 128x128 left out first: below.)
         let every = all;
         let all = |c: Config| c != Config::Sm90_Swapped_128x128x64;
-        assert_eq!(select(90, &Problem::new(128, 7168, 16384), 132, &ANY_CLUSTERS, all), Some(Config::Sm90_128x256x64)); // 28 tiles x split 4, 64 k-tiles each
-        assert_eq!(select(90, &Problem::new(2048, 2048, 2048), 132, &ANY_CLUSTERS, all), Some(Config::Sm90_256x128x64)); // 128 tiles
-        assert_eq!(select(90, &Problem::new(256, 7168, 7168), 132, &ANY_CLUSTERS, all), Some(Config::Sm90_256x128x64)); // 56 x split 2, 56 k-tiles
-        assert_eq!(select(90, &Problem::new(128, 4096, 7168), 132, &ANY_CLUSTERS, all), Some(Config::Sm90_128x256x64)); // 16 x 8 CTAs
-        assert_eq!(select(90, &Problem::new(128, 3072, 1536), 132, &ANY_CLUSTERS, all), Some(Config::Sm90_128x256x64)); // 12 x 6 CTAs
-        assert_eq!(select(90, &Problem::new(128, 7168, 2048), 132, &ANY_CLUSTERS, all), Some(Config::Sm90_128x256x64)); // split 4 through the cluster
-        assert_eq!(select(90, &Problem::new(128, 7168, 512), 132, &ANY_CLUSTERS, all), Some(Config::Sm90_128x256x64)); // split 2 (8 k-tiles): 56 CTAs
-        assert_eq!(select(90, &Problem::new(128, 2048, 7168), 132, &ANY_CLUSTERS, all), Some(Config::Sm90_128x256x64)); // 8 x 8 CTAs
-        assert_eq!(select(90, &Problem::new(128, 2048, 4096), 132, &ANY_CLUSTERS, all), Some(Config::Sm90_128x256x64)); // 8 x 8 CTAs
-        assert_eq!(select(90, &Problem::new(128, 1536, 7168), 132, &ANY_CLUSTERS, all), Some(Config::Sm90_128x256x64)); // 6 x 8 CTAs
-        assert_eq!(select(90, &Problem::new(128, 1024, 4096), 132, &ANY_CLUSTERS, all), Some(Config::Sm90_128x128x64)); // 4 x 8 CTAs
-        assert_eq!(select(90, &Problem::new(512, 1536, 7168), 132, &ANY_CLUSTERS, all), Some(Config::Sm90_256x128x64)); // 24 x 5 CTAs
-        assert_eq!(select(90, &Problem::new(1152, 2048, 4096), 132, &ANY_CLUSTERS, all), Some(Config::Sm90_128x256x64)); // 72 CTAs; 256-row tiles pad M to 1280
-        assert_eq!(select(90, &Problem::new(8192, 8192, 8192), 132, &ANY_CLUSTERS, all), Some(Config::Sm90_256x128x64));
-        assert_eq!(select(90, &Problem::new(2304, 4608, 7168), 132, &ANY_CLUSTERS, all), Some(Config::Sm90_256x128x64)); // 9 x 36 tiles
+        assert_eq!(select(90, &Problem::new(128, 7168, 16384), OutType::F16, 132, &ANY_CLUSTERS, all), Some(Config::Sm90_128x256x64)); // 28 tiles x split 4, 64 k-tiles each
+        assert_eq!(select(90, &Problem::new(2048, 2048, 2048), OutType::F16, 132, &ANY_CLUSTERS, all), Some(Config::Sm90_256x128x64)); // 128 tiles
+        assert_eq!(select(90, &Problem::new(256, 7168, 7168), OutType::F16, 132, &ANY_CLUSTERS, all), Some(Config::Sm90_256x128x64)); // 56 x split 2, 56 k-tiles
+        assert_eq!(select(90, &Problem::new(128, 4096, 7168), OutType::F16, 132, &ANY_CLUSTERS, all), Some(Config::Sm90_128x256x64)); // 16 x 8 CTAs
+        assert_eq!(select(90, &Problem::new(128, 3072, 1536), OutType::F16, 132, &ANY_CLUSTERS, all), Some(Config::Sm90_128x256x64)); // 12 x 6 CTAs
+        assert_eq!(select(90, &Problem::new(128, 7168, 2048), OutType::F16, 132, &ANY_CLUSTERS, all), Some(Config::Sm90_128x256x64)); // split 4 through the cluster
+        assert_eq!(select(90, &Problem::new(128, 7168, 512), OutType::F16, 132, &ANY_CLUSTERS, all), Some(Config::Sm90_128x256x64)); // split 2 (8 k-tiles): 56 CTAs
+        assert_eq!(select(90, &Problem::new(128, 2048, 7168), OutType::F16, 132, &ANY_CLUSTERS, all), Some(Config::Sm90_128x256x64)); // 8 x 8 CTAs
+        assert_eq!(select(90, &Problem::new(128, 2048, 4096), OutType::F16, 132, &ANY_CLUSTERS, all), Some(Config::Sm90_128x256x64)); // 8 x 8 CTAs
+        assert_eq!(select(90, &Problem::new(128, 1536, 7168), OutType::F16, 132, &ANY_CLUSTERS, all), Some(Config::Sm90_128x256x64)); // 6 x 8 CTAs
+        assert_eq!(select(90, &Problem::new(128, 1024, 4096), OutType::F16, 132, &ANY_CLUSTERS, all), Some(Config::Sm90_128x128x64)); // 4 x 8 CTAs
+        assert_eq!(select(90, &Problem::new(512, 1536, 7168), OutType::F16, 132, &ANY_CLUSTERS, all), Some(Config::Sm90_256x128x64)); // 24 x 5 CTAs
+        assert_eq!(select(90, &Problem::new(1152, 2048, 4096), OutType::F16, 132, &ANY_CLUSTERS, all), Some(Config::Sm90_128x256x64)); // 72 CTAs; 256-row tiles pad M to 1280
+        assert_eq!(select(90, &Problem::new(8192, 8192, 8192), OutType::F16, 132, &ANY_CLUSTERS, all), Some(Config::Sm90_256x128x64));
+        assert_eq!(select(90, &Problem::new(2304, 4608, 7168), OutType::F16, 132, &ANY_CLUSTERS, all), Some(Config::Sm90_256x128x64)); // 9 x 36 tiles
         // Not 256x128 where M pads: twice over at M = 128, 640 rows to 768.
-        assert_eq!(select(90, &Problem::new(128, 16384, 4096), 132, &ANY_CLUSTERS, all), Some(Config::Sm90_128x256x64));
-        assert_eq!(select(90, &Problem::new(640, 24576, 1024), 132, &ANY_CLUSTERS, all), Some(Config::Sm90_128x256x64));
-        assert_eq!(select(90, &Problem::new(1000, 16384, 1024), 132, &ANY_CLUSTERS, all), Some(Config::Sm90_256x128x64)); // both pad to 1024
+        assert_eq!(select(90, &Problem::new(128, 16384, 4096), OutType::F16, 132, &ANY_CLUSTERS, all), Some(Config::Sm90_128x256x64));
+        assert_eq!(select(90, &Problem::new(640, 24576, 1024), OutType::F16, 132, &ANY_CLUSTERS, all), Some(Config::Sm90_128x256x64));
+        assert_eq!(select(90, &Problem::new(1000, 16384, 1024), OutType::F16, 132, &ANY_CLUSTERS, all), Some(Config::Sm90_256x128x64)); // both pad to 1024
         let no_tall = |c: Config| c != Config::Sm90_256x128x64;
-        assert_eq!(select(90, &Problem::new(2048, 2048, 2048), 132, &ANY_CLUSTERS, no_tall), Some(Config::Sm90_128x256x64));
+        assert_eq!(select(90, &Problem::new(2048, 2048, 2048), OutType::F16, 132, &ANY_CLUSTERS, no_tall), Some(Config::Sm90_128x256x64));
         let neither = |c: Config| c != Config::Sm90_128x256x64 && c != Config::Sm90_256x128x64;
-        assert_eq!(select(90, &Problem::new(2048, 2048, 2048), 132, &ANY_CLUSTERS, neither), Some(Config::Sm90_128x128x64));
+        assert_eq!(select(90, &Problem::new(2048, 2048, 2048), OutType::F16, 132, &ANY_CLUSTERS, neither), Some(Config::Sm90_128x128x64));
         // The swapped 128x128 stands in for 128x256 where modelled faster (swapped_estimate_us):
         // short K ranges, where the fixed costs weigh, or more CTAs.
         let all = every;
         let narrow = Some(Config::Sm90_Swapped_128x128x64);
         for (m, n, k) in [(128, 4096, 7168), (128, 7168, 2048), (128, 3072, 1536), (128, 7168, 512), (128, 2048, 7168), (128, 1536, 7168), (128, 7168, 4096), (128, 1024, 4096), (640, 7168, 2048), (384, 1536, 4096), (128, 16384, 7168), (640, 16384, 4096), (384, 4096, 7168), (128, 3072, 16384), (128, 7168, 8192)] {
-            assert_eq!(select(90, &Problem::new(m, n, k), 132, &ANY_CLUSTERS, all), narrow, "{m}x{n}x{k}");
+            assert_eq!(select(90, &Problem::new(m, n, k), OutType::F16, 132, &ANY_CLUSTERS, all), narrow, "{m}x{n}x{k}");
         }
         // ... and for 256x128 (same run, graph us, f16, 256x128 against the swapped 128x128 at
         // each one's split, bench/DESIGN.md §8): 64 tiles at split 2 where 256x128's 32 are held
         // to split 3, short K ranges, or a wave's worth more CTAs.
         for (m, n, k) in [(256, 4096, 7168), (256, 4096, 2048), (256, 4096, 16384), (160, 4096, 7168), (512, 2048, 8192), (1024, 1024, 8192), (512, 2048, 2048), (256, 7168, 2048), (512, 4096, 2048), (256, 1024, 7168), (256, 1536, 4096), (768, 2816, 4096), (768, 7168, 4096), (1024, 5120, 7168), (2048, 3072, 4096)] {
-            assert_eq!(select(90, &Problem::new(m, n, k), 132, &H100_CLUSTERS, all), narrow, "{m}x{n}x{k}");
+            assert_eq!(select(90, &Problem::new(m, n, k), OutType::F16, 132, &H100_CLUSTERS, all), narrow, "{m}x{n}x{k}");
         }
         // The third-of-the-SMs rule sees the swapped 128x128 where it stands in: outputs whose
         // 256x128 CTAs fill too few SMs no longer fall back to the unswapped 128x128 (measured
         // faster or equal, bench/DESIGN.md §8).
         for (m, n, k) in [(160, 512, 14336), (256, 512, 7168), (256, 1024, 1024), (512, 1024, 512)] {
-            assert_eq!(select(90, &Problem::new(m, n, k), 132, &H100_CLUSTERS, all), narrow, "{m}x{n}x{k}");
+            assert_eq!(select(90, &Problem::new(m, n, k), OutType::F16, 132, &H100_CLUSTERS, all), narrow, "{m}x{n}x{k}");
         }
         // Long K ranges at the same CTAs keep 256x128, as do the large squares.
         for (m, n, k) in [(256, 7168, 7168), (512, 4096, 7168), (256, 3072, 7168), (2048, 2048, 2048), (8192, 8192, 8192)] {
-            assert_eq!(select(90, &Problem::new(m, n, k), 132, &H100_CLUSTERS, all), Some(Config::Sm90_256x128x64), "{m}x{n}x{k}");
+            assert_eq!(select(90, &Problem::new(m, n, k), OutType::F16, 132, &H100_CLUSTERS, all), Some(Config::Sm90_256x128x64), "{m}x{n}x{k}");
         }
         // Long K ranges keep 128x256, as do outputs that fill the GPU with 128x256 tiles; a
         // swapped tile whose CTAs fill under a third of the SMs still gives way to the unswapped
         // 128x128 (128x512x2048: 4 x 8 CTAs).
         let wide = Config::Sm90_128x256x64;
         for (m, n, k, c) in [(128, 7168, 16384, wide), (384, 7168, 2304, wide), (640, 4096, 4096, wide), (1152, 2048, 4096, wide), (640, 24576, 1024, wide), (256, 7168, 7168, Config::Sm90_256x128x64), (128, 512, 2048, Config::Sm90_128x128x64)] {
-            assert_eq!(select(90, &Problem::new(m, n, k), 132, &ANY_CLUSTERS, all), Some(c), "{m}x{n}x{k}");
+            assert_eq!(select(90, &Problem::new(m, n, k), OutType::F16, 132, &ANY_CLUSTERS, all), Some(c), "{m}x{n}x{k}");
         }
-        assert_eq!(select(80, &Problem::new(128, 128, 128), 132, &ANY_CLUSTERS, all), None);
-        assert_eq!(select(100, &Problem::new(128, 128, 128), 148, &ANY_CLUSTERS, |_| false), None);
+        assert_eq!(select(80, &Problem::new(128, 128, 128), OutType::F16, 132, &ANY_CLUSTERS, all), None);
+        assert_eq!(select(100, &Problem::new(128, 128, 128), OutType::F16, 148, &ANY_CLUSTERS, |_| false), None);
     }
 }

@@ -116,7 +116,7 @@ pub fn plan(p: &Problem, out: OutType, lens: &BufferLens, device: &DeviceFacts, 
 /// allows (`supported` names the devices in the error where none runs here); then that `built`
 /// holds it for `out`.
 pub(crate) fn choose_config(p: &Problem, out: OutType, device: &DeviceFacts, forced: Option<Config>, supported: &'static str, built: impl Fn(Config, OutType) -> bool) -> Result<Config> {
-    let config = resolve_config(device, out, forced, supported, &built, |arch| Ok(dispatch::select(arch, p, device.sm_count, &device.max_clusters, |c| built(c, out))))?;
+    let config = resolve_config(device, out, forced, supported, &built, |arch| Ok(dispatch::select(arch, p, out, device.sm_count, &device.max_clusters, |c| built(c, out))))?;
     let info = config.info();
     match info.arch {
         100 => p.check_sm100(out)?,
@@ -313,15 +313,15 @@ impl BlockScaledGemm {
     pub fn select_config_for(&self, p: &Problem, out: OutType, layout: WeightLayout) -> Result<Config> {
         let lens = BufferLens::for_problem(p, out, p.beta != 0.0);
         let config = plan(p, out, &lens, &self.device, None, |c, o| c.is_built(o))?;
-        Ok(self.for_weights(config, None, layout, p, |c| c.is_built(out)))
+        Ok(self.for_weights(config, None, layout, p, out, |c| c.is_built(out)))
     }
 
     /// The rule's pick adjusted for the weights' layout ([`dispatch::for_weights`]); a forced
     /// config as it is.
-    pub(crate) fn for_weights(&self, config: Config, forced: Option<Config>, layout: WeightLayout, p: &Problem, available: impl Fn(Config) -> bool) -> Config {
+    pub(crate) fn for_weights(&self, config: Config, forced: Option<Config>, layout: WeightLayout, p: &Problem, out: OutType, available: impl Fn(Config) -> bool) -> Config {
         match forced {
             Some(c) => c,
-            None => dispatch::for_weights(config, layout, p, self.device.sm_count, &self.device.max_clusters, available),
+            None => dispatch::for_weights(config, layout, p, out, self.device.sm_count, &self.device.max_clusters, available),
         }
     }
 
@@ -439,9 +439,9 @@ impl BlockScaledGemm {
     /// The launch's K ranges (the rule's, or the forced count once checked) and whether their sum
     /// goes through global memory (`split_global`: clusters that would not all fit at once), as
     /// the launch arguments carry them.
-    pub(crate) fn split_for(&self, config: Config, p: &Problem) -> Result<(i32, i32)> {
+    pub(crate) fn split_for(&self, config: Config, p: &Problem, out: OutType) -> Result<(i32, i32)> {
         let split = match self.split_k {
-            None => dispatch::split_k(config, p, self.device.sm_count, &self.device.max_clusters),
+            None => dispatch::split_k(config, p, out, self.device.sm_count, &self.device.max_clusters),
             Some(s) => dispatch::check_split_k(config, p, s)?,
         };
         Ok((split as i32, !dispatch::cluster_split(config, p, split, &self.device.max_clusters) as i32))
@@ -465,7 +465,7 @@ impl BlockScaledGemm {
         a.require_activation_layout()?;
         let lens = BufferLens { a: a.values().len(), sfa: a.scales().len(), b: b.standard_values_len(), sfb: b.scales().len(), c: c.map(|c| c.len()), d: d[0].1, sfd: d.get(1).map(|s| s.1) };
         let config = plan(p, out, &lens, &self.device, forced, |c, o| c.is_built(o))?;
-        let config = self.for_weights(config, forced, b.layout(), p, |c| c.is_built(out));
+        let config = self.for_weights(config, forced, b.layout(), p, out, |c| c.is_built(out));
         check_weight_layout(config, b.layout())?;
         let mut buffers = vec![("A", a.values().stream()), ("SFA", a.scales().stream()), ("B", b.values().stream()), ("SFB", b.scales().stream())];
         buffers.extend(d.iter().map(|&(name, _, s)| (name, s)));
@@ -554,7 +554,7 @@ impl BlockScaledGemm {
         args.stream = stream.cu_stream() as u64;
         args.device_id = self.device.ordinal as i32;
         args.sm_count = self.device.sm_count as i32;
-        (args.split_k, args.split_global) = self.split_for(config, p)?;
+        (args.split_k, args.split_global) = self.split_for(config, p, out)?;
         let chunks = crate::layout::prepack_chunks(p.k);
         if args.b_layout == WeightLayout::Prepacked.abi() && args.split_k as usize > chunks {
             return Err(Error::InvalidData { what: "split_k", detail: format!("{}: with prepacked weights at most {chunks} (one K range per 256 values of K)", args.split_k) });
@@ -601,7 +601,7 @@ impl BlockScaledGemm {
     pub fn workspace_size(&self, p: &Problem, out: OutType, config: Option<Config>) -> Result<usize> {
         let lens = BufferLens::for_problem(p, out, p.beta != 0.0);
         let config = plan(p, out, &lens, &self.device, config, |c, o| c.is_built(o))?;
-        let (split_k, split_global) = self.split_for(config, p)?;
+        let (split_k, split_global) = self.split_for(config, p, out)?;
         let args = KernelArgs { split_k, split_global, sm_count: self.device.sm_count as i32, ..p.launch_args() };
         Ok(sys::workspace_size(config.info().index, out.index(), &args))
     }
@@ -817,7 +817,7 @@ mod tests {
     fn plan_checks_every_buffer_and_the_device() {
         let p = Problem::new(256, 512, 1024);
         let all = |_, _| true;
-        assert_eq!(plan(&p, OutType::F16, &lens(&p), &B200, None, all).unwrap(), dispatch::select(100, &p, 148, &dispatch::ANY_CLUSTERS, |_| true).unwrap());
+        assert_eq!(plan(&p, OutType::F16, &lens(&p), &B200, None, all).unwrap(), dispatch::select(100, &p, OutType::F16, 148, &dispatch::ANY_CLUSTERS, |_| true).unwrap());
         for (i, name) in ["A", "SFA", "B", "SFB", "D"].iter().enumerate() {
             let mut l = lens(&p);
             let f = [&mut l.a, &mut l.sfa, &mut l.b, &mut l.sfb, &mut l.d];

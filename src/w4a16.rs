@@ -120,14 +120,14 @@ impl BlockScaledGemm {
     /// [`Self::select_w4a16_config`] for weights in `layout`.
     pub fn select_w4a16_config_for(&self, p: &Problem, out: OutType, layout: WeightLayout) -> Result<Config> {
         let config = plan_w4a16(p, out, &W4a16Lens::for_problem(p, p.beta != 0.0), &self.device(), None, |c, o| c.is_built_w4a16(o))?;
-        Ok(self.for_weights(config, None, layout, p, |c| c.is_built_w4a16(out)))
+        Ok(self.for_weights(config, None, layout, p, out, |c| c.is_built_w4a16(out)))
     }
 
     /// Workspace bytes [`Self::gemm_w4a16`] needs on `p` with output `out` and `config` (or the one
     /// it would choose). Reserve it ([`Self::reserve_workspace`]) before capturing a call.
     pub fn w4a16_workspace_size<TA: Activation16>(&self, p: &Problem, out: OutType, config: Option<Config>) -> Result<usize> {
         let config = plan_w4a16(p, out, &W4a16Lens::for_problem(p, p.beta != 0.0), &self.device(), config, |c, o| c.is_built_w4a16(o))?;
-        let (split_k, split_global) = self.split_for(config, p)?;
+        let (split_k, split_global) = self.split_for(config, p, out)?;
         let args = KernelArgs { split_k, split_global, sm_count: self.device().sm_count as i32, ..p.launch_args() };
         Ok(sys::workspace_size_w4a16(config.info().index, TA::KIND as u32, out.index(), &args))
     }
@@ -144,7 +144,7 @@ impl BlockScaledGemm {
         }
         let lens = W4a16Lens { a: a.len(), b: b.standard_values_len(), sfb: b.scales().len(), c: c.map(|c| c.len()), d: d.len() };
         let config = plan_w4a16(p, out, &lens, &self.device(), forced, |c, o| c.is_built_w4a16(o))?;
-        let config = self.for_weights(config, forced, b.layout(), p, |c| c.is_built_w4a16(out));
+        let config = self.for_weights(config, forced, b.layout(), p, out, |c| c.is_built_w4a16(out));
         let mut buffers = vec![("A", a.stream()), ("B", b.values().stream()), ("SFB", b.scales().stream()), ("D", d.stream())];
         buffers.extend(c.map(|c| ("C", c.stream())));
         check_devices(self.device().ordinal, buffers)?;

@@ -4,7 +4,7 @@
 use blockscaled_gemm::compare::{compare, compare_fp4};
 use blockscaled_gemm::formats::pack_e2m1_slice;
 use blockscaled_gemm::layout::{from_tiled, prepack_values, prepacked_bytes, to_tiled, unpack_values};
-use blockscaled_gemm::{config_split_k, fp4_out, select_config, Config, Error, Nvfp4Matrix, Problem, SfdFormat, ANY_CLUSTERS};
+use blockscaled_gemm::{config_split_k, fp4_out, select_config, Config, Error, Nvfp4Matrix, OutType, Problem, SfdFormat, ANY_CLUSTERS};
 
 #[test]
 fn scale_layouts_check_lengths_and_sizes() {
@@ -128,13 +128,17 @@ fn fp4_epilogue_checks_n_and_its_inputs() {
 fn dispatch_rules_answer_empty_and_huge_problems() {
     // A zero dimension has no tiles: the rules answer as for one tile instead of dividing by zero.
     for p in [Problem::new(0, 4096, 7168), Problem::new(16, 0, 7168), Problem::new(128, 4096, 7168).batch(0)] {
-        for c in Config::ALL.iter().copied() {
-            assert!((1..=16).contains(&config_split_k(c, &p, 132, &ANY_CLUSTERS)), "{c} {p:?}");
+        for out in OutType::ALL {
+            for c in Config::ALL.iter().copied() {
+                assert!((1..=16).contains(&config_split_k(c, &p, out, 132, &ANY_CLUSTERS)), "{c} {p:?} {out:?}");
+            }
+            let _ = select_config(90, &p, out, 132, &ANY_CLUSTERS, |_| true);
         }
-        let _ = select_config(90, &p, 132, &ANY_CLUSTERS, |_| true);
     }
     for huge in [Problem::new(usize::MAX / 2, usize::MAX / 2, 1 << 20).batch(usize::MAX / 2), Problem::new(usize::MAX, usize::MAX, usize::MAX).batch(usize::MAX)] {
-        let _ = select_config(90, &huge, 132, &ANY_CLUSTERS, |_| true);
-        let _ = select_config(100, &huge, 148, &ANY_CLUSTERS, |_| true);
+        for out in OutType::ALL {
+            let _ = select_config(90, &huge, out, 132, &ANY_CLUSTERS, |_| true);
+            let _ = select_config(100, &huge, out, 148, &ANY_CLUSTERS, |_| true);
+        }
     }
 }

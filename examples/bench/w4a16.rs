@@ -38,7 +38,7 @@ pub fn bench_shape<TA: Activation16>(cli: &Cli, gemm: &BlockScaledGemm, stream: 
         Some(c) => c,
         None => gemm.select_w4a16_config(&p, TA::OUT)?,
     };
-    let split = cli.split_k.unwrap_or_else(|| blockscaled_gemm::config_split_k(config, &p, gemm.device().sm_count, &gemm.device().max_clusters));
+    let split = cli.split_k.unwrap_or_else(|| blockscaled_gemm::config_split_k(config, &p, TA::OUT, gemm.device().sm_count, &gemm.device().max_clusters));
     let set_bytes = 2 * m * k + p.b_bytes() + p.sfb_bytes();
     let n_sets = (2 * l2 / set_bytes + 1).max(2);
     let mut sets = Vec::with_capacity(n_sets);
