@@ -28,7 +28,7 @@ strip "$out"/deps/* "$out"/examples/* 2>/dev/null || true
 cp bench/baselines.py bench/report.py "$out/"
 cat > "$out/run.sh" <<'RUN'
 #!/usr/bin/env bash
-# What to run: tests (default), sanitize, example [ARGS], bench [ARGS].
+# What to run: tests (default), sanitize [TOOL] [TEST...], example [ARGS], bench [ARGS].
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 case "${1:-tests}" in
@@ -37,13 +37,23 @@ case "${1:-tests}" in
     for t in "$here"/deps/*; do echo "== $(basename "$t")"; "$t" || rc=1; done
     exit $rc ;;
   sanitize)
-    # memcheck, racecheck and synccheck over every SM90 config (small-M ones too), split-K path and output type, FP4
-    # outputs included (small shapes), the captured graph replayed with new data, the grouped kernels and
-    # prepacked weights.
+    # sanitize [memcheck|racecheck|synccheck|all] [TEST...]: by default all three tools over every
+    # SM90 config (small-M ones too), split-K path and output type, FP4 outputs included (small
+    # shapes), the captured graph replayed with new data, the grouped kernels and prepacked weights;
+    # a tool or GPU tests (names or parts of names, as deps/gpu takes them) narrow it, since the
+    # three together take longer than many GPU sessions allow.
+    shift
+    tools="memcheck racecheck synccheck"
+    case "${1:-all}" in
+      all) [ $# -gt 0 ] && shift ;;
+      memcheck|racecheck|synccheck) tools=$1; shift ;;
+      *) echo "run.sh sanitize: unknown tool ${1:-} (memcheck, racecheck, synccheck or all)" >&2; exit 2 ;;
+    esac
+    [ $# -gt 0 ] || set -- sm90_every_config sm90_split_k sm90_small_m sm90_extreme fp4_output_exact fp4_output_chains quantized_tensors swiglu_quantizer decoded_activations graph_capture grouped_moe grouped_list w4a16 prepacked_weights_transforms
     rc=0
-    for tool in memcheck racecheck synccheck; do
-      echo "== compute-sanitizer --tool $tool"
-      compute-sanitizer --tool $tool --error-exitcode 9 "$here/deps/gpu" sm90_every_config sm90_split_k sm90_small_m sm90_extreme fp4_output_exact fp4_output_chains quantized_tensors swiglu_quantizer decoded_activations graph_capture grouped_moe grouped_list w4a16 prepacked_weights_transforms || rc=1
+    for tool in $tools; do
+      echo "== compute-sanitizer --tool $tool $*"
+      compute-sanitizer --tool $tool --error-exitcode 9 "$here/deps/gpu" "$@" || rc=1
     done
     exit $rc ;;
   example) shift; exec "$here/examples/nvfp4_gemm" "$@" ;;
@@ -86,7 +96,7 @@ case "${1:-tests}" in
     fi
     "$here/examples/bench" $base --json "$dir/$name.jsonl" "$@" || exit 1
     python3 "$here/report.py" "$dir/$name.jsonl" --png "$dir/$name.png" || true ;;
-  *) echo "usage: run.sh [tests|sanitize|example ARGS|bench ARGS]" >&2; exit 2 ;;
+  *) echo "usage: run.sh [tests|sanitize [TOOL] [TEST...]|example ARGS|bench ARGS]" >&2; exit 2 ;;
 esac
 RUN
 chmod +x "$out/run.sh"
