@@ -230,10 +230,11 @@ pub const ANY_CLUSTERS: ClusterCounts = [usize::MAX; SM90_MAX_CLUSTER_SPLIT as u
 /// - unswapped tiles (two CTAs per SM fit): two CTAs on every SM where each range keeps at least
 ///   28 k-tiles, else at most one CTA per SM;
 /// - swapped tiles (one CTA per SM): at most one CTA per SM; a cluster split takes fewer ranges
-///   until every tile's cluster fits on the GPU at once (`max_clusters`, per cluster size), and
-///   a split beyond a cluster's 8 ranges (only where each keeps 32 k-tiles) takes 8 and then
-///   those, unless the tile's model says the split it had, summed in global memory instead, is
-///   faster for output `out` (tiles with no model of that sum: unless clusters of 8 do not fit).
+///   until every tile's cluster fits on the GPU at once (`max_clusters`, per cluster size); a
+///   split beyond a cluster's 8 ranges (only where each keeps 32 k-tiles) takes 8, then fewer
+///   until the clusters fit. Either keeps the split it had, summed in global memory instead,
+///   where the tile's model says that is faster for output `out` (tiles with no model of that
+///   sum: where clusters of 8 do not fit).
 ///
 /// The measurements behind each rule: bench/DESIGN.md §5 and §8.
 pub fn split_k(config: Config, p: &Problem, out: OutType, sm_count: usize, max_clusters: &ClusterCounts) -> u32 {
@@ -316,9 +317,10 @@ const STREAM_FEWER_CTAS_K: usize = 128;
 const STREAM_NARROW_K: usize = 56;
 
 /// Modelled time (microseconds, H100 SXM) of a swapped tile on `p` at the split the rule gives
-/// it ([`split_k`]): per wave, the fixed costs (first raw stage; after the loop the cluster
-/// reduction, the global sum of a split the clusters that fit would have lowered
-/// ([`global_sum_us`]), or the epilogue) plus one K range's k-tiles at the loop's rate in clocks
+/// it for output `out` ([`split_k`]): per wave, the fixed costs (first raw stage; after the loop
+/// the cluster reduction, the global sum of a split beyond a cluster's ranges or one the
+/// clusters that fit would have lowered ([`global_sum_us`]), or the epilogue) plus one K
+/// range's k-tiles at the loop's rate in clocks
 /// at 1.9 GHz. The constants of the 128-row tiles
 /// are measured per tile (timelines and traces, bench/DESIGN.md §8); 256x128's after-loop cost at
 /// split-K is fitted to same-run comparisons with the 128x128 (§8); the 64-row tiles' are fitted
@@ -356,7 +358,7 @@ fn swapped_model_us(config: Config, p: &Problem, sm_count: usize, split: u32, af
 /// second did (bench/DESIGN.md §8; checked at split 16). FP4 output adds the encode of the whole
 /// tile in that last CTA, which a cluster shares out: fitted for 64x128 (1.0 us; not for the
 /// 64 KiB tiles, whose comparisons the model already misses by as much). None for the tiles
-/// with larger partials (no fit; the rule keeps their cluster split).
+/// with larger partials (no fit; the rule keeps their cluster split where those fit).
 fn global_sum_us(config: Config, split: u32, out: OutType) -> Option<f64> {
     let [one, two, fp4] = match config {
         Config::Sm90_Swapped_64x128x64 => [7.0, 8.2, 1.0],
@@ -843,7 +845,8 @@ mod tests {
         assert_eq!(split_k(s8, &p, OutType::F16, 132, &few), 4);
         assert!(!cluster_split(s8, &p, 4, &few) && cluster_split(s8, &p, 4, &ANY_CLUSTERS) && cluster_split(s8, &p, 3, &few));
         // The swapped rule lowers the split until its clusters fit; 128x256 and 256x128 (no
-        // fitted cost of the global sum) never keep it, so their clusters always meet.
+        // fitted cost of the global sum) never keep a cluster split whose clusters do not fit
+        // (only a split beyond 8 ranges, where clusters of 8 do not fit, through global memory).
         let wide = Config::Sm90_128x256x64;
         let q = Problem::new(128, 7168, 16384);
         let s = split_k(wide, &q, OutType::F16, 132, &few);
@@ -888,10 +891,11 @@ mod tests {
         assert_eq!(split_k(w64, &Problem::new(64, 5120, 27648), OutType::F16, 132, &H100_CLUSTERS), 6);
     }
 
-    /// Where the clusters that fit would lower a swapped tile's split, the split as it was with
-    /// the sum through global memory, where `swapped_model_us` says so: (config, split, through
-    /// global memory). H100, same runs, two rounds, graph us, f16, every output exact
-    /// (bench/DESIGN.md §8): the rule's launch against the other.
+    /// Where the clusters that fit would lower a swapped tile's split, or the split is beyond a
+    /// cluster's 8 ranges, the split as it was with the sum through global memory, where
+    /// `swapped_model_us` says so: (config, split, through global memory). H100, same runs, two
+    /// rounds, graph us, f16 (then FP4 output), every output exact (bench/DESIGN.md §8): the
+    /// rule's launch against the other.
     #[test]
     fn swapped_split_through_global_memory() {
         let all = |_| true;
@@ -917,9 +921,9 @@ mod tests {
             ((64, 5120, 27648), (w64, 6, true)),   // 50.5-50.9 against split 5 in clusters, 53.4-53.6
             ((64, 2560, 24576), (s64, 6, true)),   // 29.0-29.1 against split 5 in clusters, 30.7-30.8
             ((64, 2048, 16384), (s64, 8, true)),   // 19.0-19.1 against split 6 in clusters, 20.1-20.2
-            ((64, 2048, 24576), (s64, 8, true)),   // 24.6-24.7 against split 6 in clusters, 26.7-26.8
+            ((64, 2048, 24576), (s64, 8, true)),   // 24.55-24.71 against split 6 in clusters, 26.70-26.77
             ((64, 2048, 12288), (s64, 6, false)),  // 16.6 against split 8 through global, 16.7
-            ((64, 1920, 16384), (s64, 8, false)),  // 17.2-17.3 against split 6 in clusters, 20.1
+            ((64, 1920, 16384), (s64, 8, false)),  // 17.24-17.27 against split 6 in clusters, 20.05-20.09
             ((64, 10240, 5120), (w64, 3, true)),   // 26.7-26.8 against 64x128 at split 1, 27.3-27.4
             // Beyond a cluster's 8 ranges: 21.2 against split 8 in clusters 26.5-26.6; 29.8
             // against 64x256 at split 16 through global 33.1 (split 8 in clusters 41.1); a tie,
@@ -935,8 +939,8 @@ mod tests {
             ((96, 3072, 32768), (s128, 5, true)),  // 54.1 against 128x256 at split 11, 62.2
             ((128, 2048, 32768), (s128, 8, true)), // 40.1-40.2 against 128x256 at 16, 55.2; at 8, 53.7
             ((160, 1024, 32768), (s128, 8, true)), // 42.9-43.2 against 256x128 at split 16, 56.5-56.6
-            // Without a fitted global sum, 8 ranges in clusters: 43.0-43.2 against split 11
-            // through global memory 52.9-53.0; 256x128 47.4-47.7 against 55.4-55.5.
+            // Without a fitted global sum, 8 ranges in clusters: 42.93-43.16 against split 11
+            // through global memory 52.89-52.95; 256x128 47.41-47.66 against 55.39-55.45.
             ((96, 3072, 24576), (Config::Sm90_128x256x64, 8, false)),
             ((160, 1536, 27648), (Config::Sm90_256x128x64, 8, false)),
             // A loss of 1 %: 17.7 against split 6 in clusters 17.5-17.6.
@@ -958,18 +962,25 @@ mod tests {
             assert_eq!(launch(m, n, k), want, "{m}x{n}x{k}");
         }
         // FP4 output: the last CTA of a global sum also encodes the whole tile. Same run, two
-        // rounds, graph us, nvfp4: the rule's launch against the other.
+        // rounds, graph us, nvfp4 (ue8m0 scales take the same rule, not timed): the rule's launch
+        // against the other; the first two and the last differ from f16's launch.
         let fp4 = [
             ((64, 4096, 7168), (s64, 3, false)),  // 18.35-18.39 against split 4 through global 18.81-18.98
             ((64, 2048, 16384), (s64, 6, false)), // 20.86-20.90 against split 8, 20.86-20.88
-            ((64, 4096, 16384), (s64, 4, true)),  // 30.23-30.24 against 64x256 at split 6 in clusters, 31.3-31.4
-            ((64, 10240, 7168), (w64, 3, true)),  // 34.8-34.9 against split 2 in clusters, 37.7-37.8
-            ((128, 4096, 12288), (s128, 4, true)), // 32.7-32.8 against split 3 in clusters, 33.2-33.6
+            ((64, 4096, 16384), (s64, 4, true)),  // 30.23-30.24 against 64x256 at split 6 in clusters, 31.32-31.41
+            ((64, 10240, 7168), (w64, 3, true)),  // 34.78-34.94 against split 2 in clusters, 37.65-37.78
+            ((128, 4096, 12288), (s128, 4, true)), // 32.72-32.75 against split 3 in clusters, 33.15-33.61
+            // Not timed with FP4 output: 64x256 at split 5 in clusters where f16 takes 64x128
+            // at split 3 through global memory (f16 tied, 34.87-35.11 against 34.88-34.90).
+            ((64, 5120, 16384), (w64, 5, false)),
         ];
         for ((m, n, k), want) in fp4 {
             for out in [OutType::Nvfp4, OutType::Nvfp4Ue8m0] {
                 assert_eq!(launch_for(m, n, k, out), want, "{m}x{n}x{k} {out:?}");
             }
+        }
+        for (m, n, k) in [(64, 4096, 7168), (64, 2048, 16384), (64, 5120, 16384)] {
+            assert_ne!(launch_for(m, n, k, OutType::F16), launch_for(m, n, k, OutType::Nvfp4), "{m}x{n}x{k}");
         }
     }
 

@@ -596,8 +596,9 @@ impl BlockScaledGemm {
     }
 
     /// Workspace bytes a call of [`Self::gemm`] (or [`Self::gemm_fp4`] with output `out`) on `p`
-    /// needs, with `config` or the one the heuristic picks. A host-side query: nothing runs on the
-    /// device.
+    /// needs, with `config` or the one the heuristic picks. The launch (config and split-K)
+    /// depends on `out`, so ask with the output type of the calls to capture. A host-side query:
+    /// nothing runs on the device.
     pub fn workspace_size(&self, p: &Problem, out: OutType, config: Option<Config>) -> Result<usize> {
         let lens = BufferLens::for_problem(p, out, p.beta != 0.0);
         let config = plan(p, out, &lens, &self.device, config, |c, o| c.is_built(o))?;
