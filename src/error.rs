@@ -126,8 +126,10 @@ pub enum Error {
         /// What this build supports.
         supported: &'static str,
     },
-    /// The (config, output) kernel was left out of this build (BSG_ARCHS).
-    #[error("config {config} with {out} output is not compiled into this build (see BSG_ARCHS)")]
+    /// No kernel of this call's form (dense, W4A16, grouped, list) for (config, output) in this
+    /// build: the config table (`cpp/configs.def`) has none, or `BSG_ARCHS` / `BSG_CONFIGS` left
+    /// it out.
+    #[error("config {config} has no kernel for {out} output of this call's form in this build (cpp/configs.def lists the forms each config has; BSG_ARCHS and BSG_CONFIGS select what is built)")]
     NotBuilt {
         /// The config.
         config: Config,

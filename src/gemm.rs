@@ -313,6 +313,7 @@ impl BlockScaledGemm {
     pub fn select_config_for(&self, p: &Problem, out: OutType, layout: WeightLayout) -> Result<Config> {
         let lens = BufferLens::for_problem(p, out, p.beta != 0.0);
         let config = plan(p, out, &lens, &self.device, None, |c, o| c.is_built(o))?;
+        check_weight_layout(config, layout)?;
         Ok(self.for_weights(config, None, layout, p, out, |c| c.is_built(out)))
     }
 
@@ -838,7 +839,7 @@ mod tests {
         assert!(e.contains("no kernel in this build runs on compute capability 8.0"), "{e}");
         // Not built.
         let e = plan(&p, OutType::F16, &lens(&p), &B200, Some(Config::Sm100_1Sm_128x128x256), |_, _| false).unwrap_err().to_string();
-        assert!(e.contains("is not compiled into this build"), "{e}");
+        assert!(e.contains("has no kernel for f16 output") && e.contains("BSG_CONFIGS"), "{e}");
         // Shape rules come first.
         let q = Problem::new(256, 512, 1000);
         assert!(plan(&q, OutType::F16, &lens(&q), &B200, None, all).unwrap_err().to_string().contains("K = 1000"));

@@ -221,8 +221,8 @@ pub fn expert_offsets(counts: &[usize]) -> Result<Vec<i32>> {
     let mut out = Vec::with_capacity(counts.len() + 1);
     let mut at = 0usize;
     out.push(0);
-    for &c in counts {
-        at = at.checked_add(c).filter(|&t| t <= i32::MAX as usize).ok_or_else(|| Error::InvalidData { what: "counts", detail: format!("the rows add up past {}", i32::MAX) })?;
+    for (e, &c) in counts.iter().enumerate() {
+        at = at.checked_add(c).filter(|&t| t <= i32::MAX as usize).ok_or_else(|| Error::InvalidData { what: "counts", detail: format!("{c} rows at expert {e} bring the total past {} (after {at}): the rows must add up to at most i32::MAX", i32::MAX) })?;
         out.push(at as i32);
     }
     Ok(out)
@@ -291,7 +291,7 @@ pub fn reference_moe<T: OutputElement>(x: &Nvfp4Matrix, w: &Nvfp4Matrix, offsets
     check_offsets(offsets, x.rows())?;
     let experts = offsets.len() - 1;
     if w.batch() != experts || expert_scales.len() != experts || w.k() != x.k() {
-        return Err(Error::InvalidData { what: "w", detail: format!("(E, N, K) = ({}, {}, {}) with {} expert scales, for {experts} experts of K = {}", w.batch(), w.rows(), w.k(), expert_scales.len(), x.k()) });
+        return Err(Error::InvalidData { what: "w", detail: format!("(E, N, K) = ({}, {}, {}) with {} expert scales, for {experts} experts of K = {}: w must hold one batch per expert of x's K, with one expert scale each", w.batch(), w.rows(), w.k(), expert_scales.len(), x.k()) });
     }
     let folded = folded_alpha(alpha, x.global_scale().unwrap_or(1.0), w.global_scale().unwrap_or(1.0))?;
     let n = w.rows();

@@ -197,8 +197,8 @@ impl Nvfp4Matrix {
             Some(g) => g,
             None => {
                 let amax = values.iter().fold(0f32, |m, v| m.max(v.abs()));
-                if amax.is_infinite() {
-                    return Err(Error::InvalidData { what: "values", detail: "hold an infinity, which leaves no finite global scale to compute; pass one".into() });
+                if let Some(i) = values.iter().position(|v| v.is_infinite()).filter(|_| amax.is_infinite()) {
+                    return Err(Error::InvalidData { what: "values", detail: format!("element {i} is an infinity ({}), which leaves no finite global scale to compute; pass one", values[i]) });
                 }
                 computed_global_scale(amax)
             }
@@ -710,7 +710,8 @@ mod tests {
         assert_eq!(q.code(0, 0, 21), 0, "1 / 448 rounds to 0");
         assert_eq!(q.scale(0, 0, 2), e4m3_from_f32(0.5), "an ordinary block is unchanged");
         let e = Nvfp4Matrix::quantize_unchecked(&x, (1, 1, 48), None).unwrap_err().to_string();
-        assert!(e.contains("infinity") && e.contains("global scale"), "{e}");
+        let first = x.iter().position(|v| v.is_infinite()).unwrap();
+        assert!(e.contains(&format!("element {first} is an infinity")) && e.contains("global scale"), "{e}");
     }
 
     /// Issue 22: a given global scale (ModelOpt's `input_scale`) is used as it is; block scales

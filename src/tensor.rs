@@ -339,12 +339,13 @@ impl Nvfp4Activations {
     /// rows, to 128 up to 128, to 256 beyond: the rows of the tiles the rule takes there, so
     /// that their TMA boxes stay inside the buffer (a taller tile forced at fewer rows reads
     /// zeros past it through TMA's fill, with the same bits, which can be slower:
-    /// bench/DESIGN.md §3). The padding rows are zeros.
+    /// bench/DESIGN.md §3). The padding rows are zeros. Saturates at `usize::MAX` for counts no
+    /// buffer can hold.
     pub fn decoded_rows(rows: usize) -> usize {
         match rows {
             0..=64 => rows.div_ceil(64) * 64,
             65..=128 => 128,
-            _ => rows.div_ceil(256) * 256,
+            _ => rows.div_ceil(256).saturating_mul(256),
         }
     }
 
