@@ -326,7 +326,8 @@ impl BlockScaledGemm {
         }
     }
 
-    /// `D = alpha * A Bᵀ` (beta must be 0). `config`: `None` chooses from the shape table.
+    /// `D = alpha * A Bᵀ` (beta must be 0). `config`: `None` takes the rule's pick
+    /// ([`Self::select_config`]).
     /// Returns the config that ran. Asynchronous: synchronize the stream to read D.
     pub fn gemm<VA, SA, VB, SB, D, TV, TS, TO>(&self, p: &Problem, a: &Nvfp4Tensor<VA, SA>, b: &Nvfp4Tensor<VB, SB>, d: &mut D, config: Option<Config>) -> Result<Config>
     where
@@ -350,6 +351,10 @@ impl BlockScaledGemm {
     /// generated per 16 outputs along N, ue4m3 for [`OutType::Nvfp4`] or ue8m0 for
     /// [`OutType::Nvfp4Ue8m0`], scaled by `p.norm_constant` ([`crate::fp4_out`] has the exact
     /// arithmetic). N must be a multiple of 32; beta must be 0 (see [`Self::gemm_fp4_with_c`]).
+    /// Choose the norm constant from a bound on |D|: with ue4m3 scales ([`OutType::Nvfp4`]),
+    /// which saturate at 448, and e2m1 codes, which saturate at 6, outputs above
+    /// `6 * 448 / norm_constant` in magnitude (2688 at the default 1.0) are clipped to that bound,
+    /// as CUTLASS's epilogue and reference do, without an error.
     ///
     /// Two layers, the first writing NVFP4 that the second reads as it is:
     ///

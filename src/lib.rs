@@ -14,7 +14,8 @@
 //!   where the activations come from [`Quantizer`]). W4A16 ([`w4a16`]): bf16 or f16
 //!   activations as they are, the weights decoded into their type (exact as well).
 //!
-//! [`Config`] lists the kernels of this build, [`select_config`] says which one a problem gets;
+//! [`Config`] lists the kernels ([`Config::is_built`]: those of this build);
+//! [`BlockScaledGemm::select_config`] says which one a problem gets on the stream's device, and
 //! [`BlockScaledGemm::gemm`] picks it for you.
 //!
 //! # Requirements
