@@ -136,8 +136,9 @@ pub enum Error {
         /// The output type.
         out: OutType,
     },
-    /// CUTLASS `can_implement` refused arguments that passed our validation.
-    #[error("CUTLASS can_implement refused {config} for M={m} N={n} K={k} L={l}")]
+    /// The kernel's `can_implement` (CUTLASS's on SM100, this crate's on SM90) refused arguments
+    /// that passed the host's validation: a gap in that validation.
+    #[error("the kernel's can_implement refused {config} for M={m} N={n} K={k} L={l} after the host's checks passed (a validation gap: please report it)")]
     CannotImplement {
         /// The config.
         config: Config,
