@@ -320,8 +320,7 @@ const STREAM_NARROW_K: usize = 56;
 /// it for output `out` ([`split_k`]): per wave, the fixed costs (first raw stage; after the loop
 /// the cluster reduction, the global sum of a split beyond a cluster's ranges or one the
 /// clusters that fit would have lowered ([`global_sum_us`]), or the epilogue) plus one K
-/// range's k-tiles at the loop's rate in clocks
-/// at 1.9 GHz. The constants of the 128-row tiles
+/// range's k-tiles at the loop's rate in clocks at 1.9 GHz. The constants of the 128-row tiles
 /// are measured per tile (timelines and traces, bench/DESIGN.md §8); 256x128's after-loop cost at
 /// split-K is fitted to same-run comparisons with the 128x128 (§8); the 64-row tiles' are fitted
 /// to graph-replayed times of both at five shapes (§12).
@@ -434,15 +433,14 @@ const GROUPED_SWAPPED_MEAN: usize = 33;
 /// Picks a configuration of architecture `arch` for `p`, among those `available` says are
 /// built: on SM90 at M <= 64 the stream tile of the fewest rows that holds M (else the tallest),
 /// or at 33 to 64 rows a swapped 64-row tile (64x128, or 64x256 where the swapped tiles' time
-/// model (bench/DESIGN.md §8) finds it faster) where the stream tiles' K ranges are long or their CTAs need two waves;
-/// above 64 rows on SM90 a swapped tile (256x128 where M pads little more than to 128 rows, else
-/// 128x256, or the swapped 128x128 where that model finds it faster) once its CTAs
-/// with split-K occupy a third of the SMs, else the unswapped 128x128;
-/// the explicit entry of the shape table if it has one (SM100); else the largest tile that still
+/// model (bench/DESIGN.md §8) finds it faster) where the stream tiles' K ranges are long or
+/// their CTAs need two waves; above 64 rows on SM90 a swapped tile (256x128 where M pads little
+/// more than to 128 rows, else 128x256, or the swapped 128x128 where that model finds it faster)
+/// once its CTAs with split-K occupy a third of the SMs, else the unswapped 128x128; the
+/// explicit entry of the shape table if it has one (SM100); else the largest tile that still
 /// gives every SM a tile (`sm_count`), else the config that occupies the most SMs (ties: the
 /// least padded work). `out` weighs the splits the swapped tiles' model compares
-/// ([`crate::config_split_k`]).
-/// `None` when no config of that architecture is available.
+/// ([`crate::config_split_k`]). `None` when no config of that architecture is available.
 pub fn select(arch: u32, p: &Problem, out: OutType, sm_count: usize, max_clusters: &ClusterCounts, available: impl Fn(Config) -> bool) -> Option<Config> {
     let candidates: Vec<Config> = Config::ALL.iter().copied().filter(|c| c.info().arch == arch && available(*c)).collect();
     if arch == 100 {

@@ -5,7 +5,7 @@
 use std::sync::{Arc, Mutex};
 
 use cudarc::driver::sys::{CUdeviceptr, CUstreamCaptureStatus};
-use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut, SyncOnDrop};
+use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
 
 use crate::dispatch::{self, Config};
 use crate::layout::WeightLayout;
@@ -123,12 +123,6 @@ pub(crate) fn choose_config(p: &Problem, out: OutType, device: &DeviceFacts, for
         _ => p.check_tiles(info.tile[0] as usize, info.tile[1] as usize)?,
     }
     Ok(config)
-}
-
-/// The kernel arguments of a decoded A ([`Nvfp4Activations`]): its address and rows a batch, or
-/// (0, 0) for none.
-fn pre_a_args(decoded: &Option<(u64, SyncOnDrop<'_>)>, m: usize) -> (u64, i32) {
-    decoded.as_ref().map_or((0, 0), |(ptr, _)| (*ptr, Nvfp4Activations::decoded_rows(m) as i32))
 }
 
 /// Prepacked weights run on the SM90 kernels only (CUTLASS's SM100 kernels take K-major B): the
@@ -498,7 +492,7 @@ impl BlockScaledGemm {
         // Without C the kernel gets D as its C pointer; beta is 0, so it never reads it.
         let pc = c_ptr.as_ref().map_or(pd, |(p, _)| *p);
         let dec = decoded.map(|x| x.device_ptr(stream));
-        let (pre_a, pre_a_rows) = pre_a_args(&dec, p.m);
+        let (pre_a, pre_a_rows) = Nvfp4Activations::launch_arg(dec.as_ref().map(|d| d.0), p.m);
         self.launch(p, out, Table::Nvfp4, config, capturing, KernelArgs { a: pa, sfa: psfa, b: pb, sfb: psfb, c: pc, d: pd, b_layout: b.layout().abi(), pre_a, pre_a_rows, ..p.launch_args() })
     }
 
@@ -521,7 +515,7 @@ impl BlockScaledGemm {
         let c_ptr = c.map(|c| c.device_ptr(stream));
         let pc = c_ptr.as_ref().map_or(pd, |(p, _)| *p);
         let dec = decoded.map(|x| x.device_ptr(stream));
-        let (pre_a, pre_a_rows) = pre_a_args(&dec, p.m);
+        let (pre_a, pre_a_rows) = Nvfp4Activations::launch_arg(dec.as_ref().map(|d| d.0), p.m);
         self.launch(p, out, Table::Nvfp4, config, capturing, KernelArgs { a: pa, sfa: psfa, b: pb, sfb: psfb, c: pc, d: pd, sfd: psfd, b_layout: b.layout().abi(), pre_a, pre_a_rows, ..p.launch_args() })
     }
 

@@ -145,7 +145,7 @@ impl Quantizer {
         let (pc, _gc) = codes.device_ptr_mut(stream);
         let (ps, _gs) = scales.device_ptr_mut(stream);
         let dec = decoded.map(|d| d.device_ptr_mut(stream));
-        let dec_arg = dec.as_ref().map_or((0, 0), |(p, _)| (*p, Nvfp4Activations::decoded_rows(shape.1) as i32));
+        let dec_arg = Nvfp4Activations::launch_arg(dec.as_ref().map(|d| d.0), shape.1);
         self.launch_args::<T>(shape, [px, pc, ps], global_scale, 0, (0, 0), transform, dec_arg)
     }
 

@@ -349,6 +349,12 @@ impl Nvfp4Activations {
         }
     }
 
+    /// The kernel arguments of a decode at `ptr` (its address, if a call has one) for `rows`
+    /// activation rows: (address, [`Self::decoded_rows`]), or (0, 0) for none.
+    pub(crate) fn launch_arg(ptr: Option<u64>, rows: usize) -> (u64, i32) {
+        ptr.map_or((0, 0), |p| (p, Self::decoded_rows(rows) as i32))
+    }
+
     /// The codes and scales, with the global scale of the last quantization.
     pub fn tensor(&self) -> &Nvfp4Tensor {
         &self.tensor
@@ -444,13 +450,17 @@ mod tests {
     /// the activation rows, and no more than the next such multiple.
     #[test]
     fn decoded_rows_cover_the_tiles() {
-        let cases = [(1, 64), (33, 64), (64, 64), (65, 128), (128, 128), (129, 256), (256, 256), (257, 512), (300, 512), (8192, 8192)];
+        let cases = [(0, 0), (1, 64), (33, 64), (64, 64), (65, 128), (128, 128), (129, 256), (256, 256), (257, 512), (300, 512), (8192, 8192)];
         for (rows, want) in cases {
             assert_eq!(Nvfp4Activations::decoded_rows(rows), want, "{rows} rows");
         }
         for rows in 1..2000 {
             let r = Nvfp4Activations::decoded_rows(rows);
             assert!(r >= rows && r.is_multiple_of(64) && (rows <= 128 || r.is_multiple_of(256)) && r - rows < 256, "{rows} rows: {r}");
+        }
+        // Near usize::MAX: the multiple of 256 where it exists, else saturated.
+        for (rows, want) in [(usize::MAX - 300, usize::MAX - 255), (usize::MAX - 100, usize::MAX), (usize::MAX, usize::MAX)] {
+            assert_eq!(Nvfp4Activations::decoded_rows(rows), want, "{rows} rows");
         }
     }
 }
