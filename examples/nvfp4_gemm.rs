@@ -762,12 +762,15 @@ fn from_checkpoint<T: OutputElement>(cli: &Cli, path: &PathBuf) -> Result<Inputs
     if cli.l != 1 {
         return Err(bad(format!("--l {}: a checkpoint layer runs with L = 1", cli.l)));
     }
-    let layer = blockscaled_gemm::checkpoint::Checkpoint::open(path)?.layer(name)?;
-    let (m, n, k) = (cli.m, layer.weight.rows(), layer.weight.k());
+    let checkpoint = blockscaled_gemm::checkpoint::Checkpoint::open(path)?;
+    // Sized from the header, before the layer is read.
+    let (m, (n, k)) = (cli.m, checkpoint.layer_dims(name)?);
     let p = Problem::new(m, n, k).scalars(cli.alpha, cli.beta);
     p.validate(cli.out_type(), cli.beta != 0.0)?;
-    // The bf16 activations and their f32 copy in the quantizer, besides the operands.
-    check_host_memory(cli, &p, 6.0 * m as f64 * k as f64)?;
+    // The bf16 activations and their f32 copy in the quantizer, and the layer's row-major
+    // scales while they are tiled, besides the operands.
+    check_host_memory(cli, &p, 6.0 * m as f64 * k as f64 + p.sfb_bytes() as f64)?;
+    let layer = checkpoint.layer(name)?;
     let mut rng = SplitMix64::new(cli.seed);
     let x: Vec<bf16> = (0..m * k).map(|_| bf16::from_f64(rng.normal())).collect();
     let a = Nvfp4Matrix::quantize(&x, (1, m, k), layer.input_scale)?;

@@ -118,6 +118,25 @@ fn regular_file(path: &Path) -> Result<()> {
     if meta.is_file() { Ok(()) } else { Err(bad(path.display().to_string(), "is not a regular file (a checkpoint is a .safetensors file, its index, or their directory)")) }
 }
 
+/// A JSON file beside the shards (the index, `hf_quant_config.json`), read whole: a regular file
+/// of at most MAX_HEADER bytes, so a damaged one cannot fill the host's memory.
+fn read_json_file(path: &Path) -> Result<Vec<u8>> {
+    regular_file(path)?;
+    let io = |source: std::io::Error| Error::Io { path: path.display().to_string(), source };
+    let len = std::fs::metadata(path).map_err(io)?.len();
+    if len > MAX_HEADER {
+        return Err(bad(path.display().to_string(), format!("{len} bytes: a JSON file beside the shards has at most {MAX_HEADER}")));
+    }
+    std::fs::read(path).map_err(io)
+}
+
+/// `extra` appended to `v`, or [`Error::HostMemory`] where the host cannot hold the result.
+fn append(v: &mut Vec<u8>, extra: &[u8], what: &'static str) -> Result<()> {
+    v.try_reserve_exact(extra.len()).map_err(|_| Error::HostMemory { what, bytes: v.len().saturating_add(extra.len()) })?;
+    v.extend_from_slice(extra);
+    Ok(())
+}
+
 impl Checkpoint {
     /// Opens a checkpoint and reads its headers (no tensor data): `path` is a `.safetensors`
     /// file, a `*.index.json` (Hugging Face's `weight_map` of tensor name to shard file, the
@@ -175,8 +194,7 @@ impl Checkpoint {
     /// An index and the shards its `weight_map` names, in its directory.
     fn open_index(index: &Path) -> Result<Self> {
         let idx = index.display().to_string();
-        regular_file(index)?;
-        let text = std::fs::read(index).map_err(|source| Error::Io { path: idx.clone(), source })?;
+        let text = read_json_file(index)?;
         let json: serde_json::Value = serde_json::from_slice(&text).map_err(|e| bad(idx.clone(), format!("the index is not JSON: {e}")))?;
         let map = json
             .get("weight_map")
@@ -259,7 +277,8 @@ impl Checkpoint {
             return Err(bad(shard.path.display().to_string(), "the file changed since it was opened"));
         }
         f.seek(SeekFrom::Start(shard.data_start + e.range.0)).map_err(io)?;
-        let mut bytes = vec![0u8; (e.range.1 - e.range.0) as usize];
+        let len = usize::try_from(e.range.1 - e.range.0).map_err(|_| bad(name, format!("{} bytes: more than this host addresses", e.range.1 - e.range.0)))?;
+        let mut bytes = crate::error::try_zeros::<u8>("a checkpoint tensor", len)?;
         f.read_exact(&mut bytes).map_err(io)?;
         Ok(bytes)
     }
@@ -275,9 +294,34 @@ impl Checkpoint {
         Ok(v)
     }
 
-    /// A layer's tensors as the file holds them, checked: packed codes, row-major scales, the
-    /// global and input scales in this crate's convention.
-    fn raw_layer(&self, prefix: &str) -> Result<RawLayer> {
+    /// The layer `prefix`'s weight shape (N, K) from the header alone, after the checks
+    /// [`Self::layer`] makes before it reads data: to size host or device memory before reading
+    /// a layer that may be large.
+    pub fn layer_dims(&self, prefix: &str) -> Result<(usize, usize)> {
+        let convention = self.convention(prefix)?;
+        self.weight_dims(&format!("{prefix}.{}", tensor_names(convention)[0]))
+    }
+
+    /// The packed weight `w_name`'s (N, K), checked: U8, [N, K/2], N >= 1, K a positive multiple
+    /// of 16.
+    fn weight_dims(&self, w_name: &str) -> Result<(usize, usize)> {
+        let we = self.entry(w_name)?;
+        if we.dtype != "U8" {
+            return Err(bad(w_name, format!("dtype {}: the packed weight is U8 (two e2m1 codes a byte)", we.dtype)));
+        }
+        if we.shape.len() != 2 {
+            return Err(bad(w_name, format!("shape {:?}: the packed weight is [N, K/2]", we.shape)));
+        }
+        let (n, k) = (we.shape[0], we.shape[1].checked_mul(2).unwrap_or(0));
+        if n == 0 || k == 0 || k % 16 != 0 {
+            return Err(bad(w_name, format!("shape {:?}: N >= 1 and K = 2 * {} must be a positive multiple of 16 (one scale per 16 values)", we.shape, we.shape[1])));
+        }
+        Ok((n, k))
+    }
+
+    /// Which names the layer `prefix` uses, after the checks that refuse the layer whatever its
+    /// tensors hold (its `quant_algo`, an AWQ scale).
+    fn convention(&self, prefix: &str) -> Result<Convention> {
         let has = |s: &str| self.tensors.contains_key(&format!("{prefix}.{s}"));
         let convention = if has("weight_packed") {
             Convention::CompressedTensors
@@ -298,19 +342,16 @@ impl Checkpoint {
                 "an AWQ pre-quantization scale (the activations are multiplied by it per input channel before they are quantized): this loader does not apply it, so the layer's results would be wrong",
             ));
         }
+        Ok(convention)
+    }
+
+    /// A layer's tensors as the file holds them, checked: packed codes, row-major scales, the
+    /// global and input scales in this crate's convention.
+    fn raw_layer(&self, prefix: &str) -> Result<RawLayer> {
+        let convention = self.convention(prefix)?;
         let name = |s: &str| format!("{prefix}.{s}");
         let [w_name, g_name, in_name] = tensor_names(convention).map(name);
-        let we = self.entry(&w_name)?;
-        if we.dtype != "U8" {
-            return Err(bad(&w_name, format!("dtype {}: the packed weight is U8 (two e2m1 codes a byte)", we.dtype)));
-        }
-        if we.shape.len() != 2 {
-            return Err(bad(&w_name, format!("shape {:?}: the packed weight is [N, K/2]", we.shape)));
-        }
-        let (n, k) = (we.shape[0], we.shape[1].checked_mul(2).unwrap_or(0));
-        if n == 0 || k == 0 || k % 16 != 0 {
-            return Err(bad(&w_name, format!("shape {:?}: N >= 1 and K = 2 * {} must be a positive multiple of 16 (one scale per 16 values)", we.shape, we.shape[1])));
-        }
+        let (n, k) = self.weight_dims(&w_name)?;
         let data = self.read(&w_name, "U8", &[Some(n), Some(k / 2)], "the packed weight")?;
         let s_name = name("weight_scale");
         let scales = self.read(&s_name, "F8_E4M3", &[Some(n), Some(k / 16)], "the block scales, [N, K/16]")?;
@@ -391,8 +432,8 @@ impl Checkpoint {
             if l.input_scale != base.input_scale {
                 return Err(bad(name(l.convention, p, 2), format!("{:?}, {first} has {:?}: fused shards share the activations' scale", l.input_scale, base.input_scale)));
             }
-            base.data.extend_from_slice(&l.data);
-            base.scales.extend_from_slice(&l.scales);
+            append(&mut base.data, &l.data, "fused shards' packed weights")?;
+            append(&mut base.scales, &l.scales, "fused shards' block scales")?;
             base.n += l.n;
         }
         Ok(base)
@@ -436,8 +477,8 @@ impl Checkpoint {
                 }
                 _ => {}
             }
-            data.extend_from_slice(&l.data);
-            scales.extend_from_slice(&l.scales);
+            append(&mut data, &l.data, "an expert stack's packed weights")?;
+            append(&mut scales, &l.scales, "an expert stack's block scales")?;
             globals.push(l.global);
         }
         let (n, k) = nk.expect("at least one expert");
@@ -552,7 +593,7 @@ fn check_quant_config(dir: &Path) -> Result<Option<HashMap<String, String>>> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         _ => regular_file(&path)?,
     }
-    let text = std::fs::read(&path).map_err(|source| Error::Io { path: file.clone(), source })?;
+    let text = read_json_file(&path)?;
     let json: serde_json::Value = serde_json::from_slice(&text).map_err(|e| bad(file.clone(), format!("not JSON: {e}")))?;
     let q = json.get("quantization").filter(|q| q.get("quant_algo").is_some()).unwrap_or(&json);
     match q.get("quant_algo") {
@@ -1057,6 +1098,23 @@ mod tests {
         assert!(matches!(Checkpoint::open(&index).unwrap_err(), Error::Checkpoint { .. }));
         std::fs::write(&config, nested("NVFP4")).unwrap();
         Checkpoint::open(&index).unwrap().layer("l").unwrap();
+        // Side files past the header limit are refused by their length, not read whole (a
+        // probe's sparse 4 GiB one was read into memory first). Sparse: no disk is used.
+        for big in [&config, &index] {
+            let kept = std::fs::read(big).unwrap();
+            std::fs::File::create(big).unwrap().set_len(MAX_HEADER + 1).unwrap();
+            match Checkpoint::open(&index).unwrap_err() {
+                Error::Checkpoint { tensor, rule } => {
+                    assert_eq!(tensor, big.display().to_string());
+                    assert!(rule.contains("at most 100000000"), "{rule}");
+                }
+                e => panic!("{e}"),
+            }
+            std::fs::write(big, kept).unwrap();
+        }
+        // The weight's shape from the header alone, after the same checks as `layer`.
+        assert_eq!(Checkpoint::open(&index).unwrap().layer_dims("l").unwrap(), (32, 64));
+        assert!(matches!(Checkpoint::open(&index).unwrap().layer_dims("other").unwrap_err(), Error::Checkpoint { .. }));
     }
 
     #[test]

@@ -661,6 +661,18 @@ fn cpu_reference_buffers_are_checked_against_host_memory() {
     assert!(stderr_one_line(&o).contains("need about twice that"), "{}", String::from_utf8_lossy(&o.stderr));
     let o = Command::new(exe()).args(["--device", "cpu", "--input", f.to_str().unwrap()]).env("NVFP4_GEMM_HOST_MEMORY", (1u64 << 20).to_string()).output().unwrap();
     assert_eq!(code(&o), 0, "{}", String::from_utf8_lossy(&o.stderr));
+    // A checkpoint layer is sized from its header and refused before its data is read (a probe
+    // read a sparse 9 GiB layer whole, then refused it, and aborted under a memory limit): the
+    // NaN block scale this layer holds would be the error had its data been read first.
+    let ck = tmp("memory-ck.safetensors");
+    modelopt_file(&ck, 32, 64, |t| t[1].3[3] = 0x7F);
+    let args = ["--device", "cpu", "--checkpoint", ck.to_str().unwrap(), "--layer", "l", "--m", "2"];
+    let o = Command::new(exe()).args(args).env("NVFP4_GEMM_HOST_MEMORY", "1000").output().unwrap();
+    assert_eq!(code(&o), 2, "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(stderr_one_line(&o).contains("is available"), "{}", String::from_utf8_lossy(&o.stderr));
+    let o = Command::new(exe()).args(args).env("NVFP4_GEMM_HOST_MEMORY", (1u64 << 20).to_string()).output().unwrap();
+    assert_eq!(code(&o), 2, "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(stderr_one_line(&o).contains("l.weight_scale: element 3"), "{}", String::from_utf8_lossy(&o.stderr));
 }
 
 /// Probe finding: --save wrote in place, so a failed write (here the file size limit) left a
