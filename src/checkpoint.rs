@@ -512,10 +512,13 @@ fn read_header(path: &Path, id: usize) -> Result<(Shard, HashMap<String, TensorE
     regular_file(path)?;
     let mut f = File::open(path).map_err(io)?;
     let file_len = f.metadata().map_err(io)?.len();
+    let file = path.display().to_string();
+    if file_len < 8 {
+        return Err(bad(file, format!("{file_len} bytes: a safetensors file starts with an 8-byte header length")));
+    }
     let mut n = [0u8; 8];
     f.read_exact(&mut n).map_err(io)?;
     let n = u64::from_le_bytes(n);
-    let file = path.display().to_string();
     if n > MAX_HEADER || 8 + n > file_len {
         return Err(bad(file, format!("header of {n} bytes: the file holds {file_len} bytes (not a safetensors file?)")));
     }
@@ -537,7 +540,10 @@ fn read_header(path: &Path, id: usize) -> Result<(Shard, HashMap<String, TensorE
             Some(TensorEntry { dtype, shape, range: (a, b), shard: id })
         })()
         .ok_or_else(|| bad(name.clone(), "header entry needs dtype, shape and data_offsets"))?;
-        if entry.range.0 > entry.range.1 || data_start.checked_add(entry.range.1).is_none_or(|end| end > file_len) {
+        if entry.range.0 > entry.range.1 {
+            return Err(bad(name.clone(), format!("data_offsets {:?} in {file}: the begin is past the end", entry.range)));
+        }
+        if data_start.checked_add(entry.range.1).is_none_or(|end| end > file_len) {
             return Err(bad(name.clone(), format!("data_offsets {:?} lie outside the {} data bytes of {file}", entry.range, file_len - data_start)));
         }
         tensors.insert(name.clone(), entry);
@@ -942,6 +948,13 @@ mod tests {
         // layout is checked first, when the file is opened).
         check("hole", &|h| h["l.weight_scale"]["data_offsets"] = serde_json::json!([s0 + 1, s1]), b"", &["l.weight_scale: data_offsets", "unused"]);
         check("trailing", &|_| {}, b"garbage!", &["8 bytes of data follow the tensors"]);
+        check("reversed", &|h| h["l.weight_scale"]["data_offsets"] = serde_json::json!([s1, s0]), b"", &["l.weight_scale: data_offsets", "the begin is past the end"]);
+        // A file too short to hold the header's length.
+        let dir = fresh_dir("short");
+        let short = dir.join("model.safetensors");
+        std::fs::write(&short, [1u8, 0, 0]).unwrap();
+        let e = Checkpoint::open(&short).unwrap_err().to_string();
+        assert!(e.contains("3 bytes: a safetensors file starts with an 8-byte header length"), "{e}");
         // The file unedited opens.
         Checkpoint::open(&*file).unwrap().layer(p).unwrap();
     }
