@@ -448,7 +448,7 @@ fn run<T: OutputElement + DeviceRepr + safetensors_dtype::HasDtype>(cli: &Cli) -
     let ran = launch()?;
     let ms = time_launches(cli, &stream, &mut launch)?;
     let got = stream.clone_dtoh(&d).map_err(Error::from)?;
-    let rows = sample_rows(&p, cli.check_budget as u128);
+    let rows = sample_rows(&p, cli.check_budget as u128)?;
     let check = verify(cli, &inputs, &p, &rows, &got)?;
     save(cli, &inputs, &p, None, vec![("d".into(), T::DTYPE, d_shape(&p, p.n), T::encode(&got))])?;
     report(cli, &p, "gpu", &ran.to_string(), Some(&check), ms, p.flops() / ms / 1e9, traffic(&p, out) / ms / 1e6);
@@ -495,7 +495,7 @@ fn run_w4a16<T: OutputElement + DeviceRepr + safetensors_dtype::HasDtype>(cli: &
     let ms = time_launches(cli, &stream, &mut launch)?;
     let got = stream.clone_dtoh(&d).map_err(Error::from)?;
     // Sampled rows of every batch, judged against the exact W4A16 reference.
-    let rows = sample_rows(&p, cli.check_budget as u128);
+    let rows = sample_rows(&p, cli.check_budget as u128)?;
     let (m, n, k) = (p.m, p.n, p.k);
     let x_rows = pick_rows(&x, &rows, m, k, p.l);
     let c_rows = inputs.c.as_ref().map(|c| pick_rows(c, &rows, m, n, p.l));
@@ -546,7 +546,7 @@ fn run_fp4(cli: &Cli) -> Result<bool, Exit> {
     let st = match cli.norm_constant {
         Some(st) => st,
         None => {
-            let rows = sample_rows(&p, SAMPLE_BUDGET);
+            let rows = sample_rows(&p, SAMPLE_BUDGET)?;
             let acc = acc_of(&rows)?;
             let c = inputs.c.as_ref().map(|c| pick_rows(c, &rows, p.m, p.n, p.l));
             let st = default_norm_constant(&acc, c.as_deref(), p.alpha, alpha, p.beta)?;
@@ -593,7 +593,7 @@ fn run_fp4(cli: &Cli) -> Result<bool, Exit> {
     let ran = launch()?;
     let ms = time_launches(cli, &stream, &mut launch)?;
     let (got_d, got_sfd) = (stream.clone_dtoh(&d).map_err(Error::from)?, stream.clone_dtoh(&sfd).map_err(Error::from)?);
-    let rows = sample_rows(&p, cli.check_budget as u128);
+    let rows = sample_rows(&p, cli.check_budget as u128)?;
     let acc = match norm_acc {
         Some((r, acc)) if r == rows => acc,
         _ => acc_of(&rows)?,

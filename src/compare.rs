@@ -510,7 +510,9 @@ pub const SAMPLE_BUDGET: u128 = 1 << 33;
 /// listing them: to size what a verification will hold.
 pub fn sample_row_count(p: &Problem, budget: u128) -> usize {
     let m = p.m;
-    let per_row = product(&[p.n, p.k, p.l]);
+    // A row costs at least one step, so an empty problem (N, K or L zero) does not take all of
+    // M's rows.
+    let per_row = product(&[p.n, p.k, p.l]).max(1);
     if m == 0 || per_row.saturating_mul(m as u128) <= budget {
         return m;
     }
@@ -519,18 +521,20 @@ pub fn sample_row_count(p: &Problem, budget: u128) -> usize {
 
 /// The rows of M a verification covers within `budget` multiply-adds of the reference: all when
 /// `M * N * K * L` fits, else R rows spread evenly over M, first and last included, with R the
-/// most that fit but at least 2 (1 when M = 1).
-pub fn sample_rows(p: &Problem, budget: u128) -> Vec<usize> {
+/// most that fit but at least 2 (1 when M = 1). [`Error::HostMemory`] where the host cannot
+/// hold the list (a budget near M rows of a huge M).
+pub fn sample_rows(p: &Problem, budget: u128) -> Result<Vec<usize>> {
     let (m, r) = (p.m, sample_row_count(p, budget));
+    let mut rows = crate::error::try_vec("the sampled rows", r)?;
     if r == m {
-        return (0..m).collect();
+        rows.extend(0..m);
+    } else if r == 1 {
+        rows.push(0);
+    } else {
+        rows.extend((0..r).map(|i| (i as u128 * (m as u128 - 1) / (r as u128 - 1)) as usize));
+        rows.dedup();
     }
-    if r == 1 {
-        return vec![0];
-    }
-    let mut rows: Vec<usize> = (0..r).map(|i| (i as u128 * (m as u128 - 1) / (r as u128 - 1)) as usize).collect();
-    rows.dedup();
-    rows
+    Ok(rows)
 }
 
 #[cfg(test)]
@@ -664,16 +668,21 @@ mod verdict_tests {
     fn sample_rows_never_panics() {
         let p = |m: usize, n: usize, k: usize, l: usize| Problem::new(m, n, k).batch(l);
         // Issue 25, finding 3: M = 1 beyond the budget (the old `.clamp(2, m)` panicked).
-        assert_eq!(sample_rows(&p(1, 65536, 131104, 1), SAMPLE_BUDGET), vec![0]);
-        assert_eq!(sample_rows(&p(1, 8, 32, 1), 10), vec![0]);
-        assert_eq!(sample_rows(&p(2, 8, 32, 1), 10), vec![0, 1]);
-        assert_eq!(sample_rows(&p(5, 8, 32, 1), 10), vec![0, 4]);
-        assert_eq!(sample_rows(&p(5, 8, 32, 1), 256 * 3), vec![0, 2, 4]);
-        assert_eq!(sample_rows(&p(5, 8, 32, 1), 256 * 5), vec![0, 1, 2, 3, 4]);
+        let rows = |q: &Problem, budget: u128| sample_rows(q, budget).unwrap();
+        assert_eq!(rows(&p(1, 65536, 131104, 1), SAMPLE_BUDGET), vec![0]);
+        assert_eq!(rows(&p(1, 8, 32, 1), 10), vec![0]);
+        assert_eq!(rows(&p(2, 8, 32, 1), 10), vec![0, 1]);
+        assert_eq!(rows(&p(5, 8, 32, 1), 10), vec![0, 4]);
+        assert_eq!(rows(&p(5, 8, 32, 1), 256 * 3), vec![0, 2, 4]);
+        assert_eq!(rows(&p(5, 8, 32, 1), 256 * 5), vec![0, 1, 2, 3, 4]);
         // Products beyond u64 and usize: no overflow.
-        let rows = sample_rows(&p(1 << 31, 1 << 31, 1 << 31, 1 << 31), SAMPLE_BUDGET);
-        assert_eq!(rows, vec![0, (1 << 31) - 1]);
-        let rows = sample_rows(&p(usize::MAX, 1, 16, 1), 1 << 20);
-        assert_eq!((rows.len(), rows[0], *rows.last().unwrap()), (65536, 0, usize::MAX - 1));
+        assert_eq!(rows(&p(1 << 31, 1 << 31, 1 << 31, 1 << 31), SAMPLE_BUDGET), vec![0, (1 << 31) - 1]);
+        let r = rows(&p(usize::MAX, 1, 16, 1), 1 << 20);
+        assert_eq!((r.len(), r[0], *r.last().unwrap()), (65536, 0, usize::MAX - 1));
+        // A review probe: a zero N, K or L made every row free, so all of a huge M was listed
+        // (an abort); a budget covering a huge M asks for a list the host cannot hold.
+        assert_eq!(rows(&p(usize::MAX, 0, 32, 1), 1 << 10).len(), 1 << 10);
+        assert_eq!(rows(&p(1 << 40, 8, 0, 1), 1 << 10).len(), 1 << 10);
+        assert!(matches!(sample_rows(&p(usize::MAX, 8, 32, 1), u128::MAX), Err(Error::HostMemory { .. })));
     }
 }

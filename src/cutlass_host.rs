@@ -257,8 +257,8 @@ pub fn reference_fp4(p: &Problem, a: &[u8], sfa: &[u8], b: &[u8], sfb: &[u8], c:
         return Err(Error::InvalidData { what: "SFD layout", detail: format!("CUTLASS's SFD layout spans {cosize} bytes, the buffer {}", p.sfd_bytes()) });
     }
     let c = c.filter(|_| p.beta != 0.0).unwrap_or(&[]);
-    let mut d = vec![0u8; p.cd_elems() / 2];
-    let mut sfd = vec![0u8; p.sfd_bytes()];
+    let mut d = try_zeros::<u8>("D", p.cd_elems() / 2)?;
+    let mut sfd = try_zeros::<u8>("SFD", p.sfd_bytes())?;
     let ue8m0 = format == SfdFormat::Ue8m0;
     bridge::host_gemm_fp4(p.m as i32, p.n as i32, p.k as i32, p.l as i32, a, sfa, b, sfb, c, p.alpha, p.beta, p.norm_constant, ue8m0, &mut d, &mut sfd);
     Ok((d, sfd))

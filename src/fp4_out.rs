@@ -83,7 +83,8 @@ fn min_nan(l: f32, r: f32) -> f32 {
 }
 
 /// Quantizes one group of 16 epilogue values: returns the SFD byte and writes the e2m1 codes of
-/// `v` into `codes`.
+/// `v` into `codes`. `norm_constant` must be finite and positive ([`Problem::check_norm_constant`]);
+/// other values give meaningless bytes (CUTLASS's arithmetic, unchecked).
 pub fn quantize_group(v: &[f32; SF_VEC], norm_constant: f32, format: SfdFormat, codes: &mut [u8; SF_VEC]) -> u8 {
     // `1.0f / 6.0f` with 6 = numeric_limits<float_e2m1_t>::max().
     let st_scaled_down = norm_constant * (1.0f32 / 6.0f32);
@@ -108,9 +109,11 @@ pub(crate) fn check_whole_groups(n: usize) -> Result<()> {
 /// (two roundings, no fused multiply-add) when beta != 0, then [`quantize_group`] per 16
 /// columns. Returns D, (L, M, N/2) packed bytes, and SFD, `p.sfd_bytes()` bytes with zero
 /// padding. Fails where N is not a multiple of 16, `acc` or a given `c` does not hold L * M * N
-/// values, or beta != 0 has no `c`.
+/// values, beta != 0 has no `c`, or the norm constant is not finite and positive (as
+/// `gemm_fp4`).
 pub fn epilogue(p: &Problem, acc: &[f32], c: Option<&[f32]>, format: SfdFormat) -> Result<(Vec<u8>, Vec<u8>)> {
     let (m, n) = (p.m, p.n);
+    p.check_norm_constant()?;
     check_whole_groups(n)?;
     check_len("accumulators", acc.len(), p.cd_elems(), "L * M * N")?;
     check_c(p, c.map(<[f32]>::len))?;
@@ -148,6 +151,18 @@ pub fn epilogue(p: &Problem, acc: &[f32], c: Option<&[f32]>, format: SfdFormat) 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A review probe: the epilogue took any norm constant (NaN gave NaN scale bytes, -1 flipped
+    /// every sign); it refuses what `gemm_fp4` refuses.
+    #[test]
+    fn the_epilogue_checks_its_norm_constant() {
+        let acc = [1.0f32; 16];
+        for bad in [f32::NAN, -1.0, 0.0, f32::INFINITY] {
+            let p = Problem::new(1, 16, 32).norm_constant(bad);
+            assert!(matches!(epilogue(&p, &acc, None, SfdFormat::Ue4m3), Err(Error::NormConstant { .. })), "{bad}");
+        }
+        assert!(epilogue(&Problem::new(1, 16, 32).norm_constant(1.0), &acc, None, SfdFormat::Ue4m3).is_ok());
+    }
 
     #[test]
     fn conversions_at_their_corners() {

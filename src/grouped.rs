@@ -295,7 +295,8 @@ pub fn reference_moe<T: OutputElement>(x: &Nvfp4Matrix, w: &Nvfp4Matrix, offsets
     }
     let folded = folded_alpha(alpha, x.global_scale().unwrap_or(1.0), w.global_scale().unwrap_or(1.0))?;
     let n = w.rows();
-    let mut out = vec![T::from_f64(0.0); x.rows() * n];
+    let len = crate::error::checked_product("the reference's output", "T * N elements", &[("T", x.rows()), ("N", n)])?;
+    let mut out = crate::error::try_filled("the reference's output", len, T::from_f64(0.0))?;
     for e in 0..experts {
         let (r0, r1) = (offsets[e] as usize, offsets[e + 1] as usize);
         if r0 == r1 {

@@ -49,14 +49,14 @@ impl SplitMix64 {
         let u2 = self.unit();
         (-2.0 * u1.ln()).sqrt() * (2.0 * std::f64::consts::PI * u2).cos()
     }
-    /// Fills a byte vector.
-    pub fn bytes(&mut self, n: usize) -> Vec<u8> {
-        let mut v = Vec::with_capacity(n + 8);
-        while v.len() < n {
-            v.extend_from_slice(&self.next_u64().to_le_bytes());
+    /// `n` random bytes, or [`Error::HostMemory`] where the host cannot hold them.
+    pub fn bytes(&mut self, n: usize) -> Result<Vec<u8>> {
+        let mut v = try_zeros::<u8>("random bytes", n)?;
+        for chunk in v.chunks_mut(8) {
+            let r = self.next_u64().to_le_bytes();
+            chunk.copy_from_slice(&r[..chunk.len()]);
         }
-        v.truncate(n);
-        v
+        Ok(v)
     }
 }
 
@@ -260,10 +260,11 @@ impl Nvfp4Matrix {
         self
     }
 
-    /// All values as f32, (batch, rows, k) row-major: `e2m1 * scale * global_scale`.
-    pub fn dequantize(&self) -> Vec<f32> {
+    /// All values as f32, (batch, rows, k) row-major: `e2m1 * scale * global_scale`;
+    /// [`Error::HostMemory`] where the host cannot hold them (8 times the packed values).
+    pub fn dequantize(&self) -> Result<Vec<f32>> {
         let g = self.global_scale.unwrap_or(1.0);
-        let mut out = Vec::with_capacity(self.batch * self.rows * self.k);
+        let mut out = try_vec("dequantized values", self.batch * self.rows * self.k)?;
         for l in 0..self.batch {
             for r in 0..self.rows {
                 for kk in 0..self.k {
@@ -271,7 +272,7 @@ impl Nvfp4Matrix {
                 }
             }
         }
-        out
+        Ok(out)
     }
 
     /// Value of element (l, r, k) without the global scale: `e2m1 * scale`.
@@ -495,6 +496,15 @@ pub(crate) fn pair_problem(a: &Nvfp4Matrix, b: &Nvfp4Matrix, alpha: f32, beta: f
 mod tests {
     use super::*;
 
+    /// A review probe: `bytes(usize::MAX)` wrapped its capacity and grew until memory ran out.
+    #[test]
+    fn random_bytes_are_fallible_and_unchanged() {
+        assert!(matches!(SplitMix64::new(1).bytes(usize::MAX), Err(Error::HostMemory { .. })));
+        let mut r = SplitMix64::new(7);
+        let want: Vec<u8> = (0..2).flat_map(|_| r.next_u64().to_le_bytes()).take(13).collect();
+        assert_eq!(SplitMix64::new(7).bytes(13).unwrap(), want);
+    }
+
     #[test]
     fn from_parts_checks_everything() {
         let ok = Nvfp4Matrix::from_parts(3, 32, 1, vec![0; 48], vec![0; 512], None);
@@ -558,7 +568,7 @@ mod tests {
         // No block is all zeros (contest data has a quarter of them); the scales sit near max|x| / 6.
         let sf = m.scales_row_major().unwrap();
         assert!(sf.iter().all(|&b| (0.05..=1.0).contains(&ue4m3_to_f32(b))), "{sf:?}");
-        let d = m.dequantize();
+        let d = m.dequantize().unwrap();
         let mean_sq = d.iter().map(|v| f64::from(*v).powi(2)).sum::<f64>() / d.len() as f64;
         assert!((0.8..1.2).contains(&mean_sq), "{mean_sq}");
         assert_ne!(m, Nvfp4Matrix::random_gaussian(130, 64, 2, 8).unwrap());
@@ -577,7 +587,7 @@ mod tests {
         let q = Nvfp4Matrix::quantize(&v, (1, 1, 16), None).unwrap();
         assert_eq!(q.global_scale(), Some(1.0));
         assert_eq!(q.scale(0, 0, 0), 0x7E);
-        let d = q.dequantize();
+        let d = q.dequantize().unwrap();
         assert_eq!(&d[..6], &[2688.0, -896.0, 448.0, 1792.0, 0.0, 224.0]);
     }
 
@@ -585,13 +595,13 @@ mod tests {
     fn quantizer_zero_and_non_finite() {
         let z = Nvfp4Matrix::quantize(&[0.0; 64], (1, 2, 32), None).unwrap();
         assert_eq!(z.global_scale(), Some(1.0));
-        assert!(z.dequantize().iter().all(|&x| x == 0.0));
+        assert!(z.dequantize().unwrap().iter().all(|&x| x == 0.0));
         // A block tiny next to the tensor's amax gets scale 0 and stores zeros.
         let mut v = vec![1e-12f32; 32];
         v[16] = 1e6;
         let q = Nvfp4Matrix::quantize(&v, (1, 1, 32), None).unwrap();
         assert_eq!(q.scale(0, 0, 0), 0);
-        assert!(q.dequantize()[..16].iter().all(|&x| x == 0.0));
+        assert!(q.dequantize().unwrap()[..16].iter().all(|&x| x == 0.0));
         let mut bad = vec![1f32; 32];
         bad[17] = f32::NAN;
         let e = Nvfp4Matrix::quantize(&bad, (1, 1, 32), None).unwrap_err();
@@ -611,7 +621,7 @@ mod tests {
         assert_eq!(g, f32::MIN_POSITIVE);
         assert!(q.scales().iter().all(|&b| b != E4M3_NAN), "{:?}", q.scales_row_major().unwrap());
         assert_eq!(q.scales_row_major().unwrap(), vec![0, 0], "the zero block and the one below 2^-136 get scale 0");
-        assert!(q.dequantize().iter().all(|&x| x == 0.0));
+        assert!(q.dequantize().unwrap().iter().all(|&x| x == 0.0));
         // Every finite amax gives a finite, normal, positive global scale.
         for amax in [f32::from_bits(1), 1e-43, 1e-40, 3e-35, 1.0, 1e38, f32::MAX] {
             let g = computed_global_scale(amax);
@@ -629,7 +639,7 @@ mod tests {
             let g = q.global_scale().unwrap();
             assert_eq!(g, f32::MIN_POSITIVE);
             assert!(q.scales().iter().all(|&b| b != E4M3_NAN));
-            for (i, (a, d)) in x.iter().zip(q.dequantize()).enumerate() {
+            for (i, (a, d)) in x.iter().zip(q.dequantize().unwrap()).enumerate() {
                 let s = ue4m3_to_f32(q.scale(0, i / 32, (i % 32) / 16)) * g;
                 let within = if strict { (a - d).abs() <= s * 1.0001 } else { (a - d).abs() <= a.abs().max(s) && (d == 0.0 || d.signum() == a.signum()) };
                 assert!(d.is_finite() && within, "sigma {sigma}, element {i}: {a} -> {d}, scale {s}");
@@ -643,7 +653,7 @@ mod tests {
         assert!((16..32).all(|kk| q.code(0, 0, kk) == 0));
         // Huge values stay finite.
         let q = Nvfp4Matrix::quantize(&[1e38f32; 16], (1, 1, 16), None).unwrap();
-        assert!(q.dequantize().iter().all(|x| x.is_finite() && (x - 1e38).abs() <= 1e38 * 0.07));
+        assert!(q.dequantize().unwrap().iter().all(|x| x.is_finite() && (x - 1e38).abs() <= 1e38 * 0.07));
     }
 
     /// Issue 25, finding 5: shapes whose counts overflow are typed errors, not panics.
@@ -670,7 +680,7 @@ mod tests {
         let (rows, k) = (256, 1024);
         let x: Vec<f32> = (0..rows * k).map(|_| rng.normal() as f32).collect();
         let q = Nvfp4Matrix::quantize(&x, (1, rows, k), None).unwrap();
-        let d = q.dequantize();
+        let d = q.dequantize().unwrap();
         let num: f64 = x.iter().zip(&d).map(|(a, b)| (*a as f64 - *b as f64).powi(2)).sum();
         let den: f64 = x.iter().map(|a| (*a as f64).powi(2)).sum();
         let rel = (num / den).sqrt();
@@ -725,7 +735,7 @@ mod tests {
         let given = Nvfp4Matrix::quantize(&x, (1, 2, 32), Some(2.0 * g)).unwrap();
         assert_eq!(given.global_scale(), Some(2.0 * g));
         assert_ne!(given.scales(), own.scales());
-        for (i, (a, b)) in x.iter().zip(given.dequantize()).enumerate() {
+        for (i, (a, b)) in x.iter().zip(given.dequantize().unwrap()).enumerate() {
             let s = ue4m3_to_f32(given.scale(0, i / 32, (i % 32) / 16)) * 2.0 * g;
             assert!((a - b).abs() <= s * 1.0001, "element {i}: {a} -> {b}, scale {s}");
         }

@@ -574,7 +574,7 @@ fn cutlass_sfd_layout_spans_the_rust_buffer() {
 /// Random operands of one case: values random bytes, scales drawn from `scales` (row-major,
 /// then tiled).
 fn operand(rows: usize, k: usize, l: usize, rng: &mut SplitMix64, scales: &[u8]) -> Nvfp4Matrix {
-    let data = rng.bytes(l * rows * k / 2);
+    let data = rng.bytes(l * rows * k / 2).unwrap();
     let sf: Vec<u8> = (0..l * rows * k / 16).map(|_| scales[rng.below(scales.len() as u64) as usize]).collect();
     Nvfp4Matrix::from_parts(rows, k, l, data, to_tiled(&sf, rows, k / 16, l).unwrap(), None).unwrap()
 }

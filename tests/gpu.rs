@@ -744,7 +744,7 @@ fn fp4_output_chains_into_the_next_gemm() -> Outcome {
     }
     // And the chain approximates the f32 product: D1 carries FP4 rounding only.
     let exact: Vec<f32> = {
-        let b2f = b2.dequantize();
+        let b2f = b2.dequantize().unwrap();
         (0..m).flat_map(|i| { let acc = &acc; let b2f = &b2f; (0..n2).map(move |j| (0..n).map(|t| acc[i * n + t] as f64 * b2f[j * n + t] as f64).sum::<f64>() as f32) }).collect()
     };
     let rel = got2.iter().zip(&exact).map(|(x, y)| (x - y).powi(2) as f64).sum::<f64>().sqrt() / exact.iter().map(|y| (*y as f64).powi(2)).sum::<f64>().sqrt();
@@ -808,7 +808,7 @@ fn general_data_passes_the_verdict() -> Outcome {
     }
     let general = |rows: usize, k: usize, l: usize, salt: u64| {
         let mut rng = blockscaled_gemm::SplitMix64::new(seed() ^ salt);
-        let data = rng.bytes(l * rows * k / 2);
+        let data = rng.bytes(l * rows * k / 2).unwrap();
         let sf: Vec<u8> = (0..l * rows * k / 16).map(|_| 0x10 + rng.below(0x49) as u8).collect();
         Nvfp4Matrix::from_parts(rows, k, l, data, blockscaled_gemm::layout::to_tiled(&sf, rows, k / 16, l).unwrap(), None).unwrap()
     };
@@ -2032,7 +2032,7 @@ fn decoded_activations_same_bits_as_gemm() -> Outcome {
 /// General NVFP4 weights: every e2m1 code, scales 0x10 to 0x58, global scale `g`.
 fn general_weights(rows: usize, k: usize, l: usize, g: f32, salt: u64) -> Nvfp4Matrix {
     let mut rng = blockscaled_gemm::SplitMix64::new(seed() ^ salt);
-    let data = rng.bytes(l * rows * k / 2);
+    let data = rng.bytes(l * rows * k / 2).unwrap();
     let sf: Vec<u8> = (0..l * rows * k / 16).map(|_| 0x10 + rng.below(0x49) as u8).collect();
     Nvfp4Matrix::from_parts(rows, k, l, data, blockscaled_gemm::layout::to_tiled(&sf, rows, k / 16, l).unwrap(), Some(g)).unwrap()
 }
@@ -2115,7 +2115,7 @@ fn w4a16_bf16_in_and_out_of_f16_range_exact() -> Outcome {
     let (l, n, k) = (2, 256, 1024);
     let mut rng = blockscaled_gemm::SplitMix64::new(seed() ^ 0x4A17);
     // Codes of every kind, scales 1.0 (ue4m3 0x38), no global scale: weights in {0, +-0.5 .. +-6}.
-    let w = Nvfp4Matrix::from_parts(n, k, l, rng.bytes(l * n * k / 2), blockscaled_gemm::layout::to_tiled(&vec![0x38u8; l * n * k / 16], n, k / 16, l).unwrap(), None).unwrap();
+    let w = Nvfp4Matrix::from_parts(n, k, l, rng.bytes(l * n * k / 2).unwrap(), blockscaled_gemm::layout::to_tiled(&vec![0x38u8; l * n * k / 16], n, k / 16, l).unwrap(), None).unwrap();
     let small_m: Vec<Config> = Config::ALL.iter().copied().filter(|c| c.is_built_w4a16(OutType::F32) && c.info().streams() && c.info().tile[0] <= 16).collect();
     if small_m.is_empty() {
         return Err("no W4A16 stream config of at most 16 rows in this build".into());
@@ -2206,8 +2206,8 @@ fn w4a16_same_bits_as_nvfp4_gemm() -> Outcome {
     for m in [5, 16, 40, 130] {
         let a = general_weights(m, k, l, 1.0, 0x4A50 + m as u64).without_global_scale();
         let b = general_weights(n, k, l, 1.0, 0x4A60 + m as u64).without_global_scale();
-        let x: Vec<f16> = a.dequantize().iter().map(|&v| f16::from_f32(v)).collect();
-        assert!(x.iter().zip(a.dequantize()).all(|(h, v)| h.to_f32() == v), "NVFP4 values are f16 values");
+        let x: Vec<f16> = a.dequantize().unwrap().iter().map(|&v| f16::from_f32(v)).collect();
+        assert!(x.iter().zip(a.dequantize().unwrap()).all(|(h, v)| h.to_f32() == v), "NVFP4 values are f16 values");
         let p = Problem::new(m, n, k).batch(l);
         for c in Config::ALL.iter().copied().filter(|c| c.is_built_w4a16(OutType::F32)) {
             let (_, want) = run_poisoned::<f32>(&g, &a, &b, 1.0, 0.0, &[], Some(c));

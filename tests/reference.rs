@@ -8,7 +8,7 @@ use half::{bf16, f16};
 /// bit for bit after the same final rounding.
 fn naive<T: OutputElement>(a: &Nvfp4Matrix, b: &Nvfp4Matrix, alpha: f32, beta: f32, c: Option<&[T]>) -> Vec<T> {
     let (m, n, k, l) = (a.rows(), b.rows(), a.k(), a.batch());
-    let (da, db) = (a.dequantize(), b.dequantize());
+    let (da, db) = (a.dequantize().unwrap(), b.dequantize().unwrap());
     let mut out = Vec::with_capacity(l * m * n);
     for li in 0..l {
         for i in 0..m {

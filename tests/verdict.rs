@@ -12,7 +12,7 @@ use half::{bf16, f16};
 /// (2^-5 ..= 16).
 fn general(rows: usize, k: usize, l: usize, seed: u64) -> Nvfp4Matrix {
     let mut rng = SplitMix64::new(seed);
-    let data = rng.bytes(l * rows * k / 2);
+    let data = rng.bytes(l * rows * k / 2).unwrap();
     let sf: Vec<u8> = (0..l * rows * k / 16).map(|_| 0x10 + rng.below(0x49) as u8).collect();
     Nvfp4Matrix::from_parts(rows, k, l, data, to_tiled(&sf, rows, k / 16, l).unwrap(), None).unwrap()
 }
@@ -92,7 +92,7 @@ fn sum(p: &[f32], order: Order) -> f32 {
 fn gpu_model<T: OutputElement>(a: &Nvfp4Matrix, b: &Nvfp4Matrix, alpha: f32, beta: f32, c: Option<&[T]>, order: Order) -> Vec<T> {
     let (m, n, k, l) = (a.rows(), b.rows(), a.k(), a.batch());
     // e2m1 * scale, exact in f32 (no global scale here).
-    let (da, db) = (a.dequantize(), b.dequantize());
+    let (da, db) = (a.dequantize().unwrap(), b.dequantize().unwrap());
     let mut out = Vec::with_capacity(l * m * n);
     let mut products = vec![0f32; k];
     for li in 0..l {

@@ -219,7 +219,7 @@ pub fn bench_case(cli: &Cli, gemm: &BlockScaledGemm, stream: &Arc<CudaStream>, l
         Err(blockscaled_gemm::Error::UnsupportedDevice { .. }) => None,
         Err(e) => return Err(e.into()),
     };
-    let x16: Vec<bf16> = if w4a16_workspace.is_some() { x.dequantize().iter().map(|&v| bf16::from_f32(v)).collect() } else { Vec::new() };
+    let x16: Vec<bf16> = if w4a16_workspace.is_some() { x.dequantize()?.iter().map(|&v| bf16::from_f32(v)).collect() } else { Vec::new() };
     let a16_sets = if w4a16_workspace.is_some() { (0..n_sets).map(|_| stream.clone_htod(&x16)).collect::<Result<Vec<CudaSlice<bf16>>, _>>()? } else { Vec::new() };
     workspace = workspace.max(w4a16_workspace.unwrap_or(0));
     gemm.reserve_workspace(workspace)?;
