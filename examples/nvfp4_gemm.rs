@@ -343,6 +343,12 @@ fn check_host_memory(cli: &Cli, p: &Problem, extra_bytes: f64) -> Result<(), Exi
     }
     // D once more, encoded for --save or the report.
     need += cd * elem;
+    if cli.save.is_some() {
+        // --save copies A, B, their scales and C into its tensors, then the file's bytes hold
+        // them all once more (and D).
+        let operands = [p.a_bytes(), p.b_bytes(), p.sfa_bytes(), p.sfb_bytes()].iter().map(|&x| x as f64).sum::<f64>();
+        need += 2.0 * operands + cd * elem + if cli.beta != 0.0 { 2.0 * cd * elem } else { 0.0 };
+    }
     if cli.device == DeviceArg::Cpu {
         // The reference decodes one batch of B (an i8 value and, per 16, an i64 and an f64
         // scale: 2 bytes a value); W4A16's keeps two f64 sums an output until it rounds them.
@@ -795,7 +801,14 @@ fn load<T: OutputElement + safetensors_dtype::HasDtype>(path: &PathBuf, beta: f3
             }
         }
     }
-    let bytes = std::fs::read(path).map_err(|e| bad(format!("{}: cannot read: {e}", path.display())))?;
+    // At most the length the file reported: a procfs file says 0 and may never end.
+    let bytes = {
+        use std::io::Read;
+        let len = std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
+        let mut bytes = Vec::new();
+        std::fs::File::open(path).and_then(|f| f.take(len).read_to_end(&mut bytes)).map_err(|e| bad(format!("{}: cannot read: {e}", path.display())))?;
+        bytes
+    };
     let st = SafeTensors::deserialize(&bytes).map_err(|e| bad(format!("{}: not a safetensors file: {e}", path.display())))?;
     let get = |name: &str| st.tensor(name).map_err(|_| bad(format!("{}: no tensor `{name}`", path.display())));
     let (a, b) = (get("a")?, get("b")?);
@@ -935,11 +948,25 @@ fn save<T: OutputElement + safetensors_dtype::HasDtype>(cli: &Cli, inputs: &Inpu
 fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     use std::io::Write;
     let name = path.file_name().ok_or_else(|| std::io::Error::new(std::io::ErrorKind::InvalidInput, "not a file name"))?;
+    // Only a regular file is replaced (the rename would put a file in place of a device, a FIFO
+    // or a symlink itself), and it keeps its permissions.
+    let old = match std::fs::symlink_metadata(path) {
+        Ok(m) if !m.file_type().is_file() => {
+            return Err(std::io::Error::new(std::io::ErrorKind::InvalidInput, "exists and is not a regular file (a device, FIFO, symlink or directory is not replaced)"));
+        }
+        Ok(m) => Some(m.permissions()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+        Err(e) => return Err(e),
+    };
     let tmp = path.with_file_name(format!(".{}.partial-{}", name.to_string_lossy(), std::process::id()));
     ignore_sigxfsz();
     // create_new: never truncate a file this run did not make (and so never remove one).
     let mut f = std::fs::File::create_new(&tmp)?;
-    let written = f.write_all(bytes).and_then(|_| f.sync_all()).and_then(|_| std::fs::rename(&tmp, path));
+    let written = f
+        .write_all(bytes)
+        .and_then(|_| f.sync_all())
+        .and_then(|_| old.map_or(Ok(()), |perm| std::fs::set_permissions(&tmp, perm)))
+        .and_then(|_| std::fs::rename(&tmp, path));
     if written.is_err() {
         let _ = std::fs::remove_file(&tmp);
     }

@@ -823,3 +823,28 @@ fn inputs_that_are_not_regular_files_are_refused() {
         assert!(e.contains("not a regular file") && e.contains(&*fifo.to_string_lossy()), "{flag:?}: {e}");
     }
 }
+
+/// Probe findings: --save renamed its file over whatever the path held (a device node such as
+/// /dev/full, a FIFO, a symlink itself) and reset a read-only file's permissions; --input read a
+/// procfs file that reports length 0 without end.
+#[cfg(unix)]
+#[test]
+fn save_replaces_only_regular_files_and_input_reads_its_length() {
+    use std::os::unix::fs::PermissionsExt;
+    let target = tmp("save-target.safetensors");
+    std::fs::write(&target, b"keep").unwrap();
+    let link = tmp("save-link.safetensors");
+    std::os::unix::fs::symlink(&target, &link).unwrap();
+    let args = ["--device", "cpu", "--m", "1", "--n", "32", "--k", "32", "--save", link.to_str().unwrap()];
+    refused(&args, "exists and is not a regular file");
+    assert!(std::fs::symlink_metadata(&link).unwrap().file_type().is_symlink());
+    assert_eq!(std::fs::read(&target).unwrap(), b"keep");
+    let ro = tmp("save-readonly.safetensors");
+    std::fs::write(&ro, b"old").unwrap();
+    std::fs::set_permissions(&ro, std::fs::Permissions::from_mode(0o444)).unwrap();
+    run_ok(&["--device", "cpu", "--m", "1", "--n", "32", "--k", "32", "--save", ro.to_str().unwrap()]);
+    assert_eq!(std::fs::metadata(&ro).unwrap().permissions().mode() & 0o777, 0o444);
+    if Path::new("/proc/self/pagemap").exists() {
+        refused(&["--device", "cpu", "--input", "/proc/self/pagemap"], "not a safetensors file");
+    }
+}
