@@ -788,23 +788,26 @@ fn from_checkpoint<T: OutputElement>(cli: &Cli, path: &PathBuf) -> Result<Inputs
 }
 
 fn load<T: OutputElement + safetensors_dtype::HasDtype>(path: &PathBuf, beta: f32) -> Result<Inputs<T>, Exit> {
-    // Not a FIFO or a device: reading one would block or never end.
-    if let Ok(m) = std::fs::metadata(path) {
-        if !m.is_file() {
-            return Err(bad(format!("{}: not a regular file", path.display())));
-        }
-        // The file and the operands copied out of it are in memory at once before any other
-        // check.
-        if let Some(available) = mem_available()? {
-            if m.len().saturating_mul(2) > available {
-                return Err(bad(format!("{}: {} bytes, read and copied, need about twice that; {available} bytes of host memory are available", path.display(), m.len())));
+    // Not a FIFO or a device: reading one would block or never end. The length read is the one
+    // checked here: a procfs file reports 0 and may never end.
+    let len = match std::fs::metadata(path) {
+        Ok(m) => {
+            if !m.is_file() {
+                return Err(bad(format!("{}: not a regular file", path.display())));
             }
+            // The file and the operands copied out of it are in memory at once before any other
+            // check.
+            if let Some(available) = mem_available()? {
+                if m.len().saturating_mul(2) > available {
+                    return Err(bad(format!("{}: {} bytes, read and copied, need about twice that; {available} bytes of host memory are available", path.display(), m.len())));
+                }
+            }
+            m.len()
         }
-    }
-    // At most the length the file reported: a procfs file says 0 and may never end.
+        Err(_) => 0, // the open below names the error
+    };
     let bytes = {
         use std::io::Read;
-        let len = std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
         let mut bytes = Vec::new();
         std::fs::File::open(path).and_then(|f| f.take(len).read_to_end(&mut bytes)).map_err(|e| bad(format!("{}: cannot read: {e}", path.display())))?;
         bytes
