@@ -311,10 +311,23 @@ impl Problem {
 
     /// SM100's limits beyond [`Self::validate`]: CUTLASS builds its scale-factor layouts from
     /// 32-bit extents, so SFA, SFB and (FP4 output) SFD must each span at most `i32::MAX` bytes;
-    /// and its launch grid holds the N tiles (of 64 at the narrowest) and L in y and z, at most
-    /// 65535 each.
+    /// with L > 1 its batch strides (M * K, N * K and M * N elements) are products of two `int`s,
+    /// so each must be at most `i32::MAX`; and its launch grid holds the N tiles (of 64 at the
+    /// narrowest) and L in y and z, at most 65535 each.
     pub fn check_sm100(&self, out: OutType) -> Result<()> {
         self.check_sm100_scales(out)?;
+        if self.l > 1 {
+            // CUTLASS's make_cute_packed_stride sets a batch's stride to `int64_t(rows * cols)`,
+            // the product taken in `int`: from 2^31 it wraps, and batch 1 onwards is addressed at
+            // that wrapped offset. One batch gets stride 0.
+            let (m, n, k) = (self.m, self.n, self.k);
+            let strides = [("A batch stride", "M * K elements", product(&[m, k])), ("B batch stride", "N * K elements", product(&[n, k])), ("C and D batch stride", "M * N elements", product(&[m, n]))];
+            for (what, rule, value) in strides {
+                if value > i32::MAX as u128 {
+                    return Err(Error::SizeLimit { what, rule, dims: format!("M = {m}, N = {n}, K = {k}, L = {}", self.l), value, max: i32::MAX as u128, why: "CUTLASS's SM100 batched strides are products of 32-bit ints (L > 1)" });
+                }
+            }
+        }
         // CUTLASS's SM100 scheduler launches the tiles along N in the grid's y and L in z (at most
         // 65535 each); the narrowest config's tiles are 64 wide (a wider config refuses more).
         let grid = [("N tiles of 64", "ceil(N / 64)", self.n.div_ceil(64) as u128), ("L", "L", self.l as u128)];
@@ -480,6 +493,26 @@ mod tests {
         assert!(matches!(e, Error::SizeLimit { what: "SFD bytes", value, .. } if value == 1 << 31), "{e}");
         let e = Problem::new(64, 1 << 29, 64).check_sm100(OutType::Bf16).unwrap_err();
         assert!(matches!(e, Error::SizeLimit { what: "SFB bytes", .. }), "{e}");
+    }
+
+    /// SM100 batch strides (CUTLASS's `int` products M*K, N*K, M*N) wrap from 2^31 with L > 1:
+    /// refused there, at the edge, with each stride named; one batch and just below are taken.
+    #[test]
+    fn sm100_batch_strides_fit_in_i32() {
+        for (p, what) in [
+            (Problem::new(1 << 16, 64, 1 << 15), "A batch stride"),
+            (Problem::new(64, 1 << 16, 1 << 15), "B batch stride"),
+            (Problem::new(1 << 15, 1 << 16, 64), "C and D batch stride"),
+        ] {
+            p.batch(1).check_sm100(OutType::F16).unwrap();
+            for out in [OutType::F16, OutType::Nvfp4] {
+                let e = p.batch(2).check_sm100(out).unwrap_err();
+                assert!(matches!(e, Error::SizeLimit { what: w, value, max: 2147483647, .. } if w == what && value == 1 << 31), "{e}");
+                assert!(e.to_string().contains("L = 2") && e.to_string().contains("SM100"), "{e}");
+            }
+        }
+        Problem::new((1 << 15) - 1, 1 << 16, 64).batch(2).check_sm100(OutType::F16).unwrap();
+        Problem::new(1 << 16, 64, (1 << 15) - 32).batch(2).check_sm100(OutType::F16).unwrap();
     }
 
     /// Sizes at the kernels' 32-bit limits and byte counts beyond 64 bits: typed errors that
