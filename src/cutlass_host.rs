@@ -3,7 +3,7 @@
 //! the Rust layout and validator to CUTLASS's own.
 
 use crate::dispatch::Config;
-use crate::error::{check_len, checked_product, try_zeros, Error, Result};
+use crate::error::{check_len, checked_product, try_vec, try_zeros, Error, Result};
 use crate::sys::{self as bridge, KernelArgs};
 use crate::problem::{check_operand_lens, OutType, Problem, SfdFormat};
 
@@ -103,24 +103,30 @@ pub struct GroupDescription {
 }
 
 /// The values the shim's describe flattens, read back against the bases (A, B, SFA, SFB, D,
-/// SFD, C) the call used.
-fn read_description(v: &[i64], base: [u64; 7], fp4: bool) -> GroupDescription {
+/// SFD, C) the call used. The offset lists take about as much host memory as `v` again: an
+/// [`Error::HostMemory`] where the host cannot give it.
+fn read_description(v: &[i64], base: [u64; 7], fp4: bool) -> Result<GroupDescription> {
     let rel = |x: i64, base: u64| (x as u64).wrapping_sub(base);
     let (m, n, k) = (v[0] as usize, v[1] as usize, v[2] as usize);
     let sf_cols = k / 16;
     const HEAD: usize = 15;
     let sfb_end = HEAD + (m + n) * sf_cols;
-    GroupDescription {
+    let offsets = |what: &'static str, part: &[i64], base: u64| -> Result<Vec<u64>> {
+        let mut out = try_vec(what, part.len())?;
+        out.extend(part.iter().map(|&x| rel(x, base)));
+        Ok(out)
+    };
+    Ok(GroupDescription {
         shape: [m, n, k],
         a: rel(v[3], base[0]), b: rel(v[4], base[1]), sfa: rel(v[5], base[2]), sfb: rel(v[6], base[3]), d: rel(v[7], base[4]),
         alpha: f32::from_bits(v[8] as u32),
         ld: [v[9] as usize, v[10] as usize, v[11] as usize],
-        sfa_offsets: v[HEAD..HEAD + m * sf_cols].iter().map(|&x| rel(x, base[2])).collect(),
-        sfb_offsets: v[HEAD + m * sf_cols..sfb_end].iter().map(|&x| rel(x, base[3])).collect(),
+        sfa_offsets: offsets("the group's SFA offsets", &v[HEAD..HEAD + m * sf_cols], base[2])?,
+        sfb_offsets: offsets("the group's SFB offsets", &v[HEAD + m * sf_cols..sfb_end], base[3])?,
         sfd: if fp4 { rel(v[12], base[5]) } else { 0 },
-        sfd_offsets: v[sfb_end..].iter().map(|&x| rel(x, base[5])).collect(),
+        sfd_offsets: offsets("the group's SFD offsets", &v[sfb_end..], base[5])?,
         c: (v[13] != 0).then(|| (rel(v[13], base[6]), v[14] as usize)),
-    }
+    })
 }
 
 /// Calls a shim describe twice (for the count, then the values); `None` for a kernel that
@@ -133,7 +139,8 @@ fn describe_values(what: &'static str, call: impl Fn(&mut [i64]) -> i64) -> Resu
     if need < 15 {
         return Err(Error::InvalidData { what, detail: format!("the shim answered {need}") });
     }
-    let mut v = vec![0i64; need as usize];
+    // Up to about 3 * 2^31 values within the SM100 limits: fallible, as the caller chose the size.
+    let mut v = try_zeros::<i64>(what, need as usize)?;
     let got = call(&mut v);
     if got != need {
         return Err(Error::InvalidData { what, detail: format!("the shim answered {got}, then {need}") });
@@ -152,6 +159,10 @@ pub fn describe_grouped(config: Config, out: OutType, p: &crate::grouped::MoePro
         return Err(Error::NotBuilt { config, out });
     }
     p.validate(out)?;
+    if config.info().arch == 100 {
+        // The kernel's own check refuses these: its typed error rather than the shim's -1.
+        p.check_sm100(out)?;
+    }
     check_len("offsets", offsets.len(), p.experts + 1, "E + 1 expert offsets")?;
     if let Some(s) = expert_scales {
         check_len("expert_scales", s.len(), p.experts, "one per expert")?;
@@ -168,7 +179,7 @@ pub fn describe_grouped(config: Config, out: OutType, p: &crate::grouped::MoePro
     // SAFETY: offsets and expert_scales are host slices of the lengths checked above; the
     // builder reads nothing else.
     let v = describe_values("describe_grouped", |values| unsafe { bridge::describe_grouped(config.info().index, out.index(), &args, expert as i32, values) })?;
-    Ok(v.map(|v| read_description(&v, BASE, out.sfd().is_some())))
+    v.map(|v| read_description(&v, BASE, out.sfd().is_some())).transpose()
 }
 
 /// One list-form group as the host would place it on the device, for [`describe_grouped_list`]:
@@ -213,7 +224,7 @@ pub fn describe_grouped_list(config: Config, out: OutType, p: &crate::grouped_li
     // SAFETY: problems holds 3G int32, each address array and alphas G entries, all host
     // vectors alive across the calls; the builder reads nothing else.
     let v = describe_values("describe_grouped_list", |values| unsafe { bridge::describe_grouped_list(config.info().index, out.index(), &args, group as i32, values) })?;
-    Ok(v.map(|v| read_description(&v, BASE, out.sfd().is_some())))
+    v.map(|v| read_description(&v, BASE, out.sfd().is_some())).transpose()
 }
 
 /// Workspace bytes the kernel of `config` with `out` output asks for on `p` with `split_k` K

@@ -239,7 +239,9 @@ pub fn moe_scales(x: &Nvfp4Matrix, offsets: &[i32]) -> Result<Vec<u8>> {
     }
     let p = MoeProblem::new(x.rows(), 32, x.k(), offsets.len() - 1);
     let (sp, cols) = (padded_sf_cols(sf_cols(x.k())), sf_cols(x.k()));
-    let mut out = vec![0u8; p.sfa_bytes()];
+    // Room for every routing ((T + 127 E) rows): far more than x for few rows and many experts,
+    // so fallible.
+    let mut out = crate::error::try_zeros::<u8>("the MoE scales", p.sfa_bytes())?;
     let starts = moe_scale_starts(offsets)?;
     for e in 0..p.experts {
         let r0 = offsets[e] as usize;
@@ -398,7 +400,9 @@ impl BlockScaledGemm {
     /// rows no expert covers are left as they were, and nothing outside D is written or outside
     /// A, its scales, B or its scales read. [`check_offsets`] checks offsets the host holds.
     /// `expert_scales`: E `f32` on the device (the experts' weight global scales; ones where
-    /// there are none). Experts without rows cost nothing.
+    /// there are none), read by the kernel only, so the host cannot check them: a non-finite one
+    /// makes its expert's rows of D non-finite (FP4 output: their scale factors too) and touches
+    /// nothing else. Experts without rows cost nothing.
     ///
     /// `config`: `None` picks, on SM90, the tile from the mean rows per expert (`ceil(T / min(E,
     /// T))`: a stream tile below 33 rows, the swapped 128x128 tile from there; `select_grouped`

@@ -114,7 +114,9 @@ pub struct ListArrays<'a> {
     pub c: Option<&'a CudaSlice<u64>>,
     /// FP4 output: the generated scale factors.
     pub sfd: Option<&'a CudaSlice<u64>>,
-    /// Per-group factors of alpha (ones where absent).
+    /// Per-group factors of alpha (ones where absent), read by the kernel only: a non-finite one
+    /// makes its group's D non-finite (FP4 output: its scale factors too) and touches nothing
+    /// else.
     pub alphas: Option<&'a CudaSlice<f32>>,
 }
 
@@ -193,6 +195,7 @@ impl BlockScaledGemm {
     /// that hold it, short-K stages where K is short: the thresholds of `select_grouped` in
     /// `src/dispatch.rs`), else the swapped 128x128 tile. Errors as the call would.
     pub fn select_list_config(&self, p: &ListProblem, out: OutType) -> Result<Config> {
+        p.validate(out, p.beta != 0.0)?;
         self.list_config(p, out, None)
     }
 
