@@ -79,9 +79,12 @@ pub fn pack_e2m1_slice(codes: &[u8]) -> Result<Vec<u8>> {
     Ok(codes.chunks_exact(2).map(|p| pack_e2m1(p[0], p[1])).collect())
 }
 
-/// Unpacks bytes into e2m1 codes, two per byte, low nibble first.
-pub fn unpack_e2m1_slice(bytes: &[u8]) -> Vec<u8> {
-    bytes.iter().flat_map(|&b| [b & 0xF, b >> 4]).collect()
+/// Unpacks bytes into e2m1 codes, two per byte, low nibble first ([`Error::HostMemory`] where
+/// the host cannot hold twice the bytes).
+pub fn unpack_e2m1_slice(bytes: &[u8]) -> Result<Vec<u8>> {
+    let mut codes = crate::error::try_vec("unpacked e2m1 codes", bytes.len().saturating_mul(2))?;
+    codes.extend(bytes.iter().flat_map(|&b| [b & 0xF, b >> 4]));
+    Ok(codes)
 }
 
 /// Decodes an FP8 e4m3fn byte: 1 sign, 4 exponent (bias 7), 3 mantissa bits, no infinities,
@@ -456,7 +459,7 @@ mod tests {
         let codes: Vec<u8> = (0..16).collect();
         let packed = pack_e2m1_slice(&codes).unwrap();
         assert_eq!(packed[0], 0x10);
-        assert_eq!(unpack_e2m1_slice(&packed), codes);
+        assert_eq!(unpack_e2m1_slice(&packed).unwrap(), codes);
     }
 
     #[test]

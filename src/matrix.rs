@@ -173,11 +173,10 @@ impl Nvfp4Matrix {
     /// # Ok::<(), blockscaled_gemm::Error>(())
     /// ```
     pub fn quantize<T: HostFloat>(values: &[T], shape: (usize, usize, usize), global_scale: Option<f32>) -> Result<Self> {
-        let wide = T::widen(values);
-        if let Some((index, &value)) = wide.iter().enumerate().find(|(_, v)| !v.is_finite()) {
+        if let Some((index, value)) = values.iter().map(|v| v.widen_one()).enumerate().find(|(_, v)| !v.is_finite()) {
             return Err(Error::NonFiniteInput { index, value });
         }
-        Self::quantize_unchecked(&wide[..], shape, global_scale)
+        Self::quantize_unchecked(values, shape, global_scale)
     }
 
     /// [`Self::quantize`] without the check for NaN and infinities, which then follow the GPU
@@ -192,7 +191,7 @@ impl Nvfp4Matrix {
         if let Some(g) = global_scale {
             check_global_scale(g)?;
         }
-        let values: std::borrow::Cow<'_, [f32]> = T::widen(values);
+        let values: std::borrow::Cow<'_, [f32]> = T::widen(values)?;
         let g = match global_scale {
             Some(g) => g,
             None => {
@@ -391,8 +390,9 @@ pub(crate) fn check_global_scale(g: f32) -> Result<()> {
 
 /// Host element types the quantizer reads, widened exactly to f32.
 pub trait HostFloat: Copy + sealed::Sealed {
-    /// The values as f32 (borrowed where they already are).
-    fn widen(values: &[Self]) -> std::borrow::Cow<'_, [f32]>;
+    /// The values as f32 (borrowed where they already are; [`Error::HostMemory`] where the host
+    /// cannot hold the copy).
+    fn widen(values: &[Self]) -> Result<std::borrow::Cow<'_, [f32]>>;
     /// One value as f32 (exact).
     fn widen_one(self) -> f32;
     /// The nearest value of this type to x (ties to even; f32: x itself).
@@ -407,8 +407,8 @@ mod sealed {
 }
 
 impl HostFloat for f32 {
-    fn widen(values: &[f32]) -> std::borrow::Cow<'_, [f32]> {
-        std::borrow::Cow::Borrowed(values)
+    fn widen(values: &[f32]) -> Result<std::borrow::Cow<'_, [f32]>> {
+        Ok(std::borrow::Cow::Borrowed(values))
     }
     fn widen_one(self) -> f32 {
         self
@@ -422,8 +422,10 @@ impl HostFloat for f32 {
 macro_rules! half_host_float {
     ($($t:ty),*) => {$(
         impl HostFloat for $t {
-            fn widen(values: &[Self]) -> std::borrow::Cow<'_, [f32]> {
-                values.iter().map(|v| v.to_f32()).collect()
+            fn widen(values: &[Self]) -> Result<std::borrow::Cow<'_, [f32]>> {
+                let mut wide = try_vec("the values widened to f32", values.len())?;
+                wide.extend(values.iter().map(|v| v.to_f32()));
+                Ok(std::borrow::Cow::Owned(wide))
             }
             fn widen_one(self) -> f32 {
                 self.to_f32()
