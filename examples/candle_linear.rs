@@ -6,7 +6,9 @@
 //! ```text
 //! cargo run --release --example candle_linear --features candle -- [--m 16] [--n 4096] [--k 7168]
 //! ```
-//! Exits 0 when every element passes, 1 when one does not, 2 without an NVIDIA driver.
+//! Exits 0 when every element passes, 1 when one does not, 2 where the driver has no GPU. candle
+//! links libcuda at load time (cudarc's `dynamic-linking`), so without a driver at all the program
+//! does not start.
 
 use std::error::Error;
 use std::time::Instant;

@@ -1,15 +1,26 @@
 //! candle integration (feature `candle`): [`Nvfp4Linear`], an NVFP4 linear layer whose input and
 //! output are candle tensors on candle's CUDA device, run on that device's stream.
 //!
-//! `forward` quantizes the input (bf16 or f16, `[..., K]`, contiguous) on the GPU with the
-//! layer's input scale, runs `y = x Wᵀ` against the NVFP4 weight and returns `[..., N]` in the
-//! input's dtype: the quantizer's launch and the GEMM's (two more past 64 rows, with the GEMM's
-//! activation pre-pass), no host synchronisation, no copy of the input or output.
+//! `forward` quantizes the input (bf16 or f16, `[..., K]`, contiguous, its first element
+//! 16-byte aligned) on the GPU with the layer's input scale, runs `y = x Wᵀ` against the NVFP4
+//! weight and returns `[..., N]` in the input's dtype: the quantizer's launch and the GEMM's
+//! (on Hopper, from 33 rows at most shapes, a pre-pass that decodes the activations and then
+//! the GEMM: [`BlockScaledGemm::select_config`] says which), no host synchronisation, no copy
+//! of the input or output.
+//!
+//! `forward` allocates its quantized input and its output, as candle ops do, so it cannot be
+//! captured in a CUDA graph (the quantizer returns [`crate::Error::NotCapturable`] during
+//! capture). An engine that replays graphs calls [`crate::Quantizer::quantize_into`] (or
+//! `quantize_decoded_into`) and [`BlockScaledGemm::gemm`] on buffers it allocated before
+//! capture, with the layer's [`Nvfp4Linear::weight`].
 //!
 //! candle's `Device::new_cuda` runs on the per-thread default stream, a different stream on each
 //! host thread: on such a device the layer keeps one GEMM (and so one workspace) per calling
-//! thread, each until the layer is dropped, so it can be shared between threads. On a device with
-//! a stream of its own (`Device::new_cuda_with_stream`) every thread shares one GEMM.
+//! thread, each until the layer is dropped, so it can be shared between threads. A workspace
+//! holds the swapped tiles' decoded activations (2 * rows * K bytes and more: at least 58.7 MB
+//! for 4096 rows of K = 7168), and a thread that ends does not give it back: an engine whose
+//! worker threads come and go should use a device with a stream of its own
+//! (`Device::new_cuda_with_stream`), where every thread shares one GEMM.
 //!
 //! ```no_run
 //! use blockscaled_gemm::candle::Nvfp4Linear;
@@ -39,7 +50,7 @@ use crate::error::Result;
 use crate::formats::OutputElement;
 use crate::gemm::BlockScaledGemm;
 use crate::matrix::{check_global_scale, Nvfp4Matrix};
-use crate::problem::Problem;
+use crate::problem::{folded_alpha, Problem};
 use crate::quantize::{QuantInput, Quantizer};
 use crate::tensor::Nvfp4Tensor;
 
@@ -60,9 +71,16 @@ pub struct Nvfp4Linear {
 impl Nvfp4Linear {
     /// A layer over a weight already on `device` (batch 1: `(1, N, K)`; its buffers on the
     /// device's stream; standard or, on Hopper, prepacked: `Nvfp4Tensor::prepack`).
-    /// `input_scale`: the activations' global scale, finite and positive.
+    /// `input_scale`: the activations' global scale, finite and positive, whose product with the
+    /// weight's global scale (the GEMM's alpha) must be a nonzero finite f32.
     pub fn new(weight: Nvfp4Tensor, input_scale: f32, device: &CudaDevice) -> Result<Self> {
         check_global_scale(input_scale)?;
+        // A weight on another GPU would fail every forward: refused here.
+        let ordinal = device.cuda_stream().context().ordinal();
+        crate::gemm::check_devices(ordinal, [("weight values", weight.values().stream()), ("weight scales", weight.scales().stream())])?;
+        // Every forward folds both scales into alpha as `1 * input_scale * weight scale`: a pair
+        // whose product under- or overflows would fail each call, so refuse it here.
+        folded_alpha(1.0, input_scale, weight.global_scale())?;
         let (batch, n, k) = weight.shape();
         if batch != 1 {
             return Err(crate::Error::OperandShape { name: "weight", got: (batch, n, k), want: (1, n, k) });

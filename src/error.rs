@@ -51,7 +51,7 @@ pub enum Error {
     /// An operand tensor's (batch, rows, K) differs from the problem's.
     #[error("{name}: the tensor is (batch, rows, K) = {got:?}, the problem needs {want:?} (A is (L, M, K), B is (L, N, K))")]
     OperandShape {
-        /// "A" or "B".
+        /// The operand: "A", "B", or a layer's "weight".
         name: &'static str,
         /// The tensor's shape.
         got: (usize, usize, usize),

@@ -20,9 +20,11 @@
 //!
 //! # Requirements
 //! An NVIDIA driver for CUDA 13.0 or newer (R580+: the kernels link the CUDA 13.0 runtime
-//! statically, which refuses older drivers). cudarc loads libcuda at run time, and panics where
-//! it is missing: call [`BlockScaledGemm::driver_present`] first on machines that may have no
-//! driver. Building needs Python 3 with pip (the pinned nvcc and CUTLASS come from PyPI) or an
+//! statically, which refuses older drivers). With this crate's default cudarc features libcuda is
+//! loaded at run time, and cudarc panics where it is missing: call
+//! [`BlockScaledGemm::driver_present`] first on machines that may have no driver. Where another
+//! crate turns on cudarc's `dynamic-linking` (candle does), libcuda is linked at load time
+//! instead, and a program without it does not start. Building needs Python 3 with pip (the pinned nvcc and CUTLASS come from PyPI) or an
 //! installed toolkit (`CUDA_HOME`, `CUTLASS_DIR`); see the README.
 //!
 //! # Operands, layouts and global scales
