@@ -12,18 +12,12 @@ use cudarc::driver::CudaContext;
 use half::{bf16, f16};
 use std::sync::Arc;
 
-/// A test's outcome when it does not panic: ran, or skipped for a reason.
-type Outcome = Result<(), String>;
+mod harness;
+use harness::Outcome;
 
 /// The device's GEMM, or the reason there is none.
 fn device() -> Result<BlockScaledGemm, String> {
-    if !BlockScaledGemm::driver_present() {
-        return Err("no NVIDIA driver (libcuda not found)".into());
-    }
-    match CudaContext::device_count() {
-        Ok(n) if n > 0 => {}
-        other => return Err(format!("no CUDA device ({other:?})")),
-    }
+    harness::gpu_present()?;
     let stream = CudaContext::new(0).expect("context on device 0").default_stream();
     Ok(BlockScaledGemm::new(stream).expect("BlockScaledGemm on device 0"))
 }
@@ -77,22 +71,7 @@ fn main() {
         // Last of all: it resets device 0's primary context.
         ("gemms_run_after_a_context_reset", gemms_run_after_a_context_reset),
     ];
-    let filter: Vec<String> = std::env::args().skip(1).filter(|a| !a.starts_with('-')).collect();
-    let (mut passed, mut failed, mut skipped) = (0, 0, 0);
-    for (name, f) in tests {
-        if !filter.is_empty() && !filter.iter().any(|x| name.contains(x.as_str())) {
-            continue;
-        }
-        match std::panic::catch_unwind(f) {
-            Ok(Ok(())) => { passed += 1; println!("test {name} ... ok"); }
-            Ok(Err(why)) => { skipped += 1; println!("test {name} ... SKIPPED: {why}"); }
-            Err(_) => { failed += 1; println!("test {name} ... FAILED"); }
-        }
-    }
-    println!("gpu: {passed} passed, {failed} failed, {skipped} skipped");
-    if failed > 0 {
-        std::process::exit(1);
-    }
+    harness::run("gpu", tests);
 }
 
 thread_local! {

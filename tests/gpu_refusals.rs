@@ -11,8 +11,8 @@ use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DeviceRepr};
 use half::{bf16, f16};
 use std::sync::Arc;
 
-/// A case's outcome when it does not panic: ran, or skipped for a reason.
-type Outcome = Result<(), String>;
+mod harness;
+use harness::Outcome;
 
 fn main() {
     let tests: &[(&str, fn() -> Outcome)] = &[
@@ -36,33 +36,12 @@ fn main() {
         ("gpu_grouped_list_raw_bad_arrays_are_refused", gpu_grouped_list_raw_bad_arrays_are_refused),
         ("gpu_select_list_config_refuses_what_the_call_refuses", gpu_select_list_config_refuses_what_the_call_refuses),
     ];
-    let filter: Vec<String> = std::env::args().skip(1).filter(|a| !a.starts_with('-')).collect();
-    let (mut passed, mut failed, mut skipped) = (0, 0, 0);
-    for (name, f) in tests {
-        if !filter.is_empty() && !filter.iter().any(|x| name.contains(x.as_str())) {
-            continue;
-        }
-        match std::panic::catch_unwind(f) {
-            Ok(Ok(())) => { passed += 1; println!("test {name} ... ok"); }
-            Ok(Err(why)) => { skipped += 1; println!("test {name} ... SKIPPED: {why}"); }
-            Err(_) => { failed += 1; println!("test {name} ... FAILED"); }
-        }
-    }
-    println!("gpu_refusals: {passed} passed, {failed} failed, {skipped} skipped");
-    if failed > 0 {
-        std::process::exit(1);
-    }
+    harness::run("gpu_refusals", tests);
 }
 
 /// The GEMM on a new stream of device 0, or the reason there is none.
 fn gpu() -> Result<BlockScaledGemm, String> {
-    if !BlockScaledGemm::driver_present() {
-        return Err("no NVIDIA driver (libcuda not found)".into());
-    }
-    match CudaContext::device_count() {
-        Ok(n) if n > 0 => {}
-        other => return Err(format!("no CUDA device ({other:?})")),
-    }
+    harness::gpu_present()?;
     let stream = CudaContext::new(0).expect("context").new_stream().expect("stream");
     Ok(BlockScaledGemm::new(stream).expect("gemm"))
 }
