@@ -10,6 +10,9 @@
 //! `BSG_NVCC_DEFINES` (space-separated `NAME=VALUE` macros for experiments, e.g. the stage
 //! switches of `cpp/common/instrument.cuh`; part of each object's cache key).
 
+#[path = "build/toolkit.rs"]
+mod toolkit;
+
 use sha2::{Digest, Sha256};
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -72,7 +75,7 @@ impl Output {
 fn main() {
     let root = PathBuf::from(env("CARGO_MANIFEST_DIR").unwrap());
     let out_dir = PathBuf::from(env("OUT_DIR").unwrap());
-    for p in ["cpp", "include", "src/sys/bridge.rs", "third_party/pins.txt", "third_party/fetch.py"] {
+    for p in ["cpp", "include", "src/sys/bridge.rs", "third_party/pins.txt", "third_party/fetch.py", "build/toolkit.rs"] {
         println!("cargo:rerun-if-changed={}", root.join(p).display());
     }
     for v in ["NVCC", "CUDA_HOME", "CUTLASS_DIR", "BSG_ARCHS", "BSG_CONFIGS", "BSG_CACHE_DIR", "BSG_NVCC_JOBS", "BSG_NVCC_DEFINES", "NVCC_CCBIN", "NVCC_PREPEND_FLAGS", "NVCC_APPEND_FLAGS", "XDG_CACHE_HOME", "DOCS_RS", "LIBCLANG_PATH"] {
@@ -87,16 +90,14 @@ fn main() {
             }
         }
     }
-    if let Some(nvcc) = env("NVCC") {
-        println!("cargo:rerun-if-changed={nvcc}");
-    }
 
     let table = std::fs::read_to_string(root.join("cpp/configs.def")).expect("read cpp/configs.def");
     let abi = std::fs::read_to_string(root.join("include/blockscaled_gemm/kernel_abi.h")).expect("read kernel_abi.h");
     let out_names = abi_enum(&abi, "OutKind");
     let (configs, outputs) = parse_table(&table, &out_names);
     let archs = requested_archs(&configs);
-    let only = env("BSG_CONFIGS").map(|v| v.split(',').map(|s| s.trim().to_lowercase()).collect::<Vec<_>>());
+    let names: Vec<&str> = configs.iter().map(|c| c.name.as_str()).collect();
+    let only = env("BSG_CONFIGS").map(|v| toolkit::config_list(&v, &names).unwrap_or_else(|e| panic!("{e}")));
     let built = |c: &Config| archs.contains(&c.arch) && only.as_ref().is_none_or(|o| o.contains(&c.name.to_lowercase()));
     if env("DOCS_RS").is_some() {
         // Documentation only (docs.rs has no network and no nvcc): the Rust side of the table and
@@ -123,8 +124,8 @@ fn main() {
     common.update(tools.nvcc_version.as_bytes());
     common.update(tools.host_cxx_version.as_bytes());
     common.update(tools.cutlass_identity.as_bytes());
-    // Every pinned wheel (nvvm, crt, cccl and the runtime headers move apart from nvcc's own
-    // version) where the wheels build, and the flags nvcc takes from its environment.
+    // Every pinned wheel where the wheels build, else the user toolkit's ptxas and headers
+    // (`Toolchain::wheel_pins`), and the flags nvcc takes from its environment.
     common.update(tools.wheel_pins.as_bytes());
     for v in ["NVCC_PREPEND_FLAGS", "NVCC_APPEND_FLAGS"] {
         common.update(format!("{v}={}\0", env(v).unwrap_or_default()).as_bytes());
@@ -525,7 +526,8 @@ struct Toolchain {
     nvcc_version: String,
     host_cxx_version: String,
     cutlass_identity: String,
-    /// pins.txt where the pinned CUDA wheels compile (empty with the user's toolkit).
+    /// pins.txt where the pinned CUDA wheels compile; with the user's toolkit its ptxas version
+    /// and a hash of its headers.
     wheel_pins: String,
     /// The pinned libclang wheel's library folder, when fetched.
     libclang_dir: Option<PathBuf>,
@@ -535,35 +537,53 @@ impl Toolchain {
     fn locate(root: &Path) -> Toolchain {
         let tp = toolchain_dir(root);
         let wheel_cuda = tp.join("cuda/nvidia/cu13");
-        let user_cuda = env("NVCC").map(|n| (PathBuf::from(&n), PathBuf::from(n).parent().and_then(Path::parent).map(Path::to_path_buf)))
-            .or_else(|| env("CUDA_HOME").map(|h| (PathBuf::from(&h).join("bin/nvcc"), Some(PathBuf::from(h)))));
+        let user_cuda = toolkit::user_cuda(env("NVCC").as_deref(), env("CUDA_HOME").as_deref(), std::env::var_os("PATH").as_deref())
+            .unwrap_or_else(|e| panic!("{e}"));
+        if let Some((nvcc, _)) = &user_cuda {
+            println!("cargo:rerun-if-changed={}", nvcc.display());
+        }
         let user_cutlass = env("CUTLASS_DIR").map(PathBuf::from);
         // fetch.py renames the toolchain into place whole, so an existing folder is complete.
         if (user_cuda.is_none() || user_cutlass.is_none()) && !tp.is_dir() {
             fetch(root, &tp);
         }
         let pins = std::fs::read_to_string(root.join("third_party/pins.txt")).unwrap();
-        let wheel_pins = if user_cuda.is_none() { pins.clone() } else { String::new() };
-        let (nvcc, cuda_root) = user_cuda.unwrap_or((wheel_cuda.join("bin/nvcc"), Some(wheel_cuda.clone())));
-        let cuda_root = cuda_root.expect("cannot tell the CUDA root from NVCC; set CUDA_HOME");
+        // A user toolkit that is the pinned one's own folder (CUDA_HOME set to it) builds the
+        // same objects: it takes the pinned key, not a second copy of every object.
+        let pinned_cuda = user_cuda.as_ref().is_none_or(|(nvcc, _)| toolkit::same_place(nvcc, &wheel_cuda.join("bin/nvcc")));
+        let from = if user_cuda.is_some() { "CUDA_HOME/NVCC" } else { "the pinned wheels" };
+        let (nvcc, cuda_root) = user_cuda.unwrap_or((wheel_cuda.join("bin/nvcc"), wheel_cuda.clone()));
         let cudart_lib_dir = ["lib64", "lib", "lib/x64"].iter().map(|d| cuda_root.join(d)).find(|d| d.join("libcudart_static.a").exists())
-            .unwrap_or_else(|| panic!("no libcudart_static.a under {}", cuda_root.display()));
+            .unwrap_or_else(|| panic!("no lib64/libcudart_static.a under {} (from {from}): not a CUDA 13 toolkit root", cuda_root.display()));
         // cuobjdump: the toolkit's own, else the pinned wheel's.
         let cuobjdump = [cuda_root.join("bin/cuobjdump"), wheel_cuda.join("bin/cuobjdump")].into_iter().find(|p| p.exists()).unwrap_or_default();
         let (cutlass, cutlass_identity) = match user_cutlass {
-            Some(dir) => {
+            // CUTLASS_DIR set to the pinned copy itself: the pinned key.
+            Some(dir) if !toolkit::same_place(&dir, &tp.join("cutlass")) => {
                 let mut h = Sha256::new();
                 hash_tree(&mut h, &dir.join("include"), &[]);
                 hash_tree(&mut h, &dir.join("tools/util/include"), &[]);
                 (dir, hex(&h.finalize()))
             }
-            None => {
+            _ => {
                 let pin = pins.lines().find(|l| l.starts_with("nvidia-cutlass ")).expect("pins.txt: nvidia-cutlass").to_string();
                 (tp.join("cutlass"), pin)
             }
         };
         assert!(cutlass.join("include/cutlass/cutlass.h").exists(), "no CUTLASS headers at {}", cutlass.display());
-        let nvcc_version = run_version(Command::new(&nvcc).arg("--version"), "nvcc");
+        let nvcc_version = run_version(Command::new(&nvcc).arg("--version"), &nvcc.display().to_string());
+        // Every pinned wheel (nvvm, crt, cccl and the runtime headers move apart from nvcc's own
+        // version); for a user toolkit, which may be assembled from such wheels too, its ptxas
+        // and its headers.
+        let wheel_pins = if pinned_cuda {
+            pins.clone()
+        } else {
+            let ptxas = Command::new(cuda_root.join("bin/ptxas")).arg("--version").output().map(|o| o.stdout).unwrap_or_default();
+            let ptxas = String::from_utf8_lossy(&ptxas);
+            let mut h = Sha256::new();
+            hash_tree(&mut h, &cuda_root.join("include"), &[]);
+            format!("user toolkit\0{ptxas}\0{}", hex(&h.finalize()))
+        };
         let ccbin = env("NVCC_CCBIN").unwrap_or_else(|| "g++".into());
         let host_cxx_version = run_version(Command::new(&ccbin).arg("--version"), &ccbin);
         let include = cuda_root.join("include");
@@ -646,7 +666,11 @@ fn compile_all(tools: &Toolchain, jobs: &[(PathBuf, PathBuf, Vec<String>)]) -> u
                             eprintln!("nvcc {} ({:.0} s)", src.display(), t.elapsed().as_secs_f64());
                         }
                     },
-                    Ok(o) => errors.lock().unwrap().push(format!("{}:\n{}", src.display(), String::from_utf8_lossy(&o.stderr))),
+                    Ok(o) => {
+                        // A failed nvcc may leave part of its output: never leave it in the shared cache.
+                        let _ = std::fs::remove_file(&tmp);
+                        errors.lock().unwrap().push(format!("{}:\n{}", src.display(), String::from_utf8_lossy(&o.stderr)));
+                    }
                     Err(e) => errors.lock().unwrap().push(format!("cannot run {}: {e}", tools.nvcc.display())),
                 }
             });

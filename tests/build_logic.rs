@@ -1,0 +1,92 @@
+//! The pure helpers of build.rs (`build/toolkit.rs`): the user's toolkit from `NVCC` /
+//! `CUDA_HOME`, the pinned toolchain recognised under another name, the `BSG_CONFIGS` list.
+#[path = "../build/toolkit.rs"]
+mod toolkit;
+
+use std::ffi::OsString;
+use std::path::PathBuf;
+
+/// A fake toolkit `<tmp>/<name>/{bin/nvcc,include}`, returned with a `PATH` holding its bin.
+fn fake_toolkit(name: &str) -> (PathBuf, OsString) {
+    let root = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("build_logic").join(name);
+    std::fs::create_dir_all(root.join("bin")).unwrap();
+    std::fs::create_dir_all(root.join("include")).unwrap();
+    std::fs::write(root.join("bin/nvcc"), "").unwrap();
+    let path = std::env::join_paths([PathBuf::from("/nonexistent-dir"), root.join("bin")]).unwrap();
+    (std::fs::canonicalize(root).unwrap(), path)
+}
+
+#[test]
+fn neither_set_builds_the_wheels() {
+    assert_eq!(toolkit::user_cuda(None, None, None), Ok(None));
+}
+
+#[test]
+fn cuda_home_alone() {
+    let got = toolkit::user_cuda(None, Some("/opt/cuda"), None).unwrap().unwrap();
+    assert_eq!(got, (PathBuf::from("/opt/cuda/bin/nvcc"), PathBuf::from("/opt/cuda")));
+}
+
+/// `NVCC=nvcc` (a bare name) with `CUDA_HOME` set: used to panic "set CUDA_HOME".
+#[test]
+fn bare_nvcc_with_cuda_home() {
+    let (root, path) = fake_toolkit("bare_with_home");
+    let got = toolkit::user_cuda(Some("nvcc"), Some("/opt/cuda"), Some(&path)).unwrap().unwrap();
+    assert_eq!(got, (root.join("bin/nvcc"), PathBuf::from("/opt/cuda")));
+}
+
+/// `NVCC=nvcc` alone: found on PATH, the root is the folder above its bin/.
+#[test]
+fn bare_nvcc_on_path() {
+    let (root, path) = fake_toolkit("bare_on_path");
+    let got = toolkit::user_cuda(Some("nvcc"), None, Some(&path)).unwrap().unwrap();
+    assert_eq!(got, (root.join("bin/nvcc"), root));
+}
+
+#[test]
+fn bare_nvcc_missing_names_the_variable() {
+    let e = toolkit::user_cuda(Some("nvcc-none"), None, Some(OsString::from("/nonexistent-dir").as_os_str())).unwrap_err();
+    assert!(e.contains("NVCC=nvcc-none") && e.contains("PATH"), "{e}");
+}
+
+/// A symlink to nvcc outside a bin/ folder (e.g. `/usr/local/bin/nvcc`) finds the real toolkit.
+#[test]
+fn symlinked_nvcc_gives_the_real_root() {
+    let (root, _) = fake_toolkit("symlinked");
+    let link = root.parent().unwrap().join("symlinked-link-nvcc");
+    let _ = std::fs::remove_file(&link);
+    std::os::unix::fs::symlink(root.join("bin/nvcc"), &link).unwrap();
+    let got = toolkit::user_cuda(Some(link.to_str().unwrap()), None, None).unwrap().unwrap();
+    assert_eq!(got, (link, root));
+}
+
+#[test]
+fn nvcc_outside_bin_asks_for_cuda_home() {
+    let (root, _) = fake_toolkit("outside_bin");
+    let odd = root.join("nvcc-here");
+    std::fs::write(&odd, "").unwrap();
+    let e = toolkit::user_cuda(Some(odd.to_str().unwrap()), None, None).unwrap_err();
+    assert!(e.contains("CUDA_HOME"), "{e}");
+}
+
+/// CUDA_HOME spelled differently (trailing `/.`, a symlink) is still the same toolkit.
+#[test]
+fn same_place_sees_through_spellings() {
+    let (root, _) = fake_toolkit("same_place");
+    let link = root.parent().unwrap().join("same_place-link");
+    let _ = std::fs::remove_file(&link);
+    std::os::unix::fs::symlink(&root, &link).unwrap();
+    assert!(toolkit::same_place(&root.join("bin/nvcc"), &link.join("bin/./nvcc")));
+    assert!(toolkit::same_place(&root.join("include/."), &root.join("include")));
+    let (other, _) = fake_toolkit("same_place_other");
+    assert!(!toolkit::same_place(&root.join("bin/nvcc"), &other.join("bin/nvcc")));
+    assert!(!toolkit::same_place(&root.join("missing"), &root.join("missing")));
+}
+
+#[test]
+fn config_list_refuses_unknown_names() {
+    let known = ["Sm90_128x128x64", "Sm100_1sm_128x64x256"];
+    assert_eq!(toolkit::config_list(" sm90_128X128x64, ,Sm100_1sm_128x64x256", &known).unwrap(), ["sm90_128x128x64", "sm100_1sm_128x64x256"]);
+    let e = toolkit::config_list("Sm90_128x128x64,Sm90_128x128", &known).unwrap_err();
+    assert!(e.contains("\"sm90_128x128\"") && e.contains("Sm90_128x128x64"), "{e}");
+}
