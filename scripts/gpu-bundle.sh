@@ -9,21 +9,38 @@ out=${1:-bundle}
 rm -rf "$out"
 mkdir -p "$out/deps" "$out/examples"
 export BSG_COMMIT=$(git rev-parse --short HEAD)
-cargo build --release --examples
-# Test executables; example_cli finds the example at ../examples/ beside its own folder.
-cargo test --release --no-run --message-format=json 2>/dev/null | python3 -c '
+# The executables where cargo says it put them (CARGO_TARGET_DIR or a config's target-dir move
+# them from target/), from its JSON messages; its errors still reach the terminal.
+msgs=$(mktemp)
+trap 'rm -f "$msgs"' EXIT
+executables() {  # test|example: "name path" of each executable of that kind in $msgs
+  python3 - "$1" "$msgs" <<'PY'
 import json, sys
-for line in sys.stdin:
+want, path = sys.argv[1], sys.argv[2]
+for line in open(path):
     m = json.loads(line)
-    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["profile"]["test"]:
+    if m.get("reason") != "compiler-artifact" or not m.get("executable"):
+        continue
+    if m["profile"]["test"] if want == "test" else (not m["profile"]["test"] and want in m["target"]["kind"]):
         print(m["target"]["name"], m["executable"])
-' | while read -r name exe; do
+PY
+}
+cargo build --release --examples --message-format=json-render-diagnostics > "$msgs"
+executables example > "$msgs.examples"
+for ex in nvfp4_gemm bench; do
+  exe=$(awk -v n="$ex" '$1 == n { print $2 }' "$msgs.examples")
+  [ -n "$exe" ] || { echo "gpu-bundle.sh: cargo built no example $ex" >&2; exit 1; }
+  cp "$exe" "$out/examples/"
+done
+rm -f "$msgs.examples"
+# Test executables; example_cli finds the example at ../examples/ beside its own folder.
+cargo test --release --no-run --message-format=json-render-diagnostics > "$msgs"
+executables test | while read -r name exe; do
   case "$name" in
     cutlass_host|coexist) ;;  # need the build tree (cuobjdump, kernel objects, cargo): CI runs them
     *) cp "$exe" "$out/deps/$name" ;;
   esac
 done
-for ex in nvfp4_gemm bench; do cp "target/release/examples/$ex" "$out/examples/"; done
 strip "$out"/deps/* "$out"/examples/* 2>/dev/null || true
 cp bench/baselines.py bench/report.py "$out/"
 cat > "$out/run.sh" <<'RUN'
