@@ -37,7 +37,7 @@ rm -f "$msgs.examples"
 cargo test --release --no-run --message-format=json-render-diagnostics > "$msgs"
 executables test | while read -r name exe; do
   case "$name" in
-    cutlass_host|coexist) ;;  # need the build tree (cuobjdump, kernel objects, cargo): CI runs them
+    cutlass_host|coexist|build_logic) ;;  # need the build tree (cuobjdump, kernel objects, cargo, its tmp dir): CI runs them
     *) cp "$exe" "$out/deps/$name" ;;
   esac
 done
