@@ -642,7 +642,10 @@ fn run_version(cmd: &mut Command, what: &str) -> String {
 
 /// Compiles the jobs whose object is not cached yet, in parallel; returns how many ran.
 fn compile_all(tools: &Toolchain, jobs: &[(PathBuf, PathBuf, Vec<String>)]) -> usize {
-    let todo: Vec<&(PathBuf, PathBuf, Vec<String>)> = jobs.iter().filter(|j| !j.1.exists()).collect();
+    // An object is written under a temporary name and renamed whole; an empty one (a rename that
+    // outran its data on a power loss) is compiled again rather than linked.
+    let cached = |o: &Path| std::fs::metadata(o).is_ok_and(|m| m.len() > 0);
+    let todo: Vec<&(PathBuf, PathBuf, Vec<String>)> = jobs.iter().filter(|j| !cached(&j.1)).collect();
     let threads = env("BSG_NVCC_JOBS").or_else(|| env("NUM_JOBS")).and_then(|s| s.parse().ok())
         .unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)).max(1);
     let next = AtomicUsize::new(0);
