@@ -3,7 +3,7 @@
 //! the Rust layout and validator to CUTLASS's own.
 
 use crate::dispatch::Config;
-use crate::error::{check_len, checked_product, try_vec, try_zeros, Error, Result};
+use crate::error::{check_len, checked_product, try_collect, try_zeros, Error, Result};
 use crate::sys::{self as bridge, KernelArgs};
 use crate::problem::{check_operand_lens, OutType, Problem, SfdFormat};
 
@@ -111,11 +111,7 @@ fn read_description(v: &[i64], base: [u64; 7], fp4: bool) -> Result<GroupDescrip
     let sf_cols = k / 16;
     const HEAD: usize = 15;
     let sfb_end = HEAD + (m + n) * sf_cols;
-    let offsets = |what: &'static str, part: &[i64], base: u64| -> Result<Vec<u64>> {
-        let mut out = try_vec(what, part.len())?;
-        out.extend(part.iter().map(|&x| rel(x, base)));
-        Ok(out)
-    };
+    let offsets = |what: &'static str, part: &[i64], base: u64| try_collect(what, part.len(), part.iter().map(|&x| rel(x, base)));
     Ok(GroupDescription {
         shape: [m, n, k],
         a: rel(v[3], base[0]), b: rel(v[4], base[1]), sfa: rel(v[5], base[2]), sfb: rel(v[6], base[3]), d: rel(v[7], base[4]),

@@ -312,6 +312,13 @@ pub(crate) fn try_vec<T>(what: &'static str, n: usize) -> Result<Vec<T>> {
     Ok(v)
 }
 
+/// The `n` items of `items` in a vector allocated fallibly for them, or [`Error::HostMemory`].
+pub(crate) fn try_collect<T>(what: &'static str, n: usize, items: impl IntoIterator<Item = T>) -> Result<Vec<T>> {
+    let mut v = try_vec(what, n)?;
+    v.extend(items);
+    Ok(v)
+}
+
 /// `n` zeros (default values), or [`Error::HostMemory`].
 pub(crate) fn try_zeros<T: Clone + Default>(what: &'static str, n: usize) -> Result<Vec<T>> {
     try_filled(what, n, T::default())

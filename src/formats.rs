@@ -82,9 +82,7 @@ pub fn pack_e2m1_slice(codes: &[u8]) -> Result<Vec<u8>> {
 /// Unpacks bytes into e2m1 codes, two per byte, low nibble first ([`Error::HostMemory`] where
 /// the host cannot hold twice the bytes).
 pub fn unpack_e2m1_slice(bytes: &[u8]) -> Result<Vec<u8>> {
-    let mut codes = crate::error::try_vec("unpacked e2m1 codes", bytes.len().saturating_mul(2))?;
-    codes.extend(bytes.iter().flat_map(|&b| [b & 0xF, b >> 4]));
-    Ok(codes)
+    crate::error::try_collect("unpacked e2m1 codes", bytes.len().saturating_mul(2), bytes.iter().flat_map(|&b| [b & 0xF, b >> 4]))
 }
 
 /// Decodes an FP8 e4m3fn byte: 1 sign, 4 exponent (bias 7), 3 mantissa bits, no infinities,

@@ -24,8 +24,9 @@
 //! loaded at run time, and cudarc panics where it is missing: call
 //! [`BlockScaledGemm::driver_present`] first on machines that may have no driver. Where another
 //! crate turns on cudarc's `dynamic-linking` (candle does), libcuda is linked at load time
-//! instead, and a program without it does not start. Building needs Python 3 with pip (the pinned nvcc and CUTLASS come from PyPI) or an
-//! installed toolkit (`CUDA_HOME`, `CUTLASS_DIR`); see the README.
+//! instead, and a program without it does not start. Building needs Python 3 with pip (the
+//! pinned nvcc and CUTLASS come from PyPI) or an installed toolkit (`CUDA_HOME`,
+//! `CUTLASS_DIR`); see the README.
 //!
 //! # Operands, layouts and global scales
 //! An operand is an [`Nvfp4Tensor`]: (batch, rows, K) packed e2m1 values, row-major with K

@@ -1,6 +1,6 @@
 //! `Nvfp4Matrix`: an NVFP4 tensor on the host, its generators, the quantizer and dequantization.
 
-use crate::error::{try_vec, try_zeros, Error, Result};
+use crate::error::{try_collect, try_vec, try_zeros, Error, Result};
 use crate::formats::{e2m1_from_f32, e2m1_to_f32, e4m3_from_f32, ue4m3_to_f32, E2M1_MAX, E4M3_MAX, E4M3_NAN};
 use crate::layout::{padded_rows, padded_sf_cols, sf_batch_bytes, sf_cols, sf_offset, SF_VEC};
 
@@ -423,9 +423,7 @@ macro_rules! half_host_float {
     ($($t:ty),*) => {$(
         impl HostFloat for $t {
             fn widen(values: &[Self]) -> Result<std::borrow::Cow<'_, [f32]>> {
-                let mut wide = try_vec("the values widened to f32", values.len())?;
-                wide.extend(values.iter().map(|v| v.to_f32()));
-                Ok(std::borrow::Cow::Owned(wide))
+                Ok(std::borrow::Cow::Owned(try_collect("the values widened to f32", values.len(), values.iter().map(|v| v.to_f32()))?))
             }
             fn widen_one(self) -> f32 {
                 self.to_f32()
