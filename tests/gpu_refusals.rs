@@ -55,6 +55,15 @@ fn gpu_cc(cc: (i32, i32)) -> Result<BlockScaledGemm, String> {
     Ok(g)
 }
 
+/// [`gpu`] on a device that runs this build's kernels (SM90 or SM100).
+fn gpu_with_kernels() -> Result<BlockScaledGemm, String> {
+    let g = gpu()?;
+    if g.device().arch().is_none() {
+        return Err(format!("device {:?} runs no kernel of this build", g.device().compute_capability));
+    }
+    Ok(g)
+}
+
 fn sm100_configs() -> impl Iterator<Item = Config> {
     Config::ALL.iter().copied().filter(|c| c.info().arch == 100)
 }
@@ -208,10 +217,7 @@ fn gpu_forced_split_k_refusals_write_nothing() -> Outcome {
 /// B on SM100, a C one element short, a D one element long, global scales whose product with
 /// alpha overflows. Each typed; D (and SFD) untouched.
 fn gpu_refused_forms_write_nothing() -> Outcome {
-    let g = gpu()?;
-    if g.device().arch().is_none() {
-        return Err(format!("device {:?} runs no kernel of this build", g.device().compute_capability));
-    }
+    let g = gpu_with_kernels()?;
     let s = g.stream().clone();
     let p = Problem::new(128, 256, 512);
     let (a, b) = operands(&s, p.m, p.n, p.k, 1);
@@ -281,10 +287,7 @@ fn gpu_bad_global_scales_are_refused() -> Outcome {
 /// The computed global scale (None) on edge inputs: all zeros (scale 1, codes 0), all NaN
 /// (NaN does not raise the amax: scale 1), an infinity (typed error, documented), f16 max.
 fn gpu_quantize_computed_scale_on_edge_inputs() -> Outcome {
-    let g = gpu()?;
-    if g.device().arch().is_none() {
-        return Err(format!("device {:?} runs no quantizer of this build", g.device().compute_capability));
-    }
+    let g = gpu_with_kernels()?;
     let s = g.stream().clone();
     let q = Quantizer::new(s.clone());
     let (rows, k) = (3, 32);
@@ -310,10 +313,7 @@ fn gpu_quantize_computed_scale_on_edge_inputs() -> Outcome {
 /// Nvfp4Activations made for one shape, used with another: the quantizer refuses x of the other
 /// length, the GEMM a problem of the other shape; neither writes the activations or D.
 fn gpu_activations_reused_across_shapes() -> Outcome {
-    let g = gpu()?;
-    if g.device().arch().is_none() {
-        return Err(format!("device {:?} runs no kernel of this build", g.device().compute_capability));
-    }
+    let g = gpu_with_kernels()?;
     let s = g.stream().clone();
     let q = Quantizer::new(s.clone());
     let (m, n, k) = (64, 256, 512);
@@ -398,24 +398,6 @@ fn gpu_prepack_odd_shapes() -> Outcome {
     Ok(())
 }
 
-const POISON: u8 = 0xA5;
-
-fn poisoned<T: DeviceRepr + Copy>(s: &Arc<CudaStream>, n: usize, x: T) -> CudaSlice<T> {
-    s.clone_htod(&vec![x; n]).unwrap()
-}
-fn poison_f16(s: &Arc<CudaStream>, n: usize) -> CudaSlice<f16> {
-    poisoned(s, n, f16::from_bits(u16::from_le_bytes([POISON; 2])))
-}
-fn poison_u8(s: &Arc<CudaStream>, n: usize) -> CudaSlice<u8> {
-    poisoned(s, n, POISON)
-}
-fn untouched_f16(s: &Arc<CudaStream>, d: &CudaSlice<f16>, what: &str) {
-    assert!(s.clone_dtoh(d).unwrap().iter().all(|x| x.to_bits() == 0xA5A5), "{what}: D was written");
-}
-fn untouched_u8(s: &Arc<CudaStream>, d: &CudaSlice<u8>, what: &str) {
-    assert!(s.clone_dtoh(d).unwrap().iter().all(|&x| x == POISON), "{what}: buffer was written");
-}
-
 /// T = 100 rows over E = 4 experts, N = 256, K = 512, routed [30, 0, 50, 20].
 struct Moe {
     p: MoeProblem,
@@ -445,7 +427,7 @@ fn gpu_moe_gemm_bad_lengths_and_shapes_write_nothing() -> Outcome {
     let g = gpu()?;
     let s = g.stream().clone();
     let m = moe(&s);
-    let mut d = poison_f16(&s, m.p.d_elems());
+    let mut d = poison::<f16>(&s, m.p.d_elems());
     // Offsets: E entries (too few) and E + 2 (too many).
     for len in [m.p.experts, m.p.experts + 2] {
         let o = s.clone_htod(&vec![0i32; len]).unwrap();
@@ -480,7 +462,7 @@ fn gpu_moe_gemm_bad_lengths_and_shapes_write_nothing() -> Outcome {
     // T past the kernels' 32-bit counts: refused by validate before any length.
     let e = g.moe_gemm(&MoeProblem { rows: 1 << 31, ..m.p }, &m.a, &m.b, &m.o, &m.es, &mut d, None).unwrap_err();
     assert!(matches!(e, Error::Dimension { .. } | Error::SizeLimit { .. }), "{e:?}");
-    untouched_f16(&s, &d, "bad lengths");
+    assert_poisoned(&s, &d, "bad lengths");
     Ok(())
 }
 
@@ -488,7 +470,7 @@ fn gpu_moe_gemm_bad_scalars_alignment_and_configs_write_nothing() -> Outcome {
     let g = gpu()?;
     let s = g.stream().clone();
     let m = moe(&s);
-    let mut d = poison_f16(&s, m.p.d_elems() + 8);
+    let mut d = poison::<f16>(&s, m.p.d_elems() + 8);
     for alpha in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
         let e = g.moe_gemm(&m.p.alpha(alpha), &m.a, &m.b, &m.o, &m.es, &mut d.slice_mut(0..m.p.d_elems()), None).unwrap_err();
         assert!(matches!(e, Error::NonFiniteScalar { name: "alpha", .. }), "{e:?}");
@@ -508,8 +490,8 @@ fn gpu_moe_gemm_bad_scalars_alignment_and_configs_write_nothing() -> Outcome {
     let e = g.moe_gemm(&m.p, &m.a, &m.b, &m.o, &m.es, &mut d.slice_mut(0..m.p.d_elems()), Some(other)).unwrap_err();
     assert!(matches!(e, Error::ArchMismatch { .. }), "{e:?}");
     // FP4 entry with a 16-bit output type, and bad normalization constants.
-    let mut dv = poison_u8(&s, m.p.d_elems() / 2);
-    let mut sfd = poison_u8(&s, m.p.sfd_bytes());
+    let mut dv = poison::<u8>(&s, m.p.d_elems() / 2);
+    let mut sfd = poison::<u8>(&s, m.p.sfd_bytes());
     let e = g.moe_gemm_fp4(&m.p, OutType::F16, &m.a, &m.b, &m.o, &m.es, Nvfp4Output::new(&mut dv, &mut sfd), None).unwrap_err();
     assert!(matches!(e, Error::InvalidData { what: "out", .. }), "{e:?}");
     for nc in [0.0f32, -1.0, f32::NAN, f32::INFINITY] {
@@ -517,13 +499,13 @@ fn gpu_moe_gemm_bad_scalars_alignment_and_configs_write_nothing() -> Outcome {
         assert!(matches!(e, Error::NormConstant { .. }), "{nc}: {e:?}");
     }
     // SFD in the dense layout.
-    let mut sfd_dense = poison_u8(&s, blockscaled_gemm::layout::sf_bytes(m.p.rows, m.p.n, 1));
+    let mut sfd_dense = poison::<u8>(&s, blockscaled_gemm::layout::sf_bytes(m.p.rows, m.p.n, 1));
     let e = g.moe_gemm_fp4(&m.p, OutType::Nvfp4, &m.a, &m.b, &m.o, &m.es, Nvfp4Output::new(&mut dv, &mut sfd_dense), None).unwrap_err();
     assert!(matches!(e, Error::BufferLength { name: "SFD", .. }), "{e:?}");
-    untouched_f16(&s, &d, "bad scalars");
-    untouched_u8(&s, &dv, "FP4 D");
-    untouched_u8(&s, &sfd, "FP4 SFD");
-    untouched_u8(&s, &sfd_dense, "FP4 dense SFD");
+    assert_poisoned(&s, &d, "bad scalars");
+    assert_poisoned(&s, &dv, "FP4 D");
+    assert_poisoned(&s, &sfd, "FP4 SFD");
+    assert_poisoned(&s, &sfd_dense, "FP4 dense SFD");
     Ok(())
 }
 
@@ -531,14 +513,14 @@ fn gpu_moe_gemm_workspace_limit_writes_nothing() -> Outcome {
     let g = gpu_cc((9, 0))?;
     let s = g.stream().clone();
     let m = moe(&s);
-    let mut d = poison_f16(&s, m.p.d_elems());
+    let mut d = poison::<f16>(&s, m.p.d_elems());
     // The swapped tile decodes A into the workspace: a fresh GEMM limited to 0 bytes refuses it.
     g.set_workspace_limit(Some(0));
     let e = g.moe_gemm(&m.p, &m.a, &m.b, &m.o, &m.es, &mut d, Some(Config::Sm90_Swapped_128x128x64)).unwrap_err();
     assert!(matches!(e, Error::WorkspaceLimit { .. }), "{e:?}");
     assert!(g.moe_workspace_size(&m.p, OutType::F16, Some(Config::Sm90_Swapped_128x128x64)).unwrap() > 0);
     g.set_workspace_limit(None);
-    untouched_f16(&s, &d, "workspace limit");
+    assert_poisoned(&s, &d, "workspace limit");
     Ok(())
 }
 
@@ -555,15 +537,15 @@ fn gpu_moe_gemm_device_offsets_outside_the_contract() -> Outcome {
         let o = s.clone_htod(&bad).unwrap();
         let configs: &[Option<Config>] = if g.device().compute_capability == (9, 0) { &[None, Some(Config::Sm90_Swapped_128x128x64)] } else { &[None] };
         for &config in configs {
-            let mut d = poison_f16(&s, m.p.d_elems());
+            let mut d = poison::<f16>(&s, m.p.d_elems());
             g.moe_gemm(&m.p, &m.a, &m.b, &o, &m.es, &mut d, config).unwrap();
-            untouched_f16(&s, &d, &format!("{config:?} offsets {bad:?} (no expert has rows)"));
+            assert_poisoned(&s, &d, &format!("{config:?} offsets {bad:?} (no expert has rows)"));
         }
         if g.device().compute_capability == (9, 0) {
-            let (mut dv, mut sfd) = (poison_u8(&s, m.p.d_elems() / 2), poison_u8(&s, m.p.sfd_bytes()));
+            let (mut dv, mut sfd) = (poison::<u8>(&s, m.p.d_elems() / 2), poison::<u8>(&s, m.p.sfd_bytes()));
             g.moe_gemm_fp4(&m.p, OutType::Nvfp4, &m.a, &m.b, &o, &m.es, Nvfp4Output::new(&mut dv, &mut sfd), None).unwrap();
-            untouched_u8(&s, &dv, "FP4 D, no expert has rows");
-            untouched_u8(&s, &sfd, "FP4 SFD on Hopper, no expert has rows");
+            assert_poisoned(&s, &dv, "FP4 D, no expert has rows");
+            assert_poisoned(&s, &sfd, "FP4 SFD on Hopper, no expert has rows");
         }
     }
     // [0, MAX, MIN, 0, T] reads as [0, T, T, T, T]: expert 0 holds every row.
@@ -571,7 +553,7 @@ fn gpu_moe_gemm_device_offsets_outside_the_contract() -> Outcome {
     let clamped = [0, t, t, t, t];
     let sfa = moe_scales(&m.x, &clamped).unwrap();
     let a = MoeActivations::new(s.clone_htod(m.x.data()).unwrap(), s.clone_htod(&sfa).unwrap(), (m.p.rows, m.p.k), 1.0).unwrap();
-    let mut d = poison_f16(&s, m.p.d_elems());
+    let mut d = poison::<f16>(&s, m.p.d_elems());
     g.moe_gemm(&m.p, &a, &m.b, &s.clone_htod(&device).unwrap(), &m.es, &mut d, None).unwrap();
     let want: Vec<f16> = reference_moe(&m.x, &m.w, &clamped, &[1.0, 0.5, 2.0, 0.25], 1.0).unwrap();
     let got = s.clone_dtoh(&d).unwrap();
@@ -584,7 +566,7 @@ fn gpu_moe_gemm_zero_rows() -> Outcome {
     let g = gpu()?;
     let s = g.stream().clone();
     let p = MoeProblem::new(0, 256, 512, 4);
-    let a = MoeActivations::new(s.alloc_zeros::<u8>(0).unwrap(), poison_u8(&s, p.sfa_bytes()), (0, 512), 1.0).unwrap();
+    let a = MoeActivations::new(s.alloc_zeros::<u8>(0).unwrap(), poison::<u8>(&s, p.sfa_bytes()), (0, 512), 1.0).unwrap();
     let w = Nvfp4Matrix::random_contest(256, 512, 4, 3).unwrap();
     let b = Nvfp4Tensor::upload(&w, &s).unwrap();
     let mut d = s.alloc_zeros::<f16>(0).unwrap();
@@ -602,7 +584,7 @@ fn gpu_moe_gemm_w4a16_bad_inputs_write_nothing() -> Outcome {
     // One element more than A, so that a view one element in stays inside the buffer.
     let x = s.clone_htod(&vec![bf16::from_f32(0.5); m.p.rows * m.p.k + 1]).unwrap();
     let x_a = x.slice(0..m.p.rows * m.p.k);
-    let mut d = poison_f16(&s, m.p.d_elems());
+    let mut d = poison::<f16>(&s, m.p.d_elems());
     let e = g.moe_gemm_w4a16(&m.p, &x.slice(0..m.p.rows * m.p.k - 1), &m.b, &m.o, &m.es, &mut d, None).unwrap_err();
     assert!(matches!(e, Error::BufferLength { name: "A", .. }), "{e:?}");
     let e = g.moe_gemm_w4a16(&m.p, &x_a, &m.b, &s.clone_htod(&[0i32; 4]).unwrap(), &m.es, &mut d, None).unwrap_err();
@@ -614,7 +596,7 @@ fn gpu_moe_gemm_w4a16_bad_inputs_write_nothing() -> Outcome {
     assert!(matches!(e, Error::NotBuilt { .. }), "{e:?}");
     let e = g.moe_gemm_w4a16(&m.p, &x.slice(1..1 + m.p.rows * m.p.k), &m.b, &m.o, &m.es, &mut d, None).unwrap_err();
     assert!(matches!(e, Error::Misaligned { name: "A", .. }), "{e:?}");
-    untouched_f16(&s, &d, "w4a16");
+    assert_poisoned(&s, &d, "w4a16");
     Ok(())
 }
 
@@ -626,7 +608,7 @@ fn gpu_quantize_moe_bad_inputs_write_nothing() -> Outcome {
     let x = s.clone_htod(&vec![bf16::from_f32(0.25); t * k]).unwrap();
     let o = s.clone_htod(&expert_offsets(&[30, 0, 50, 20]).unwrap()).unwrap();
     let sfb = blockscaled_gemm::grouped::moe_sfa_bytes(t, k, e);
-    let (mut codes, mut scales) = (poison_u8(&s, t * k / 2), poison_u8(&s, sfb));
+    let (mut codes, mut scales) = (poison::<u8>(&s, t * k / 2), poison::<u8>(&s, sfb));
     for gs in [0.0f32, -1.0, f32::NAN, f32::INFINITY] {
         let err = q.quantize_moe_into(&x, (t, k), &o, gs, &mut codes, &mut scales).unwrap_err();
         assert!(matches!(err, Error::InvalidData { what: "global scale", .. }), "{err:?}");
@@ -645,8 +627,8 @@ fn gpu_quantize_moe_bad_inputs_write_nothing() -> Outcome {
     assert!(matches!(err, Error::BufferLength { name: "x", .. }), "{err:?}");
     let err = q.quantize_moe_into(&x.slice(8..8 + t * k - 8), (t, k), &o, 1.0, &mut codes, &mut scales).unwrap_err();
     assert!(matches!(err, Error::BufferLength { name: "x", .. }), "{err:?}");
-    untouched_u8(&s, &codes, "quantize_moe codes");
-    untouched_u8(&s, &scales, "quantize_moe scales");
+    assert_poisoned(&s, &codes, "quantize_moe codes");
+    assert_poisoned(&s, &scales, "quantize_moe scales");
     Ok(())
 }
 
@@ -658,8 +640,8 @@ fn gpu_grouped_list_bad_groups_write_nothing() -> Outcome {
     let b0 = up(&Nvfp4Matrix::random_contest(128, 256, 1, 5).unwrap());
     let b_other_k = up(&Nvfp4Matrix::random_contest(128, 512, 1, 6).unwrap());
     let b_batched = up(&Nvfp4Matrix::random_contest(128, 256, 2, 7).unwrap());
-    let mut d0 = poison_f16(&s, 16 * 128);
-    let mut d1 = poison_f16(&s, 16 * 128);
+    let mut d0 = poison::<f16>(&s, 16 * 128);
+    let mut d1 = poison::<f16>(&s, 16 * 128);
     // Empty list.
     let mut empty: [ListGroup<'_, CudaSlice<u8>, CudaSlice<u8>, CudaSlice<u8>, CudaSlice<u8>, &mut CudaSlice<f16>>; 0] = [];
     let e = g.grouped_list::<_, _, _, _, _, u8, u8, f16>(&mut empty, None).unwrap_err();
@@ -684,12 +666,12 @@ fn gpu_grouped_list_bad_groups_write_nothing() -> Outcome {
     }
     // More groups than a launch takes (each good).
     {
-        let mut ds: Vec<CudaSlice<f16>> = (0..MAX_EXPERTS + 1).map(|_| poison_f16(&s, 16 * 128)).collect();
+        let mut ds: Vec<CudaSlice<f16>> = (0..MAX_EXPERTS + 1).map(|_| poison::<f16>(&s, 16 * 128)).collect();
         let mut groups: Vec<_> = ds.iter_mut().map(|d| ListGroup { a: &a0, b: &b0, d, alpha: 1.0 }).collect();
         let e = g.grouped_list(&mut groups, None).unwrap_err();
         assert!(matches!(e, Error::Dimension { dim: "groups", .. }), "{e:?}");
         for d in &ds {
-            untouched_f16(&s, d, "too many groups");
+            assert_poisoned(&s, d, "too many groups");
         }
     }
     // A forced config without list kernels.
@@ -700,17 +682,17 @@ fn gpu_grouped_list_bad_groups_write_nothing() -> Outcome {
     }
     // FP4 entry with a 16-bit output.
     {
-        let (mut dv, mut sfd) = (poison_u8(&s, 16 * 64), poison_u8(&s, blockscaled_gemm::Problem::new(16, 128, 256).sfd_bytes()));
+        let (mut dv, mut sfd) = (poison::<u8>(&s, 16 * 64), poison::<u8>(&s, blockscaled_gemm::Problem::new(16, 128, 256).sfd_bytes()));
         let mut groups = [ListGroup { a: &a0, b: &b0, d: Nvfp4Output::new(&mut dv, &mut sfd), alpha: 1.0 }];
         let e = g.grouped_list_fp4(OutType::Bf16, 1.0, &mut groups, None).unwrap_err();
         assert!(matches!(e, Error::InvalidData { what: "out", .. }), "{e:?}");
         let e = g.grouped_list_fp4(OutType::Nvfp4, f32::NAN, &mut groups, None).unwrap_err();
         assert!(matches!(e, Error::NormConstant { .. }), "{e:?}");
-        untouched_u8(&s, &dv, "list FP4 D");
-        untouched_u8(&s, &sfd, "list FP4 SFD");
+        assert_poisoned(&s, &dv, "list FP4 D");
+        assert_poisoned(&s, &sfd, "list FP4 SFD");
     }
-    untouched_f16(&s, &d0, "list group 0");
-    untouched_f16(&s, &d1, "list group 1");
+    assert_poisoned(&s, &d0, "list group 0");
+    assert_poisoned(&s, &d1, "list group 1");
     Ok(())
 }
 
