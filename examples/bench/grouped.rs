@@ -1,17 +1,19 @@
 //! The grouped (mixture-of-experts) cases of the bench (`op` "grouped"): the cases, their
 //! routing, and one case's timings.
 //!
-//! Per case, in one run: stacked NVFP4 activations of the `--data` kind (T = sum of the experts' rows, K),
-//! weights (E, N, K) of which eight distinct experts repeat, expert scales 1, bf16 output; buffer
-//! sets rotated so that the bytes a call touches (the weights of the experts with rows, the
-//! activations, their scales and D) cover more than twice the L2 (one set where a call already
-//! touches that much). Timed as `gemm` is: `ours_b2b_us` and `host_enqueue_us` back to back,
-//! `ours_graph_us` from a CUDA graph; `loop_graph_us`: this crate's `gemm` once per expert with
-//! rows, every call of the loop in the same graph; `list_graph_us`: the list-form grouped GEMM
-//! (`grouped_list_raw`) with the experts that have rows as its groups (their rows of A and D,
-//! their scales and weights; the arrays uploaded once per set), from a CUDA graph. `exact`: sampled rows of every timing equal
-//! the exact reference of their expert bit for bit. The floor is max(bytes touched / the run's
-//! copy bandwidth, FP16 MMA time of the rows at 800 TFLOP/s).
+//! Per case, in one run: stacked NVFP4 activations of the `--data` kind (T = sum of the experts'
+//! rows, K), weights (E, N, K) of which eight distinct experts repeat, expert scales 1, bf16
+//! output; inputs and D rotated (`rotation`) by the bytes a call touches: the weights of the
+//! experts with rows, the activations, the scale rows their 128-row blocks occupy and D (one set
+//! where a call alone touches more than twice the L2). Timed as `gemm` is: `ours_b2b_us` and
+//! `host_enqueue_us` back to back, `ours_graph_us` from a CUDA graph; `loop_graph_us`: this
+//! crate's `gemm` once per expert with rows, every call of the loop in the same graph;
+//! `list_graph_us`: the list-form grouped GEMM (`grouped_list_raw`) with the experts that have
+//! rows as its groups (their rows of A and D, their scales and weights; the arrays uploaded once
+//! per set), from a CUDA graph. `exact`: sampled rows of every timing's latest set equal the exact
+//! reference of their expert bit for bit, and every other set it wrote holds the same bits. The
+//! floor is max(those bytes / the floor bandwidth, FP16 MMA time of the rows at 800 TFLOP/s), as
+//! the GEMM rows'.
 
 use std::sync::Arc;
 
@@ -19,10 +21,11 @@ use blockscaled_gemm::compare::compare;
 use blockscaled_gemm::grouped::{expert_offsets, moe_scale_starts, moe_scales, moe_sfa_used_rows};
 use blockscaled_gemm::layout::{padded_sf_cols, sf_batch_bytes};
 use blockscaled_gemm::{reference_gemm, BlockScaledGemm, Config, ListArrays, ListProblem, MoeActivations, MoeProblem, Nvfp4Matrix, Nvfp4Tensor, OutType, Problem, SplitMix64};
-use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
+use cudarc::driver::{CudaSlice, CudaStream, CudaViewMut, DevicePtr};
 use half::bf16;
 
-use crate::{poison, time_back_to_back, time_graph, Cli};
+use crate::rotation::{differing, Rotated, Rotation, Turns};
+use crate::{time_back_to_back, time_graph, Cli};
 
 /// One grouped case: its name, N, K and the rows each expert receives.
 pub struct Case {
@@ -128,6 +131,7 @@ pub fn cases_json(cases: &[Case]) -> String {
 
 pub struct GroupedResult {
     pub config: Config,
+    pub rot: Rotation,
     pub experts_hit: usize,
     pub b2b_us: f64,
     pub graph_us: f64,
@@ -145,6 +149,9 @@ pub struct GroupedResult {
     pub exact: bool,
 }
 
+/// One timing of a case on its output sets: us per call.
+type Timing<'a> = &'a mut dyn FnMut(&mut Rotated<bf16>) -> Result<f64, Box<dyn std::error::Error>>;
+
 /// Device buffers of one set: activations, their MoE-layout scales, weights and weight scales.
 struct Set {
     a: CudaSlice<u8>,
@@ -153,7 +160,7 @@ struct Set {
     sfb: CudaSlice<u8>,
 }
 
-pub fn bench_case(cli: &Cli, gemm: &BlockScaledGemm, stream: &Arc<CudaStream>, l2: usize, copy_gbps: f64, case: &Case) -> Result<GroupedResult, Box<dyn std::error::Error>> {
+pub fn bench_case(cli: &Cli, gemm: &BlockScaledGemm, stream: &Arc<CudaStream>, l2: usize, floor_gbps: f64, case: &Case) -> Result<GroupedResult, Box<dyn std::error::Error>> {
     let (n, k, experts) = (case.n, case.k, case.counts.len());
     let t: usize = case.counts.iter().sum();
     let p = MoeProblem::new(t, n, k, experts);
@@ -164,10 +171,15 @@ pub fn bench_case(cli: &Cli, gemm: &BlockScaledGemm, stream: &Arc<CudaStream>, l
     let sfa_host = moe_scales(&x, &offsets)?;
     let hit: Vec<usize> = (0..experts).filter(|&e| case.counts[e] > 0).collect();
     let (w_bytes, w_sf) = (n * k / 2, sf_batch_bytes(n, k));
-    let bytes = hit.len() * (w_bytes + w_sf) + p.a_bytes() + p.sfa_bytes() + 2 * p.d_elems();
-    let n_sets = if bytes > 2 * l2 { 1 } else { 2 * l2 / bytes + 2 };
-    let mut sets = Vec::with_capacity(n_sets);
-    for _ in 0..n_sets {
+    // The scale rows this routing's blocks occupy (each expert's rows rounded up to 128), not the
+    // buffer's capacity for any routing.
+    let sp = padded_sf_cols(k / 16);
+    let sf_start: Vec<usize> = moe_scale_starts(&offsets)?.iter().map(|r| r * sp).collect();
+    let bytes = hit.len() * (w_bytes + w_sf) + p.a_bytes() + sf_start[experts] + 2 * p.d_elems();
+    let rot = Rotation::new(cli.graph_calls, l2, bytes, true);
+    let turns = Turns::new(rot);
+    let mut sets = Vec::with_capacity(rot.sets);
+    for _ in 0..rot.sets {
         let mut b: CudaSlice<u8> = stream.alloc_zeros(p.b_bytes())?;
         let mut sfb: CudaSlice<u8> = stream.alloc_zeros(p.sfb_bytes())?;
         for e in 0..experts {
@@ -179,23 +191,23 @@ pub fn bench_case(cli: &Cli, gemm: &BlockScaledGemm, stream: &Arc<CudaStream>, l
     }
     let offsets_dev = stream.clone_htod(&offsets)?;
     let ones = stream.clone_htod(&vec![1.0f32; experts])?;
-    let mut d: CudaSlice<bf16> = stream.alloc_zeros(p.d_elems())?;
+    let mut d = Rotated::<bf16>::new(stream, rot, p.d_elems())?;
     let forced = cli.grouped_config;
     let config = match forced {
         Some(c) => c,
         None => gemm.select_grouped_config(&p, blockscaled_gemm::OutType::Bf16)?,
     };
     let w4a16_forced = forced.filter(|c| c.is_built_grouped_w4a16(OutType::Bf16));
-    let launch = |i: usize, d: &mut CudaSlice<bf16>| -> Result<(), blockscaled_gemm::Error> {
-        let s = &sets[i % n_sets];
-        let a = MoeActivations::new(s.a.as_view(), s.sfa.as_view(), (t, k), 1.0)?;
-        let b = Nvfp4Tensor::new(s.b.as_view(), s.sfb.as_view(), (experts, n, k), 1.0)?;
-        gemm.moe_gemm(&p, &a, &b, &offsets_dev, &ones, d, Some(config)).map(|_| ())
+    // As a user calls: the rule's pick unless forced (the host time includes it); checked below.
+    let launch = |d: &mut Rotated<bf16>| -> Result<Config, blockscaled_gemm::Error> {
+        let s = turns.next();
+        let set = &sets[s];
+        let a = MoeActivations::new(set.a.as_view(), set.sfa.as_view(), (t, k), 1.0)?;
+        let b = Nvfp4Tensor::new(set.b.as_view(), set.sfb.as_view(), (experts, n, k), 1.0)?;
+        gemm.moe_gemm(&p, &a, &b, &offsets_dev, &ones, &mut d.set(s), forced)
     };
     // The loop of gemm, one call per expert with rows: the expert's rows of A, its scales (the
     // MoE layout is each expert's own tiled layout, at its padded start), its batch of B.
-    let sp = padded_sf_cols(k / 16);
-    let sf_start: Vec<usize> = moe_scale_starts(&offsets)?.iter().map(|r| r * sp).collect();
     let mut workspace = gemm.moe_workspace_size(&p, blockscaled_gemm::OutType::Bf16, Some(config))?;
     for &e in &hit {
         workspace = workspace.max(gemm.workspace_size(&Problem::new(case.counts[e], n, k), blockscaled_gemm::OutType::Bf16, None)?);
@@ -220,47 +232,52 @@ pub fn bench_case(cli: &Cli, gemm: &BlockScaledGemm, stream: &Arc<CudaStream>, l
         Err(e) => return Err(e.into()),
     };
     let x16: Vec<bf16> = if w4a16_workspace.is_some() { x.dequantize()?.iter().map(|&v| bf16::from_f32(v)).collect() } else { Vec::new() };
-    let a16_sets = if w4a16_workspace.is_some() { (0..n_sets).map(|_| stream.clone_htod(&x16)).collect::<Result<Vec<CudaSlice<bf16>>, _>>()? } else { Vec::new() };
+    let a16_sets = if w4a16_workspace.is_some() { (0..rot.sets).map(|_| stream.clone_htod(&x16)).collect::<Result<Vec<CudaSlice<bf16>>, _>>()? } else { Vec::new() };
     workspace = workspace.max(w4a16_workspace.unwrap_or(0));
     gemm.reserve_workspace(workspace)?;
     let addr = |x: &CudaSlice<u8>| x.device_ptr(stream).0;
-    let d_addr = d.device_ptr(stream).0;
     let problems = stream.clone_htod(&hit.iter().flat_map(|&e| [case.counts[e] as i32, n as i32, k as i32]).collect::<Vec<i32>>())?;
-    let d_list = stream.clone_htod(&hit.iter().map(|&e| d_addr + (offsets[e] as usize * n * 2) as u64).collect::<Vec<u64>>())?;
-    let mut list_sets = Vec::with_capacity(n_sets);
-    for s in &sets {
+    let mut list_sets = Vec::with_capacity(rot.sets);
+    for (i, s) in sets.iter().enumerate() {
         let arr = |f: &dyn Fn(usize) -> u64| stream.clone_htod(&hit.iter().map(|&e| f(e)).collect::<Vec<u64>>());
+        let d_addr = d.set(i).device_ptr(stream).0;
         list_sets.push([
             arr(&|e| addr(&s.a) + (offsets[e] as usize * k / 2) as u64)?,
             arr(&|e| addr(&s.sfa) + sf_start[e] as u64)?,
             arr(&|e| addr(&s.b) + (e * w_bytes) as u64)?,
             arr(&|e| addr(&s.sfb) + (e * w_sf) as u64)?,
+            arr(&|e| d_addr + (offsets[e] as usize * n * 2) as u64)?,
         ]);
     }
-    let list_launch = |i: usize| -> Result<(), blockscaled_gemm::Error> {
-        let [a, sfa, b, sfb] = &list_sets[i % n_sets];
-        let arrays = ListArrays { problems: &problems, a, sfa, b, sfb, d: &d_list, c: None, sfd: None, alphas: None };
+    // `_d`: the list form writes the set's part of D through the addresses of its arrays; taking
+    // it here keeps it borrowed as the other forms' launches do.
+    let list_launch = |_d: &mut Rotated<bf16>| -> Result<(), blockscaled_gemm::Error> {
+        let [a, sfa, b, sfb, d_list] = &list_sets[turns.next()];
+        let arrays = ListArrays { problems: &problems, a, sfa, b, sfb, d: d_list, c: None, sfd: None, alphas: None };
         // SAFETY: every address is inside this case's live buffers, at the expert's rows.
         unsafe { gemm.grouped_list_raw(&list_p, OutType::Bf16, &arrays, Some(list_config)) }.map(|_| ())
     };
-    let w4a16_launch = |i: usize, d: &mut CudaSlice<bf16>| -> Result<Config, blockscaled_gemm::Error> {
-        let s = &sets[i % n_sets];
-        let b = Nvfp4Tensor::new(s.b.as_view(), s.sfb.as_view(), (experts, n, k), 1.0)?;
-        gemm.moe_gemm_w4a16(&p, &a16_sets[i % n_sets], &b, &offsets_dev, &ones, d, w4a16_forced)
+    let w4a16_launch = |d: &mut Rotated<bf16>| -> Result<Config, blockscaled_gemm::Error> {
+        let s = turns.next();
+        let set = &sets[s];
+        let b = Nvfp4Tensor::new(set.b.as_view(), set.sfb.as_view(), (experts, n, k), 1.0)?;
+        gemm.moe_gemm_w4a16(&p, &a16_sets[s], &b, &offsets_dev, &ones, &mut d.set(s), w4a16_forced)
     };
-    let loop_launch = |i: usize, d: &mut CudaSlice<bf16>| -> Result<(), blockscaled_gemm::Error> {
-        let s = &sets[i % n_sets];
+    let loop_launch = |d: &mut Rotated<bf16>| -> Result<(), blockscaled_gemm::Error> {
+        let s = turns.next();
+        let (set, mut ds) = (&sets[s], d.set(s));
         for &e in &hit {
             let (r0, r1) = (offsets[e] as usize, offsets[e + 1] as usize);
             let pe = Problem::new(r1 - r0, n, k);
-            let a = Nvfp4Tensor::new(s.a.slice(r0 * k / 2..r1 * k / 2), s.sfa.slice(sf_start[e]..sf_start[e + 1]), (1, r1 - r0, k), 1.0)?;
-            let b = Nvfp4Tensor::new(s.b.slice(e * w_bytes..(e + 1) * w_bytes), s.sfb.slice(e * w_sf..(e + 1) * w_sf), (1, n, k), 1.0)?;
-            gemm.gemm(&pe, &a, &b, &mut d.slice_mut(r0 * n..r1 * n), None)?;
+            let a = Nvfp4Tensor::new(set.a.slice(r0 * k / 2..r1 * k / 2), set.sfa.slice(sf_start[e]..sf_start[e + 1]), (1, r1 - r0, k), 1.0)?;
+            let b = Nvfp4Tensor::new(set.b.slice(e * w_bytes..(e + 1) * w_bytes), set.sfb.slice(e * w_sf..(e + 1) * w_sf), (1, n, k), 1.0)?;
+            gemm.gemm(&pe, &a, &b, &mut ds.slice_mut(r0 * n..r1 * n), None)?;
         }
         Ok(())
     };
     // Sampled rows of every expert region and the exact reference of their expert (computed
-    // once; each timing's output is checked against it).
+    // once; each timing's latest output is checked against it, and every other set it wrote must
+    // hold the same bits).
     let rows: Vec<usize> = (0..t.min(48)).map(|i| i * (t - 1) / (t.min(48) - 1).max(1)).collect();
     let mut wants: Vec<(Vec<usize>, Vec<bf16>)> = Vec::new();
     for &e in &hit {
@@ -271,8 +288,10 @@ pub fn bench_case(cli: &Cli, gemm: &BlockScaledGemm, stream: &Arc<CudaStream>, l
             wants.push((mine, want));
         }
     }
-    let check = |d: &CudaSlice<bf16>, what: &str| -> Result<bool, Box<dyn std::error::Error>> {
-        let got = stream.clone_dtoh(d)?;
+    let check = |d: &Rotated<bf16>, what: &str, since: usize| -> Result<bool, Box<dyn std::error::Error>> {
+        let all = d.read(stream)?;
+        let latest = turns.latest();
+        let got = all.get(latest);
         let mut ok = true;
         for (mine, want) in &wants {
             let got_rows: Vec<bf16> = mine.iter().flat_map(|&r| got[r * n..(r + 1) * n].iter().copied()).collect();
@@ -281,54 +300,65 @@ pub fn bench_case(cli: &Cli, gemm: &BlockScaledGemm, stream: &Arc<CudaStream>, l
         if !ok {
             eprintln!("{}: verification failed ({what})", case.name);
         }
+        if let Some(s) = differing(&[&all], latest, &turns.written_since(since), |v| v.to_bits()) {
+            eprintln!("{}: the output of set {s} differs from the verified set {latest}'s ({what})", case.name);
+            ok = false;
+        }
         Ok(ok)
     };
-    for i in 0..10 {
-        launch(i, &mut d)?;
+    for _ in 0..10 {
+        let ran = launch(&mut d)?;
+        if ran != config {
+            return Err(format!("{}: the call ran {ran}, the rule said {config}", case.name).into());
+        }
     }
-    poison(stream, &mut d)?;
-    let (b2b_us, host_us) = time_back_to_back(cli, stream, |i| launch(i, &mut d))?;
-    let mut exact = check(&d, "back to back")?;
-    poison(stream, &mut d)?;
-    let graph_us = time_graph(cli, stream, |i| launch(i, &mut d))?;
-    exact &= check(&d, "graph")?;
-    poison(stream, &mut d)?;
-    let loop_graph_us = time_graph(cli, stream, |i| loop_launch(i, &mut d))?;
-    exact &= check(&d, "loop of gemm")?;
-    poison(stream, &mut d)?;
-    let list_graph_us = time_graph(cli, stream, list_launch)?;
-    exact &= check(&d, "list form")?;
+    // One timing: `d` poisoned, then `time` runs it; its output judged.
+    let mut exact = true;
+    let mut timed = |d: &mut Rotated<bf16>, what: &str, time: Timing| -> Result<f64, Box<dyn std::error::Error>> {
+        d.poison(stream)?;
+        let since = turns.count();
+        let us = time(d)?;
+        exact &= check(d, what, since)?;
+        Ok(us)
+    };
+    let mut host_us = 0.0;
+    let b2b_us = timed(&mut d, "back to back", &mut |d| {
+        let (us, host) = time_back_to_back(cli, stream, || launch(d).map(|_| ()))?;
+        host_us = host;
+        Ok(us)
+    })?;
+    let graph_us = timed(&mut d, "graph", &mut |d| time_graph(cli, stream, rot.calls, || launch(d).map(|_| ())))?;
+    let loop_graph_us = timed(&mut d, "loop of gemm", &mut |d| time_graph(cli, stream, rot.calls, || loop_launch(d)))?;
+    let list_graph_us = timed(&mut d, "list form", &mut |d| time_graph(cli, stream, rot.calls, || list_launch(d)))?;
     let (mut w4a16_config, mut w4a16_graph_us) = (None, None);
     if w4a16_workspace.is_some() {
-        poison(stream, &mut d)?;
-        w4a16_config = Some(w4a16_launch(0, &mut d)?);
-        w4a16_graph_us = Some(time_graph(cli, stream, |i| w4a16_launch(i, &mut d).map(|_| ()))?);
-        exact &= check(&d, "W4A16")?;
+        // The config, from one launch ahead of the timing (whose poison then covers it).
+        w4a16_config = Some(w4a16_launch(&mut d)?);
+        w4a16_graph_us = Some(timed(&mut d, "W4A16", &mut |d| time_graph(cli, stream, rot.calls, || w4a16_launch(d).map(|_| ())))?);
     }
     // The MoE form with the weights prepacked (Hopper only), the rule's config for them.
     let mut prepacked_graph_us = None;
     if config.info().arch == 90 {
-        let mut packed = Vec::with_capacity(n_sets);
+        let mut packed = Vec::with_capacity(rot.sets);
         for s in &sets {
             packed.push(Nvfp4Tensor::new(s.b.as_view(), s.sfb.as_view(), (experts, n, k), 1.0)?.prepack(stream)?.into_parts().0);
         }
-        let packed_launch = |i: usize, d: &mut CudaSlice<bf16>| -> Result<(), blockscaled_gemm::Error> {
-            let s = &sets[i % n_sets];
-            let a = MoeActivations::new(s.a.as_view(), s.sfa.as_view(), (t, k), 1.0)?;
-            let b = Nvfp4Tensor::new_prepacked(packed[i % n_sets].as_view(), s.sfb.as_view(), (experts, n, k), 1.0)?;
-            gemm.moe_gemm(&p, &a, &b, &offsets_dev, &ones, d, Some(config)).map(|_| ())
+        let packed_launch = |d: &mut Rotated<bf16>| -> Result<(), blockscaled_gemm::Error> {
+            let s = turns.next();
+            let set = &sets[s];
+            let a = MoeActivations::new(set.a.as_view(), set.sfa.as_view(), (t, k), 1.0)?;
+            let b = Nvfp4Tensor::new_prepacked(packed[s].as_view(), set.sfb.as_view(), (experts, n, k), 1.0)?;
+            gemm.moe_gemm(&p, &a, &b, &offsets_dev, &ones, &mut d.set(s), Some(config)).map(|_| ())
         };
-        poison(stream, &mut d)?;
-        prepacked_graph_us = Some(time_graph(cli, stream, |i| packed_launch(i, &mut d))?);
-        exact &= check(&d, "prepacked weights")?;
+        prepacked_graph_us = Some(timed(&mut d, "prepacked weights", &mut |d| time_graph(cli, stream, rot.calls, || packed_launch(d)))?);
     }
-    let floor_us = (bytes as f64 / (copy_gbps * 1e9)).max(2.0 * (t * n * k) as f64 / 800e12) * 1e6;
-    Ok(GroupedResult { config, experts_hit: hit.len(), b2b_us, graph_us, prepacked_graph_us, host_us, loop_graph_us, list_config, list_graph_us, w4a16_config, w4a16_graph_us, floor_us, bytes, exact })
+    let floor_us = (bytes as f64 / (floor_gbps * 1e9)).max(2.0 * (t * n * k) as f64 / 800e12) * 1e6;
+    Ok(GroupedResult { config, rot, experts_hit: hit.len(), b2b_us, graph_us, prepacked_graph_us, host_us, loop_graph_us, list_config, list_graph_us, w4a16_config, w4a16_graph_us, floor_us, bytes, exact })
 }
 
 /// The MoE-form quantizer on case `case`'s stacked rows: bf16 (T, K) N(0, 1) data, the case's
-/// routing on the device, global scale 4 / 2688 given; inputs rotated over more than twice the
-/// L2; `exact`: codes, and the scales of the experts' 128-row blocks, equal the CPU quantizer's
+/// routing on the device, global scale 4 / 2688 given; inputs and outputs rotated (`rotation`);
+/// `exact`: codes, and the scales of the experts' 128-row blocks, equal the CPU quantizer's
 /// with `moe_scales`' placement (the buffer's rows past those blocks are not checked). Bytes: the
 /// input read, the codes and the scale rows any routing's blocks can reach written (the rest of
 /// the buffer is not written).
@@ -340,22 +370,17 @@ pub fn bench_quantize_moe(cli: &Cli, q: &blockscaled_gemm::Quantizer, stream: &A
     let offsets = expert_offsets(&case.counts)?;
     let want = Nvfp4Matrix::quantize(&x, (1, t, k), Some(g))?;
     let want_scales = moe_scales(&want, &offsets)?;
-    let n_sets = (2 * l2 / (2 * t * k) + 1).max(2);
-    let big = stream.clone_htod(&x.repeat(n_sets))?;
-    let offsets_dev = stream.clone_htod(&offsets)?;
-    let mut codes: CudaSlice<u8> = stream.alloc_zeros(t * k / 2)?;
-    let mut scales: CudaSlice<u8> = stream.alloc_zeros(want_scales.len())?;
-    let launch = |i: usize, codes: &mut CudaSlice<u8>, scales: &mut CudaSlice<u8>| {
-        let set = i % n_sets;
-        q.quantize_moe_into(&big.slice(set * t * k..(set + 1) * t * k), (t, k), &offsets_dev, g, codes, scales)
-    };
-    let used = moe_scale_starts(&offsets)?[case.counts.len()] * padded_sf_cols(k / 16);
-    let check = |codes: &CudaSlice<u8>, scales: &CudaSlice<u8>| -> Result<bool, Box<dyn std::error::Error>> {
-        Ok(stream.clone_dtoh(codes)? == want.data() && stream.clone_dtoh(scales)?[..used] == want_scales[..used])
-    };
     let reach = moe_sfa_used_rows(t, case.counts.len()) * padded_sf_cols(k / 16);
     let bytes = 2 * t * k + t * k / 2 + reach;
-    crate::time_quantizer(cli, stream, l2, bytes, (&mut codes, &mut scales), launch, check)
+    let rot = Rotation::new(cli.graph_calls, l2, bytes, false);
+    let big = stream.clone_htod(&x.repeat(rot.sets))?;
+    let offsets_dev = stream.clone_htod(&offsets)?;
+    let launch = |s: usize, codes: &mut CudaViewMut<u8>, scales: &mut CudaViewMut<u8>| {
+        q.quantize_moe_into(&big.slice(s * t * k..(s + 1) * t * k), (t, k), &offsets_dev, g, codes, scales)
+    };
+    let used = moe_scale_starts(&offsets)?[case.counts.len()] * padded_sf_cols(k / 16);
+    let check = |codes: &[u8], scales: &[u8]| codes == want.data() && scales[..used] == want_scales[..used];
+    crate::time_quantizer(cli, stream, l2, rot, bytes, (t * k / 2, want_scales.len()), launch, check)
 }
 
 #[cfg(test)]

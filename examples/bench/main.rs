@@ -1,30 +1,37 @@
 //! Benchmark of `BlockScaledGemm` measured the way engines run it (not a test; bench/README.md
 //! has the method and the current table).
 //!
-//! Per shape and output type, in one run: data copied into enough device buffer sets to rotate
-//! through more than twice the L2; 10 warm-up launches; then
-//! - `ours_launch_us`: each of `--runs` launches alone between a pair of CUDA events, D poisoned
-//!   (0xFF bytes) before each; the median;
+//! Per shape and output type, in one run: `sets` copies of the inputs and of the outputs, every
+//! launch on the next in turn, so that no launch reads or writes data the L2 still holds
+//! ([`rotation`] has the rule); 10 warm-up launches; then
+//! - `ours_launch_us`: each of `--runs` launches alone between a pair of CUDA events, its output
+//!   poisoned (0xFF bytes) before each; the median;
 //! - `ours_b2b_us`: `--runs` launches back to back between one pair of events; the mean;
-//! - `ours_graph_us`: a CUDA graph of `--graph-calls` launches (rotating the sets) replayed
-//!   `--replays` times between events; the median replay over the calls in it;
-//!   `ours_prepacked_graph_us`: the same with the weights prepacked (`Nvfp4Tensor::prepack`),
-//!   the rule's config for them (`prepacked_config`) or the forced one; null where the config is
-//!   not an SM90 one;
-//! - `host_enqueue_us`: host time of one call while queueing the back-to-back launches (median);
+//! - `ours_graph_us`: a CUDA graph of `graph_calls` launches (a multiple of `sets`, at least
+//!   `--graph-calls`) replayed `--replays` times between events; the median replay over the
+//!   calls in it; `ours_prepacked_graph_us`: the same with the weights prepacked
+//!   (`Nvfp4Tensor::prepack`), the rule's config for them (`prepacked_config`) or the forced one;
+//!   null where the config is not an SM90 one;
+//! - `host_enqueue_us`: host time of one call while queueing the back-to-back launches (median),
+//!   each call made as a user makes it (the rule picks the config unless `--config` forces one);
 //!   `host_plan_us`: of that, the validation and config choice alone (median of 1000).
-//!   The output of each of the three timings is judged on sampled rows against the exact CPU
-//!   reference by the crate's verdict (`compare::verify_matrices`; FP4 outputs: codes and scales
-//!   within one step, as the example judges them): `verdict` "exact" (every element bit for
-//!   bit), "bound" (none beyond the stated FP32 bound) or "failed"; `exact` says bit for bit.
+//!   The outputs are poisoned before each timing. After it, the latest set's is judged on sampled
+//!   rows against the exact CPU reference by the crate's verdict (`compare::verify_matrices`;
+//!   FP4 outputs: codes and scales within one step, as the example judges them), and every other
+//!   set the timing wrote must hold the same bytes (the sets' inputs are equal): `verdict`
+//!   "exact" (every element bit for bit), "bound" (none beyond the stated FP32 bound) or
+//!   "failed"; `exact` says bit for bit.
 //!
-//! The floor is max(bytes / device-to-device copy bandwidth measured in this run, FP16 MMA time
-//! at 800 TFLOP/s). cuBLAS figures come from `--baselines FILE` (bench/baselines.py, run in the
-//! same device session by `run.sh bench`), graph-replayed like ours; absent, they are null.
+//! The floor is max(bytes read and written / `floor_gbps`, FP16 MMA time at 800 TFLOP/s), where
+//! `floor_gbps` is the device-to-device copy rate measured in this run (`copy_gbps`) or 3.0 TB/s,
+//! whichever is larger ([`FLOOR_MIN_GBPS`]). cuBLAS figures come from `--baselines FILE`
+//! (bench/baselines.py, run in the same device session by `run.sh bench`), graph-replayed like
+//! ours, with their `triton.testing.do_bench` cross-check (`*_do_bench_us`) and their rotation
+//! (`baselines_sets`, `baselines_graph_calls`); absent, they are null.
 //!
 //! Then the GPU quantizer (`op` "quantize"), bf16 (1, M, K) with a given global scale, for each
-//! of `--quantize-rows` at K = `--quantize-k`: back to back and from a graph as above, inputs
-//! rotated over more than twice the L2, `gbps` = bytes read + written (scale padding included)
+//! of `--quantize-rows` at K = `--quantize-k`: back to back and from a graph as above, inputs and
+//! outputs rotated as above, `gbps` = bytes read + written (scale padding included)
 //! per second of the graph time, against `copy_gbps`; `exact`: codes and scales equal the CPU
 //! quantizer's bit for bit. The same for the fused SwiGLU quantizer (`"transform":"swiglu"`),
 //! bf16 (1, M, 2K) in, for each of `--swiglu-rows` at K = `--swiglu-k`; `exact`: equal to the
@@ -41,6 +48,7 @@
 
 mod chain;
 mod grouped;
+mod rotation;
 mod w4a16;
 
 use std::time::Instant;
@@ -52,7 +60,8 @@ use blockscaled_gemm::reference::{self, Accumulation};
 use blockscaled_gemm::{BlockScaledGemm, Config, Nvfp4Matrix, Nvfp4Output, Nvfp4Tensor, OutType, Problem, Quantizer, SplitMix64, WeightLayout};
 use clap::Parser;
 use cudarc::driver::sys::{CUdevice_attribute, CUevent_flags, CUgraphInstantiate_flags, CUstreamCaptureMode};
-use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtrMut};
+use cudarc::driver::{CudaContext, CudaSlice, CudaStream, CudaViewMut, DevicePtrMut};
+use rotation::{differing, Rotated, Rotation, Turns};
 use half::f16;
 use std::sync::Arc;
 
@@ -201,6 +210,11 @@ fn operand(cli: &Cli, rows: usize, k: usize, batch: usize, seed: u64) -> blocksc
     }
 }
 
+/// The floors' bandwidth is the copy rate measured in the run or this, whichever is larger: SPEC.md
+/// states an H100's floors at 3.0 TB/s, and a run's copy can measure below it (2.92 TB/s on one
+/// H100), which would make the floor kinder. An H200's copy measures above it and is used.
+const FLOOR_MIN_GBPS: f64 = 3000.0;
+
 const DEFAULT_SHAPES: &[(usize, usize, usize)] = &[
     (1, 4096, 7168),
     (1, 7168, 16384),
@@ -248,12 +262,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let commit = cli.commit.clone().or_else(|| option_env!("BSG_COMMIT").map(str::to_string)).unwrap_or_else(|| "unknown".into());
     let (baselines, gemm_base_data) = read_baselines(&cli.baselines, cli.data)?;
     let copy_gbps = copy_bandwidth(&stream)?;
-    println!("device: {gpu}, {} SMs, L2 {} MB, copy {copy_gbps:.0} GB/s; commit {commit}", gemm.device().sm_count, l2 >> 20);
+    let floor_gbps = copy_gbps.max(FLOOR_MIN_GBPS);
+    println!("device: {gpu}, {} SMs, L2 {} MB, copy {copy_gbps:.0} GB/s (floors at {floor_gbps:.0}); commit {commit}", gemm.device().sm_count, l2 >> 20);
     println!("{:>16} {:>6} {:>24} {:>5} {:>9} {:>8} {:>8} {:>8} {:>8} {:>8} {:>10} {:>9} {:>7} {:>6}", "MxNxK", "out", "config", "split", "launch_us", "b2b_us", "graph_us", "prepack", "host_us", "floor_us", "bf16_graph", "fp8_graph", "x_floor", "check");
     let mut json = String::new();
     for &(m, n, k) in shapes.iter().filter(|_| !cli.no_gemm) {
         for &out in outs {
-            let r = bench_one(&cli, &gemm, &stream, l2, copy_gbps, (m, n, k), out)?;
+            let r = bench_one(&cli, &gemm, &stream, l2, floor_gbps, (m, n, k), out)?;
             let (bf16, fp8) = baselines.as_ref().map_or((None, None), |b| b.get(m, n, k));
             let fmt = |x: Option<f64>| x.map_or("-".to_string(), |v| format!("{v:.2}"));
             println!("{:>16} {:>6} {:>24} {:>5} {:>9.2} {:>8.2} {:>8.2} {:>8} {:>8.2} {:>8.2} {:>10} {:>9} {:>7.2} {:>6}", format!("{m}x{n}x{k}"), out.name(), r.config.to_string(), r.split,
@@ -261,8 +276,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             let num = |x: Option<f64>| x.map_or("null".to_string(), |v| format!("{v:.3}"));
             let (prepacked_us, prepacked_config) = prepacked_json(r.prepacked);
             json += &format!(
-                "{{\"op\":\"gemm\",\"gpu\":\"{gpu}\",\"commit\":\"{commit}\",\"data\":\"{data}\",\"baselines_data\":{gemm_base_data},\"m\":{m},\"n\":{n},\"k\":{k},\"l\":1,\"out\":\"{}\",\"config\":\"{}\",\"split_k\":{},\"runs\":{},\"graph_calls\":{},\"ours_launch_us\":{:.3},\"ours_b2b_us\":{:.3},\"ours_graph_us\":{:.3},\"ours_prepacked_graph_us\":{},\"prepacked_config\":{},\"host_enqueue_us\":{:.3},\"host_plan_us\":{:.3},\"cublas_bf16_graph_us\":{},\"cublas_fp8_graph_us\":{},\"floor_us\":{:.3},\"copy_gbps\":{copy_gbps:.1},\"workspace_bytes\":{},\"exact\":{},\"verdict\":\"{}\"}}\n",
-                out.name(), r.config, r.split, cli.runs, cli.graph_calls, r.launch_us, r.b2b_us, r.graph_us, prepacked_us, prepacked_config, r.host_us, r.plan_us, num(bf16), num(fp8), r.floor_us, r.workspace, r.check.bit_exact, r.check.verdict());
+                "{{\"op\":\"gemm\",\"gpu\":\"{gpu}\",\"commit\":\"{commit}\",\"data\":\"{data}\",\"baselines_data\":{gemm_base_data},\"m\":{m},\"n\":{n},\"k\":{k},\"l\":1,\"out\":\"{}\",\"config\":\"{}\",\"split_k\":{},\"runs\":{},\"sets\":{},\"graph_calls\":{},\"ours_launch_us\":{:.3},\"ours_b2b_us\":{:.3},\"ours_graph_us\":{:.3},\"ours_prepacked_graph_us\":{},\"prepacked_config\":{},\"host_enqueue_us\":{:.3},\"host_plan_us\":{:.3},\"cublas_bf16_graph_us\":{},\"cublas_fp8_graph_us\":{},{},\"floor_us\":{:.3},\"floor_gbps\":{floor_gbps:.1},\"copy_gbps\":{copy_gbps:.1},\"workspace_bytes\":{},\"exact\":{},\"verdict\":\"{}\"}}\n",
+                out.name(), r.config, r.split, cli.runs, r.rot.sets, r.rot.calls, r.launch_us, r.b2b_us, r.graph_us, prepacked_us, prepacked_config, r.host_us, r.plan_us, num(bf16), num(fp8),
+                cross_check(&baselines, &format!("{m}x{n}x{k}"), &["cublas_bf16_do_bench_us", "cublas_fp8_do_bench_us"]), r.floor_us, r.workspace, r.check.bit_exact, r.check.verdict());
         }
     }
     let (w4a16_baselines, w4a16_base_data) = read_baselines(&cli.w4a16_baselines, cli.data)?;
@@ -272,8 +288,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let inputs = &cli.w4a16_input.0;
     for (&(m, n, k), &input) in shapes.iter().filter(|_| !cli.no_gemm && !cli.no_w4a16).flat_map(|s| inputs.iter().map(move |i| (s, i))) {
         let r = match input {
-            "f16" => w4a16::bench_shape::<f16>(&cli, &gemm, &stream, l2, copy_gbps, (m, n, k))?,
-            _ => w4a16::bench_shape::<half::bf16>(&cli, &gemm, &stream, l2, copy_gbps, (m, n, k))?,
+            "f16" => w4a16::bench_shape::<f16>(&cli, &gemm, &stream, l2, floor_gbps, (m, n, k))?,
+            _ => w4a16::bench_shape::<half::bf16>(&cli, &gemm, &stream, l2, floor_gbps, (m, n, k))?,
         };
         let name = format!("{m}x{n}x{k}");
         let bf16 = w4a16_baselines.as_ref().and_then(|b| b.number(&name, "cublas_bf16_graph_us"));
@@ -283,8 +299,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let num = |x: Option<f64>| x.map_or("null".to_string(), |v| format!("{v:.3}"));
         let (prepacked_us, prepacked_config) = prepacked_json(r.prepacked);
         json += &format!(
-            "{{\"op\":\"w4a16\",\"gpu\":\"{gpu}\",\"commit\":\"{commit}\",\"data\":\"{data}\",\"baselines_data\":{w4a16_base_data},\"m\":{m},\"n\":{n},\"k\":{k},\"l\":1,\"input\":\"{input}\",\"out\":\"{input}\",\"config\":\"{}\",\"split_k\":{},\"runs\":{},\"graph_calls\":{},\"ours_b2b_us\":{:.3},\"ours_graph_us\":{:.3},\"ours_prepacked_graph_us\":{},\"prepacked_config\":{},\"host_enqueue_us\":{:.3},\"cublas_bf16_graph_us\":{},\"int4_tinygemm_graph_us\":{},\"floor_us\":{:.3},\"copy_gbps\":{copy_gbps:.1},\"exact\":{}}}\n",
-            r.config, r.split, cli.runs, cli.graph_calls, r.b2b_us, r.graph_us, prepacked_us, prepacked_config, r.host_us, num(bf16), num(int4), r.floor_us, r.exact);
+            "{{\"op\":\"w4a16\",\"gpu\":\"{gpu}\",\"commit\":\"{commit}\",\"data\":\"{data}\",\"baselines_data\":{w4a16_base_data},\"m\":{m},\"n\":{n},\"k\":{k},\"l\":1,\"input\":\"{input}\",\"out\":\"{input}\",\"config\":\"{}\",\"split_k\":{},\"runs\":{},\"sets\":{},\"graph_calls\":{},\"ours_b2b_us\":{:.3},\"ours_graph_us\":{:.3},\"ours_prepacked_graph_us\":{},\"prepacked_config\":{},\"host_enqueue_us\":{:.3},\"cublas_bf16_graph_us\":{},\"int4_tinygemm_graph_us\":{},{},\"floor_us\":{:.3},\"floor_gbps\":{floor_gbps:.1},\"copy_gbps\":{copy_gbps:.1},\"exact\":{}}}\n",
+            r.config, r.split, cli.runs, r.rot.sets, r.rot.calls, r.b2b_us, r.graph_us, prepacked_us, prepacked_config, r.host_us, num(bf16), num(int4),
+            cross_check(&w4a16_baselines, &name, &["cublas_bf16_do_bench_us", "int4_tinygemm_do_bench_us"]), r.floor_us, r.exact);
     }
     let quantizer = Quantizer::new(stream.clone());
     let k = cli.quantize_k;
@@ -293,8 +310,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let gbps = r.bytes as f64 / (r.graph_us * 1e-6) / 1e9;
         println!("quantize bf16 {m}x{k}: b2b {:.2} us, graph {:.2} us, host {:.2} us, {gbps:.0} GB/s ({:.0}% of copy; a same-size copy {:.2} us), {}", r.b2b_us, r.graph_us, r.host_us, 100.0 * gbps / copy_gbps, r.copy_same_us, if r.exact { "exact" } else { "FAILED" });
         json += &format!(
-            "{{\"op\":\"quantize\",\"gpu\":\"{gpu}\",\"commit\":\"{commit}\",\"m\":{m},\"k\":{k},\"l\":1,\"input\":\"bf16\",\"runs\":{},\"graph_calls\":{},\"ours_b2b_us\":{:.3},\"ours_graph_us\":{:.3},\"host_enqueue_us\":{:.3},\"bytes\":{},\"gbps\":{gbps:.1},\"copy_gbps\":{copy_gbps:.1},\"copy_same_us\":{:.3},\"exact\":{}}}\n",
-            cli.runs, cli.graph_calls, r.b2b_us, r.graph_us, r.host_us, r.bytes, r.copy_same_us, r.exact);
+            "{{\"op\":\"quantize\",\"gpu\":\"{gpu}\",\"commit\":\"{commit}\",\"m\":{m},\"k\":{k},\"l\":1,\"input\":\"bf16\",\"runs\":{},\"sets\":{},\"graph_calls\":{},\"ours_b2b_us\":{:.3},\"ours_graph_us\":{:.3},\"host_enqueue_us\":{:.3},\"bytes\":{},\"gbps\":{gbps:.1},\"copy_gbps\":{copy_gbps:.1},\"copy_same_us\":{:.3},\"exact\":{}}}\n",
+            cli.runs, r.sets, r.graph_calls, r.b2b_us, r.graph_us, r.host_us, r.bytes, r.copy_same_us, r.exact);
     }
     let k = cli.swiglu_k;
     for &m in &cli.swiglu_rows.0 {
@@ -302,8 +319,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let gbps = r.bytes as f64 / (r.graph_us * 1e-6) / 1e9;
         println!("quantize swiglu bf16 {m}x{}->{k}: b2b {:.2} us, graph {:.2} us, host {:.2} us, {gbps:.0} GB/s ({:.0}% of copy; a same-size copy {:.2} us), {}", 2 * k, r.b2b_us, r.graph_us, r.host_us, 100.0 * gbps / copy_gbps, r.copy_same_us, if r.exact { "exact" } else { "FAILED" });
         json += &format!(
-            "{{\"op\":\"quantize\",\"transform\":\"swiglu\",\"gpu\":\"{gpu}\",\"commit\":\"{commit}\",\"m\":{m},\"k\":{k},\"l\":1,\"input\":\"bf16\",\"runs\":{},\"graph_calls\":{},\"ours_b2b_us\":{:.3},\"ours_graph_us\":{:.3},\"host_enqueue_us\":{:.3},\"bytes\":{},\"gbps\":{gbps:.1},\"copy_gbps\":{copy_gbps:.1},\"copy_same_us\":{:.3},\"exact\":{}}}\n",
-            cli.runs, cli.graph_calls, r.b2b_us, r.graph_us, r.host_us, r.bytes, r.copy_same_us, r.exact);
+            "{{\"op\":\"quantize\",\"transform\":\"swiglu\",\"gpu\":\"{gpu}\",\"commit\":\"{commit}\",\"m\":{m},\"k\":{k},\"l\":1,\"input\":\"bf16\",\"runs\":{},\"sets\":{},\"graph_calls\":{},\"ours_b2b_us\":{:.3},\"ours_graph_us\":{:.3},\"host_enqueue_us\":{:.3},\"bytes\":{},\"gbps\":{gbps:.1},\"copy_gbps\":{copy_gbps:.1},\"copy_same_us\":{:.3},\"exact\":{}}}\n",
+            cli.runs, r.sets, r.graph_calls, r.b2b_us, r.graph_us, r.host_us, r.bytes, r.copy_same_us, r.exact);
     }
     // The MoE-form quantizer on the DeepSeek-V3 gate-up cases' stacked rows (K = 7168).
     for case in cases.iter().filter(|c| c.name.starts_with("dsv3-gate-up")) {
@@ -312,8 +329,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let gbps = r.bytes as f64 / (r.graph_us * 1e-6) / 1e9;
         println!("quantize moe bf16 {} ({t}x{k}, {} experts): b2b {:.2} us, graph {:.2} us, host {:.2} us, {gbps:.0} GB/s ({:.0}% of copy; a same-size copy {:.2} us), {}", case.name, case.counts.len(), r.b2b_us, r.graph_us, r.host_us, 100.0 * gbps / copy_gbps, r.copy_same_us, if r.exact { "exact" } else { "FAILED" });
         json += &format!(
-            "{{\"op\":\"quantize\",\"layout\":\"moe\",\"case\":\"{}\",\"experts\":{},\"gpu\":\"{gpu}\",\"commit\":\"{commit}\",\"m\":{t},\"k\":{k},\"l\":1,\"input\":\"bf16\",\"runs\":{},\"graph_calls\":{},\"ours_b2b_us\":{:.3},\"ours_graph_us\":{:.3},\"host_enqueue_us\":{:.3},\"bytes\":{},\"gbps\":{gbps:.1},\"copy_gbps\":{copy_gbps:.1},\"copy_same_us\":{:.3},\"exact\":{}}}\n",
-            case.name, case.counts.len(), cli.runs, cli.graph_calls, r.b2b_us, r.graph_us, r.host_us, r.bytes, r.copy_same_us, r.exact);
+            "{{\"op\":\"quantize\",\"layout\":\"moe\",\"case\":\"{}\",\"experts\":{},\"gpu\":\"{gpu}\",\"commit\":\"{commit}\",\"m\":{t},\"k\":{k},\"l\":1,\"input\":\"bf16\",\"runs\":{},\"sets\":{},\"graph_calls\":{},\"ours_b2b_us\":{:.3},\"ours_graph_us\":{:.3},\"host_enqueue_us\":{:.3},\"bytes\":{},\"gbps\":{gbps:.1},\"copy_gbps\":{copy_gbps:.1},\"copy_same_us\":{:.3},\"exact\":{}}}\n",
+            case.name, case.counts.len(), cli.runs, r.sets, r.graph_calls, r.b2b_us, r.graph_us, r.host_us, r.bytes, r.copy_same_us, r.exact);
     }
     for &(m, n, k) in cli.chain_shapes.0.iter().filter(|_| !cli.no_gemm) {
         let r = chain::bench_chain(&cli, &gemm, &stream, l2, (m, n, k))?;
@@ -321,15 +338,15 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let [d0, d1] = r.decoded_graph_us;
         println!("quantize+gemm bf16 {m}x{n}x{k} ({}): quantize_into + gemm {t0:.2} / {t1:.2} us, quantize_decoded_into + gemm_decoded {d0:.2} / {d1:.2} us a step (two rounds), {}", r.config, if r.exact { "same bits" } else { "DIFFERENT" });
         json += &format!(
-            "{{\"op\":\"quantize_gemm\",\"gpu\":\"{gpu}\",\"commit\":\"{commit}\",\"data\":\"{data}\",\"m\":{m},\"n\":{n},\"k\":{k},\"l\":1,\"input\":\"bf16\",\"out\":\"f16\",\"config\":\"{}\",\"graph_calls\":{},\"two_step_graph_us\":[{t0:.3},{t1:.3}],\"decoded_graph_us\":[{d0:.3},{d1:.3}],\"exact\":{}}}\n",
-            r.config, cli.graph_calls, r.exact);
+            "{{\"op\":\"quantize_gemm\",\"gpu\":\"{gpu}\",\"commit\":\"{commit}\",\"data\":\"{data}\",\"m\":{m},\"n\":{n},\"k\":{k},\"l\":1,\"input\":\"bf16\",\"out\":\"f16\",\"config\":\"{}\",\"sets\":{},\"graph_calls\":{},\"two_step_graph_us\":[{t0:.3},{t1:.3}],\"decoded_graph_us\":[{d0:.3},{d1:.3}],\"exact\":{}}}\n",
+            r.config, r.rot.sets, r.rot.calls, r.exact);
     }
     let (grouped_baselines, grouped_base_data) = read_baselines(&cli.grouped_baselines, cli.data)?;
     if !cases.is_empty() {
         println!("{:>26} {:>5} {:>6} {:>5} {:>26} {:>8} {:>9} {:>8} {:>9} {:>10} {:>8} {:>7} {:>6} {:>8} {:>8} {:>8}", "case", "E", "hit", "T", "config", "b2b_us", "graph_us", "host_us", "loop_us", "bf16_group", "floor_us", "x_floor", "check", "list_us", "w4a16_us", "prepack");
     }
     for case in &cases {
-        let r = grouped::bench_case(&cli, &gemm, &stream, l2, copy_gbps, case)?;
+        let r = grouped::bench_case(&cli, &gemm, &stream, l2, floor_gbps, case)?;
         let t: usize = case.counts.iter().sum();
         let bf16 = grouped_baselines.as_ref().and_then(|b| b.number(&case.name, "bf16_grouped_graph_us"));
         let kind = grouped_baselines.as_ref().and_then(|b| b.text(&case.name, "bf16_grouped_kind"));
@@ -338,10 +355,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             r.b2b_us, r.graph_us, r.host_us, r.loop_graph_us, fmt(bf16), r.floor_us, r.graph_us / r.floor_us, if r.exact { "exact" } else { "FAILED" }, r.list_graph_us, fmt(r.w4a16_graph_us), fmt(r.prepacked_graph_us));
         let num = |x: Option<f64>| x.map_or("null".to_string(), |v| format!("{v:.3}"));
         json += &format!(
-            "{{\"op\":\"grouped\",\"gpu\":\"{gpu}\",\"commit\":\"{commit}\",\"data\":\"{data}\",\"baselines_data\":{grouped_base_data},\"case\":\"{}\",\"groups\":{},\"experts_hit\":{},\"sum_m\":{t},\"n\":{},\"k\":{},\"out\":\"bf16\",\"config\":\"{}\",\"runs\":{},\"graph_calls\":{},\"ours_b2b_us\":{:.3},\"ours_graph_us\":{:.3},\"ours_prepacked_graph_us\":{},\"host_enqueue_us\":{:.3},\"loop_graph_us\":{:.3},\"list_config\":\"{}\",\"list_graph_us\":{:.3},\"w4a16_config\":{},\"w4a16_graph_us\":{},\"bf16_grouped_graph_us\":{},\"bf16_grouped_kind\":{},\"floor_us\":{:.3},\"bytes\":{},\"gbps\":{:.1},\"copy_gbps\":{copy_gbps:.1},\"exact\":{}}}\n",
-            case.name, case.counts.len(), r.experts_hit, case.n, case.k, r.config, cli.runs, cli.graph_calls, r.b2b_us, r.graph_us, num(r.prepacked_graph_us), r.host_us, r.loop_graph_us, r.list_config, r.list_graph_us,
+            "{{\"op\":\"grouped\",\"gpu\":\"{gpu}\",\"commit\":\"{commit}\",\"data\":\"{data}\",\"baselines_data\":{grouped_base_data},\"case\":\"{}\",\"groups\":{},\"experts_hit\":{},\"sum_m\":{t},\"n\":{},\"k\":{},\"out\":\"bf16\",\"config\":\"{}\",\"runs\":{},\"sets\":{},\"graph_calls\":{},\"ours_b2b_us\":{:.3},\"ours_graph_us\":{:.3},\"ours_prepacked_graph_us\":{},\"host_enqueue_us\":{:.3},\"loop_graph_us\":{:.3},\"list_config\":\"{}\",\"list_graph_us\":{:.3},\"w4a16_config\":{},\"w4a16_graph_us\":{},\"bf16_grouped_graph_us\":{},\"bf16_grouped_kind\":{},{},\"floor_us\":{:.3},\"floor_gbps\":{floor_gbps:.1},\"bytes\":{},\"gbps\":{:.1},\"copy_gbps\":{copy_gbps:.1},\"exact\":{}}}\n",
+            case.name, case.counts.len(), r.experts_hit, case.n, case.k, r.config, cli.runs, r.rot.sets, r.rot.calls, r.b2b_us, r.graph_us, num(r.prepacked_graph_us), r.host_us, r.loop_graph_us, r.list_config, r.list_graph_us,
             r.w4a16_config.map_or("null".to_string(), |c| format!("\"{c}\"")), num(r.w4a16_graph_us), num(bf16),
-            kind.map_or("null".to_string(), |k| format!("\"{k}\"")), r.floor_us, r.bytes, r.bytes as f64 / (r.graph_us * 1e-6) / 1e9, r.exact);
+            kind.map_or("null".to_string(), |k| format!("\"{k}\"")), cross_check(&grouped_baselines, &case.name, &["bf16_grouped_do_bench_us"]), r.floor_us, r.bytes, r.bytes as f64 / (r.graph_us * 1e-6) / 1e9, r.exact);
     }
     if let Some(path) = &cli.json {
         std::fs::write(path, json)?;
@@ -354,15 +371,18 @@ struct QuantResult {
     graph_us: f64,
     host_us: f64,
     bytes: usize,
+    /// The row's `Rotation`.
+    sets: usize,
+    graph_calls: usize,
     /// A device-to-device copy moving the same bytes (half read, half written), graph-timed the
-    /// same way with its sources rotated over more than twice the L2: at small M both are
-    /// launch-bound, which copy_gbps (a 512 MiB copy) does not show.
+    /// same way with its buffers rotated: at small M both are launch-bound, which copy_gbps (a
+    /// 512 MiB copy) does not show.
     copy_same_us: f64,
     exact: bool,
 }
 
 /// The quantizer on bf16 (1, m, k) N(0, 1) data with the global scale 4 / 2688 given (a static
-/// activation scale), inputs rotated over more than twice the L2. `swiglu`: the fused SwiGLU
+/// activation scale), inputs and outputs rotated (`rotation`). `swiglu`: the fused SwiGLU
 /// quantizer, its input (1, m, 2k).
 fn bench_quantize(cli: &Cli, q: &Quantizer, stream: &Arc<CudaStream>, l2: usize, (m, k): (usize, usize), swiglu: bool) -> Result<QuantResult, Box<dyn std::error::Error>> {
     let mut rng = SplitMix64::new(7);
@@ -375,60 +395,78 @@ fn bench_quantize(cli: &Cli, q: &Quantizer, stream: &Arc<CudaStream>, l2: usize,
     } else {
         Nvfp4Matrix::quantize(&x, (1, m, k), Some(g))?
     };
-    let n_sets = (2 * l2 / (2 * elems) + 1).max(2);
-    let big = stream.clone_htod(&x.repeat(n_sets))?;
-    let mut codes: CudaSlice<u8> = stream.alloc_zeros(m * k / 2)?;
-    let mut scales: CudaSlice<u8> = stream.alloc_zeros(want.scales().len())?;
-    let launch = |i: usize, codes: &mut CudaSlice<u8>, scales: &mut CudaSlice<u8>| {
-        let x = big.slice(i % n_sets * elems..(i % n_sets + 1) * elems);
+    let lens = (m * k / 2, want.scales().len());
+    let bytes = 2 * elems + lens.0 + lens.1;
+    let rot = Rotation::new(cli.graph_calls, l2, bytes, false);
+    let big = stream.clone_htod(&x.repeat(rot.sets))?;
+    let launch = |s: usize, codes: &mut CudaViewMut<u8>, scales: &mut CudaViewMut<u8>| {
+        let x = big.slice(s * elems..(s + 1) * elems);
         if swiglu {
             q.quantize_swiglu_into(&x, (1, m, k), g, codes, scales)
         } else {
             q.quantize_into(&x, (1, m, k), g, codes, scales)
         }
     };
-    let check = |codes: &CudaSlice<u8>, scales: &CudaSlice<u8>| -> Result<bool, Box<dyn std::error::Error>> {
-        Ok(stream.clone_dtoh(codes)? == want.data() && stream.clone_dtoh(scales)? == want.scales())
-    };
-    let bytes = 2 * elems + m * k / 2 + want.scales().len();
-    time_quantizer(cli, stream, l2, bytes, (&mut codes, &mut scales), launch, check)
+    time_quantizer(cli, stream, l2, rot, bytes, lens, launch, |codes, scales| codes == want.data() && scales == want.scales())
 }
 
 /// A quantizer's timings: 10 warm-up launches, then back to back and from a CUDA graph, its
-/// outputs poisoned before and checked after each; `bytes` moved per call.
+/// outputs (codes and scales, `lens` bytes a set) rotated with the inputs, poisoned before each
+/// timing and judged after it: the latest set's by `check`, and every other set it wrote must
+/// hold the same bytes; `bytes` moved per launch.
+#[allow(clippy::too_many_arguments)]
 fn time_quantizer<E: Into<Box<dyn std::error::Error>>>(
-    cli: &Cli, stream: &Arc<CudaStream>, l2: usize, bytes: usize, (codes, scales): (&mut CudaSlice<u8>, &mut CudaSlice<u8>),
-    mut launch: impl FnMut(usize, &mut CudaSlice<u8>, &mut CudaSlice<u8>) -> Result<(), E>,
-    check: impl Fn(&CudaSlice<u8>, &CudaSlice<u8>) -> Result<bool, Box<dyn std::error::Error>>,
+    cli: &Cli, stream: &Arc<CudaStream>, l2: usize, rot: Rotation, bytes: usize, lens: (usize, usize),
+    launch: impl Fn(usize, &mut CudaViewMut<u8>, &mut CudaViewMut<u8>) -> Result<(), E>,
+    check: impl Fn(&[u8], &[u8]) -> bool,
 ) -> Result<QuantResult, Box<dyn std::error::Error>> {
-    for i in 0..10 {
-        launch(i, codes, scales).map_err(Into::into)?;
+    let turns = Turns::new(rot);
+    let mut codes = Rotated::<u8>::new(stream, rot, lens.0)?;
+    let mut scales = Rotated::<u8>::new(stream, rot, lens.1)?;
+    let next = |codes: &mut Rotated<u8>, scales: &mut Rotated<u8>| {
+        let s = turns.next();
+        launch(s, &mut codes.set(s), &mut scales.set(s))
+    };
+    let judge = |codes: &Rotated<u8>, scales: &Rotated<u8>, since: usize| -> Result<bool, Box<dyn std::error::Error>> {
+        let (c, sc) = (codes.read(stream)?, scales.read(stream)?);
+        let latest = turns.latest();
+        Ok(check(c.get(latest), sc.get(latest)) && differing(&[&c, &sc], latest, &turns.written_since(since), |v| *v).is_none())
+    };
+    for _ in 0..10 {
+        next(&mut codes, &mut scales).map_err(Into::into)?;
     }
-    poison(stream, codes)?;
-    poison(stream, scales)?;
-    let (b2b_us, host_us) = time_back_to_back(cli, stream, |i| launch(i, codes, scales))?;
-    let mut exact = check(codes, scales)?;
-    poison(stream, codes)?;
-    poison(stream, scales)?;
-    let graph_us = time_graph(cli, stream, |i| launch(i, codes, scales))?;
-    exact &= check(codes, scales)?;
+    codes.poison(stream)?;
+    scales.poison(stream)?;
+    let since = turns.count();
+    let (b2b_us, host_us) = time_back_to_back(cli, stream, || next(&mut codes, &mut scales))?;
+    let mut exact = judge(&codes, &scales, since)?;
+    codes.poison(stream)?;
+    scales.poison(stream)?;
+    let since = turns.count();
+    let graph_us = time_graph(cli, stream, rot.calls, || next(&mut codes, &mut scales))?;
+    exact &= judge(&codes, &scales, since)?;
     let copy_same_us = time_copy(cli, stream, l2, bytes / 2)?;
-    Ok(QuantResult { b2b_us, graph_us, host_us, bytes, copy_same_us, exact })
+    Ok(QuantResult { b2b_us, graph_us, host_us, bytes, sets: rot.sets, graph_calls: rot.calls, copy_same_us, exact })
 }
 
-/// Graph time of one device-to-device copy of `bytes` bytes, the sources rotated over more than
-/// twice the L2.
+/// Graph time of one device-to-device copy of `bytes` bytes, sources and destinations rotated
+/// like a row's buffers.
 fn time_copy(cli: &Cli, stream: &Arc<CudaStream>, l2: usize, bytes: usize) -> Result<f64, Box<dyn std::error::Error>> {
     let bytes = bytes.max(1);
-    let n_sets = (2 * l2 / bytes + 1).max(2);
-    let src: CudaSlice<u8> = stream.alloc_zeros(n_sets * bytes)?;
-    let mut dst: CudaSlice<u8> = stream.alloc_zeros(bytes)?;
-    time_graph(cli, stream, |i| stream.memcpy_dtod(&src.slice(i % n_sets * bytes..(i % n_sets + 1) * bytes), &mut dst))
+    let rot = Rotation::new(cli.graph_calls, l2, 2 * bytes, false);
+    let turns = Turns::new(rot);
+    let src: CudaSlice<u8> = stream.alloc_zeros(rot.sets * bytes)?;
+    let mut dst = Rotated::<u8>::new(stream, rot, bytes)?;
+    time_graph(cli, stream, rot.calls, || {
+        let s = turns.next();
+        stream.memcpy_dtod(&src.slice(s * bytes..(s + 1) * bytes), &mut dst.set(s))
+    })
 }
 
 struct Result1 {
     config: Config,
     split: u32,
+    rot: Rotation,
     launch_us: f64,
     b2b_us: f64,
     graph_us: f64,
@@ -465,7 +503,7 @@ impl Check {
 }
 
 #[allow(clippy::too_many_arguments)]
-fn bench_one(cli: &Cli, gemm: &BlockScaledGemm, stream: &Arc<CudaStream>, l2: usize, copy_gbps: f64, (m, n, k): (usize, usize, usize), out: OutType) -> Result<Result1, Box<dyn std::error::Error>> {
+fn bench_one(cli: &Cli, gemm: &BlockScaledGemm, stream: &Arc<CudaStream>, l2: usize, floor_gbps: f64, (m, n, k): (usize, usize, usize), out: OutType) -> Result<Result1, Box<dyn std::error::Error>> {
     let a = operand(cli, m, k, 1, 1)?;
     let b = operand(cli, n, k, 1, 2)?;
     // Verified rows; for FP4 outputs they also set the norm constant (top scale near 448).
@@ -487,46 +525,56 @@ fn bench_one(cli: &Cli, gemm: &BlockScaledGemm, stream: &Arc<CudaStream>, l2: us
         plan.push(t.elapsed().as_secs_f64() * 1e6);
     }
     let plan_us = median(plan);
-    let set_bytes = p.a_bytes() + p.b_bytes() + p.sfa_bytes() + p.sfb_bytes();
-    let n_sets = (2 * l2 / set_bytes + 1).max(2);
-    let mut sets: Sets = Vec::new();
-    for _ in 0..n_sets {
-        sets.push((Nvfp4Tensor::upload(&a, stream)?, Nvfp4Tensor::upload(&b, stream)?));
-    }
+    let in_bytes = p.a_bytes() + p.b_bytes() + p.sfa_bytes() + p.sfb_bytes();
     let elem = match out {
         OutType::F32 => 4,
         _ => 2,
     };
-    let d_bytes = if out.sfd().is_some() { out.d_bytes(p.cd_elems()) } else { elem * p.cd_elems() };
-    let mut d: CudaSlice<u8> = stream.alloc_zeros(d_bytes)?;
-    let mut sfd: CudaSlice<u8> = stream.alloc_zeros(p.sfd_bytes().max(1))?;
+    let fp4 = out.sfd().is_some();
+    let d_bytes = if fp4 { out.d_bytes(p.cd_elems()) } else { elem * p.cd_elems() };
+    let sfd_bytes = if fp4 { p.sfd_bytes() } else { 0 };
+    let rot = Rotation::new(cli.graph_calls, l2, in_bytes + d_bytes + sfd_bytes, false);
+    let turns = Turns::new(rot);
+    let mut sets: Sets = Vec::new();
+    for _ in 0..rot.sets {
+        sets.push((Nvfp4Tensor::upload(&a, stream)?, Nvfp4Tensor::upload(&b, stream)?));
+    }
+    let mut d = Rotated::<u8>::new(stream, rot, d_bytes)?;
+    let mut sfd = Rotated::<u8>::new(stream, rot, sfd_bytes)?;
     let workspace = gemm.workspace_size(&p, out, Some(config))?;
     gemm.reserve_workspace(workspace)?;
-    let launch = |(sets, config): (&Sets, Config), i: usize, d: &mut CudaSlice<u8>, sfd: &mut CudaSlice<u8>| -> Result<(), blockscaled_gemm::Error> {
-        let (oa, ob) = (&sets[i % n_sets].0, &sets[i % n_sets].1);
-        // SAFETY: every bit pattern is a value of these types, and the buffer holds d_bytes bytes.
+    // Each launch as a user calls: the rule's pick (`cli.config` unless forced), so that the host
+    // time includes it; the pick is checked against `config` (or the prepacked pick) below.
+    let launch = |sets: &Sets, d: &mut Rotated<u8>, sfd: &mut Rotated<u8>| -> Result<Config, blockscaled_gemm::Error> {
+        let s = turns.next();
+        let (oa, ob) = (&sets[s].0, &sets[s].1);
+        let mut ds = d.set(s);
+        // SAFETY: every bit pattern is a value of these types, and the part holds d_bytes bytes.
         match out {
-            OutType::Nvfp4 | OutType::Nvfp4Ue8m0 => gemm.gemm_fp4(&p, out, oa, ob, Nvfp4Output::new(d, &mut sfd.slice_mut(..p.sfd_bytes())), Some(config)).map(|_| ()),
-            OutType::F16 => gemm.gemm(&p, oa, ob, &mut unsafe { d.transmute_mut::<f16>(p.cd_elems()) }.expect("2 bytes each"), Some(config)).map(|_| ()),
-            OutType::Bf16 => gemm.gemm(&p, oa, ob, &mut unsafe { d.transmute_mut::<half::bf16>(p.cd_elems()) }.expect("2 bytes each"), Some(config)).map(|_| ()),
-            OutType::F32 => gemm.gemm(&p, oa, ob, &mut unsafe { d.transmute_mut::<f32>(p.cd_elems()) }.expect("4 bytes each"), Some(config)).map(|_| ()),
+            OutType::Nvfp4 | OutType::Nvfp4Ue8m0 => gemm.gemm_fp4(&p, out, oa, ob, Nvfp4Output::new(&mut ds, &mut sfd.set(s)), cli.config),
+            OutType::F16 => gemm.gemm(&p, oa, ob, &mut unsafe { ds.transmute_mut::<f16>(p.cd_elems()) }.expect("2 bytes each"), cli.config),
+            OutType::Bf16 => gemm.gemm(&p, oa, ob, &mut unsafe { ds.transmute_mut::<half::bf16>(p.cd_elems()) }.expect("2 bytes each"), cli.config),
+            OutType::F32 => gemm.gemm(&p, oa, ob, &mut unsafe { ds.transmute_mut::<f32>(p.cd_elems()) }.expect("4 bytes each"), cli.config),
         }
     };
-    let check = |d: &CudaSlice<u8>, sfd: &CudaSlice<u8>| -> Result<Check, Box<dyn std::error::Error>> {
-        let got = stream.clone_dtoh(d)?;
-        Ok(match out.sfd() {
+    // The latest set's output against the reference on the sampled rows; every other set written
+    // since `since` must hold the same bytes.
+    let check = |d: &Rotated<u8>, sfd: &Rotated<u8>, since: usize| -> Result<Check, Box<dyn std::error::Error>> {
+        let (all, all_sfd) = (d.read(stream)?, sfd.read(stream)?);
+        let latest = turns.latest();
+        let got = all.get(latest);
+        let c = match out.sfd() {
             Some(format) => {
                 let pr = Problem::new(rows.len(), n, k).norm_constant(st);
                 let (want_d, want_sfd) = fp4_out::epilogue(&pr, acc.as_deref().expect("computed for FP4"), None, format)?;
-                let got_sfd = from_tiled(&stream.clone_dtoh(&sfd.slice(..p.sfd_bytes()))?, m, n / 16, 1)?;
+                let got_sfd = from_tiled(all_sfd.get(latest), m, n / 16, 1)?;
                 let got_d: Vec<u8> = rows.iter().flat_map(|&r| got[r * n / 2..][..n / 2].iter().copied()).collect();
                 let got_sf: Vec<u8> = rows.iter().flat_map(|&r| got_sfd[r * n / 16..][..n / 16].iter().copied()).collect();
                 let cmp = compare_fp4(&got_d, &got_sf, &want_d, &from_tiled(&want_sfd, rows.len(), n / 16, 1)?, n)?;
-                let c = Check { bit_exact: cmp.byte_equal(), passed: cmp.within_one_step() };
-                if !c.passed {
+                if !cmp.within_one_step() {
                     eprintln!("{m}x{n}x{k} {out}: verification failed: {cmp}");
                 }
-                c
+                Check { bit_exact: cmp.byte_equal(), passed: cmp.within_one_step() }
             }
             None => {
                 let row_bytes = n * elem;
@@ -541,56 +589,75 @@ fn bench_one(cli: &Cli, gemm: &BlockScaledGemm, stream: &Arc<CudaStream>, l2: us
                 }
                 Check { bit_exact: v.exact == v.count, passed: v.passed() }
             }
+        };
+        Ok(match differing(&[&all, &all_sfd], latest, &turns.written_since(since), |v| *v) {
+            Some(s) => {
+                eprintln!("{m}x{n}x{k} {out}: the output of set {s} differs from the verified set {latest}'s");
+                Check { bit_exact: false, passed: false }
+            }
+            None => c,
         })
     };
-    for i in 0..10 {
-        launch((&sets, config), i, &mut d, &mut sfd)?;
+    for _ in 0..10 {
+        let ran = launch(&sets, &mut d, &mut sfd)?;
+        if ran != config {
+            return Err(format!("{m}x{n}x{k} {out}: the call ran {ran}, the rule said {config}").into());
+        }
     }
     let event = || stream.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT));
-    // Per launch, D poisoned before each.
+    // Per launch, its output part poisoned before each.
     let mut events = Vec::with_capacity(cli.runs);
-    for i in 0..cli.runs {
-        poison(stream, &mut d)?;
-        poison(stream, &mut sfd)?;
+    d.poison(stream)?;
+    sfd.poison(stream)?;
+    let since = turns.count();
+    for _ in 0..cli.runs {
+        d.poison_set(stream, turns.peek())?;
+        sfd.poison_set(stream, turns.peek())?;
         let start = event()?;
-        launch((&sets, config), i, &mut d, &mut sfd)?;
+        launch(&sets, &mut d, &mut sfd)?;
         events.push((start, event()?));
     }
     stream.synchronize()?;
     let launch_us = median(events.iter().map(|(s, e)| s.elapsed_ms(e).map(|ms| ms as f64 * 1e3)).collect::<Result<_, _>>()?);
-    let mut judged = check(&d, &sfd)?;
+    let mut judged = check(&d, &sfd, since)?;
     // Back to back, and the host's time to queue them.
-    poison(stream, &mut d)?;
-    poison(stream, &mut sfd)?;
-    let (b2b_us, host_us) = time_back_to_back(cli, stream, |i| launch((&sets, config), i, &mut d, &mut sfd))?;
-    judged = judged.and(check(&d, &sfd)?);
-    // A graph of graph_calls launches, replayed.
-    poison(stream, &mut d)?;
-    poison(stream, &mut sfd)?;
-    let graph_us = time_graph(cli, stream, |i| launch((&sets, config), i, &mut d, &mut sfd))?;
-    judged = judged.and(check(&d, &sfd)?);
+    d.poison(stream)?;
+    sfd.poison(stream)?;
+    let since = turns.count();
+    let (b2b_us, host_us) = time_back_to_back(cli, stream, || launch(&sets, &mut d, &mut sfd).map(|_| ()))?;
+    judged = judged.and(check(&d, &sfd, since)?);
+    // A graph of rot.calls launches, replayed.
+    d.poison(stream)?;
+    sfd.poison(stream)?;
+    let since = turns.count();
+    let graph_us = time_graph(cli, stream, rot.calls, || launch(&sets, &mut d, &mut sfd).map(|_| ()))?;
+    judged = judged.and(check(&d, &sfd, since)?);
     // The same graph with the weights prepacked (Hopper kernels only, and a forced split within
     // the prepacked layout's one range per 256 values of K), checked too.
     let prepacked = if config.info().arch == 90 && cli.split_k.is_none_or(|s| s as usize <= blockscaled_gemm::layout::prepack_chunks(k)) {
         drop(sets);
         let mut packed: Sets = Vec::new();
-        for _ in 0..n_sets {
+        for _ in 0..rot.sets {
             packed.push((Nvfp4Tensor::upload(&a, stream)?, Nvfp4Tensor::upload(&b, stream)?.prepack(stream)?));
         }
         // The rule's pick for prepacked weights (or the forced config).
         let pconfig = if cli.config.is_some() { config } else { gemm.select_config_for(&p, out, WeightLayout::Prepacked)? };
         gemm.reserve_workspace(gemm.workspace_size(&p, out, Some(pconfig))?)?;
-        poison(stream, &mut d)?;
-        poison(stream, &mut sfd)?;
-        let us = time_graph(cli, stream, |i| launch((&packed, pconfig), i, &mut d, &mut sfd))?;
-        judged = judged.and(check(&d, &sfd)?);
+        let ran = launch(&packed, &mut d, &mut sfd)?;
+        if ran != pconfig {
+            return Err(format!("{m}x{n}x{k} {out} prepacked: the call ran {ran}, the rule said {pconfig}").into());
+        }
+        d.poison(stream)?;
+        sfd.poison(stream)?;
+        let since = turns.count();
+        let us = time_graph(cli, stream, rot.calls, || launch(&packed, &mut d, &mut sfd).map(|_| ()))?;
+        judged = judged.and(check(&d, &sfd, since)?);
         Some((us, pconfig))
     } else {
         None
     };
-    let out_bytes = d_bytes + if out.sfd().is_some() { p.sfd_bytes() } else { 0 };
-    let floor_us = (((set_bytes + out_bytes) as f64) / (copy_gbps * 1e9)).max(p.flops() / 800e12) * 1e6;
-    Ok(Result1 { config, split, launch_us, b2b_us, graph_us, prepacked, host_us, plan_us, floor_us, workspace, check: judged })
+    let floor_us = (((in_bytes + d_bytes + sfd_bytes) as f64) / (floor_gbps * 1e9)).max(p.flops() / 800e12) * 1e6;
+    Ok(Result1 { config, split, rot, launch_us, b2b_us, graph_us, prepacked, host_us, plan_us, floor_us, workspace, check: judged })
 }
 
 /// A run's `ours_prepacked_graph_us` and `prepacked_config` as JSON values (null where the
@@ -601,12 +668,12 @@ fn prepacked_json(prepacked: Option<(f64, Config)>) -> (String, String) {
 
 /// `cli.runs` launches back to back between one pair of events: device us per launch, and the
 /// median host us to queue one.
-fn time_back_to_back<E: Into<Box<dyn std::error::Error>>>(cli: &Cli, stream: &Arc<CudaStream>, mut launch: impl FnMut(usize) -> Result<(), E>) -> Result<(f64, f64), Box<dyn std::error::Error>> {
+fn time_back_to_back<E: Into<Box<dyn std::error::Error>>>(cli: &Cli, stream: &Arc<CudaStream>, mut launch: impl FnMut() -> Result<(), E>) -> Result<(f64, f64), Box<dyn std::error::Error>> {
     let start = stream.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
     let mut host = Vec::with_capacity(cli.runs);
-    for i in 0..cli.runs {
+    for _ in 0..cli.runs {
         let t = Instant::now();
-        launch(i).map_err(Into::into)?;
+        launch().map_err(Into::into)?;
         host.push(t.elapsed().as_secs_f64() * 1e6);
     }
     let end = stream.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
@@ -614,12 +681,12 @@ fn time_back_to_back<E: Into<Box<dyn std::error::Error>>>(cli: &Cli, stream: &Ar
     Ok((start.elapsed_ms(&end)? as f64 * 1e3 / cli.runs as f64, median(host)))
 }
 
-/// A CUDA graph of `cli.graph_calls` launches, replayed `cli.replays` times between events after
-/// three untimed replays: the median replay's us per launch.
-fn time_graph<E: Into<Box<dyn std::error::Error>>>(cli: &Cli, stream: &Arc<CudaStream>, mut launch: impl FnMut(usize) -> Result<(), E>) -> Result<f64, Box<dyn std::error::Error>> {
+/// A CUDA graph of `calls` launches (a row's `Rotation::calls`), replayed `cli.replays` times
+/// between events after three untimed replays: the median replay's us per launch.
+fn time_graph<E: Into<Box<dyn std::error::Error>>>(cli: &Cli, stream: &Arc<CudaStream>, calls: usize, mut launch: impl FnMut() -> Result<(), E>) -> Result<f64, Box<dyn std::error::Error>> {
     stream.synchronize()?;
     stream.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)?;
-    let captured = (0..cli.graph_calls).try_for_each(&mut launch);
+    let captured = (0..calls).try_for_each(|_| launch());
     let graph = stream.end_capture(CUgraphInstantiate_flags(0))?;
     captured.map_err(Into::into)?;
     let graph = graph.ok_or("capture gave no graph")?;
@@ -635,7 +702,7 @@ fn time_graph<E: Into<Box<dyn std::error::Error>>>(cli: &Cli, stream: &Arc<CudaS
         reps.push((s, event()?));
     }
     stream.synchronize()?;
-    Ok(median(reps.iter().map(|(s, e)| s.elapsed_ms(e).map(|ms| ms as f64 * 1e3 / cli.graph_calls as f64)).collect::<Result<_, _>>()?))
+    Ok(median(reps.iter().map(|(s, e)| s.elapsed_ms(e).map(|ms| ms as f64 * 1e3 / calls as f64)).collect::<Result<_, _>>()?))
 }
 
 /// The middle value of the sorted samples (upper middle for an even count).
@@ -728,6 +795,15 @@ impl Baselines {
         let key = "\"data\": \"";
         self.0.find(key).and_then(|i| self.0[i + key.len()..].split('"').next()).unwrap_or("randn")
     }
+}
+
+/// The baselines' cross-check and rotation for the entry `name`, as JSON fields: each of `keys`
+/// (their `triton.testing.do_bench` figures), `baselines_sets` and `baselines_graph_calls`; null
+/// where the file lacks one (or there is no file).
+fn cross_check(b: &Option<Baselines>, name: &str, keys: &[&str]) -> String {
+    let value = |key: &str| b.as_ref().and_then(|b| b.field(name, key)).filter(|v| v.parse::<f64>().is_ok()).unwrap_or("null").to_string();
+    let named = |field: &str, key: &str| format!("\"{field}\":{}", value(key));
+    keys.iter().map(|k| named(k, k)).chain([named("baselines_sets", "sets"), named("baselines_graph_calls", "graph_calls")]).collect::<Vec<_>>().join(",")
 }
 
 /// The baselines in `path`, if given, and the records' `baselines_data` (null without them),

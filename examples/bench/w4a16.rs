@@ -1,10 +1,10 @@
 //! The W4A16 rows of the bench (`op` "w4a16"): bf16 or f16 activations (`--w4a16-input`;
 //! N(0, 1)) times NVFP4 weights (`--data`), output of the activations' type, at every GEMM
-//! shape of the run. Buffer sets rotated over more
-//! than twice the L2; timed as `gemm` is (`ours_b2b_us` and `host_enqueue_us` back to back,
-//! `ours_graph_us` from a CUDA graph). `exact`: sampled rows of every timing pass the verdict
-//! against the exact W4A16 reference (`compare::verify_w4a16`) with no element outside the
-//! FP32 bound. The floor is max(bytes / the run's copy bandwidth, FP16 MMA time at 800 TFLOP/s).
+//! shape of the run. Inputs and outputs rotated (`rotation`); timed as `gemm` is (`ours_b2b_us`
+//! and `host_enqueue_us` back to back, `ours_graph_us` from a CUDA graph). `exact`: sampled rows
+//! of every timing pass the verdict against the exact W4A16 reference (`compare::verify_w4a16`)
+//! with no element outside the FP32 bound, and every set written holds the same bits. The floor
+//! is max(bytes / the floor bandwidth, FP16 MMA time at 800 TFLOP/s), as the GEMM rows'.
 //! cuBLAS bf16 and `torch._weight_int4pack_mm` come from `--w4a16-baselines FILE`
 //! (bench/baselines.py --op w4a16, same device session).
 
@@ -14,11 +14,13 @@ use blockscaled_gemm::compare::verify_w4a16;
 use blockscaled_gemm::{Activation16, BlockScaledGemm, Config, Nvfp4Tensor, Problem, SplitMix64, WeightLayout};
 use cudarc::driver::{CudaSlice, CudaStream};
 
-use crate::{poison, time_back_to_back, time_graph, Cli};
+use crate::rotation::{differing, Rotated, Rotation, Turns};
+use crate::{time_back_to_back, time_graph, Cli};
 
 pub struct W4a16Result {
     pub config: Config,
     pub split: u32,
+    pub rot: Rotation,
     pub b2b_us: f64,
     pub graph_us: f64,
     /// The same with the weights prepacked, and the config that ran it (`None` for a forced split
@@ -29,7 +31,7 @@ pub struct W4a16Result {
     pub exact: bool,
 }
 
-pub fn bench_shape<TA: Activation16>(cli: &Cli, gemm: &BlockScaledGemm, stream: &Arc<CudaStream>, l2: usize, copy_gbps: f64, (m, n, k): (usize, usize, usize)) -> Result<W4a16Result, Box<dyn std::error::Error>> {
+pub fn bench_shape<TA: Activation16>(cli: &Cli, gemm: &BlockScaledGemm, stream: &Arc<CudaStream>, l2: usize, floor_gbps: f64, (m, n, k): (usize, usize, usize)) -> Result<W4a16Result, Box<dyn std::error::Error>> {
     let mut rng = SplitMix64::new(3);
     let x: Vec<TA> = (0..m * k).map(|_| TA::from_f64(rng.normal())).collect();
     let w = crate::operand(cli, n, k, 1, 2)?;
@@ -39,57 +41,75 @@ pub fn bench_shape<TA: Activation16>(cli: &Cli, gemm: &BlockScaledGemm, stream: 
         None => gemm.select_w4a16_config(&p, TA::OUT)?,
     };
     let split = cli.split_k.unwrap_or_else(|| blockscaled_gemm::config_split_k(config, &p, TA::OUT, gemm.device().sm_count, &gemm.device().max_clusters));
-    let set_bytes = 2 * m * k + p.b_bytes() + p.sfb_bytes();
-    let n_sets = (2 * l2 / set_bytes + 1).max(2);
-    let mut sets = Vec::with_capacity(n_sets);
-    for _ in 0..n_sets {
+    let bytes = 2 * m * k + p.b_bytes() + p.sfb_bytes() + 2 * m * n;
+    let rot = Rotation::new(cli.graph_calls, l2, bytes, false);
+    let turns = Turns::new(rot);
+    let mut sets = Vec::with_capacity(rot.sets);
+    for _ in 0..rot.sets {
         sets.push((stream.clone_htod(&x)?, Nvfp4Tensor::upload(&w, stream)?));
     }
-    let mut d: CudaSlice<TA> = stream.alloc_zeros(m * n)?;
+    let mut d = Rotated::<TA>::new(stream, rot, m * n)?;
     gemm.reserve_workspace(gemm.w4a16_workspace_size::<TA>(&p, TA::OUT, Some(config))?)?;
-    let launch = |(sets, config): (&[(CudaSlice<TA>, Nvfp4Tensor)], Config), i: usize, d: &mut CudaSlice<TA>| gemm.gemm_w4a16(&p, &sets[i % n_sets].0, &sets[i % n_sets].1, d, Some(config)).map(|_| ());
-    // Sampled rows, judged against the exact reference of those rows.
+    // As a user calls: the rule's pick unless forced (the host time includes it).
+    let launch = |sets: &[(CudaSlice<TA>, Nvfp4Tensor)], d: &mut Rotated<TA>| {
+        let s = turns.next();
+        gemm.gemm_w4a16(&p, &sets[s].0, &sets[s].1, &mut d.set(s), cli.config)
+    };
+    // Sampled rows of the latest set, judged against the exact reference of those rows; every
+    // other set written since `since` must hold the same bits.
     let rows: Vec<usize> = (0..m.min(16)).map(|i| i * (m - 1) / (m.min(16) - 1).max(1)).collect();
     let x_rows: Vec<TA> = rows.iter().flat_map(|&r| x[r * k..(r + 1) * k].iter().copied()).collect();
     let pr = Problem::new(rows.len(), n, k).scalars(w.global_scale().unwrap_or(1.0), 0.0);
-    let check = |d: &CudaSlice<TA>| -> Result<bool, Box<dyn std::error::Error>> {
-        let got = stream.clone_dtoh(d)?;
+    let check = |d: &Rotated<TA>, since: usize| -> Result<bool, Box<dyn std::error::Error>> {
+        let all = d.read(stream)?;
+        let latest = turns.latest();
+        let got = all.get(latest);
         let picked: Vec<TA> = rows.iter().flat_map(|&r| got[r * n..(r + 1) * n].iter().copied()).collect();
         let v = verify_w4a16(&pr, &x_rows, w.data(), w.scales(), None, &picked)?;
         if !v.passed() {
             eprintln!("w4a16 {m}x{n}x{k}: verification failed: {v}");
         }
-        Ok(v.passed())
+        let other = differing(&[&all], latest, &turns.written_since(since), |v| v.to_f64().to_bits());
+        if let Some(s) = other {
+            eprintln!("w4a16 {m}x{n}x{k}: the output of set {s} differs from the verified set {latest}'s");
+        }
+        Ok(v.passed() && other.is_none())
     };
-    for i in 0..10 {
-        launch((&sets, config), i, &mut d)?;
+    for _ in 0..10 {
+        let ran = launch(&sets, &mut d)?;
+        if ran != config {
+            return Err(format!("w4a16 {m}x{n}x{k}: the call ran {ran}, the rule said {config}").into());
+        }
     }
-    let as_bytes = |d: &mut CudaSlice<TA>| -> Result<(), cudarc::driver::DriverError> {
-        // SAFETY: 0xFF bytes are a NaN of either type; the view covers the buffer.
-        poison(stream, &mut unsafe { d.transmute_mut::<u8>(2 * m * n) }.expect("2 bytes each"))
-    };
-    as_bytes(&mut d)?;
-    let (b2b_us, host_us) = time_back_to_back(cli, stream, |i| launch((&sets, config), i, &mut d))?;
-    let mut exact = check(&d)?;
-    as_bytes(&mut d)?;
-    let graph_us = time_graph(cli, stream, |i| launch((&sets, config), i, &mut d))?;
-    exact &= check(&d)?;
+    d.poison(stream)?;
+    let since = turns.count();
+    let (b2b_us, host_us) = time_back_to_back(cli, stream, || launch(&sets, &mut d).map(|_| ()))?;
+    let mut exact = check(&d, since)?;
+    d.poison(stream)?;
+    let since = turns.count();
+    let graph_us = time_graph(cli, stream, rot.calls, || launch(&sets, &mut d).map(|_| ()))?;
+    exact &= check(&d, since)?;
     // The same graph with the weights prepacked (a forced split within the prepacked layout's
     // one range per 256 values of K), checked too.
     let mut prepacked = None;
     if cli.split_k.is_none_or(|s| s as usize <= blockscaled_gemm::layout::prepack_chunks(k)) {
         drop(sets);
-        let mut packed = Vec::with_capacity(n_sets);
-        for _ in 0..n_sets {
+        let mut packed = Vec::with_capacity(rot.sets);
+        for _ in 0..rot.sets {
             packed.push((stream.clone_htod(&x)?, Nvfp4Tensor::upload(&w, stream)?.prepack(stream)?));
         }
         // The rule's pick for prepacked weights (or the forced config).
         let pconfig = if cli.config.is_some() { config } else { gemm.select_w4a16_config_for(&p, TA::OUT, WeightLayout::Prepacked)? };
         gemm.reserve_workspace(gemm.w4a16_workspace_size::<TA>(&p, TA::OUT, Some(pconfig))?)?;
-        as_bytes(&mut d)?;
-        prepacked = Some((time_graph(cli, stream, |i| launch((&packed, pconfig), i, &mut d))?, pconfig));
-        exact &= check(&d)?;
+        let ran = launch(&packed, &mut d)?;
+        if ran != pconfig {
+            return Err(format!("w4a16 {m}x{n}x{k} prepacked: the call ran {ran}, the rule said {pconfig}").into());
+        }
+        d.poison(stream)?;
+        let since = turns.count();
+        prepacked = Some((time_graph(cli, stream, rot.calls, || launch(&packed, &mut d).map(|_| ()))?, pconfig));
+        exact &= check(&d, since)?;
     }
-    let floor_us = (((set_bytes + 2 * m * n) as f64) / (copy_gbps * 1e9)).max(p.flops() / 800e12) * 1e6;
-    Ok(W4a16Result { config, split, b2b_us, graph_us, prepacked, host_us, floor_us, exact })
+    let floor_us = (bytes as f64 / (floor_gbps * 1e9)).max(p.flops() / 800e12) * 1e6;
+    Ok(W4a16Result { config, split, rot, b2b_us, graph_us, prepacked, host_us, floor_us, exact })
 }
