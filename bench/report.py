@@ -121,29 +121,52 @@ def plot(rows, png):
     fig.savefig(png, dpi=120)
 
 
+NOISE = 0.02  # the least margin a "faster" or "slower" needs; a baseline's own disagreement widens it
+
+
+def failed(r):
+    """A row whose output failed its check: its times are not compared."""
+    return r.get("verdict") == "failed" or r.get("exact") is False
+
+
 def comparison(rows, field, name, label_of=shape, units="shapes", ours_field="ours_graph_us", who="Faster"):
     """One sentence: where `ours_field` (ours_graph_us) beats, ties or loses to `field` (same-run
-    rows only); `who` starts it."""
+    rows only). A side counts as faster only by more than the margin: NOISE, or the contender's
+    own graph vs do_bench disagreement (`field` with _do_bench_us for _graph_us) where larger;
+    rows whose output failed its check are not compared. `who` starts it."""
     several_outs = len({str(r.get("out")) for r in rows}) > 1
     unit = "rows" if several_outs or len({label_of(r) for r in rows}) < len(rows) else units
-    faster, slower, tied = [], [], []
+    faster, slower, tied, bad = [], [], [], []
     for r in rows:
         ours, theirs = num(r.get(ours_field)), num(r.get(field))
         if not ours or not theirs:
             continue
         label = label_of(r) + (f" {r.get('out')}" if several_outs else "")
+        if failed(r):
+            bad.append(label)
+            continue
+        margin = NOISE
+        cross = num(r.get(field.replace("_graph_us", "_do_bench_us"))) if field.endswith("_graph_us") else None
+        if cross:
+            margin = max(margin, abs(theirs - cross) / min(theirs, cross))
         ratio = f"{theirs / ours:.2f}"
         item = f"{label} ({theirs / ours:.3f}x)" if ratio == "1.00" else f"{label} ({ratio}x)"
-        (faster if ours < theirs else slower if ours > theirs else tied).append(item)
+        if margin > NOISE:
+            item = item[:-1] + f", margin {100 * margin:.0f} %)"
+        (faster if ours * (1 + margin) < theirs else slower if ours > theirs * (1 + margin) else tied).append(item)
     n = len(faster) + len(slower) + len(tied)
-    if n == 0:
+    if n == 0 and not bad:
         return f"No row has both our graph time and a {name} graph time."
-    s = f"{who} than {name} (graph vs graph, same run) at {len(faster)} of {n} {unit}"
+    crossed = any(num(r.get(field.replace("_graph_us", "_do_bench_us"))) for r in rows) if field.endswith("_graph_us") else False
+    basis = f"by more than {100 * NOISE:.0f} %" + (f" or {name}'s own graph vs do_bench disagreement" if crossed else "")
+    s = f"{who} than {name} (graph vs graph, same run, {basis}) at {len(faster)} of {n} {unit}"
     s += f": {', '.join(faster)}" if faster else ""
     s += f"; slower at {len(slower)}: {', '.join(slower)}" if slower else "; slower at none"
-    s += f"; equal at {len(tied)}: {', '.join(tied)}" if tied else ""
-    if n < len(rows):
-        s += f"; {len(rows) - n} {unit} without both figures"
+    s += f"; within the margin at {len(tied)}: {', '.join(tied)}" if tied else ""
+    if bad:
+        s += f"; not compared, their output failed its check: {', '.join(bad)}"
+    if n + len(bad) < len(rows):
+        s += f"; {len(rows) - n - len(bad)} {unit} without both figures"
     s += f" (in brackets: {name} time / ours)"
     return s + "."
 
