@@ -26,6 +26,8 @@ Rows with op "gemm" (or none) are used, in file order; extra fields and nulls ar
   `<!-- w4a16-table:begin -->` and `<!-- w4a16-table:end -->`, comparing ours_graph_us with cuBLAS
   bf16 and torch._weight_int4pack_mm, and the NVFP4 GEMM's graph time at the same shape where the
   file has gemm rows; no plot.
+- --tag TAG: the markers carry the tag (`<!-- bench-table:TAG:begin -->`, likewise the others'), so
+  that a file can hold the tables of several runs.
 """
 import argparse
 import json
@@ -125,8 +127,9 @@ NOISE = 0.02  # the least margin a "faster" or "slower" needs; a baseline's own 
 
 
 def failed(r):
-    """A row whose output failed its check: its times are not compared."""
-    return r.get("verdict") == "failed" or r.get("exact") is False
+    """A row whose output failed its check: its times are not compared. GEMM rows say so by their
+    verdict (their `exact` is bit for bit, false for a passing "bound" row); the others by `exact`."""
+    return r.get("verdict") == "failed" if r.get("verdict") else r.get("exact") is False
 
 
 def comparison(rows, field, name, label_of=shape, units="shapes", ours_field="ours_graph_us", who="Faster"):
@@ -250,8 +253,14 @@ def main():
     p.add_argument("--readme", action="append", default=[], help="file with the bench-table markers (repeatable)")
     p.add_argument("--grouped", action="store_true", help="the grouped rows and their table")
     p.add_argument("--w4a16", action="store_true", help="the W4A16 rows and their table")
+    p.add_argument("--tag", help="use the markers with this tag (`<!-- bench-table:TAG:begin -->`), "
+                                 "so that one file can hold the tables of several runs (another GPU's, say)")
     args = p.parse_args()
     begin, end = (GBEGIN, GEND) if args.grouped else (WBEGIN, WEND) if args.w4a16 else (BEGIN, END)
+    if args.tag:
+        if not args.tag.replace("-", "").isalnum():
+            p.error(f"--tag {args.tag!r}: letters, digits and '-' only")
+        begin, end = (m.replace(":begin", f":{args.tag}:begin").replace(":end", f":{args.tag}:end") for m in (begin, end))
     rows = load(args.jsonl, "grouped" if args.grouped else "w4a16" if args.w4a16 else "gemm")
 
     texts = {}

@@ -9,7 +9,7 @@ out=${1:-bundle}
 rm -rf "$out"
 mkdir -p "$out/deps" "$out/examples"
 # A tree with uncommitted changes is labelled as such, so that no result names a commit it did not run.
-export BSG_COMMIT=$(git rev-parse --short HEAD)$(git diff --quiet HEAD -- || echo -dirty)
+export BSG_COMMIT=$(git rev-parse --short HEAD)$([ -z "$(git status --porcelain -- build.rs build Cargo.toml Cargo.lock cpp include src examples tests bench scripts)" ] || echo -dirty)
 # The executables where cargo says it put them (CARGO_TARGET_DIR or a config's target-dir move
 # them from target/), from its JSON messages; its errors still reach the terminal.
 msgs=$(mktemp)

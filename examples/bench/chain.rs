@@ -1,8 +1,9 @@
 //! The quantizer feeding the GEMM (`op` "quantize_gemm"), as an engine's NVFP4 path runs a
 //! linear layer: bf16 (1, M, K) activations of N(0, 1), quantized with a given global scale, then
 //! the GEMM against N(0, 1) NVFP4 weights, f16 out; two launches a step. Activations and weights
-//! are rotated (`rotation`); the quantizer writes one activation buffer and the GEMM one D, as
-//! an engine reuses its own. Two forms, graph-timed in the same run, alternating, two rounds each:
+//! are rotated (`rotation`; a warm-up step runs both forms on one set, a timed step one form);
+//! the quantizer writes one activation buffer and the GEMM one D, as an engine reuses its own
+//! (unlike the other rows, whose outputs rotate too). Two forms, graph-timed in the same run, alternating, two rounds each:
 //! `quantize_into` then `gemm` (`two_step_graph_us`: where the GEMM's tile reads decoded
 //! activations, its pre-pass decodes them again), and `quantize_decoded_into` then
 //! `gemm_decoded` (`decoded_graph_us`: the quantizer writes the decode). Times are per step
@@ -50,11 +51,12 @@ pub fn bench_chain(cli: &crate::Cli, gemm: &BlockScaledGemm, stream: &Arc<CudaSt
     // Warm-up, and the outputs of every set compared (each form's D poisoned first).
     let mut exact = true;
     let mut config = None;
-    for i in 0..n_sets.max(10) {
+    for _ in 0..n_sets.max(10) {
         crate::poison(stream, &mut d1)?;
         crate::poison(stream, &mut d2)?;
-        let c1 = two_step(i % n_sets, &mut d1)?;
-        let c2 = decoded(i % n_sets, &mut d2)?;
+        let s = turns.next();
+        let c1 = two_step(s, &mut d1)?;
+        let c2 = decoded(s, &mut d2)?;
         exact &= c1 == c2 && stream.clone_dtoh(&d1)?.iter().map(|v| v.to_bits()).eq(stream.clone_dtoh(&d2)?.iter().map(|v| v.to_bits()));
         config = Some(c1);
     }

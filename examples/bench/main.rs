@@ -2,10 +2,10 @@
 //! has the method and the current table).
 //!
 //! Per shape and output type, in one run: `sets` copies of the inputs and of the outputs, every
-//! launch on the next in turn, so that no launch reads or writes data the L2 still holds
-//! ([`rotation`] has the rule); 10 warm-up launches; then
-//! - `ours_launch_us`: each of `--runs` launches alone between a pair of CUDA events, its output
-//!   poisoned (0xFF bytes) before each; the median;
+//! launch on the next in turn, so that no launch reads or writes data an earlier launch left in
+//! the L2 ([`rotation`] has the rule); 10 warm-up launches; then
+//! - `ours_launch_us`: each of `--runs` launches alone between a pair of CUDA events (a memset of
+//!   a scratch word between launches); the median;
 //! - `ours_b2b_us`: `--runs` launches back to back between one pair of events; the mean;
 //! - `ours_graph_us`: a CUDA graph of `graph_calls` launches (a multiple of `sets`, at least
 //!   `--graph-calls`) replayed `--replays` times between events; the median replay over the
@@ -15,7 +15,7 @@
 //! - `host_enqueue_us`: host time of one call while queueing the back-to-back launches (median),
 //!   each call made as a user makes it (the rule picks the config unless `--config` forces one);
 //!   `host_plan_us`: of that, the validation and config choice alone (median of 1000).
-//!   The outputs are poisoned before each timing. After it, the latest set's is judged on sampled
+//!   The outputs are poisoned (0xFF bytes) before each timing. After it, the latest set's is judged on sampled
 //!   rows against the exact CPU reference by the crate's verdict (`compare::verify_matrices`;
 //!   FP4 outputs: codes and scales within one step, as the example judges them), and every other
 //!   set the timing wrote must hold the same bytes (the sets' inputs are equal): `verdict`
@@ -605,14 +605,16 @@ fn bench_one(cli: &Cli, gemm: &BlockScaledGemm, stream: &Arc<CudaStream>, l2: us
         }
     }
     let event = || stream.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT));
-    // Per launch, its output part poisoned before each.
+    // Per launch: the outputs poisoned once ahead (a poison just before a launch would leave its
+    // output in the L2), and a memset of a scratch word between launches keeps each alone, as
+    // the poison did before 4869900 (no launch overlaps the next through the programmatic launch).
     let mut events = Vec::with_capacity(cli.runs);
+    let mut scratch: CudaSlice<u8> = stream.alloc_zeros(4)?;
     d.poison(stream)?;
     sfd.poison(stream)?;
     let since = turns.count();
     for _ in 0..cli.runs {
-        d.poison_set(stream, turns.peek())?;
-        sfd.poison_set(stream, turns.peek())?;
+        poison(stream, &mut scratch)?;
         let start = event()?;
         launch(&sets, &mut d, &mut sfd)?;
         events.push((start, event()?));
@@ -801,7 +803,7 @@ impl Baselines {
 /// (their `triton.testing.do_bench` figures), `baselines_sets` and `baselines_graph_calls`; null
 /// where the file lacks one (or there is no file).
 fn cross_check(b: &Option<Baselines>, name: &str, keys: &[&str]) -> String {
-    let value = |key: &str| b.as_ref().and_then(|b| b.field(name, key)).filter(|v| v.parse::<f64>().is_ok()).unwrap_or("null").to_string();
+    let value = |key: &str| b.as_ref().and_then(|b| b.field(name, key)).filter(|v| v.parse::<f64>().is_ok_and(f64::is_finite)).unwrap_or("null").to_string();
     let named = |field: &str, key: &str| format!("\"{field}\":{}", value(key));
     keys.iter().map(|k| named(k, k)).chain([named("baselines_sets", "sets"), named("baselines_graph_calls", "graph_calls")]).collect::<Vec<_>>().join(",")
 }

@@ -1,4 +1,5 @@
-//! How a row's buffers rotate so that no timing reads or writes warm data, as bench/baselines.py
+//! How a row's buffers rotate so that no timing reads or writes data an earlier launch left in the
+//! L2 (only the poison written just before a timing can be there for its first launches), as bench/baselines.py
 //! rotates cuBLAS's: S sets of the inputs and of the outputs, S = ceil(2 * L2 / B) + 1 for B the
 //! bytes one launch reads and writes of its set (at least 2; 1 where a grouped case's launch alone
 //! moves more than twice the L2), so that the S - 1 sets between two uses of one set move at
@@ -30,7 +31,11 @@ impl Rotation {
     /// launch alone moves more than twice the L2 (the grouped cases, whose expert weights would
     /// otherwise be copied for nothing).
     pub fn new(graph_calls: usize, l2: usize, bytes: usize, one_if_large: bool) -> Rotation {
-        let sets = if one_if_large && bytes > 2 * l2 { 1 } else { ((2 * l2).div_ceil(bytes.max(1)) + 1).clamp(2, MAX_SETS) };
+        let want = (2 * l2).div_ceil(bytes.max(1)) + 1;
+        if want > MAX_SETS {
+            eprintln!("warning: {bytes} bytes a launch would need {want} sets to cover twice the L2; capped at {MAX_SETS}");
+        }
+        let sets = if one_if_large && bytes > 2 * l2 { 1 } else { want.clamp(2, MAX_SETS) };
         Rotation { sets, calls: sets * graph_calls.div_ceil(sets) }
     }
 }
@@ -51,15 +56,11 @@ impl Turns {
         self.done.set(i + 1);
         i % self.sets
     }
-    /// The set the next launch will take.
-    pub fn peek(&self) -> usize {
-        self.done.get() % self.sets
-    }
     /// Launches so far.
     pub fn count(&self) -> usize {
         self.done.get()
     }
-    /// The set of the latest launch (0 before any).
+    /// The set of the latest launch (the last set before any).
     pub fn latest(&self) -> usize {
         (self.done.get() + self.sets - 1) % self.sets
     }
@@ -89,10 +90,6 @@ impl<T: DeviceRepr + ValidAsZeroBits> Rotated<T> {
     /// Every set's part filled with 0xFF bytes (a NaN of each float type here).
     pub fn poison(&mut self, stream: &Arc<CudaStream>) -> Result<(), DriverError> {
         crate::poison(stream, &mut self.all)
-    }
-    /// Set `s`'s part poisoned.
-    pub fn poison_set(&mut self, stream: &Arc<CudaStream>, s: usize) -> Result<(), DriverError> {
-        crate::poison(stream, &mut self.set(s))
     }
     /// Every set's part, copied to the host.
     pub fn read(&self, stream: &Arc<CudaStream>) -> Result<Sets<T>, DriverError> {
@@ -142,9 +139,9 @@ mod tests {
     #[test]
     fn turns_go_round_and_name_the_sets_written() {
         let t = Turns::new(Rotation { sets: 3, calls: 3 });
-        assert_eq!((t.peek(), t.latest()), (0, 2));
+        assert_eq!(t.latest(), 2);
         assert_eq!((0..4).map(|_| t.next()).collect::<Vec<_>>(), [0, 1, 2, 0]);
-        assert_eq!((t.peek(), t.latest(), t.count()), (1, 0, 4));
+        assert_eq!((t.latest(), t.count()), (0, 4));
         assert_eq!(t.written_since(3), [0]);
         assert_eq!(t.written_since(0), [0, 2, 1]);
     }
