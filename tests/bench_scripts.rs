@@ -22,9 +22,32 @@ fn bench_scripts_compile() {
     }
 }
 
-/// The results file a README's table names on its source line (`Source: bench/results/X.jsonl`).
-fn sources(readme: &str) -> Vec<String> {
-    readme.lines().filter_map(|l| l.strip_prefix("Source: ")).map(|l| l.split_whitespace().next().unwrap_or_default().to_string()).collect()
+/// The tags of a README's table markers (`None` for the plain `<!-- bench-table:begin -->`, else
+/// the TAG of `<!-- bench-table:TAG:begin -->`), each once, and for each the results files its
+/// tables name on their source lines (`Source: bench/results/X.jsonl`).
+fn sources(readme: &str) -> Vec<(Option<String>, Vec<String>)> {
+    let mut out: Vec<(Option<String>, Vec<String>)> = Vec::new();
+    let mut current: Option<Option<String>> = None;
+    for line in readme.lines().map(str::trim) {
+        let marker = ["bench", "grouped", "w4a16"].iter().find_map(|t| line.strip_prefix(&format!("<!-- {t}-table"))?.strip_suffix(" -->"));
+        match marker {
+            Some(m) if m.ends_with(":begin") => {
+                let tag = m.strip_suffix(":begin").and_then(|t| t.strip_prefix(':')).map(str::to_string);
+                if !out.iter().any(|(t, _)| *t == tag) {
+                    out.push((tag.clone(), Vec::new()));
+                }
+                current = Some(tag);
+            }
+            Some(_) => current = None,
+            None => {
+                if let (Some(tag), Some(src)) = (&current, line.strip_prefix("Source: ")) {
+                    let entry = out.iter_mut().find(|(t, _)| t == tag).expect("pushed at its begin marker");
+                    entry.1.push(src.split_whitespace().next().unwrap_or_default().to_string());
+                }
+            }
+        }
+    }
+    out
 }
 
 #[test]
@@ -33,25 +56,39 @@ fn readme_tables_are_report_output() {
     std::fs::create_dir_all(&tmp).unwrap();
     for readme in ["README.md", "bench/README.md"] {
         let text = std::fs::read_to_string(root().join(readme)).unwrap();
-        let names = sources(&text);
-        assert_eq!(names.len(), 3, "{readme}: one source line per table (gemm, grouped, w4a16), found {names:?}");
-        assert!(names.iter().all(|n| n == &names[0]), "{readme}: the tables name different results files: {names:?}");
-        let jsonl = root().join(&names[0]);
-        assert!(jsonl.is_file(), "{readme} names {}, which is not in the repository", names[0]);
+        let groups = sources(&text);
+        assert!(groups.iter().any(|(tag, _)| tag.is_none()), "{readme}: no untagged tables");
         let copy = tmp.join(Path::new(readme).file_name().unwrap());
         std::fs::write(&copy, &text).unwrap();
-        for table in [None, Some("--grouped"), Some("--w4a16")] {
-            let mut cmd = Command::new(python());
-            cmd.current_dir(root()).arg("bench/report.py").arg(&jsonl).arg("--readme").arg(&copy);
-            cmd.args(table);
-            let out = cmd.output().expect("python3 runs");
-            assert!(out.status.success(), "report.py {table:?} on {readme}: {}", String::from_utf8_lossy(&out.stderr));
+        for (tag, names) in &groups {
+            assert_eq!(names.len(), 3, "{readme} {tag:?}: one source line per table (gemm, grouped, w4a16), found {names:?}");
+            assert!(names.iter().all(|n| n == &names[0]), "{readme} {tag:?}: the tables name different results files: {names:?}");
+            let jsonl = root().join(&names[0]);
+            assert!(jsonl.is_file(), "{readme} names {}, which is not in the repository", names[0]);
+            for table in [None, Some("--grouped"), Some("--w4a16")] {
+                let mut cmd = Command::new(python());
+                cmd.current_dir(root()).arg("bench/report.py").arg(&jsonl).arg("--readme").arg(&copy);
+                cmd.args(table);
+                if let Some(tag) = tag {
+                    cmd.args(["--tag", tag]);
+                }
+                let out = cmd.output().expect("python3 runs");
+                assert!(out.status.success(), "report.py {table:?} {tag:?} on {readme}: {}", String::from_utf8_lossy(&out.stderr));
+            }
         }
         let regenerated = std::fs::read_to_string(&copy).unwrap();
         if regenerated != text {
             let first = text.lines().zip(regenerated.lines()).position(|(a, b)| a != b).unwrap_or(0);
-            panic!("{readme}: its tables differ from report.py's output for {} from line {}; regenerate them (bench/README.md, Commands)", names[0], first + 1);
+            panic!("{readme}: its tables differ from report.py's output from line {}; regenerate them (bench/README.md, Commands)", first + 1);
         }
     }
     std::fs::remove_dir_all(&tmp).ok();
+}
+
+#[test]
+fn sources_are_grouped_by_the_markers_tag() {
+    let text = "<!-- bench-table:begin -->\nSource: a.jsonl (x)\n<!-- bench-table:end -->\nSource: stray.jsonl\n\
+                <!-- grouped-table:h100:begin -->\nSource: b.jsonl (y)\n<!-- grouped-table:h100:end -->\n\
+                <!-- w4a16-table:begin -->\nSource: a.jsonl\n<!-- w4a16-table:end -->\n";
+    assert_eq!(sources(text), [(None, vec!["a.jsonl".to_string(), "a.jsonl".to_string()]), (Some("h100".to_string()), vec!["b.jsonl".to_string()])]);
 }
