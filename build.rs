@@ -10,6 +10,8 @@
 //! `BSG_NVCC_DEFINES` (space-separated `NAME=VALUE` macros for experiments, e.g. the stage
 //! switches of `cpp/common/instrument.cuh`; part of each object's cache key).
 
+#[path = "build/cache.rs"]
+mod cache;
 #[path = "build/toolkit.rs"]
 mod toolkit;
 
@@ -75,7 +77,7 @@ impl Output {
 fn main() {
     let root = PathBuf::from(env("CARGO_MANIFEST_DIR").unwrap());
     let out_dir = PathBuf::from(env("OUT_DIR").unwrap());
-    for p in ["cpp", "include", "src/sys/bridge.rs", "third_party/pins.txt", "third_party/fetch.py", "build/toolkit.rs"] {
+    for p in ["cpp", "include", "src/sys/bridge.rs", "third_party/pins.txt", "third_party/fetch.py", "build/toolkit.rs", "build/cache.rs"] {
         println!("cargo:rerun-if-changed={}", root.join(p).display());
     }
     for v in ["NVCC", "CUDA_HOME", "CUTLASS_DIR", "BSG_ARCHS", "BSG_CONFIGS", "BSG_CACHE_DIR", "BSG_NVCC_JOBS", "BSG_NVCC_DEFINES", "NVCC_CCBIN", "NVCC_PREPEND_FLAGS", "NVCC_APPEND_FLAGS", "XDG_CACHE_HOME", "DOCS_RS", "LIBCLANG_PATH"] {
@@ -274,7 +276,9 @@ fn main() {
 
     let compiled = compile_all(&tools, &jobs);
     let objects: Vec<&PathBuf> = jobs.iter().map(|j| &j.1).collect();
-    let log = format!("nvcc: {} objects, {} compiled, {} from cache {}\n", jobs.len(), compiled, jobs.len() - compiled, cache.display());
+    let used: Vec<&Path> = objects.iter().map(|o| o.as_path()).collect();
+    let pruned = cache::upkeep(&cache, &used, std::time::SystemTime::now());
+    let log = format!("nvcc: {} objects, {} compiled, {} from cache {}; {pruned} unused files removed from it\n", jobs.len(), compiled, jobs.len() - compiled, cache.display());
     std::fs::write(out_dir.join("nvcc-log.txt"), &log).unwrap();
     if compiled > 0 {
         println!("cargo:warning=blockscaled-gemm: {}", log.trim());

@@ -1,5 +1,8 @@
 //! The pure helpers of build.rs (`build/toolkit.rs`): the user's toolkit from `NVCC` /
-//! `CUDA_HOME`, the pinned toolchain recognised under another name, the `BSG_CONFIGS` list.
+//! `CUDA_HOME`, the pinned toolchain recognised under another name, the `BSG_CONFIGS` list; and
+//! the object cache's upkeep (`build/cache.rs`).
+#[path = "../build/cache.rs"]
+mod cache;
 #[path = "../build/toolkit.rs"]
 mod toolkit;
 
@@ -89,4 +92,47 @@ fn config_list_refuses_unknown_names() {
     assert_eq!(toolkit::config_list(" sm90_128X128x64, ,Sm100_1sm_128x64x256", &known).unwrap(), ["sm90_128x128x64", "sm100_1sm_128x64x256"]);
     let e = toolkit::config_list("Sm90_128x128x64,Sm90_128x128", &known).unwrap_err();
     assert!(e.contains("\"sm90_128x128\"") && e.contains("Sm90_128x128x64"), "{e}");
+}
+
+#[test]
+fn cache_keeps_objects_a_month_and_temporaries_a_day() {
+    let day = std::time::Duration::from_secs(24 * 3600);
+    assert!(!cache::stale("bsg_sm90_x-0123abcd.o", 29 * day));
+    assert!(cache::stale("bsg_sm90_x-0123abcd.o", 31 * day));
+    assert!(!cache::stale("bsg_sm90_x-0123abcd.tmp4242", day / 2));
+    assert!(cache::stale("bsg_sm90_x-0123abcd.tmp4242", 2 * day));
+    // Nothing else, however old: not a temporary without its pid, nor a stray file.
+    for keep in ["bsg_sm90_x-0123abcd.tmp", "bsg_sm90_x-0123abcd.tmpx1", ".tmp12", "notes.txt", "x.o.bak"] {
+        assert!(!cache::stale(keep, 400 * day), "{keep}");
+    }
+}
+
+#[test]
+fn cache_upkeep_marks_the_used_and_removes_the_stale() {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("build_logic").join("cache");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(dir.join("sub.o")).unwrap();
+    let day = std::time::Duration::from_secs(24 * 3600);
+    let now = std::time::SystemTime::now();
+    let file = |name: &str, age: std::time::Duration| {
+        let p = dir.join(name);
+        std::fs::write(&p, b"x").unwrap();
+        std::fs::File::options().write(true).open(&p).unwrap().set_modified(now - age).unwrap();
+        p
+    };
+    let used_old = file("used-1.o", 60 * day);
+    let unused_old = file("unused-2.o", 60 * day);
+    let unused_new = file("unused-3.o", 2 * day);
+    let tmp_old = file("killed-4.tmp99", 3 * day);
+    let tmp_new = file("running-5.tmp98", std::time::Duration::from_secs(60));
+    let other = file("README", 900 * day);
+    assert_eq!(cache::upkeep(&dir, &[used_old.as_path()], now), 2);
+    assert!(used_old.exists() && unused_new.exists() && tmp_new.exists() && other.exists() && dir.join("sub.o").is_dir());
+    assert!(!unused_old.exists() && !tmp_old.exists());
+    // The used object was marked used then, so 29 days on it stays while the two younger files
+    // unused since then go.
+    assert_eq!(cache::upkeep(&dir, &[], now + 29 * day), 2);
+    assert!(used_old.exists() && !unused_new.exists() && !tmp_new.exists());
+    // A folder that is not there: nothing to do, no error.
+    assert_eq!(cache::upkeep(&dir.join("absent"), &[], now), 0);
 }
