@@ -62,7 +62,9 @@ def find_wheel(cache, name, version, sha):
             path = os.path.join(cache, fn)
             if sha256(path) == sha:
                 return path
-            os.remove(path)  # a partial or tampered file: fetch it again
+            # Another pin's wheel of the same name and version (another platform's, say), which
+            # a build of another pin may be using: never remove it. A wheel only ever appears
+            # here whole (renamed from pip's own folder), so it is not a partial one.
     return None
 
 
