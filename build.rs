@@ -551,6 +551,9 @@ impl Toolchain {
         if (user_cuda.is_none() || user_cutlass.is_none()) && !tp.is_dir() {
             fetch(root, &tp);
         }
+        let now = std::time::SystemTime::now();
+        cache::upkeep_folders(&cache_dir().join("toolchain"), Some(tp.as_path()).filter(|t| t.is_dir()), now);
+        cache::upkeep_folders(&cache_dir().join("wheels"), None, now);
         let pins = std::fs::read_to_string(root.join("third_party/pins.txt")).unwrap();
         // A user toolkit that is the pinned one's own folder (CUDA_HOME set to it) builds the
         // same objects: it takes the pinned key, not a second copy of every object.

@@ -136,3 +136,33 @@ fn cache_upkeep_marks_the_used_and_removes_the_stale() {
     // A folder that is not there: nothing to do, no error.
     assert_eq!(cache::upkeep(&dir.join("absent"), &[], now), 0);
 }
+
+#[test]
+fn cache_folders_keep_toolchains_a_month_and_temporaries_a_day() {
+    let day = std::time::Duration::from_secs(24 * 3600);
+    assert!(!cache::stale_folder("7e8ab433800c0af9", 29 * day));
+    assert!(cache::stale_folder("7e8ab433800c0af9", 31 * day));
+    assert!(cache::stale_folder("tmpab_12x", 2 * day));
+    assert!(!cache::stale_folder("tmpab_12x", day / 2));
+    for keep in ["7E8AB433800C0AF9", "7e8ab433800c0af", "7e8ab433800c0af9a", "nvidia", "objects"] {
+        assert!(!cache::stale_folder(keep, 400 * day), "{keep}");
+    }
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("build_logic").join("toolchains");
+    let _ = std::fs::remove_dir_all(&dir);
+    let now = std::time::SystemTime::now();
+    let folder = |name: &str, age: std::time::Duration| {
+        let p = dir.join(name);
+        std::fs::create_dir_all(p.join("bin")).unwrap();
+        std::fs::write(p.join("bin/nvcc"), b"x").unwrap();
+        std::fs::File::open(&p).unwrap().set_modified(now - age).unwrap();
+        p
+    };
+    let mine = folder("0123456789abcdef", 90 * day);
+    let old = folder("fedcba9876543210", 90 * day);
+    let young = folder("00000000aaaaaaaa", 3 * day);
+    let killed = folder("tmpq1w2e3", 3 * day);
+    assert_eq!(cache::upkeep_folders(&dir, Some(mine.as_path()), now), 2);
+    assert!(mine.join("bin/nvcc").exists() && young.exists() && !old.exists() && !killed.exists());
+    assert_eq!(cache::upkeep_folders(&dir, None, now + 29 * day), 1, "mine was marked used, the young one was not");
+    assert!(mine.exists() && !young.exists());
+}
