@@ -276,9 +276,8 @@ fn main() {
 
     let compiled = compile_all(&tools, &jobs);
     let objects: Vec<&PathBuf> = jobs.iter().map(|j| &j.1).collect();
-    let used: Vec<&Path> = objects.iter().map(|o| o.as_path()).collect();
-    let pruned = cache::upkeep(&cache, &used, std::time::SystemTime::now());
-    let log = format!("nvcc: {} objects, {} compiled, {} from cache {}; {pruned} unused files removed from it\n", jobs.len(), compiled, jobs.len() - compiled, cache.display());
+    let stale = cache::remove_temporaries(&cache, cache::is_nvcc_temporary, std::time::SystemTime::now());
+    let log = format!("nvcc: {} objects, {} compiled, {} from cache {}; {stale} temporaries of killed builds removed from it\n", jobs.len(), compiled, jobs.len() - compiled, cache.display());
     std::fs::write(out_dir.join("nvcc-log.txt"), &log).unwrap();
     if compiled > 0 {
         println!("cargo:warning=blockscaled-gemm: {}", log.trim());
@@ -552,8 +551,9 @@ impl Toolchain {
             fetch(root, &tp);
         }
         let now = std::time::SystemTime::now();
-        cache::upkeep_folders(&cache_dir().join("toolchain"), Some(tp.as_path()).filter(|t| t.is_dir()), now);
-        cache::upkeep_folders(&cache_dir().join("wheels"), None, now);
+        for d in ["toolchain", "wheels"] {
+            cache::remove_temporaries(&cache_dir().join(d), cache::is_fetch_temporary, now);
+        }
         let pins = std::fs::read_to_string(root.join("third_party/pins.txt")).unwrap();
         // A user toolkit that is the pinned one's own folder (CUDA_HOME set to it) builds the
         // same objects: it takes the pinned key, not a second copy of every object.

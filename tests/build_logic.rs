@@ -95,74 +95,53 @@ fn config_list_refuses_unknown_names() {
 }
 
 #[test]
-fn cache_keeps_objects_a_month_and_temporaries_a_day() {
-    let day = std::time::Duration::from_secs(24 * 3600);
-    assert!(!cache::stale("bsg_sm90_x-0123abcd.o", 29 * day));
-    assert!(cache::stale("bsg_sm90_x-0123abcd.o", 31 * day));
-    assert!(!cache::stale("bsg_sm90_x-0123abcd.tmp4242", day / 2));
-    assert!(cache::stale("bsg_sm90_x-0123abcd.tmp4242", 2 * day));
-    // Nothing else, however old: not a temporary without its pid, nor a stray file.
-    for keep in ["bsg_sm90_x-0123abcd.tmp", "bsg_sm90_x-0123abcd.tmpx1", ".tmp12", "notes.txt", "x.o.bak"] {
-        assert!(!cache::stale(keep, 400 * day), "{keep}");
+fn cache_temporaries_are_named_as_build_rs_and_fetch_py_name_them() {
+    assert!(cache::is_nvcc_temporary("bsg_sm90_stream_8x64x64-0123456789abcdef01234567.tmp4242"));
+    for not in [
+        "bsg_sm90_stream_8x64x64-0123456789abcdef01234567.o",
+        "bsg_sm90_stream_8x64x64-0123456789abcdef01234567.tmp",
+        "bsg_sm90_stream_8x64x64-0123456789abcdef0123456.tmp12",
+        "bsg_sm90_stream_8x64x64-0123456789ABCDEF01234567.tmp12",
+        "-0123456789abcdef01234567.tmp12",
+        "notes.tmp12",
+        "x-0123456789abcdef01234567.tmp1x",
+    ] {
+        assert!(!cache::is_nvcc_temporary(not), "{not}");
+    }
+    assert!(cache::is_fetch_temporary("bsg-fetch-k2j4_x"));
+    for not in ["bsg-fetch-", "tmpk2j4_x", "7e8ab433800c0af9", "nvidia"] {
+        assert!(!cache::is_fetch_temporary(not), "{not}");
     }
 }
 
 #[test]
-fn cache_upkeep_marks_the_used_and_removes_the_stale() {
-    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("build_logic").join("cache");
+fn cache_upkeep_removes_old_temporaries_only() {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("build_logic-cache-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(dir.join("sub.o")).unwrap();
+    std::fs::create_dir_all(&dir).unwrap();
     let day = std::time::Duration::from_secs(24 * 3600);
     let now = std::time::SystemTime::now();
-    let file = |name: &str, age: std::time::Duration| {
+    let age = |p: &std::path::Path, by: std::time::Duration| std::fs::File::open(p).unwrap().set_modified(now - by).unwrap();
+    let file = |name: &str, by: std::time::Duration| {
         let p = dir.join(name);
         std::fs::write(&p, b"x").unwrap();
-        std::fs::File::options().write(true).open(&p).unwrap().set_modified(now - age).unwrap();
+        age(&p, by);
         p
     };
-    let used_old = file("used-1.o", 60 * day);
-    let unused_old = file("unused-2.o", 60 * day);
-    let unused_new = file("unused-3.o", 2 * day);
-    let tmp_old = file("killed-4.tmp99", 3 * day);
-    let tmp_new = file("running-5.tmp98", std::time::Duration::from_secs(60));
-    let other = file("README", 900 * day);
-    assert_eq!(cache::upkeep(&dir, &[used_old.as_path()], now), 2);
-    assert!(used_old.exists() && unused_new.exists() && tmp_new.exists() && other.exists() && dir.join("sub.o").is_dir());
-    assert!(!unused_old.exists() && !tmp_old.exists());
-    // The used object was marked used then, so 29 days on it stays while the two younger files
-    // unused since then go.
-    assert_eq!(cache::upkeep(&dir, &[], now + 29 * day), 2);
-    assert!(used_old.exists() && !unused_new.exists() && !tmp_new.exists());
+    let killed = file("bsg_x-0123456789abcdef01234567.tmp99", 2 * day);
+    let running = file("bsg_x-0123456789abcdef01234567.tmp98", std::time::Duration::from_secs(60));
+    let object = file("bsg_x-0123456789abcdef01234567.o", 900 * day);
+    let other = file("notes.tmp12", 900 * day);
+    let fetch_old = dir.join("bsg-fetch-abc");
+    std::fs::create_dir_all(fetch_old.join("wheels")).unwrap();
+    age(&fetch_old, 2 * day);
+    let fetch_new = dir.join("bsg-fetch-def");
+    std::fs::create_dir_all(&fetch_new).unwrap();
+    assert_eq!(cache::remove_temporaries(&dir, cache::is_nvcc_temporary, now), 1);
+    assert!(!killed.exists() && running.exists() && object.exists() && other.exists() && fetch_old.exists());
+    assert_eq!(cache::remove_temporaries(&dir, cache::is_fetch_temporary, now), 1);
+    assert!(!fetch_old.exists() && fetch_new.exists() && object.exists());
     // A folder that is not there: nothing to do, no error.
-    assert_eq!(cache::upkeep(&dir.join("absent"), &[], now), 0);
-}
-
-#[test]
-fn cache_folders_keep_toolchains_a_month_and_temporaries_a_day() {
-    let day = std::time::Duration::from_secs(24 * 3600);
-    assert!(!cache::stale_folder("7e8ab433800c0af9", 29 * day));
-    assert!(cache::stale_folder("7e8ab433800c0af9", 31 * day));
-    assert!(cache::stale_folder("tmpab_12x", 2 * day));
-    assert!(!cache::stale_folder("tmpab_12x", day / 2));
-    for keep in ["7E8AB433800C0AF9", "7e8ab433800c0af", "7e8ab433800c0af9a", "nvidia", "objects"] {
-        assert!(!cache::stale_folder(keep, 400 * day), "{keep}");
-    }
-    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("build_logic").join("toolchains");
-    let _ = std::fs::remove_dir_all(&dir);
-    let now = std::time::SystemTime::now();
-    let folder = |name: &str, age: std::time::Duration| {
-        let p = dir.join(name);
-        std::fs::create_dir_all(p.join("bin")).unwrap();
-        std::fs::write(p.join("bin/nvcc"), b"x").unwrap();
-        std::fs::File::open(&p).unwrap().set_modified(now - age).unwrap();
-        p
-    };
-    let mine = folder("0123456789abcdef", 90 * day);
-    let old = folder("fedcba9876543210", 90 * day);
-    let young = folder("00000000aaaaaaaa", 3 * day);
-    let killed = folder("tmpq1w2e3", 3 * day);
-    assert_eq!(cache::upkeep_folders(&dir, Some(mine.as_path()), now), 2);
-    assert!(mine.join("bin/nvcc").exists() && young.exists() && !old.exists() && !killed.exists());
-    assert_eq!(cache::upkeep_folders(&dir, None, now + 29 * day), 1, "mine was marked used, the young one was not");
-    assert!(mine.exists() && !young.exists());
+    assert_eq!(cache::remove_temporaries(&dir.join("absent"), cache::is_nvcc_temporary, now), 0);
+    std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -9,7 +9,8 @@ Reads pins.txt beside this script (name, version, sha256), downloads each wheel 
   DEST/cutlass/{include,tools,examples}           CUTLASS 4.2.0 (cutlass_library/source)
   DEST/libclang/libclang.so                       libclang 18, for bindgen in build.rs
 DEST appears whole or not at all (unpacked beside it, then renamed), so concurrent builds and an
-interrupted one never see half a toolchain; a second run finds it and does nothing.
+interrupted one never see half a toolchain; a second run finds it and does nothing. Its temporary
+folders are named bsg-fetch-*, which build.rs removes once a killed run left them a day ago.
 Standard library only.
 """
 import hashlib
@@ -74,7 +75,7 @@ def download(cache, name, version, sha):
         return path
     # pip writes into a folder of this process's own; the checked wheel then appears in the cache
     # by one rename, so a concurrent build never finds (and deletes) a wheel still being written.
-    with tempfile.TemporaryDirectory(dir=cache) as part:
+    with tempfile.TemporaryDirectory(prefix="bsg-fetch-", dir=cache) as part:
         cmd = [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps",
                "--only-binary=:all:", "--python-version", "3.11", "-d", part,
                f"{name}=={version}"]
@@ -111,7 +112,7 @@ def main():
     wheels = [(n, download(cache, n, v, s)) for n, v, s in pins]
     parent = os.path.dirname(dest)
     os.makedirs(parent, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=parent) as tmp:
+    with tempfile.TemporaryDirectory(prefix="bsg-fetch-", dir=parent) as tmp:
         unpacked, staged = os.path.join(tmp, "wheels"), os.path.join(tmp, "toolchain")
         for name, whl in wheels:
             extract(whl, unpacked)
