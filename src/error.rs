@@ -296,6 +296,15 @@ pub(crate) fn product(factors: &[usize]) -> u128 {
     factors.iter().fold(1u128, |acc, &x| acc.saturating_mul(x as u128))
 }
 
+/// The first of `counts` (what, how it is computed, value) above `max`, as an
+/// [`Error::SizeLimit`] with the dimensions `dims()` (made only for the error) and `why`.
+pub(crate) fn within(max: u128, why: &'static str, dims: impl FnOnce() -> String, counts: impl IntoIterator<Item = (&'static str, &'static str, u128)>) -> Result<()> {
+    match counts.into_iter().find(|&(_, _, value)| value > max) {
+        Some((what, rule, value)) => Err(Error::SizeLimit { what, rule, dims: dims(), value, max, why }),
+        None => Ok(()),
+    }
+}
+
 /// Checks one buffer's element count.
 pub(crate) fn check_len(name: &'static str, got: usize, want: usize, rule: &'static str) -> Result<()> {
     if got != want {

@@ -17,7 +17,7 @@ use std::sync::Arc;
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
 
 use crate::dispatch::{self, Config};
-use crate::error::{check_len, product, Error, Result};
+use crate::error::{check_len, product, within, Error, Result};
 use crate::formats::{OutputElement, PackedFp4, ScaleByte};
 use crate::gemm::{check_devices, resolve_config, status_result, BlockScaledGemm, Nvfp4Output, Table, SUPPORTED_GROUPED};
 use crate::layout::{padded_sf_cols, sf_bytes, sf_cols, sf_offset};
@@ -102,15 +102,9 @@ impl MoeProblem {
         Problem::new(self.rows.max(1), self.n, self.k).scalars(self.alpha, 0.0).norm_constant(self.norm_constant).validate(out, false)?;
         Problem::new(1, self.n, self.k).batch(self.experts).validate(out, false)?;
         let dims = || format!("T = {}, N = {}, E = {}", self.rows, self.n, self.experts);
-        const WHY: &str = "the grouped kernel counts them in 32-bit signed integers";
         let sf_rows = product(&[self.experts, 127]) + self.rows as u128;
         let items = (self.rows.div_ceil(8) as u128 + self.experts as u128) * self.n.div_ceil(128) as u128;
-        for (what, rule, value) in [("padded scale rows", "T + 127 * E", sf_rows), ("work items", "(ceil(T/8) + E) * ceil(N/128)", items)] {
-            if value > i32::MAX as u128 {
-                return Err(Error::SizeLimit { what, rule, dims: dims(), value, max: i32::MAX as u128, why: WHY });
-            }
-        }
-        Ok(())
+        within(i32::MAX as u128, "the grouped kernel counts them in 32-bit signed integers", dims, [("padded scale rows", "T + 127 * E", sf_rows), ("work items", "(ceil(T/8) + E) * ceil(N/128)", items)])
     }
 }
 
@@ -121,13 +115,9 @@ impl MoeProblem {
     /// N in K's place for D's).
     pub fn check_sm100(&self, out: OutType) -> Result<()> {
         let sfd = out.sfd().map(|_| ("D's scale factors per expert (T rows at most, N / 16 columns)", self.rows, self.n));
-        for (what, rows, k) in [("A's scales per expert (T rows at most)", self.rows, self.k), ("B's scales per expert", self.n, self.k)].into_iter().chain(sfd) {
-            let span = rows.div_ceil(128) as u128 * k.div_ceil(64) as u128 * 512;
-            if span > i32::MAX as u128 {
-                return Err(Error::SizeLimit { what, rule: "ceil(rows / 128) * ceil(K / 64) * 512", dims: format!("T = {}, N = {}, K = {}", self.rows, self.n, self.k), value: span, max: i32::MAX as u128, why: "CUTLASS's SM100 scale layouts hold 32-bit strides" });
-            }
-        }
-        Ok(())
+        let spans = [("A's scales per expert (T rows at most)", self.rows, self.k), ("B's scales per expert", self.n, self.k)].into_iter().chain(sfd)
+            .map(|(what, rows, k)| (what, "ceil(rows / 128) * ceil(K / 64) * 512", rows.div_ceil(128) as u128 * k.div_ceil(64) as u128 * 512));
+        within(i32::MAX as u128, "CUTLASS's SM100 scale layouts hold 32-bit strides", || format!("T = {}, N = {}, K = {}", self.rows, self.n, self.k), spans)
     }
 }
 

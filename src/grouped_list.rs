@@ -18,7 +18,7 @@
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, SyncOnDrop};
 
 use crate::dispatch::{self, Config};
-use crate::error::{check_len, product, Error, Result};
+use crate::error::{check_len, product, within, Error, Result};
 use crate::formats::{OutputElement, PackedFp4, ScaleByte};
 use crate::gemm::{check_devices, check_weight_layout, resolve_config, status_result, BlockScaledGemm, Nvfp4Output};
 use crate::grouped::MAX_EXPERTS;
@@ -79,14 +79,8 @@ impl ListProblem {
         }
         Problem::new(self.max_m.max(1), self.max_n, self.max_k).scalars(self.alpha, self.beta).norm_constant(self.norm_constant).validate(out, has_c)?;
         let dims = || format!("G = {}, max M = {}, max N = {}, sum of M at most {}", self.groups, self.max_m, self.max_n, self.max_rows);
-        const WHY: &str = "the grouped kernel counts them in 32-bit signed integers";
         let items = product(&[self.groups, self.max_m.div_ceil(8), self.max_n.div_ceil(128)]);
-        for (what, rule, value) in [("rows", "the bound on the sum of M", self.max_rows as u128), ("work items", "G * ceil(max M / 8) * ceil(max N / 128)", items)] {
-            if value > i32::MAX as u128 {
-                return Err(Error::SizeLimit { what, rule, dims: dims(), value, max: i32::MAX as u128, why: WHY });
-            }
-        }
-        Ok(())
+        within(i32::MAX as u128, "the grouped kernel counts them in 32-bit signed integers", dims, [("rows", "the bound on the sum of M", self.max_rows as u128), ("work items", "G * ceil(max M / 8) * ceil(max N / 128)", items)])
     }
 }
 

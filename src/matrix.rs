@@ -447,19 +447,11 @@ pub(crate) fn check_shape(rows: usize, k: usize, batch: usize) -> Result<()> {
     if !k.is_multiple_of(SF_VEC) {
         return Err(Error::KMultiple { k, multiple: SF_VEC, why: "one scale per 16 elements of K" });
     }
-    const WHY: &str = "the largest host allocation is isize::MAX bytes";
-    let max = isize::MAX as u128;
-    let dims = || format!("rows = {rows}, K = {k}, batch = {batch}");
     // Elements, not bytes: the quantizer's input holds 4 bytes per element, the matrix half a byte.
     let elems = crate::error::product(&[batch, rows, k]);
-    if elems > max {
-        return Err(Error::SizeLimit { what: "elements", rule: "batch * rows * K", dims: dims(), value: elems, max, why: WHY });
-    }
     let scales = crate::error::product(&[batch, padded_rows(rows), padded_sf_cols(sf_cols(k))]);
-    if scales > max {
-        return Err(Error::SizeLimit { what: "tiled scale bytes", rule: "batch * ceil(rows/128)*128 * ceil(K/64)*4", dims: dims(), value: scales, max, why: WHY });
-    }
-    Ok(())
+    crate::error::within(isize::MAX as u128, "the largest host allocation is isize::MAX bytes", || format!("rows = {rows}, K = {k}, batch = {batch}"),
+        [("elements", "batch * rows * K", elems), ("tiled scale bytes", "batch * ceil(rows/128)*128 * ceil(K/64)*4", scales)])
 }
 
 /// [`check_shape`] and the GPU quantizer's limits (rows: its row loop counts in int32, striding

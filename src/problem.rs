@@ -1,6 +1,6 @@
 //! Problem shapes, output types and the validation every launch passes before any FFI call.
 
-use crate::error::{check_len, product, Error, Result};
+use crate::error::{check_len, product, within, Error, Result};
 use crate::layout;
 
 /// Builder methods of the problem types that set fields of one type: `name: a, b: type;` gives
@@ -322,21 +322,12 @@ impl Problem {
             // that wrapped offset. One batch gets stride 0.
             let (m, n, k) = (self.m, self.n, self.k);
             let strides = [("A batch stride", "M * K elements", product(&[m, k])), ("B batch stride", "N * K elements", product(&[n, k])), ("C and D batch stride", "M * N elements", product(&[m, n]))];
-            for (what, rule, value) in strides {
-                if value > i32::MAX as u128 {
-                    return Err(Error::SizeLimit { what, rule, dims: format!("M = {m}, N = {n}, K = {k}, L = {}", self.l), value, max: i32::MAX as u128, why: "CUTLASS's SM100 batched strides are products of 32-bit ints (L > 1)" });
-                }
-            }
+            within(i32::MAX as u128, "CUTLASS's SM100 batched strides are products of 32-bit ints (L > 1)", || format!("M = {m}, N = {n}, K = {k}, L = {}", self.l), strides)?;
         }
         // CUTLASS's SM100 scheduler launches the tiles along N in the grid's y and L in z (at most
         // 65535 each); the narrowest config's tiles are 64 wide (a wider config refuses more).
         let grid = [("N tiles of 64", "ceil(N / 64)", self.n.div_ceil(64) as u128), ("L", "L", self.l as u128)];
-        for (what, rule, value) in grid {
-            if value > 65535 {
-                return Err(Error::SizeLimit { what, rule, dims: format!("N = {}, L = {}", self.n, self.l), value, max: 65535, why: "CUTLASS's SM100 launch grid holds them in y and z" });
-            }
-        }
-        Ok(())
+        within(65535, "CUTLASS's SM100 launch grid holds them in y and z", || format!("N = {}, L = {}", self.n, self.l), grid)
     }
 
     /// The scale-factor part of [`Self::check_sm100`] (SM100's grouped kernels check each group
@@ -493,6 +484,19 @@ mod tests {
         assert!(matches!(e, Error::SizeLimit { what: "SFD bytes", value, .. } if value == 1 << 31), "{e}");
         let e = Problem::new(64, 1 << 29, 64).check_sm100(OutType::Bf16).unwrap_err();
         assert!(matches!(e, Error::SizeLimit { what: "SFB bytes", .. }), "{e}");
+    }
+
+    /// SM100's launch grid holds the N tiles of 64 in y and L in z: at most 65535 each, the first
+    /// over named with its value and the dimensions.
+    #[test]
+    fn sm100_grid_holds_n_tiles_and_l_in_16_bits() {
+        Problem::new(128, 64 * 65535, 64).check_sm100(OutType::F16).unwrap();
+        let e = Problem::new(128, 64 * 65535 + 1, 64).check_sm100(OutType::F16).unwrap_err();
+        assert!(matches!(e, Error::SizeLimit { what: "N tiles of 64", value: 65536, max: 65535, .. }), "{e}");
+        assert!(e.to_string().contains(&format!("N = {}, L = 1", 64 * 65535 + 1)), "{e}");
+        Problem::new(128, 128, 64).batch(65535).check_sm100(OutType::F16).unwrap();
+        let e = Problem::new(128, 128, 64).batch(65536).check_sm100(OutType::F16).unwrap_err();
+        assert!(matches!(e, Error::SizeLimit { what: "L", value: 65536, max: 65535, .. }), "{e}");
     }
 
     /// SM100 batch strides (CUTLASS's `int` products M*K, N*K, M*N) wrap from 2^31 with L > 1:
