@@ -122,6 +122,9 @@ pub(crate) fn choose_config(p: &Problem, out: OutType, device: &DeviceFacts, for
         100 => p.check_sm100(out)?,
         _ => p.check_tiles(info.tile[0] as usize, info.tile[1] as usize)?,
     }
+    if info.swapped() {
+        p.check_pre_pass(info.tile[0] as usize)?;
+    }
     Ok(config)
 }
 
@@ -864,6 +867,40 @@ mod tests {
         // Only configs that carry the FP4 epilogue are chosen.
         let c = plan(&p, OutType::Nvfp4, &ok, &B200, None, |c, o| o != OutType::Nvfp4 || c == Config::Sm100_2Sm_256x128x256).unwrap();
         assert_eq!(c, Config::Sm100_2Sm_256x128x256);
+    }
+
+    /// The swapped tiles decode A to 16 bits in the workspace: up to 4 times A's bytes (more where
+    /// M is short of a tile), which the kernels size in 64-bit unsigned arithmetic. Beyond it
+    /// the size wrapped (`workspace_size` answered 256 KiB for 2^64 + 256 KiB); now a SizeLimit.
+    #[test]
+    fn pre_pass_bytes_beyond_64_bits_are_refused() {
+        let all = |_, _| true;
+        let swapped = || Config::ALL.iter().copied().filter(|c| c.info().swapped());
+        // A is 2^62 bytes, within validate's bounds; decoded it is 2^64 bytes.
+        let p = Problem::new(1 << 30, 64, 1 << 30).batch(8);
+        p.validate(OutType::F16, false).unwrap();
+        let e = plan(&p, OutType::F16, &lens(&p), &H100, None, all).unwrap_err();
+        assert!(matches!(e, Error::SizeLimit { what: "decoded A bytes", value, max, .. } if value == 1 << 64 && max == i64::MAX as u128), "{e}");
+        for c in swapped() {
+            let e = plan(&p, OutType::F16, &lens(&p), &H100, Some(c), all).unwrap_err();
+            assert!(matches!(e, Error::SizeLimit { what: "decoded A bytes", .. }), "{c}: {e}");
+        }
+        plan(&p, OutType::F16, &lens(&p), &H100, Some(Config::Sm90_128x128x64), all).unwrap();
+        // One row, padded to the 64-row tile: 2^27 batches of K = 2^30 (A 2^56 bytes).
+        let q = Problem::new(1, 64, 1 << 30).batch(1 << 27);
+        let e = plan(&q, OutType::F16, &lens(&q), &H100, Some(Config::Sm90_Swapped_64x128x64), all).unwrap_err();
+        assert!(matches!(e, Error::SizeLimit { what: "decoded A bytes", value, .. } if value == 1 << 64), "{e}");
+        assert!(e.to_string().contains("tile 64 rows"), "{e}");
+        // Just within the bound: accepted, and the kernel's own size does not wrap.
+        let r = Problem::new(1 << 30, 64, (1 << 30) - 64).batch(4);
+        let decoded = 4 * (1usize << 30) * ((1 << 30) - 64) * 2;
+        for c in swapped() {
+            assert_eq!(plan(&r, OutType::F16, &lens(&r), &H100, Some(c), all).unwrap(), c);
+            if c.is_built(OutType::F16) {
+                let ws = crate::cutlass_host::workspace_size(c, OutType::F16, &r, 1, false).unwrap();
+                assert!(ws >= decoded && ws - decoded < 1 << 20, "{c}: {ws} for {decoded} decoded bytes");
+            }
+        }
     }
 
     #[test]

@@ -309,6 +309,16 @@ impl Problem {
         self.check_tile_count((tile_m, tile_n), "output tiles of the config", "ceil(M / tile M) * ceil(N / tile N) * L", || format!(", tile {tile_m} x {tile_n}"))
     }
 
+    /// The SM90 swapped tiles' pre-pass output in the workspace, (L, M rounded up to the tile's
+    /// `tile_m` rows, K rounded up to 64) 16-bit values: at most [`Self::MAX_BYTES`]. Up to 4 times
+    /// A's bytes (more where M is short of a tile), so [`Self::validate`]'s bound on A does not
+    /// hold it, and the kernels size the workspace in 64-bit unsigned arithmetic, which would wrap.
+    pub(crate) fn check_pre_pass(&self, tile_m: usize) -> Result<()> {
+        let (m_pad, k_pad) = (self.m.div_ceil(tile_m) * tile_m, self.k.div_ceil(64) * 64);
+        let decoded = [("decoded A bytes", "L * ceil(M / tile M)*tile M * ceil(K/64)*64 * 2", product(&[self.l, m_pad, k_pad, 2]))];
+        within(Self::MAX_BYTES as u128, "the swapped tiles' pre-pass decodes A into the workspace, sized in 64-bit arithmetic", || format!("M = {}, K = {}, L = {}, tile {tile_m} rows", self.m, self.k, self.l), decoded)
+    }
+
     /// SM100's limits beyond [`Self::validate`]: CUTLASS builds its scale-factor layouts from
     /// 32-bit extents, so SFA, SFB and (FP4 output) SFD must each span at most `i32::MAX` bytes;
     /// with L > 1 its batch strides (M * K, N * K and M * N elements) are products of two `int`s,
