@@ -4,7 +4,7 @@
 
 use std::sync::{Arc, Mutex};
 
-use cudarc::driver::sys::{CUdeviceptr, CUstreamCaptureStatus};
+use cudarc::driver::sys::{CUdeviceptr, CUresult, CUstreamCaptureMode, CUstreamCaptureStatus};
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
 
 use crate::dispatch::{self, Config};
@@ -635,7 +635,10 @@ impl BlockScaledGemm {
     }
 
     /// Bounds the workspace: a call that would grow it beyond `limit` bytes returns
-    /// [`Error::WorkspaceLimit`] instead (`None`: no bound).
+    /// [`Error::WorkspaceLimit`] instead (`None`: no bound). The limit applies to each new
+    /// workspace buffer, not to the sum held with the buffers it grew out of (kept for graphs
+    /// captured earlier: [`Self::release_workspace`] frees them), and a limit below the current
+    /// workspace frees nothing.
     pub fn set_workspace_limit(&self, limit: Option<usize>) {
         self.scratch.lock().unwrap_or_else(|e| e.into_inner()).limit = limit;
     }
@@ -646,8 +649,13 @@ impl BlockScaledGemm {
     /// # Safety
     /// No CUDA graph that captured a call of this `BlockScaledGemm` may be launched afterwards:
     /// it would use the freed memory.
+    ///
+    /// During a capture on this stream it returns [`Error::NotCapturable`] and leaves the
+    /// workspace and the capture as they are (waiting for the stream would end the capture).
     pub unsafe fn release_workspace(&self) -> Result<()> {
-        self.thread_check()?;
+        if self.capture_check()? {
+            return Err(Error::NotCapturable { call: "BlockScaledGemm::release_workspace", why: "it waits for the stream and frees memory", fix: "release the workspace after the capture ends" });
+        }
         let mut scratch = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
         self.stream.synchronize()?;
         scratch.retired.clear();
@@ -702,7 +710,7 @@ impl DeviceBuffer {
         stream.context().bind_to_thread()?;
         // SAFETY: a plain allocation of the current context; freed in Drop after the stream
         // that uses it has drained.
-        let ptr = unsafe { cudarc::driver::result::malloc_sync(bytes.max(1)) }?;
+        let ptr = relaxed_capture(|| unsafe { cudarc::driver::result::malloc_sync(bytes.max(1)) })?;
         let buf = DeviceBuffer { ptr, bytes };
         // SAFETY: ptr holds `bytes` bytes; the memset is ordered before any launch on the stream.
         unsafe { cudarc::driver::result::memset_d8_async(ptr, 0, bytes, stream.cu_stream()) }?;
@@ -713,8 +721,24 @@ impl DeviceBuffer {
 impl Drop for DeviceBuffer {
     fn drop(&mut self) {
         // SAFETY: allocated by malloc_sync; the owner drains its stream before dropping.
-        let _ = unsafe { cudarc::driver::result::free_sync(self.ptr) };
+        let _ = relaxed_capture(|| unsafe { cudarc::driver::result::free_sync(self.ptr) });
     }
+}
+
+/// Runs `f` (an allocation or a free of the workspace, never while this GEMM's own stream
+/// captures) with this thread's stream-capture mode relaxed: while another stream of the
+/// process captures in global mode (another library's graph, say), CUDA would otherwise refuse
+/// the allocation and invalidate that capture.
+fn relaxed_capture<T>(f: impl FnOnce() -> T) -> T {
+    let mut mode = CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED;
+    // SAFETY: exchanges this thread's mode for relaxed, and below back for the one it had.
+    let swapped = unsafe { cudarc::driver::sys::cuThreadExchangeStreamCaptureMode(&mut mode) } == CUresult::CUDA_SUCCESS;
+    let out = f();
+    if swapped {
+        // SAFETY: as above; `mode` holds the thread's previous mode.
+        let _ = unsafe { cudarc::driver::sys::cuThreadExchangeStreamCaptureMode(&mut mode) };
+    }
+    out
 }
 
 /// The typed outcome of a kernel's status (after any workspace retry): `config`'s launch of a

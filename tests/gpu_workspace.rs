@@ -1,4 +1,5 @@
-//! Workspace and CUDA-graph-capture probes (adversarial review `capture`, on a GPU): each case
+//! The workspace under CUDA-graph capture, on a GPU (cases first written by an adversarial
+//! review of that surface): each case
 //! poisons its outputs (0xA5 bytes), makes the call, asserts the typed error or the exact result,
 //! that the outputs are as expected afterwards, and where a capture is open that it is still
 //! valid. Its own harness (`harness = false`): a case without a suitable device is skipped.
@@ -21,7 +22,7 @@ fn main() {
         ("gpu_growth_during_global_capture_elsewhere", gpu_growth_during_global_capture_elsewhere),
         ("gpu_two_gemms_on_one_stream_captured", gpu_two_gemms_on_one_stream_captured),
     ];
-    harness::run("probe_capture", tests);
+    harness::run("gpu_workspace", tests);
 }
 
 /// A context with cudarc's event tracking off (as capture needs), a stream and a GEMM on it, on a
@@ -59,10 +60,6 @@ fn assert_poisoned_u8(s: &Arc<CudaStream>, d: &CudaSlice<u8>, what: &str) {
     assert!(s.clone_dtoh(d).unwrap().iter().all(|&x| x == 0xA5), "{what}: a refused call wrote the buffer");
 }
 
-fn assert_poisoned_f16(s: &Arc<CudaStream>, d: &CudaSlice<f16>, what: &str) {
-    s.synchronize().unwrap();
-    assert!(s.clone_dtoh(d).unwrap().iter().all(|x| x.to_bits() == 0xA5A5), "{what}: a refused call wrote the buffer");
-}
 
 fn begin(s: &Arc<CudaStream>, mode: CUstreamCaptureMode) {
     s.begin_capture(mode).unwrap();
@@ -185,13 +182,10 @@ fn gpu_growth_during_global_capture_elsewhere() -> Outcome {
     begin(&other, CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_GLOBAL);
     let r = g.gemm(&p, &a, &b, &mut d, None);
     end_valid(&other, "an eager call on another stream during a global-mode capture");
-    match r {
-        Ok(_) => {}
-        Err(e) => {
-            println!("eager call during another stream's global capture: {e}");
-            assert_poisoned_f16(&s, &d, "D");
-        }
-    }
+    // The workspace grows in relaxed capture mode, so the call runs.
+    r.expect("an eager call that grows the workspace while another stream captures in global mode");
+    s.synchronize().unwrap();
+    assert!(s.clone_dtoh(&d).unwrap().iter().any(|x| x.to_bits() != 0xA5A5), "D was not written");
     Ok(())
 }
 
