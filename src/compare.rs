@@ -127,9 +127,11 @@ pub fn compare<T: OutputElement>(got: &[T], want: &[T], atol: f64, rtol: f64) ->
             _ if g == w => continue, // equal infinities too
             _ => {
                 let d = (g - w).abs();
-                c.max_abs = c.max_abs.max(d);
-                if w != 0.0 {
-                    c.max_rel = c.max_rel.max(d / w.abs());
+                if g.is_finite() && w.is_finite() {
+                    c.max_abs = c.max_abs.max(d);
+                    if w != 0.0 {
+                        c.max_rel = c.max_rel.max(d / w.abs());
+                    }
                 }
                 d - (atol + rtol * w.abs())
             }
@@ -158,6 +160,15 @@ pub fn assert_close<T: OutputElement>(got: &[T], want: &[T], atol: f64, rtol: f6
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A review probe: `max_abs` and `max_rel` are documented over finite pairs, and took an
+    /// infinity against a finite value (max abs inf).
+    #[test]
+    fn maxima_are_over_finite_pairs() {
+        let c = compare(&[f32::INFINITY, 1.5, 2.0], &[1.0f32, 1.0, f32::NEG_INFINITY], 1e-3, 1e-3).unwrap();
+        assert_eq!((c.bad, c.max_abs, c.max_rel), (3, 0.5, 0.5), "{c}");
+        assert_eq!(c.worst, Some(0));
+    }
 
     #[test]
     fn counts_and_worst() {
@@ -312,8 +323,10 @@ pub struct Expected {
 }
 
 /// The expected values of every output (L, M, N) of `p` from the exact [`Dot`]s of
-/// [`crate::reference::dots`] and C (read only when beta != 0, as the kernels do).
+/// [`crate::reference::dots`] and C (read only when beta != 0, as the kernels do). Fails where
+/// alpha or beta is not finite (what the GEMMs refuse), or the lengths disagree with `p`.
 pub fn expected<T: OutputElement>(p: &Problem, dots: &[Dot], c: Option<&[T]>) -> Result<Vec<Expected>> {
+    p.check_scalars()?;
     check_len("dots", dots.len(), p.cd_elems(), "L * M * N, one per output")?;
     crate::problem::check_c(p, c.map(<[T]>::len))?;
     let (alpha, beta) = (p.alpha as f64, p.beta as f64);
@@ -544,6 +557,24 @@ mod verdict_tests {
 
     fn one(exact: f64, fp32_bound: f64) -> Vec<Expected> {
         vec![Expected { exact, fp32_bound, may_overflow: false }]
+    }
+
+    /// A review probe: the verifiers took a NaN or infinite beta (or alpha, through a raw
+    /// Problem) and judged every element against a NaN exact result; they refuse what the
+    /// GEMMs refuse.
+    #[test]
+    fn expected_checks_alpha_and_beta() {
+        let d = [Dot { sum: 1.0, abs_sum: 1.0 }];
+        for (alpha, beta) in [(f32::NAN, 0.0), (f32::INFINITY, 0.0), (1.0, f32::NAN), (1.0, f32::INFINITY)] {
+            let p = Problem::new(1, 1, 32).scalars(alpha, beta);
+            assert!(matches!(expected::<f32>(&p, &d, Some(&[0.0])), Err(Error::NonFiniteScalar { .. })), "{alpha} {beta}");
+        }
+        let a = crate::Nvfp4Matrix::random_contest(2, 32, 1, 1).unwrap();
+        let b = crate::Nvfp4Matrix::random_contest(8, 32, 1, 2).unwrap();
+        let c = [0.0f32; 16];
+        let got = crate::reference_gemm(&a, &b, 1.0, 0.5, Some(&c[..])).unwrap();
+        assert!(verify_matrices(&a, &b, 1.0, 0.5, Some(&c[..]), &got).unwrap().passed());
+        assert!(matches!(verify_matrices(&a, &b, 1.0, f32::NAN, Some(&c[..]), &got), Err(Error::NonFiniteScalar { name: "beta", .. })));
     }
 
     #[test]

@@ -109,10 +109,11 @@ pub(crate) fn check_whole_groups(n: usize) -> Result<()> {
 /// (two roundings, no fused multiply-add) when beta != 0, then [`quantize_group`] per 16
 /// columns. Returns D, (L, M, N/2) packed bytes, and SFD, `p.sfd_bytes()` bytes with zero
 /// padding. Fails where N is not a multiple of 16, `acc` or a given `c` does not hold L * M * N
-/// values, beta != 0 has no `c`, or the norm constant is not finite and positive (as
-/// `gemm_fp4`).
+/// values, beta != 0 has no `c`, alpha or beta is not finite, or the norm constant is not
+/// finite and positive (as `gemm_fp4`).
 pub fn epilogue(p: &Problem, acc: &[f32], c: Option<&[f32]>, format: SfdFormat) -> Result<(Vec<u8>, Vec<u8>)> {
     let (m, n) = (p.m, p.n);
+    p.check_scalars()?;
     p.check_norm_constant()?;
     check_whole_groups(n)?;
     check_len("accumulators", acc.len(), p.cd_elems(), "L * M * N")?;
@@ -162,6 +163,18 @@ mod tests {
             assert!(matches!(epilogue(&p, &acc, None, SfdFormat::Ue4m3), Err(Error::NormConstant { .. })), "{bad}");
         }
         assert!(epilogue(&Problem::new(1, 16, 32).norm_constant(1.0), &acc, None, SfdFormat::Ue4m3).is_ok());
+    }
+
+    /// A review probe: the epilogue took a NaN or infinite alpha or beta (NaN scale bytes and ±6
+    /// codes); it refuses them as `gemm_fp4` does.
+    #[test]
+    fn the_epilogue_checks_alpha_and_beta() {
+        let (acc, c) = ([1.0f32; 16], [1.0f32; 16]);
+        for (alpha, beta) in [(f32::NAN, 0.0), (f32::INFINITY, 0.0), (1.0, f32::NAN), (1.0, f32::NEG_INFINITY)] {
+            let p = Problem::new(1, 16, 32).scalars(alpha, beta);
+            assert!(matches!(epilogue(&p, &acc, Some(&c), SfdFormat::Ue4m3), Err(Error::NonFiniteScalar { .. })), "{alpha} {beta}");
+        }
+        assert!(epilogue(&Problem::new(1, 16, 32).scalars(1.0, 1.0), &acc, Some(&c), SfdFormat::Ue4m3).is_ok());
     }
 
     #[test]

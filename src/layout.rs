@@ -171,15 +171,16 @@ pub const fn checked_sf_bytes(rows: usize, k: usize, batch: usize) -> Option<usi
 /// Byte offset of scale (row `r`, scale column `s`) within one batch, for a matrix whose padded
 /// scale-column count is `sp` (a multiple of 4). Batch `l` adds `l * sf_batch_bytes(..)`. For
 /// positions inside a layout whose bytes fit in `usize` (`checked_sf_bytes` is `Some`): the arithmetic
-/// is unchecked, as in an indexing loop.
+/// is unchecked, as in an indexing loop (it wraps outside them, meaningless but no panic).
 pub const fn sf_offset(r: usize, s: usize, sp: usize) -> usize {
-    (r / 128) * (sp / 4) * 512 + (s / 4) * 512 + (r % 32) * 16 + ((r % 128) / 32) * 4 + (s % 4)
+    let tile = (r / 128).wrapping_mul(sp / 4).wrapping_add(s / 4).wrapping_mul(512);
+    tile.wrapping_add((r % 32) * 16 + ((r % 128) / 32) * 4 + (s % 4))
 }
 
 /// Byte offset of the scale of element (batch `l`, row `r`, K index `k_elem`) in a buffer for
 /// `rows` x `k` (inside a layout whose bytes fit in `usize`, as [`sf_offset`]).
 pub const fn sf_offset_elem(l: usize, r: usize, k_elem: usize, rows: usize, k: usize) -> usize {
-    l * sf_batch_bytes(rows, k) + sf_offset(r, k_elem / SF_VEC, padded_sf_cols(sf_cols(k)))
+    l.wrapping_mul(sf_batch_bytes(rows, k)).wrapping_add(sf_offset(r, k_elem / SF_VEC, padded_sf_cols(sf_cols(k))))
 }
 
 /// The sizes of `(batch, rows, sf_cols)` scales, (row-major bytes, tiled bytes), or
@@ -306,6 +307,15 @@ mod tests {
             }
         }
         assert_eq!(prepacked_bytes(usize::MAX, 256, 1), usize::MAX);
+    }
+
+    /// A review probe: outside its precondition the offset overflowed, a panic in builds with
+    /// overflow checks; it wraps, as its docs call it unchecked.
+    #[test]
+    fn offsets_outside_a_layout_do_not_panic() {
+        let _ = sf_offset(usize::MAX, usize::MAX, usize::MAX);
+        let _ = sf_offset_elem(usize::MAX, usize::MAX, usize::MAX, usize::MAX, usize::MAX);
+        assert_eq!(sf_offset(129, 5, 8), 2 * 512 + 512 + 16 + 1);
     }
 
     #[test]

@@ -227,11 +227,7 @@ impl Problem {
         // For FP4 outputs C is f32 and D half a byte: C is the larger.
         let cd_elem_bytes = if out.sfd().is_some() { 4 } else { out.bits() / 8 };
         self.check_counts(cd_elem_bytes, out.sfd().is_some(), Self::MAX_BYTES, "byte counts and offsets are 64-bit signed in the kernels")?;
-        for (name, value) in [("alpha", self.alpha), ("beta", self.beta)] {
-            if !value.is_finite() {
-                return Err(Error::NonFiniteScalar { name, value });
-            }
-        }
+        self.check_scalars()?;
         if self.beta != 0.0 && !has_c {
             return Err(Error::BetaWithoutC { beta: self.beta });
         }
@@ -346,6 +342,17 @@ impl Problem {
         for (what, rule, value, dims) in self.counts(0, out.sfd().is_some()) {
             if what.starts_with("SF") && value > i32::MAX as u128 {
                 return Err(Error::SizeLimit { what, rule, dims: dims(self), value, max: i32::MAX as u128, why: "CUTLASS's SM100 scale layouts hold 32-bit strides" });
+            }
+        }
+        Ok(())
+    }
+
+    /// Checks that alpha and beta are finite (what [`Self::validate`] refuses as
+    /// [`Error::NonFiniteScalar`]).
+    pub(crate) fn check_scalars(&self) -> Result<()> {
+        for (name, value) in [("alpha", self.alpha), ("beta", self.beta)] {
+            if !value.is_finite() {
+                return Err(Error::NonFiniteScalar { name, value });
             }
         }
         Ok(())

@@ -16,7 +16,7 @@
 //! - `swiglu(g, u) = round_T(silu(g) * u)`, rounded to the input type T (nearest, ties to even),
 //!   as an unfused `silu_and_mul` would store it before quantizing.
 
-use crate::error::{check_len, Result};
+use crate::error::{check_len, checked_product, try_collect, Result};
 use crate::matrix::HostFloat;
 
 // The same f32 values as cpp/quant/swiglu.cuh's literals (LOG2_E is its 1.44269504088896341f,
@@ -73,16 +73,22 @@ pub fn swiglu<T: HostFloat>(gate: T, up: T) -> T {
 
 /// The SwiGLU of each row of `x` (batch, rows, 2K), whose first K values are the gate and last K
 /// the up projection: (batch, rows, K).
+///
+/// Fails where `x` does not hold `batch * rows * 2K` values ([`crate::Error::SizeLimit`] where
+/// that count does not fit in `usize`).
 pub fn swiglu_rows<T: HostFloat>(x: &[T], (batch, rows, k): (usize, usize, usize)) -> Result<Vec<T>> {
-    let width = k.saturating_mul(2);
-    let want = batch.checked_mul(rows).and_then(|v| v.checked_mul(width)).unwrap_or(usize::MAX);
-    check_len("x", x.len(), want, "batch * rows * 2K (gate and up halves)")?;
-    Ok(x.chunks_exact(width.max(1)).flat_map(|row| row[..k].iter().zip(&row[k..]).map(|(g, u)| swiglu(*g, *u))).collect())
+    const RULE: &str = "batch * rows * 2K (gate and up halves)";
+    let want = checked_product("x", RULE, &[("batch", batch), ("rows", rows), ("K", k), ("gate and up", 2)])?;
+    check_len("x", x.len(), want, RULE)?;
+    // `want` fits, so 2K does wherever there are rows; with none, `x` is empty.
+    let width = k.saturating_mul(2).max(1);
+    try_collect("SwiGLU output", want / 2, x.chunks_exact(width).flat_map(|row| row[..k].iter().zip(&row[k..]).map(|(g, u)| swiglu(*g, *u))))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::Error;
 
     /// |a - b| in units of f32's last place at b (b > 0).
     fn ulps(a: f32, b: f64) -> f64 {
@@ -140,5 +146,17 @@ mod tests {
         assert_eq!(h, vec![silu(1.0) * 3.0, silu(2.0) * 4.0, silu(-1.0) * 2.0, silu(0.5) * -2.0]);
         assert!(swiglu_rows(&x, (1, 2, 3)).is_err());
         assert!(swiglu_rows(&x, (1, 1, usize::MAX / 2 + 1)).is_err());
+    }
+
+    /// A review probe: K = 0 with a batch * rows beyond usize needs zero elements, and was
+    /// refused as needing usize::MAX.
+    #[test]
+    fn zero_width_rows_need_nothing() {
+        assert_eq!(swiglu_rows::<f32>(&[], (usize::MAX, 2, 0)).unwrap(), Vec::<f32>::new());
+        assert_eq!(swiglu_rows::<f32>(&[], (2, usize::MAX, 0)).unwrap(), Vec::<f32>::new());
+        assert_eq!(swiglu_rows::<f32>(&[], (0, usize::MAX, usize::MAX)).unwrap(), Vec::<f32>::new());
+        assert!(matches!(swiglu_rows::<f32>(&[1.0; 4], (usize::MAX, 2, 1)), Err(Error::SizeLimit { .. })));
+        assert!(matches!(swiglu_rows::<f32>(&[1.0; 4], (1, 1, usize::MAX)), Err(Error::SizeLimit { .. })));
+        assert!(matches!(swiglu_rows::<f32>(&[1.0; 3], (1, 1, 1)), Err(Error::BufferLength { got: 3, want: 2, .. })));
     }
 }
