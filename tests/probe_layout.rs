@@ -349,3 +349,119 @@ fn sf_offset_out_of_precondition_does_not_panic() {
     assert!(std::panic::catch_unwind(|| sf_offset(usize::MAX, 0, 4)).is_ok());
     assert!(std::panic::catch_unwind(|| sf_offset_elem(usize::MAX, 0, 0, 1, 16)).is_ok());
 }
+
+/// An FP32 GEMM as a kernel may compute it: exact products, summed in blocks of `t` with the
+/// block sum truncated toward zero to f32 and added to the accumulator with truncation (the
+/// tensor-core model of the compare module docs), blocks in a shuffled order; then alpha * acc
+/// and beta * C in f32, and one rounding to T.
+fn simulated<T: blockscaled_gemm::OutputElement>(a: &Nvfp4Matrix, b: &Nvfp4Matrix, alpha: f32, beta: f32, c: &[T], t: usize, seed: u64) -> Vec<T> {
+    let (m, n, k, l) = (a.rows(), b.rows(), a.k(), a.batch());
+    let ga = a.global_scale().unwrap_or(1.0);
+    let gb = b.global_scale().unwrap_or(1.0);
+    let alpha = alpha * ga * gb;
+    let trunc = |x: f64| -> f32 {
+        let f = x as f32;
+        if (f as f64).abs() > x.abs() { f32::from_bits(f.to_bits() - 1) } else { f }
+    };
+    let mut rng = blockscaled_gemm::SplitMix64::new(seed);
+    let mut out = Vec::with_capacity(l * m * n);
+    for li in 0..l {
+        for i in 0..m {
+            for j in 0..n {
+                let mut blocks: Vec<usize> = (0..k.div_ceil(t)).collect();
+                for x in (1..blocks.len()).rev() {
+                    blocks.swap(x, rng.below(x as u64 + 1) as usize);
+                }
+                let mut acc = 0f32;
+                for bl in blocks {
+                    let mut s = acc as f64;
+                    for kk in bl * t..((bl + 1) * t).min(k) {
+                        s += a.value(li, i, kk) as f64 * b.value(li, j, kk) as f64;
+                    }
+                    acc = trunc(s);
+                }
+                let idx = (li * m + i) * n + j;
+                let v = alpha * acc + beta * c[idx].to_f64() as f32;
+                out.push(T::from_f64(v as f64));
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn verify_matrices_passes_simulated_fp32_gemms() {
+    use half::{bf16, f16};
+    for (m, n, k, l, seed) in [(4usize, 16usize, 256usize, 1usize, 1u64), (3, 8, 2048, 2, 2), (2, 8, 7168, 1, 3)] {
+        for kind in 0..3 {
+            let (a, b) = match kind {
+                0 => (Nvfp4Matrix::random_contest(m, k, l, seed).unwrap(), Nvfp4Matrix::random_contest(n, k, l, seed + 9).unwrap()),
+                1 => (Nvfp4Matrix::random_realistic(m, k, l, seed).unwrap(), Nvfp4Matrix::random_realistic(n, k, l, seed + 9).unwrap()),
+                _ => (Nvfp4Matrix::random_gaussian(m, k, l, seed).unwrap(), Nvfp4Matrix::random_gaussian(n, k, l, seed + 9).unwrap()),
+            };
+            for t in [1usize, 4, 16, 64] {
+                let cf: Vec<f32> = (0..l * m * n).map(|i| (i as f32 - 7.0) * 0.37).collect();
+                let c16: Vec<bf16> = cf.iter().map(|&x| bf16::from_f32(x)).collect();
+                let ch: Vec<f16> = cf.iter().map(|&x| f16::from_f32(x)).collect();
+                let d = simulated(&a, &b, 0.37, -0.6, &c16, t, seed * 31 + t as u64);
+                let v = verify_matrices(&a, &b, 0.37, -0.6, Some(&c16), &d).unwrap();
+                assert!(v.passed(), "bf16 {m} {n} {k} {l} kind {kind} t {t}: {v}");
+                let d = simulated(&a, &b, 1.0, 0.5, &ch, t, seed + t as u64);
+                let v = verify_matrices(&a, &b, 1.0, 0.5, Some(&ch), &d).unwrap();
+                assert!(v.passed(), "f16 {m} {n} {k} {l} kind {kind} t {t}: {v}");
+                let d = simulated(&a, &b, 0.001, 0.0, &cf, t, seed + 5 * t as u64);
+                let v = verify_matrices::<f32>(&a, &b, 0.001, 0.0, None, &d).unwrap();
+                assert!(v.passed(), "f32 {m} {n} {k} {l} kind {kind} t {t}: {v}");
+                eprintln!("kind {kind} k {k} t {t}: {v}");
+            }
+        }
+    }
+}
+
+#[test]
+fn sfd_conversions_over_the_f32_range() {
+    // ue4m3: nearest of the 127 finite values, ties to the even code, saturating at 448;
+    // ue8m0: the least power of two not below |x| (2^-127 ..= 2^127), exact powers kept.
+    let grid: Vec<f64> = (0u8..=0x7E).map(|b| ue4m3_to_f32(b) as f64).collect();
+    let mut bits = 0u32;
+    while bits < 0x7F80_0000 {
+        for sign in [0u32, 0x8000_0000] {
+            let x = f32::from_bits(bits | sign);
+            let m = x.abs() as f64;
+            let got = sfd_from_f32(SfdFormat::Ue4m3, x);
+            let want = if m >= 448.0 { 0x7E } else {
+                let i = grid.partition_point(|&g| g <= m); // first above m
+                let lo = i - 1;
+                if i == grid.len() { lo as u8 } else {
+                    let (dl, dh) = (m - grid[lo], grid[i] - m);
+                    if dl < dh || (dl == dh && lo % 2 == 0) { lo as u8 } else { i as u8 }
+                }
+            };
+            assert_eq!(got, want, "ue4m3 of {x:e}");
+            let got = sfd_from_f32(SfdFormat::Ue8m0, x);
+            let want = {
+                let mut e = -127i32;
+                while e < 127 && 2f64.powi(e) < m { e += 1; }
+                (e + 127) as u8
+            };
+            assert_eq!(got, want, "ue8m0 of {x:e}");
+        }
+        bits += 0x1_0001; // every exponent, a spread of mantissas
+    }
+}
+
+#[test]
+fn quantize_group_never_panics() {
+    let specials = [0.0f32, -0.0, f32::NAN, -f32::NAN, f32::INFINITY, f32::NEG_INFINITY, f32::MAX, f32::MIN, f32::MIN_POSITIVE, f32::from_bits(1), -f32::from_bits(1), 1.0, -6.0, 448.0, 2688.0];
+    let mut rng = blockscaled_gemm::SplitMix64::new(5);
+    for _ in 0..20000 {
+        let v: [f32; 16] = std::array::from_fn(|_| if rng.below(3) == 0 { specials[rng.below(specials.len() as u64) as usize] } else { f32::from_bits(rng.next_u64() as u32) });
+        for st in [f32::from_bits(1), 1e-30, 1.0, 2688.0, 1e30, f32::MAX, f32::NAN, -1.0, 0.0, f32::INFINITY] {
+            for format in [SfdFormat::Ue4m3, SfdFormat::Ue8m0] {
+                let mut codes = [0u8; 16];
+                let _ = quantize_group(&v, st, format, &mut codes);
+                assert!(codes.iter().all(|&c| c < 16));
+            }
+        }
+    }
+}
