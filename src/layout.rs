@@ -157,6 +157,9 @@ pub const fn sf_bytes(rows: usize, k: usize, batch: usize) -> usize {
 
 /// [`sf_bytes`], or `None` where it does not fit in `usize`.
 pub const fn checked_sf_bytes(rows: usize, k: usize, batch: usize) -> Option<usize> {
+    if batch == 0 {
+        return Some(0); // no batch: no bytes, however large one would be
+    }
     let (r, c) = (rows.div_ceil(SF_TILE_ROWS), sf_cols(k).div_ceil(SF_TILE_COLS));
     match r.checked_mul(c) {
         // One tile is 512 bytes.
@@ -316,6 +319,25 @@ mod tests {
         let _ = sf_offset(usize::MAX, usize::MAX, usize::MAX);
         let _ = sf_offset_elem(usize::MAX, usize::MAX, usize::MAX, usize::MAX, usize::MAX);
         assert_eq!(sf_offset(129, 5, 8), 2 * 512 + 512 + 16 + 1);
+    }
+
+    /// A review probe: with batch 0 the scales take 0 bytes, and `checked_sf_bytes` answered
+    /// `None` (does not fit) where rows x K alone overflowed; it agrees with `sf_bytes` and the
+    /// exact product everywhere.
+    #[test]
+    fn checked_sizes_are_the_exact_ones() {
+        assert_eq!(checked_sf_bytes(usize::MAX, usize::MAX, 0), Some(0));
+        let vals = [0usize, 1, 2, 15, 16, 17, 127, 128, 129, 1 << 20, 1 << 32, 1 << 40, usize::MAX / 512, usize::MAX / 3, usize::MAX - 1, usize::MAX];
+        for &rows in &vals {
+            for &k in &vals {
+                for &batch in &vals {
+                    let exact = (rows.div_ceil(128) as u128 * 128).saturating_mul(sf_cols(k).div_ceil(4) as u128 * 4).saturating_mul(batch as u128);
+                    let want = usize::try_from(exact).ok();
+                    assert_eq!(checked_sf_bytes(rows, k, batch), want, "{rows} {k} {batch}");
+                    assert_eq!(sf_bytes(rows, k, batch), want.unwrap_or(usize::MAX), "{rows} {k} {batch}");
+                }
+            }
+        }
     }
 
     #[test]

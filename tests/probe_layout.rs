@@ -465,3 +465,42 @@ fn quantize_group_never_panics() {
         }
     }
 }
+
+#[test]
+fn verify_w4a16_passes_simulated_fp32_gemms() {
+    use blockscaled_gemm::compare::verify_w4a16;
+    use half::{bf16, f16};
+    let (m, n, k, l) = (3usize, 8usize, 4096usize, 2usize);
+    let b = Nvfp4Matrix::random_realistic(n, k, l, 11).unwrap();
+    let mut rng = blockscaled_gemm::SplitMix64::new(12);
+    let af: Vec<f32> = (0..l * m * k).map(|_| (rng.normal() * 2f64.powi(rng.below(12) as i32 - 10)) as f32).collect();
+    let a: Vec<bf16> = af.iter().map(|&x| bf16::from_f32(x)).collect();
+    let p = Problem::new(m, n, k).batch(l).scalars(0.8, 0.0);
+    for t in [1usize, 8, 32] {
+        let mut out = Vec::new();
+        for li in 0..l {
+            for i in 0..m {
+                for j in 0..n {
+                    let mut acc = 0f32;
+                    for blk in (0..k).step_by(t).rev() {
+                        let mut s = acc as f64;
+                        for kk in blk..blk + t {
+                            s += a[(li * m + i) * k + kk].to_f64() * b.value(li, j, kk) as f64;
+                        }
+                        let f = s as f32;
+                        acc = if (f as f64).abs() > s.abs() { f32::from_bits(f.to_bits() - 1) } else { f };
+                    }
+                    out.push(f16::from_f32(0.8 * acc));
+                }
+            }
+        }
+        let v = verify_w4a16::<bf16, f16>(&p, &a, b.data(), b.scales(), None, &out).unwrap();
+        assert!(v.passed(), "t {t}: {v}");
+        let mut bad = out.clone();
+        assert!(out.iter().all(|x| x.is_finite()));
+        bad[5] = f16::from_f32(bad[5].to_f32() * 1.5 + 1.0);
+        assert!(!verify_w4a16::<bf16, f16>(&p, &a, b.data(), b.scales(), None, &bad).unwrap().passed());
+    }
+    let bad_p = Problem::new(m, n, k).batch(l).scalars(f32::NAN, 0.0);
+    assert!(matches!(verify_w4a16::<bf16, f16>(&bad_p, &a, b.data(), b.scales(), None, &[f16::ZERO; 48]), Err(Error::NonFiniteScalar { .. })));
+}
