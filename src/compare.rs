@@ -235,6 +235,11 @@ impl std::fmt::Display for Fp4Comparison {
 /// Compares FP4 outputs: `d` packed e2m1 rows of `n` values, `sfd` the scale factors row-major,
 /// `n / 16` per row (see [`crate::layout::from_tiled`]). Fails where `n` is not a positive
 /// multiple of 16 or the lengths disagree with each other or with `n`.
+///
+/// Scale factors are compared as bytes, whatever their format: neighbouring bytes count as one
+/// step, and the codes of a group whose scale factors differ are not compared. So in ue4m3 the
+/// NaN byte 0x7F counts as a neighbour of 448 (0x7E), which in ue8m0 are the neighbours 0.5 and
+/// 1.0: where a NaN scale must fail, check the bytes for it too, or ask [`Fp4Comparison::byte_equal`].
 pub fn compare_fp4(got_d: &[u8], got_sfd: &[u8], want_d: &[u8], want_sfd: &[u8], n: usize) -> Result<Fp4Comparison> {
     if n == 0 || !n.is_multiple_of(16) {
         return Err(Error::InvalidData { what: "n", detail: format!("{n} is not a positive multiple of 16 (one scale factor per 16 outputs)") });
