@@ -573,10 +573,12 @@ impl BlockScaledGemm {
         if out.sfd().is_some() && config.info().arch == 100 {
             // During capture, a workspace too small is refused before the memset below, which
             // would otherwise stay in the caller's graph as a node of a call that failed.
-            let have = scratch.workspace.as_ref().map_or(0, |w| w.bytes);
-            let need = sys::workspace_size(index, out_index, &args);
-            if capturing && need > have {
-                return Err(Error::WorkspaceDuringCapture { need, have });
+            if capturing {
+                let have = scratch.workspace.as_ref().map_or(0, |w| w.bytes);
+                let need = sys::workspace_size(index, out_index, &args);
+                if need > have {
+                    return Err(Error::WorkspaceDuringCapture { need, have });
+                }
             }
             let slot = scratch.norm_slot(stream, capturing)?;
             // SAFETY: the slot is our own live 4-byte allocation; the memset is queued on the
