@@ -254,17 +254,7 @@ impl Problem {
     /// only for the error, as every call checks this).
     fn check_tile_count(&self, (tile_m, tile_n): (usize, usize), what: &'static str, rule: &'static str, note: impl Fn() -> String) -> Result<()> {
         let tiles = product(&[self.m.div_ceil(tile_m), self.n.div_ceil(tile_n), self.l]);
-        if tiles > Self::MAX_TILES as u128 {
-            return Err(Error::SizeLimit {
-                what,
-                rule,
-                dims: format!("M = {}, N = {}, L = {}{}", self.m, self.n, self.l, note()),
-                value: tiles,
-                max: Self::MAX_TILES as u128,
-                why: "the kernels count tiles and size their grids in 32-bit signed integers",
-            });
-        }
-        Ok(())
+        within(Self::MAX_TILES as u128, "the kernels count tiles and size their grids in 32-bit signed integers", || format!("M = {}, N = {}, L = {}{}", self.m, self.n, self.l, note()), [(what, rule, tiles)])
     }
 
     /// Every buffer's byte count with how it is computed and from what (the dimensions written
