@@ -308,9 +308,7 @@ pub fn bench_case(cli: &Cli, gemm: &BlockScaledGemm, stream: &Arc<CudaStream>, l
     };
     for _ in 0..10 {
         let ran = launch(&mut d)?;
-        if ran != config {
-            return Err(format!("{}: the call ran {ran}, the rule said {config}", case.name).into());
-        }
+        crate::same_config(&case.name, ran, config)?;
     }
     // One timing: `d` poisoned, then `time` runs it; its output judged.
     let mut exact = true;

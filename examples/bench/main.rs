@@ -600,9 +600,7 @@ fn bench_one(cli: &Cli, gemm: &BlockScaledGemm, stream: &Arc<CudaStream>, l2: us
     };
     for _ in 0..10 {
         let ran = launch(&sets, &mut d, &mut sfd)?;
-        if ran != config {
-            return Err(format!("{m}x{n}x{k} {out}: the call ran {ran}, the rule said {config}").into());
-        }
+        same_config(&format!("{m}x{n}x{k} {out}"), ran, config)?;
     }
     let event = || stream.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT));
     // Per launch: the outputs poisoned once ahead (a poison just before a launch would leave its
@@ -646,9 +644,7 @@ fn bench_one(cli: &Cli, gemm: &BlockScaledGemm, stream: &Arc<CudaStream>, l2: us
         let pconfig = if cli.config.is_some() { config } else { gemm.select_config_for(&p, out, WeightLayout::Prepacked)? };
         gemm.reserve_workspace(gemm.workspace_size(&p, out, Some(pconfig))?)?;
         let ran = launch(&packed, &mut d, &mut sfd)?;
-        if ran != pconfig {
-            return Err(format!("{m}x{n}x{k} {out} prepacked: the call ran {ran}, the rule said {pconfig}").into());
-        }
+        same_config(&format!("{m}x{n}x{k} {out} prepacked"), ran, pconfig)?;
         d.poison(stream)?;
         sfd.poison(stream)?;
         let since = turns.count();
@@ -660,6 +656,14 @@ fn bench_one(cli: &Cli, gemm: &BlockScaledGemm, stream: &Arc<CudaStream>, l2: us
     };
     let floor_us = (((in_bytes + d_bytes + sfd_bytes) as f64) / (floor_gbps * 1e9)).max(p.flops() / 800e12) * 1e6;
     Ok(Result1 { config, split, rot, launch_us, b2b_us, graph_us, prepacked, host_us, plan_us, floor_us, workspace, check: judged })
+}
+
+/// That a call made as a user makes it ran `rule`, the config the row records for it.
+fn same_config(what: &str, ran: Config, rule: Config) -> Result<(), Box<dyn std::error::Error>> {
+    if ran != rule {
+        return Err(format!("{what}: the call ran {ran}, the rule said {rule}").into());
+    }
+    Ok(())
 }
 
 /// A run's `ours_prepacked_graph_us` and `prepacked_config` as JSON values (null where the

@@ -77,9 +77,7 @@ pub fn bench_shape<TA: Activation16>(cli: &Cli, gemm: &BlockScaledGemm, stream: 
     };
     for _ in 0..10 {
         let ran = launch(&sets, &mut d)?;
-        if ran != config {
-            return Err(format!("w4a16 {m}x{n}x{k}: the call ran {ran}, the rule said {config}").into());
-        }
+        crate::same_config(&format!("w4a16 {m}x{n}x{k}"), ran, config)?;
     }
     d.poison(stream)?;
     let since = turns.count();
@@ -102,9 +100,7 @@ pub fn bench_shape<TA: Activation16>(cli: &Cli, gemm: &BlockScaledGemm, stream: 
         let pconfig = if cli.config.is_some() { config } else { gemm.select_w4a16_config_for(&p, TA::OUT, WeightLayout::Prepacked)? };
         gemm.reserve_workspace(gemm.w4a16_workspace_size::<TA>(&p, TA::OUT, Some(pconfig))?)?;
         let ran = launch(&packed, &mut d)?;
-        if ran != pconfig {
-            return Err(format!("w4a16 {m}x{n}x{k} prepacked: the call ran {ran}, the rule said {pconfig}").into());
-        }
+        crate::same_config(&format!("w4a16 {m}x{n}x{k} prepacked"), ran, pconfig)?;
         d.poison(stream)?;
         let since = turns.count();
         prepacked = Some((time_graph(cli, stream, rot.calls, || launch(&packed, &mut d).map(|_| ()))?, pconfig));
