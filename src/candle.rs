@@ -167,12 +167,13 @@ impl CustomOp1 for Nvfp4Linear {
         let dims = layout.dims();
         match dims.last() {
             Some(&last) if last == k => {}
-            last => bail!("Nvfp4Linear: the input's last dimension is {last:?}, the weight's K is {k}"),
+            Some(&last) => bail!("Nvfp4Linear: the input's last dimension is {last}, the weight's K is {k}"),
+            None => bail!("Nvfp4Linear: the input is a scalar; [..., K] with K = {k} wanted"),
         }
         // The same candle device, not only the same GPU: each CudaDevice has its own context and
         // stream, and a buffer of another is not ordered against the layer's stream.
         if !storage.device().same_device(&self.device) {
-            bail!("Nvfp4Linear: the input is on another candle device ({:?}) than the layer's ({:?}); use the layer's device", storage.device().location(), self.device.location());
+            bail!("Nvfp4Linear: the input is on another candle CudaDevice than the layer's (each has its own context and stream, even on one GPU: input {:?}, layer {:?}); use the layer's device", storage.device().location(), self.device.location());
         }
         let dtype = storage.dtype();
         if !matches!(dtype, DType::BF16 | DType::F16) {
