@@ -46,7 +46,7 @@ strip "$out"/deps/* "$out"/examples/* 2>/dev/null || true
 cp bench/baselines.py bench/report.py "$out/"
 cat > "$out/run.sh" <<'RUN'
 #!/usr/bin/env bash
-# What to run: tests (default), sanitize [TOOL] [TEST...], example [ARGS], bench [ARGS].
+# What to run: tests (default), sanitize [TOOL] [TEST...], example [ARGS], bench [ARGS], candle [TEST...].
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 case "${1:-tests}" in
@@ -75,6 +75,19 @@ case "${1:-tests}" in
     done
     exit $rc ;;
   example) shift; exec "$here/examples/nvfp4_gemm" "$@" ;;
+  candle)
+    # candle [TEST...]: the candle layer's GPU tests, then its example, where
+    # scripts/candle-bundle.sh added them; CUDA 13's cuBLAS and cuRAND are PyTorch's.
+    shift
+    [ -d "$here/candle" ] || { echo "run.sh candle: no candle executables here (scripts/candle-bundle.sh adds them)" >&2; exit 2; }
+    sp=$(python3 -c 'import site; print(" ".join(site.getsitepackages()))' 2>/dev/null || true)
+    libs=$(find $sp -path '*nvidia*' \( -name libcublas.so.13 -o -name libcurand.so.10 \) -printf '%h\n' 2>/dev/null | sort -u | paste -sd:)
+    [ -n "$libs" ] || { echo "run.sh candle: no CUDA 13 cuBLAS / cuRAND beside python3's packages" >&2; exit 2; }
+    export LD_LIBRARY_PATH=$libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+    rc=0
+    "$here/candle/gpu_candle" "$@" || rc=1
+    [ $# -gt 0 ] || "$here/candle/candle_linear" --m 16 --iterations 50 || rc=1
+    exit $rc ;;
   bench)
     # bench [ARGS]: cuBLAS baselines (graph-replayed, when PyTorch is present) and this crate, in
     # one run; results as <date>-<gpu>-<commit>.jsonl with its plot, in $OUT (or /tmp).
@@ -114,7 +127,7 @@ case "${1:-tests}" in
     fi
     "$here/examples/bench" $base --json "$dir/$name.jsonl" "$@" || exit 1
     python3 "$here/report.py" "$dir/$name.jsonl" --png "$dir/$name.png" || true ;;
-  *) echo "usage: run.sh [tests|sanitize [TOOL] [TEST...]|example ARGS|bench ARGS]" >&2; exit 2 ;;
+  *) echo "usage: run.sh [tests|sanitize [TOOL] [TEST...]|example ARGS|bench ARGS|candle [TEST...]]" >&2; exit 2 ;;
 esac
 RUN
 chmod +x "$out/run.sh"

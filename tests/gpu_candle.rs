@@ -1,0 +1,247 @@
+//! `candle::Nvfp4Linear` on a GPU (feature `candle`): every forward is judged against the exact
+//! CPU reference (the same activations quantized on the host with the same input scale), and every
+//! bad input must come back as an error from `forward`, never a crash or a result. Its own harness
+//! (`harness = false`): without a device that runs this build's kernels each case is skipped.
+//!
+//! Needs candle linked (cuBLAS, cuRAND, libcuda at load time): see bench/README.md, "Commands".
+#![allow(clippy::type_complexity)]
+use blockscaled_gemm::candle::Nvfp4Linear;
+use blockscaled_gemm::compare::verify_matrices;
+use blockscaled_gemm::{BlockScaledGemm, HostFloat, Nvfp4Matrix, Nvfp4Tensor, OutputElement};
+use candle_core::{DType, Device, Tensor, WithDType};
+
+mod harness;
+use harness::Outcome;
+
+fn main() {
+    let tests: &[(&str, fn() -> Outcome)] = &[
+        ("candle_forward_rows_and_dtypes", candle_forward_rows_and_dtypes),
+        ("candle_forward_model_shape", candle_forward_model_shape),
+        ("candle_forward_prepacked_weight", candle_forward_prepacked_weight),
+        ("candle_forward_offset_view", candle_forward_offset_view),
+        ("candle_forward_own_stream_device", candle_forward_own_stream_device),
+        ("candle_forward_threads", candle_forward_threads),
+        ("candle_forward_empty_batch", candle_forward_empty_batch),
+        ("candle_forward_non_finite_input", candle_forward_non_finite_input),
+        ("candle_forward_refusals", candle_forward_refusals),
+        ("candle_new_refusals", candle_new_refusals),
+    ];
+    harness::run("gpu_candle", tests);
+}
+
+/// ModelOpt's input scale for activations within about 6 sigma (amax / (6 * 448)).
+const INPUT_SCALE: f32 = 6.0 / (6.0 * 448.0);
+
+/// A candle device (per-thread default stream, as `Device::new_cuda`) on a GPU that runs this
+/// build's kernels.
+fn device(own_stream: bool) -> Result<Device, String> {
+    harness::gpu_present()?;
+    let d = if own_stream { Device::new_cuda_with_stream(0) } else { Device::new_cuda(0) }.map_err(|e| format!("candle device: {e}"))?;
+    let s = d.as_cuda_device().expect("cuda").cuda_stream();
+    let g = BlockScaledGemm::new(s).expect("gemm");
+    if g.device().arch().is_none() {
+        return Err(format!("device {:?} runs no kernel of this build", g.device().compute_capability));
+    }
+    Ok(d)
+}
+
+/// `layer.forward(x)` judged against the reference: the shape `[..x, N]`, every element exact.
+fn check<T: OutputElement + WithDType + HostFloat>(layer: &Nvfp4Linear, weight: &Nvfp4Matrix, x: &Tensor, what: &str) {
+    let y = layer.forward(x).unwrap_or_else(|e| panic!("{what}: forward: {e}"));
+    let mut want = x.dims().to_vec();
+    *want.last_mut().unwrap() = weight.rows();
+    assert_eq!(y.dims(), &want[..], "{what}: output shape");
+    assert_eq!(y.dtype(), x.dtype(), "{what}: output dtype");
+    let k = weight.k();
+    let rows = x.elem_count() / k;
+    let xs: Vec<T> = x.flatten_all().unwrap().to_vec1().unwrap();
+    let xq = Nvfp4Matrix::quantize(&xs, (1, rows, k), Some(INPUT_SCALE)).unwrap();
+    let got: Vec<T> = y.flatten_all().unwrap().to_vec1().unwrap();
+    let v = verify_matrices(&xq, weight, 1.0, 0.0, None, &got).unwrap();
+    assert!(v.passed(), "{what}: {v}");
+}
+
+fn randn(d: &Device, dims: &[usize], dtype: DType) -> Tensor {
+    Tensor::randn(0f32, 1.0, dims, d).unwrap().to_dtype(dtype).unwrap()
+}
+
+/// Rows 1 to 200 (the stream tiles, the swapped tiles with their pre-pass), 2-D and 3-D inputs,
+/// bf16 and f16, one layer for all.
+fn candle_forward_rows_and_dtypes() -> Outcome {
+    let d = device(false)?;
+    let (n, k) = (384, 1024);
+    let w = Nvfp4Matrix::random_realistic(n, k, 1, 31).unwrap();
+    let layer = Nvfp4Linear::from_matrix(&w, INPUT_SCALE, d.as_cuda_device().unwrap()).unwrap();
+    for m in [1, 3, 16, 33, 64, 128, 200] {
+        check::<half::bf16>(&layer, &w, &randn(&d, &[m, k], DType::BF16), &format!("bf16 [{m}, {k}]"));
+        check::<half::f16>(&layer, &w, &randn(&d, &[m, k], DType::F16), &format!("f16 [{m}, {k}]"));
+    }
+    check::<half::bf16>(&layer, &w, &randn(&d, &[2, 3, 5, k], DType::BF16), "bf16 [2, 3, 5, K]");
+    check::<half::f16>(&layer, &w, &randn(&d, &[4, 25, k], DType::F16), "f16 [4, 25, K]");
+    Ok(())
+}
+
+/// A DeepSeek-V3 sized projection at decode and prefill row counts.
+fn candle_forward_model_shape() -> Outcome {
+    let d = device(false)?;
+    let (n, k) = (4096, 7168);
+    let w = Nvfp4Matrix::random_realistic(n, k, 1, 32).unwrap();
+    let layer = Nvfp4Linear::from_matrix(&w, INPUT_SCALE, d.as_cuda_device().unwrap()).unwrap();
+    for m in [1, 16, 256] {
+        check::<half::bf16>(&layer, &w, &randn(&d, &[m, k], DType::BF16), &format!("bf16 [{m}, {k}]"));
+    }
+    Ok(())
+}
+
+/// A layer over a prepacked weight gives the standard weight's result.
+fn candle_forward_prepacked_weight() -> Outcome {
+    let d = device(false)?;
+    let (n, k) = (512, 2048);
+    let w = Nvfp4Matrix::random_realistic(n, k, 1, 33).unwrap();
+    let cd = d.as_cuda_device().unwrap();
+    let stream = cd.cuda_stream();
+    let standard = Nvfp4Tensor::upload(&w, &stream).unwrap();
+    let packed: Nvfp4Tensor = standard.prepack(&stream).unwrap();
+    let layer = Nvfp4Linear::new(packed, INPUT_SCALE, cd).unwrap();
+    for m in [1, 16, 48, 130] {
+        check::<half::bf16>(&layer, &w, &randn(&d, &[m, k], DType::BF16), &format!("prepacked bf16 [{m}, {k}]"));
+    }
+    Ok(())
+}
+
+/// A contiguous view that starts inside its buffer (rows 3.. of a larger tensor) is read from its
+/// offset, and the rows around it are not part of the result.
+fn candle_forward_offset_view() -> Outcome {
+    let d = device(false)?;
+    let (n, k) = (256, 512);
+    let w = Nvfp4Matrix::random_realistic(n, k, 1, 34).unwrap();
+    let layer = Nvfp4Linear::from_matrix(&w, INPUT_SCALE, d.as_cuda_device().unwrap()).unwrap();
+    let big = randn(&d, &[40, k], DType::F16);
+    for (start, m) in [(3, 1), (3, 20), (1, 39)] {
+        let x = big.narrow(0, start, m).unwrap();
+        assert!(x.is_contiguous());
+        check::<half::f16>(&layer, &w, &x, &format!("rows {start}..{} of [40, {k}]", start + m));
+    }
+    Ok(())
+}
+
+/// `Device::new_cuda_with_stream`: one GEMM shared by every thread.
+fn candle_forward_own_stream_device() -> Outcome {
+    let d = device(true)?;
+    let (n, k) = (256, 1024);
+    let w = Nvfp4Matrix::random_realistic(n, k, 1, 35).unwrap();
+    let layer = Nvfp4Linear::from_matrix(&w, INPUT_SCALE, d.as_cuda_device().unwrap()).unwrap();
+    for m in [2, 40] {
+        check::<half::bf16>(&layer, &w, &randn(&d, &[m, k], DType::BF16), &format!("own stream [{m}, {k}]"));
+    }
+    Ok(())
+}
+
+/// One layer used by four threads at once on a per-thread-stream device (a GEMM per thread), each
+/// forward exact.
+fn candle_forward_threads() -> Outcome {
+    let d = device(false)?;
+    let (n, k) = (512, 1024);
+    let w = Nvfp4Matrix::random_realistic(n, k, 1, 36).unwrap();
+    let layer = Nvfp4Linear::from_matrix(&w, INPUT_SCALE, d.as_cuda_device().unwrap()).unwrap();
+    std::thread::scope(|scope| {
+        let hs: Vec<_> = (0..4usize)
+            .map(|t| {
+                let (d, layer, w) = (&d, &layer, &w);
+                scope.spawn(move || {
+                    for round in 0..3 {
+                        let m = 1 + 37 * t + round;
+                        check::<half::bf16>(layer, w, &randn(d, &[m, k], DType::BF16), &format!("thread {t} round {round} [{m}, {k}]"));
+                    }
+                })
+            })
+            .collect();
+        for h in hs {
+            h.join().expect("a thread's forward failed");
+        }
+    });
+    Ok(())
+}
+
+/// No rows in, no rows out, of the right shape and dtype.
+fn candle_forward_empty_batch() -> Outcome {
+    let d = device(false)?;
+    let (n, k) = (256, 512);
+    let w = Nvfp4Matrix::random_realistic(n, k, 1, 37).unwrap();
+    let layer = Nvfp4Linear::from_matrix(&w, INPUT_SCALE, d.as_cuda_device().unwrap()).unwrap();
+    for dims in [vec![0, k], vec![2, 0, k]] {
+        let x = Tensor::zeros(&dims[..], DType::BF16, &d).unwrap();
+        let y = layer.forward(&x).unwrap();
+        let mut want = dims.clone();
+        *want.last_mut().unwrap() = n;
+        assert_eq!(y.dims(), &want[..]);
+        assert_eq!(y.dtype(), DType::BF16);
+    }
+    Ok(())
+}
+
+/// NaN and ±Inf in the input follow the GPU quantizer's documented rules (the device does not
+/// check its inputs), which `Nvfp4Matrix::quantize_unchecked` reproduces on the host.
+fn candle_forward_non_finite_input() -> Outcome {
+    let d = device(false)?;
+    let (n, k, m) = (256, 512, 6);
+    let w = Nvfp4Matrix::random_realistic(n, k, 1, 41).unwrap();
+    let layer = Nvfp4Linear::from_matrix(&w, INPUT_SCALE, d.as_cuda_device().unwrap()).unwrap();
+    let mut xs: Vec<half::bf16> = randn(&d, &[m, k], DType::BF16).flatten_all().unwrap().to_vec1().unwrap();
+    for (i, v) in [(3, f32::NAN), (k + 17, f32::INFINITY), (2 * k + 40, f32::NEG_INFINITY), (5 * k + 511, f32::NAN)] {
+        xs[i] = half::bf16::from_f32(v);
+    }
+    let x = Tensor::from_vec(xs.clone(), (m, k), &d).unwrap();
+    let y = layer.forward(&x).unwrap();
+    let xq = Nvfp4Matrix::quantize_unchecked(&xs, (1, m, k), Some(INPUT_SCALE)).unwrap();
+    let got: Vec<half::bf16> = y.flatten_all().unwrap().to_vec1().unwrap();
+    let v = verify_matrices(&xq, &w, 1.0, 0.0, None, &got).unwrap();
+    assert!(v.passed(), "non-finite input: {v}");
+    Ok(())
+}
+
+/// Inputs the layer cannot take: each an error from `forward` that says why, nothing else.
+fn candle_forward_refusals() -> Outcome {
+    let d = device(false)?;
+    let (n, k) = (256, 512);
+    let w = Nvfp4Matrix::random_realistic(n, k, 1, 38).unwrap();
+    let layer = Nvfp4Linear::from_matrix(&w, INPUT_SCALE, d.as_cuda_device().unwrap()).unwrap();
+    let other = Device::new_cuda(0).unwrap();
+    let flat = randn(&d, &[8 * k + 1], DType::BF16);
+    let cases: Vec<(&str, Tensor, &str)> = vec![
+        ("f32 input", randn(&d, &[4, k], DType::F32), "dtype"),
+        ("wrong K", randn(&d, &[4, k + 16], DType::BF16), "last dimension"),
+        ("a scalar", Tensor::new(half::bf16::ONE, &d).unwrap(), "scalar"),
+        ("transposed (not contiguous)", randn(&d, &[k, 4], DType::BF16).t().unwrap(), "contiguous"),
+        ("on the CPU", Tensor::zeros((4, k), DType::BF16, &Device::Cpu).unwrap(), "CUDA"),
+        ("another candle device", randn(&other, &[4, k], DType::BF16), "another candle device"),
+        // One bf16 element into its buffer: 2-byte aligned, not 16.
+        ("misaligned view", flat.narrow(0, 1, 8 * k).unwrap().reshape((8, k)).unwrap(), "align"),
+    ];
+    for (what, x, says) in cases {
+        match layer.forward(&x) {
+            Ok(y) => panic!("{what}: accepted (output {:?})", y.dims()),
+            Err(e) => {
+                let msg = e.to_string();
+                assert!(msg.to_lowercase().contains(&says.to_lowercase()), "{what}: the error does not say {says:?}: {msg}");
+                println!("  {what}: {}", msg.lines().next().unwrap_or(""));
+            }
+        }
+    }
+    // The layer still works after every refusal.
+    check::<half::bf16>(&layer, &w, &randn(&d, &[5, k], DType::BF16), "after the refusals");
+    Ok(())
+}
+
+/// `Nvfp4Linear::new` refuses what would make every forward fail.
+fn candle_new_refusals() -> Outcome {
+    let d = device(false)?;
+    let cd = d.as_cuda_device().unwrap();
+    let w = Nvfp4Matrix::random_realistic(128, 256, 1, 39).unwrap();
+    for s in [f32::NAN, 0.0, -1.0, f32::INFINITY] {
+        assert!(Nvfp4Linear::from_matrix(&w, s, cd).is_err(), "input scale {s} accepted");
+    }
+    let w2 = Nvfp4Matrix::random_realistic(128, 256, 2, 40).unwrap();
+    assert!(Nvfp4Linear::from_matrix(&w2, INPUT_SCALE, cd).is_err(), "a batch-2 weight accepted");
+    Ok(())
+}
