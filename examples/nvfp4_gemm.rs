@@ -610,7 +610,7 @@ fn run_fp4(cli: &Cli) -> Result<bool, Exit> {
     let groups = p.n / 16;
     let got_sf_rows = pick_rows(&from_tiled(&got_sfd, p.m, groups, p.l)?, &rows, p.m, groups, p.l);
     let got_d_rows = pick_rows(&got_d, &rows, p.m, p.n / 2, p.l);
-    let cmp = compare_fp4(&got_d_rows, &got_sf_rows, &want_d, &from_tiled(&want_sfd, rows.len(), groups, p.l)?, p.n)?;
+    let cmp = compare_fp4(&got_d_rows, &got_sf_rows, &want_d, &from_tiled(&want_sfd, rows.len(), groups, p.l)?, p.n, format)?;
     let exactly = if cmp.byte_equal() { "byte for byte" } else { "within one e2m1 step" };
     let check = Check { passed: cmp.within_one_step(), bad: cmp.sfd_far + cmp.codes_far, max_abs: None, worst_ratio: None, checked: cmp.codes, detail: format!("{} rows against the exact reference ({exactly}; norm constant {st}): {cmp}", rows.len()) };
     save(cli, &inputs, &p, None, fp4_tensors(got_d, got_sfd))?;

@@ -65,7 +65,7 @@
 
 use crate::error::{check_len, product, Error, Result};
 use crate::formats::OutputElement;
-use crate::problem::{OutType, Problem};
+use crate::problem::{OutType, Problem, SfdFormat};
 use crate::reference::Dot;
 use crate::Nvfp4Matrix;
 
@@ -233,14 +233,14 @@ impl std::fmt::Display for Fp4Comparison {
 }
 
 /// Compares FP4 outputs: `d` packed e2m1 rows of `n` values, `sfd` the scale factors row-major,
-/// `n / 16` per row (see [`crate::layout::from_tiled`]). Fails where `n` is not a positive
-/// multiple of 16 or the lengths disagree with each other or with `n`.
+/// `n / 16` per row (see [`crate::layout::from_tiled`]), in `format`. Fails where `n` is not a
+/// positive multiple of 16 or the lengths disagree with each other or with `n`.
 ///
-/// Scale factors are compared as bytes, whatever their format: neighbouring bytes count as one
-/// step, and the codes of a group whose scale factors differ are not compared. So in ue4m3 the
-/// NaN byte 0x7F counts as a neighbour of 448 (0x7E), which in ue8m0 are the neighbours 0.5 and
-/// 1.0: where a NaN scale must fail, check the bytes for it too, or ask [`Fp4Comparison::byte_equal`].
-pub fn compare_fp4(got_d: &[u8], got_sfd: &[u8], want_d: &[u8], want_sfd: &[u8], n: usize) -> Result<Fp4Comparison> {
+/// Two scale factors are neighbours where both are finite values of `format` one encoding apart
+/// (the next value up or down); a NaN (ue4m3 0x7F, ue8m0 0xFF) or, in ue4m3, a byte with the sign
+/// bit set is only ever equal to the same byte. The codes of a group whose scale factors differ are
+/// not compared.
+pub fn compare_fp4(got_d: &[u8], got_sfd: &[u8], want_d: &[u8], want_sfd: &[u8], n: usize, format: SfdFormat) -> Result<Fp4Comparison> {
     if n == 0 || !n.is_multiple_of(16) {
         return Err(Error::InvalidData { what: "n", detail: format!("{n} is not a positive multiple of 16 (one scale factor per 16 outputs)") });
     }
@@ -252,19 +252,22 @@ pub fn compare_fp4(got_d: &[u8], got_sfd: &[u8], want_d: &[u8], want_sfd: &[u8],
     check_len("got_sfd", got_sfd.len(), rows * (n / 16), "n / 16 scale factors per row of got_d")?;
     check_len("want_sfd", want_sfd.len(), got_sfd.len(), "as many scale factors as got_sfd")?;
     let rank = |code: u8| if code & 8 != 0 { -((code & 7) as i32) } else { (code & 7) as i32 };
+    // Finite scale bytes of both formats are ordered as their values, one encoding a step.
+    let finite = |b: u8| match format {
+        SfdFormat::Ue4m3 => b < 0x7F,
+        SfdFormat::Ue8m0 => b != 0xFF,
+    };
     let mut c = Fp4Comparison { groups: got_sfd.len(), ..Default::default() };
     for (gi, (&gs, &ws)) in got_sfd.iter().zip(want_sfd).enumerate() {
-        match gs.abs_diff(ws) {
-            0 => c.sfd_equal += 1,
-            1 => {
+        if gs != ws {
+            if finite(gs) && finite(ws) && gs.abs_diff(ws) == 1 {
                 c.sfd_neighbour += 1;
-                continue;
-            }
-            _ => {
+            } else {
                 c.sfd_far += 1;
-                continue;
             }
+            continue;
         }
+        c.sfd_equal += 1;
         for (&g, &w) in got_d[gi * 8..][..8].iter().zip(&want_d[gi * 8..][..8]) {
             for (x, y) in [(g & 15, w & 15), (g >> 4, w >> 4)] {
                 c.codes += 1;
@@ -291,15 +294,37 @@ mod fp4_tests {
         got_d[0] = 0x22; // 1 -> 2: one step
         got_d[1] = 0x81; // 2 -> -0: two steps
         got_d[9] = 0x00; // second group, whose SFD differs: not compared
-        let c = compare_fp4(&got_d, &[5, 7], &want_d, &[5, 6], 16).unwrap();
+        let c = compare_fp4(&got_d, &[5, 7], &want_d, &[5, 6], 16, SfdFormat::Ue4m3).unwrap();
         assert_eq!((c.groups, c.sfd_equal, c.sfd_neighbour, c.sfd_far), (2, 1, 1, 0));
         assert_eq!((c.codes, c.codes_equal, c.codes_one_step, c.codes_far), (16, 14, 1, 1));
         assert!(!c.byte_equal() && !c.within_one_step());
-        let c = compare_fp4(&want_d, &[5, 6], &want_d, &[5, 6], 16).unwrap();
+        let c = compare_fp4(&want_d, &[5, 6], &want_d, &[5, 6], 16, SfdFormat::Ue4m3).unwrap();
         assert!(c.byte_equal() && c.within_one_step(), "{c}");
         // -0 and +0 are the same point.
-        let c = compare_fp4(&[0x08; 8], &[1], &[0x00; 8], &[1], 16).unwrap();
+        let c = compare_fp4(&[0x08; 8], &[1], &[0x00; 8], &[1], 16, SfdFormat::Ue4m3).unwrap();
         assert!(!c.byte_equal() && c.codes_equal == 16);
+    }
+
+    #[test]
+    fn fp4_comparison_scale_neighbours_by_format() {
+        let d = [0u8; 8];
+        let sfd = |got: u8, want: u8, format| {
+            let c = compare_fp4(&d, &[got], &d, &[want], 16, format).unwrap();
+            (c.sfd_equal, c.sfd_neighbour, c.sfd_far)
+        };
+        use SfdFormat::{Ue4m3, Ue8m0};
+        // ue4m3: 448 (0x7E) and NaN (0x7F) are not neighbours; sign-bit bytes are never valid.
+        assert_eq!(sfd(0x7F, 0x7E, Ue4m3), (0, 0, 1));
+        assert_eq!(sfd(0x7E, 0x7F, Ue4m3), (0, 0, 1));
+        assert_eq!(sfd(0x7E, 0x7D, Ue4m3), (0, 1, 0));
+        assert_eq!(sfd(0x80, 0x81, Ue4m3), (0, 0, 1));
+        assert_eq!(sfd(0x00, 0x01, Ue4m3), (0, 1, 0));
+        assert_eq!(sfd(0x7F, 0x7F, Ue4m3), (1, 0, 0));
+        // ue8m0: 0x7E and 0x7F are 0.5 and 1.0; 0xFF is NaN.
+        assert_eq!(sfd(0x7F, 0x7E, Ue8m0), (0, 1, 0));
+        assert_eq!(sfd(0xFF, 0xFE, Ue8m0), (0, 0, 1));
+        assert_eq!(sfd(0xFE, 0xFD, Ue8m0), (0, 1, 0));
+        assert_eq!(sfd(0x81, 0x80, Ue8m0), (0, 1, 0));
     }
 }
 

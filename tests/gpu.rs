@@ -653,7 +653,7 @@ fn fp4_output_realistic_data_within_one_step() -> Outcome {
             let (ran, d, sfd) = run_fp4(&g, &p, out, &a, &b, None, Some(config));
             let (want_d, want_sfd) = reference::gemm_fp4(&p, a.data(), a.scales(), b.data(), b.scales(), None, format, Accumulation::Exact).unwrap();
             let (got_sf, want_sf) = (row_major(&sfd), row_major(&want_sfd));
-            let cmp = compare_fp4(&d, &got_sf, &want_d, &want_sf, n).unwrap();
+            let cmp = compare_fp4(&d, &got_sf, &want_d, &want_sf, n, format).unwrap();
             assert!(cmp.within_one_step(), "{ran} {out}: {cmp}");
             // A neighbouring scale factor only where the unrounded scale sits at a rounding point.
             for (gi, (x, y)) in got_sf.iter().zip(&want_sf).enumerate().filter(|(_, (x, y))| x != y) {

@@ -90,17 +90,17 @@ fn comparisons_check_lengths() {
     assert!(matches!(e, Error::BufferLength { name: "got", got: 2, want: 1, .. }), "{e}");
     let d = [0u8; 16];
     for n in [0, 24] {
-        let e = compare_fp4(&d, &[1, 1], &d, &[1, 1], n).unwrap_err();
+        let e = compare_fp4(&d, &[1, 1], &d, &[1, 1], n, SfdFormat::Ue4m3).unwrap_err();
         assert!(matches!(e, Error::InvalidData { what: "n", .. }), "{e}");
     }
     // 16 bytes are one row of 32 values: two scale factors, not three.
-    let e = compare_fp4(&d, &[1, 1, 1], &d, &[1, 1, 1], 32).unwrap_err();
+    let e = compare_fp4(&d, &[1, 1, 1], &d, &[1, 1, 1], 32, SfdFormat::Ue4m3).unwrap_err();
     assert!(matches!(e, Error::BufferLength { name: "got_sfd", got: 3, want: 2, .. }), "{e}");
-    let e = compare_fp4(&d, &[1, 1], &d[..8], &[1, 1], 32).unwrap_err();
+    let e = compare_fp4(&d, &[1, 1], &d[..8], &[1, 1], 32, SfdFormat::Ue4m3).unwrap_err();
     assert!(matches!(e, Error::BufferLength { name: "want_d", got: 8, want: 16, .. }), "{e}");
-    let e = compare_fp4(&d[..12], &[1], &d[..12], &[1], 32).unwrap_err();
+    let e = compare_fp4(&d[..12], &[1], &d[..12], &[1], 32, SfdFormat::Ue4m3).unwrap_err();
     assert!(matches!(e, Error::InvalidData { what: "got_d", .. }), "{e}");
-    assert!(compare_fp4(&d, &[1, 1], &d, &[1, 1], 32).unwrap().byte_equal());
+    assert!(compare_fp4(&d, &[1, 1], &d, &[1, 1], 32, SfdFormat::Ue4m3).unwrap().byte_equal());
 }
 
 #[test]

@@ -242,22 +242,22 @@ fn compare_fp4_neighbour_scale_skips_codes() {
     // SFD one code apart: the codes are not compared at all, however far.
     let want = [0x00u8; 8];
     let got = [0x77u8; 8];
-    let c = compare_fp4(&got, &[0x39], &want, &[0x38], 16).unwrap();
+    let c = compare_fp4(&got, &[0x39], &want, &[0x38], 16, SfdFormat::Ue4m3).unwrap();
     eprintln!("{c}");
     assert!(c.within_one_step(), "documented: codes of neighbour groups are not compared");
 }
 
 #[test]
 fn compare_fp4_shapes() {
-    assert!(compare_fp4(&[], &[], &[], &[], 0).is_err());
-    assert!(compare_fp4(&[], &[], &[], &[], 24).is_err());
-    let c = compare_fp4(&[], &[], &[], &[], 16).unwrap();
+    assert!(compare_fp4(&[], &[], &[], &[], 0, SfdFormat::Ue4m3).is_err());
+    assert!(compare_fp4(&[], &[], &[], &[], 24, SfdFormat::Ue4m3).is_err());
+    let c = compare_fp4(&[], &[], &[], &[], 16, SfdFormat::Ue4m3).unwrap();
     assert!(c.byte_equal() && c.within_one_step() && c.groups == 0);
-    assert!(compare_fp4(&[0; 9], &[0], &[0; 9], &[0], 16).is_err());
-    assert!(compare_fp4(&[0; 8], &[0], &[0; 16], &[0], 16).is_err());
-    assert!(compare_fp4(&[0; 8], &[0, 0], &[0; 8], &[0, 0], 16).is_err());
-    assert!(compare_fp4(&[0; 8], &[0], &[0; 8], &[0, 0], 16).is_err());
-    assert!(compare_fp4(&[0; 8], &[0], &[0; 8], &[0], usize::MAX - 15).is_err());
+    assert!(compare_fp4(&[0; 9], &[0], &[0; 9], &[0], 16, SfdFormat::Ue4m3).is_err());
+    assert!(compare_fp4(&[0; 8], &[0], &[0; 16], &[0], 16, SfdFormat::Ue4m3).is_err());
+    assert!(compare_fp4(&[0; 8], &[0, 0], &[0; 8], &[0, 0], 16, SfdFormat::Ue4m3).is_err());
+    assert!(compare_fp4(&[0; 8], &[0], &[0; 8], &[0, 0], 16, SfdFormat::Ue4m3).is_err());
+    assert!(compare_fp4(&[0; 8], &[0], &[0; 8], &[0], usize::MAX - 15, SfdFormat::Ue4m3).is_err());
     // Every pair of codes: the step count is the distance on -6..6 with ±0 one point.
     let order = [0xFu8, 0xE, 0xD, 0xC, 0xB, 0xA, 0x9, 0x0, 0x1, 0x2, 0x3, 0x4, 0x5, 0x6, 0x7];
     let pos = |c: u8| if c == 8 { 7 } else { order.iter().position(|&x| x == c).unwrap() as i32 };
@@ -265,7 +265,7 @@ fn compare_fp4_shapes() {
         for y in 0u8..16 {
             let g = [x | (x << 4); 8];
             let w = [y | (y << 4); 8];
-            let c = compare_fp4(&g, &[1], &w, &[1], 16).unwrap();
+            let c = compare_fp4(&g, &[1], &w, &[1], 16, SfdFormat::Ue4m3).unwrap();
             let steps = (pos(x) - pos(y)).abs();
             assert_eq!(c.codes_one_step, if steps == 1 { 16 } else { 0 }, "{x} {y}");
             assert_eq!(c.codes_far, if steps > 1 { 16 } else { 0 }, "{x} {y}");

@@ -570,7 +570,7 @@ fn bench_one(cli: &Cli, gemm: &BlockScaledGemm, stream: &Arc<CudaStream>, l2: us
                 let got_sfd = from_tiled(all_sfd.get(latest), m, n / 16, 1)?;
                 let got_d: Vec<u8> = rows.iter().flat_map(|&r| got[r * n / 2..][..n / 2].iter().copied()).collect();
                 let got_sf: Vec<u8> = rows.iter().flat_map(|&r| got_sfd[r * n / 16..][..n / 16].iter().copied()).collect();
-                let cmp = compare_fp4(&got_d, &got_sf, &want_d, &from_tiled(&want_sfd, rows.len(), n / 16, 1)?, n)?;
+                let cmp = compare_fp4(&got_d, &got_sf, &want_d, &from_tiled(&want_sfd, rows.len(), n / 16, 1)?, n, format)?;
                 if !cmp.within_one_step() {
                     eprintln!("{m}x{n}x{k} {out}: verification failed: {cmp}");
                 }
