@@ -15,7 +15,8 @@ use std::time::Instant;
 
 use blockscaled_gemm::candle::Nvfp4Linear;
 use blockscaled_gemm::compare::verify_matrices;
-use blockscaled_gemm::{BlockScaledGemm, Nvfp4Matrix, OutputElement};
+use blockscaled_gemm::layout::sf_batch_bytes;
+use blockscaled_gemm::{BlockScaledGemm, Nvfp4Matrix, Nvfp4Tensor, OutputElement, Problem, Quantizer};
 use candle_core::{DType, Device, Tensor, WithDType};
 use clap::Parser;
 
@@ -74,6 +75,7 @@ fn run(cli: &Cli) -> Result<bool, Box<dyn Error>> {
         handles.into_iter().map(|h| h.join().expect("thread").unwrap_or_else(|e| { eprintln!("candle_linear: {e}"); false })).collect()
     });
     ok &= results.iter().all(|&r| r);
+    host_cost(cli, &device, &layer, input_scale)?;
     println!("{}", if ok { "PASSED" } else { "FAILED" });
     Ok(ok)
 }
@@ -102,4 +104,49 @@ fn check<T: OutputElement + WithDType + blockscaled_gemm::HostFloat>(
     let us = start.elapsed().as_secs_f64() * 1e6 / cli.iterations as f64;
     println!("  {dtype:?}: mean |y| {mean:.4}; {verdict}; {us:.1} us per forward (quantize + GEMM + allocations, back to back)");
     Ok(verdict.passed())
+}
+
+/// What a forward costs the host, against the path an engine that keeps its buffers takes
+/// (`Quantizer::quantize_into` and `BlockScaledGemm::gemm` on buffers made once, on the same
+/// stream): the median host time of one call (the GPU busy behind it) and the time a call back to
+/// back, bf16.
+fn host_cost(cli: &Cli, device: &Device, layer: &Nvfp4Linear, input_scale: f32) -> Result<(), Box<dyn Error>> {
+    let (m, k) = (cli.m, cli.k);
+    let n = layer.weight().shape().1;
+    let x = Tensor::randn(0f32, 1.0, (m, k), device)?.to_dtype(DType::BF16)?;
+    let median = |mut v: Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let timed = |f: &mut dyn FnMut() -> Result<(), Box<dyn Error>>| -> Result<(f64, f64), Box<dyn Error>> {
+        f()?;
+        device.synchronize()?;
+        let mut host = Vec::with_capacity(cli.iterations);
+        let start = Instant::now();
+        for _ in 0..cli.iterations {
+            let t = Instant::now();
+            f()?;
+            host.push(t.elapsed().as_secs_f64() * 1e6);
+        }
+        device.synchronize()?;
+        Ok((median(host), start.elapsed().as_secs_f64() * 1e6 / cli.iterations as f64))
+    };
+    let (fh, fb) = timed(&mut || {
+        layer.forward(&x)?;
+        Ok(())
+    })?;
+    let stream = device.as_cuda_device()?.cuda_stream();
+    let (q, g) = (Quantizer::new(stream.clone()), BlockScaledGemm::new(stream.clone())?);
+    let xs = stream.clone_htod(&x.flatten_all()?.to_vec1::<half::bf16>()?)?;
+    let (mut codes, mut scales) = (stream.alloc_zeros::<u8>(m * k / 2)?, stream.alloc_zeros::<u8>(sf_batch_bytes(m, k))?);
+    let mut y = stream.alloc_zeros::<half::bf16>(m * n)?;
+    let (eh, eb) = timed(&mut || {
+        q.quantize_into(&xs, (1, m, k), input_scale, &mut codes, &mut scales)?;
+        let a = Nvfp4Tensor::new::<u8, u8>(codes.slice(..), scales.slice(..), (1, m, k), input_scale)?;
+        g.gemm(&Problem::new(m, n, k), &a, layer.weight(), &mut y, None)?;
+        Ok(())
+    })?;
+    println!("  host cost, bf16 [{m}, {k}]: forward {fh:.1} us a call on the host, {fb:.1} us a call back to back; \
+              quantize_into + gemm on buffers made once {eh:.1} / {eb:.1} us");
+    Ok(())
 }
