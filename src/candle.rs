@@ -8,15 +8,17 @@
 //! the GEMM: [`BlockScaledGemm::select_config`] says which), no host synchronisation, no copy
 //! of the input or output.
 //!
-//! `forward` allocates its quantized input and its output, as candle ops do, so it cannot be
-//! captured in a CUDA graph (the quantizer returns [`crate::Error::NotCapturable`] during
-//! capture). An engine that replays graphs calls [`crate::Quantizer::quantize_into`] (or
-//! `quantize_decoded_into`) and [`BlockScaledGemm::gemm`] on buffers it allocated before
-//! capture, with the layer's [`Nvfp4Linear::weight`].
+//! `forward` allocates its output, as candle ops do, so it is not meant for CUDA-graph capture. The
+//! quantized input goes into buffers the layer keeps for each stream it runs on, grown to the
+//! largest row count seen (K / 2 bytes and K / 16 scale bytes a row, rows rounded up to 128), so
+//! a forward allocates nothing else. An engine that replays graphs calls
+//! [`crate::Quantizer::quantize_into`] (or `quantize_decoded_into`) and [`BlockScaledGemm::gemm`]
+//! on buffers it allocated before capture, with the layer's [`Nvfp4Linear::weight`].
 //!
 //! candle's `Device::new_cuda` runs on the per-thread default stream, a different stream on each
 //! host thread: on such a device the layer keeps one GEMM (and so one workspace) per calling
-//! thread, each until the layer is dropped, so it can be shared between threads. A workspace
+//! thread (with its activation buffers), each until the layer is dropped, so it can be shared
+//! between threads. A workspace
 //! holds the swapped tiles' decoded activations (2 * rows * K bytes and more: at least 58.7 MB
 //! for 4096 rows of K = 7168), and a thread that ends does not give it back: an engine whose
 //! worker threads come and go should use a device with a stream of its own
@@ -61,11 +63,33 @@ pub struct Nvfp4Linear {
     weight: Nvfp4Tensor,
     input_scale: f32,
     device: CudaDevice,
-    /// The GEMM every thread uses where the device's stream is its own; else `None` and one GEMM
-    /// per calling thread in `gemms` (see the module docs), each as long as the layer lives.
-    shared: Option<Arc<BlockScaledGemm>>,
-    gemms: Mutex<HashMap<ThreadId, Arc<BlockScaledGemm>>>,
+    /// The lane every thread uses where the device's stream is its own; else `None` and one lane
+    /// per calling thread in `lanes` (see the module docs), each as long as the layer lives.
+    shared: Option<Arc<Lane>>,
+    lanes: Mutex<HashMap<ThreadId, Arc<Lane>>>,
+}
+
+/// What a forward on one stream uses: its GEMM (and workspace), quantizer and the quantized
+/// input's buffers, kept from one forward to the next.
+struct Lane {
+    gemm: BlockScaledGemm,
     quantizer: Quantizer,
+    acts: Mutex<Acts>,
+}
+
+/// Codes and tiled scales of up to `rows` rows of K. A forward holds the lock from the
+/// quantizer's launch to the GEMM's, so another thread on the same stream cannot overwrite them
+/// in between (stream order does the rest).
+struct Acts {
+    rows: usize,
+    codes: Option<CudaSlice<u8>>,
+    scales: Option<CudaSlice<u8>>,
+}
+
+impl Lane {
+    fn new(stream: std::sync::Arc<cudarc::driver::CudaStream>) -> Result<Self> {
+        Ok(Lane { gemm: BlockScaledGemm::new(stream.clone())?, quantizer: Quantizer::new(stream), acts: Mutex::new(Acts { rows: 0, codes: None, scales: None }) })
+    }
 }
 
 impl Nvfp4Linear {
@@ -85,29 +109,28 @@ impl Nvfp4Linear {
         if batch != 1 {
             return Err(crate::Error::OperandShape { name: "weight", got: (batch, n, k), want: (1, n, k) });
         }
-        let stream = device.cuda_stream();
-        let gemm = Arc::new(BlockScaledGemm::new(stream.clone())?);
-        let (shared, gemms) = if gemm.per_thread_stream() {
-            (None, HashMap::from([(std::thread::current().id(), gemm)]))
+        let lane = Arc::new(Lane::new(device.cuda_stream())?);
+        let (shared, lanes) = if lane.gemm.per_thread_stream() {
+            (None, HashMap::from([(std::thread::current().id(), lane)]))
         } else {
-            (Some(gemm), HashMap::new())
+            (Some(lane), HashMap::new())
         };
-        Ok(Nvfp4Linear { weight, input_scale, device: device.clone(), shared, gemms: Mutex::new(gemms), quantizer: Quantizer::new(stream) })
+        Ok(Nvfp4Linear { weight, input_scale, device: device.clone(), shared, lanes: Mutex::new(lanes) })
     }
 
-    /// The GEMM for this thread: the shared one, else this thread's, made on first use.
-    fn gemm(&self) -> Result<Arc<BlockScaledGemm>> {
-        if let Some(g) = &self.shared {
-            return Ok(g.clone());
+    /// The lane for this thread: the shared one, else this thread's, made on first use.
+    fn lane(&self) -> Result<Arc<Lane>> {
+        if let Some(l) = &self.shared {
+            return Ok(l.clone());
         }
-        let mut gemms = self.gemms.lock().unwrap_or_else(|e| e.into_inner());
+        let mut lanes = self.lanes.lock().unwrap_or_else(|e| e.into_inner());
         let id = std::thread::current().id();
-        if let Some(g) = gemms.get(&id) {
-            return Ok(g.clone());
+        if let Some(l) = lanes.get(&id) {
+            return Ok(l.clone());
         }
-        let g = Arc::new(BlockScaledGemm::new(self.device.cuda_stream())?);
-        gemms.insert(id, g.clone());
-        Ok(g)
+        let l = Arc::new(Lane::new(self.device.cuda_stream())?);
+        lanes.insert(id, l.clone());
+        Ok(l)
     }
 
     /// Uploads a host weight (`(1, N, K)`, with its global scale) onto `device`'s stream.
@@ -126,15 +149,37 @@ impl Nvfp4Linear {
         x.apply_op1_no_bwd(self)
     }
 
-    /// Quantizes `x` (`rows` x K) and multiplies it with the weight into a new buffer.
+    /// Quantizes `x` (`rows` x K) into the lane's buffers and multiplies it with the weight into
+    /// a new buffer.
     fn run<T: QuantInput + OutputElement + DeviceRepr>(&self, x: &CudaView<'_, T>, rows: usize) -> Result<CudaSlice<T>> {
         let (_, n, k) = self.weight.shape();
-        let gemm = self.gemm()?;
-        let xq = self.quantizer.quantize(x, (1, rows, k), Some(self.input_scale))?;
+        let lane = self.lane()?;
+        let stream = lane.gemm.stream();
+        let code_bytes = |r: usize| r.checked_mul(k).map(|e| e / 2);
+        let sf = |r: usize| crate::layout::checked_sf_bytes(r, k, 1);
+        let too_big = || crate::Error::SizeLimit { what: "quantized input bytes", rule: "rows * K / 2 and the tiled scales", dims: format!("rows = {rows}, K = {k}"), value: u128::MAX, max: usize::MAX as u128, why: "address space" };
+        let mut acts = lane.acts.lock().unwrap_or_else(|e| e.into_inner());
+        if acts.codes.is_none() || acts.rows < rows {
+            // Grown to at least twice the rows held, in whole 128-row scale tiles, so that batches
+            // of varying size settle on one allocation.
+            let want = rows.max(acts.rows.saturating_mul(2)).checked_next_multiple_of(128).ok_or_else(too_big)?;
+            let (cb, sb) = (code_bytes(want).ok_or_else(too_big)?, sf(want).ok_or_else(too_big)?);
+            // Dropped first: a free is ordered on the stream after the launches that read them.
+            (acts.codes, acts.scales) = (None, None);
+            // SAFETY: the quantizer writes every byte a GEMM reads (codes of `rows` rows, their
+            // scales with the tiles' padding) before the GEMM in stream order.
+            acts.codes = Some(unsafe { stream.alloc::<u8>(cb)? });
+            acts.scales = Some(unsafe { stream.alloc::<u8>(sb)? });
+            acts.rows = want;
+        }
+        let (cb, sb) = (code_bytes(rows).ok_or_else(too_big)?, sf(rows).ok_or_else(too_big)?);
+        let Acts { codes: Some(codes), scales: Some(scales), .. } = &mut *acts else { unreachable!("allocated above") };
+        lane.quantizer.quantize_into(x, (1, rows, k), self.input_scale, &mut codes.slice_mut(..cb), &mut scales.slice_mut(..sb))?;
+        let xq = Nvfp4Tensor::new::<u8, u8>(codes.slice(..cb), scales.slice(..sb), (1, rows, k), self.input_scale)?;
         // SAFETY: the GEMM below writes every element before anyone reads y; on an error y is
         // dropped unread.
-        let mut y = unsafe { gemm.stream().alloc::<T>(rows * n)? };
-        gemm.gemm(&Problem::new(rows, n, k), &xq, &self.weight, &mut y, None)?;
+        let mut y = unsafe { stream.alloc::<T>(rows * n)? };
+        lane.gemm.gemm(&Problem::new(rows, n, k), &xq, &self.weight, &mut y, None)?;
         Ok(y)
     }
 }

@@ -21,6 +21,8 @@ fn main() {
         ("candle_forward_offset_view", candle_forward_offset_view),
         ("candle_forward_own_stream_device", candle_forward_own_stream_device),
         ("candle_forward_threads", candle_forward_threads),
+        ("candle_forward_threads_own_stream", candle_forward_threads_own_stream),
+        ("candle_forward_rows_shrink_and_grow", candle_forward_rows_shrink_and_grow),
         ("candle_forward_empty_batch", candle_forward_empty_batch),
         ("candle_forward_non_finite_input", candle_forward_non_finite_input),
         ("candle_forward_refusals", candle_forward_refusals),
@@ -163,6 +165,49 @@ fn candle_forward_threads() -> Outcome {
     Ok(())
 }
 
+/// Four threads at once on a device with a stream of its own: one lane (GEMM and activation
+/// buffers) for all, each forward exact.
+fn candle_forward_threads_own_stream() -> Outcome {
+    let d = device(true)?;
+    let (n, k) = (512, 1024);
+    let w = Nvfp4Matrix::random_realistic(n, k, 1, 42).unwrap();
+    let layer = Nvfp4Linear::from_matrix(&w, INPUT_SCALE, d.as_cuda_device().unwrap()).unwrap();
+    std::thread::scope(|scope| {
+        let hs: Vec<_> = (0..4usize)
+            .map(|t| {
+                let (d, layer, w) = (&d, &layer, &w);
+                scope.spawn(move || {
+                    for round in 0..4 {
+                        let m = [200, 1, 77, 16][(t + round) % 4];
+                        check::<half::bf16>(layer, w, &randn(d, &[m, k], DType::BF16), &format!("thread {t} round {round} [{m}, {k}]"));
+                    }
+                })
+            })
+            .collect();
+        for h in hs {
+            h.join().expect("a thread's forward failed");
+        }
+    });
+    Ok(())
+}
+
+/// The kept activation buffers: row counts that fall after a large one (a prefix of the buffers)
+/// and rise past it again (new buffers), the dtypes alternating.
+fn candle_forward_rows_shrink_and_grow() -> Outcome {
+    let d = device(false)?;
+    let (n, k) = (256, 768);
+    let w = Nvfp4Matrix::random_realistic(n, k, 1, 43).unwrap();
+    let layer = Nvfp4Linear::from_matrix(&w, INPUT_SCALE, d.as_cuda_device().unwrap()).unwrap();
+    for (i, m) in [300, 1, 129, 128, 1000, 5, 257, 2100, 64].into_iter().enumerate() {
+        if i % 2 == 0 {
+            check::<half::bf16>(&layer, &w, &randn(&d, &[m, k], DType::BF16), &format!("step {i} bf16 [{m}, {k}]"));
+        } else {
+            check::<half::f16>(&layer, &w, &randn(&d, &[m, k], DType::F16), &format!("step {i} f16 [{m}, {k}]"));
+        }
+    }
+    Ok(())
+}
+
 /// No rows in, no rows out, of the right shape and dtype.
 fn candle_forward_empty_batch() -> Outcome {
     let d = device(false)?;
@@ -214,7 +259,7 @@ fn candle_forward_refusals() -> Outcome {
         ("a scalar", Tensor::new(half::bf16::ONE, &d).unwrap(), "scalar"),
         ("transposed (not contiguous)", randn(&d, &[k, 4], DType::BF16).t().unwrap(), "contiguous"),
         ("on the CPU", Tensor::zeros((4, k), DType::BF16, &Device::Cpu).unwrap(), "CUDA"),
-        ("another candle device", randn(&other, &[4, k], DType::BF16), "another candle device"),
+        ("another candle device", randn(&other, &[4, k], DType::BF16), "another candle CudaDevice"),
         // One bf16 element into its buffer: 2-byte aligned, not 16.
         ("misaligned view", flat.narrow(0, 1, 8 * k).unwrap().reshape((8, k)).unwrap(), "align"),
     ];
