@@ -8,12 +8,13 @@
 //! the GEMM: [`BlockScaledGemm::select_config`] says which), no host synchronisation, no copy
 //! of the input or output.
 //!
-//! `forward` allocates its output, as candle ops do, so it is not meant for CUDA-graph capture. The
-//! quantized input goes into buffers the layer keeps for each stream it runs on, grown to the
-//! largest row count seen (K / 2 bytes and K / 16 scale bytes a row, rows rounded up to 128), so
-//! a forward allocates nothing else. An engine that replays graphs calls
-//! [`crate::Quantizer::quantize_into`] (or `quantize_decoded_into`) and [`BlockScaledGemm::gemm`]
-//! on buffers it allocated before capture, with the layer's [`Nvfp4Linear::weight`].
+//! `forward` allocates its output, as candle ops do, so it refuses CUDA-graph capture
+//! ([`crate::Error::NotCapturable`]). The quantized input goes into buffers the layer keeps for
+//! each stream it runs on, grown to the largest row count seen (K / 2 bytes and K / 16 scale bytes
+//! a row, rows rounded up to 128), so a forward allocates nothing else. An engine that replays
+//! graphs calls [`crate::Quantizer::quantize_into`] (or `quantize_decoded_into`) and
+//! [`BlockScaledGemm::gemm`] on buffers it allocated before capture, with the layer's
+//! [`Nvfp4Linear::weight`].
 //!
 //! candle's `Device::new_cuda` runs on the per-thread default stream, a different stream on each
 //! host thread: on such a device the layer keeps one GEMM (and so one workspace) per calling
@@ -158,6 +159,9 @@ impl Nvfp4Linear {
         let code_bytes = |r: usize| r.checked_mul(k).map(|e| e / 2);
         let sf = |r: usize| crate::layout::checked_sf_bytes(r, k, 1);
         let too_big = || crate::Error::SizeLimit { what: "quantized input bytes", rule: "rows * K / 2 and the tiled scales", dims: format!("rows = {rows}, K = {k}"), value: u128::MAX, max: usize::MAX as u128, why: "address space" };
+        if lane.gemm.capture_check()? {
+            return Err(crate::Error::NotCapturable { call: "Nvfp4Linear::forward", why: "it allocates its output, and its activation buffers as they grow", fix: "capture Quantizer::quantize_into and BlockScaledGemm::gemm on buffers allocated before capture" });
+        }
         let mut acts = lane.acts.lock().unwrap_or_else(|e| e.into_inner());
         if acts.codes.is_none() || acts.rows < rows {
             // Grown to at least twice the rows held, in whole 128-row scale tiles, so that batches

@@ -26,6 +26,7 @@ fn main() {
         ("candle_forward_empty_batch", candle_forward_empty_batch),
         ("candle_forward_non_finite_input", candle_forward_non_finite_input),
         ("candle_forward_refusals", candle_forward_refusals),
+        ("candle_forward_during_capture", candle_forward_during_capture),
         ("candle_new_refusals", candle_new_refusals),
     ];
     harness::run("gpu_candle", tests);
@@ -288,5 +289,30 @@ fn candle_new_refusals() -> Outcome {
     }
     let w2 = Nvfp4Matrix::random_realistic(128, 256, 2, 40).unwrap();
     assert!(Nvfp4Linear::from_matrix(&w2, INPUT_SCALE, cd).is_err(), "a batch-2 weight accepted");
+    Ok(())
+}
+
+/// A forward while the layer's stream captures a graph is refused with a typed error, and the
+/// capture is left as it was.
+fn candle_forward_during_capture() -> Outcome {
+    use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode, CUstreamCaptureStatus};
+    let d = device(true)?;
+    let (n, k) = (256, 512);
+    let w = Nvfp4Matrix::random_realistic(n, k, 1, 44).unwrap();
+    let layer = Nvfp4Linear::from_matrix(&w, INPUT_SCALE, d.as_cuda_device().unwrap()).unwrap();
+    let x = randn(&d, &[4, k], DType::BF16);
+    check::<half::bf16>(&layer, &w, &x, "before the capture");
+    d.synchronize().unwrap();
+    let stream = d.as_cuda_device().unwrap().cuda_stream();
+    stream.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED).unwrap();
+    let got = layer.forward(&x);
+    let status = stream.capture_status().unwrap();
+    let ended = stream.end_capture(CUgraphInstantiate_flags(0));
+    let msg = got.expect_err("a forward during capture was accepted").to_string();
+    println!("  during capture: {msg}");
+    assert!(msg.contains("captured") || msg.contains("capture"), "not a capture refusal: {msg}");
+    assert_eq!(status, CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_ACTIVE, "the forward invalidated the capture");
+    assert!(ended.is_ok(), "end_capture: {:?}", ended.err());
+    check::<half::bf16>(&layer, &w, &x, "after the capture");
     Ok(())
 }
