@@ -42,6 +42,9 @@ executables test | while read -r name exe; do
     *) cp "$exe" "$out/deps/$name" ;;
   esac
 done
+# The sanitizer canary (run.sh sanitize runs it first), with the nvcc build.rs fetched.
+nvcc=$(ls -td "${BSG_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/blockscaled-gemm}"/toolchain/*/cuda/nvidia/cu13/bin/nvcc | head -1)
+"$nvcc" -O1 -arch=sm_90 -cudart static -L "$(dirname "$nvcc")/../lib" -o "$out/sanitizer-canary" scripts/sanitizer-canary.cu
 strip "$out"/deps/* "$out"/examples/* 2>/dev/null || true
 cp bench/baselines.py bench/report.py "$out/"
 cat > "$out/run.sh" <<'RUN'
@@ -70,7 +73,14 @@ case "${1:-tests}" in
     [ $# -gt 0 ] || set -- sm90_every_config sm90_split_k sm90_small_m sm90_extreme fp4_output_exact fp4_output_chains quantized_tensors swiglu_quantizer decoded_activations graph_capture grouped_moe grouped_list w4a16 prepacked_weights_transforms
     rc=0
     for tool in $tools; do
-      echo "== compute-sanitizer --tool $tool $*"
+      # A tool that misses a planted defect would report the crate's kernels clean too.
+      case $tool in memcheck) plant=oob ;; racecheck) plant=race ;; synccheck) plant=sync ;; esac
+      compute-sanitizer --tool $tool --error-exitcode 9 "$here/sanitizer-canary" $plant > /dev/null 2>&1
+      if [ $? != 9 ]; then
+        echo "run.sh sanitize: compute-sanitizer --tool $tool did not report the planted defect ($plant): its results here would mean nothing" >&2
+        exit 3
+      fi
+      echo "== compute-sanitizer --tool $tool $* (it reported the planted $plant defect)"
       compute-sanitizer --tool $tool --error-exitcode 9 "$here/deps/gpu" "$@" || rc=1
     done
     exit $rc ;;
