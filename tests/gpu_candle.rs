@@ -64,6 +64,33 @@ fn check<T: OutputElement + WithDType + HostFloat>(layer: &Nvfp4Linear, weight: 
     assert!(v.passed(), "{what}: {v}");
 }
 
+/// A random (N, K) weight and a layer over it on `d`.
+fn make_layer(d: &Device, n: usize, k: usize, seed: u64) -> (Nvfp4Matrix, Nvfp4Linear) {
+    let w = Nvfp4Matrix::random_realistic(n, k, 1, seed).unwrap();
+    let layer = Nvfp4Linear::from_matrix(&w, INPUT_SCALE, d.as_cuda_device().unwrap()).unwrap();
+    (w, layer)
+}
+
+/// Four threads at once, each `rounds` bf16 forwards of `rows(thread, round)` rows, each exact.
+fn threads(d: &Device, layer: &Nvfp4Linear, w: &Nvfp4Matrix, rounds: usize, rows: fn(usize, usize) -> usize) {
+    let k = w.k();
+    std::thread::scope(|scope| {
+        let hs: Vec<_> = (0..4usize)
+            .map(|t| {
+                scope.spawn(move || {
+                    for round in 0..rounds {
+                        let m = rows(t, round);
+                        check::<half::bf16>(layer, w, &randn(d, &[m, k], DType::BF16), &format!("thread {t} round {round} [{m}, {k}]"));
+                    }
+                })
+            })
+            .collect();
+        for h in hs {
+            h.join().expect("a thread's forward failed");
+        }
+    });
+}
+
 fn randn(d: &Device, dims: &[usize], dtype: DType) -> Tensor {
     Tensor::randn(0f32, 1.0, dims, d).unwrap().to_dtype(dtype).unwrap()
 }
@@ -73,8 +100,7 @@ fn randn(d: &Device, dims: &[usize], dtype: DType) -> Tensor {
 fn candle_forward_rows_and_dtypes() -> Outcome {
     let d = device(false)?;
     let (n, k) = (384, 1024);
-    let w = Nvfp4Matrix::random_realistic(n, k, 1, 31).unwrap();
-    let layer = Nvfp4Linear::from_matrix(&w, INPUT_SCALE, d.as_cuda_device().unwrap()).unwrap();
+    let (w, layer) = make_layer(&d, n, k, 31);
     for m in [1, 3, 16, 33, 64, 128, 200] {
         check::<half::bf16>(&layer, &w, &randn(&d, &[m, k], DType::BF16), &format!("bf16 [{m}, {k}]"));
         check::<half::f16>(&layer, &w, &randn(&d, &[m, k], DType::F16), &format!("f16 [{m}, {k}]"));
@@ -88,8 +114,7 @@ fn candle_forward_rows_and_dtypes() -> Outcome {
 fn candle_forward_model_shape() -> Outcome {
     let d = device(false)?;
     let (n, k) = (4096, 7168);
-    let w = Nvfp4Matrix::random_realistic(n, k, 1, 32).unwrap();
-    let layer = Nvfp4Linear::from_matrix(&w, INPUT_SCALE, d.as_cuda_device().unwrap()).unwrap();
+    let (w, layer) = make_layer(&d, n, k, 32);
     for m in [1, 16, 256] {
         check::<half::bf16>(&layer, &w, &randn(&d, &[m, k], DType::BF16), &format!("bf16 [{m}, {k}]"));
     }
@@ -117,8 +142,7 @@ fn candle_forward_prepacked_weight() -> Outcome {
 fn candle_forward_offset_view() -> Outcome {
     let d = device(false)?;
     let (n, k) = (256, 512);
-    let w = Nvfp4Matrix::random_realistic(n, k, 1, 34).unwrap();
-    let layer = Nvfp4Linear::from_matrix(&w, INPUT_SCALE, d.as_cuda_device().unwrap()).unwrap();
+    let (w, layer) = make_layer(&d, n, k, 34);
     let big = randn(&d, &[40, k], DType::F16);
     for (start, m) in [(3, 1), (3, 20), (1, 39)] {
         let x = big.narrow(0, start, m).unwrap();
@@ -132,8 +156,7 @@ fn candle_forward_offset_view() -> Outcome {
 fn candle_forward_own_stream_device() -> Outcome {
     let d = device(true)?;
     let (n, k) = (256, 1024);
-    let w = Nvfp4Matrix::random_realistic(n, k, 1, 35).unwrap();
-    let layer = Nvfp4Linear::from_matrix(&w, INPUT_SCALE, d.as_cuda_device().unwrap()).unwrap();
+    let (w, layer) = make_layer(&d, n, k, 35);
     for m in [2, 40] {
         check::<half::bf16>(&layer, &w, &randn(&d, &[m, k], DType::BF16), &format!("own stream [{m}, {k}]"));
     }
@@ -145,24 +168,8 @@ fn candle_forward_own_stream_device() -> Outcome {
 fn candle_forward_threads() -> Outcome {
     let d = device(false)?;
     let (n, k) = (512, 1024);
-    let w = Nvfp4Matrix::random_realistic(n, k, 1, 36).unwrap();
-    let layer = Nvfp4Linear::from_matrix(&w, INPUT_SCALE, d.as_cuda_device().unwrap()).unwrap();
-    std::thread::scope(|scope| {
-        let hs: Vec<_> = (0..4usize)
-            .map(|t| {
-                let (d, layer, w) = (&d, &layer, &w);
-                scope.spawn(move || {
-                    for round in 0..3 {
-                        let m = 1 + 37 * t + round;
-                        check::<half::bf16>(layer, w, &randn(d, &[m, k], DType::BF16), &format!("thread {t} round {round} [{m}, {k}]"));
-                    }
-                })
-            })
-            .collect();
-        for h in hs {
-            h.join().expect("a thread's forward failed");
-        }
-    });
+    let (w, layer) = make_layer(&d, n, k, 36);
+    threads(&d, &layer, &w, 3, |t, round| 1 + 37 * t + round);
     Ok(())
 }
 
@@ -171,24 +178,8 @@ fn candle_forward_threads() -> Outcome {
 fn candle_forward_threads_own_stream() -> Outcome {
     let d = device(true)?;
     let (n, k) = (512, 1024);
-    let w = Nvfp4Matrix::random_realistic(n, k, 1, 42).unwrap();
-    let layer = Nvfp4Linear::from_matrix(&w, INPUT_SCALE, d.as_cuda_device().unwrap()).unwrap();
-    std::thread::scope(|scope| {
-        let hs: Vec<_> = (0..4usize)
-            .map(|t| {
-                let (d, layer, w) = (&d, &layer, &w);
-                scope.spawn(move || {
-                    for round in 0..4 {
-                        let m = [200, 1, 77, 16][(t + round) % 4];
-                        check::<half::bf16>(layer, w, &randn(d, &[m, k], DType::BF16), &format!("thread {t} round {round} [{m}, {k}]"));
-                    }
-                })
-            })
-            .collect();
-        for h in hs {
-            h.join().expect("a thread's forward failed");
-        }
-    });
+    let (w, layer) = make_layer(&d, n, k, 42);
+    threads(&d, &layer, &w, 4, |t, round| [200, 1, 77, 16][(t + round) % 4]);
     Ok(())
 }
 
@@ -197,8 +188,7 @@ fn candle_forward_threads_own_stream() -> Outcome {
 fn candle_forward_rows_shrink_and_grow() -> Outcome {
     let d = device(false)?;
     let (n, k) = (256, 768);
-    let w = Nvfp4Matrix::random_realistic(n, k, 1, 43).unwrap();
-    let layer = Nvfp4Linear::from_matrix(&w, INPUT_SCALE, d.as_cuda_device().unwrap()).unwrap();
+    let (w, layer) = make_layer(&d, n, k, 43);
     for (i, m) in [300, 1, 129, 128, 1000, 5, 257, 2100, 64].into_iter().enumerate() {
         if i % 2 == 0 {
             check::<half::bf16>(&layer, &w, &randn(&d, &[m, k], DType::BF16), &format!("step {i} bf16 [{m}, {k}]"));
@@ -213,8 +203,7 @@ fn candle_forward_rows_shrink_and_grow() -> Outcome {
 fn candle_forward_empty_batch() -> Outcome {
     let d = device(false)?;
     let (n, k) = (256, 512);
-    let w = Nvfp4Matrix::random_realistic(n, k, 1, 37).unwrap();
-    let layer = Nvfp4Linear::from_matrix(&w, INPUT_SCALE, d.as_cuda_device().unwrap()).unwrap();
+    let (_, layer) = make_layer(&d, n, k, 37);
     for dims in [vec![0, k], vec![2, 0, k]] {
         let x = Tensor::zeros(&dims[..], DType::BF16, &d).unwrap();
         let y = layer.forward(&x).unwrap();
@@ -231,8 +220,7 @@ fn candle_forward_empty_batch() -> Outcome {
 fn candle_forward_non_finite_input() -> Outcome {
     let d = device(false)?;
     let (n, k, m) = (256, 512, 6);
-    let w = Nvfp4Matrix::random_realistic(n, k, 1, 41).unwrap();
-    let layer = Nvfp4Linear::from_matrix(&w, INPUT_SCALE, d.as_cuda_device().unwrap()).unwrap();
+    let (w, layer) = make_layer(&d, n, k, 41);
     let mut xs: Vec<half::bf16> = randn(&d, &[m, k], DType::BF16).flatten_all().unwrap().to_vec1().unwrap();
     for (i, v) in [(3, f32::NAN), (k + 17, f32::INFINITY), (2 * k + 40, f32::NEG_INFINITY), (5 * k + 511, f32::NAN)] {
         xs[i] = half::bf16::from_f32(v);
@@ -250,8 +238,7 @@ fn candle_forward_non_finite_input() -> Outcome {
 fn candle_forward_refusals() -> Outcome {
     let d = device(false)?;
     let (n, k) = (256, 512);
-    let w = Nvfp4Matrix::random_realistic(n, k, 1, 38).unwrap();
-    let layer = Nvfp4Linear::from_matrix(&w, INPUT_SCALE, d.as_cuda_device().unwrap()).unwrap();
+    let (w, layer) = make_layer(&d, n, k, 38);
     let other = Device::new_cuda(0).unwrap();
     let flat = randn(&d, &[8 * k + 1], DType::BF16);
     let cases: Vec<(&str, Tensor, &str)> = vec![
@@ -298,8 +285,7 @@ fn candle_forward_during_capture() -> Outcome {
     use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode, CUstreamCaptureStatus};
     let d = device(true)?;
     let (n, k) = (256, 512);
-    let w = Nvfp4Matrix::random_realistic(n, k, 1, 44).unwrap();
-    let layer = Nvfp4Linear::from_matrix(&w, INPUT_SCALE, d.as_cuda_device().unwrap()).unwrap();
+    let (w, layer) = make_layer(&d, n, k, 44);
     let x = randn(&d, &[4, k], DType::BF16);
     check::<half::bf16>(&layer, &w, &x, "before the capture");
     d.synchronize().unwrap();
