@@ -1,7 +1,9 @@
 //! An NVFP4 linear layer inside a candle program (feature `candle`): random bf16 and f16
 //! activations as candle tensors on the GPU, quantized there and multiplied with an NVFP4 weight
 //! by `Nvfp4Linear`, the result used by a candle op, then judged against the exact CPU reference
-//! (the same activations quantized on the host with the same input scale).
+//! (the same activations quantized on the host with the same input scale). Then timings: what a
+//! forward costs the host, and, in the same run, the layer against candle's own bf16 `matmul` on
+//! the dequantized weight (cuBLAS), both eager, weights rotated past the L2.
 //!
 //! ```text
 //! cargo run --release --example candle_linear --features candle -- [--m 16] [--n 4096] [--k 7168]
@@ -76,6 +78,7 @@ fn run(cli: &Cli) -> Result<bool, Box<dyn Error>> {
     });
     ok &= results.iter().all(|&r| r);
     host_cost(cli, &device, &layer, input_scale)?;
+    against_bf16(cli, &device, &weight, input_scale)?;
     println!("{}", if ok { "PASSED" } else { "FAILED" });
     Ok(ok)
 }
@@ -146,7 +149,40 @@ fn host_cost(cli: &Cli, device: &Device, layer: &Nvfp4Linear, input_scale: f32) 
         g.gemm(&Problem::new(m, n, k), &a, layer.weight(), &mut y, None)?;
         Ok(())
     })?;
-    println!("  host cost, bf16 [{m}, {k}]: forward {fh:.1} us a call on the host, {fb:.1} us a call back to back; \
+    println!("  host cost, bf16 [{m}, {k}] (weights L2-resident): forward {fh:.1} us a call on the host, {fb:.1} us a call back to back; \
               quantize_into + gemm on buffers made once {eh:.1} / {eb:.1} us");
+    Ok(())
+}
+
+/// The layer against what a candle model runs without it: `x.matmul(wᵀ)` with the weight
+/// dequantized to bf16 (cuBLAS), both eager, back to back, each cycling through copies of its
+/// weight that together exceed twice the L2, so neither reads its weight from L2. Same run.
+fn against_bf16(cli: &Cli, device: &Device, weight: &Nvfp4Matrix, input_scale: f32) -> Result<(), Box<dyn Error>> {
+    use cudarc::driver::sys::CUdevice_attribute;
+    let (m, n, k) = (cli.m, cli.n, cli.k);
+    let cuda = device.as_cuda_device()?;
+    let l2 = cuda.cuda_stream().context().attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE)? as usize;
+    let sets = |bytes: usize| (2 * l2).div_ceil(bytes.max(1)) + 1;
+    let layers = (0..sets(n * k / 2 + n * k / 16)).map(|_| Nvfp4Linear::from_matrix(weight, input_scale, cuda)).collect::<Result<Vec<_>, _>>()?;
+    let w16 = Tensor::from_vec(weight.dequantize()?, (n, k), device)?.to_dtype(DType::BF16)?;
+    let dense = (0..sets(n * k * 2)).map(|_| w16.copy()).collect::<candle_core::Result<Vec<_>>>()?;
+    drop(w16);
+    let x = Tensor::randn(0f32, 1.0, (m, k), device)?.to_dtype(DType::BF16)?;
+    let per_call = |f: &mut dyn FnMut(usize) -> candle_core::Result<Tensor>| -> Result<f64, Box<dyn Error>> {
+        for i in 0..4 {
+            f(i)?;
+        }
+        device.synchronize()?;
+        let start = Instant::now();
+        for i in 0..cli.iterations {
+            f(i)?;
+        }
+        device.synchronize()?;
+        Ok(start.elapsed().as_secs_f64() * 1e6 / cli.iterations as f64)
+    };
+    let ours = per_call(&mut |i| layers[i % layers.len()].forward(&x))?;
+    let bf16 = per_call(&mut |i| x.matmul(&dense[i % dense.len()].t()?))?;
+    println!("  against candle bf16, [{m}, {k}] x [{n}, {k}]ᵀ, weights rotated over {} / {} copies (> 2x the {} MB L2), back to back: \
+              Nvfp4Linear {ours:.1} us a call, bf16 matmul {bf16:.1} us ({:.2}x)", layers.len(), dense.len(), l2 >> 20, bf16 / ours);
     Ok(())
 }
