@@ -219,10 +219,10 @@ impl CustomOp1 for Nvfp4Linear {
             Some(&last) => bail!("Nvfp4Linear: the input's last dimension is {last}, the weight's K is {k}"),
             None => bail!("Nvfp4Linear: the input is a scalar; [..., K] with K = {k} wanted"),
         }
-        // The same candle device, not only the same GPU: each CudaDevice has its own context and
-        // stream, and a buffer of another is not ordered against the layer's stream.
+        // The same candle device, not only the same GPU: candle keeps its devices apart, and a
+        // buffer of another may live on a stream not ordered against the layer's.
         if !storage.device().same_device(&self.device) {
-            bail!("Nvfp4Linear: the input is on another candle CudaDevice than the layer's (each has its own context and stream, even on one GPU: input {:?}, layer {:?}); use the layer's device", storage.device().location(), self.device.location());
+            bail!("Nvfp4Linear: the input is on another candle CudaDevice than the layer's (candle keeps devices apart, even on one GPU, and their streams need not be ordered: input {:?}, layer {:?}); use the layer's device", storage.device().location(), self.device.location());
         }
         let dtype = storage.dtype();
         if !matches!(dtype, DType::BF16 | DType::F16) {
