@@ -325,6 +325,9 @@ mod fp4_tests {
         assert_eq!(sfd(0xFF, 0xFE, Ue8m0), (0, 0, 1));
         assert_eq!(sfd(0xFE, 0xFD, Ue8m0), (0, 1, 0));
         assert_eq!(sfd(0x81, 0x80, Ue8m0), (0, 1, 0));
+        assert_eq!(sfd(0x00, 0x01, Ue8m0), (0, 1, 0)); // 2^-127 and 2^-126
+        assert_eq!(sfd(0x7F, 0x80, Ue4m3), (0, 0, 1));
+        assert_eq!(sfd(0xFF, 0xFE, Ue4m3), (0, 0, 1));
     }
 }
 
