@@ -90,12 +90,27 @@ case "${1:-tests}" in
     # scripts/candle-bundle.sh added them; CUDA 13's cuBLAS and cuRAND are PyTorch's.
     shift
     [ -d "$here/candle" ] || { echo "run.sh candle: no candle executables here (scripts/candle-bundle.sh adds them)" >&2; exit 2; }
-    sp=$(python3 -c 'import site; print(" ".join(site.getsitepackages()))' 2>/dev/null || true)
-    libs=$(find $sp -path '*nvidia*' \( -name libcublas.so.13 -o -name libcurand.so.10 \) -printf '%h\n' 2>/dev/null | sort -u | paste -sd:)
+    # Every folder beside python3's packages (site and user) that holds them, in its search order.
+    libs=$(python3 - <<'PY' 2>/dev/null
+import glob, os, site
+dirs = []
+for p in list(site.getsitepackages()) + [site.getusersitepackages()]:
+    for lib in ("libcublas.so.13", "libcurand.so.10"):
+        for f in sorted(glob.glob(os.path.join(p, "nvidia", "**", lib), recursive=True)):
+            if os.path.dirname(f) not in dirs:
+                dirs.append(os.path.dirname(f))
+print(":".join(dirs))
+PY
+)
     [ -n "$libs" ] || { echo "run.sh candle: no CUDA 13 cuBLAS / cuRAND beside python3's packages" >&2; exit 2; }
     export LD_LIBRARY_PATH=$libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
     rc=0
-    "$here/candle/gpu_candle" "$@" || rc=1
+    log=$(mktemp)
+    "$here/candle/gpu_candle" "$@" | tee "$log"
+    [ "${PIPESTATUS[0]}" = 0 ] || rc=1
+    # A filter that matched nothing, or every case skipped, has checked nothing.
+    grep -q '^gpu_candle: [1-9][0-9]* passed' "$log" || { echo "run.sh candle: no case passed" >&2; rc=1; }
+    rm -f "$log"
     [ $# -gt 0 ] || "$here/candle/candle_linear" --m 16 --iterations 50 || rc=1
     exit $rc ;;
   bench)
