@@ -28,6 +28,7 @@ fn main() {
         ("candle_forward_refusals", candle_forward_refusals),
         ("candle_forward_during_capture", candle_forward_during_capture),
         ("candle_forward_odd_shapes_and_saturation", candle_forward_odd_shapes_and_saturation),
+        ("candle_forward_from_checkpoint", candle_forward_from_checkpoint),
         ("candle_new_refusals", candle_new_refusals),
     ];
     harness::run("gpu_candle", tests);
@@ -341,5 +342,41 @@ fn candle_forward_odd_shapes_and_saturation() -> Outcome {
     check::<half::f16>(&layer, &w, &randn(&d, &[7, k], DType::F16), "[7, 96] x [40, 96]");
     let big = (randn(&d, &[5, k], DType::F32) * 1000.0).unwrap().to_dtype(DType::BF16).unwrap();
     check::<half::bf16>(&layer, &w, &big, "inputs 1000x the input scale's range");
+    Ok(())
+}
+
+/// A layer as an engine makes it from a checkpoint file (ModelOpt's and compressed-tensors' names,
+/// the latter's reciprocal scales), converted on the GPU: its forward matches the reference on the
+/// host conversion of the same file.
+fn candle_forward_from_checkpoint() -> Outcome {
+    use blockscaled_gemm::checkpoint::Checkpoint;
+    use safetensors::{tensor::TensorView, Dtype};
+    let d = device(false)?;
+    let cd = d.as_cuda_device().unwrap();
+    let (n, k) = (320, 1024);
+    let w = Nvfp4Matrix::random_realistic(n, k, 1, 46).unwrap();
+    let rm = blockscaled_gemm::layout::from_tiled(w.scales(), n, k / 16, 1).unwrap();
+    let prefix = "model.layers.0.mlp.down_proj";
+    // (names, weight scale, input scale): ModelOpt multiplies by them, compressed-tensors divides.
+    let conventions = [
+        (["weight", "weight_scale", "weight_scale_2", "input_scale"], 0.01f32, INPUT_SCALE),
+        (["weight_packed", "weight_scale", "weight_global_scale", "input_global_scale"], 100.0, 448.0),
+    ];
+    for (names, ws, is) in conventions {
+        let (ws, is) = (ws.to_le_bytes(), is.to_le_bytes());
+        let tensors = [(names[0], Dtype::U8, vec![n, k / 2], w.data()), (names[1], Dtype::F8_E4M3, vec![n, k / 16], &rm[..]), (names[2], Dtype::F32, vec![], &ws[..]), (names[3], Dtype::F32, vec![], &is[..])];
+        let views: Vec<(String, TensorView<'_>)> = tensors.iter().map(|(name, dt, shape, bytes)| (format!("{prefix}.{name}"), TensorView::new(*dt, shape.clone(), bytes).unwrap())).collect();
+        let path = std::env::temp_dir().join(format!("bsg-gpu-candle-ck-{}-{}.safetensors", std::process::id(), names[0]));
+        std::fs::write(&path, safetensors::serialize(views, None).unwrap()).unwrap();
+        let ck = Checkpoint::open(&path).unwrap();
+        let host = ck.layer(prefix).unwrap();
+        let (t, input_scale) = ck.layer_to_device(prefix, &cd.cuda_stream()).unwrap();
+        std::fs::remove_file(&path).ok();
+        assert_eq!(input_scale, Some(INPUT_SCALE), "{}: the input scale in this crate's convention", names[0]);
+        let layer = Nvfp4Linear::new(t, input_scale.unwrap(), cd).unwrap();
+        for m in [1, 40] {
+            check::<half::bf16>(&layer, &host.weight, &randn(&d, &[m, k], DType::BF16), &format!("{} [{m}, {k}]", names[0]));
+        }
+    }
     Ok(())
 }
