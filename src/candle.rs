@@ -10,11 +10,11 @@
 //!
 //! `forward` allocates its output, as candle ops do, so it refuses CUDA-graph capture
 //! ([`crate::Error::NotCapturable`]). The quantized input goes into buffers the layer keeps for
-//! each stream it runs on, grown to the largest row count seen (K / 2 bytes and K / 16 scale bytes
-//! a row, rows rounded up to 128), so a forward allocates nothing else. An engine that replays
-//! graphs calls [`crate::Quantizer::quantize_into`] (or `quantize_decoded_into`) and
-//! [`BlockScaledGemm::gemm`] on buffers it allocated before capture, with the layer's
-//! [`Nvfp4Linear::weight`].
+//! each stream it runs on, grown to the largest row count seen (K / 2 bytes a row and the tiled
+//! scales, rows rounded up to 128), so a forward allocates nothing else of its own (the GEMM's
+//! workspace grows as for any call). An engine that replays graphs calls
+//! [`crate::Quantizer::quantize_into`] (or `quantize_decoded_into`) and [`BlockScaledGemm::gemm`]
+//! on buffers it allocated before capture, with the layer's [`Nvfp4Linear::weight`].
 //!
 //! candle's `Device::new_cuda` runs on the per-thread default stream, a different stream on each
 //! host thread: on such a device the layer keeps one GEMM (and so one workspace) per calling
@@ -61,30 +61,42 @@ use crate::tensor::Nvfp4Tensor;
 /// to NVFP4 on the GPU with a fixed global scale (ModelOpt's `input_scale`), on candle tensors.
 /// The GEMM folds both global scales into its alpha.
 pub struct Nvfp4Linear {
-    weight: Nvfp4Tensor,
-    input_scale: f32,
-    device: CudaDevice,
+    // Fields drop in this order: the lanes' GEMMs synchronize their streams (the context, when
+    // dropped on another thread) before the weight and the activation buffers are freed, so no
+    // kernel still reads them. Keep the lanes first.
     /// The lane every thread uses where the device's stream is its own; else `None` and one lane
     /// per calling thread in `lanes` (see the module docs), each as long as the layer lives.
     shared: Option<Arc<Lane>>,
     lanes: Mutex<HashMap<ThreadId, Arc<Lane>>>,
+    weight: Nvfp4Tensor,
+    input_scale: f32,
+    device: CudaDevice,
 }
 
 /// What a forward on one stream uses: its GEMM (and workspace), quantizer and the quantized
 /// input's buffers, kept from one forward to the next.
 struct Lane {
+    // Before `acts`: its drop synchronizes the stream, so the buffers are freed after the last
+    // launch that reads them.
     gemm: BlockScaledGemm,
     quantizer: Quantizer,
     acts: Mutex<Acts>,
 }
 
-/// Codes and tiled scales of up to `rows` rows of K. A forward holds the lock from the
-/// quantizer's launch to the GEMM's, so another thread on the same stream cannot overwrite them
-/// in between (stream order does the rest).
+/// Codes and tiled scales of up to `rows` rows of K: both buffers present and `rows` > 0, or
+/// neither and 0. A forward holds the lock from the quantizer's launch to the GEMM's, so another
+/// thread on the same stream cannot overwrite them in between (stream order does the rest).
 struct Acts {
     rows: usize,
     codes: Option<CudaSlice<u8>>,
     scales: Option<CudaSlice<u8>>,
+}
+
+/// The quantizer's largest row count ([`crate::Quantizer`]), a multiple of 128.
+const MAX_ROWS: usize = 65535 * 128;
+
+fn not_capturable() -> crate::Error {
+    crate::Error::NotCapturable { call: "Nvfp4Linear::forward", why: "it allocates its output, and its activation buffers as they grow", fix: "capture Quantizer::quantize_into and BlockScaledGemm::gemm on buffers allocated before capture" }
 }
 
 impl Lane {
@@ -158,26 +170,30 @@ impl Nvfp4Linear {
         let stream = lane.gemm.stream();
         let code_bytes = |r: usize| r.checked_mul(k).map(|e| e / 2);
         let sf = |r: usize| crate::layout::checked_sf_bytes(r, k, 1);
-        let too_big = || crate::Error::SizeLimit { what: "quantized input bytes", rule: "rows * K / 2 and the tiled scales", dims: format!("rows = {rows}, K = {k}"), value: u128::MAX, max: usize::MAX as u128, why: "address space" };
+        let too_big = || crate::Error::SizeLimit { what: "quantized input bytes", rule: "rows * K / 2 and the tiled scales", dims: format!("rows = {rows}, K = {k}"), value: rows as u128 * k as u128 / 2, max: usize::MAX as u128, why: "address space" };
         if lane.gemm.capture_check()? {
-            return Err(crate::Error::NotCapturable { call: "Nvfp4Linear::forward", why: "it allocates its output, and its activation buffers as they grow", fix: "capture Quantizer::quantize_into and BlockScaledGemm::gemm on buffers allocated before capture" });
+            return Err(not_capturable());
         }
+        // The quantizer's limits, before any buffer grows for a call that would be refused.
+        crate::matrix::check_quantizer_dims((1, rows, k))?;
         let mut acts = lane.acts.lock().unwrap_or_else(|e| e.into_inner());
-        if acts.codes.is_none() || acts.rows < rows {
-            // Grown to at least twice the rows held, in whole 128-row scale tiles, so that batches
-            // of varying size settle on one allocation.
-            let want = rows.max(acts.rows.saturating_mul(2)).checked_next_multiple_of(128).ok_or_else(too_big)?;
+        if acts.rows < rows {
+            // Grown to at least twice the rows held (within the quantizer's limit), in whole
+            // 128-row scale tiles, so that batches of varying size settle on one allocation.
+            let want = rows.max(acts.rows.saturating_mul(2)).min(MAX_ROWS).checked_next_multiple_of(128).ok_or_else(too_big)?;
             let (cb, sb) = (code_bytes(want).ok_or_else(too_big)?, sf(want).ok_or_else(too_big)?);
-            // Dropped first: a free is ordered on the stream after the launches that read them.
-            (acts.codes, acts.scales) = (None, None);
+            // The old buffers go first (a free is ordered on the stream after the launches that
+            // read them), and the lane holds none until both new ones exist: a failed allocation
+            // leaves it empty, and the next forward allocates again.
+            *acts = Acts { rows: 0, codes: None, scales: None };
             // SAFETY: the quantizer writes every byte a GEMM reads (codes of `rows` rows, their
             // scales with the tiles' padding) before the GEMM in stream order.
-            acts.codes = Some(unsafe { stream.alloc::<u8>(cb)? });
-            acts.scales = Some(unsafe { stream.alloc::<u8>(sb)? });
-            acts.rows = want;
+            let codes = unsafe { stream.alloc::<u8>(cb)? };
+            let scales = unsafe { stream.alloc::<u8>(sb)? };
+            *acts = Acts { rows: want, codes: Some(codes), scales: Some(scales) };
         }
         let (cb, sb) = (code_bytes(rows).ok_or_else(too_big)?, sf(rows).ok_or_else(too_big)?);
-        let Acts { codes: Some(codes), scales: Some(scales), .. } = &mut *acts else { unreachable!("allocated above") };
+        let Acts { codes: Some(codes), scales: Some(scales), .. } = &mut *acts else { unreachable!("rows > 0 holds both buffers") };
         lane.quantizer.quantize_into(x, (1, rows, k), self.input_scale, &mut codes.slice_mut(..cb), &mut scales.slice_mut(..sb))?;
         let xq = Nvfp4Tensor::new::<u8, u8>(codes.slice(..cb), scales.slice(..sb), (1, rows, k), self.input_scale)?;
         // SAFETY: the GEMM below writes every element before anyone reads y; on an error y is
@@ -231,6 +247,10 @@ impl CustomOp1 for Nvfp4Linear {
         let mut out = dims.to_vec();
         *out.last_mut().expect("checked above") = n;
         let rows = (end - start) / k;
+        // An empty batch allocates its output too.
+        if rows == 0 && crate::gemm::capture_check(&self.device.cuda_stream()).map_err(candle_core::Error::wrap)? {
+            return Err(candle_core::Error::wrap(not_capturable()));
+        }
         let y = match dtype {
             _ if rows == 0 => self.device.zeros_impl(&Shape::from_dims(&out), dtype)?, // an empty batch
             DType::BF16 => self.run_storage::<half::bf16>(storage, start..end, rows)?,

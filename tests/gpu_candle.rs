@@ -315,16 +315,20 @@ fn candle_forward_during_capture() -> Outcome {
         }
         let (n, k) = (256, 512);
         let (w, layer) = make_layer(&d, n, k, 44);
-        let x = randn(&d, &[4, k], DType::BF16);
+        let (x, x0) = (randn(&d, &[4, k], DType::BF16), Tensor::zeros((0, k), DType::BF16, &d).unwrap());
         check::<half::bf16>(&layer, &w, &x, "before the capture");
         d.synchronize().unwrap();
         stream.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED).unwrap();
         let got = layer.forward(&x);
+        // An empty batch allocates its output too.
+        let empty = layer.forward(&x0);
         let status = stream.capture_status().unwrap();
         let ended = stream.end_capture(CUgraphInstantiate_flags(0));
         let msg = got.expect_err("a forward during capture was accepted").to_string();
         println!("  during capture, event tracking {tracking}: {}", msg.lines().next().unwrap_or(""));
         assert!(msg.contains(says), "event tracking {tracking}: the error does not say {says:?}: {msg}");
+        let msg = empty.expect_err("an empty forward during capture was accepted").to_string();
+        assert!(msg.contains(says), "event tracking {tracking}, empty batch: the error does not say {says:?}: {msg}");
         assert_eq!(status, CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_ACTIVE, "the forward invalidated the capture");
         assert!(ended.is_ok(), "end_capture: {:?}", ended.err());
         check::<half::bf16>(&layer, &w, &x, "after the capture");
