@@ -80,28 +80,22 @@ struct Lane {
     // launch that reads them.
     gemm: BlockScaledGemm,
     quantizer: Quantizer,
-    acts: Mutex<Acts>,
+    /// None until a forward allocates them, and after a failed growth. A forward holds the lock
+    /// from the quantizer's launch to the GEMM's, so another thread on the same stream cannot
+    /// overwrite the buffers in between (stream order does the rest).
+    acts: Mutex<Option<Acts>>,
 }
 
-/// Codes and tiled scales of up to `rows` rows of K: both buffers present and `rows` > 0, or
-/// neither and 0. A forward holds the lock from the quantizer's launch to the GEMM's, so another
-/// thread on the same stream cannot overwrite them in between (stream order does the rest).
+/// Codes and tiled scales of up to `rows` rows of K.
 struct Acts {
     rows: usize,
-    codes: Option<CudaSlice<u8>>,
-    scales: Option<CudaSlice<u8>>,
-}
-
-/// The quantizer's largest row count ([`crate::Quantizer`]), a multiple of 128.
-const MAX_ROWS: usize = 65535 * 128;
-
-fn not_capturable() -> crate::Error {
-    crate::Error::NotCapturable { call: "Nvfp4Linear::forward", why: "it allocates its output, and its activation buffers as they grow", fix: "capture Quantizer::quantize_into and BlockScaledGemm::gemm on buffers allocated before capture" }
+    codes: CudaSlice<u8>,
+    scales: CudaSlice<u8>,
 }
 
 impl Lane {
     fn new(stream: std::sync::Arc<cudarc::driver::CudaStream>) -> Result<Self> {
-        Ok(Lane { gemm: BlockScaledGemm::new(stream.clone())?, quantizer: Quantizer::new(stream), acts: Mutex::new(Acts { rows: 0, codes: None, scales: None }) })
+        Ok(Lane { gemm: BlockScaledGemm::new(stream.clone())?, quantizer: Quantizer::new(stream), acts: Mutex::new(None) })
     }
 }
 
@@ -171,29 +165,28 @@ impl Nvfp4Linear {
         let code_bytes = |r: usize| r.checked_mul(k).map(|e| e / 2);
         let sf = |r: usize| crate::layout::checked_sf_bytes(r, k, 1);
         let too_big = || crate::Error::SizeLimit { what: "quantized input bytes", rule: "rows * K / 2 and the tiled scales", dims: format!("rows = {rows}, K = {k}"), value: rows as u128 * k as u128 / 2, max: usize::MAX as u128, why: "address space" };
-        if lane.gemm.capture_check()? {
-            return Err(not_capturable());
-        }
         // The quantizer's limits, before any buffer grows for a call that would be refused.
         crate::matrix::check_quantizer_dims((1, rows, k))?;
-        let mut acts = lane.acts.lock().unwrap_or_else(|e| e.into_inner());
-        if acts.rows < rows {
-            // Grown to at least twice the rows held (within the quantizer's limit), in whole
-            // 128-row scale tiles, so that batches of varying size settle on one allocation.
-            let want = rows.max(acts.rows.saturating_mul(2)).min(MAX_ROWS).checked_next_multiple_of(128).ok_or_else(too_big)?;
-            let (cb, sb) = (code_bytes(want).ok_or_else(too_big)?, sf(want).ok_or_else(too_big)?);
-            // The old buffers go first (a free is ordered on the stream after the launches that
-            // read them), and the lane holds none until both new ones exist: a failed allocation
-            // leaves it empty, and the next forward allocates again.
-            *acts = Acts { rows: 0, codes: None, scales: None };
-            // SAFETY: the quantizer writes every byte a GEMM reads (codes of `rows` rows, their
-            // scales with the tiles' padding) before the GEMM in stream order.
-            let codes = unsafe { stream.alloc::<u8>(cb)? };
-            let scales = unsafe { stream.alloc::<u8>(sb)? };
-            *acts = Acts { rows: want, codes: Some(codes), scales: Some(scales) };
-        }
+        let mut slot = lane.acts.lock().unwrap_or_else(|e| e.into_inner());
+        // Taken out: kept if large enough, else its buffers go first (a free is ordered on the
+        // stream after the launches that read them), so a failed allocation leaves the lane
+        // empty and the next forward allocates again.
+        let acts = match slot.take() {
+            Some(acts) if acts.rows >= rows => slot.insert(acts),
+            held => {
+                // Grown to at least twice the rows held (within the quantizer's limit), in whole
+                // 128-row scale tiles, so that batches of varying size settle on one allocation.
+                let held_rows = held.map_or(0, |a| a.rows);
+                let want = rows.max(held_rows.saturating_mul(2)).min(crate::matrix::QUANTIZER_MAX_ROWS).checked_next_multiple_of(128).ok_or_else(too_big)?;
+                let (cb, sb) = (code_bytes(want).ok_or_else(too_big)?, sf(want).ok_or_else(too_big)?);
+                // SAFETY: the quantizer writes every byte a GEMM reads (codes of `rows` rows,
+                // their scales with the tiles' padding) before the GEMM in stream order.
+                let (codes, scales) = unsafe { (stream.alloc::<u8>(cb)?, stream.alloc::<u8>(sb)?) };
+                slot.insert(Acts { rows: want, codes, scales })
+            }
+        };
         let (cb, sb) = (code_bytes(rows).ok_or_else(too_big)?, sf(rows).ok_or_else(too_big)?);
-        let Acts { codes: Some(codes), scales: Some(scales), .. } = &mut *acts else { unreachable!("rows > 0 holds both buffers") };
+        let Acts { codes, scales, .. } = acts;
         lane.quantizer.quantize_into(x, (1, rows, k), self.input_scale, &mut codes.slice_mut(..cb), &mut scales.slice_mut(..sb))?;
         let xq = Nvfp4Tensor::new::<u8, u8>(codes.slice(..cb), scales.slice(..sb), (1, rows, k), self.input_scale)?;
         // SAFETY: the GEMM below writes every element before anyone reads y; on an error y is
@@ -247,9 +240,10 @@ impl CustomOp1 for Nvfp4Linear {
         let mut out = dims.to_vec();
         *out.last_mut().expect("checked above") = n;
         let rows = (end - start) / k;
-        // An empty batch allocates its output too.
-        if rows == 0 && crate::gemm::capture_check(&self.device.cuda_stream()).map_err(candle_core::Error::wrap)? {
-            return Err(candle_core::Error::wrap(not_capturable()));
+        // Every forward allocates its output (an empty batch too), and may grow the lane's buffers.
+        if crate::gemm::capture_check(&self.device.cuda_stream()).map_err(candle_core::Error::wrap)? {
+            let e = crate::Error::NotCapturable { call: "Nvfp4Linear::forward", why: "it allocates its output, and its activation buffers as they grow", fix: "capture Quantizer::quantize_into and BlockScaledGemm::gemm on buffers allocated before capture" };
+            return Err(candle_core::Error::wrap(e));
         }
         let y = match dtype {
             _ if rows == 0 => self.device.zeros_impl(&Shape::from_dims(&out), dtype)?, // an empty batch

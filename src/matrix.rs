@@ -454,11 +454,15 @@ pub(crate) fn check_shape(rows: usize, k: usize, batch: usize) -> Result<()> {
         [("elements", "batch * rows * K", elems), ("tiled scale bytes", "batch * ceil(rows/128)*128 * ceil(K/64)*4", scales)])
 }
 
-/// [`check_shape`] and the GPU quantizer's limits (rows: its row loop counts in int32, striding
-/// by the grid; L in grid.z), before any size is computed from the shape.
+/// The GPU quantizer's largest row count (a multiple of 128): its row loop counts in int32,
+/// striding by the grid.
+pub(crate) const QUANTIZER_MAX_ROWS: usize = 65535 * 128;
+
+/// [`check_shape`] and the GPU quantizer's limits (rows: [`QUANTIZER_MAX_ROWS`]; L in grid.z),
+/// before any size is computed from the shape.
 pub(crate) fn check_quantizer_dims((batch, rows, k): (usize, usize, usize)) -> Result<()> {
     check_shape(rows, k, batch)?;
-    for (dim, value, max) in [("rows", rows, 65535 * 128), ("K", k, i32::MAX as usize), ("batch", batch, 65535)] {
+    for (dim, value, max) in [("rows", rows, QUANTIZER_MAX_ROWS), ("K", k, i32::MAX as usize), ("batch", batch, 65535)] {
         if value > max {
             return Err(Error::Dimension { dim, value, max });
         }
