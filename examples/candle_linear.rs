@@ -98,13 +98,10 @@ fn check<T: OutputElement + WithDType + blockscaled_gemm::HostFloat>(
     let got: Vec<T> = y.flatten_all()?.to_vec1()?;
     let verdict = verify_matrices(&xq, weight, 1.0, 0.0, None, &got)?;
 
-    device.synchronize()?;
-    let start = Instant::now();
-    for _ in 0..cli.iterations {
-        let _ = layer.forward(&x)?;
-    }
-    device.synchronize()?;
-    let us = start.elapsed().as_secs_f64() * 1e6 / cli.iterations as f64;
+    let (_, us) = time_calls(device, 0, cli.iterations, &mut |_| {
+        layer.forward(&x)?;
+        Ok(())
+    })?;
     println!("  {dtype:?}: mean |y| {mean:.4}; {verdict}; {us:.1} us per forward (quantize + GEMM + allocations, back to back)");
     Ok(verdict.passed())
 }
@@ -117,24 +114,7 @@ fn host_cost(cli: &Cli, device: &Device, layer: &Nvfp4Linear, input_scale: f32) 
     let (m, k) = (cli.m, cli.k);
     let n = layer.weight().shape().1;
     let x = Tensor::randn(0f32, 1.0, (m, k), device)?.to_dtype(DType::BF16)?;
-    let median = |mut v: Vec<f64>| {
-        v.sort_by(f64::total_cmp);
-        v[v.len() / 2]
-    };
-    let timed = |f: &mut dyn FnMut() -> Result<(), Box<dyn Error>>| -> Result<(f64, f64), Box<dyn Error>> {
-        f()?;
-        device.synchronize()?;
-        let mut host = Vec::with_capacity(cli.iterations);
-        let start = Instant::now();
-        for _ in 0..cli.iterations {
-            let t = Instant::now();
-            f()?;
-            host.push(t.elapsed().as_secs_f64() * 1e6);
-        }
-        device.synchronize()?;
-        Ok((median(host), start.elapsed().as_secs_f64() * 1e6 / cli.iterations as f64))
-    };
-    let (fh, fb) = timed(&mut || {
+    let (fh, fb) = time_calls(device, 1, cli.iterations, &mut |_| {
         layer.forward(&x)?;
         Ok(())
     })?;
@@ -143,7 +123,7 @@ fn host_cost(cli: &Cli, device: &Device, layer: &Nvfp4Linear, input_scale: f32) 
     let xs = stream.clone_htod(&x.flatten_all()?.to_vec1::<half::bf16>()?)?;
     let (mut codes, mut scales) = (stream.alloc_zeros::<u8>(m * k / 2)?, stream.alloc_zeros::<u8>(sf_batch_bytes(m, k))?);
     let mut y = stream.alloc_zeros::<half::bf16>(m * n)?;
-    let (eh, eb) = timed(&mut || {
+    let (eh, eb) = time_calls(device, 1, cli.iterations, &mut |_| {
         q.quantize_into(&xs, (1, m, k), input_scale, &mut codes, &mut scales)?;
         let a = Nvfp4Tensor::new::<u8, u8>(codes.slice(..), scales.slice(..), (1, m, k), input_scale)?;
         g.gemm(&Problem::new(m, n, k), &a, layer.weight(), &mut y, None)?;
@@ -168,21 +148,34 @@ fn against_bf16(cli: &Cli, device: &Device, weight: &Nvfp4Matrix, input_scale: f
     let dense = (0..sets(n * k * 2)).map(|_| w16.copy()).collect::<candle_core::Result<Vec<_>>>()?;
     drop(w16);
     let x = Tensor::randn(0f32, 1.0, (m, k), device)?.to_dtype(DType::BF16)?;
-    let per_call = |f: &mut dyn FnMut(usize) -> candle_core::Result<Tensor>| -> Result<f64, Box<dyn Error>> {
-        for i in 0..4 {
-            f(i)?;
-        }
-        device.synchronize()?;
-        let start = Instant::now();
-        for i in 0..cli.iterations {
-            f(i)?;
-        }
-        device.synchronize()?;
-        Ok(start.elapsed().as_secs_f64() * 1e6 / cli.iterations as f64)
-    };
-    let ours = per_call(&mut |i| layers[i % layers.len()].forward(&x))?;
-    let bf16 = per_call(&mut |i| x.matmul(&dense[i % dense.len()].t()?))?;
+    let (_, ours) = time_calls(device, 4, cli.iterations, &mut |i| {
+        layers[i % layers.len()].forward(&x)?;
+        Ok(())
+    })?;
+    let (_, bf16) = time_calls(device, 4, cli.iterations, &mut |i| {
+        x.matmul(&dense[i % dense.len()].t()?)?;
+        Ok(())
+    })?;
     println!("  against candle bf16, [{m}, {k}] x [{n}, {k}]ᵀ, weights rotated over {} / {} copies (> 2x the {} MB L2), back to back: \
               Nvfp4Linear {ours:.1} us a call, bf16 matmul {bf16:.1} us ({:.2}x)", layers.len(), dense.len(), l2 >> 20, bf16 / ours);
     Ok(())
+}
+
+/// `iterations` calls `f(i)` back to back, after `warmup` calls and a synchronization: the median
+/// host time of one call and the time a call back to back (to the final synchronization), us.
+fn time_calls(device: &Device, warmup: usize, iterations: usize, f: &mut dyn FnMut(usize) -> Result<(), Box<dyn Error>>) -> Result<(f64, f64), Box<dyn Error>> {
+    for i in 0..warmup {
+        f(i)?;
+    }
+    device.synchronize()?;
+    let mut host = Vec::with_capacity(iterations);
+    let start = Instant::now();
+    for i in 0..iterations {
+        let t = Instant::now();
+        f(i)?;
+        host.push(t.elapsed().as_secs_f64() * 1e6);
+    }
+    device.synchronize()?;
+    host.sort_by(f64::total_cmp);
+    Ok((host.get(host.len() / 2).copied().unwrap_or(0.0), start.elapsed().as_secs_f64() * 1e6 / iterations.max(1) as f64))
 }
