@@ -55,11 +55,9 @@ if [ ! -d "$root" ]; then
   mv "$root.tmp" "$root"
 fi
 
-# The pinned toolchain build.rs fetched (its folder is named by the hash of pins.txt and
-# fetch.py, as build.rs names it) gives candle-kernels its nvcc and cudart; CUDA_HOME set to it
-# keeps build.rs on the pinned objects.
-toolchain=$base/toolchain/$(cat third_party/pins.txt third_party/fetch.py | sha256sum | cut -c1-16)/cuda/nvidia/cu13
-[ -x "$toolchain/bin/nvcc" ] || { echo "candle-bundle.sh: no pinned toolchain at $toolchain: run scripts/gpu-bundle.sh first" >&2; exit 2; }
+# The pinned toolchain build.rs fetched gives candle-kernels its nvcc and cudart; CUDA_HOME set
+# to it keeps build.rs on the pinned objects.
+toolchain=$(scripts/pinned-cuda.sh) || { echo "candle-bundle.sh: run scripts/gpu-bundle.sh first" >&2; exit 2; }
 ln -sf "$toolchain/lib/libcudart.so.13" "$lib/libcudart.so"
 
 # libcuda: one empty function for each driver entry point cudarc binds (the real one is loaded

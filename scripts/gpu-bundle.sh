@@ -43,7 +43,7 @@ executables test | while read -r name exe; do
   esac
 done
 # The sanitizer canary (run.sh sanitize runs it first), with the nvcc build.rs fetched.
-nvcc=$(ls -td "${BSG_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/blockscaled-gemm}"/toolchain/*/cuda/nvidia/cu13/bin/nvcc | head -1)
+nvcc=$(scripts/pinned-cuda.sh)/bin/nvcc
 "$nvcc" -O1 -arch=sm_90 -cudart static -L "$(dirname "$nvcc")/../lib" -o "$out/sanitizer-canary" scripts/sanitizer-canary.cu
 strip "$out"/deps/* "$out"/examples/* 2>/dev/null || true
 cp bench/baselines.py bench/report.py "$out/"
