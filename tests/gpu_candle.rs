@@ -80,7 +80,8 @@ fn make_layer(d: &Device, n: usize, k: usize, seed: u64) -> (Nvfp4Matrix, Nvfp4L
     (w, layer)
 }
 
-/// Four threads at once, each `rounds` bf16 forwards of `rows(thread, round)` rows, each exact.
+/// Four threads at once, each `rounds` bf16 forwards of `rows(thread, round)` rows, each judged by
+/// [`check`].
 fn threads(d: &Device, layer: &Nvfp4Linear, w: &Nvfp4Matrix, rounds: usize, rows: fn(usize, usize) -> usize) {
     let k = w.k();
     std::thread::scope(|scope| {
