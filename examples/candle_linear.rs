@@ -1,12 +1,14 @@
 //! An NVFP4 linear layer inside a candle program (feature `candle`): random bf16 and f16
-//! activations as candle tensors on the GPU, quantized there and multiplied with an NVFP4 weight
-//! by `Nvfp4Linear`, the result used by a candle op, then judged against the exact CPU reference
-//! (the same activations quantized on the host with the same input scale). Then timings: what a
-//! forward costs the host, and, in the same run, the layer against candle's own bf16 `matmul` on
-//! the dequantized weight (cuBLAS), both eager, weights rotated past the L2.
+//! activations as candle tensors on the GPU, multiplied with an NVFP4 weight by `Nvfp4Linear`
+//! (`--mode w4a16`: as they are, the default; `--mode nvfp4`: quantized on the GPU first), the
+//! result used by a candle op, then judged against the exact CPU reference (of W4A16 on the same
+//! activations, or of NVFP4 on the same activations quantized on the host with the same input
+//! scale). Then timings: what a forward costs the host, and, in the same run, the layer against
+//! candle's own bf16 `matmul` on the dequantized weight (cuBLAS), both eager, weights rotated past
+//! the L2.
 //!
 //! ```text
-//! cargo run --release --example candle_linear --features candle -- [--m 16] [--n 4096] [--k 7168]
+//! cargo run --release --example candle_linear --features candle -- [--mode w4a16|nvfp4] [--m 16] [--n 4096] [--k 7168]
 //! ```
 //! Exits 0 when every element passes, 1 when one does not, 2 where the driver has no GPU. candle
 //! links libcuda at load time (cudarc's `dynamic-linking`), so without a driver at all the program
@@ -15,12 +17,21 @@
 use std::error::Error;
 use std::time::Instant;
 
-use blockscaled_gemm::candle::Nvfp4Linear;
-use blockscaled_gemm::compare::verify_matrices;
+use blockscaled_gemm::candle::{LinearMode, Nvfp4Linear};
+use blockscaled_gemm::compare::{verify_matrices, verify_w4a16, Verdict};
 use blockscaled_gemm::layout::sf_batch_bytes;
-use blockscaled_gemm::{BlockScaledGemm, Nvfp4Matrix, Nvfp4Tensor, OutputElement, Problem, Quantizer};
+use blockscaled_gemm::{Activation16, BlockScaledGemm, Nvfp4Matrix, Nvfp4Tensor, Problem, Quantizer};
 use candle_core::{DType, Device, Tensor, WithDType};
-use clap::Parser;
+use clap::{Parser, ValueEnum};
+
+/// How the layer takes its activations.
+#[derive(Clone, Copy, ValueEnum)]
+enum Mode {
+    /// As they are, bf16 or f16 (Hopper).
+    W4a16,
+    /// Quantized to NVFP4 on the GPU.
+    Nvfp4,
+}
 
 #[derive(Parser)]
 #[command(about = "An NVFP4 linear layer on candle tensors, checked against the exact CPU reference")]
@@ -34,6 +45,9 @@ struct Cli {
     /// Input features.
     #[arg(long, default_value_t = 7168)]
     k: usize,
+    /// How the layer takes its activations.
+    #[arg(long, value_enum, default_value_t = Mode::W4a16)]
+    mode: Mode,
     /// Timed forward passes.
     #[arg(long, default_value_t = 200)]
     iterations: usize,
@@ -61,31 +75,41 @@ fn run(cli: &Cli) -> Result<bool, Box<dyn Error>> {
     }
     let device = Device::new_cuda(0)?;
     let weight = Nvfp4Matrix::random_realistic(cli.n, cli.k, 1, 7)?;
-    // Activations from randn lie within about 6 sigma: this input scale keeps their block scales
-    // inside ue4m3 (ModelOpt's amax / (6 * 448)).
-    let input_scale = 6.0 / (6.0 * 448.0);
-    let layer = Nvfp4Linear::from_matrix(&weight, input_scale, device.as_cuda_device()?)?;
-    println!("Nvfp4Linear {} -> {} on {:?}; input [2, {}, {}]", cli.k, cli.n, device.location(), cli.m / 2, cli.k);
+    let mode = match cli.mode {
+        Mode::W4a16 => LinearMode::W4a16,
+        // Activations from randn lie within about 6 sigma: this input scale keeps their block
+        // scales inside ue4m3 (ModelOpt's amax / (6 * 448)).
+        Mode::Nvfp4 => LinearMode::Nvfp4 { input_scale: 6.0 / (6.0 * 448.0) },
+    };
+    let layer = make_layer(&device, &weight, mode)?;
+    println!("Nvfp4Linear {} -> {}, {mode:?}, on {:?}; input [2, {}, {}]", cli.k, cli.n, device.location(), cli.m / 2, cli.k);
     let mut ok = true;
-    ok &= check::<half::bf16>(cli, &device, &layer, &weight, input_scale, DType::BF16)?;
-    ok &= check::<half::f16>(cli, &device, &layer, &weight, input_scale, DType::F16)?;
+    ok &= check::<half::bf16>(cli, &device, &layer, &weight, DType::BF16)?;
+    ok &= check::<half::f16>(cli, &device, &layer, &weight, DType::F16)?;
     // One layer shared by two threads (candle's device is on the per-thread default stream; the
     // layer keeps a GEMM per thread).
     println!("  two threads sharing the layer:");
     let results: Vec<bool> = std::thread::scope(|scope| {
-        let handles: Vec<_> = (0..2).map(|_| scope.spawn(|| check::<half::bf16>(cli, &device, &layer, &weight, input_scale, DType::BF16).map_err(|e| e.to_string()))).collect();
+        let handles: Vec<_> = (0..2).map(|_| scope.spawn(|| check::<half::bf16>(cli, &device, &layer, &weight, DType::BF16).map_err(|e| e.to_string()))).collect();
         handles.into_iter().map(|h| h.join().expect("thread").unwrap_or_else(|e| { eprintln!("candle_linear: {e}"); false })).collect()
     });
     ok &= results.iter().all(|&r| r);
-    host_cost(cli, &device, &layer, input_scale)?;
-    against_bf16(cli, &device, &weight, input_scale)?;
+    host_cost(cli, &device, &layer)?;
+    against_bf16(cli, &device, &weight, mode)?;
     println!("{}", if ok { "PASSED" } else { "FAILED" });
     Ok(ok)
 }
 
-/// One dtype: forward, a candle op on the result, the verdict against the CPU reference, timing.
-fn check<T: OutputElement + WithDType + blockscaled_gemm::HostFloat>(
-    cli: &Cli, device: &Device, layer: &Nvfp4Linear, weight: &Nvfp4Matrix, input_scale: f32, dtype: DType,
+/// A layer over `weight` uploaded to `device`, taking its input as `mode` says.
+fn make_layer(device: &Device, weight: &Nvfp4Matrix, mode: LinearMode) -> Result<Nvfp4Linear, Box<dyn Error>> {
+    let cuda = device.as_cuda_device()?;
+    Ok(Nvfp4Linear::with_mode(Nvfp4Tensor::upload(weight, &cuda.cuda_stream())?, mode, cuda)?)
+}
+
+/// One dtype: forward, a candle op on the result, the verdict against the CPU reference of the
+/// layer's mode, timing.
+fn check<T: Activation16 + WithDType + blockscaled_gemm::HostFloat>(
+    cli: &Cli, device: &Device, layer: &Nvfp4Linear, weight: &Nvfp4Matrix, dtype: DType,
 ) -> Result<bool, Box<dyn Error>> {
     let x = Tensor::randn(0f32, 1.0, (2, cli.m / 2, cli.k), device)?.to_dtype(dtype)?;
     let y = layer.forward(&x)?;
@@ -94,23 +118,28 @@ fn check<T: OutputElement + WithDType + blockscaled_gemm::HostFloat>(
     let mean = y.to_dtype(DType::F32)?.abs()?.mean_all()?.to_scalar::<f32>()?;
 
     let x_host: Vec<T> = x.flatten_all()?.to_vec1()?;
-    let xq = Nvfp4Matrix::quantize(&x_host, (1, cli.m, cli.k), Some(input_scale))?;
     let got: Vec<T> = y.flatten_all()?.to_vec1()?;
-    let verdict = verify_matrices(&xq, weight, 1.0, 0.0, None, &got)?;
+    let verdict: Verdict = match layer.mode() {
+        LinearMode::Nvfp4 { input_scale } => verify_matrices(&Nvfp4Matrix::quantize(&x_host, (1, cli.m, cli.k), Some(input_scale))?, weight, 1.0, 0.0, None, &got)?,
+        LinearMode::W4a16 => {
+            let p = Problem::new(cli.m, cli.n, cli.k).scalars(weight.global_scale().unwrap_or(1.0), 0.0);
+            verify_w4a16(&p, &x_host, weight.data(), weight.scales(), None, &got)?
+        }
+    };
 
     let (_, us) = time_calls(device, 0, cli.iterations, &mut |_| {
         layer.forward(&x)?;
         Ok(())
     })?;
-    println!("  {dtype:?}: mean |y| {mean:.4}; {verdict}; {us:.1} us per forward (quantize + GEMM + allocations, back to back)");
+    println!("  {dtype:?}: mean |y| {mean:.4}; {verdict}; {us:.1} us per forward (launches and the output's allocation, back to back)");
     Ok(verdict.passed())
 }
 
 /// What a forward costs the host, against the path an engine that keeps its buffers takes
-/// (`Quantizer::quantize_into` and `BlockScaledGemm::gemm` on buffers made once, on the same
-/// stream): the median host time of one call (the GPU busy behind it) and the time a call back to
-/// back, bf16.
-fn host_cost(cli: &Cli, device: &Device, layer: &Nvfp4Linear, input_scale: f32) -> Result<(), Box<dyn Error>> {
+/// (`Quantizer::quantize_into` and `BlockScaledGemm::gemm`, or `BlockScaledGemm::gemm_w4a16`, on
+/// buffers made once, on the same stream): the median host time of one call (the GPU busy behind
+/// it) and the time a call back to back, bf16.
+fn host_cost(cli: &Cli, device: &Device, layer: &Nvfp4Linear) -> Result<(), Box<dyn Error>> {
     let (m, k) = (cli.m, cli.k);
     let n = layer.weight().shape().1;
     let x = Tensor::randn(0f32, 1.0, (m, k), device)?.to_dtype(DType::BF16)?;
@@ -123,27 +152,39 @@ fn host_cost(cli: &Cli, device: &Device, layer: &Nvfp4Linear, input_scale: f32) 
     let xs = stream.clone_htod(&x.flatten_all()?.to_vec1::<half::bf16>()?)?;
     let (mut codes, mut scales) = (stream.alloc_zeros::<u8>(m * k / 2)?, stream.alloc_zeros::<u8>(sf_batch_bytes(m, k))?);
     let mut y = stream.alloc_zeros::<half::bf16>(m * n)?;
+    let p = Problem::new(m, n, k);
     let (eh, eb) = time_calls(device, 1, cli.iterations, &mut |_| {
-        q.quantize_into(&xs, (1, m, k), input_scale, &mut codes, &mut scales)?;
-        let a = Nvfp4Tensor::new::<u8, u8>(codes.slice(..), scales.slice(..), (1, m, k), input_scale)?;
-        g.gemm(&Problem::new(m, n, k), &a, layer.weight(), &mut y, None)?;
+        match layer.mode() {
+            LinearMode::Nvfp4 { input_scale } => {
+                q.quantize_into(&xs, (1, m, k), input_scale, &mut codes, &mut scales)?;
+                let a = Nvfp4Tensor::new::<u8, u8>(codes.slice(..), scales.slice(..), (1, m, k), input_scale)?;
+                g.gemm(&p, &a, layer.weight(), &mut y, None)?;
+            }
+            LinearMode::W4a16 => {
+                g.gemm_w4a16(&p, &xs, layer.weight(), &mut y, None)?;
+            }
+        }
         Ok(())
     })?;
+    let engine = match layer.mode() {
+        LinearMode::Nvfp4 { .. } => "quantize_into + gemm",
+        LinearMode::W4a16 => "gemm_w4a16",
+    };
     println!("  host cost, bf16 [{m}, {k}] (weights L2-resident): forward {fh:.1} us a call on the host, {fb:.1} us a call back to back; \
-              quantize_into + gemm on buffers made once {eh:.1} / {eb:.1} us");
+              {engine} on buffers made once {eh:.1} / {eb:.1} us");
     Ok(())
 }
 
 /// The layer against what a candle model runs without it: `x.matmul(wᵀ)` with the weight
 /// dequantized to bf16 (cuBLAS), both eager, back to back, each cycling through copies of its
 /// weight that together exceed twice the L2, so neither reads its weight from L2. Same run.
-fn against_bf16(cli: &Cli, device: &Device, weight: &Nvfp4Matrix, input_scale: f32) -> Result<(), Box<dyn Error>> {
+fn against_bf16(cli: &Cli, device: &Device, weight: &Nvfp4Matrix, mode: LinearMode) -> Result<(), Box<dyn Error>> {
     use cudarc::driver::sys::CUdevice_attribute;
     let (m, n, k) = (cli.m, cli.n, cli.k);
     let cuda = device.as_cuda_device()?;
     let l2 = cuda.cuda_stream().context().attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE)? as usize;
     let sets = |bytes: usize| (2 * l2).div_ceil(bytes.max(1)) + 1;
-    let layers = (0..sets(n * k / 2 + n * k / 16)).map(|_| Nvfp4Linear::from_matrix(weight, input_scale, cuda)).collect::<Result<Vec<_>, _>>()?;
+    let layers = (0..sets(n * k / 2 + n * k / 16)).map(|_| make_layer(device, weight, mode)).collect::<Result<Vec<_>, _>>()?;
     let w16 = Tensor::from_vec(weight.dequantize()?, (n, k), device)?.to_dtype(DType::BF16)?;
     let dense = (0..sets(n * k * 2)).map(|_| w16.copy()).collect::<candle_core::Result<Vec<_>>>()?;
     drop(w16);

@@ -111,7 +111,9 @@ PY
     # A filter that matched nothing, or every case skipped, has checked nothing.
     grep -q '^gpu_candle: [1-9][0-9]* passed' "$log" || { echo "run.sh candle: no case passed" >&2; rc=1; }
     rm -f "$log"
-    [ $# -gt 0 ] || "$here/candle/candle_linear" --m 16 --iterations 50 || rc=1
+    if [ $# = 0 ]; then
+      for mode in w4a16 nvfp4; do "$here/candle/candle_linear" --mode $mode --m 16 --iterations 50 || rc=1; done
+    fi
     exit $rc ;;
   bench)
     # bench [ARGS]: cuBLAS baselines (graph-replayed, when PyTorch is present) and this crate, in

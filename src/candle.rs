@@ -1,20 +1,26 @@
 //! candle integration (feature `candle`): [`Nvfp4Linear`], an NVFP4 linear layer whose input and
 //! output are candle tensors on candle's CUDA device, run on that device's stream.
 //!
-//! `forward` quantizes the input (bf16 or f16, `[..., K]`, contiguous, its first element
-//! 16-byte aligned) on the GPU with the layer's input scale, runs `y = x Wᵀ` against the NVFP4
-//! weight and returns `[..., N]` in the input's dtype: the quantizer's launch and the GEMM's
-//! (on Hopper, from 33 rows at most shapes, a pre-pass that decodes the activations and then
-//! the GEMM: [`BlockScaledGemm::select_config`] says which), no host synchronisation, no copy
-//! of the input or output.
+//! `forward` takes the input (bf16 or f16, `[..., K]`, contiguous, its first element 16-byte
+//! aligned), runs `y = x Wᵀ` against the NVFP4 weight and returns `[..., N]` in the input's
+//! dtype, with no host synchronisation and no copy of the input or output. How it takes the
+//! input is the layer's [`LinearMode`]:
+//! - [`LinearMode::Nvfp4`]: quantized on the GPU with the layer's input scale, then the NVFP4 x
+//!   NVFP4 GEMM: the quantizer's launch and the GEMM's (on Hopper, from 33 rows at most shapes, a
+//!   pre-pass that decodes the activations and then the GEMM: [`BlockScaledGemm::select_config`]
+//!   says which). Runs where [`BlockScaledGemm::gemm`] does (Hopper and Blackwell).
+//! - [`LinearMode::W4a16`]: the input as it is, the weights decoded to its type on chip
+//!   ([`BlockScaledGemm::gemm_w4a16`]): one launch (from 33 rows at most shapes, a pre-pass and
+//!   the GEMM), no activation quantization error, and no input scale needed. Hopper only.
 //!
 //! `forward` allocates its output, as candle ops do, so it refuses CUDA-graph capture
-//! ([`crate::Error::NotCapturable`]). The quantized input goes into buffers the layer keeps for
-//! each stream it runs on, grown to the largest row count seen (K / 2 bytes a row and the tiled
-//! scales, rows rounded up to 128), so a forward allocates nothing else of its own (the GEMM's
-//! workspace grows as for any call). An engine that replays graphs calls
-//! [`crate::Quantizer::quantize_into`] (or `quantize_decoded_into`) and [`BlockScaledGemm::gemm`]
-//! on buffers it allocated before capture, with the layer's [`Nvfp4Linear::weight`].
+//! ([`crate::Error::NotCapturable`]). In `Nvfp4` mode the quantized input goes into buffers the
+//! layer keeps for each stream it runs on, grown to the largest row count seen (K / 2 bytes a
+//! row and the tiled scales, rows rounded up to 128), so a forward allocates nothing else of its
+//! own (the GEMM's workspace grows as for any call). An engine that replays graphs calls
+//! [`crate::Quantizer::quantize_into`] (or `quantize_decoded_into`) and [`BlockScaledGemm::gemm`],
+//! or [`BlockScaledGemm::gemm_w4a16`], on buffers it allocated before capture, with the layer's
+//! [`Nvfp4Linear::weight`].
 //!
 //! candle's `Device::new_cuda` runs on the per-thread default stream, a different stream on each
 //! host thread: on such a device the layer keeps one GEMM (and so one workspace) per calling
@@ -27,7 +33,7 @@
 //!
 //! ```no_run
 //! use blockscaled_gemm::candle::Nvfp4Linear;
-//! use blockscaled_gemm::Nvfp4Matrix;
+//! use blockscaled_gemm::{Nvfp4Matrix, Nvfp4Tensor};
 //! use candle_core::{DType, Device, Tensor};
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! let device = Device::new_cuda(0)?;
@@ -38,6 +44,10 @@
 //! let x = Tensor::randn(0f32, 1.0, (2, 16, k), &device)?.to_dtype(DType::BF16)?;
 //! let y = layer.forward(&x)?;
 //! assert_eq!(y.dims(), &[2, 16, n]);
+//! // The same weight with the activations kept in bf16 (W4A16, Hopper).
+//! let cuda = device.as_cuda_device()?;
+//! let w4a16 = Nvfp4Linear::w4a16(Nvfp4Tensor::upload(&w, &cuda.cuda_stream())?, cuda)?;
+//! assert_eq!(w4a16.forward(&x)?.dims(), &[2, 16, n]);
 //! # Ok(()) }
 //! ```
 
@@ -47,19 +57,34 @@ use std::thread::ThreadId;
 
 use candle_core::backend::{BackendDevice, BackendStorage};
 use candle_core::{bail, CpuStorage, CudaDevice, CudaStorage, CustomOp1, DType, Layout, Shape, Tensor};
-use cudarc::driver::{CudaSlice, CudaView, DeviceRepr};
+use cudarc::driver::{CudaSlice, CudaView};
 
 use crate::error::Result;
-use crate::formats::OutputElement;
 use crate::gemm::BlockScaledGemm;
 use crate::matrix::{check_global_scale, Nvfp4Matrix};
-use crate::problem::{folded_alpha, Problem};
-use crate::quantize::{QuantInput, Quantizer};
+use crate::problem::{folded_alpha, OutType, Problem};
+use crate::quantize::Quantizer;
 use crate::tensor::Nvfp4Tensor;
+use crate::w4a16::Activation16;
 
-/// `y = x Wᵀ` with W an NVFP4 weight of shape (N, K) (PyTorch's `Linear` layout) and x quantized
-/// to NVFP4 on the GPU with a fixed global scale (ModelOpt's `input_scale`), on candle tensors.
-/// The GEMM folds both global scales into its alpha.
+/// How an [`Nvfp4Linear`] takes its bf16 or f16 input.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum LinearMode {
+    /// Quantized to NVFP4 on the GPU with this global scale (ModelOpt's `input_scale`, in this
+    /// crate's convention: `Checkpoint::layer_to_device` returns it so), then the NVFP4 x NVFP4
+    /// GEMM, both global scales folded into its alpha.
+    Nvfp4 {
+        /// The activations' global scale: finite and positive.
+        input_scale: f32,
+    },
+    /// As it is (W4A16): the weights decoded to the input's type on chip, the weight's global
+    /// scale folded into alpha; exact against [`crate::reference::w4a16_dots`]. Hopper only.
+    W4a16,
+}
+
+/// `y = x Wᵀ` with W an NVFP4 weight of shape (N, K) (PyTorch's `Linear` layout), on candle
+/// tensors: x quantized to NVFP4 on the GPU with a fixed global scale, or taken as it is (W4A16),
+/// as the layer's [`LinearMode`] says.
 pub struct Nvfp4Linear {
     // Fields drop in this order: the lanes' GEMMs synchronize their streams (the context, when
     // dropped on another thread) before the weight and the activation buffers are freed, so no
@@ -69,12 +94,12 @@ pub struct Nvfp4Linear {
     shared: Option<Arc<Lane>>,
     lanes: Mutex<HashMap<ThreadId, Arc<Lane>>>,
     weight: Nvfp4Tensor,
-    input_scale: f32,
+    mode: LinearMode,
     device: CudaDevice,
 }
 
 /// What a forward on one stream uses: its GEMM (and workspace), quantizer and the quantized
-/// input's buffers, kept from one forward to the next.
+/// input's buffers (in `Nvfp4` mode), kept from one forward to the next.
 struct Lane {
     // Before `acts`: its drop synchronizes the stream, so the buffers are freed after the last
     // launch that reads them.
@@ -101,15 +126,34 @@ impl Lane {
 
 impl Nvfp4Linear {
     /// A layer over a weight already on `device` (batch 1: `(1, N, K)`; its buffers on the
-    /// device's stream; standard or, on Hopper, prepacked: `Nvfp4Tensor::prepack`).
-    /// `input_scale`: the activations' global scale, finite and positive, whose product with the
-    /// weight's global scale (the GEMM's alpha) must be a nonzero finite f32.
+    /// device's stream; standard or, on Hopper, prepacked: `Nvfp4Tensor::prepack`) whose input is
+    /// quantized with `input_scale` ([`LinearMode::Nvfp4`]): the activations' global scale,
+    /// finite and positive, whose product with the weight's global scale (the GEMM's alpha) must
+    /// be a nonzero finite f32.
     pub fn new(weight: Nvfp4Tensor, input_scale: f32, device: &CudaDevice) -> Result<Self> {
-        check_global_scale(input_scale)?;
+        Self::with_mode(weight, LinearMode::Nvfp4 { input_scale }, device)
+    }
+
+    /// A W4A16 layer ([`LinearMode::W4a16`]) over a weight as [`Self::new`] takes it. Refused
+    /// ([`crate::Error::UnsupportedDevice`]) on a device without W4A16 kernels (Blackwell: use
+    /// [`Self::new`] there).
+    pub fn w4a16(weight: Nvfp4Tensor, device: &CudaDevice) -> Result<Self> {
+        Self::with_mode(weight, LinearMode::W4a16, device)
+    }
+
+    /// A layer over a weight as [`Self::new`] takes it, taking its input as `mode` says.
+    pub fn with_mode(weight: Nvfp4Tensor, mode: LinearMode, device: &CudaDevice) -> Result<Self> {
+        let input_scale = match mode {
+            LinearMode::Nvfp4 { input_scale } => {
+                check_global_scale(input_scale)?;
+                input_scale
+            }
+            LinearMode::W4a16 => 1.0,
+        };
         // A weight on another GPU would fail every forward: refused here.
         let ordinal = device.cuda_stream().context().ordinal();
         crate::gemm::check_devices(ordinal, [("weight values", weight.values().stream()), ("weight scales", weight.scales().stream())])?;
-        // Every forward folds both scales into alpha as `1 * input_scale * weight scale`: a pair
+        // Every forward folds the scales into alpha as `1 * input_scale * weight scale`: a pair
         // whose product under- or overflows would fail each call, so refuse it here.
         folded_alpha(1.0, input_scale, weight.global_scale())?;
         let (batch, n, k) = weight.shape();
@@ -117,12 +161,16 @@ impl Nvfp4Linear {
             return Err(crate::Error::OperandShape { name: "weight", got: (batch, n, k), want: (1, n, k) });
         }
         let lane = Arc::new(Lane::new(device.cuda_stream())?);
+        if mode == LinearMode::W4a16 {
+            // A device without W4A16 kernels, or a weight they cannot take, fails every forward.
+            lane.gemm.select_w4a16_config_for(&Problem::new(1, n, k), OutType::Bf16, weight.layout())?;
+        }
         let (shared, lanes) = if lane.gemm.per_thread_stream() {
             (None, HashMap::from([(std::thread::current().id(), lane)]))
         } else {
             (Some(lane), HashMap::new())
         };
-        Ok(Nvfp4Linear { weight, input_scale, device: device.clone(), shared, lanes: Mutex::new(lanes) })
+        Ok(Nvfp4Linear { weight, mode, device: device.clone(), shared, lanes: Mutex::new(lanes) })
     }
 
     /// The lane for this thread: the shared one, else this thread's, made on first use.
@@ -140,7 +188,7 @@ impl Nvfp4Linear {
         Ok(l)
     }
 
-    /// Uploads a host weight (`(1, N, K)`, with its global scale) onto `device`'s stream.
+    /// [`Self::new`] on a host weight (`(1, N, K)`, with its global scale) uploaded onto `device`'s stream.
     pub fn from_matrix(weight: &Nvfp4Matrix, input_scale: f32, device: &CudaDevice) -> Result<Self> {
         Self::new(Nvfp4Tensor::upload(weight, &device.cuda_stream())?, input_scale, device)
     }
@@ -150,17 +198,37 @@ impl Nvfp4Linear {
         &self.weight
     }
 
+    /// How the layer takes its input.
+    pub fn mode(&self) -> LinearMode {
+        self.mode
+    }
+
     /// `x` (bf16 or f16, `[..., K]`, on this layer's CUDA device) times the weight transposed:
     /// `[..., N]` in x's dtype. Asynchronous on the device's stream, as every candle op.
     pub fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
         x.apply_op1_no_bwd(self)
     }
 
+    /// `x` (`rows` x K) times the weight transposed, into a new buffer, as the mode says.
+    fn run<T: Activation16>(&self, x: &CudaView<'_, T>, rows: usize) -> Result<CudaSlice<T>> {
+        let lane = self.lane()?;
+        match self.mode {
+            LinearMode::Nvfp4 { input_scale } => self.run_nvfp4(&lane, x, rows, input_scale),
+            LinearMode::W4a16 => {
+                let (_, n, k) = self.weight.shape();
+                // SAFETY: the GEMM below writes every element before anyone reads y; on an
+                // error y is dropped unread.
+                let mut y = unsafe { lane.gemm.stream().alloc::<T>(rows * n)? };
+                lane.gemm.gemm_w4a16(&Problem::new(rows, n, k), x, &self.weight, &mut y, None)?;
+                Ok(y)
+            }
+        }
+    }
+
     /// Quantizes `x` (`rows` x K) into the lane's buffers and multiplies it with the weight into
     /// a new buffer.
-    fn run<T: QuantInput + OutputElement + DeviceRepr>(&self, x: &CudaView<'_, T>, rows: usize) -> Result<CudaSlice<T>> {
+    fn run_nvfp4<T: Activation16>(&self, lane: &Lane, x: &CudaView<'_, T>, rows: usize, input_scale: f32) -> Result<CudaSlice<T>> {
         let (_, n, k) = self.weight.shape();
-        let lane = self.lane()?;
         let stream = lane.gemm.stream();
         let code_bytes = |r: usize| r.checked_mul(k).map(|e| e / 2);
         let sf = |r: usize| crate::layout::checked_sf_bytes(r, k, 1);
@@ -187,8 +255,8 @@ impl Nvfp4Linear {
         };
         let (cb, sb) = (code_bytes(rows).ok_or_else(too_big)?, sf(rows).ok_or_else(too_big)?);
         let Acts { codes, scales, .. } = acts;
-        lane.quantizer.quantize_into(x, (1, rows, k), self.input_scale, &mut codes.slice_mut(..cb), &mut scales.slice_mut(..sb))?;
-        let xq = Nvfp4Tensor::new::<u8, u8>(codes.slice(..cb), scales.slice(..sb), (1, rows, k), self.input_scale)?;
+        lane.quantizer.quantize_into(x, (1, rows, k), input_scale, &mut codes.slice_mut(..cb), &mut scales.slice_mut(..sb))?;
+        let xq = Nvfp4Tensor::new::<u8, u8>(codes.slice(..cb), scales.slice(..sb), (1, rows, k), input_scale)?;
         // SAFETY: the GEMM below writes every element before anyone reads y; on an error y is
         // dropped unread.
         let mut y = unsafe { stream.alloc::<T>(rows * n)? };
@@ -201,7 +269,7 @@ impl Nvfp4Linear {
     /// [`Self::run`] on elements `range` of a candle buffer, into a new candle buffer.
     fn run_storage<T>(&self, x: &CudaStorage, range: std::ops::Range<usize>, rows: usize) -> candle_core::Result<CudaStorage>
     where
-        T: QuantInput + OutputElement + DeviceRepr + candle_core::cuda::CudaDType,
+        T: Activation16 + candle_core::cuda::CudaDType,
     {
         let y = self.run(&x.as_cuda_slice::<T>()?.slice(range), rows).map_err(candle_core::Error::wrap)?;
         Ok(CudaStorage::wrap_cuda_slice(y, self.device.clone()))
@@ -242,7 +310,10 @@ impl CustomOp1 for Nvfp4Linear {
         let rows = (end - start) / k;
         // Every forward allocates its output (an empty batch too), and may grow the lane's buffers.
         if crate::gemm::capture_check(&self.device.cuda_stream()).map_err(candle_core::Error::wrap)? {
-            let e = crate::Error::NotCapturable { call: "Nvfp4Linear::forward", why: "it allocates its output, and its activation buffers as they grow", fix: "capture Quantizer::quantize_into and BlockScaledGemm::gemm on buffers allocated before capture" };
+            let e = match self.mode {
+                LinearMode::Nvfp4 { .. } => crate::Error::NotCapturable { call: "Nvfp4Linear::forward", why: "it allocates its output, and its activation buffers as they grow", fix: "capture Quantizer::quantize_into and BlockScaledGemm::gemm on buffers allocated before capture" },
+                LinearMode::W4a16 => crate::Error::NotCapturable { call: "Nvfp4Linear::forward", why: "it allocates its output", fix: "capture BlockScaledGemm::gemm_w4a16 on buffers allocated before capture" },
+            };
             return Err(candle_core::Error::wrap(e));
         }
         let y = match dtype {

@@ -1,13 +1,14 @@
-//! `candle::Nvfp4Linear` on a GPU (feature `candle`): every forward is judged against the exact
-//! CPU reference (the same activations quantized on the host with the same input scale), and every
-//! bad input must come back as an error from `forward`, never a crash or a result. Its own harness
+//! `candle::Nvfp4Linear` on a GPU (feature `candle`), in both modes: every forward is judged
+//! against the exact CPU reference (in `Nvfp4` mode on the same activations quantized on the host
+//! with the same input scale, in `W4a16` mode on the activations as they are), and every bad input
+//! must come back as an error from `forward`, never a crash or a result. Its own harness
 //! (`harness = false`): without a device that runs this build's kernels each case is skipped.
 //!
 //! Needs candle linked (cuBLAS, cuRAND, libcuda at load time): see bench/README.md, "Commands".
 #![allow(clippy::type_complexity)]
-use blockscaled_gemm::candle::Nvfp4Linear;
-use blockscaled_gemm::compare::verify_matrices;
-use blockscaled_gemm::{BlockScaledGemm, HostFloat, Nvfp4Matrix, Nvfp4Tensor, OutputElement};
+use blockscaled_gemm::candle::{LinearMode, Nvfp4Linear};
+use blockscaled_gemm::compare::{verify_matrices, verify_w4a16};
+use blockscaled_gemm::{Activation16, BlockScaledGemm, HostFloat, Nvfp4Matrix, Nvfp4Tensor, Problem};
 use candle_core::{DType, Device, Tensor, WithDType};
 
 mod harness;
@@ -37,6 +38,9 @@ fn main() {
 /// ModelOpt's input scale for activations within about 6 sigma (amax / (6 * 448)).
 const INPUT_SCALE: f32 = 6.0 / (6.0 * 448.0);
 
+/// The two ways a layer takes its input; most cases run both.
+const MODES: [LinearMode; 2] = [LinearMode::Nvfp4 { input_scale: INPUT_SCALE }, LinearMode::W4a16];
+
 /// A candle device (per-thread default stream, as `Device::new_cuda`) on a GPU that runs this
 /// build's kernels.
 fn device(own_stream: bool) -> Result<Device, String> {
@@ -52,10 +56,12 @@ fn device(own_stream: bool) -> Result<Device, String> {
     Ok(d)
 }
 
-/// `layer.forward(x)` judged against the reference: the shape `[..x, N]`, every element within
-/// the FP32 bound of its exact value, and (so that a few wrong blocks cannot hide under that
-/// bound at large K) at least 98 % of them exact and none needing more than a quarter of it.
-fn check<T: OutputElement + WithDType + HostFloat>(layer: &Nvfp4Linear, weight: &Nvfp4Matrix, x: &Tensor, what: &str) {
+/// `layer.forward(x)` judged against the reference of the layer's mode: the shape `[..x, N]`,
+/// every element within the FP32 bound of its exact value, and (so that a few wrong blocks cannot
+/// hide under that bound at large K) at least 98 % of them exact and none needing more than a
+/// quarter of it.
+fn check<T: Activation16 + WithDType + HostFloat>(layer: &Nvfp4Linear, weight: &Nvfp4Matrix, x: &Tensor, what: &str) {
+    let what = &format!("{:?}: {what}", layer.mode());
     let y = layer.forward(x).unwrap_or_else(|e| panic!("{what}: forward: {e}"));
     let mut want = x.dims().to_vec();
     *want.last_mut().unwrap() = weight.rows();
@@ -64,19 +70,28 @@ fn check<T: OutputElement + WithDType + HostFloat>(layer: &Nvfp4Linear, weight: 
     let k = weight.k();
     let rows = x.elem_count() / k;
     let xs: Vec<T> = x.flatten_all().unwrap().to_vec1().unwrap();
-    let xq = Nvfp4Matrix::quantize(&xs, (1, rows, k), Some(INPUT_SCALE)).unwrap();
     let got: Vec<T> = y.flatten_all().unwrap().to_vec1().unwrap();
-    let v = verify_matrices(&xq, weight, 1.0, 0.0, None, &got).unwrap();
+    let v = match layer.mode() {
+        LinearMode::Nvfp4 { input_scale } => {
+            let xq = Nvfp4Matrix::quantize(&xs, (1, rows, k), Some(input_scale)).unwrap();
+            verify_matrices(&xq, weight, 1.0, 0.0, None, &got).unwrap()
+        }
+        LinearMode::W4a16 => {
+            let p = Problem::new(rows, weight.rows(), k).scalars(weight.global_scale().unwrap_or(1.0), 0.0);
+            verify_w4a16(&p, &xs, weight.data(), weight.scales(), None, &got).unwrap()
+        }
+    };
     assert!(v.passed(), "{what}: {v}");
     assert!(v.exact * 50 >= v.count * 49, "{what}: only {} of {} exact: {v}", v.exact, v.count);
     let ratio = v.worst.as_ref().map_or(0.0, |w| w.ratio);
     assert!(ratio <= 0.25, "{what}: an element needs {ratio:.3} of its FP32 bound: {v}");
 }
 
-/// A random (N, K) weight and a layer over it on `d`.
-fn make_layer(d: &Device, n: usize, k: usize, seed: u64) -> (Nvfp4Matrix, Nvfp4Linear) {
+/// A random (N, K) weight and a layer over it on `d` taking its input as `mode` says.
+fn make_layer(d: &Device, n: usize, k: usize, seed: u64, mode: LinearMode) -> (Nvfp4Matrix, Nvfp4Linear) {
     let w = Nvfp4Matrix::random_realistic(n, k, 1, seed).unwrap();
-    let layer = Nvfp4Linear::from_matrix(&w, INPUT_SCALE, d.as_cuda_device().unwrap()).unwrap();
+    let cd = d.as_cuda_device().unwrap();
+    let layer = Nvfp4Linear::with_mode(Nvfp4Tensor::upload(&w, &cd.cuda_stream()).unwrap(), mode, cd).unwrap();
     (w, layer)
 }
 
@@ -110,13 +125,15 @@ fn randn(d: &Device, dims: &[usize], dtype: DType) -> Tensor {
 fn candle_forward_rows_and_dtypes() -> Outcome {
     let d = device(false)?;
     let (n, k) = (384, 1024);
-    let (w, layer) = make_layer(&d, n, k, 31);
-    for m in [1, 3, 16, 33, 64, 128, 200] {
-        check::<half::bf16>(&layer, &w, &randn(&d, &[m, k], DType::BF16), &format!("bf16 [{m}, {k}]"));
-        check::<half::f16>(&layer, &w, &randn(&d, &[m, k], DType::F16), &format!("f16 [{m}, {k}]"));
+    for mode in MODES {
+        let (w, layer) = make_layer(&d, n, k, 31, mode);
+        for m in [1, 3, 16, 33, 64, 128, 200] {
+            check::<half::bf16>(&layer, &w, &randn(&d, &[m, k], DType::BF16), &format!("bf16 [{m}, {k}]"));
+            check::<half::f16>(&layer, &w, &randn(&d, &[m, k], DType::F16), &format!("f16 [{m}, {k}]"));
+        }
+        check::<half::bf16>(&layer, &w, &randn(&d, &[2, 3, 5, k], DType::BF16), "bf16 [2, 3, 5, K]");
+        check::<half::f16>(&layer, &w, &randn(&d, &[4, 25, k], DType::F16), "f16 [4, 25, K]");
     }
-    check::<half::bf16>(&layer, &w, &randn(&d, &[2, 3, 5, k], DType::BF16), "bf16 [2, 3, 5, K]");
-    check::<half::f16>(&layer, &w, &randn(&d, &[4, 25, k], DType::F16), "f16 [4, 25, K]");
     Ok(())
 }
 
@@ -124,9 +141,11 @@ fn candle_forward_rows_and_dtypes() -> Outcome {
 fn candle_forward_model_shape() -> Outcome {
     let d = device(false)?;
     let (n, k) = (4096, 7168);
-    let (w, layer) = make_layer(&d, n, k, 32);
-    for m in [1, 16, 256] {
-        check::<half::bf16>(&layer, &w, &randn(&d, &[m, k], DType::BF16), &format!("bf16 [{m}, {k}]"));
+    for mode in MODES {
+        let (w, layer) = make_layer(&d, n, k, 32, mode);
+        for m in [1, 16, 256] {
+            check::<half::bf16>(&layer, &w, &randn(&d, &[m, k], DType::BF16), &format!("bf16 [{m}, {k}]"));
+        }
     }
     Ok(())
 }
@@ -138,11 +157,13 @@ fn candle_forward_prepacked_weight() -> Outcome {
     let w = Nvfp4Matrix::random_realistic(n, k, 1, 33).unwrap();
     let cd = d.as_cuda_device().unwrap();
     let stream = cd.cuda_stream();
-    let standard = Nvfp4Tensor::upload(&w, &stream).unwrap();
-    let packed: Nvfp4Tensor = standard.prepack(&stream).unwrap();
-    let layer = Nvfp4Linear::new(packed, INPUT_SCALE, cd).unwrap();
-    for m in [1, 16, 48, 130] {
-        check::<half::bf16>(&layer, &w, &randn(&d, &[m, k], DType::BF16), &format!("prepacked bf16 [{m}, {k}]"));
+    for mode in MODES {
+        let standard = Nvfp4Tensor::upload(&w, &stream).unwrap();
+        let packed: Nvfp4Tensor = standard.prepack(&stream).unwrap();
+        let layer = Nvfp4Linear::with_mode(packed, mode, cd).unwrap();
+        for m in [1, 16, 48, 130] {
+            check::<half::bf16>(&layer, &w, &randn(&d, &[m, k], DType::BF16), &format!("prepacked bf16 [{m}, {k}]"));
+        }
     }
     Ok(())
 }
@@ -152,12 +173,14 @@ fn candle_forward_prepacked_weight() -> Outcome {
 fn candle_forward_offset_view() -> Outcome {
     let d = device(false)?;
     let (n, k) = (256, 512);
-    let (w, layer) = make_layer(&d, n, k, 34);
-    let big = randn(&d, &[40, k], DType::F16);
-    for (start, m) in [(3, 1), (3, 20), (1, 39)] {
-        let x = big.narrow(0, start, m).unwrap();
-        assert!(x.is_contiguous());
-        check::<half::f16>(&layer, &w, &x, &format!("rows {start}..{} of [40, {k}]", start + m));
+    for mode in MODES {
+        let (w, layer) = make_layer(&d, n, k, 34, mode);
+        let big = randn(&d, &[40, k], DType::F16);
+        for (start, m) in [(3, 1), (3, 20), (1, 39)] {
+            let x = big.narrow(0, start, m).unwrap();
+            assert!(x.is_contiguous());
+            check::<half::f16>(&layer, &w, &x, &format!("rows {start}..{} of [40, {k}]", start + m));
+        }
     }
     Ok(())
 }
@@ -166,9 +189,11 @@ fn candle_forward_offset_view() -> Outcome {
 fn candle_forward_own_stream_device() -> Outcome {
     let d = device(true)?;
     let (n, k) = (256, 1024);
-    let (w, layer) = make_layer(&d, n, k, 35);
-    for m in [2, 40] {
-        check::<half::bf16>(&layer, &w, &randn(&d, &[m, k], DType::BF16), &format!("own stream [{m}, {k}]"));
+    for mode in MODES {
+        let (w, layer) = make_layer(&d, n, k, 35, mode);
+        for m in [2, 40] {
+            check::<half::bf16>(&layer, &w, &randn(&d, &[m, k], DType::BF16), &format!("own stream [{m}, {k}]"));
+        }
     }
     Ok(())
 }
@@ -178,8 +203,10 @@ fn candle_forward_own_stream_device() -> Outcome {
 fn candle_forward_threads() -> Outcome {
     let d = device(false)?;
     let (n, k) = (512, 1024);
-    let (w, layer) = make_layer(&d, n, k, 36);
-    threads(&d, &layer, &w, 3, |t, round| 1 + 37 * t + round);
+    for mode in MODES {
+        let (w, layer) = make_layer(&d, n, k, 36, mode);
+        threads(&d, &layer, &w, 3, |t, round| 1 + 37 * t + round);
+    }
     Ok(())
 }
 
@@ -188,8 +215,10 @@ fn candle_forward_threads() -> Outcome {
 fn candle_forward_threads_own_stream() -> Outcome {
     let d = device(true)?;
     let (n, k) = (512, 1024);
-    let (w, layer) = make_layer(&d, n, k, 42);
-    threads(&d, &layer, &w, 4, |t, round| [200, 1, 77, 16][(t + round) % 4]);
+    for mode in MODES {
+        let (w, layer) = make_layer(&d, n, k, 42, mode);
+        threads(&d, &layer, &w, 4, |t, round| [200, 1, 77, 16][(t + round) % 4]);
+    }
     Ok(())
 }
 
@@ -198,12 +227,14 @@ fn candle_forward_threads_own_stream() -> Outcome {
 fn candle_forward_rows_shrink_and_grow() -> Outcome {
     let d = device(false)?;
     let (n, k) = (256, 768);
-    let (w, layer) = make_layer(&d, n, k, 43);
-    for (i, m) in [300, 1, 129, 128, 1000, 5, 257, 2100, 64].into_iter().enumerate() {
-        if i % 2 == 0 {
-            check::<half::bf16>(&layer, &w, &randn(&d, &[m, k], DType::BF16), &format!("step {i} bf16 [{m}, {k}]"));
-        } else {
-            check::<half::f16>(&layer, &w, &randn(&d, &[m, k], DType::F16), &format!("step {i} f16 [{m}, {k}]"));
+    for mode in MODES {
+        let (w, layer) = make_layer(&d, n, k, 43, mode);
+        for (i, m) in [300, 1, 129, 128, 1000, 5, 257, 2100, 64].into_iter().enumerate() {
+            if i % 2 == 0 {
+                check::<half::bf16>(&layer, &w, &randn(&d, &[m, k], DType::BF16), &format!("step {i} bf16 [{m}, {k}]"));
+            } else {
+                check::<half::f16>(&layer, &w, &randn(&d, &[m, k], DType::F16), &format!("step {i} f16 [{m}, {k}]"));
+            }
         }
     }
     Ok(())
@@ -213,14 +244,16 @@ fn candle_forward_rows_shrink_and_grow() -> Outcome {
 fn candle_forward_empty_batch() -> Outcome {
     let d = device(false)?;
     let (n, k) = (256, 512);
-    let (_, layer) = make_layer(&d, n, k, 37);
-    for dims in [vec![0, k], vec![2, 0, k]] {
-        let x = Tensor::zeros(&dims[..], DType::BF16, &d).unwrap();
-        let y = layer.forward(&x).unwrap();
-        let mut want = dims.clone();
-        *want.last_mut().unwrap() = n;
-        assert_eq!(y.dims(), &want[..]);
-        assert_eq!(y.dtype(), DType::BF16);
+    for mode in MODES {
+        let (_, layer) = make_layer(&d, n, k, 37, mode);
+        for dims in [vec![0, k], vec![2, 0, k]] {
+            let x = Tensor::zeros(&dims[..], DType::BF16, &d).unwrap();
+            let y = layer.forward(&x).unwrap();
+            let mut want = dims.clone();
+            *want.last_mut().unwrap() = n;
+            assert_eq!(y.dims(), &want[..]);
+            assert_eq!(y.dtype(), DType::BF16);
+        }
     }
     Ok(())
 }
@@ -230,7 +263,7 @@ fn candle_forward_empty_batch() -> Outcome {
 fn candle_forward_non_finite_input() -> Outcome {
     let d = device(false)?;
     let (n, k, m) = (256, 512, 6);
-    let (w, layer) = make_layer(&d, n, k, 41);
+    let (w, layer) = make_layer(&d, n, k, 41, MODES[0]);
     let mut xs: Vec<half::bf16> = randn(&d, &[m, k], DType::BF16).flatten_all().unwrap().to_vec1().unwrap();
     for (i, v) in [(3, f32::NAN), (k + 17, f32::INFINITY), (2 * k + 40, f32::NEG_INFINITY), (5 * k + 511, f32::NAN)] {
         xs[i] = half::bf16::from_f32(v);
@@ -248,33 +281,35 @@ fn candle_forward_non_finite_input() -> Outcome {
 fn candle_forward_refusals() -> Outcome {
     let d = device(false)?;
     let (n, k) = (256, 512);
-    let (w, layer) = make_layer(&d, n, k, 38);
-    let other = Device::new_cuda(0).unwrap();
-    let flat = randn(&d, &[8 * k + 1], DType::BF16);
-    let cases: Vec<(&str, Tensor, &str)> = vec![
-        ("f32 input", randn(&d, &[4, k], DType::F32), "dtype"),
-        ("wrong K", randn(&d, &[4, k + 16], DType::BF16), "last dimension"),
-        ("a scalar", Tensor::new(half::bf16::ONE, &d).unwrap(), "scalar"),
-        ("no rows of the wrong K", Tensor::zeros((0, k + 16), DType::BF16, &d).unwrap(), "last dimension"),
-        ("u8 input", Tensor::zeros((4, k), DType::U8, &d).unwrap(), "dtype"),
-        ("transposed (not contiguous)", randn(&d, &[k, 4], DType::BF16).t().unwrap(), "contiguous"),
-        ("on the CPU", Tensor::zeros((4, k), DType::BF16, &Device::Cpu).unwrap(), "CUDA devices only"),
-        ("another candle device", randn(&other, &[4, k], DType::BF16), "another candle CudaDevice"),
-        // One bf16 element into its buffer: 2-byte aligned, not 16.
-        ("misaligned view", flat.narrow(0, 1, 8 * k).unwrap().reshape((8, k)).unwrap(), "is not 16-byte aligned"),
-    ];
-    for (what, x, says) in cases {
-        match layer.forward(&x) {
-            Ok(y) => panic!("{what}: accepted (output {:?})", y.dims()),
-            Err(e) => {
-                let msg = e.to_string();
-                assert!(msg.to_lowercase().contains(&says.to_lowercase()), "{what}: the error does not say {says:?}: {msg}");
-                println!("  {what}: {}", msg.lines().next().unwrap_or(""));
+    for mode in MODES {
+        let (w, layer) = make_layer(&d, n, k, 38, mode);
+        let other = Device::new_cuda(0).unwrap();
+        let flat = randn(&d, &[8 * k + 1], DType::BF16);
+        let cases: Vec<(&str, Tensor, &str)> = vec![
+            ("f32 input", randn(&d, &[4, k], DType::F32), "dtype"),
+            ("wrong K", randn(&d, &[4, k + 16], DType::BF16), "last dimension"),
+            ("a scalar", Tensor::new(half::bf16::ONE, &d).unwrap(), "scalar"),
+            ("no rows of the wrong K", Tensor::zeros((0, k + 16), DType::BF16, &d).unwrap(), "last dimension"),
+            ("u8 input", Tensor::zeros((4, k), DType::U8, &d).unwrap(), "dtype"),
+            ("transposed (not contiguous)", randn(&d, &[k, 4], DType::BF16).t().unwrap(), "contiguous"),
+            ("on the CPU", Tensor::zeros((4, k), DType::BF16, &Device::Cpu).unwrap(), "CUDA devices only"),
+            ("another candle device", randn(&other, &[4, k], DType::BF16), "another candle CudaDevice"),
+            // One bf16 element into its buffer: 2-byte aligned, not 16.
+            ("misaligned view", flat.narrow(0, 1, 8 * k).unwrap().reshape((8, k)).unwrap(), "is not 16-byte aligned"),
+        ];
+        for (what, x, says) in cases {
+            match layer.forward(&x) {
+                Ok(y) => panic!("{what}: accepted (output {:?})", y.dims()),
+                Err(e) => {
+                    let msg = e.to_string();
+                    assert!(msg.to_lowercase().contains(&says.to_lowercase()), "{what}: the error does not say {says:?}: {msg}");
+                    println!("  {what}: {}", msg.lines().next().unwrap_or(""));
+                }
             }
         }
+        // The layer still works after every refusal.
+        check::<half::bf16>(&layer, &w, &randn(&d, &[5, k], DType::BF16), "after the refusals");
     }
-    // The layer still works after every refusal.
-    check::<half::bf16>(&layer, &w, &randn(&d, &[5, k], DType::BF16), "after the refusals");
     Ok(())
 }
 
@@ -292,6 +327,7 @@ fn candle_new_refusals() -> Outcome {
     }
     let w2 = Nvfp4Matrix::random_realistic(128, 256, 2, 40).unwrap();
     refused(Nvfp4Linear::from_matrix(&w2, INPUT_SCALE, cd), "a batch-2 weight", "weight");
+    refused(Nvfp4Linear::w4a16(Nvfp4Tensor::upload(&w2, &cd.cuda_stream()).unwrap(), cd), "a batch-2 weight, W4A16", "weight");
     // The weight's global scale times the input scale (the GEMM's alpha) out of f32's range.
     let stream = cd.cuda_stream();
     for (gw, gx) in [(1e30f32, 1e10f32), (1e-30, 1e-20)] {
@@ -307,7 +343,7 @@ fn candle_new_refusals() -> Outcome {
 /// layer's own `NotCapturable`), and the capture is left as it was.
 fn candle_forward_during_capture() -> Outcome {
     use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode, CUstreamCaptureStatus};
-    for (tracking, says) in [(true, "event tracking"), (false, "Nvfp4Linear::forward cannot be captured")] {
+    for (tracking, says, mode) in [(true, "event tracking", MODES[0]), (false, "Nvfp4Linear::forward cannot be captured", MODES[0]), (true, "event tracking", MODES[1]), (false, "Nvfp4Linear::forward cannot be captured", MODES[1])] {
         let d = device(true)?;
         let stream = d.as_cuda_device().unwrap().cuda_stream();
         if !tracking {
@@ -315,7 +351,7 @@ fn candle_forward_during_capture() -> Outcome {
             unsafe { stream.context().disable_event_tracking() };
         }
         let (n, k) = (256, 512);
-        let (w, layer) = make_layer(&d, n, k, 44);
+        let (w, layer) = make_layer(&d, n, k, 44, mode);
         let (x, x0) = (randn(&d, &[4, k], DType::BF16), Tensor::zeros((0, k), DType::BF16, &d).unwrap());
         check::<half::bf16>(&layer, &w, &x, "before the capture");
         d.synchronize().unwrap();
@@ -326,7 +362,7 @@ fn candle_forward_during_capture() -> Outcome {
         let status = stream.capture_status().unwrap();
         let ended = stream.end_capture(CUgraphInstantiate_flags(0));
         let msg = got.expect_err("a forward during capture was accepted").to_string();
-        println!("  during capture, event tracking {tracking}: {}", msg.lines().next().unwrap_or(""));
+        println!("  during capture, {mode:?}, event tracking {tracking}: {}", msg.lines().next().unwrap_or(""));
         assert!(msg.contains(says), "event tracking {tracking}: the error does not say {says:?}: {msg}");
         let msg = empty.expect_err("an empty forward during capture was accepted").to_string();
         assert!(msg.contains(says), "event tracking {tracking}, empty batch: the error does not say {says:?}: {msg}");
@@ -342,17 +378,20 @@ fn candle_forward_during_capture() -> Outcome {
 fn candle_forward_odd_shapes_and_saturation() -> Outcome {
     let d = device(false)?;
     let (n, k) = (40, 96);
-    let (w, layer) = make_layer(&d, n, k, 45);
-    check::<half::bf16>(&layer, &w, &randn(&d, &[k], DType::BF16), "a 1-D input");
-    check::<half::f16>(&layer, &w, &randn(&d, &[7, k], DType::F16), "[7, 96] x [40, 96]");
-    let big = (randn(&d, &[5, k], DType::F32) * 1000.0).unwrap().to_dtype(DType::BF16).unwrap();
-    check::<half::bf16>(&layer, &w, &big, "inputs 1000x the input scale's range");
+    for mode in MODES {
+        let (w, layer) = make_layer(&d, n, k, 45, mode);
+        check::<half::bf16>(&layer, &w, &randn(&d, &[k], DType::BF16), "a 1-D input");
+        check::<half::f16>(&layer, &w, &randn(&d, &[7, k], DType::F16), "[7, 96] x [40, 96]");
+        let big = (randn(&d, &[5, k], DType::F32) * 1000.0).unwrap().to_dtype(DType::BF16).unwrap();
+        check::<half::bf16>(&layer, &w, &big, "inputs 1000x the input scale's range");
+    }
     Ok(())
 }
 
 /// A layer as an engine makes it from a checkpoint file (ModelOpt's and compressed-tensors' names,
-/// the latter's reciprocal scales), converted on the GPU: its forward matches the reference on the
-/// host conversion of the same file.
+/// the latter's reciprocal scales), converted on the GPU: in both modes its forward matches the
+/// reference on the host conversion of the same file; a file without an input scale makes a
+/// W4A16 layer.
 fn candle_forward_from_checkpoint() -> Outcome {
     use blockscaled_gemm::checkpoint::Checkpoint;
     use safetensors::{tensor::TensorView, Dtype};
@@ -362,25 +401,38 @@ fn candle_forward_from_checkpoint() -> Outcome {
     let w = Nvfp4Matrix::random_realistic(n, k, 1, 46).unwrap();
     let rm = blockscaled_gemm::layout::from_tiled(w.scales(), n, k / 16, 1).unwrap();
     let prefix = "model.layers.0.mlp.down_proj";
-    // (names, weight scale, input scale): ModelOpt multiplies by them, compressed-tensors divides.
+    // (names, weight scale, input scale as stored): ModelOpt multiplies by them, compressed-tensors
+    // divides; the last file has no input scale, as a W4A16 export need not.
     let conventions = [
-        (["weight", "weight_scale", "weight_scale_2", "input_scale"], 0.01f32, INPUT_SCALE),
-        (["weight_packed", "weight_scale", "weight_global_scale", "input_global_scale"], 100.0, 448.0),
+        (["weight", "weight_scale", "weight_scale_2", "input_scale"], 0.01f32, Some(INPUT_SCALE)),
+        (["weight_packed", "weight_scale", "weight_global_scale", "input_global_scale"], 100.0, Some(448.0)),
+        (["weight", "weight_scale", "weight_scale_2", ""], 0.01, None),
     ];
-    for (names, ws, is) in conventions {
-        let (ws, is) = (ws.to_le_bytes(), is.to_le_bytes());
-        let tensors = [(names[0], Dtype::U8, vec![n, k / 2], w.data()), (names[1], Dtype::F8_E4M3, vec![n, k / 16], &rm[..]), (names[2], Dtype::F32, vec![], &ws[..]), (names[3], Dtype::F32, vec![], &is[..])];
+    for (i, (names, ws, is)) in conventions.into_iter().enumerate() {
+        let (ws, is) = (ws.to_le_bytes(), is.map(f32::to_le_bytes));
+        let mut tensors = vec![(names[0], Dtype::U8, vec![n, k / 2], w.data()), (names[1], Dtype::F8_E4M3, vec![n, k / 16], &rm[..]), (names[2], Dtype::F32, vec![], &ws[..])];
+        if let Some(is) = &is {
+            tensors.push((names[3], Dtype::F32, vec![], &is[..]));
+        }
         let views: Vec<(String, TensorView<'_>)> = tensors.iter().map(|(name, dt, shape, bytes)| (format!("{prefix}.{name}"), TensorView::new(*dt, shape.clone(), bytes).unwrap())).collect();
-        let path = std::env::temp_dir().join(format!("bsg-gpu-candle-ck-{}-{}.safetensors", std::process::id(), names[0]));
+        let path = std::env::temp_dir().join(format!("bsg-gpu-candle-ck-{}-{i}.safetensors", std::process::id()));
         std::fs::write(&path, safetensors::serialize(views, None).unwrap()).unwrap();
         let ck = Checkpoint::open(&path).unwrap();
         let host = ck.layer(prefix).unwrap();
         let (t, input_scale) = ck.layer_to_device(prefix, &cd.cuda_stream()).unwrap();
+        let (t2, _) = ck.layer_to_device(prefix, &cd.cuda_stream()).unwrap();
         std::fs::remove_file(&path).ok();
-        assert_eq!(input_scale, Some(INPUT_SCALE), "{}: the input scale in this crate's convention", names[0]);
-        let layer = Nvfp4Linear::new(t, input_scale.unwrap(), cd).unwrap();
-        for m in [1, 40] {
-            check::<half::bf16>(&layer, &host.weight, &randn(&d, &[m, k], DType::BF16), &format!("{} [{m}, {k}]", names[0]));
+        let mut layers = vec![Nvfp4Linear::w4a16(t2, cd).unwrap()];
+        if is.is_some() {
+            assert_eq!(input_scale, Some(INPUT_SCALE), "{}: the input scale in this crate's convention", names[0]);
+            layers.push(Nvfp4Linear::new(t, input_scale.unwrap(), cd).unwrap());
+        } else {
+            assert_eq!(input_scale, None, "a file without an input scale");
+        }
+        for layer in &layers {
+            for m in [1, 40] {
+                check::<half::bf16>(layer, &host.weight, &randn(&d, &[m, k], DType::BF16), &format!("file {i} ({}) [{m}, {k}]", names[0]));
+            }
         }
     }
     Ok(())
