@@ -282,7 +282,11 @@ impl CustomOp1 for Nvfp4Linear {
     }
 
     fn cpu_fwd(&self, _: &CpuStorage, _: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
-        bail!("Nvfp4Linear runs on CUDA devices only (the exact CPU reference is blockscaled_gemm::reference_gemm)")
+        let reference = match self.mode {
+            LinearMode::Nvfp4 { .. } => "blockscaled_gemm::reference_gemm",
+            LinearMode::W4a16 => "blockscaled_gemm::reference::w4a16_dots",
+        };
+        bail!("Nvfp4Linear runs on CUDA devices only (the exact CPU reference is {reference})")
     }
 
     fn cuda_fwd(&self, storage: &CudaStorage, layout: &Layout) -> candle_core::Result<(CudaStorage, Shape)> {
