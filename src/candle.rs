@@ -1,5 +1,6 @@
-//! candle integration (feature `candle`): [`Nvfp4Linear`], an NVFP4 linear layer whose input and
-//! output are candle tensors on candle's CUDA device, run on that device's stream.
+//! candle integration (feature `candle`): [`Nvfp4Linear`], an NVFP4 linear layer, and
+//! [`Nvfp4Experts`], a mixture-of-experts layer's grouped NVFP4 GEMM, whose inputs and outputs are
+//! candle tensors on candle's CUDA device, run on that device's stream.
 //!
 //! `forward` takes the input (bf16 or f16, `[..., K]`, contiguous, its first element 16-byte
 //! aligned), runs `y = x Wᵀ` against the NVFP4 weight and returns `[..., N]` in the input's
@@ -20,7 +21,10 @@
 //! own (the GEMM's workspace grows as for any call). An engine that replays graphs calls
 //! [`crate::Quantizer::quantize_into`] (or `quantize_decoded_into`) and [`BlockScaledGemm::gemm`],
 //! or [`BlockScaledGemm::gemm_w4a16`], on buffers it allocated before capture, with the layer's
-//! [`Nvfp4Linear::weight`].
+//! [`Nvfp4Linear::weight`]. [`Nvfp4Experts`] does the same for the grouped GEMM
+//! ([`BlockScaledGemm::moe_gemm_w4a16`], or [`crate::Quantizer::quantize_moe_into`] and
+//! [`BlockScaledGemm::moe_gemm`]), its rows stacked by expert and the expert offsets a candle
+//! `i32` tensor on the device, read by the kernels only.
 //!
 //! candle's `Device::new_cuda` runs on the per-thread default stream, a different stream on each
 //! host thread: on such a device the layer keeps one GEMM (and so one workspace) per calling
@@ -52,22 +56,24 @@
 //! ```
 
 use std::collections::HashMap;
+use std::ops::Range;
 use std::sync::{Arc, Mutex};
 use std::thread::ThreadId;
 
 use candle_core::backend::{BackendDevice, BackendStorage};
-use candle_core::{bail, CpuStorage, CudaDevice, CudaStorage, CustomOp1, DType, Layout, Shape, Tensor};
+use candle_core::{bail, CpuStorage, CudaDevice, CudaStorage, CustomOp1, CustomOp2, DType, Layout, Shape, Tensor};
 use cudarc::driver::{CudaSlice, CudaView};
 
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::gemm::BlockScaledGemm;
-use crate::matrix::{check_global_scale, Nvfp4Matrix};
+use crate::grouped::{moe_sfa_bytes, MoeActivations, MoeProblem, MAX_EXPERTS};
+use crate::matrix::{check_global_scale, check_quantizer_dims, Nvfp4Matrix, QUANTIZER_MAX_ROWS};
 use crate::problem::{folded_alpha, OutType, Problem};
 use crate::quantize::Quantizer;
 use crate::tensor::Nvfp4Tensor;
 use crate::w4a16::Activation16;
 
-/// How an [`Nvfp4Linear`] takes its bf16 or f16 input.
+/// How an [`Nvfp4Linear`] or [`Nvfp4Experts`] takes its bf16 or f16 input.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum LinearMode {
     /// Quantized to NVFP4 on the GPU with this global scale (ModelOpt's `input_scale`, in this
@@ -82,20 +88,63 @@ pub enum LinearMode {
     W4a16,
 }
 
+impl LinearMode {
+    /// The activations' global scale (1 for W4A16), checked.
+    fn input_scale(self) -> Result<f32> {
+        match self {
+            LinearMode::Nvfp4 { input_scale } => check_global_scale(input_scale).map(|()| input_scale),
+            LinearMode::W4a16 => Ok(1.0),
+        }
+    }
+}
+
 /// `y = x Wᵀ` with W an NVFP4 weight of shape (N, K) (PyTorch's `Linear` layout), on candle
 /// tensors: x quantized to NVFP4 on the GPU with a fixed global scale, or taken as it is (W4A16),
 /// as the layer's [`LinearMode`] says.
 pub struct Nvfp4Linear {
     // Fields drop in this order: the lanes' GEMMs synchronize their streams (the context, when
-    // dropped on another thread) before the weight and the activation buffers are freed, so no
-    // kernel still reads them. Keep the lanes first.
-    /// The lane every thread uses where the device's stream is its own; else `None` and one lane
-    /// per calling thread in `lanes` (see the module docs), each as long as the layer lives.
-    shared: Option<Arc<Lane>>,
-    lanes: Mutex<HashMap<ThreadId, Arc<Lane>>>,
+    // dropped on another thread) before the weight is freed, so no kernel still reads it. Keep
+    // the lanes first.
+    lanes: Lanes,
     weight: Nvfp4Tensor,
     mode: LinearMode,
     device: CudaDevice,
+}
+
+/// The lanes of a layer: the one every thread uses where the device's stream is its own; else
+/// one per calling thread (see the module docs), each as long as the layer lives.
+struct Lanes {
+    shared: Option<Arc<Lane>>,
+    per_thread: Mutex<HashMap<ThreadId, Arc<Lane>>>,
+    device: CudaDevice,
+}
+
+impl Lanes {
+    /// The lanes of a new layer on `device`, with the calling thread's (or the shared) lane.
+    fn new(device: &CudaDevice) -> Result<(Self, Arc<Lane>)> {
+        let lane = Arc::new(Lane::new(device.cuda_stream())?);
+        let (shared, per_thread) = if lane.gemm.per_thread_stream() {
+            (None, HashMap::from([(std::thread::current().id(), lane.clone())]))
+        } else {
+            (Some(lane.clone()), HashMap::new())
+        };
+        Ok((Lanes { shared, per_thread: Mutex::new(per_thread), device: device.clone() }, lane))
+    }
+
+    /// The lane for this thread: the shared one, else this thread's, made on first use.
+    fn get(&self) -> Result<Arc<Lane>> {
+        if let Some(l) = &self.shared {
+            return Ok(l.clone());
+        }
+        let mut lanes = self.per_thread.lock().unwrap_or_else(|e| e.into_inner());
+        let id = std::thread::current().id();
+        if let Some(l) = lanes.get(&id) {
+            return Ok(l.clone());
+        }
+        let l = Arc::new(Lane::new(self.device.cuda_stream())?);
+        lanes.insert(id, l.clone());
+        Ok(l)
+    }
 }
 
 /// What a forward on one stream uses: its GEMM (and workspace), quantizer and the quantized
@@ -111,7 +160,7 @@ struct Lane {
     acts: Mutex<Option<Acts>>,
 }
 
-/// Codes and tiled scales of up to `rows` rows of K.
+/// Codes and scales of up to `rows` rows of K.
 struct Acts {
     rows: usize,
     codes: CudaSlice<u8>,
@@ -119,9 +168,43 @@ struct Acts {
 }
 
 impl Lane {
-    fn new(stream: std::sync::Arc<cudarc::driver::CudaStream>) -> Result<Self> {
+    fn new(stream: Arc<cudarc::driver::CudaStream>) -> Result<Self> {
         Ok(Lane { gemm: BlockScaledGemm::new(stream.clone())?, quantizer: Quantizer::new(stream), acts: Mutex::new(None) })
     }
+
+    /// The buffers in `slot` made to hold `rows` rows, and the (codes, scales) bytes of `rows`
+    /// rows, `bytes(r)` giving those of r rows (None past the address space).
+    fn reserve<'a>(&self, slot: &'a mut Option<Acts>, rows: usize, k: usize, bytes: impl Fn(usize) -> Option<(usize, usize)>) -> Result<(&'a mut Acts, (usize, usize))> {
+        let too_big = || Error::SizeLimit { what: "quantized input bytes", rule: "rows * K / 2 and the scales", dims: format!("rows = {rows}, K = {k}"), value: rows as u128 * k as u128 / 2, max: usize::MAX as u128, why: "address space" };
+        // The quantizer's limits, before any buffer grows for a call that would be refused.
+        check_quantizer_dims((1, rows, k))?;
+        let used = bytes(rows).ok_or_else(too_big)?;
+        // Taken out: kept if large enough, else its buffers go first (a free is ordered on the
+        // stream after the launches that read them), so a failed allocation leaves the lane
+        // empty and the next forward allocates again.
+        let acts = match slot.take() {
+            Some(acts) if acts.rows >= rows => slot.insert(acts),
+            held => {
+                // Grown to at least twice the rows held (within the quantizer's limit), in whole
+                // 128-row scale tiles, so that batches of varying size settle on one allocation.
+                let held_rows = held.map_or(0, |a| a.rows);
+                let want = rows.max(held_rows.saturating_mul(2)).min(QUANTIZER_MAX_ROWS).checked_next_multiple_of(128).ok_or_else(too_big)?;
+                let (cb, sb) = bytes(want).ok_or_else(too_big)?;
+                let stream = self.gemm.stream();
+                // SAFETY: the quantizer writes every byte a GEMM reads (codes of `rows` rows,
+                // their scales with the tiles' padding) before the GEMM in stream order.
+                let (codes, scales) = unsafe { (stream.alloc::<u8>(cb)?, stream.alloc::<u8>(sb)?) };
+                slot.insert(Acts { rows: want, codes, scales })
+            }
+        };
+        Ok((acts, used))
+    }
+}
+
+/// Refuses a weight on another GPU than `device`'s, which would fail every forward.
+fn check_weight_device(weight: &Nvfp4Tensor, device: &CudaDevice) -> Result<()> {
+    let ordinal = device.cuda_stream().context().ordinal();
+    crate::gemm::check_devices(ordinal, [("weight values", weight.values().stream()), ("weight scales", weight.scales().stream())])
 }
 
 impl Nvfp4Linear {
@@ -143,49 +226,21 @@ impl Nvfp4Linear {
 
     /// A layer over a weight as [`Self::new`] takes it, taking its input as `mode` says.
     pub fn with_mode(weight: Nvfp4Tensor, mode: LinearMode, device: &CudaDevice) -> Result<Self> {
-        let input_scale = match mode {
-            LinearMode::Nvfp4 { input_scale } => {
-                check_global_scale(input_scale)?;
-                input_scale
-            }
-            LinearMode::W4a16 => 1.0,
-        };
-        // A weight on another GPU would fail every forward: refused here.
-        let ordinal = device.cuda_stream().context().ordinal();
-        crate::gemm::check_devices(ordinal, [("weight values", weight.values().stream()), ("weight scales", weight.scales().stream())])?;
+        let input_scale = mode.input_scale()?;
+        check_weight_device(&weight, device)?;
         // Every forward folds the scales into alpha as `1 * input_scale * weight scale`: a pair
         // whose product under- or overflows would fail each call, so refuse it here.
         folded_alpha(1.0, input_scale, weight.global_scale())?;
         let (batch, n, k) = weight.shape();
         if batch != 1 {
-            return Err(crate::Error::OperandShape { name: "weight", got: (batch, n, k), want: (1, n, k) });
+            return Err(Error::OperandShape { name: "weight", got: (batch, n, k), want: (1, n, k) });
         }
-        let lane = Arc::new(Lane::new(device.cuda_stream())?);
+        let (lanes, lane) = Lanes::new(device)?;
         if mode == LinearMode::W4a16 {
             // A device without W4A16 kernels, or a weight they cannot take, fails every forward.
             lane.gemm.select_w4a16_config_for(&Problem::new(1, n, k), OutType::Bf16, weight.layout())?;
         }
-        let (shared, lanes) = if lane.gemm.per_thread_stream() {
-            (None, HashMap::from([(std::thread::current().id(), lane)]))
-        } else {
-            (Some(lane), HashMap::new())
-        };
-        Ok(Nvfp4Linear { weight, mode, device: device.clone(), shared, lanes: Mutex::new(lanes) })
-    }
-
-    /// The lane for this thread: the shared one, else this thread's, made on first use.
-    fn lane(&self) -> Result<Arc<Lane>> {
-        if let Some(l) = &self.shared {
-            return Ok(l.clone());
-        }
-        let mut lanes = self.lanes.lock().unwrap_or_else(|e| e.into_inner());
-        let id = std::thread::current().id();
-        if let Some(l) = lanes.get(&id) {
-            return Ok(l.clone());
-        }
-        let l = Arc::new(Lane::new(self.device.cuda_stream())?);
-        lanes.insert(id, l.clone());
-        Ok(l)
+        Ok(Nvfp4Linear { lanes, weight, mode, device: device.clone() })
     }
 
     /// [`Self::new`] on a host weight (`(1, N, K)`, with its global scale) uploaded onto `device`'s stream.
@@ -211,69 +266,199 @@ impl Nvfp4Linear {
 
     /// `x` (`rows` x K) times the weight transposed, into a new buffer, as the mode says.
     fn run<T: Activation16>(&self, x: &CudaView<'_, T>, rows: usize) -> Result<CudaSlice<T>> {
-        let lane = self.lane()?;
+        let lane = self.lanes.get()?;
+        let (_, n, k) = self.weight.shape();
+        let p = Problem::new(rows, n, k);
+        let stream = lane.gemm.stream();
         match self.mode {
-            LinearMode::Nvfp4 { input_scale } => self.run_nvfp4(&lane, x, rows, input_scale),
             LinearMode::W4a16 => {
-                let (_, n, k) = self.weight.shape();
                 // SAFETY: the GEMM below writes every element before anyone reads y; on an
                 // error y is dropped unread.
-                let mut y = unsafe { lane.gemm.stream().alloc::<T>(rows * n)? };
-                lane.gemm.gemm_w4a16(&Problem::new(rows, n, k), x, &self.weight, &mut y, None)?;
+                let mut y = unsafe { stream.alloc::<T>(rows * n)? };
+                lane.gemm.gemm_w4a16(&p, x, &self.weight, &mut y, None)?;
+                Ok(y)
+            }
+            LinearMode::Nvfp4 { input_scale } => {
+                let mut slot = lane.acts.lock().unwrap_or_else(|e| e.into_inner());
+                let bytes = |r: usize| Some((r.checked_mul(k)? / 2, crate::layout::checked_sf_bytes(r, k, 1)?));
+                let (Acts { codes, scales, .. }, (cb, sb)) = lane.reserve(&mut slot, rows, k, bytes)?;
+                lane.quantizer.quantize_into(x, (1, rows, k), input_scale, &mut codes.slice_mut(..cb), &mut scales.slice_mut(..sb))?;
+                let xq = Nvfp4Tensor::new::<u8, u8>(codes.slice(..cb), scales.slice(..sb), (1, rows, k), input_scale)?;
+                // SAFETY: as above.
+                let mut y = unsafe { stream.alloc::<T>(rows * n)? };
+                lane.gemm.gemm(&p, &xq, &self.weight, &mut y, None)?;
                 Ok(y)
             }
         }
     }
+}
 
-    /// Quantizes `x` (`rows` x K) into the lane's buffers and multiplies it with the weight into
-    /// a new buffer.
-    fn run_nvfp4<T: Activation16>(&self, lane: &Lane, x: &CudaView<'_, T>, rows: usize, input_scale: f32) -> Result<CudaSlice<T>> {
-        let (_, n, k) = self.weight.shape();
-        let stream = lane.gemm.stream();
-        let code_bytes = |r: usize| r.checked_mul(k).map(|e| e / 2);
-        let sf = |r: usize| crate::layout::checked_sf_bytes(r, k, 1);
-        let too_big = || crate::Error::SizeLimit { what: "quantized input bytes", rule: "rows * K / 2 and the tiled scales", dims: format!("rows = {rows}, K = {k}"), value: rows as u128 * k as u128 / 2, max: usize::MAX as u128, why: "address space" };
-        // The quantizer's limits, before any buffer grows for a call that would be refused.
-        crate::matrix::check_quantizer_dims((1, rows, k))?;
-        let mut slot = lane.acts.lock().unwrap_or_else(|e| e.into_inner());
-        // Taken out: kept if large enough, else its buffers go first (a free is ordered on the
-        // stream after the launches that read them), so a failed allocation leaves the lane
-        // empty and the next forward allocates again.
-        let acts = match slot.take() {
-            Some(acts) if acts.rows >= rows => slot.insert(acts),
-            held => {
-                // Grown to at least twice the rows held (within the quantizer's limit), in whole
-                // 128-row scale tiles, so that batches of varying size settle on one allocation.
-                let held_rows = held.map_or(0, |a| a.rows);
-                let want = rows.max(held_rows.saturating_mul(2)).min(crate::matrix::QUANTIZER_MAX_ROWS).checked_next_multiple_of(128).ok_or_else(too_big)?;
-                let (cb, sb) = (code_bytes(want).ok_or_else(too_big)?, sf(want).ok_or_else(too_big)?);
-                // SAFETY: the quantizer writes every byte a GEMM reads (codes of `rows` rows,
-                // their scales with the tiles' padding) before the GEMM in stream order.
-                let (codes, scales) = unsafe { (stream.alloc::<u8>(cb)?, stream.alloc::<u8>(sb)?) };
-                slot.insert(Acts { rows: want, codes, scales })
-            }
+/// The grouped GEMM of a mixture-of-experts layer on candle tensors: for every expert e,
+/// `y[rows of e] = expert_scales[e] * x[rows of e] W[e]ᵀ`, with W the experts' NVFP4 weights
+/// (E, N, K) and the rows of x stacked by expert as an `i32` offsets tensor on the device says,
+/// x quantized to NVFP4 on the GPU or taken as it is (W4A16), as the layer's [`LinearMode`] says.
+/// One launch for all experts (two with the quantizer), no host synchronisation.
+///
+/// ```no_run
+/// use blockscaled_gemm::candle::{LinearMode, Nvfp4Experts};
+/// use blockscaled_gemm::{Nvfp4Matrix, Nvfp4Tensor};
+/// use candle_core::{DType, Device, Tensor};
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let device = Device::new_cuda(0)?;
+/// let cuda = device.as_cuda_device()?;
+/// let (experts, n, k) = (8, 2048, 7168);
+/// // A checkpoint's experts (here: random; `Checkpoint::experts_to_device` gives both parts).
+/// let w = Nvfp4Tensor::upload(&Nvfp4Matrix::random_realistic(n, k, experts, 7)?, &cuda.cuda_stream())?;
+/// let layer = Nvfp4Experts::new(w, &[1.0; 8], LinearMode::W4a16, cuda)?;
+/// // 40 routed rows, stacked by expert (the router's output): expert e has rows offsets[e]..offsets[e + 1].
+/// let x = Tensor::randn(0f32, 1.0, (40, k), &device)?.to_dtype(DType::BF16)?;
+/// let offsets = Tensor::new(&[0i32, 5, 5, 12, 20, 21, 30, 38, 40], &device)?;
+/// let y = layer.forward(&x, &offsets)?;
+/// assert_eq!(y.dims(), &[40, n]);
+/// # Ok(()) }
+/// ```
+pub struct Nvfp4Experts {
+    // Lanes first, as in Nvfp4Linear: their drop synchronizes before the weights are freed.
+    lanes: Lanes,
+    weight: Nvfp4Tensor,
+    expert_scales: CudaSlice<f32>,
+    mode: LinearMode,
+    device: CudaDevice,
+}
+
+impl Nvfp4Experts {
+    /// A layer over the experts' weights already on `device` (`(E, N, K)`, E from 1 to
+    /// [`MAX_EXPERTS`], standard or, on Hopper, prepacked; their own global scale folded into
+    /// alpha) and each expert's factor `expert_scales` (E of them, finite and positive: a
+    /// checkpoint's per-expert weight global scales, as `Checkpoint::experts_to_device` returns
+    /// them), taking its input as `mode` says. Refused where the device has no grouped kernel for
+    /// the mode (W4A16: Hopper only) or any expert's scale, folded with the others, leaves f32's
+    /// range.
+    pub fn new(weight: Nvfp4Tensor, expert_scales: &[f32], mode: LinearMode, device: &CudaDevice) -> Result<Self> {
+        let input_scale = mode.input_scale()?;
+        check_weight_device(&weight, device)?;
+        let (experts, n, k) = weight.shape();
+        if !(1..=MAX_EXPERTS).contains(&experts) {
+            return Err(Error::InvalidData { what: "experts", detail: format!("{experts} (the weight's batch): 1 to {MAX_EXPERTS} wanted") });
+        }
+        if expert_scales.len() != experts {
+            return Err(Error::InvalidData { what: "expert_scales", detail: format!("{} scales for {experts} experts: one each wanted", expert_scales.len()) });
+        }
+        for (e, &s) in expert_scales.iter().enumerate() {
+            check_global_scale(s).map_err(|_| Error::InvalidData { what: "expert_scales", detail: format!("expert {e}: {s}; finite and positive wanted") })?;
+            folded_alpha(s, input_scale, weight.global_scale())?;
+        }
+        let (lanes, lane) = Lanes::new(device)?;
+        // A device without grouped kernels for the mode, or a weight they cannot take, fails
+        // every forward.
+        let p = MoeProblem::new(1, n, k, experts);
+        match mode {
+            LinearMode::W4a16 => lane.gemm.moe_w4a16_workspace_size::<half::bf16>(&p, OutType::Bf16, None)?,
+            LinearMode::Nvfp4 { .. } => lane.gemm.moe_workspace_size(&p, OutType::Bf16, None)?,
         };
-        let (cb, sb) = (code_bytes(rows).ok_or_else(too_big)?, sf(rows).ok_or_else(too_big)?);
-        let Acts { codes, scales, .. } = acts;
-        lane.quantizer.quantize_into(x, (1, rows, k), input_scale, &mut codes.slice_mut(..cb), &mut scales.slice_mut(..sb))?;
-        let xq = Nvfp4Tensor::new::<u8, u8>(codes.slice(..cb), scales.slice(..sb), (1, rows, k), input_scale)?;
-        // SAFETY: the GEMM below writes every element before anyone reads y; on an error y is
-        // dropped unread.
-        let mut y = unsafe { stream.alloc::<T>(rows * n)? };
-        lane.gemm.gemm(&Problem::new(rows, n, k), &xq, &self.weight, &mut y, None)?;
+        let expert_scales = device.cuda_stream().clone_htod(expert_scales)?;
+        Ok(Nvfp4Experts { lanes, weight, expert_scales, mode, device: device.clone() })
+    }
+
+    /// The experts' weights.
+    pub fn weight(&self) -> &Nvfp4Tensor {
+        &self.weight
+    }
+
+    /// How the layer takes its input.
+    pub fn mode(&self) -> LinearMode {
+        self.mode
+    }
+
+    /// `x` (bf16 or f16, `[..., K]`, its rows stacked by expert: T rows in all) through the
+    /// experts: `[..., N]` in x's dtype. `offsets`: E + 1 `i32` (a 1-D candle tensor on this
+    /// layer's device) with expert e's rows `offsets[e]..offsets[e + 1]`, read on the device only,
+    /// as [`BlockScaledGemm::moe_gemm`] reads them: valid offsets run non-decreasing from 0 to T;
+    /// others are read as their running maximum clamped to [0, T], and rows no expert covers come
+    /// out 0. Asynchronous on the device's stream.
+    pub fn forward(&self, x: &Tensor, offsets: &Tensor) -> candle_core::Result<Tensor> {
+        x.apply_op2_no_bwd(offsets, self)
+    }
+
+    /// `x` (`rows` x K) through the experts, into a new buffer, as the mode says.
+    fn run<T: Activation16>(&self, x: &CudaView<'_, T>, offsets: &CudaView<'_, i32>, rows: usize) -> Result<CudaSlice<T>> {
+        let lane = self.lanes.get()?;
+        let (experts, n, k) = self.weight.shape();
+        let p = MoeProblem::new(rows, n, k, experts);
+        // Zeroed: the GEMM leaves rows no expert covers as they are.
+        let mut y = lane.gemm.stream().alloc_zeros::<T>(rows * n)?;
+        match self.mode {
+            LinearMode::W4a16 => {
+                lane.gemm.moe_gemm_w4a16(&p, x, &self.weight, offsets, &self.expert_scales, &mut y, None)?;
+            }
+            LinearMode::Nvfp4 { input_scale } => {
+                let mut slot = lane.acts.lock().unwrap_or_else(|e| e.into_inner());
+                let bytes = |r: usize| Some((r.checked_mul(k)? / 2, Some(moe_sfa_bytes(r, k, experts)).filter(|&b| b != usize::MAX)?));
+                let (Acts { codes, scales, .. }, (cb, sb)) = lane.reserve(&mut slot, rows, k, bytes)?;
+                lane.quantizer.quantize_moe_into(x, (rows, k), offsets, input_scale, &mut codes.slice_mut(..cb), &mut scales.slice_mut(..sb))?;
+                let a = MoeActivations::new(codes.slice(..cb), scales.slice(..sb), (rows, k), input_scale)?;
+                lane.gemm.moe_gemm(&p, &a, &self.weight, offsets, &self.expert_scales, &mut y, None)?;
+            }
+        }
         Ok(y)
     }
 }
 
-impl Nvfp4Linear {
-    /// [`Self::run`] on elements `range` of a candle buffer, into a new candle buffer.
-    fn run_storage<T>(&self, x: &CudaStorage, range: std::ops::Range<usize>, rows: usize) -> candle_core::Result<CudaStorage>
-    where
-        T: Activation16 + candle_core::cuda::CudaDType,
-    {
-        let y = self.run(&x.as_cuda_slice::<T>()?.slice(range), rows).map_err(candle_core::Error::wrap)?;
-        Ok(CudaStorage::wrap_cuda_slice(y, self.device.clone()))
+/// The checks every forward makes of its `[..., K]` input before anything runs: contiguous, its
+/// last dimension K, on the layer's candle device, bf16 or f16; then that the stream does not
+/// capture (a forward allocates its output). Returns the input's element range, its rows and the
+/// output's dims (`[..., N]`).
+fn check_input(who: &str, mode: LinearMode, storage: &CudaStorage, layout: &Layout, (n, k): (usize, usize), device: &CudaDevice) -> candle_core::Result<(Range<usize>, usize, Vec<usize>)> {
+    let Some((start, end)) = layout.contiguous_offsets() else {
+        bail!("{who}: the input must be contiguous (call .contiguous() first)");
+    };
+    let dims = layout.dims();
+    match dims.last() {
+        Some(&last) if last == k => {}
+        Some(&last) => bail!("{who}: the input's last dimension is {last}, the weight's K is {k}"),
+        None => bail!("{who}: the input is a scalar; [..., K] with K = {k} wanted"),
     }
+    check_same_device(who, "input", storage, device)?;
+    let dtype = storage.dtype();
+    if !matches!(dtype, DType::BF16 | DType::F16) {
+        bail!("{who}: input dtype {dtype:?}; bf16 or f16 wanted");
+    }
+    // Every forward allocates its output (an empty batch too), and may grow the lane's buffers.
+    if crate::gemm::capture_check(&device.cuda_stream()).map_err(candle_core::Error::wrap)? {
+        let call = if who == "Nvfp4Linear" { "Nvfp4Linear::forward" } else { "Nvfp4Experts::forward" };
+        let e = match mode {
+            LinearMode::Nvfp4 { .. } => Error::NotCapturable { call, why: "it allocates its output, and its activation buffers as they grow", fix: "capture the Quantizer's and BlockScaledGemm's calls on buffers allocated before capture" },
+            LinearMode::W4a16 => Error::NotCapturable { call, why: "it allocates its output", fix: "capture BlockScaledGemm's W4A16 call on buffers allocated before capture" },
+        };
+        return Err(candle_core::Error::wrap(e));
+    }
+    let mut out = dims.to_vec();
+    *out.last_mut().expect("checked above") = n;
+    Ok((start..end, (end - start) / k, out))
+}
+
+/// The same candle device, not only the same GPU: candle keeps its devices apart, and a buffer of
+/// another may live on a stream not ordered against the layer's.
+fn check_same_device(who: &str, what: &str, storage: &CudaStorage, device: &CudaDevice) -> candle_core::Result<()> {
+    if !storage.device().same_device(device) {
+        bail!("{who}: the {what} is on another candle CudaDevice than the layer's (candle keeps devices apart, even on one GPU, and their streams need not be ordered: {what} {:?}, layer {:?}); use the layer's device", storage.device().location(), device.location());
+    }
+    Ok(())
+}
+
+/// The refusal of a CPU tensor, naming the mode's exact CPU reference.
+fn cpu_refusal(who: &str, mode: LinearMode) -> candle_core::Error {
+    let reference = match mode {
+        LinearMode::Nvfp4 { .. } => "blockscaled_gemm::reference_gemm",
+        LinearMode::W4a16 => "blockscaled_gemm::reference::w4a16_dots",
+    };
+    candle_core::Error::Msg(format!("{who} runs on CUDA devices only (the exact CPU reference is {reference})"))
+}
+
+/// `run(view)` on elements `range` of a candle buffer of T, wrapped as a new candle buffer.
+fn run_on<T: Activation16 + candle_core::cuda::CudaDType>(x: &CudaStorage, range: Range<usize>, device: &CudaDevice, run: impl FnOnce(&CudaView<'_, T>) -> Result<CudaSlice<T>>) -> candle_core::Result<CudaStorage> {
+    let y = run(&x.as_cuda_slice::<T>()?.slice(range)).map_err(candle_core::Error::wrap)?;
+    Ok(CudaStorage::wrap_cuda_slice(y, device.clone()))
 }
 
 impl CustomOp1 for Nvfp4Linear {
@@ -282,48 +467,50 @@ impl CustomOp1 for Nvfp4Linear {
     }
 
     fn cpu_fwd(&self, _: &CpuStorage, _: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
-        let reference = match self.mode {
-            LinearMode::Nvfp4 { .. } => "blockscaled_gemm::reference_gemm",
-            LinearMode::W4a16 => "blockscaled_gemm::reference::w4a16_dots",
-        };
-        bail!("Nvfp4Linear runs on CUDA devices only (the exact CPU reference is {reference})")
+        Err(cpu_refusal("Nvfp4Linear", self.mode))
     }
 
     fn cuda_fwd(&self, storage: &CudaStorage, layout: &Layout) -> candle_core::Result<(CudaStorage, Shape)> {
         let (_, n, k) = self.weight.shape();
-        let Some((start, end)) = layout.contiguous_offsets() else {
-            bail!("Nvfp4Linear: the input must be contiguous (call .contiguous() first)");
+        let (range, rows, out) = check_input("Nvfp4Linear", self.mode, storage, layout, (n, k), &self.device)?;
+        let y = match storage.dtype() {
+            dtype if rows == 0 => self.device.zeros_impl(&Shape::from_dims(&out), dtype)?, // an empty batch
+            DType::BF16 => run_on::<half::bf16>(storage, range, &self.device, |x| self.run(x, rows))?,
+            _ => run_on::<half::f16>(storage, range, &self.device, |x| self.run(x, rows))?,
         };
-        let dims = layout.dims();
-        match dims.last() {
-            Some(&last) if last == k => {}
-            Some(&last) => bail!("Nvfp4Linear: the input's last dimension is {last}, the weight's K is {k}"),
-            None => bail!("Nvfp4Linear: the input is a scalar; [..., K] with K = {k} wanted"),
+        Ok((y, Shape::from_dims(&out)))
+    }
+}
+
+impl CustomOp2 for Nvfp4Experts {
+    fn name(&self) -> &'static str {
+        "nvfp4-experts"
+    }
+
+    fn cpu_fwd(&self, _: &CpuStorage, _: &Layout, _: &CpuStorage, _: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
+        Err(cpu_refusal("Nvfp4Experts", self.mode))
+    }
+
+    fn cuda_fwd(&self, storage: &CudaStorage, layout: &Layout, offsets: &CudaStorage, offsets_layout: &Layout) -> candle_core::Result<(CudaStorage, Shape)> {
+        let (experts, n, k) = self.weight.shape();
+        let who = "Nvfp4Experts";
+        // The offsets first: a forward whose routing is wrong is refused whatever its input.
+        if offsets.dtype() != DType::I32 {
+            bail!("{who}: offsets dtype {:?}; i32 wanted", offsets.dtype());
         }
-        // The same candle device, not only the same GPU: candle keeps its devices apart, and a
-        // buffer of another may live on a stream not ordered against the layer's.
-        if !storage.device().same_device(&self.device) {
-            bail!("Nvfp4Linear: the input is on another candle CudaDevice than the layer's (candle keeps devices apart, even on one GPU, and their streams need not be ordered: input {:?}, layer {:?}); use the layer's device", storage.device().location(), self.device.location());
+        if offsets_layout.dims() != [experts + 1] {
+            bail!("{who}: offsets of shape {:?}; [E + 1] = [{}] wanted (E = {experts} experts)", offsets_layout.dims(), experts + 1);
         }
-        let dtype = storage.dtype();
-        if !matches!(dtype, DType::BF16 | DType::F16) {
-            bail!("Nvfp4Linear: input dtype {dtype:?}; bf16 or f16 wanted");
-        }
-        let mut out = dims.to_vec();
-        *out.last_mut().expect("checked above") = n;
-        let rows = (end - start) / k;
-        // Every forward allocates its output (an empty batch too), and may grow the lane's buffers.
-        if crate::gemm::capture_check(&self.device.cuda_stream()).map_err(candle_core::Error::wrap)? {
-            let e = match self.mode {
-                LinearMode::Nvfp4 { .. } => crate::Error::NotCapturable { call: "Nvfp4Linear::forward", why: "it allocates its output, and its activation buffers as they grow", fix: "capture Quantizer::quantize_into and BlockScaledGemm::gemm on buffers allocated before capture" },
-                LinearMode::W4a16 => crate::Error::NotCapturable { call: "Nvfp4Linear::forward", why: "it allocates its output", fix: "capture BlockScaledGemm::gemm_w4a16 on buffers allocated before capture" },
-            };
-            return Err(candle_core::Error::wrap(e));
-        }
-        let y = match dtype {
-            _ if rows == 0 => self.device.zeros_impl(&Shape::from_dims(&out), dtype)?, // an empty batch
-            DType::BF16 => self.run_storage::<half::bf16>(storage, start..end, rows)?,
-            _ => self.run_storage::<half::f16>(storage, start..end, rows)?,
+        let Some((o_start, o_end)) = offsets_layout.contiguous_offsets() else {
+            bail!("{who}: the offsets must be contiguous (call .contiguous() first)");
+        };
+        check_same_device(who, "offsets", offsets, &self.device)?;
+        let (range, rows, out) = check_input(who, self.mode, storage, layout, (n, k), &self.device)?;
+        let o = offsets.as_cuda_slice::<i32>()?.slice(o_start..o_end);
+        let y = match storage.dtype() {
+            dtype if rows == 0 => self.device.zeros_impl(&Shape::from_dims(&out), dtype)?, // an empty batch
+            DType::BF16 => run_on::<half::bf16>(storage, range, &self.device, |x| self.run(x, &o, rows))?,
+            _ => run_on::<half::f16>(storage, range, &self.device, |x| self.run(x, &o, rows))?,
         };
         Ok((y, Shape::from_dims(&out)))
     }

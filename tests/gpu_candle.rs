@@ -6,7 +6,7 @@
 //!
 //! Needs candle linked (cuBLAS, cuRAND, libcuda at load time): see bench/README.md, "Commands".
 #![allow(clippy::type_complexity)]
-use blockscaled_gemm::candle::{LinearMode, Nvfp4Linear};
+use blockscaled_gemm::candle::{LinearMode, Nvfp4Experts, Nvfp4Linear};
 use blockscaled_gemm::compare::{verify_matrices, verify_w4a16};
 use blockscaled_gemm::{Activation16, BlockScaledGemm, HostFloat, Nvfp4Matrix, Nvfp4Tensor, Problem};
 use candle_core::{DType, Device, Tensor, WithDType};
@@ -31,6 +31,9 @@ fn main() {
         ("candle_forward_odd_shapes_and_saturation", candle_forward_odd_shapes_and_saturation),
         ("candle_forward_from_checkpoint", candle_forward_from_checkpoint),
         ("candle_new_refusals", candle_new_refusals),
+        ("candle_experts_forward", candle_experts_forward),
+        ("candle_experts_uncovered_rows", candle_experts_uncovered_rows),
+        ("candle_experts_refusals", candle_experts_refusals),
     ];
     harness::run("gpu_candle", tests);
 }
@@ -434,6 +437,165 @@ fn candle_forward_from_checkpoint() -> Outcome {
                 check::<half::bf16>(layer, &host.weight, &randn(&d, &[m, k], DType::BF16), &format!("file {i} ({}) [{m}, {k}]", names[0]));
             }
         }
+    }
+    Ok(())
+}
+
+
+/// Expert factors of the experts' cases (a checkpoint's per-expert weight global scales).
+const EXPERT_SCALES: [f32; 4] = [1.0, 0.5, 2.0, 0.25];
+
+/// An (E, N, K) weight of `EXPERT_SCALES.len()` experts and an experts layer over it on `d`.
+fn make_experts(d: &Device, n: usize, k: usize, seed: u64, mode: LinearMode) -> (Nvfp4Matrix, Nvfp4Experts) {
+    let w = Nvfp4Matrix::random_realistic(n, k, EXPERT_SCALES.len(), seed).unwrap();
+    let cd = d.as_cuda_device().unwrap();
+    let layer = Nvfp4Experts::new(Nvfp4Tensor::upload(&w, &cd.cuda_stream()).unwrap(), &EXPERT_SCALES, mode, cd).unwrap();
+    (w, layer)
+}
+
+/// `layer.forward(x, offsets)` judged expert by expert, as [`check`] judges a dense forward (each
+/// expert's rows against the reference of the mode with that expert's weight and factor), and
+/// the rows no expert covers (offsets short of T) 0.
+fn check_experts<T: Activation16 + WithDType + HostFloat>(d: &Device, layer: &Nvfp4Experts, w: &Nvfp4Matrix, x: &Tensor, offsets: &[i32], what: &str) {
+    let what = &format!("{:?}: {what}", layer.mode());
+    let o = Tensor::new(offsets, d).unwrap();
+    let y = layer.forward(x, &o).unwrap_or_else(|e| panic!("{what}: forward: {e}"));
+    let (n, k) = (w.rows(), w.k());
+    let mut want = x.dims().to_vec();
+    *want.last_mut().unwrap() = n;
+    assert_eq!(y.dims(), &want[..], "{what}: output shape");
+    assert_eq!(y.dtype(), x.dtype(), "{what}: output dtype");
+    let xs: Vec<T> = x.flatten_all().unwrap().to_vec1().unwrap();
+    let got: Vec<T> = y.flatten_all().unwrap().to_vec1().unwrap();
+    let rows = xs.len() / k;
+    let mut covered = vec![false; rows];
+    for e in 0..offsets.len() - 1 {
+        let (r0, r1) = (offsets[e] as usize, offsets[e + 1] as usize);
+        if r0 == r1 {
+            continue;
+        }
+        covered[r0..r1].iter_mut().for_each(|c| *c = true);
+        let we = w.batch_slice(e).unwrap();
+        let (xe, ge) = (&xs[r0 * k..r1 * k], &got[r0 * n..r1 * n]);
+        let v = match layer.mode() {
+            LinearMode::Nvfp4 { input_scale } => {
+                let xq = Nvfp4Matrix::quantize(xe, (1, r1 - r0, k), Some(input_scale)).unwrap();
+                verify_matrices(&xq, &we, EXPERT_SCALES[e], 0.0, None, ge).unwrap()
+            }
+            LinearMode::W4a16 => {
+                let p = Problem::new(r1 - r0, n, k).scalars(EXPERT_SCALES[e] * we.global_scale().unwrap_or(1.0), 0.0);
+                verify_w4a16(&p, xe, we.data(), we.scales(), None, ge).unwrap()
+            }
+        };
+        assert!(v.passed(), "{what}: expert {e} (rows {r0}..{r1}): {v}");
+        assert!(v.exact * 50 >= v.count * 49, "{what}: expert {e}: only {} of {} exact: {v}", v.exact, v.count);
+    }
+    for (r, _) in covered.iter().enumerate().filter(|(_, c)| !**c) {
+        assert!(got[r * n..(r + 1) * n].iter().all(|&v| WithDType::to_f64(v) == 0.0), "{what}: row {r}, which no expert covers, is not 0");
+    }
+}
+
+/// Offsets of `counts` rows an expert, as i32.
+fn offsets_of(counts: &[usize]) -> Vec<i32> {
+    blockscaled_gemm::grouped::expert_offsets(counts).unwrap()
+}
+
+/// The experts layer in both modes: routings with an empty expert, stream tiles (few rows an
+/// expert) and the swapped tiles (from 33 an expert on average), bf16 and f16, a 3-D input, and
+/// the same layer used again with fewer rows (its kept buffers' prefix).
+fn candle_experts_forward() -> Outcome {
+    let d = device(false)?;
+    let (n, k) = (256, 512);
+    for mode in MODES {
+        let (w, layer) = make_experts(&d, n, k, 51, mode);
+        for counts in [[3, 0, 40, 17], [130, 1, 0, 2], [1, 1, 1, 1], [200, 50, 64, 7], [2, 0, 0, 1]] {
+            let o = offsets_of(&counts);
+            let t = counts.iter().sum::<usize>();
+            check_experts::<half::bf16>(&d, &layer, &w, &randn(&d, &[t, k], DType::BF16), &o, &format!("bf16 {counts:?}"));
+            check_experts::<half::f16>(&d, &layer, &w, &randn(&d, &[t, k], DType::F16), &o, &format!("f16 {counts:?}"));
+        }
+        let o = offsets_of(&[10, 20, 0, 10]);
+        check_experts::<half::bf16>(&d, &layer, &w, &randn(&d, &[2, 20, k], DType::BF16), &o, "[2, 20, K]");
+        // An empty batch: no rows in, none out.
+        let y = layer.forward(&Tensor::zeros((0, k), DType::BF16, &d).unwrap(), &Tensor::new(&[0i32; 5], &d).unwrap()).unwrap();
+        assert_eq!(y.dims(), &[0, n]);
+    }
+    Ok(())
+}
+
+/// Offsets that do not cover every row, and offsets out of order or past T: each expert covers
+/// the rows of the offsets' running maximum clamped to [0, T] (as `moe_gemm` reads them), and
+/// every other row is 0.
+fn candle_experts_uncovered_rows() -> Outcome {
+    let d = device(false)?;
+    let (n, k, t) = (128, 256, 30);
+    for mode in MODES {
+        let (w, layer) = make_experts(&d, n, k, 52, mode);
+        // Rows 20..30 in no expert.
+        check_experts::<half::bf16>(&d, &layer, &w, &randn(&d, &[t, k], DType::BF16), &[0, 3, 3, 10, 20], "rows 20.. uncovered");
+        // Rows 0..4 in none (the first offset 4), expert 1 empty.
+        check_experts::<half::bf16>(&d, &layer, &w, &randn(&d, &[t, k], DType::BF16), &[4, 8, 8, 12, 30], "rows ..4 uncovered");
+        // Offsets out of order and past T, as the device reads them.
+        let x = randn(&d, &[t, k], DType::BF16);
+        let y = layer.forward(&x, &Tensor::new(&[0i32, 12, 5, 99, 40], &d).unwrap()).unwrap();
+        let clamped = [0i32, 12, 12, 30, 30];
+        let want = layer.forward(&x, &Tensor::new(&clamped, &d).unwrap()).unwrap();
+        let (a, b): (Vec<half::bf16>, Vec<half::bf16>) = (y.flatten_all().unwrap().to_vec1().unwrap(), want.flatten_all().unwrap().to_vec1().unwrap());
+        assert!(a.iter().zip(&b).all(|(p, q)| p.to_bits() == q.to_bits()), "{mode:?}: invalid offsets differ from their clamped running maximum");
+        check_experts::<half::bf16>(&d, &layer, &w, &x, &clamped, "clamped offsets");
+    }
+    Ok(())
+}
+
+/// What the experts layer cannot take: each an error from `new` or `forward` that says why.
+fn candle_experts_refusals() -> Outcome {
+    let d = device(false)?;
+    let cd = d.as_cuda_device().unwrap();
+    let (n, k) = (128, 256);
+    let w = Nvfp4Matrix::random_realistic(n, k, 4, 53).unwrap();
+    let up = || Nvfp4Tensor::upload(&w, &cd.cuda_stream()).unwrap();
+    let refused = |r: blockscaled_gemm::Result<Nvfp4Experts>, what: &str, says: &str| match r {
+        Ok(_) => panic!("{what}: accepted"),
+        Err(e) => assert!(e.to_string().contains(says), "{what}: the error does not say {says:?}: {e}"),
+    };
+    for mode in MODES {
+        refused(Nvfp4Experts::new(up(), &[1.0; 3], mode, cd), "three scales for four experts", "one each");
+        refused(Nvfp4Experts::new(up(), &[1.0, f32::NAN, 1.0, 1.0], mode, cd), "a NaN expert scale", "expert 1");
+        refused(Nvfp4Experts::new(up(), &[1.0, 1.0, 0.0, 1.0], mode, cd), "a zero expert scale", "expert 2");
+        // An expert's factor times the weight's global scale (1e30) out of f32's range.
+        let (v, sc) = up().into_parts();
+        let big = Nvfp4Tensor::new::<u8, u8>(v, sc, (4, n, k), 1e30).unwrap();
+        refused(Nvfp4Experts::new(big, &[1.0, 1.0, 1.0, 1e10], mode, cd), "an expert scale whose product overflows", "alpha");
+    }
+    refused(Nvfp4Experts::new(up(), &EXPERT_SCALES, LinearMode::Nvfp4 { input_scale: -1.0 }, cd), "a negative input scale", "global scale");
+    let other = Device::new_cuda(0).unwrap();
+    for mode in MODES {
+        let layer = Nvfp4Experts::new(up(), &EXPERT_SCALES, mode, cd).unwrap();
+        let x = randn(&d, &[8, k], DType::BF16);
+        let good = Tensor::new(&[0i32, 2, 4, 6, 8], &d).unwrap();
+        let cases: Vec<(&str, Tensor, Tensor, &str)> = vec![
+            ("u32 offsets", x.clone(), Tensor::new(&[0u32, 2, 4, 6, 8], &d).unwrap(), "i32 wanted"),
+            ("E offsets, not E + 1", x.clone(), Tensor::new(&[0i32, 2, 4, 8], &d).unwrap(), "[E + 1]"),
+            ("2-D offsets", x.clone(), Tensor::new(&[[0i32, 2, 4, 6, 8]], &d).unwrap(), "[E + 1]"),
+            ("offsets on the CPU", x.clone(), Tensor::new(&[0i32, 2, 4, 6, 8], &Device::Cpu).unwrap(), "device"),
+            ("offsets on another candle device", x.clone(), Tensor::new(&[0i32, 2, 4, 6, 8], &other).unwrap(), "another candle CudaDevice"),
+            ("strided offsets", x.clone(), Tensor::new(&[0i32, 9, 2, 9, 4, 9, 6, 9, 8, 9], &d).unwrap().reshape((5, 2)).unwrap().narrow(1, 0, 1).unwrap().squeeze(1).unwrap(), "contiguous"),
+            ("wrong K", randn(&d, &[8, k + 16], DType::BF16), good.clone(), "last dimension"),
+            ("f32 input", randn(&d, &[8, k], DType::F32), good.clone(), "dtype"),
+            ("input on another candle device", randn(&other, &[8, k], DType::BF16), good.clone(), "another candle CudaDevice"),
+        ];
+        for (what, x, o, says) in cases {
+            match layer.forward(&x, &o) {
+                Ok(y) => panic!("{mode:?}: {what}: accepted (output {:?})", y.dims()),
+                Err(e) => {
+                    let msg = e.to_string();
+                    assert!(msg.contains(says), "{mode:?}: {what}: the error does not say {says:?}: {msg}");
+                    println!("  {mode:?}: {what}: {}", msg.lines().next().unwrap_or(""));
+                }
+            }
+        }
+        // Still works after every refusal.
+        check_experts::<half::bf16>(&d, &layer, &w, &x, &[0, 2, 4, 6, 8], "after the refusals");
     }
     Ok(())
 }
