@@ -5,10 +5,12 @@
 //! activations, or of NVFP4 on the same activations quantized on the host with the same input
 //! scale). Then timings: what a forward costs the host, and, in the same run, the layer against
 //! candle's own bf16 `matmul` on the dequantized weight (cuBLAS), both eager, weights rotated past
-//! the L2.
+//! the L2. With `--experts E`, the same for an experts layer (`Nvfp4Experts`, the grouped GEMM of
+//! a mixture-of-experts layer) on the M rows spread over E experts, against one candle bf16
+//! `matmul` an expert.
 //!
 //! ```text
-//! cargo run --release --example candle_linear --features candle -- [--mode w4a16|nvfp4] [--m 16] [--n 4096] [--k 7168]
+//! cargo run --release --example candle_linear --features candle -- [--mode w4a16|nvfp4] [--m 16] [--n 4096] [--k 7168] [--experts 8]
 //! ```
 //! Exits 0 when every element passes, 1 when one does not, 2 where the driver has no GPU. candle
 //! links libcuda at load time (cudarc's `dynamic-linking`), so without a driver at all the program
@@ -17,7 +19,7 @@
 use std::error::Error;
 use std::time::Instant;
 
-use blockscaled_gemm::candle::{LinearMode, Nvfp4Linear};
+use blockscaled_gemm::candle::{LinearMode, Nvfp4Experts, Nvfp4Linear};
 use blockscaled_gemm::compare::{verify_matrices, verify_w4a16, Verdict};
 use blockscaled_gemm::layout::sf_batch_bytes;
 use blockscaled_gemm::{Activation16, BlockScaledGemm, Nvfp4Matrix, Nvfp4Tensor, Problem, Quantizer};
@@ -48,6 +50,10 @@ struct Cli {
     /// How the layer takes its activations.
     #[arg(long, value_enum, default_value_t = Mode::W4a16)]
     mode: Mode,
+    /// Also an experts layer (`Nvfp4Experts`) of this many experts of the same shape, the M rows
+    /// spread evenly over them: checked against the reference and timed (0: none).
+    #[arg(long, default_value_t = 0)]
+    experts: usize,
     /// Timed forward passes.
     #[arg(long, default_value_t = 200)]
     iterations: usize,
@@ -96,6 +102,9 @@ fn run(cli: &Cli) -> Result<bool, Box<dyn Error>> {
     ok &= results.iter().all(|&r| r);
     host_cost(cli, &device, &layer)?;
     against_bf16(cli, &device, &weight, mode)?;
+    if cli.experts > 0 {
+        ok &= experts(cli, &device, mode)?;
+    }
     println!("{}", if ok { "PASSED" } else { "FAILED" });
     Ok(ok)
 }
@@ -200,6 +209,63 @@ fn against_bf16(cli: &Cli, device: &Device, weight: &Nvfp4Matrix, mode: LinearMo
     println!("  against candle bf16, [{m}, {k}] x [{n}, {k}]ᵀ, weights rotated over {} / {} copies (> 2x the {} MB L2), back to back: \
               Nvfp4Linear {ours:.1} us a call, bf16 matmul {bf16:.1} us ({:.2}x)", layers.len(), dense.len(), l2 >> 20, bf16 / ours);
     Ok(())
+}
+
+/// An experts layer of `cli.experts` experts (N, K) on M rows spread evenly over them (bf16): its
+/// verdict expert by expert, then, back to back with the experts' weights rotated past the L2,
+/// its forward against what candle runs without it, one bf16 `matmul` an expert on its rows
+/// (the weights dequantized), same run.
+fn experts(cli: &Cli, device: &Device, mode: LinearMode) -> Result<bool, Box<dyn Error>> {
+    use cudarc::driver::sys::CUdevice_attribute;
+    let (m, n, k, e) = (cli.m, cli.n, cli.k, cli.experts);
+    let counts: Vec<usize> = (0..e).map(|i| m / e + usize::from(i < m % e)).collect();
+    let offsets = blockscaled_gemm::grouped::expert_offsets(&counts)?;
+    let weight = Nvfp4Matrix::random_realistic(n, k, e, 11)?;
+    let scales: Vec<f32> = (0..e).map(|i| [1.0, 0.5, 2.0, 0.25][i % 4]).collect();
+    let cuda = device.as_cuda_device()?;
+    let make = || -> Result<Nvfp4Experts, Box<dyn Error>> { Ok(Nvfp4Experts::new(Nvfp4Tensor::upload(&weight, &cuda.cuda_stream())?, &scales, mode, cuda)?) };
+    let layer = make()?;
+    let x = Tensor::randn(0f32, 1.0, (m, k), device)?.to_dtype(DType::BF16)?;
+    let o = Tensor::new(offsets.as_slice(), device)?;
+    let y = layer.forward(&x, &o)?;
+    let (xs, got): (Vec<half::bf16>, Vec<half::bf16>) = (x.flatten_all()?.to_vec1()?, y.flatten_all()?.to_vec1()?);
+    let mut ok = true;
+    for ex in 0..e {
+        let (r0, r1) = (offsets[ex] as usize, offsets[ex + 1] as usize);
+        if r0 == r1 {
+            continue;
+        }
+        let we = weight.batch_slice(ex)?;
+        let (xe, ge) = (&xs[r0 * k..r1 * k], &got[r0 * n..r1 * n]);
+        let v = match mode {
+            LinearMode::Nvfp4 { input_scale } => verify_matrices(&Nvfp4Matrix::quantize(xe, (1, r1 - r0, k), Some(input_scale))?, &we, scales[ex], 0.0, None, ge)?,
+            LinearMode::W4a16 => verify_w4a16(&Problem::new(r1 - r0, n, k).scalars(scales[ex] * we.global_scale().unwrap_or(1.0), 0.0), xe, we.data(), we.scales(), None, ge)?,
+        };
+        ok &= v.passed();
+        if !v.passed() {
+            println!("  experts: expert {ex} (rows {r0}..{r1}): {v}");
+        }
+    }
+    let l2 = cuda.cuda_stream().context().attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE)? as usize;
+    let sets = |bytes: usize| (2 * l2).div_ceil(bytes.max(1)) + 1;
+    let layers = (0..sets(e * (n * k / 2 + n * k / 16))).map(|_| make()).collect::<Result<Vec<_>, _>>()?;
+    let dense: Vec<Vec<Tensor>> = (0..sets(e * n * k * 2))
+        .map(|_| (0..e).map(|ex| Tensor::from_vec(weight.batch_slice(ex)?.dequantize()?, (n, k), device)?.to_dtype(DType::BF16).map_err(Into::into)).collect::<Result<Vec<_>, Box<dyn Error>>>())
+        .collect::<Result<_, _>>()?;
+    let (_, ours) = time_calls(device, 4, cli.iterations, &mut |i| {
+        layers[i % layers.len()].forward(&x, &o)?;
+        Ok(())
+    })?;
+    let (_, loop_bf16) = time_calls(device, 4, cli.iterations, &mut |i| {
+        let ws = &dense[i % dense.len()];
+        let ys = (0..e).filter(|&ex| counts[ex] > 0).map(|ex| x.narrow(0, offsets[ex] as usize, counts[ex])?.matmul(&ws[ex].t()?)).collect::<candle_core::Result<Vec<_>>>()?;
+        Tensor::cat(&ys, 0)?;
+        Ok(())
+    })?;
+    println!("  experts: {e} x [{n}, {k}], {m} rows ({counts:?}), bf16: {}; weights rotated over {} / {} copies, back to back: \
+              Nvfp4Experts {ours:.1} us a call, candle bf16 matmul an expert + cat {loop_bf16:.1} us ({:.2}x)",
+             if ok { "every expert exact or within the FP32 bound" } else { "FAILED" }, layers.len(), dense.len(), loop_bf16 / ours);
+    Ok(ok)
 }
 
 /// `iterations` calls `f(i)` back to back, after `warmup` calls and a synchronization: the median

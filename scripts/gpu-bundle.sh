@@ -112,7 +112,7 @@ PY
     grep -q '^gpu_candle: [1-9][0-9]* passed' "$log" || { echo "run.sh candle: no case passed" >&2; rc=1; }
     rm -f "$log"
     if [ $# = 0 ]; then
-      for mode in w4a16 nvfp4; do "$here/candle/candle_linear" --mode $mode --m 16 --iterations 50 || rc=1; done
+      for mode in w4a16 nvfp4; do "$here/candle/candle_linear" --mode $mode --m 16 --experts 8 --iterations 50 || rc=1; done
     fi
     exit $rc ;;
   bench)

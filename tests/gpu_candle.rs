@@ -562,10 +562,11 @@ fn candle_experts_refusals() -> Outcome {
         refused(Nvfp4Experts::new(up(), &[1.0; 3], mode, cd), "three scales for four experts", "one each");
         refused(Nvfp4Experts::new(up(), &[1.0, f32::NAN, 1.0, 1.0], mode, cd), "a NaN expert scale", "expert 1");
         refused(Nvfp4Experts::new(up(), &[1.0, 1.0, 0.0, 1.0], mode, cd), "a zero expert scale", "expert 2");
-        // An expert's factor times the weight's global scale (1e30) out of f32's range.
+        // An expert's factor times the weight's global scale (1e30) and the input scale (1/448
+        // or 1) out of f32's range.
         let (v, sc) = up().into_parts();
         let big = Nvfp4Tensor::new::<u8, u8>(v, sc, (4, n, k), 1e30).unwrap();
-        refused(Nvfp4Experts::new(big, &[1.0, 1.0, 1.0, 1e10], mode, cd), "an expert scale whose product overflows", "alpha");
+        refused(Nvfp4Experts::new(big, &[1.0, 1.0, 1.0, 1e12], mode, cd), "an expert scale whose product overflows", "alpha");
     }
     refused(Nvfp4Experts::new(up(), &EXPERT_SCALES, LinearMode::Nvfp4 { input_scale: -1.0 }, cd), "a negative input scale", "global scale");
     let other = Device::new_cuda(0).unwrap();
