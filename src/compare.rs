@@ -212,6 +212,11 @@ pub struct Fp4Comparison {
     pub codes_far: usize,
     /// Codes whose bits differ (a -0 against a +0 counts here, not in `codes_equal`'s complement).
     pub codes_bits_differ: usize,
+    /// Codes compared by value in groups whose scale factors are neighbours.
+    pub neighbour_codes: usize,
+    /// Of those, codes whose values (code times scale factor) are further apart than two
+    /// roundings of one value allow (see [`compare_fp4`]).
+    pub neighbour_codes_far: usize,
 }
 
 impl Fp4Comparison {
@@ -219,16 +224,17 @@ impl Fp4Comparison {
     pub fn byte_equal(&self) -> bool {
         self.sfd_equal == self.groups && self.codes_bits_differ == 0
     }
-    /// No scale factor further than its neighbour, no code further than one step.
+    /// No scale factor further than its neighbour, no code further than one step, and in groups
+    /// whose scale factors are neighbours no value further than the two roundings allow.
     pub fn within_one_step(&self) -> bool {
-        self.sfd_far == 0 && self.codes_far == 0
+        self.sfd_far == 0 && self.codes_far == 0 && self.neighbour_codes_far == 0
     }
 }
 
 impl std::fmt::Display for Fp4Comparison {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{} groups: SFD {} equal, {} neighbouring, {} further; {} codes: {} equal, {} one step, {} further",
-            self.groups, self.sfd_equal, self.sfd_neighbour, self.sfd_far, self.codes, self.codes_equal, self.codes_one_step, self.codes_far)
+        write!(f, "{} groups: SFD {} equal, {} neighbouring, {} further; {} codes: {} equal, {} one step, {} further; {} codes of neighbouring groups, {} beyond their roundings",
+            self.groups, self.sfd_equal, self.sfd_neighbour, self.sfd_far, self.codes, self.codes_equal, self.codes_one_step, self.codes_far, self.neighbour_codes, self.neighbour_codes_far)
     }
 }
 
@@ -238,8 +244,15 @@ impl std::fmt::Display for Fp4Comparison {
 ///
 /// Two scale factors are neighbours where both are finite values of `format` one encoding apart
 /// (the next value up or down); a NaN (ue4m3 0x7F, ue8m0 0xFF) or, in ue4m3, a byte with the sign
-/// bit set is only ever equal to the same byte. The codes of a group whose scale factors differ are
-/// not compared.
+/// bit set is only ever equal to the same byte. In groups with equal scale factors the codes are
+/// compared in e2m1 steps. In groups with neighbouring ones (two quantizations of one value v
+/// whose FP32 sums differ slightly, with the scales S1 and S2 either side of a rounding point) the
+/// decoded values are compared: each code c of scale S is v / S rounded to e2m1, so
+/// `|c S - v| <= h(c) S` with h(c) half the larger e2m1 gap beside c (0.25 up to 1.5, 0.5 at 2
+/// and 3, 1 at 4 and 6, saturation at 6 being reached only at the rounding point), and
+/// `|c1 S1 - c2 S2| <= h(c1) S1 + h(c2) S2 + max(S1, S2) / 16`, the last term for the sums'
+/// difference. Codes further apart count in `neighbour_codes_far`; in groups whose scale factors
+/// are further apart nothing is compared.
 pub fn compare_fp4(got_d: &[u8], got_sfd: &[u8], want_d: &[u8], want_sfd: &[u8], n: usize, format: SfdFormat) -> Result<Fp4Comparison> {
     if n == 0 || !n.is_multiple_of(16) {
         return Err(Error::InvalidData { what: "n", detail: format!("{n} is not a positive multiple of 16 (one scale factor per 16 outputs)") });
@@ -257,11 +270,26 @@ pub fn compare_fp4(got_d: &[u8], got_sfd: &[u8], want_d: &[u8], want_sfd: &[u8],
         SfdFormat::Ue4m3 => b < 0x7F,
         SfdFormat::Ue8m0 => b != 0xFF,
     };
+    let scale = |b: u8| match format {
+        SfdFormat::Ue4m3 => crate::formats::ue4m3_to_f32(b) as f64,
+        SfdFormat::Ue8m0 => crate::formats::ue8m0_to_f32(b) as f64,
+    };
+    // Half the larger e2m1 gap beside each magnitude 0, 0.5, 1, 1.5, 2, 3, 4, 6.
+    const HALF_GAP: [f64; 8] = [0.25, 0.25, 0.25, 0.25, 0.5, 0.5, 1.0, 1.0];
     let mut c = Fp4Comparison { groups: got_sfd.len(), ..Default::default() };
     for (gi, (&gs, &ws)) in got_sfd.iter().zip(want_sfd).enumerate() {
         if gs != ws {
             if finite(gs) && finite(ws) && gs.abs_diff(ws) == 1 {
                 c.sfd_neighbour += 1;
+                let (sg, sw) = (scale(gs), scale(ws));
+                for (&g, &w) in got_d[gi * 8..][..8].iter().zip(&want_d[gi * 8..][..8]) {
+                    for (x, y) in [(g & 15, w & 15), (g >> 4, w >> 4)] {
+                        let (vx, vy) = (crate::formats::e2m1_to_f32(x) as f64 * sg, crate::formats::e2m1_to_f32(y) as f64 * sw);
+                        let bound = HALF_GAP[(x & 7) as usize] * sg + HALF_GAP[(y & 7) as usize] * sw + sg.max(sw) / 16.0;
+                        c.neighbour_codes += 1;
+                        c.neighbour_codes_far += usize::from((vx - vy).abs() > bound);
+                    }
+                }
             } else {
                 c.sfd_far += 1;
             }
@@ -293,16 +321,47 @@ mod fp4_tests {
         let mut got_d = want_d.clone();
         got_d[0] = 0x22; // 1 -> 2: one step
         got_d[1] = 0x81; // 2 -> -0: two steps
-        got_d[9] = 0x00; // second group, whose SFD differs: not compared
+        got_d[9] = 0x00; // second group, whose SFD is a neighbour: compared by value
         let c = compare_fp4(&got_d, &[5, 7], &want_d, &[5, 6], 16, SfdFormat::Ue4m3).unwrap();
         assert_eq!((c.groups, c.sfd_equal, c.sfd_neighbour, c.sfd_far), (2, 1, 1, 0));
         assert_eq!((c.codes, c.codes_equal, c.codes_one_step, c.codes_far), (16, 14, 1, 1));
+        // got 0 against 0.5 S is within the two roundings, 0 against 1.0 S is not.
+        assert_eq!((c.neighbour_codes, c.neighbour_codes_far), (16, 1), "{c}");
         assert!(!c.byte_equal() && !c.within_one_step());
         let c = compare_fp4(&want_d, &[5, 6], &want_d, &[5, 6], 16, SfdFormat::Ue4m3).unwrap();
         assert!(c.byte_equal() && c.within_one_step(), "{c}");
         // -0 and +0 are the same point.
         let c = compare_fp4(&[0x08; 8], &[1], &[0x00; 8], &[1], 16, SfdFormat::Ue4m3).unwrap();
         assert!(!c.byte_equal() && c.codes_equal == 16);
+    }
+
+    #[test]
+    fn fp4_comparison_neighbour_groups_by_value() {
+        // One group quantized at two neighbouring scales, as the reference would: each code is
+        // v / S rounded to e2m1; every pair must pass, and a code moved two steps must not.
+        use crate::formats::{e2m1_from_f32, pack_e2m1, ue4m3_to_f32, ue8m0_to_f32};
+        let quantize = |v: &[f64], s: f64| -> Vec<u8> { v.chunks(2).map(|p| pack_e2m1(e2m1_from_f32((p[0] / s) as f32), e2m1_from_f32((p[1] / s) as f32))).collect() };
+        for (format, lo, hi) in [(SfdFormat::Ue4m3, 0x38u8, 0x39u8), (SfdFormat::Ue8m0, 0x7F, 0x80), (SfdFormat::Ue4m3, 0x07, 0x08)] {
+            let (sl, sh) = match format {
+                SfdFormat::Ue4m3 => (ue4m3_to_f32(lo) as f64, ue4m3_to_f32(hi) as f64),
+                SfdFormat::Ue8m0 => (ue8m0_to_f32(lo) as f64, ue8m0_to_f32(hi) as f64),
+            };
+            // Values up to 6 * sl: the group's amax at the rounding point between the scales.
+            for seed in 0..200u64 {
+                let mut rng = crate::SplitMix64::new(seed);
+                let v: Vec<f64> = (0..16).map(|i| if i == 0 { 6.0 * sl } else { (rng.unit() * 12.0 - 6.0) * sl }).collect();
+                let (a, b) = (quantize(&v, sl), quantize(&v, sh));
+                let c = compare_fp4(&a, &[lo], &b, &[hi], 16, format).unwrap();
+                assert!(c.within_one_step() && c.neighbour_codes == 16, "{format:?} seed {seed}: {c}");
+                // One code moved far (2 or more to 0, below 2 to 6) is beyond the bound.
+                let mut bad = a.clone();
+                let x = bad[3] & 15;
+                let moved = if x & 7 >= 4 { x & 8 } else { x | 7 };
+                bad[3] = (bad[3] & 0xF0) | moved;
+                let c = compare_fp4(&bad, &[lo], &b, &[hi], 16, format).unwrap();
+                assert!(!c.within_one_step() && c.neighbour_codes_far >= 1, "{format:?} seed {seed}: {x:#x} -> {moved:#x} passed: {c}");
+            }
+        }
     }
 
     #[test]

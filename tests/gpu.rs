@@ -636,7 +636,8 @@ fn fp4_output_exact_data_byte_for_byte() -> Outcome {
 /// Realistic data (sums round in FP32, in another order than the reference's): per 16-output
 /// group the SFD byte equals the exact reference's and every D code is within one e2m1 step,
 /// except groups whose unrounded scale lies within 1e-5 (relative) of an SFD rounding point,
-/// where accumulation order may pick the neighbouring scale; those are counted.
+/// where accumulation order may pick the neighbouring scale; those are counted, and their codes
+/// compared by value (`compare_fp4`: within the two roundings of one value).
 fn fp4_output_realistic_data_within_one_step() -> Outcome {
     let g = fp4_device()?;
     let cc = g.device().compute_capability;

@@ -238,13 +238,15 @@ fn swiglu_rows_shapes() {
 }
 
 #[test]
-fn compare_fp4_neighbour_scale_skips_codes() {
-    // SFD one code apart: the codes are not compared at all, however far.
+fn compare_fp4_neighbour_scale_compares_values() {
+    // SFD one code apart: the codes are compared by value, so 6 against 0 is far.
     let want = [0x00u8; 8];
     let got = [0x77u8; 8];
     let c = compare_fp4(&got, &[0x39], &want, &[0x38], 16, SfdFormat::Ue4m3).unwrap();
-    eprintln!("{c}");
-    assert!(c.within_one_step(), "documented: codes of neighbour groups are not compared");
+    assert!(!c.within_one_step() && c.neighbour_codes_far == 16, "{c}");
+    // The same codes at neighbouring scales (1.125 and 1.0) pass.
+    let c = compare_fp4(&got, &[0x39], &got, &[0x38], 16, SfdFormat::Ue4m3).unwrap();
+    assert!(c.within_one_step() && c.neighbour_codes == 16, "{c}");
 }
 
 #[test]
