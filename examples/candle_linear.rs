@@ -12,7 +12,9 @@
 //! ```text
 //! cargo run --release --example candle_linear --features candle -- [--mode w4a16|nvfp4] [--m 16] [--n 4096] [--k 7168] [--experts 8]
 //! ```
-//! Exits 0 when every element passes, 1 when one does not, 2 where the driver has no GPU. candle
+//! Exits 0 when every element passes, 1 when one does not or a call fails (W4A16, the default, on
+//! a GPU without W4A16 kernels such as a B200: use `--mode nvfp4` there), 2 where the driver has
+//! no GPU. candle
 //! links libcuda at load time (cudarc's `dynamic-linking`), so without a driver at all the program
 //! does not start.
 

@@ -16,9 +16,10 @@
 //!
 //! `forward` allocates its output, as candle ops do, so it refuses CUDA-graph capture
 //! ([`crate::Error::NotCapturable`]). In `Nvfp4` mode the quantized input goes into buffers the
-//! layer keeps for each stream it runs on, grown to the largest row count seen (K / 2 bytes a
-//! row and the tiled scales, rows rounded up to 128), so a forward allocates nothing else of its
-//! own (the GEMM's workspace grows as for any call). An engine that replays graphs calls
+//! layer keeps for each stream it runs on (K / 2 bytes a row and the scales, in the dense tiled
+//! layout or the experts' one), grown when a forward has more rows than they hold to at least
+//! twice the rows they held, rounded up to 128, so a forward allocates nothing else of its own
+//! (the GEMM's workspace grows as for any call). An engine that replays graphs calls
 //! [`crate::Quantizer::quantize_into`] (or `quantize_decoded_into`) and [`BlockScaledGemm::gemm`],
 //! or [`BlockScaledGemm::gemm_w4a16`], on buffers it allocated before capture, with the layer's
 //! [`Nvfp4Linear::weight`]. [`Nvfp4Experts`] does the same for the grouped GEMM
@@ -191,9 +192,9 @@ impl Lane {
                 let want = rows.max(held_rows.saturating_mul(2)).min(QUANTIZER_MAX_ROWS).checked_next_multiple_of(128).ok_or_else(too_big)?;
                 let (cb, sb) = bytes(want).ok_or_else(too_big)?;
                 let stream = self.gemm.stream();
-                // SAFETY: the quantizer writes every byte a GEMM reads (codes of `rows` rows,
-                // their scales with the tiles' padding) before the GEMM in stream order.
-                let (codes, scales) = unsafe { (stream.alloc::<u8>(cb)?, stream.alloc::<u8>(sb)?) };
+                // Zeroed: the experts' quantizer leaves the codes of rows no expert covers as
+                // they are, and the swapped tiles' pre-pass still reads them (their scale 0).
+                let (codes, scales) = (stream.alloc_zeros::<u8>(cb)?, stream.alloc_zeros::<u8>(sb)?);
                 slot.insert(Acts { rows: want, codes, scales })
             }
         };
@@ -236,10 +237,13 @@ impl Nvfp4Linear {
             return Err(Error::OperandShape { name: "weight", got: (batch, n, k), want: (1, n, k) });
         }
         let (lanes, lane) = Lanes::new(device)?;
-        if mode == LinearMode::W4a16 {
-            // A device without W4A16 kernels, or a weight they cannot take, fails every forward.
-            lane.gemm.select_w4a16_config_for(&Problem::new(1, n, k), OutType::Bf16, weight.layout())?;
-        }
+        // A device without kernels for the mode, or a weight layout they cannot take (prepacked
+        // off Hopper), fails every forward.
+        let p = Problem::new(1, n, k);
+        match mode {
+            LinearMode::W4a16 => lane.gemm.select_w4a16_config_for(&p, OutType::Bf16, weight.layout())?,
+            LinearMode::Nvfp4 { .. } => lane.gemm.select_config_for(&p, OutType::Bf16, weight.layout())?,
+        };
         Ok(Nvfp4Linear { lanes, weight, mode, device: device.clone() })
     }
 
@@ -270,11 +274,12 @@ impl Nvfp4Linear {
         let (_, n, k) = self.weight.shape();
         let p = Problem::new(rows, n, k);
         let stream = lane.gemm.stream();
+        let out_len = output_len(rows, n)?;
         match self.mode {
             LinearMode::W4a16 => {
                 // SAFETY: the GEMM below writes every element before anyone reads y; on an
                 // error y is dropped unread.
-                let mut y = unsafe { stream.alloc::<T>(rows * n)? };
+                let mut y = unsafe { stream.alloc::<T>(out_len)? };
                 lane.gemm.gemm_w4a16(&p, x, &self.weight, &mut y, None)?;
                 Ok(y)
             }
@@ -285,7 +290,7 @@ impl Nvfp4Linear {
                 lane.quantizer.quantize_into(x, (1, rows, k), input_scale, &mut codes.slice_mut(..cb), &mut scales.slice_mut(..sb))?;
                 let xq = Nvfp4Tensor::new::<u8, u8>(codes.slice(..cb), scales.slice(..sb), (1, rows, k), input_scale)?;
                 // SAFETY: as above.
-                let mut y = unsafe { stream.alloc::<T>(rows * n)? };
+                let mut y = unsafe { stream.alloc::<T>(out_len)? };
                 lane.gemm.gemm(&p, &xq, &self.weight, &mut y, None)?;
                 Ok(y)
             }
@@ -297,7 +302,9 @@ impl Nvfp4Linear {
 /// `y[rows of e] = expert_scales[e] * x[rows of e] W[e]ᵀ`, with W the experts' NVFP4 weights
 /// (E, N, K) and the rows of x stacked by expert as an `i32` offsets tensor on the device says,
 /// x quantized to NVFP4 on the GPU or taken as it is (W4A16), as the layer's [`LinearMode`] says.
-/// One launch for all experts (two with the quantizer), no host synchronisation.
+/// One grouped GEMM for all experts (with its pre-pass from 33 rows an expert on average, as
+/// [`BlockScaledGemm::moe_gemm`] runs), after a memset of the output and, in `Nvfp4` mode, the
+/// quantizer; no host synchronisation.
 ///
 /// ```no_run
 /// use blockscaled_gemm::candle::{LinearMode, Nvfp4Experts};
@@ -344,18 +351,29 @@ impl Nvfp4Experts {
         if expert_scales.len() != experts {
             return Err(Error::InvalidData { what: "expert_scales", detail: format!("{} scales for {experts} experts: one each wanted", expert_scales.len()) });
         }
+        // As a forward folds them: alpha from the global scales on the host, then each expert's
+        // factor on the device. A product out of f32's range would fail or saturate every call.
+        let alpha = folded_alpha(1.0, input_scale, weight.global_scale())?;
         for (e, &s) in expert_scales.iter().enumerate() {
             check_global_scale(s).map_err(|_| Error::InvalidData { what: "expert_scales", detail: format!("expert {e}: {s}; finite and positive wanted") })?;
-            folded_alpha(s, input_scale, weight.global_scale())?;
+            let folded = alpha * s;
+            if !folded.is_finite() || folded == 0.0 {
+                return Err(Error::InvalidData { what: "expert_scales", detail: format!("expert {e}: {s} times alpha {alpha} (the input and weight global scales) is {folded}: must be finite and nonzero") });
+            }
         }
         let (lanes, lane) = Lanes::new(device)?;
-        // A device without grouped kernels for the mode, or a weight they cannot take, fails
-        // every forward.
+        // A device without grouped kernels for the mode, or a weight layout they cannot take
+        // (prepacked off Hopper), fails every forward.
         let p = MoeProblem::new(1, n, k, experts);
         match mode {
-            LinearMode::W4a16 => lane.gemm.moe_w4a16_workspace_size::<half::bf16>(&p, OutType::Bf16, None)?,
-            LinearMode::Nvfp4 { .. } => lane.gemm.moe_workspace_size(&p, OutType::Bf16, None)?,
-        };
+            LinearMode::W4a16 => {
+                lane.gemm.moe_w4a16_workspace_size::<half::bf16>(&p, OutType::Bf16, None)?;
+            }
+            LinearMode::Nvfp4 { .. } => {
+                let config = lane.gemm.select_grouped_config(&p, OutType::Bf16)?;
+                crate::gemm::check_weight_layout(config, weight.layout())?;
+            }
+        }
         let expert_scales = device.cuda_stream().clone_htod(expert_scales)?;
         Ok(Nvfp4Experts { lanes, weight, expert_scales, mode, device: device.clone() })
     }
@@ -386,7 +404,7 @@ impl Nvfp4Experts {
         let (experts, n, k) = self.weight.shape();
         let p = MoeProblem::new(rows, n, k, experts);
         // Zeroed: the GEMM leaves rows no expert covers as they are.
-        let mut y = lane.gemm.stream().alloc_zeros::<T>(rows * n)?;
+        let mut y = lane.gemm.stream().alloc_zeros::<T>(output_len(rows, n)?)?;
         match self.mode {
             LinearMode::W4a16 => {
                 lane.gemm.moe_gemm_w4a16(&p, x, &self.weight, offsets, &self.expert_scales, &mut y, None)?;
@@ -408,7 +426,7 @@ impl Nvfp4Experts {
 /// last dimension K, on the layer's candle device, bf16 or f16; then that the stream does not
 /// capture (a forward allocates its output). Returns the input's element range, its rows and the
 /// output's dims (`[..., N]`).
-fn check_input(who: &str, mode: LinearMode, storage: &CudaStorage, layout: &Layout, (n, k): (usize, usize), device: &CudaDevice) -> candle_core::Result<(Range<usize>, usize, Vec<usize>)> {
+fn check_input(who: &str, call: &'static str, mode: LinearMode, storage: &CudaStorage, layout: &Layout, (n, k): (usize, usize), device: &CudaDevice) -> candle_core::Result<(Range<usize>, usize, Vec<usize>)> {
     let Some((start, end)) = layout.contiguous_offsets() else {
         bail!("{who}: the input must be contiguous (call .contiguous() first)");
     };
@@ -425,7 +443,6 @@ fn check_input(who: &str, mode: LinearMode, storage: &CudaStorage, layout: &Layo
     }
     // Every forward allocates its output (an empty batch too), and may grow the lane's buffers.
     if crate::gemm::capture_check(&device.cuda_stream()).map_err(candle_core::Error::wrap)? {
-        let call = if who == "Nvfp4Linear" { "Nvfp4Linear::forward" } else { "Nvfp4Experts::forward" };
         let e = match mode {
             LinearMode::Nvfp4 { .. } => Error::NotCapturable { call, why: "it allocates its output, and its activation buffers as they grow", fix: "capture the Quantizer's and BlockScaledGemm's calls on buffers allocated before capture" },
             LinearMode::W4a16 => Error::NotCapturable { call, why: "it allocates its output", fix: "capture BlockScaledGemm's W4A16 call on buffers allocated before capture" },
@@ -435,6 +452,11 @@ fn check_input(who: &str, mode: LinearMode, storage: &CudaStorage, layout: &Layo
     let mut out = dims.to_vec();
     *out.last_mut().expect("checked above") = n;
     Ok((start..end, (end - start) / k, out))
+}
+
+/// Elements of a `rows` x N output, or the error naming the product that does not fit.
+fn output_len(rows: usize, n: usize) -> Result<usize> {
+    rows.checked_mul(n).ok_or_else(|| Error::SizeLimit { what: "output elements", rule: "rows * N", dims: format!("rows = {rows}, N = {n}"), value: rows as u128 * n as u128, max: usize::MAX as u128, why: "address space" })
 }
 
 /// The same candle device, not only the same GPU: candle keeps its devices apart, and a buffer of
@@ -472,7 +494,7 @@ impl CustomOp1 for Nvfp4Linear {
 
     fn cuda_fwd(&self, storage: &CudaStorage, layout: &Layout) -> candle_core::Result<(CudaStorage, Shape)> {
         let (_, n, k) = self.weight.shape();
-        let (range, rows, out) = check_input("Nvfp4Linear", self.mode, storage, layout, (n, k), &self.device)?;
+        let (range, rows, out) = check_input("Nvfp4Linear", "Nvfp4Linear::forward", self.mode, storage, layout, (n, k), &self.device)?;
         let y = match storage.dtype() {
             dtype if rows == 0 => self.device.zeros_impl(&Shape::from_dims(&out), dtype)?, // an empty batch
             DType::BF16 => run_on::<half::bf16>(storage, range, &self.device, |x| self.run(x, rows))?,
@@ -505,7 +527,7 @@ impl CustomOp2 for Nvfp4Experts {
             bail!("{who}: the offsets must be contiguous (call .contiguous() first)");
         };
         check_same_device(who, "offsets", offsets, &self.device)?;
-        let (range, rows, out) = check_input(who, self.mode, storage, layout, (n, k), &self.device)?;
+        let (range, rows, out) = check_input(who, "Nvfp4Experts::forward", self.mode, storage, layout, (n, k), &self.device)?;
         let o = offsets.as_cuda_slice::<i32>()?.slice(o_start..o_end);
         let y = match storage.dtype() {
             dtype if rows == 0 => self.device.zeros_impl(&Shape::from_dims(&out), dtype)?, // an empty batch

@@ -34,6 +34,8 @@ fn main() {
         ("candle_experts_forward", candle_experts_forward),
         ("candle_experts_uncovered_rows", candle_experts_uncovered_rows),
         ("candle_experts_refusals", candle_experts_refusals),
+        ("candle_experts_threads", candle_experts_threads),
+        ("candle_experts_during_capture", candle_experts_during_capture),
     ];
     harness::run("gpu_candle", tests);
 }
@@ -489,6 +491,8 @@ fn check_experts<T: Activation16 + WithDType + HostFloat>(d: &Device, layer: &Nv
         };
         assert!(v.passed(), "{what}: expert {e} (rows {r0}..{r1}): {v}");
         assert!(v.exact * 50 >= v.count * 49, "{what}: expert {e}: only {} of {} exact: {v}", v.exact, v.count);
+        let ratio = v.worst.as_ref().map_or(0.0, |w| w.ratio);
+        assert!(ratio <= 0.25, "{what}: expert {e}: an element needs {ratio:.3} of its FP32 bound: {v}");
     }
     for (r, _) in covered.iter().enumerate().filter(|(_, c)| !**c) {
         assert!(got[r * n..(r + 1) * n].iter().all(|&v| WithDType::to_f64(v) == 0.0), "{what}: row {r}, which no expert covers, is not 0");
@@ -517,8 +521,77 @@ fn candle_experts_forward() -> Outcome {
         let o = offsets_of(&[10, 20, 0, 10]);
         check_experts::<half::bf16>(&d, &layer, &w, &randn(&d, &[2, 20, k], DType::BF16), &o, "[2, 20, K]");
         // An empty batch: no rows in, none out.
-        let y = layer.forward(&Tensor::zeros((0, k), DType::BF16, &d).unwrap(), &Tensor::new(&[0i32; 5], &d).unwrap()).unwrap();
-        assert_eq!(y.dims(), &[0, n]);
+        let y = layer.forward(&Tensor::zeros((0, k), DType::F16, &d).unwrap(), &Tensor::new(&[0i32; 5], &d).unwrap()).unwrap();
+        assert_eq!((y.dims(), y.dtype()), (&[0, n][..], DType::F16));
+        // Offsets read from inside a larger tensor (a view with a start), rows from a view too.
+        let o_big = Tensor::new(&[7i32, 7, 0, 5, 9, 30, 31, 0], &d).unwrap();
+        let x_big = randn(&d, &[40, k], DType::BF16);
+        let o = o_big.narrow(0, 2, 5).unwrap();
+        let y = layer.forward(&x_big.narrow(0, 3, 31).unwrap(), &o).unwrap();
+        let want = layer.forward(&x_big.narrow(0, 3, 31).unwrap().contiguous().unwrap().copy().unwrap(), &Tensor::new(&[0i32, 5, 9, 30, 31], &d).unwrap()).unwrap();
+        let (a, b): (Vec<half::bf16>, Vec<half::bf16>) = (y.flatten_all().unwrap().to_vec1().unwrap(), want.flatten_all().unwrap().to_vec1().unwrap());
+        assert!(a.iter().zip(&b).all(|(p, q)| p.to_bits() == q.to_bits()), "{mode:?}: views differ from copies");
+        check_experts::<half::bf16>(&d, &layer, &w, &x_big.narrow(0, 3, 31).unwrap(), &[0, 5, 9, 30, 31], "views");
+    }
+    Ok(())
+}
+
+/// One experts layer used by four threads at once, on a per-thread-stream device (a lane per
+/// thread) and on a device with a stream of its own (one lane, its buffers shared under the
+/// lock), each forward exact.
+fn candle_experts_threads() -> Outcome {
+    for own_stream in [false, true] {
+        let d = device(own_stream)?;
+        let (n, k) = (256, 512);
+        for mode in MODES {
+            let (w, layer) = make_experts(&d, n, k, 54, mode);
+            std::thread::scope(|scope| {
+                let hs: Vec<_> = (0..4usize)
+                    .map(|t| {
+                        let (d, w, layer) = (&d, &w, &layer);
+                        scope.spawn(move || {
+                            for round in 0..3 {
+                                let counts = [[1, 2, 0, 5], [40, 0, 90, 7], [3, 3, 3, 3], [0, 0, 0, 150]][(t + round) % 4];
+                                let x = randn(d, &[counts.iter().sum(), k], DType::BF16);
+                                check_experts::<half::bf16>(d, layer, w, &x, &offsets_of(&counts), &format!("own stream {own_stream}, thread {t} round {round} {counts:?}"));
+                            }
+                        })
+                    })
+                    .collect();
+                for h in hs {
+                    h.join().expect("a thread's forward failed");
+                }
+            });
+        }
+    }
+    Ok(())
+}
+
+/// A forward while the layer's stream captures is refused (the layer's `NotCapturable` with
+/// event tracking off), the capture left active, and the layer works after it.
+fn candle_experts_during_capture() -> Outcome {
+    use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode, CUstreamCaptureStatus};
+    for mode in MODES {
+        let d = device(true)?;
+        let stream = d.as_cuda_device().unwrap().cuda_stream();
+        // SAFETY: every buffer below is made after this and used on the device's one stream.
+        unsafe { stream.context().disable_event_tracking() };
+        let (n, k) = (256, 512);
+        let (w, layer) = make_experts(&d, n, k, 55, mode);
+        let (x, o) = (randn(&d, &[12, k], DType::BF16), [0i32, 3, 6, 6, 12]);
+        check_experts::<half::bf16>(&d, &layer, &w, &x, &o, "before the capture");
+        let ot = Tensor::new(&o, &d).unwrap();
+        d.synchronize().unwrap();
+        stream.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED).unwrap();
+        let got = layer.forward(&x, &ot);
+        let status = stream.capture_status().unwrap();
+        let ended = stream.end_capture(CUgraphInstantiate_flags(0));
+        let msg = got.expect_err("a forward during capture was accepted").to_string();
+        println!("  during capture, {mode:?}: {}", msg.lines().next().unwrap_or(""));
+        assert!(msg.contains("Nvfp4Experts::forward cannot be captured"), "{mode:?}: {msg}");
+        assert_eq!(status, CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_ACTIVE, "the forward invalidated the capture");
+        assert!(ended.is_ok(), "end_capture: {:?}", ended.err());
+        check_experts::<half::bf16>(&d, &layer, &w, &x, &o, "after the capture");
     }
     Ok(())
 }
@@ -535,6 +608,10 @@ fn candle_experts_uncovered_rows() -> Outcome {
         check_experts::<half::bf16>(&d, &layer, &w, &randn(&d, &[t, k], DType::BF16), &[0, 3, 3, 10, 20], "rows 20.. uncovered");
         // Rows 0..4 in none (the first offset 4), expert 1 empty.
         check_experts::<half::bf16>(&d, &layer, &w, &randn(&d, &[t, k], DType::BF16), &[4, 8, 8, 12, 30], "rows ..4 uncovered");
+        // The swapped tiles (50 rows an expert on average) with rows 180..200 uncovered, then rows
+        // ..20 (the first offset 20).
+        check_experts::<half::bf16>(&d, &layer, &w, &randn(&d, &[200, k], DType::BF16), &[0, 50, 100, 150, 180], "200 rows, 180.. uncovered");
+        check_experts::<half::bf16>(&d, &layer, &w, &randn(&d, &[200, k], DType::BF16), &[20, 70, 120, 170, 200], "200 rows, ..20 uncovered");
         // Offsets out of order and past T, as the device reads them.
         let x = randn(&d, &[t, k], DType::BF16);
         let y = layer.forward(&x, &Tensor::new(&[0i32, 12, 5, 99, 40], &d).unwrap()).unwrap();
@@ -568,6 +645,11 @@ fn candle_experts_refusals() -> Outcome {
         let big = Nvfp4Tensor::new::<u8, u8>(v, sc, (4, n, k), 1e30).unwrap();
         refused(Nvfp4Experts::new(big, &[1.0, 1.0, 1.0, 1e12], mode, cd), "an expert scale whose product overflows", "alpha");
     }
+    // The input and weight scales' product (alpha, folded on the host) overflowing, whatever the
+    // experts' factors would bring it back to.
+    let (v, sc) = up().into_parts();
+    let big = Nvfp4Tensor::new::<u8, u8>(v, sc, (4, n, k), 1e30).unwrap();
+    refused(Nvfp4Experts::new(big, &[1e-12; 4], LinearMode::Nvfp4 { input_scale: 1e10 }, cd), "alpha overflowing before the experts' factors", "alpha");
     refused(Nvfp4Experts::new(up(), &EXPERT_SCALES, LinearMode::Nvfp4 { input_scale: -1.0 }, cd), "a negative input scale", "global scale");
     let other = Device::new_cuda(0).unwrap();
     for mode in MODES {
@@ -584,6 +666,8 @@ fn candle_experts_refusals() -> Outcome {
             ("wrong K", randn(&d, &[8, k + 16], DType::BF16), good.clone(), "last dimension"),
             ("f32 input", randn(&d, &[8, k], DType::F32), good.clone(), "dtype"),
             ("input on another candle device", randn(&other, &[8, k], DType::BF16), good.clone(), "another candle CudaDevice"),
+            // One bf16 element into its buffer: 2-byte aligned, not 16.
+            ("misaligned input view", randn(&d, &[8 * k + 1], DType::BF16).narrow(0, 1, 8 * k).unwrap().reshape((8, k)).unwrap(), good.clone(), "is not 16-byte aligned"),
         ];
         for (what, x, o, says) in cases {
             match layer.forward(&x, &o) {
