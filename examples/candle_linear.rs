@@ -14,9 +14,8 @@
 //! ```
 //! Exits 0 when every element passes, 1 when one does not or a call fails (W4A16, the default, on
 //! a GPU without W4A16 kernels such as a B200: use `--mode nvfp4` there), 2 where the driver has
-//! no GPU. candle
-//! links libcuda at load time (cudarc's `dynamic-linking`), so without a driver at all the program
-//! does not start.
+//! no GPU. candle links libcuda at load time (cudarc's `dynamic-linking`), so without a driver at
+//! all the program does not start.
 
 use std::error::Error;
 use std::time::Instant;
