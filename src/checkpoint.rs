@@ -846,6 +846,55 @@ mod tests {
     }
 
     #[test]
+    fn mutated_files_give_errors_never_panics() {
+        // A valid file with random bytes changed (in the length prefix, the JSON header and the
+        // data) and truncations: every open and every reader either succeeds or returns an error.
+        let p = "model.layers.0.mlp.experts.0.down_proj";
+        let (_, t) = layer_tensors(p, Convention::ModelOpt, 32, 64, 4, Some(0.5));
+        let good = write("mutate-src", &refs(&t));
+        let bytes = std::fs::read(&good.path).unwrap();
+        let header_len = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+        let dir = fresh_dir("mutate");
+        let mut rng = crate::SplitMix64::new(0x5afe);
+        let mut counts = [0usize; 3];
+        for round in 0..600u32 {
+            let mut b = bytes.clone();
+            match round % 4 {
+                // Digits, brackets and quotes of the header, where its numbers and structure live.
+                0 | 1 => {
+                    for _ in 0..=rng.below(3) {
+                        let i = 8 + rng.below(header_len as u64) as usize;
+                        b[i] = b"0123456789[]{},:\"-9e"[rng.below(18) as usize];
+                    }
+                }
+                2 => {
+                    let i = rng.below(b.len() as u64) as usize;
+                    b[i] ^= 1 << rng.below(8);
+                }
+                _ => b.truncate(rng.below(b.len() as u64) as usize),
+            }
+            let path = dir.dir.join(format!("m{round}.safetensors"));
+            std::fs::write(&path, &b).unwrap();
+            let outcome = std::panic::catch_unwind(|| match Checkpoint::open(&path) {
+                Ok(ck) => {
+                    let read = ck.layer(p).is_ok();
+                    let _ = ck.layer_dims(p);
+                    let _ = ck.fused(&[p, p]);
+                    let _ = ck.experts(1, |e| format!("model.layers.0.mlp.experts.{e}.down_proj"));
+                    if read { 2 } else { 1 }
+                }
+                Err(_) => 0,
+            });
+            let Ok(reached) = outcome else { panic!("round {round}: a mutated file made a reader panic") };
+            counts[reached] += 1;
+            std::fs::remove_file(&path).ok();
+        }
+        // The mutations reach every stage: files refused on open, opened but a layer refused,
+        // and read (a changed data byte is a valid code or scale as often as not).
+        assert!(counts.iter().all(|&c| c >= 20), "refused / layer refused / read: {counts:?}");
+    }
+
+    #[test]
     fn bad_files_name_the_tensor_and_the_rule() {
         let p = "l";
         let (_, good) = layer_tensors(p, Convention::ModelOpt, 32, 64, 3, None);
