@@ -124,8 +124,9 @@
 //!   ([`BlockScaledGemm::gemm_w4a16`], [`BlockScaledGemm::moe_gemm_w4a16`]; Hopper), exact as the
 //!   NVFP4 GEMM, with its exact reference; [`grouped`]: the mixture-of-experts GEMM;
 //!   [`checkpoint`]: NVFP4 checkpoints (ModelOpt, compressed-tensors) as operands.
-//! - `candle` (feature `candle`, off by default): `Nvfp4Linear`, an NVFP4 linear layer on candle's
-//!   CUDA tensors.
+//! - `candle` (feature `candle`, off by default): `Nvfp4Linear`, an NVFP4 linear layer, and
+//!   `Nvfp4Experts`, a mixture-of-experts layer's grouped GEMM, on candle's CUDA tensors, their
+//!   input bf16 or f16 as it is (W4A16) or quantized on the GPU (`LinearMode`).
 //!
 //! Layers, bottom up: `sys` (the launch ABI through bindgen and the cxx bridge, unsafe);
 //! `dispatch` (the generated config table and the rule that picks a config and split, pure
