@@ -18,7 +18,8 @@
 //! ([`crate::Error::NotCapturable`]). In `Nvfp4` mode the quantized input goes into buffers the
 //! layer keeps for each stream it runs on (K / 2 bytes a row and the scales, in the dense tiled
 //! layout or the experts' one), grown when a forward has more rows than they hold to at least
-//! twice the rows they held, rounded up to 128, so a forward allocates nothing else of its own
+//! twice the rows they held (within the quantizer's row limit), rounded up to 128, so a forward
+//! allocates nothing else of its own
 //! (the GEMM's workspace grows as for any call). An engine that replays graphs calls
 //! [`crate::Quantizer::quantize_into`] (or `quantize_decoded_into`) and [`BlockScaledGemm::gemm`],
 //! or [`BlockScaledGemm::gemm_w4a16`], on buffers it allocated before capture, with the layer's

@@ -247,10 +247,13 @@ impl std::fmt::Display for Fp4Comparison {
 /// bit set is only ever equal to the same byte. In groups with equal scale factors the codes are
 /// compared in e2m1 steps. In groups with neighbouring ones (two quantizations of one value v
 /// whose FP32 sums differ slightly, with the scales S1 and S2 either side of a rounding point) the
-/// decoded values are compared: each code c of scale S is v / S rounded to e2m1, so
-/// `|c S - v| <= h(c) S` with h(c) half the larger e2m1 gap beside c (0.25 up to 1.5, 0.5 at 2
-/// and 3, 1 at 4 and 6, saturation at 6 being reached only at the rounding point), and
-/// `|c1 S1 - c2 S2| <= h(c1) S1 + h(c2) S2 + max(S1, S2) / 16`, the last term for the sums'
+/// decoded values are compared: each code c of scale S is v / S rounded to e2m1 and saturated at
+/// 6 (both in the units of v times the norm constant), so `|c S - v| <= e(c, S)`, where e(c, S)
+/// is h(c) S with h(c) half the larger e2m1 gap beside c (0.25 up to 1.5, 0.5 at 2 and 3, 1 at 4
+/// and 6), except where ue4m3's rounding of the scale to nearest can leave v / S above 6: by up
+/// to 3 ulp(S) / S, so at code 6, and for S = 0 at every code, e(c, S) is at least 3 ulp(S)
+/// (ue8m0 rounds its scale up, so v / S never exceeds 6 there). Then
+/// `|c1 S1 - c2 S2| <= e(c1, S1) + e(c2, S2) + max(S1, S2) / 16`, the last term for the sums'
 /// difference. Codes further apart count in `neighbour_codes_far`; in groups whose scale factors
 /// are further apart nothing is compared.
 pub fn compare_fp4(got_d: &[u8], got_sfd: &[u8], want_d: &[u8], want_sfd: &[u8], n: usize, format: SfdFormat) -> Result<Fp4Comparison> {
@@ -276,6 +279,18 @@ pub fn compare_fp4(got_d: &[u8], got_sfd: &[u8], want_d: &[u8], want_sfd: &[u8],
     };
     // Half the larger e2m1 gap beside each magnitude 0, 0.5, 1, 1.5, 2, 3, 4, 6.
     const HALF_GAP: [f64; 8] = [0.25, 0.25, 0.25, 0.25, 0.5, 0.5, 1.0, 1.0];
+    // e(c, S) of the doc above for code `code` and scale byte `b`.
+    let error = |code: u8, b: u8| {
+        let (m, s) = ((code & 7) as usize, scale(b));
+        match format {
+            SfdFormat::Ue4m3 if m == 7 || b == 0 => {
+                // The gap to the next ue4m3 value (at 448, the largest, the gap below it).
+                let ulp = if b < 0x7E { scale(b + 1) - s } else { s - scale(b - 1) };
+                (HALF_GAP[m] * s).max(3.0 * ulp)
+            }
+            _ => HALF_GAP[m] * s,
+        }
+    };
     let mut c = Fp4Comparison { groups: got_sfd.len(), ..Default::default() };
     for (gi, (&gs, &ws)) in got_sfd.iter().zip(want_sfd).enumerate() {
         if gs != ws {
@@ -285,7 +300,7 @@ pub fn compare_fp4(got_d: &[u8], got_sfd: &[u8], want_d: &[u8], want_sfd: &[u8],
                 for (&g, &w) in got_d[gi * 8..][..8].iter().zip(&want_d[gi * 8..][..8]) {
                     for (x, y) in [(g & 15, w & 15), (g >> 4, w >> 4)] {
                         let (vx, vy) = (crate::formats::e2m1_to_f32(x) as f64 * sg, crate::formats::e2m1_to_f32(y) as f64 * sw);
-                        let bound = HALF_GAP[(x & 7) as usize] * sg + HALF_GAP[(y & 7) as usize] * sw + sg.max(sw) / 16.0;
+                        let bound = error(x, gs) + error(y, ws) + sg.max(sw) / 16.0;
                         c.neighbour_codes += 1;
                         c.neighbour_codes_far += usize::from((vx - vy).abs() > bound);
                     }
@@ -337,31 +352,55 @@ mod fp4_tests {
 
     #[test]
     fn fp4_comparison_neighbour_groups_by_value() {
-        // One group quantized at two neighbouring scales, as the reference would: each code is
-        // v / S rounded to e2m1; every pair must pass, and a code moved two steps must not.
-        use crate::formats::{e2m1_from_f32, pack_e2m1, ue4m3_to_f32, ue8m0_to_f32};
-        let quantize = |v: &[f64], s: f64| -> Vec<u8> { v.chunks(2).map(|p| pack_e2m1(e2m1_from_f32((p[0] / s) as f32), e2m1_from_f32((p[1] / s) as f32))).collect() };
-        for (format, lo, hi) in [(SfdFormat::Ue4m3, 0x38u8, 0x39u8), (SfdFormat::Ue8m0, 0x7F, 0x80), (SfdFormat::Ue4m3, 0x07, 0x08)] {
-            let (sl, sh) = match format {
-                SfdFormat::Ue4m3 => (ue4m3_to_f32(lo) as f64, ue4m3_to_f32(hi) as f64),
-                SfdFormat::Ue8m0 => (ue8m0_to_f32(lo) as f64, ue8m0_to_f32(hi) as f64),
+        // One group quantized by the reference's own epilogue twice, its amax just below and just
+        // above the rounding point between two neighbouring scales (the two sides' values 1e-6
+        // apart, as two FP32 summation orders leave them): every pair must pass; in groups of
+        // normal scales a code moved far must not.
+        use crate::formats::{pack_e2m1, ue4m3_to_f32, ue8m0_to_f32};
+        use crate::fp4_out::quantize_group;
+        let pairs = [
+            (SfdFormat::Ue4m3, 0x00u8), (SfdFormat::Ue4m3, 0x01), (SfdFormat::Ue4m3, 0x02), (SfdFormat::Ue4m3, 0x07),
+            (SfdFormat::Ue4m3, 0x08), (SfdFormat::Ue4m3, 0x38), (SfdFormat::Ue4m3, 0x3F), (SfdFormat::Ue4m3, 0x7D),
+            (SfdFormat::Ue8m0, 0x40), (SfdFormat::Ue8m0, 0x7F), (SfdFormat::Ue8m0, 0xF0),
+        ];
+        let mut far_checked = 0;
+        for (format, lo) in pairs {
+            let value = |b: u8| match format {
+                SfdFormat::Ue4m3 => ue4m3_to_f32(b) as f64,
+                SfdFormat::Ue8m0 => ue8m0_to_f32(b) as f64,
             };
-            // Values up to 6 * sl: the group's amax at the rounding point between the scales.
-            for seed in 0..200u64 {
+            // amax * st / 6 at which the scale turns from lo to lo + 1: ue4m3 rounds to nearest,
+            // ue8m0 up.
+            let point = match format {
+                SfdFormat::Ue4m3 => (value(lo) + value(lo + 1)) / 2.0,
+                SfdFormat::Ue8m0 => value(lo),
+            };
+            for (seed, st) in (0..100u64).zip([1.0f32, 1.5, 300.0, 0.01].into_iter().cycle()) {
                 let mut rng = crate::SplitMix64::new(seed);
-                let v: Vec<f64> = (0..16).map(|i| if i == 0 { 6.0 * sl } else { (rng.unit() * 12.0 - 6.0) * sl }).collect();
-                let (a, b) = (quantize(&v, sl), quantize(&v, sh));
-                let c = compare_fp4(&a, &[lo], &b, &[hi], 16, format).unwrap();
-                assert!(c.within_one_step() && c.neighbour_codes == 16, "{format:?} seed {seed}: {c}");
-                // One code moved far (2 or more to 0, below 2 to 6) is beyond the bound.
-                let mut bad = a.clone();
-                let x = bad[3] & 15;
-                let moved = if x & 7 >= 4 { x & 8 } else { x | 7 };
-                bad[3] = (bad[3] & 0xF0) | moved;
-                let c = compare_fp4(&bad, &[lo], &b, &[hi], 16, format).unwrap();
-                assert!(!c.within_one_step() && c.neighbour_codes_far >= 1, "{format:?} seed {seed}: {x:#x} -> {moved:#x} passed: {c}");
+                let amax = 6.0 * point / st as f64;
+                let v: Vec<f64> = (0..16).map(|i| if i == 5 { -amax } else { (rng.unit() * 2.0 - 1.0) * amax }).collect();
+                let quantize = |f: f64| {
+                    let g: [f32; 16] = std::array::from_fn(|i| (v[i] * f) as f32);
+                    let mut codes = [0u8; 16];
+                    let sfd = quantize_group(&g, st, format, &mut codes);
+                    (codes.chunks(2).map(|p| pack_e2m1(p[0], p[1])).collect::<Vec<u8>>(), sfd)
+                };
+                let ((a, sa), (b, sb)) = (quantize(1.0 - 1e-6), quantize(1.0 + 1e-6));
+                assert_eq!((sa, sb), (lo, lo + 1), "{format:?} {lo:#04x}: the group does not straddle the rounding point");
+                let c = compare_fp4(&a, &[sa], &b, &[sb], 16, format).unwrap();
+                assert!(c.within_one_step() && c.neighbour_codes == 16, "{format:?} {lo:#04x} st {st} seed {seed}: {c}");
+                if value(lo) >= 1.0 / 64.0 {
+                    // One code moved far (2 or more to 0, below 2 to 6).
+                    let mut bad = a.clone();
+                    let x = bad[3] & 15;
+                    bad[3] = (bad[3] & 0xF0) | if x & 7 >= 4 { x & 8 } else { x | 7 };
+                    let c = compare_fp4(&bad, &[sa], &b, &[sb], 16, format).unwrap();
+                    assert!(!c.within_one_step() && c.neighbour_codes_far >= 1, "{format:?} {lo:#04x} seed {seed}: {x:#x} moved and passed: {c}");
+                    far_checked += 1;
+                }
             }
         }
+        assert!(far_checked >= 500, "{far_checked}");
     }
 
     #[test]
