@@ -21,7 +21,6 @@ use std::error::Error;
 use std::time::Instant;
 
 use blockscaled_gemm::candle::{LinearMode, Nvfp4Experts, Nvfp4Linear};
-use blockscaled_gemm::compare::{verify_matrices, verify_w4a16, Verdict};
 use blockscaled_gemm::layout::sf_batch_bytes;
 use blockscaled_gemm::{Activation16, BlockScaledGemm, Nvfp4Matrix, Nvfp4Tensor, Problem, Quantizer};
 use candle_core::{DType, Device, Tensor, WithDType};
@@ -129,13 +128,7 @@ fn check<T: Activation16 + WithDType + blockscaled_gemm::HostFloat>(
 
     let x_host: Vec<T> = x.flatten_all()?.to_vec1()?;
     let got: Vec<T> = y.flatten_all()?.to_vec1()?;
-    let verdict: Verdict = match layer.mode() {
-        LinearMode::Nvfp4 { input_scale } => verify_matrices(&Nvfp4Matrix::quantize(&x_host, (1, cli.m, cli.k), Some(input_scale))?, weight, 1.0, 0.0, None, &got)?,
-        LinearMode::W4a16 => {
-            let p = Problem::new(cli.m, cli.n, cli.k).scalars(weight.global_scale().unwrap_or(1.0), 0.0);
-            verify_w4a16(&p, &x_host, weight.data(), weight.scales(), None, &got)?
-        }
-    };
+    let verdict = layer.mode().verify(&x_host, weight, 1.0, &got)?;
 
     let (_, us) = time_calls(device, 0, cli.iterations, &mut |_| {
         layer.forward(&x)?;
@@ -236,12 +229,7 @@ fn experts(cli: &Cli, device: &Device, mode: LinearMode) -> Result<bool, Box<dyn
         if r0 == r1 {
             continue;
         }
-        let we = weight.batch_slice(ex)?;
-        let (xe, ge) = (&xs[r0 * k..r1 * k], &got[r0 * n..r1 * n]);
-        let v = match mode {
-            LinearMode::Nvfp4 { input_scale } => verify_matrices(&Nvfp4Matrix::quantize(xe, (1, r1 - r0, k), Some(input_scale))?, &we, scales[ex], 0.0, None, ge)?,
-            LinearMode::W4a16 => verify_w4a16(&Problem::new(r1 - r0, n, k).scalars(scales[ex] * we.global_scale().unwrap_or(1.0), 0.0), xe, we.data(), we.scales(), None, ge)?,
-        };
+        let v = mode.verify(&xs[r0 * k..r1 * k], &weight.batch_slice(ex)?, scales[ex], &got[r0 * n..r1 * n])?;
         ok &= v.passed();
         if !v.passed() {
             println!("  experts: expert {ex} (rows {r0}..{r1}): {v}");

@@ -91,6 +91,26 @@ pub enum LinearMode {
 }
 
 impl LinearMode {
+    /// Judges `got`, a layer's output (rows x N) for input `x` (rows x K) in this mode, against
+    /// the exact CPU reference of the mode: `factor` times x (quantized with the input scale in
+    /// `Nvfp4` mode, as the GPU quantizer does) times `weight` transposed, `weight` (1, N, K) with
+    /// its global scale. `factor` is 1 for [`Nvfp4Linear`] and the expert's factor for an
+    /// expert's rows of [`Nvfp4Experts`] (with `weight` that expert's, `Nvfp4Matrix::batch_slice`).
+    pub fn verify<T: Activation16 + crate::HostFloat>(self, x: &[T], weight: &Nvfp4Matrix, factor: f32, got: &[T]) -> Result<crate::compare::Verdict> {
+        let (n, k) = (weight.rows(), weight.k());
+        let rows = x.len().checked_div(k).unwrap_or(0);
+        match self {
+            LinearMode::Nvfp4 { input_scale } => {
+                let xq = Nvfp4Matrix::quantize(x, (1, rows, k), Some(input_scale))?;
+                crate::compare::verify_matrices(&xq, weight, factor, 0.0, None, got)
+            }
+            LinearMode::W4a16 => {
+                let p = Problem::new(rows, n, k).scalars(factor * weight.global_scale().unwrap_or(1.0), 0.0);
+                crate::compare::verify_w4a16(&p, x, weight.data(), weight.scales(), None, got)
+            }
+        }
+    }
+
     /// The activations' global scale (1 for W4A16), checked.
     fn input_scale(self) -> Result<f32> {
         match self {
@@ -357,10 +377,7 @@ impl Nvfp4Experts {
         let alpha = folded_alpha(1.0, input_scale, weight.global_scale())?;
         for (e, &s) in expert_scales.iter().enumerate() {
             check_global_scale(s).map_err(|_| Error::InvalidData { what: "expert_scales", detail: format!("expert {e}: {s}; finite and positive wanted") })?;
-            let folded = alpha * s;
-            if !folded.is_finite() || folded == 0.0 {
-                return Err(Error::InvalidData { what: "expert_scales", detail: format!("expert {e}: {s} times alpha {alpha} (the input and weight global scales) is {folded}: must be finite and nonzero") });
-            }
+            folded_alpha(alpha, s, 1.0).map_err(|_| Error::InvalidData { what: "expert_scales", detail: format!("expert {e}: {s} times alpha {alpha} (the input and weight global scales) is {}: must be finite and nonzero", alpha * s) })?;
         }
         let (lanes, lane) = Lanes::new(device)?;
         // A device without grouped kernels for the mode, or a weight layout they cannot take

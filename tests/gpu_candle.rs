@@ -7,8 +7,8 @@
 //! Needs candle linked (cuBLAS, cuRAND, libcuda at load time): see bench/README.md, "Commands".
 #![allow(clippy::type_complexity)]
 use blockscaled_gemm::candle::{LinearMode, Nvfp4Experts, Nvfp4Linear};
-use blockscaled_gemm::compare::{verify_matrices, verify_w4a16};
-use blockscaled_gemm::{Activation16, BlockScaledGemm, HostFloat, Nvfp4Matrix, Nvfp4Tensor, Problem};
+use blockscaled_gemm::compare::{verify_matrices, Verdict};
+use blockscaled_gemm::{Activation16, BlockScaledGemm, HostFloat, Nvfp4Matrix, Nvfp4Tensor};
 use candle_core::{DType, Device, Tensor, WithDType};
 
 mod harness;
@@ -72,24 +72,31 @@ fn check<T: Activation16 + WithDType + HostFloat>(layer: &Nvfp4Linear, weight: &
     *want.last_mut().unwrap() = weight.rows();
     assert_eq!(y.dims(), &want[..], "{what}: output shape");
     assert_eq!(y.dtype(), x.dtype(), "{what}: output dtype");
-    let k = weight.k();
-    let rows = x.elem_count() / k;
     let xs: Vec<T> = x.flatten_all().unwrap().to_vec1().unwrap();
     let got: Vec<T> = y.flatten_all().unwrap().to_vec1().unwrap();
-    let v = match layer.mode() {
-        LinearMode::Nvfp4 { input_scale } => {
-            let xq = Nvfp4Matrix::quantize(&xs, (1, rows, k), Some(input_scale)).unwrap();
-            verify_matrices(&xq, weight, 1.0, 0.0, None, &got).unwrap()
-        }
-        LinearMode::W4a16 => {
-            let p = Problem::new(rows, weight.rows(), k).scalars(weight.global_scale().unwrap_or(1.0), 0.0);
-            verify_w4a16(&p, &xs, weight.data(), weight.scales(), None, &got).unwrap()
-        }
-    };
+    judge(&layer.mode().verify(&xs, weight, 1.0, &got).unwrap(), what);
+}
+
+/// The judgement of [`check`]: passed, at least 98 % exact, none beyond a quarter of its bound.
+fn judge(v: &Verdict, what: &str) {
     assert!(v.passed(), "{what}: {v}");
     assert!(v.exact * 50 >= v.count * 49, "{what}: only {} of {} exact: {v}", v.exact, v.count);
     let ratio = v.worst.as_ref().map_or(0.0, |w| w.ratio);
     assert!(ratio <= 0.25, "{what}: an element needs {ratio:.3} of its FP32 bound: {v}");
+}
+
+/// `r` is an error whose words contain `says`.
+fn refused<T>(r: blockscaled_gemm::Result<T>, what: &str, says: &str) {
+    match r {
+        Ok(_) => panic!("{what}: accepted"),
+        Err(e) => assert!(e.to_string().contains(says), "{what}: the error does not say {says:?}: {e}"),
+    }
+}
+
+/// Two bf16 tensors equal bit for bit.
+fn assert_same_bits(a: &Tensor, b: &Tensor, what: &str) {
+    let (a, b): (Vec<half::bf16>, Vec<half::bf16>) = (a.flatten_all().unwrap().to_vec1().unwrap(), b.flatten_all().unwrap().to_vec1().unwrap());
+    assert!(a.len() == b.len() && a.iter().zip(&b).all(|(p, q)| p.to_bits() == q.to_bits()), "{what}: not the same bits");
 }
 
 /// A random (N, K) weight and a layer over it on `d` taking its input as `mode` says.
@@ -323,10 +330,6 @@ fn candle_new_refusals() -> Outcome {
     let d = device(false)?;
     let cd = d.as_cuda_device().unwrap();
     let w = Nvfp4Matrix::random_realistic(128, 256, 1, 39).unwrap();
-    let refused = |r: blockscaled_gemm::Result<Nvfp4Linear>, what: &str, says: &str| match r {
-        Ok(_) => panic!("{what}: accepted"),
-        Err(e) => assert!(e.to_string().contains(says), "{what}: the error does not say {says:?}: {e}"),
-    };
     for s in [f32::NAN, 0.0, -1.0, f32::INFINITY] {
         refused(Nvfp4Linear::from_matrix(&w, s, cd), &format!("input scale {s}"), "global scale");
     }
@@ -478,21 +481,8 @@ fn check_experts<T: Activation16 + WithDType + HostFloat>(d: &Device, layer: &Nv
         }
         covered[r0..r1].iter_mut().for_each(|c| *c = true);
         let we = w.batch_slice(e).unwrap();
-        let (xe, ge) = (&xs[r0 * k..r1 * k], &got[r0 * n..r1 * n]);
-        let v = match layer.mode() {
-            LinearMode::Nvfp4 { input_scale } => {
-                let xq = Nvfp4Matrix::quantize(xe, (1, r1 - r0, k), Some(input_scale)).unwrap();
-                verify_matrices(&xq, &we, EXPERT_SCALES[e], 0.0, None, ge).unwrap()
-            }
-            LinearMode::W4a16 => {
-                let p = Problem::new(r1 - r0, n, k).scalars(EXPERT_SCALES[e] * we.global_scale().unwrap_or(1.0), 0.0);
-                verify_w4a16(&p, xe, we.data(), we.scales(), None, ge).unwrap()
-            }
-        };
-        assert!(v.passed(), "{what}: expert {e} (rows {r0}..{r1}): {v}");
-        assert!(v.exact * 50 >= v.count * 49, "{what}: expert {e}: only {} of {} exact: {v}", v.exact, v.count);
-        let ratio = v.worst.as_ref().map_or(0.0, |w| w.ratio);
-        assert!(ratio <= 0.25, "{what}: expert {e}: an element needs {ratio:.3} of its FP32 bound: {v}");
+        let v = layer.mode().verify(&xs[r0 * k..r1 * k], &we, EXPERT_SCALES[e], &got[r0 * n..r1 * n]).unwrap();
+        judge(&v, &format!("{what}: expert {e} (rows {r0}..{r1})"));
     }
     for (r, _) in covered.iter().enumerate().filter(|(_, c)| !**c) {
         assert!(got[r * n..(r + 1) * n].iter().all(|&v| WithDType::to_f64(v) == 0.0), "{what}: row {r}, which no expert covers, is not 0");
@@ -529,8 +519,7 @@ fn candle_experts_forward() -> Outcome {
         let o = o_big.narrow(0, 2, 5).unwrap();
         let y = layer.forward(&x_big.narrow(0, 3, 31).unwrap(), &o).unwrap();
         let want = layer.forward(&x_big.narrow(0, 3, 31).unwrap().contiguous().unwrap().copy().unwrap(), &Tensor::new(&[0i32, 5, 9, 30, 31], &d).unwrap()).unwrap();
-        let (a, b): (Vec<half::bf16>, Vec<half::bf16>) = (y.flatten_all().unwrap().to_vec1().unwrap(), want.flatten_all().unwrap().to_vec1().unwrap());
-        assert!(a.iter().zip(&b).all(|(p, q)| p.to_bits() == q.to_bits()), "{mode:?}: views differ from copies");
+        assert_same_bits(&y, &want, &format!("{mode:?}: views against copies"));
         check_experts::<half::bf16>(&d, &layer, &w, &x_big.narrow(0, 3, 31).unwrap(), &[0, 5, 9, 30, 31], "views");
     }
     Ok(())
@@ -617,8 +606,7 @@ fn candle_experts_uncovered_rows() -> Outcome {
         let y = layer.forward(&x, &Tensor::new(&[0i32, 12, 5, 99, 40], &d).unwrap()).unwrap();
         let clamped = [0i32, 12, 12, 30, 30];
         let want = layer.forward(&x, &Tensor::new(&clamped, &d).unwrap()).unwrap();
-        let (a, b): (Vec<half::bf16>, Vec<half::bf16>) = (y.flatten_all().unwrap().to_vec1().unwrap(), want.flatten_all().unwrap().to_vec1().unwrap());
-        assert!(a.iter().zip(&b).all(|(p, q)| p.to_bits() == q.to_bits()), "{mode:?}: invalid offsets differ from their clamped running maximum");
+        assert_same_bits(&y, &want, &format!("{mode:?}: invalid offsets against their clamped running maximum"));
         check_experts::<half::bf16>(&d, &layer, &w, &x, &clamped, "clamped offsets");
     }
     Ok(())
@@ -631,10 +619,6 @@ fn candle_experts_refusals() -> Outcome {
     let (n, k) = (128, 256);
     let w = Nvfp4Matrix::random_realistic(n, k, 4, 53).unwrap();
     let up = || Nvfp4Tensor::upload(&w, &cd.cuda_stream()).unwrap();
-    let refused = |r: blockscaled_gemm::Result<Nvfp4Experts>, what: &str, says: &str| match r {
-        Ok(_) => panic!("{what}: accepted"),
-        Err(e) => assert!(e.to_string().contains(says), "{what}: the error does not say {says:?}: {e}"),
-    };
     for mode in MODES {
         refused(Nvfp4Experts::new(up(), &[1.0; 3], mode, cd), "three scales for four experts", "one each");
         refused(Nvfp4Experts::new(up(), &[1.0, f32::NAN, 1.0, 1.0], mode, cd), "a NaN expert scale", "expert 1");
