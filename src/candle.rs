@@ -7,9 +7,11 @@
 //! dtype, with no host synchronisation and no copy of the input or output. How it takes the
 //! input is the layer's [`LinearMode`]:
 //! - [`LinearMode::Nvfp4`]: quantized on the GPU with the layer's input scale, then the NVFP4 x
-//!   NVFP4 GEMM: the quantizer's launch and the GEMM's (on Hopper, from 33 rows at most shapes, a
-//!   pre-pass that decodes the activations and then the GEMM: [`BlockScaledGemm::select_config`]
-//!   says which). Runs where [`BlockScaledGemm::gemm`] does (Hopper and Blackwell).
+//!   NVFP4 GEMM: two launches, the quantizer's and the GEMM's. Where the GEMM runs a swapped tile
+//!   (on Hopper, from 33 rows at most shapes: [`BlockScaledGemm::select_config`] says which), the
+//!   quantizer also writes the activations' decode, which the GEMM reads instead of a pre-pass
+//!   (as [`crate::Quantizer::quantize_decoded_into`] and [`BlockScaledGemm::gemm_decoded`] do).
+//!   Runs where [`BlockScaledGemm::gemm`] does (Hopper and Blackwell).
 //! - [`LinearMode::W4a16`]: the input as it is, the weights decoded to its type on chip
 //!   ([`BlockScaledGemm::gemm_w4a16`]): one launch (from 33 rows at most shapes, a pre-pass and
 //!   the GEMM), no activation quantization error, and no input scale needed. Hopper only.
@@ -17,7 +19,8 @@
 //! `forward` allocates its output, as candle ops do, so it refuses CUDA-graph capture
 //! ([`crate::Error::NotCapturable`]). In `Nvfp4` mode the quantized input goes into buffers the
 //! layer keeps for each stream it runs on (K / 2 bytes a row and the scales, in the dense tiled
-//! layout or the experts' one), grown when a forward has more rows than they hold to at least
+//! layout or the experts' one; for the dense layer, once a forward runs a swapped tile, the
+//! decode too: 2 * K bytes a row, K rounded up to 64), grown when a forward has more rows than they hold to at least
 //! twice the rows they held (within the quantizer's row limit), rounded up to 128, so a forward
 //! allocates nothing else of its own
 //! (the GEMM's workspace grows as for any call). An engine that replays graphs calls
@@ -32,8 +35,9 @@
 //! host thread: on such a device the layer keeps one GEMM (and so one workspace) per calling
 //! thread (with its activation buffers), each until the layer is dropped, so it can be shared
 //! between threads. A workspace
-//! holds the swapped tiles' decoded activations (2 * rows * K bytes and more: at least 58.7 MB
-//! for 4096 rows of K = 7168), and a thread that ends does not give it back: an engine whose
+//! holds the swapped tiles' decoded activations where the layer does not (W4A16's re-ordered
+//! input, the experts' pre-pass: 2 * rows * K bytes and more, at least 58.7 MB for 4096 rows of
+//! K = 7168), and a thread that ends does not give its buffers back: an engine whose
 //! worker threads come and go should use a device with a stream of its own
 //! (`Device::new_cuda_with_stream`), where every thread shares one GEMM.
 //!
@@ -68,6 +72,7 @@ use cudarc::driver::{CudaSlice, CudaView};
 
 use crate::error::{Error, Result};
 use crate::gemm::BlockScaledGemm;
+use crate::tensor::Nvfp4Activations;
 use crate::grouped::{moe_sfa_bytes, MoeActivations, MoeProblem, MAX_EXPERTS};
 use crate::matrix::{check_global_scale, check_quantizer_dims, Nvfp4Matrix, QUANTIZER_MAX_ROWS};
 use crate::problem::{folded_alpha, OutType, Problem};
@@ -182,11 +187,14 @@ struct Lane {
     acts: Mutex<Option<Acts>>,
 }
 
-/// Codes and scales of up to `rows` rows of K.
+/// Codes and scales of up to `rows` rows of K; beside them (dense layer, from the first
+/// forward whose GEMM reads it) their decode for up to `rows` rows, which the quantizer writes
+/// and the swapped tiles read instead of decoding the codes again in a pre-pass.
 struct Acts {
     rows: usize,
     codes: CudaSlice<u8>,
     scales: CudaSlice<u8>,
+    decoded: Option<CudaSlice<u16>>,
 }
 
 impl Lane {
@@ -216,7 +224,7 @@ impl Lane {
                 // Zeroed: the experts' quantizer leaves the codes of rows no expert covers as
                 // they are, and the swapped tiles' pre-pass still reads them (their scale 0).
                 let (codes, scales) = (stream.alloc_zeros::<u8>(cb)?, stream.alloc_zeros::<u8>(sb)?);
-                slot.insert(Acts { rows: want, codes, scales })
+                slot.insert(Acts { rows: want, codes, scales, decoded: None })
             }
         };
         Ok((acts, used))
@@ -305,14 +313,33 @@ impl Nvfp4Linear {
                 Ok(y)
             }
             LinearMode::Nvfp4 { input_scale } => {
+                // The config the GEMM runs: where it is a swapped tile (from 33 rows, for most
+                // shapes), the quantizer also writes the activations' decode, which the GEMM
+                // reads instead of launching its pre-pass (the same bits).
+                let config = lane.gemm.select_config_for(&p, T::OUT, self.weight.layout())?;
                 let mut slot = lane.acts.lock().unwrap_or_else(|e| e.into_inner());
                 let bytes = |r: usize| Some((r.checked_mul(k)? / 2, crate::layout::checked_sf_bytes(r, k, 1)?));
-                let (Acts { codes, scales, .. }, (cb, sb)) = lane.reserve(&mut slot, rows, k, bytes)?;
-                lane.quantizer.quantize_into(x, (1, rows, k), input_scale, &mut codes.slice_mut(..cb), &mut scales.slice_mut(..sb))?;
-                let xq = Nvfp4Tensor::new::<u8, u8>(codes.slice(..cb), scales.slice(..sb), (1, rows, k), input_scale)?;
+                let (acts, (cb, sb)) = lane.reserve(&mut slot, rows, k, bytes)?;
                 // SAFETY: as above.
                 let mut y = unsafe { stream.alloc::<T>(out_len)? };
-                lane.gemm.gemm(&p, &xq, &self.weight, &mut y, None)?;
+                if config.info().swapped() {
+                    // For the rows the codes hold (a decode of fewer rows is its prefix, the
+                    // padding rows written as zeros), zeroed as the codes are.
+                    let Acts { rows: held, codes, scales, decoded } = acts;
+                    let decoded = match decoded {
+                        Some(d) => d,
+                        none => none.insert(stream.alloc_zeros::<u16>(Nvfp4Activations::decoded_len((1, *held, k)))?),
+                    };
+                    let dl = Nvfp4Activations::decoded_len((1, rows, k));
+                    lane.quantizer.quantize_decoded_parts_into(x, (1, rows, k), input_scale, &mut codes.slice_mut(..cb), &mut scales.slice_mut(..sb), &mut decoded.slice_mut(..dl))?;
+                    let xq = Nvfp4Tensor::new::<u8, u8>(codes.slice(..cb), scales.slice(..sb), (1, rows, k), input_scale)?;
+                    lane.gemm.gemm_decoded_parts(&p, &xq, &decoded.slice(..dl), &self.weight, &mut y, Some(config))?;
+                } else {
+                    let Acts { codes, scales, .. } = acts;
+                    lane.quantizer.quantize_into(x, (1, rows, k), input_scale, &mut codes.slice_mut(..cb), &mut scales.slice_mut(..sb))?;
+                    let xq = Nvfp4Tensor::new::<u8, u8>(codes.slice(..cb), scales.slice(..sb), (1, rows, k), input_scale)?;
+                    lane.gemm.gemm(&p, &xq, &self.weight, &mut y, Some(config))?;
+                }
                 Ok(y)
             }
         }

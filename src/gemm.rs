@@ -331,7 +331,7 @@ impl BlockScaledGemm {
         VA: DevicePtr<TV>, SA: DevicePtr<TS>, VB: DevicePtr<TV>, SB: DevicePtr<TS>, D: DevicePtrMut<TO>,
         TV: PackedFp4, TS: ScaleByte, TO: OutputElement,
     {
-        self.run(p, a, None, b, None::<&CudaSlice<TO>>, d, config)
+        self.run(p, a, None::<&CudaSlice<u16>>, b, None::<&CudaSlice<TO>>, d, config)
     }
 
     /// `D = alpha * A Bᵀ + beta * C`, C with D's type and shape.
@@ -341,7 +341,7 @@ impl BlockScaledGemm {
         VA: DevicePtr<TV>, SA: DevicePtr<TS>, VB: DevicePtr<TV>, SB: DevicePtr<TS>, C: DevicePtr<TO>, D: DevicePtrMut<TO>,
         TV: PackedFp4, TS: ScaleByte, TO: OutputElement,
     {
-        self.run(p, a, None, b, Some(c), d, config)
+        self.run(p, a, None::<&CudaSlice<u16>>, b, Some(c), d, config)
     }
 
     /// FP4 output (CUTLASS example 72b): `D = quantize(alpha * A Bᵀ)` in e2m1 with scale factors
@@ -410,6 +410,18 @@ impl BlockScaledGemm {
         self.run(p, a.tensor(), Some(a.decoded()), b, None::<&CudaSlice<TO>>, d, config)
     }
 
+    /// [`Self::gemm_decoded`] on the parts of activations kept apart from [`Nvfp4Activations`]
+    /// (the candle layer's buffers, used by prefix): `a` the codes and scales, `decoded` exactly
+    /// the decode [`crate::Quantizer`] wrote beside them for `p`'s rows.
+    #[cfg(feature = "candle")]
+    pub(crate) fn gemm_decoded_parts<VA, SA, DA, VB, SB, D, TV, TS, TO>(&self, p: &Problem, a: &Nvfp4Tensor<VA, SA>, decoded: &DA, b: &Nvfp4Tensor<VB, SB>, d: &mut D, config: Option<Config>) -> Result<Config>
+    where
+        VA: DevicePtr<TV>, SA: DevicePtr<TS>, DA: DevicePtr<u16>, VB: DevicePtr<TV>, SB: DevicePtr<TS>, D: DevicePtrMut<TO>,
+        TV: PackedFp4, TS: ScaleByte, TO: OutputElement,
+    {
+        self.run(p, a, Some(decoded), b, None::<&CudaSlice<TO>>, d, config)
+    }
+
     /// [`Self::gemm_with_c`] with the activations of [`Self::gemm_decoded`].
     #[allow(clippy::too_many_arguments)]
     pub fn gemm_decoded_with_c<VB, SB, C, D, TV, TS, TO>(&self, p: &Problem, a: &Nvfp4Activations, b: &Nvfp4Tensor<VB, SB>, c: &C, d: &mut D, config: Option<Config>) -> Result<Config>
@@ -455,15 +467,18 @@ impl BlockScaledGemm {
     /// device. Returns the config and the problem with both global scales folded into alpha. `d` lists D's
     /// buffers as (name, length, stream): the values, then for FP4 outputs the scale factors.
     #[allow(clippy::too_many_arguments)]
-    fn plan_checked<VA, SA, VB, SB, C, TA, TSA, TV, TS, TC>(&self, p: &Problem, out: OutType, a: (&Nvfp4Tensor<VA, SA>, Option<&CudaSlice<u16>>), b: &Nvfp4Tensor<VB, SB>, c: Option<&C>, d: &[(&'static str, usize, &Arc<CudaStream>)], forced: Option<Config>) -> Result<(Config, Problem)>
+    fn plan_checked<VA, SA, VB, SB, C, DA, TA, TSA, TV, TS, TC>(&self, p: &Problem, out: OutType, a: (&Nvfp4Tensor<VA, SA>, Option<&DA>), b: &Nvfp4Tensor<VB, SB>, c: Option<&C>, d: &[(&'static str, usize, &Arc<CudaStream>)], forced: Option<Config>) -> Result<(Config, Problem)>
     where
-        VA: DevicePtr<TA>, SA: DevicePtr<TSA>, VB: DevicePtr<TV>, SB: DevicePtr<TS>, C: DevicePtr<TC>,
+        VA: DevicePtr<TA>, SA: DevicePtr<TSA>, VB: DevicePtr<TV>, SB: DevicePtr<TS>, C: DevicePtr<TC>, DA: DevicePtr<u16>,
     {
         let (a, decoded) = a;
         for (name, t, rows) in [("A", a.shape(), p.m), ("B", b.shape(), p.n)] {
             if t != (p.l, rows, p.k) {
                 return Err(Error::OperandShape { name, got: t, want: (p.l, rows, p.k) });
             }
+        }
+        if let Some(x) = decoded {
+            check_len("decoded A", x.len(), Nvfp4Activations::decoded_len((p.l, p.m, p.k)), "L * decoded rows * K rounded up to 64 FP16 values")?;
         }
         a.require_activation_layout()?;
         let lens = BufferLens { a: a.values().len(), sfa: a.scales().len(), b: b.standard_values_len(), sfb: b.scales().len(), c: c.map(|c| c.len()), d: d[0].1, sfd: d.get(1).map(|s| s.1) };
@@ -479,9 +494,9 @@ impl BlockScaledGemm {
     }
 
     #[allow(clippy::too_many_arguments)]
-    fn run<VA, SA, VB, SB, C, D, TA, TSA, TV, TS, TO>(&self, p: &Problem, a: &Nvfp4Tensor<VA, SA>, decoded: Option<&CudaSlice<u16>>, b: &Nvfp4Tensor<VB, SB>, c: Option<&C>, d: &mut D, forced: Option<Config>) -> Result<Config>
+    fn run<VA, SA, VB, SB, C, D, DA, TA, TSA, TV, TS, TO>(&self, p: &Problem, a: &Nvfp4Tensor<VA, SA>, decoded: Option<&DA>, b: &Nvfp4Tensor<VB, SB>, c: Option<&C>, d: &mut D, forced: Option<Config>) -> Result<Config>
     where
-        VA: DevicePtr<TA>, SA: DevicePtr<TSA>, VB: DevicePtr<TV>, SB: DevicePtr<TS>, C: DevicePtr<TO>, D: DevicePtrMut<TO>,
+        VA: DevicePtr<TA>, SA: DevicePtr<TSA>, VB: DevicePtr<TV>, SB: DevicePtr<TS>, C: DevicePtr<TO>, D: DevicePtrMut<TO>, DA: DevicePtr<u16>,
         TV: PackedFp4, TS: ScaleByte, TO: OutputElement,
     {
         let out = TO::OUT;

@@ -86,7 +86,19 @@ impl Quantizer {
     where
         T: QuantInput, X: DevicePtr<T>, C: DevicePtrMut<u8>, S: DevicePtrMut<u8>,
     {
-        self.dense_into(x, shape, global_scale, codes, scales, QuantTransform::None, None)
+        self.dense_into(x, shape, global_scale, codes, scales, QuantTransform::None, None::<&mut CudaSlice<u16>>)
+    }
+
+    /// [`Self::quantize_into`] with the decode of [`Nvfp4Activations`] written too, into
+    /// `decoded` (exactly `batch * Nvfp4Activations::decoded_rows(rows) * K rounded up to 64`
+    /// values): for buffers kept apart from that type (the candle layer's, which serve any row
+    /// count up to their capacity by prefix).
+    #[cfg(feature = "candle")]
+    pub(crate) fn quantize_decoded_parts_into<T, X, C, S, DD>(&self, x: &X, shape: (usize, usize, usize), global_scale: f32, codes: &mut C, scales: &mut S, decoded: &mut DD) -> Result<()>
+    where
+        T: QuantInput, X: DevicePtr<T>, C: DevicePtrMut<u8>, S: DevicePtrMut<u8>, DD: DevicePtrMut<u16>,
+    {
+        self.dense_into(x, shape, global_scale, codes, scales, QuantTransform::None, Some(decoded))
     }
 
     /// Quantizes the SwiGLU of `x` (batch, rows, 2K), whose rows hold the gate projection in
@@ -123,19 +135,22 @@ impl Quantizer {
     where
         T: QuantInput, X: DevicePtr<T>, C: DevicePtrMut<u8>, S: DevicePtrMut<u8>,
     {
-        self.dense_into(x, shape, global_scale, codes, scales, QuantTransform::SwigluHalves, None)
+        self.dense_into(x, shape, global_scale, codes, scales, QuantTransform::SwigluHalves, None::<&mut CudaSlice<u16>>)
     }
 
-    /// The dense quantizer; `decoded`: also the decode of [`Nvfp4Activations`] (its buffer, whose
-    /// length the type keeps right for `shape`).
+    /// The dense quantizer; `decoded`: also the decode of [`Nvfp4Activations`] (its layout, for
+    /// `shape`).
     #[allow(clippy::too_many_arguments)]
-    fn dense_into<T, X, C, S>(&self, x: &X, shape: (usize, usize, usize), global_scale: f32, codes: &mut C, scales: &mut S, transform: QuantTransform, decoded: Option<&mut CudaSlice<u16>>) -> Result<()>
+    fn dense_into<T, X, C, S, DD>(&self, x: &X, shape: (usize, usize, usize), global_scale: f32, codes: &mut C, scales: &mut S, transform: QuantTransform, decoded: Option<&mut DD>) -> Result<()>
     where
-        T: QuantInput, X: DevicePtr<T>, C: DevicePtrMut<u8>, S: DevicePtrMut<u8>,
+        T: QuantInput, X: DevicePtr<T>, C: DevicePtrMut<u8>, S: DevicePtrMut<u8>, DD: DevicePtrMut<u16>,
     {
         check_global_scale(global_scale)?;
         self.check_input(x, shape, transform)?;
         check_lens(("codes", codes.len()), scales.len(), shape)?;
+        if let Some(d) = &decoded {
+            check_len("decoded", d.len(), Nvfp4Activations::decoded_len(shape), "batch * decoded rows * K rounded up to 64 FP16 values")?;
+        }
         let mut buffers = vec![("codes", codes.stream()), ("scales", scales.stream())];
         buffers.extend(decoded.as_ref().map(|d| ("decoded", d.stream())));
         check_devices(self.stream.context().ordinal(), buffers)?;

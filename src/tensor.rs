@@ -329,10 +329,15 @@ impl Nvfp4Activations {
             let dims = format!("rows = {rows} ({decoded_rows} decoded), K = {k} ({k_pad}), batch = {batch}");
             return Err(Error::SizeLimit { what: "decoded bytes", rule: "batch * decoded rows * K rounded up to 64 * 2", dims, value: bytes, max: isize::MAX as u128, why: "the largest allocation is isize::MAX bytes" });
         }
-        let decoded_len = batch * decoded_rows * k_pad;
         let (values, scales) = (stream.alloc_zeros::<u8>(batch * rows * k / 2)?, stream.alloc_zeros::<u8>(batch * sf_batch_bytes(rows, k))?);
         let tensor = Nvfp4Tensor::new(values, scales, shape, 1.0)?;
-        Ok(Nvfp4Activations { tensor, decoded: stream.alloc_zeros::<u16>(decoded_len)? })
+        Ok(Nvfp4Activations { tensor, decoded: stream.alloc_zeros::<u16>(Self::decoded_len(shape))? })
+    }
+
+    /// FP16 values of the decode of (batch, rows, K) activations (batch * [`Self::decoded_rows`]
+    /// * K rounded up to 64), for shapes whose byte count [`Self::new`] has checked.
+    pub(crate) fn decoded_len((batch, rows, k): (usize, usize, usize)) -> usize {
+        batch * Self::decoded_rows(rows) * k.div_ceil(64) * 64
     }
 
     /// Rows a batch of the decode holds for `rows` activation rows: rounded up to 64 up to 64
