@@ -185,7 +185,8 @@ pub fn describe_grouped(config: Config, out: OutType, p: &crate::grouped::MoePro
 pub struct ListGroupAt {
     /// M, N, K, as the device's `problems` array holds them.
     pub mnk: [i32; 3],
-    /// Offsets of A, B, SFA, SFB, D, SFD and C (the order of [`GroupDescription`]'s bases).
+    /// Offsets of A, B, SFA, SFB, D, SFD and C (the order of [`GroupDescription`]'s bases),
+    /// each below 2^40; `None`: a null address.
     pub at: [Option<u64>; 7],
     /// The group's factor of alpha.
     pub alpha: f32,
@@ -204,8 +205,21 @@ pub fn describe_grouped_list(config: Config, out: OutType, p: &crate::grouped_li
         return Err(Error::InvalidData { what: "group", detail: format!("{group}: the problem has {} groups", p.groups) });
     }
     let problems: Vec<i32> = groups.iter().flat_map(|g| g.mnk).collect();
-    let addr = |i: usize| -> Vec<u64> { groups.iter().map(|g| g.at[i].map_or(0, |x| BASE[i] + x)).collect() };
-    let arrays: Vec<Vec<u64>> = (0..7).map(addr).collect();
+    // Each operand's addresses are its base plus the offset, the bases SPACING apart, so that
+    // every address reads back as the offset it was made from.
+    const SPACING: u64 = 1 << 40;
+    let addr = |i: usize| -> Result<Vec<u64>> {
+        groups
+            .iter()
+            .enumerate()
+            .map(|(g, grp)| match grp.at[i] {
+                None => Ok(0),
+                Some(x) if x < SPACING => Ok(BASE[i] + x),
+                Some(x) => Err(Error::InvalidData { what: "at", detail: format!("group {g}, address {i}: offset {x}; at most 2^40 - 1 (each operand's addresses are made 2^40 apart)") }),
+            })
+            .collect()
+    };
+    let arrays: Vec<Vec<u64>> = (0..7).map(addr).collect::<Result<_>>()?;
     let alphas: Vec<f32> = groups.iter().map(|g| g.alpha).collect();
     let dim = |v: usize| i32::try_from(v).unwrap_or(i32::MAX);
     let args = bridge::GroupedListArgs {
@@ -239,7 +253,8 @@ pub fn workspace_size(config: Config, out: OutType, p: &Problem, split_k: u32, s
 pub fn sf_offsets(config: Config, p: &Problem, operand_b: bool) -> Result<(Vec<i64>, i64)> {
     let out = *config.info().outputs.first().ok_or(Error::NotBuilt { config, out: OutType::F16 })?;
     built(config, out)?;
-    p.check_dims(i32::MAX as usize)?;
+    // The layout's C++ rounds the rows up in 32-bit signed integers.
+    p.check_dims(Problem::MAX_EXTENT)?;
     let rows = if operand_b { p.n } else { p.m };
     let count = checked_product("SF offsets", "rows * K / 16 * L", &[("rows", rows), ("K / 16", p.k / 16), ("L", p.l)])?;
     let mut offsets: Vec<i64> = try_zeros("SF offsets", count)?;

@@ -41,8 +41,9 @@ pub struct ListProblem {
     pub max_n: usize,
     /// See `max_m`.
     pub max_k: usize,
-    /// Bound on the sum of the groups' M (the swapped tiles decode every group's activations into
-    /// the workspace: its size follows this); groups past it are skipped.
+    /// Bound on the sum of the groups' M. The swapped tiles decode every group's activations into
+    /// the workspace, whose size follows this, and skip the groups whose rows would pass it; the
+    /// stream tiles do not use it (they read and write every group as its sizes say).
     pub max_rows: usize,
     /// Common factor of every group's output (times the group's own alpha).
     pub alpha: f32,
@@ -334,13 +335,15 @@ impl BlockScaledGemm {
         let mut guards = Vec::with_capacity(6 * groups.len());
         for (g, x) in groups.iter_mut().enumerate() {
             let (m, n, k) = (x.a.shape().1, x.b.shape().1, x.a.shape().2);
-            check_len("SFD", x.d.scales.len(), Problem::new(m, n, k).sfd_bytes(), "the tiled layout over (M, N/16) of the group")?;
             check_devices(self.device().ordinal, [("D", x.d.values.stream()), ("SFD", x.d.scales.stream())])?;
-            let len = x.d.values.len();
+            let (len, sfd_len) = (x.d.values.len(), x.d.scales.len());
             let (pd, gd) = x.d.values.device_ptr_mut(self.stream());
             let (psfd, gs) = x.d.scales.device_ptr_mut(self.stream());
             guards.extend([gd, gs]);
+            // The group's shapes first (push), so that a bad shape is named rather than an SFD
+            // length derived from it; nothing launches before the loop ends.
             host.push(self, &mut guards, g, x.a, x.b, x.alpha, (pd, psfd), len, out)?;
+            check_len("SFD", sfd_len, Problem::new(m, n, k).sfd_bytes(), "the tiled layout over (M, N/16) of the group")?;
         }
         self.list_from_host(host, out, norm_constant, config)
     }

@@ -174,6 +174,9 @@ fn host_queries_refuse_bad_input() {
     let c = built_configs()[0];
     assert!(can_implement(c, OutType::F16, &Problem::new(0, 8, 32)).is_err());
     assert!(sf_offsets(c, &Problem::new(1usize << 31, 8, 32), false).is_err());
+    // M past Problem::MAX_EXTENT: the layout's C++ rounds it up in 32-bit signed integers.
+    let e = sf_offsets(c, &Problem::new(i32::MAX as usize, 16, 16), false).unwrap_err();
+    assert!(matches!(e, blockscaled_gemm::Error::Dimension { dim: "M", .. }), "{e}");
 }
 
 /// Every SM100 kernel's SASS holds a block-scaled UMMA (UTC*MMA with a scale-vector suffix) and
@@ -510,9 +513,16 @@ fn sm100_list_arguments_follow_each_group() {
                     assert!(d.sfd == 0 && d.sfd_offsets.is_empty(), "{what}: SFD without FP4 output");
                 }
             }
-            // Refused: a group past G, a group list of the wrong length.
+            // Refused: a group past G, a group list of the wrong length, an offset past 2^40
+            // (at u64::MAX its base plus it overflowed).
             assert!(describe_grouped_list(c, out, &p, &groups, groups.len()).is_err());
             assert!(describe_grouped_list(c, out, &p, &groups[1..], 0).is_err());
+            for x in [1u64 << 40, u64::MAX] {
+                let mut far = groups.clone();
+                far[0].at[0] = Some(x);
+                let e = describe_grouped_list(c, out, &p, &far, 0).unwrap_err();
+                assert!(e.to_string().starts_with("at: group 0, address 0"), "{e}");
+            }
         }
     }
 }
