@@ -20,7 +20,8 @@
 //! ([`crate::Error::NotCapturable`]). In `Nvfp4` mode the quantized input goes into buffers the
 //! layer keeps for each stream it runs on (K / 2 bytes a row and the scales, in the dense tiled
 //! layout or the experts' one; for the dense layer, once a forward runs a swapped tile, the
-//! decode too: 2 * K bytes a row, K rounded up to 64), grown when a forward has more rows than they hold to at least
+//! decode too: 2 * K bytes a row, K rounded up to 64, the rows rounded up to 256 past 128),
+//! grown when a forward has more rows than they hold to at least
 //! twice the rows they held (within the quantizer's row limit), rounded up to 128, so a forward
 //! allocates nothing else of its own
 //! (the GEMM's workspace grows as for any call). An engine that replays graphs calls
@@ -323,8 +324,10 @@ impl Nvfp4Linear {
                 // SAFETY: as above.
                 let mut y = unsafe { stream.alloc::<T>(out_len)? };
                 if config.info().swapped() {
-                    // For the rows the codes hold (a decode of fewer rows is its prefix, the
-                    // padding rows written as zeros), zeroed as the codes are.
+                    // For the rows the codes hold. A forward of fewer rows uses its start: the
+                    // quantizer writes every row the GEMM then reads (decoded_rows(rows), the
+                    // padding rows as zeros), and the GEMM's map stops there. Zeroed only so
+                    // that no allocation's old bytes stay in it.
                     let Acts { rows: held, codes, scales, decoded } = acts;
                     let decoded = match decoded {
                         Some(d) => d,

@@ -335,7 +335,8 @@ impl Nvfp4Activations {
     }
 
     /// FP16 values of the decode of (batch, rows, K) activations (batch * [`Self::decoded_rows`]
-    /// * K rounded up to 64), for shapes whose byte count [`Self::new`] has checked.
+    /// * K rounded up to 64), for shapes within the quantizer's limits (its callers check
+    /// them first, or [`Self::new`] its byte count), where the product cannot overflow.
     pub(crate) fn decoded_len((batch, rows, k): (usize, usize, usize)) -> usize {
         batch * Self::decoded_rows(rows) * k.div_ceil(64) * 64
     }
