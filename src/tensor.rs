@@ -334,9 +334,10 @@ impl Nvfp4Activations {
         Ok(Nvfp4Activations { tensor, decoded: stream.alloc_zeros::<u16>(Self::decoded_len(shape))? })
     }
 
-    /// FP16 values of the decode of (batch, rows, K) activations (batch * [`Self::decoded_rows`]
-    /// * K rounded up to 64), for shapes within the quantizer's limits (its callers check
-    /// them first, or [`Self::new`] its byte count), where the product cannot overflow.
+    /// FP16 values of the decode of (batch, rows, K) activations: batch times
+    /// [`Self::decoded_rows`] times K rounded up to 64. For shapes within the quantizer's limits
+    /// (its callers check them first, or [`Self::new`] its byte count): the product cannot
+    /// overflow there.
     pub(crate) fn decoded_len((batch, rows, k): (usize, usize, usize)) -> usize {
         batch * Self::decoded_rows(rows) * k.div_ceil(64) * 64
     }
