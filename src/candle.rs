@@ -323,26 +323,20 @@ impl Nvfp4Linear {
                 let (acts, (cb, sb)) = lane.reserve(&mut slot, rows, k, bytes)?;
                 // SAFETY: as above.
                 let mut y = unsafe { stream.alloc::<T>(out_len)? };
-                if config.info().swapped() {
-                    // For the rows the codes hold. A forward of fewer rows uses its start: the
-                    // quantizer writes every row the GEMM then reads (decoded_rows(rows), the
-                    // padding rows as zeros), and the GEMM's map stops there. Zeroed only so
-                    // that no allocation's old bytes stay in it.
-                    let Acts { rows: held, codes, scales, decoded } = acts;
-                    let decoded = match decoded {
-                        Some(d) => d,
-                        none => none.insert(stream.alloc_zeros::<u16>(Nvfp4Activations::decoded_len((1, *held, k)))?),
-                    };
-                    let dl = Nvfp4Activations::decoded_len((1, rows, k));
-                    lane.quantizer.quantize_decoded_parts_into(x, (1, rows, k), input_scale, &mut codes.slice_mut(..cb), &mut scales.slice_mut(..sb), &mut decoded.slice_mut(..dl))?;
-                    let xq = Nvfp4Tensor::new::<u8, u8>(codes.slice(..cb), scales.slice(..sb), (1, rows, k), input_scale)?;
-                    lane.gemm.gemm_decoded_parts(&p, &xq, &decoded.slice(..dl), &self.weight, &mut y, Some(config))?;
-                } else {
-                    let Acts { codes, scales, .. } = acts;
-                    lane.quantizer.quantize_into(x, (1, rows, k), input_scale, &mut codes.slice_mut(..cb), &mut scales.slice_mut(..sb))?;
-                    let xq = Nvfp4Tensor::new::<u8, u8>(codes.slice(..cb), scales.slice(..sb), (1, rows, k), input_scale)?;
-                    lane.gemm.gemm(&p, &xq, &self.weight, &mut y, Some(config))?;
+                let Acts { rows: held, codes, scales, decoded } = acts;
+                // Where the GEMM reads it: for the rows the codes hold. A forward of fewer rows
+                // uses its start: the quantizer writes every row the GEMM then reads
+                // (decoded_rows(rows), the padding rows as zeros), and the GEMM's map stops
+                // there. Zeroed only so that no allocation's old bytes stay in it.
+                let mut dec = match (config.info().swapped(), decoded) {
+                    (false, _) => None,
+                    (true, Some(d)) => Some(d),
+                    (true, none) => Some(none.insert(stream.alloc_zeros::<u16>(Nvfp4Activations::decoded_len((1, *held, k)))?)),
                 }
+                .map(|d| d.slice_mut(..Nvfp4Activations::decoded_len((1, rows, k))));
+                lane.quantizer.quantize_parts_into(x, (1, rows, k), input_scale, &mut codes.slice_mut(..cb), &mut scales.slice_mut(..sb), dec.as_mut())?;
+                let xq = Nvfp4Tensor::new::<u8, u8>(codes.slice(..cb), scales.slice(..sb), (1, rows, k), input_scale)?;
+                lane.gemm.gemm_parts(&p, &xq, dec.as_ref(), &self.weight, &mut y, Some(config))?;
                 Ok(y)
             }
         }

@@ -410,16 +410,17 @@ impl BlockScaledGemm {
         self.run(p, a.tensor(), Some(a.decoded()), b, None::<&CudaSlice<TO>>, d, config)
     }
 
-    /// [`Self::gemm_decoded`] on the parts of activations kept apart from [`Nvfp4Activations`]
-    /// (the candle layer's buffers, used by prefix): `a` the codes and scales, `decoded` exactly
-    /// the decode [`crate::Quantizer`] wrote beside them for `p`'s rows.
+    /// [`Self::gemm`], or where `decoded` is given [`Self::gemm_decoded`], on the parts of
+    /// activations kept apart from [`Nvfp4Activations`] (the candle layer's buffers, used by
+    /// prefix): `a` the codes and scales, `decoded` exactly the decode [`crate::Quantizer`] wrote
+    /// beside them for `p`'s rows.
     #[cfg(feature = "candle")]
-    pub(crate) fn gemm_decoded_parts<VA, SA, DA, VB, SB, D, TV, TS, TO>(&self, p: &Problem, a: &Nvfp4Tensor<VA, SA>, decoded: &DA, b: &Nvfp4Tensor<VB, SB>, d: &mut D, config: Option<Config>) -> Result<Config>
+    pub(crate) fn gemm_parts<VA, SA, DA, VB, SB, D, TV, TS, TO>(&self, p: &Problem, a: &Nvfp4Tensor<VA, SA>, decoded: Option<&DA>, b: &Nvfp4Tensor<VB, SB>, d: &mut D, config: Option<Config>) -> Result<Config>
     where
         VA: DevicePtr<TV>, SA: DevicePtr<TS>, DA: DevicePtr<u16>, VB: DevicePtr<TV>, SB: DevicePtr<TS>, D: DevicePtrMut<TO>,
         TV: PackedFp4, TS: ScaleByte, TO: OutputElement,
     {
-        self.run(p, a, Some(decoded), b, None::<&CudaSlice<TO>>, d, config)
+        self.run(p, a, decoded, b, None::<&CudaSlice<TO>>, d, config)
     }
 
     /// [`Self::gemm_with_c`] with the activations of [`Self::gemm_decoded`].

@@ -89,16 +89,16 @@ impl Quantizer {
         self.dense_into(x, shape, global_scale, codes, scales, QuantTransform::None, None::<&mut CudaSlice<u16>>)
     }
 
-    /// [`Self::quantize_into`] with the decode of [`Nvfp4Activations`] written too, into
-    /// `decoded` (exactly `batch * Nvfp4Activations::decoded_rows(rows) * K rounded up to 64`
-    /// values): for buffers kept apart from that type (the candle layer's, which serve any row
-    /// count up to their capacity by prefix).
+    /// [`Self::quantize_into`], with the decode of [`Nvfp4Activations`] written too where
+    /// `decoded` is given (exactly `batch * Nvfp4Activations::decoded_rows(rows) * K rounded up
+    /// to 64` values): for buffers kept apart from that type (the candle layer's, which serve any
+    /// row count up to their capacity by prefix).
     #[cfg(feature = "candle")]
-    pub(crate) fn quantize_decoded_parts_into<T, X, C, S, DD>(&self, x: &X, shape: (usize, usize, usize), global_scale: f32, codes: &mut C, scales: &mut S, decoded: &mut DD) -> Result<()>
+    pub(crate) fn quantize_parts_into<T, X, C, S, DD>(&self, x: &X, shape: (usize, usize, usize), global_scale: f32, codes: &mut C, scales: &mut S, decoded: Option<&mut DD>) -> Result<()>
     where
         T: QuantInput, X: DevicePtr<T>, C: DevicePtrMut<u8>, S: DevicePtrMut<u8>, DD: DevicePtrMut<u16>,
     {
-        self.dense_into(x, shape, global_scale, codes, scales, QuantTransform::None, Some(decoded))
+        self.dense_into(x, shape, global_scale, codes, scales, QuantTransform::None, decoded)
     }
 
     /// Quantizes the SwiGLU of `x` (batch, rows, 2K), whose rows hold the gate projection in
