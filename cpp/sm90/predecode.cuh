@@ -60,26 +60,43 @@ __device__ __forceinline__ void predecode_item(const uint8_t* a_row, const uint8
 // kernel: nothing is read or written before griddep_wait returns; then the GEMM may be scheduled,
 // and it issues its first weights while this runs. Static: every translation unit that includes
 // this keeps its own.
-static __global__ void __launch_bounds__(kPreThreads)
-    predecode_a(const uint8_t* a, const uint8_t* sfa, uint4* out, int m, int m_pad, int k, int l) {
-  griddep_wait();
-  griddep_launch_dependents();
+template <class I>
+__device__ __forceinline__ void predecode_rows(const uint8_t* a, const uint8_t* sfa, uint4* out, int m, int m_pad, int k, I items) {
   const int kb_n = (k + 63) / 64;
-  const int64_t items = int64_t(l) * m_pad * kb_n * 2;
   const int64_t sp = sf_cols_padded(k);
-  for (int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; idx < items; idx += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t rowp = idx / 2 / kb_n;  // batch * m_pad + row
-    const int64_t batch = rowp / m_pad;
-    const int row = int(rowp - batch * m_pad), kb = int((idx / 2) % kb_n), hh = int(idx % 2);
-    uint4* const out_row = out + rowp * kb_n * 8;
+  for (I idx = I(blockIdx.x) * blockDim.x + threadIdx.x; idx < items; idx += I(gridDim.x) * blockDim.x) {
+    const I rowp = idx / 2 / I(kb_n);  // batch * m_pad + row
+    const I batch = rowp / I(m_pad);
+    const int row = int(rowp - batch * I(m_pad)), kb = int((idx / 2) % I(kb_n)), hh = int(idx % 2);
+    uint4* const out_row = out + int64_t(rowp) * kb_n * 8;
     if (row >= m) {
       CUTE_UNROLL
       for (int st = 0; st < 4; ++st) out_row[kb * 8 + 2 * st + hh] = make_uint4(0, 0, 0, 0);
       continue;
     }
-    const uint8_t* sf_rows = sfa + batch * sf_batch_bytes(m, sp) + sf_offset(row / 128 * 128, 0, sp);
-    predecode_item(a + (batch * m + row) * (k / 2), sf_rows, row % 128, out_row, kb, hh, k);
+    const uint8_t* sf_rows = sfa + int64_t(batch) * sf_batch_bytes(m, sp) + sf_offset(row / 128 * 128, 0, sp);
+    predecode_item(a + (int64_t(batch) * m + row) * (k / 2), sf_rows, row % 128, out_row, kb, hh, k);
   }
+}
+
+// Work items indexed in 32-bit unsigned arithmetic where they allow (a 64-bit division is a call
+// of about 90 instructions, ahead of each item's loads), else in 64-bit.
+template <class F>
+__device__ __forceinline__ void for_items(int64_t items, F&& f) {
+  if (items <= INT32_MAX) f(uint32_t(items));
+  else f(items);
+}
+
+// One work item per (batch, output row, 64-K block, parity), strided over the grid; rows m ..
+// m_pad - 1 of each batch are written as zeros. Launched programmatically behind the previous
+// kernel: nothing is read or written before griddep_wait returns; then the GEMM may be scheduled,
+// and it issues its first weights while this runs. Static: every translation unit that includes
+// this keeps its own.
+static __global__ void __launch_bounds__(kPreThreads)
+    predecode_a(const uint8_t* a, const uint8_t* sfa, uint4* out, int m, int m_pad, int k, int l) {
+  griddep_wait();
+  griddep_launch_dependents();
+  for_items(int64_t(l) * m_pad * ((k + 63) / 64) * 2, [&](auto items) { predecode_rows(a, sfa, out, m, m_pad, k, items); });
 }
 
 // W4A16: dense 16-bit activations (L, M, K) re-ordered, not decoded, into the same layout: chunk
@@ -105,24 +122,27 @@ __device__ __forceinline__ void reorder_chunk(const uint16_t* a, uint4* out, int
 // One thread per (batch, output row, 64-K block, output chunk), strided over the grid; rows m ..
 // m_pad - 1 of each batch zeros; launched like predecode_a. (A thread per whole block, each
 // reading and writing 128 bytes alone, was far slower: bench/DESIGN.md §15.)
-__device__ __forceinline__ void reorder_rows(const uint16_t* a, uint4* out, int m, int m_pad, int k, int l) {
+template <class I>
+__device__ __forceinline__ void reorder_rows_as(const uint16_t* a, uint4* out, int m, int m_pad, int k, I items) {
   const int kb_n = (k + 63) / 64;
-  const int64_t items = int64_t(l) * m_pad * kb_n * 8;
-  for (int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; idx < items; idx += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t rowp = idx / 8 / kb_n;
-    const int kb = int((idx / 8) % kb_n), o = int(idx % 8);
+  for (I idx = I(blockIdx.x) * blockDim.x + threadIdx.x; idx < items; idx += I(gridDim.x) * blockDim.x) {
+    const I rowp = idx / 8 / I(kb_n);
+    const int kb = int((idx / 8) % I(kb_n)), o = int(idx % 8);
     int64_t rowb = rowp;
-    if (m_pad != m) {  // uniform: no 64-bit division where nothing is padded (bench/DESIGN.md §3)
-      const int64_t batch = rowp / m_pad;
-      const int row = int(rowp - batch * m_pad);
+    if (m_pad != m) {  // uniform: no division where nothing is padded (bench/DESIGN.md §3)
+      const I batch = rowp / I(m_pad);
+      const int row = int(rowp - batch * I(m_pad));
       if (row >= m) {
-        out[(rowp * kb_n + kb) * 8 + o] = make_uint4(0, 0, 0, 0);
+        out[(int64_t(rowp) * kb_n + kb) * 8 + o] = make_uint4(0, 0, 0, 0);
         continue;
       }
-      rowb = batch * m + row;
+      rowb = int64_t(batch) * m + row;
     }
     reorder_chunk(a, out, rowb, rowp, kb, o, k, kb_n);
   }
+}
+__device__ __forceinline__ void reorder_rows(const uint16_t* a, uint4* out, int m, int m_pad, int k, int l) {
+  for_items(int64_t(l) * m_pad * ((k + 63) / 64) * 8, [&](auto items) { reorder_rows_as(a, out, m, m_pad, k, items); });
 }
 static __global__ void __launch_bounds__(kPreThreads) reorder_a(const uint16_t* a, uint4* out, int m, int m_pad, int k, int l) {
   griddep_wait();

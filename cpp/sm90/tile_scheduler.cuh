@@ -60,29 +60,37 @@ struct TileScheduler {
     return a.b_layout == int32_t(WeightLayout::Prepacked) ? (k_tiles + kBoxKTiles - 1) / kBoxKTiles : k_tiles;
   }
 
+  // In 32-bit unsigned arithmetic: the host bounds a launch's tiles by i32::MAX (so do the grid's
+  // limits) and split_k by 65535, and a 64-bit division is a call of about 90 instructions that
+  // every CTA would make before its first load.
   __device__ __forceinline__ static TileWork work(const Params& p) {
     constexpr int kBM = T::kBM, BN = T::kBN;
     TileWork w;
-    const int tiles_m = (p.m + kBM - 1) / kBM;
-    const int tiles_n = (p.n + BN - 1) / BN;
-    w.tile = blockIdx.x;
-    const int64_t in_batch = w.tile % (int64_t(tiles_m) * tiles_n);
-    const int group = int(in_batch / (int64_t(kGroupM) * tiles_n));
-    const int group_rows = min(kGroupM, tiles_m - group * kGroupM);
-    const int in_group = int(in_batch - int64_t(group) * kGroupM * tiles_n);
-    const int tm = group * kGroupM + in_group % group_rows;
-    const int tn = in_group / group_rows;
-    w.batch = w.tile / (int64_t(tiles_m) * tiles_n);
+    const uint32_t tiles_m = (uint32_t(p.m) + kBM - 1) / kBM;
+    const uint32_t tiles_n = (uint32_t(p.n) + BN - 1) / BN;
+    const uint32_t tile = blockIdx.x, per_batch = tiles_m * tiles_n;
+    const uint32_t in_batch = tile % per_batch;
+    const uint32_t group = in_batch / (kGroupM * tiles_n);
+    const uint32_t group_rows = min(uint32_t(kGroupM), tiles_m - group * kGroupM);
+    const uint32_t in_group = in_batch - group * kGroupM * tiles_n;
+    const uint32_t tm = group * kGroupM + in_group % group_rows;
+    const uint32_t tn = in_group / group_rows;
+    w.tile = tile;
+    w.batch = tile / per_batch;
     w.group = 0;
-    w.m0 = tm * kBM;
-    w.n0 = tn * BN;
+    w.m0 = int(tm * kBM);
+    w.n0 = int(tn * BN);
     w.split = blockIdx.y;
     const int k_tiles = (p.k + kBK - 1) / kBK;
     // Prepacked weights: ranges in whole TMA boxes of B (no box straddles a K chunk).
     const int align = p.b_chunked ? kBoxKTiles : 1;
-    const int units = (k_tiles + align - 1) / align;
-    w.kt_begin = min(k_tiles, int(int64_t(units) * w.split / p.split_k) * align);
-    w.kt_end = min(k_tiles, int(int64_t(units) * (w.split + 1) / p.split_k) * align);
+    const uint32_t units = (k_tiles + align - 1) / align, splits = p.split_k;
+    // floor(units * s / splits) as q * s + floor(r * s / splits), units = q * splits + r: r * s
+    // stays below 65535^2.
+    const uint32_t q = units / splits, r = units % splits;
+    auto bound = [&](uint32_t s) { return int(q * s + r * s / splits); };
+    w.kt_begin = min(k_tiles, bound(w.split) * align);
+    w.kt_end = min(k_tiles, bound(w.split + 1) * align);
     w.n_kt = w.kt_end - w.kt_begin;
     w.n_raw = (w.n_kt + T::kSubs - 1) / T::kSubs;
     w.a_row = w.m0;
