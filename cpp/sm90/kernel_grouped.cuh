@@ -269,21 +269,19 @@ __global__ void __launch_bounds__(kPreThreads) list_prologue(const __grid_consta
     // Work items (row of `pre`, 64-K block of the longest K, parity) over the rows the groups with
     // tiles hold; a row belongs to the first group whose rows end past it.
     const int kb_n = int(lp.pre_pitch / 128);
-    for_items(int64_t(sched.rows) * kb_n * 2, [&](auto items) {
-      using I = decltype(items);
-      for (I idx = I(tid); idx < items; idx += I(gridDim.x) * blockDim.x) {
-        const int row = int(idx / 2 / I(kb_n)), kb = int((idx / 2) % I(kb_n));
-        const int g = first_exceeding(sched.row_end, lp.groups, row);
-        if (!Sched::has_tiles(sched, g)) continue;
-        const ListGroup q = list_group(lp, g);
-        const int r = row - Sched::row0(sched, g);
-        if (r >= q.m || kb * 64 >= q.k) continue;
-        const int64_t sp = sf_cols_padded(q.k);
-        const uint8_t* sfa = reinterpret_cast<const uint8_t*>(lp.sfa[g]) + int64_t(r / 128) * (sp / 4) * 512;
-        predecode_item(reinterpret_cast<const uint8_t*>(lp.a[g]) + int64_t(r) * (q.k / 2), sfa, r % 128,
-                       reinterpret_cast<uint4*>(lp.pre + int64_t(row) * lp.pre_pitch), kb, int(idx % 2), q.k);
-      }
-    });
+    const int64_t items = sched.rows * kb_n * 2;
+    for (int64_t idx = tid; idx < items; idx += int64_t(gridDim.x) * blockDim.x) {
+      const int row = int(idx / 2 / kb_n), kb = int((idx / 2) % kb_n);
+      const int g = first_exceeding(sched.row_end, lp.groups, row);
+      if (!Sched::has_tiles(sched, g)) continue;
+      const ListGroup q = list_group(lp, g);
+      const int r = row - Sched::row0(sched, g);
+      if (r >= q.m || kb * 64 >= q.k) continue;
+      const int64_t sp = sf_cols_padded(q.k);
+      const uint8_t* sfa = reinterpret_cast<const uint8_t*>(lp.sfa[g]) + int64_t(r / 128) * (sp / 4) * 512;
+      predecode_item(reinterpret_cast<const uint8_t*>(lp.a[g]) + int64_t(r) * (q.k / 2), sfa, r % 128,
+                     reinterpret_cast<uint4*>(lp.pre + int64_t(row) * lp.pre_pitch), kb, int(idx % 2), q.k);
+    }
   }
 }
 
