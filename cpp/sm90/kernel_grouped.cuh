@@ -169,15 +169,13 @@ __global__ void __launch_bounds__(kPreThreads) predecode_a_grouped(const __grid_
   const Params& p = gp.base;
   const int kb_n = (p.k + 63) / 64;
   const int64_t sp = sf_cols_padded(p.k);
-  for_items(int64_t(p.m) * kb_n * 2, [&](auto items) {
-    using I = decltype(items);
-    for (I idx = I(blockIdx.x) * blockDim.x + threadIdx.x; idx < items; idx += I(gridDim.x) * blockDim.x) {
-      const int row = int(idx / 2 / I(kb_n));
-      const int e = sched.rows.expert_of_row(gp.experts, row);
-      const int sr = e < 0 ? 0 : sched.rows.sf_row[e] + row - sched.rows.row[e];
-      const uint8_t* sf_rows = e < 0 ? nullptr : p.sfa + int64_t(sr / 128) * (sp / 4) * 512;
-      predecode_item(p.a + int64_t(row) * (p.k / 2), sf_rows, sr % 128, out + int64_t(row) * kb_n * 8, int((idx / 2) % I(kb_n)), int(idx % 2), p.k);
-    }
+  for_items(int64_t(p.m) * kb_n * 2, [&](auto idx) {
+    using I = decltype(idx);
+    const int row = int(idx / 2 / I(kb_n));
+    const int e = sched.rows.expert_of_row(gp.experts, row);
+    const int sr = e < 0 ? 0 : sched.rows.sf_row[e] + row - sched.rows.row[e];
+    const uint8_t* sf_rows = e < 0 ? nullptr : p.sfa + int64_t(sr / 128) * (sp / 4) * 512;
+    predecode_item(p.a + int64_t(row) * (p.k / 2), sf_rows, sr % 128, out + int64_t(row) * kb_n * 8, int((idx / 2) % I(kb_n)), int(idx % 2), p.k);
   });
 }
 

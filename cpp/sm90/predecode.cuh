@@ -55,48 +55,48 @@ __device__ __forceinline__ void predecode_item(const uint8_t* a_row, const uint8
   for (int st = 0; st < 4; ++st) dst[2 * st + hh] = ch[st];
 }
 
-// One work item per (batch, output row, 64-K block, parity), strided over the grid; rows m ..
-// m_pad - 1 of each batch are written as zeros. Launched programmatically behind the previous
-// kernel: nothing is read or written before griddep_wait returns; then the GEMM may be scheduled,
-// and it issues its first weights while this runs. Static: every translation unit that includes
-// this keeps its own.
-template <class I>
-__device__ __forceinline__ void predecode_rows(const uint8_t* a, const uint8_t* sfa, uint4* out, int m, int m_pad, int k, I items) {
-  const int kb_n = (k + 63) / 64;
-  const int64_t sp = sf_cols_padded(k);
-  for (I idx = I(blockIdx.x) * blockDim.x + threadIdx.x; idx < items; idx += I(gridDim.x) * blockDim.x) {
-    const I rowp = idx / 2 / I(kb_n);  // batch * m_pad + row
-    const I batch = rowp / I(m_pad);
-    const int row = int(rowp - batch * I(m_pad)), kb = int((idx / 2) % I(kb_n)), hh = int(idx % 2);
-    uint4* const out_row = out + int64_t(rowp) * kb_n * 8;
-    if (row >= m) {
-      CUTE_UNROLL
-      for (int st = 0; st < 4; ++st) out_row[kb * 8 + 2 * st + hh] = make_uint4(0, 0, 0, 0);
-      continue;
-    }
-    const uint8_t* sf_rows = sfa + int64_t(batch) * sf_batch_bytes(m, sp) + sf_offset(row / 128 * 128, 0, sp);
-    predecode_item(a + (int64_t(batch) * m + row) * (k / 2), sf_rows, row % 128, out_row, kb, hh, k);
-  }
-}
-
-// Work items indexed in 32-bit unsigned arithmetic where they allow (a 64-bit division is a call
-// of about 90 instructions, ahead of each item's loads), else in 64-bit.
+// Calls f(idx) for each work item idx < items this thread takes, strided over the grid. The index
+// is 32-bit unsigned where the items allow (a 64-bit division is a call of about 90 instructions,
+// ahead of each item's loads; below 2^31 items plus a stride under 2^18 it cannot wrap), else
+// 64-bit.
 template <class F>
 __device__ __forceinline__ void for_items(int64_t items, F&& f) {
-  if (items <= INT32_MAX) f(uint32_t(items));
-  else f(items);
+  auto loop = [&](auto n) {
+    using I = decltype(n);
+    for (I idx = I(blockIdx.x) * blockDim.x + threadIdx.x; idx < n; idx += I(gridDim.x) * blockDim.x) f(idx);
+  };
+  if (items <= INT32_MAX) loop(uint32_t(items));
+  else loop(items);
 }
 
-// One work item per (batch, output row, 64-K block, parity), strided over the grid; rows m ..
-// m_pad - 1 of each batch are written as zeros. Launched programmatically behind the previous
-// kernel: nothing is read or written before griddep_wait returns; then the GEMM may be scheduled,
-// and it issues its first weights while this runs. Static: every translation unit that includes
-// this keeps its own.
+// Work item idx of (batch, output row, 64-K block, parity); rows m .. m_pad - 1 of each batch are
+// written as zeros.
+template <class I>
+__device__ __forceinline__ void predecode_row_item(const uint8_t* a, const uint8_t* sfa, uint4* out, int m, int m_pad, int k, I idx) {
+  const int kb_n = (k + 63) / 64;
+  const I rowp = idx / 2 / I(kb_n);  // batch * m_pad + row
+  const I batch = rowp / I(m_pad);
+  const int row = int(rowp - batch * I(m_pad)), kb = int((idx / 2) % I(kb_n)), hh = int(idx % 2);
+  uint4* const out_row = out + int64_t(rowp) * kb_n * 8;
+  if (row >= m) {
+    CUTE_UNROLL
+    for (int st = 0; st < 4; ++st) out_row[kb * 8 + 2 * st + hh] = make_uint4(0, 0, 0, 0);
+    return;
+  }
+  const int64_t sp = sf_cols_padded(k);
+  const uint8_t* sf_rows = sfa + int64_t(batch) * sf_batch_bytes(m, sp) + sf_offset(row / 128 * 128, 0, sp);
+  predecode_item(a + (int64_t(batch) * m + row) * (k / 2), sf_rows, row % 128, out_row, kb, hh, k);
+}
+
+// One work item per (batch, output row, 64-K block, parity), strided over the grid. Launched
+// programmatically behind the previous kernel: nothing is read or written before griddep_wait
+// returns; then the GEMM may be scheduled, and it issues its first weights while this runs.
+// Static: every translation unit that includes this keeps its own.
 static __global__ void __launch_bounds__(kPreThreads)
     predecode_a(const uint8_t* a, const uint8_t* sfa, uint4* out, int m, int m_pad, int k, int l) {
   griddep_wait();
   griddep_launch_dependents();
-  for_items(int64_t(l) * m_pad * ((k + 63) / 64) * 2, [&](auto items) { predecode_rows(a, sfa, out, m, m_pad, k, items); });
+  for_items(int64_t(l) * m_pad * ((k + 63) / 64) * 2, [&](auto idx) { predecode_row_item(a, sfa, out, m, m_pad, k, idx); });
 }
 
 // W4A16: dense 16-bit activations (L, M, K) re-ordered, not decoded, into the same layout: chunk
@@ -123,26 +123,24 @@ __device__ __forceinline__ void reorder_chunk(const uint16_t* a, uint4* out, int
 // m_pad - 1 of each batch zeros; launched like predecode_a. (A thread per whole block, each
 // reading and writing 128 bytes alone, was far slower: bench/DESIGN.md §15.)
 template <class I>
-__device__ __forceinline__ void reorder_rows_as(const uint16_t* a, uint4* out, int m, int m_pad, int k, I items) {
+__device__ __forceinline__ void reorder_row_item(const uint16_t* a, uint4* out, int m, int m_pad, int k, I idx) {
   const int kb_n = (k + 63) / 64;
-  for (I idx = I(blockIdx.x) * blockDim.x + threadIdx.x; idx < items; idx += I(gridDim.x) * blockDim.x) {
-    const I rowp = idx / 8 / I(kb_n);
-    const int kb = int((idx / 8) % I(kb_n)), o = int(idx % 8);
-    int64_t rowb = rowp;
-    if (m_pad != m) {  // uniform: no division where nothing is padded (bench/DESIGN.md §3)
-      const I batch = rowp / I(m_pad);
-      const int row = int(rowp - batch * I(m_pad));
-      if (row >= m) {
-        out[(int64_t(rowp) * kb_n + kb) * 8 + o] = make_uint4(0, 0, 0, 0);
-        continue;
-      }
-      rowb = int64_t(batch) * m + row;
+  const I rowp = idx / 8 / I(kb_n);
+  const int kb = int((idx / 8) % I(kb_n)), o = int(idx % 8);
+  int64_t rowb = rowp;
+  if (m_pad != m) {  // uniform: no division where nothing is padded (bench/DESIGN.md §3)
+    const I batch = rowp / I(m_pad);
+    const int row = int(rowp - batch * I(m_pad));
+    if (row >= m) {
+      out[(int64_t(rowp) * kb_n + kb) * 8 + o] = make_uint4(0, 0, 0, 0);
+      return;
     }
-    reorder_chunk(a, out, rowb, rowp, kb, o, k, kb_n);
+    rowb = int64_t(batch) * m + row;
   }
+  reorder_chunk(a, out, rowb, rowp, kb, o, k, kb_n);
 }
 __device__ __forceinline__ void reorder_rows(const uint16_t* a, uint4* out, int m, int m_pad, int k, int l) {
-  for_items(int64_t(l) * m_pad * ((k + 63) / 64) * 8, [&](auto items) { reorder_rows_as(a, out, m, m_pad, k, items); });
+  for_items(int64_t(l) * m_pad * ((k + 63) / 64) * 8, [&](auto idx) { reorder_row_item(a, out, m, m_pad, k, idx); });
 }
 static __global__ void __launch_bounds__(kPreThreads) reorder_a(const uint16_t* a, uint4* out, int m, int m_pad, int k, int l) {
   griddep_wait();
