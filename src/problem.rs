@@ -202,7 +202,7 @@ impl Problem {
 
     /// The largest M, N or K the kernels take: they round each up to a multiple of their tile
     /// (at most 256) in 32-bit signed integers, so `ceil(x / 256) * 256` must fit in an i32.
-    pub const MAX_EXTENT: usize = i32::MAX as usize - 255;
+    pub const MAX_EXTENT: usize = crate::sys::MAX_EXTENT;
     /// The most output tiles of 64 x 64 (the smallest tile extent either way round) over all
     /// batches: the kernels count tiles and size their grids in 32-bit signed integers.
     pub const MAX_TILES: usize = i32::MAX as usize;

@@ -179,6 +179,34 @@ fn host_queries_refuse_bad_input() {
     assert!(matches!(e, blockscaled_gemm::Error::Dimension { dim: "M", .. }), "{e}");
 }
 
+#[test]
+fn kernels_refuse_extents_past_the_limit_themselves() {
+    // A direct caller of the C ABI skips Problem::validate: each kernel's own can_implement
+    // refuses M, N or K past Problem::MAX_EXTENT (rounded up to a tile they would wrap in i32),
+    // and takes the same sizes at the limit where nothing else bounds them.
+    let past = Problem::MAX_EXTENT + 32;
+    let mut checked = 0;
+    for c in built_configs() {
+        for &out in c.info().outputs.iter().filter(|o| c.is_built(**o)) {
+            let nm = out.n_multiple();
+            for p in [Problem::new(Problem::MAX_EXTENT + 1, nm, 32), Problem::new(1, past / nm * nm, 32), Problem::new(1, nm, past)] {
+                assert!(!can_implement(c, out, &p).unwrap(), "{c} {out} {p:?}");
+            }
+            let p = Problem::new(Problem::MAX_EXTENT, nm, 32);
+            if c.info().arch == 90 {
+                assert!(can_implement(c, out, &p).unwrap(), "{c} {out} {p:?}");
+            }
+            for p in [MoeProblem::new(Problem::MAX_EXTENT + 1, nm, 32, 1), MoeProblem::new(1, past / nm * nm, 32, 1), MoeProblem::new(1, nm, past, 1)] {
+                if c.is_built_grouped(out) {
+                    assert!(!blockscaled_gemm::cutlass_host::can_implement_grouped(c, out, &p).unwrap(), "{c} {out} {p:?}");
+                }
+            }
+            checked += 1;
+        }
+    }
+    assert!(checked > 0);
+}
+
 /// Every SM100 kernel's SASS holds a block-scaled UMMA (UTC*MMA with a scale-vector suffix) and
 /// the scale-factor copy into tensor memory (UTCCP); every SM90 kernel HGMMA (the stream tiles:
 /// HMMA), checked function by function; each kind of kernel is there as often as the config table

@@ -184,6 +184,7 @@ struct GroupedGemm : Collectives<Sms, TileM, TileN, TileK, ClusterM, ClusterN, O
 
   static bool can_implement(const GroupedArgs& p) {
     if (p.rows < 1 || p.n < 1 || p.k < 32 || p.k % 32 != 0 || p.experts < 1 || p.experts > BSG_MAX_GROUPS) return false;
+    if (p.rows > BSG_MAX_EXTENT || p.n > BSG_MAX_EXTENT || p.k > BSG_MAX_EXTENT) return false;
     if (p.b_layout != int32_t(WeightLayout::Standard)) return false;  // CUTLASS's K-major B only
     if (p.n % kAlignD != 0 || p.sm_count < 0) return false;  // every expert's D rows start 16-byte aligned
     if (p.workspace % kArrayAlign != 0) return false;  // the per-expert arrays (and CUTLASS's tensor maps) are carved from it
@@ -315,8 +316,6 @@ struct GroupedListGemm {
   using Arrays = typename G::Arrays;
   static constexpr bool kFp4Out = G::kFp4Out;
   static constexpr int kNMultiple = G::kAlignD > G::kAlignC ? G::kAlignD : G::kAlignC;
-  // Sizes up to INT_MAX - 255, as Problem::MAX_EXTENT in Rust.
-  static constexpr int32_t kMaxExtent = 0x7FFFFFFF - 255;
 
   // Address `g` of one of the args' arrays (device or host addresses, as the caller's).
   CUTE_HOST_DEVICE static uint64_t at(uint64_t array, int g) { return array ? reinterpret_cast<const uint64_t*>(array)[g] : 0; }
@@ -356,7 +355,7 @@ struct GroupedListGemm {
 
   static bool can_implement(const GroupedListArgs& a) {
     if (a.groups < 1 || a.groups > BSG_MAX_GROUPS || a.max_m < 0 || a.max_n < 1 || a.max_k < 32 || a.max_k % 32 != 0) return false;
-    if (a.max_m > kMaxExtent || a.max_n > kMaxExtent || a.max_k > kMaxExtent || a.sm_count < 0) return false;
+    if (a.max_m > BSG_MAX_EXTENT || a.max_n > BSG_MAX_EXTENT || a.max_k > BSG_MAX_EXTENT || a.sm_count < 0) return false;
     if (a.b_layout != int32_t(WeightLayout::Standard)) return false;  // CUTLASS's K-major B only
     if (!a.problems || !a.a || !a.sfa || !a.b || !a.sfb || !a.d || (a.beta != 0.f && !a.c)) return false;
     if (G::kFp4Out && (a.sfd == 0 || !(a.norm_constant > 0.f) || a.norm_constant > FLT_MAX)) return false;

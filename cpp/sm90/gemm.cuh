@@ -42,6 +42,7 @@ struct Gemm {
 
   static bool can_implement(const KernelArgs& a) {
     if (a.m <= 0 || a.n <= 0 || a.k <= 0 || a.l <= 0 || a.k % 32 != 0) return false;
+    if (a.m > BSG_MAX_EXTENT || a.n > BSG_MAX_EXTENT || a.k > BSG_MAX_EXTENT) return false;
     if (a.n % OutputInfo<OutT>::kNMultiple != 0) return false;
     if (!std::is_void_v<typename OutputInfo<OutT>::Sf> && (!a.sfd || !fp4_norm_constant_ok(a.norm_constant))) return false;
     const int k_tiles = (a.k + kBK - 1) / kBK;

@@ -40,6 +40,7 @@ struct GroupedGemm {
 
   static bool can_implement(const GroupedArgs& a) {
     if (a.rows < 1 || a.n < 1 || a.k < 1 || a.k % 32 != 0 || a.experts < 1 || a.experts > Sched::kMaxGroups) return false;
+    if (a.rows > BSG_MAX_EXTENT || a.n > BSG_MAX_EXTENT || a.k > BSG_MAX_EXTENT) return false;
     if (!is_weight_layout(a.b_layout)) return false;
     if (a.n % OutputInfo<OutT>::kNMultiple != 0) return false;
     if (kFp4Out && (a.sfd == 0 || !fp4_norm_constant_ok(a.norm_constant))) return false;

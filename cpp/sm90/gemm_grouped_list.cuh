@@ -16,9 +16,6 @@
 
 namespace bsg::sm90 {
 
-// Sizes up to INT_MAX - 255, as Problem::MAX_EXTENT in Rust: rounded up to 256 they stay int.
-constexpr int32_t kMaxExtent = 0x7FFFFFFF - 255;
-
 template <class T, class OutT>
 struct GroupedListGemm {
   using Sched = ListTileScheduler<T>;
@@ -30,7 +27,7 @@ struct GroupedListGemm {
   static bool can_implement(const GroupedListArgs& a) {
     if (a.groups < 1 || a.groups > Sched::kMaxGroups || a.max_m < 0 || a.max_n < 1 || a.max_k < 32 || a.max_k % 32 != 0) return false;
     // The device rounds sizes up to tile multiples in int: the dense GEMM's extent limit.
-    if (a.max_m > kMaxExtent || a.max_n > kMaxExtent || a.max_k > kMaxExtent) return false;
+    if (a.max_m > BSG_MAX_EXTENT || a.max_n > BSG_MAX_EXTENT || a.max_k > BSG_MAX_EXTENT) return false;
     if (a.max_rows < 0 || a.max_rows > INT_MAX) return false;
     if (!is_weight_layout(a.b_layout)) return false;
     if (!a.problems || !a.a || !a.sfa || !a.b || !a.sfb || !a.d || (a.beta != 0.f && !a.c)) return false;

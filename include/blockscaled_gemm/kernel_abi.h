@@ -15,6 +15,9 @@
 #define BSG_SM90_MAX_SPLIT_K 65535
 // Experts of one grouped (MoE) launch: the SM90 kernel keeps their row ranges in shared memory.
 #define BSG_MAX_GROUPS 1024
+// The largest M, N or K (T, N, K of a grouped launch) any kernel takes: they round sizes up to
+// multiples of their tiles (at most 256) in 32-bit signed integers.
+#define BSG_MAX_EXTENT (0x7FFFFFFF - 255)
 
 // The prepacked weight layout (WeightLayout::Prepacked): K in chunks of this many packed bytes
 // (256 values), each chunk of every row of a batch stored together: byte j of chunk c of row r of

@@ -27,6 +27,8 @@ pub(crate) const PREPACK_CHUNK_BYTES: usize = abi::root::BSG_PREPACK_CHUNK_BYTES
 pub(crate) const MAX_GROUPS: u32 = abi::root::BSG_MAX_GROUPS;
 /// K ranges of one SM90 launch.
 pub(crate) const SM90_MAX_SPLIT_K: u32 = abi::root::BSG_SM90_MAX_SPLIT_K;
+/// The largest M, N or K of any launch (sizes rounded up to tiles stay in an i32).
+pub(crate) const MAX_EXTENT: usize = abi::root::BSG_MAX_EXTENT as usize;
 
 // The ABI structs cxx passes by value (`bsg::` in C++).
 macro_rules! trivial_extern {
