@@ -56,16 +56,16 @@ __device__ __forceinline__ void predecode_item(const uint8_t* a_row, const uint8
 }
 
 // Calls f(idx) for each work item idx < items this thread takes, strided over the grid. The index
-// is 32-bit unsigned (a 64-bit division is a call of about 90 instructions, ahead of each item's
-// loads) where the items are below 2^31 and the items plus the stride fit in 32 bits, so no step
-// can wrap whatever grid the caller launched; else 64-bit.
+// is 32-bit unsigned where the items allow (a 64-bit division is a call of about 90 instructions,
+// ahead of each item's loads; below 2^31 items plus a stride under 2^18, which launch_pre_pass
+// keeps, it cannot wrap), else 64-bit.
 template <class F>
 __device__ __forceinline__ void for_items(int64_t items, F&& f) {
   auto loop = [&](auto n) {
     using I = decltype(n);
     for (I idx = I(blockIdx.x) * blockDim.x + threadIdx.x; idx < n; idx += I(gridDim.x) * blockDim.x) f(idx);
   };
-  if (items <= INT32_MAX && items + int64_t(gridDim.x) * blockDim.x <= int64_t(UINT32_MAX)) loop(uint32_t(items));
+  if (items <= INT32_MAX) loop(uint32_t(items));
   else loop(items);
 }
 
@@ -162,8 +162,11 @@ cudaError_t reserve_pre_pass_smem(Kernel kernel) {
 // storing half as much (bench/DESIGN.md §3).
 template <auto Kernel, class... Args>
 cudaError_t launch_pre_pass(int64_t items, int sm_count, cudaStream_t stream, Args... args) {
+  // At most kMaxPreCtas CTAs, whatever SM count the caller passed: for_items' stride stays under
+  // 2^18.
+  constexpr int64_t kMaxPreCtas = 255;
   const int threads = items <= int64_t(kPreThreads / 2) * sm_count ? kPreThreads / 2 : kPreThreads;
-  const int64_t blocks = std::max<int64_t>(1, std::min<int64_t>((items + threads - 1) / threads, sm_count));
+  const int64_t blocks = std::max<int64_t>(1, std::min<int64_t>({(items + threads - 1) / threads, int64_t(sm_count), kMaxPreCtas}));
   const KernelLaunch launch(dim3(unsigned(blocks)), threads, 1, kPreSmem, stream, true);
   return launch_kernel<Kernel>(launch, args...);
 }
