@@ -151,6 +151,7 @@ struct Gemm : Collectives<Sms, TileM, TileN, TileK, ClusterM, ClusterN, Out, Den
 
   static bool can_implement(const KernelArgs& p) {
     if (p.split_k != 1) return false;  // CUTLASS's own schedulers; no split-K here
+    if (p.m < 1 || p.n < 1 || p.k < 1 || p.l < 1) return false;
     if (p.m > BSG_MAX_EXTENT || p.n > BSG_MAX_EXTENT || p.k > BSG_MAX_EXTENT) return false;
     if (p.b_layout != int32_t(WeightLayout::Standard)) return false;  // CUTLASS's K-major B only
     if (kFp4Out && (!p.sfd || !p.norm_constant_ptr)) return false;

@@ -85,7 +85,7 @@ struct GroupedListGemm {
       return {int32_t(cutlass::Status::kErrorInternal), int32_t(e), 0};
     // Stream tiles: one persistent CTA per SM, fewer where the bounds allow fewer items. Swapped
     // tiles: a CTA for every item the bounds allow.
-    const int64_t grid = T::kPreA ? Sched::max_items(a) : std::max<int64_t>(1, std::min<int64_t>(a.sm_count, Sched::max_items(a)));
+    const int64_t grid = T::kPreA ? Sched::max_items(a) : std::max<int64_t>(1, std::min<int64_t>({int64_t(a.sm_count), Sched::max_items(a), kMaxPersistentCtas}));
     const KernelLaunch launch(dim3(unsigned(grid)), grouped_threads<T, Sched>(), 1, grouped_smem<T, Sched>(), stream, true);
     const cudaError_t e = launch_kernel<kKernel>(launch, typename Sched::Args{lp});
     return {int32_t(e == cudaSuccess ? cutlass::Status::kSuccess : cutlass::Status::kErrorInternal), int32_t(e), 0};

@@ -45,8 +45,9 @@ enum class WeightLayout : int32_t { Standard = 0, Prepacked = 1 };
 // Which scale-factor operand a layout query is about.
 enum class SfOperand : int32_t { A = 0, B = 1 };
 
-// One launch, already validated by Rust (shapes, lengths, alignment, architecture). Device
-// addresses and the stream are integers (CUdeviceptr, CUstream).
+// One launch, already validated by Rust (shapes, lengths, alignment, architecture); each
+// adapter's can_implement repeats the size limits (BSG_MAX_EXTENT and its own). Device addresses
+// and the stream are integers (CUdeviceptr, CUstream).
 struct KernelArgs {
   int32_t m, n, k, l;
   uint64_t a;    // packed e2m1, (L, M, K/2) bytes, K-major
