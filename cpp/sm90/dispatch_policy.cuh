@@ -45,9 +45,6 @@ constexpr int kMaxClusterSplit = BSG_SM90_MAX_CLUSTER_SPLIT;
 // Dynamic shared memory that keeps a second CTA off an SM (228 KB a Hopper SM, 1 KB of it per CTA
 // reserved).
 constexpr int kOneCtaPerSmSmem = 116 * 1024;
-// The most CTAs a persistent grid takes, whatever SM count the caller passed: their item loops
-// step by gridDim.x in int.
-constexpr int kMaxPersistentCtas = 4096;
 // A CTA's shared memory at most, static and dynamic (cudaDevAttrMaxSharedMemoryPerBlockOptin).
 constexpr int kMaxCtaSmem = 227 * 1024;
 

@@ -91,9 +91,8 @@ struct GroupedGemm {
                                                       reinterpret_cast<uint4*>(pre));
       if (e != cudaSuccess) return {int32_t(cutlass::Status::kErrorInternal), int32_t(e), 0};
     }
-    // Stream tiles: one persistent CTA per SM (their shared memory holds one), fewer where even
-    // the largest routing has fewer items. Swapped tiles: a CTA for every item any routing has.
-    const int64_t grid = T::kPreA ? Sched::max_items(a) : std::max<int64_t>(1, std::min<int64_t>({int64_t(a.sm_count), Sched::max_items(a), kMaxPersistentCtas}));
+    // For the items of any routing.
+    const int64_t grid = grouped_grid<T>(Sched::max_items(a), a.sm_count);
     const KernelLaunch launch(dim3(unsigned(grid)), grouped_threads<T, Sched>(), 1, grouped_smem<T, Sched>(), stream, true);
     const cudaError_t e = launch_kernel<kKernel>(launch, args);
     return {int32_t(e == cudaSuccess ? cutlass::Status::kSuccess : cutlass::Status::kErrorInternal), int32_t(e), 0};

@@ -83,9 +83,8 @@ struct GroupedListGemm {
     const int64_t items = T::kPreA ? std::max<int64_t>(a.groups, a.max_rows * (Sched::k_pad(a) / kBK) * 2) : a.groups;
     if (const cudaError_t e = launch_pre_pass<list_prologue<T>>(items, a.sm_count, stream, lp, tmpl_a, tmpl_b); e != cudaSuccess)
       return {int32_t(cutlass::Status::kErrorInternal), int32_t(e), 0};
-    // Stream tiles: one persistent CTA per SM, fewer where the bounds allow fewer items. Swapped
-    // tiles: a CTA for every item the bounds allow.
-    const int64_t grid = T::kPreA ? Sched::max_items(a) : std::max<int64_t>(1, std::min<int64_t>({int64_t(a.sm_count), Sched::max_items(a), kMaxPersistentCtas}));
+    // For the items the bounds allow.
+    const int64_t grid = grouped_grid<T>(Sched::max_items(a), a.sm_count);
     const KernelLaunch launch(dim3(unsigned(grid)), grouped_threads<T, Sched>(), 1, grouped_smem<T, Sched>(), stream, true);
     const cudaError_t e = launch_kernel<kKernel>(launch, typename Sched::Args{lp});
     return {int32_t(e == cudaSuccess ? cutlass::Status::kSuccess : cutlass::Status::kErrorInternal), int32_t(e), 0};

@@ -8,6 +8,7 @@
 
 #include <cuda.h>
 
+#include <algorithm>
 #include <climits>
 #include <cstdint>
 
@@ -61,6 +62,15 @@ template <class T, class Sched>
 constexpr int grouped_threads() {
   if constexpr (T::kPreA) return T::kLaunchThreads;
   else return T::kLaunchThreads + (GroupedStreamSmem<T, Sched>::kEpilogueWarp ? 32 : 0);
+}
+// A grouped launch's CTAs for at most max_items work items: the swapped tiles one an item; the
+// stream tiles' persistent CTAs one an SM, fewer where there are fewer items, and at most 4096
+// whatever SM count the caller passed (their item loops step by gridDim.x in int).
+template <class T>
+inline int64_t grouped_grid(int64_t max_items, int sm_count) {
+  constexpr int64_t kMaxPersistentCtas = 4096;
+  if constexpr (T::kPreA) return max_items;
+  else return std::max<int64_t>(1, std::min<int64_t>({int64_t(sm_count), max_items, kMaxPersistentCtas}));
 }
 
 // The slab handoff's mbarrier arrive and wait: CUTLASS's order memory in hardware (release,
