@@ -455,14 +455,14 @@ pub(crate) fn check_shape(rows: usize, k: usize, batch: usize) -> Result<()> {
 }
 
 /// The GPU quantizer's largest row count (a multiple of 128): its row loop counts in int32,
-/// striding by the grid.
-pub(crate) const QUANTIZER_MAX_ROWS: usize = 65535 * 128;
+/// striding by the grid. The kernel's entry point checks it too (`BSG_QUANT_MAX_ROWS`).
+pub(crate) const QUANTIZER_MAX_ROWS: usize = crate::sys::QUANT_MAX_ROWS;
 
 /// [`check_shape`] and the GPU quantizer's limits (rows: [`QUANTIZER_MAX_ROWS`]; L in grid.z),
 /// before any size is computed from the shape.
 pub(crate) fn check_quantizer_dims((batch, rows, k): (usize, usize, usize)) -> Result<()> {
     check_shape(rows, k, batch)?;
-    for (dim, value, max) in [("rows", rows, QUANTIZER_MAX_ROWS), ("K", k, i32::MAX as usize), ("batch", batch, 65535)] {
+    for (dim, value, max) in [("rows", rows, QUANTIZER_MAX_ROWS), ("K", k, i32::MAX as usize), ("batch", batch, crate::sys::QUANT_MAX_BATCH)] {
         if value > max {
             return Err(Error::Dimension { dim, value, max });
         }

@@ -370,3 +370,54 @@ impl Quantizer {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::matrix::QUANTIZER_MAX_ROWS;
+
+    /// The quantizer's entry point refuses, by itself, what Rust's checks refuse before it: sizes
+    /// past its 32-bit counters and argument combinations it has no kernel for. Each case changes
+    /// one field of a call within every limit (whose launch is not attempted: its addresses are
+    /// not real), and must come back INVALID_PROBLEM with no CUDA call made.
+    #[test]
+    fn the_quantizer_entry_refuses_what_rust_refuses() {
+        let fake = 0x1000u64;
+        let base = QuantizeArgs {
+            m: 128, k: 64, l: 1, input: InKind::Bf16, x: fake, codes: fake, scales: fake, global_scale: 1.0, amax_slot: 0,
+            offsets: 0, experts: 0, stream: 0, transform: QuantTransform::None, decoded: 0, decoded_rows: 0,
+        };
+        let max_rows = sys::QUANT_MAX_ROWS as i32;
+        let cases: Vec<(&str, QuantizeArgs)> = vec![
+            ("M = 0", QuantizeArgs { m: 0, ..base }),
+            ("M past the limit", QuantizeArgs { m: max_rows + 1, ..base }),
+            ("L = 0", QuantizeArgs { l: 0, ..base }),
+            ("L past grid.z", QuantizeArgs { l: sys::QUANT_MAX_BATCH as i32 + 1, ..base }),
+            ("K = 0", QuantizeArgs { k: 0, ..base }),
+            ("K not a multiple of 16", QuantizeArgs { k: 72, ..base }),
+            ("K negative", QuantizeArgs { k: -16, ..base }),
+            ("SwiGLU 2K past i32", QuantizeArgs { k: (i32::MAX / 2 + 16) / 16 * 16, transform: QuantTransform::SwigluHalves, ..base }),
+            ("SwiGLU with a computed scale", QuantizeArgs { transform: QuantTransform::SwigluHalves, amax_slot: fake, ..base }),
+            ("null x", QuantizeArgs { x: 0, ..base }),
+            ("null codes", QuantizeArgs { codes: 0, ..base }),
+            ("null scales", QuantizeArgs { scales: 0, ..base }),
+            ("MoE with L = 2", QuantizeArgs { offsets: fake, experts: 8, l: 2, ..base }),
+            ("MoE with no experts", QuantizeArgs { offsets: fake, experts: 0, ..base }),
+            ("MoE past the experts' limit", QuantizeArgs { offsets: fake, experts: sys::MAX_GROUPS as i32 + 1, ..base }),
+            ("decode with the MoE layout", QuantizeArgs { offsets: fake, experts: 8, decoded: fake, decoded_rows: 128, ..base }),
+            ("decode with a computed scale", QuantizeArgs { amax_slot: fake, decoded: fake, decoded_rows: 128, ..base }),
+            ("decode of fewer rows than M", QuantizeArgs { decoded: fake, decoded_rows: 64, ..base }),
+            ("decode past the limit", QuantizeArgs { m: max_rows, decoded: fake, decoded_rows: max_rows + 129, ..base }),
+        ];
+        for (what, args) in cases {
+            // SAFETY: every case is refused before any address is used (what the test checks);
+            // nothing is launched or read.
+            let st = unsafe { sys::quantize(&args) };
+            assert_eq!((st.cutlass_status, st.cuda_error), (sys::STATUS_INVALID_PROBLEM, 0), "{what}: not refused by the entry point");
+        }
+        // The rows Rust allows (a multiple of 128) are the entry point's, and its decode reaches
+        // the limit's decode rows.
+        assert!(QUANTIZER_MAX_ROWS.is_multiple_of(128));
+        assert_eq!(Nvfp4Activations::decoded_rows(QUANTIZER_MAX_ROWS), QUANTIZER_MAX_ROWS + 128);
+    }
+}

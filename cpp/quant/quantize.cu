@@ -11,6 +11,23 @@
 
 namespace {
 
+// The limits Rust applies first (src/matrix.rs check_quantizer_dims, src/quantize.rs), repeated
+// so that no call through this entry point counts past the kernels' 32-bit rows and grid: with
+// them a row plus the grid's stride, the MoE form's padded scale rows and the decode's rows stay
+// in int. Also the argument combinations the kernels do not have.
+static_assert(bsg::moe_sf_rows(BSG_QUANT_MAX_ROWS, BSG_MAX_GROUPS) <= INT32_MAX, "the MoE form's padded scale rows are int");
+bool can_quantize(const bsg::QuantizeArgs& a) {
+  const bool swiglu = a.transform == bsg::QuantTransform::SwigluHalves, moe = a.offsets != 0, decoded = a.decoded != 0;
+  if (a.transform != bsg::QuantTransform::None && !swiglu) return false;
+  if (a.m < 1 || a.m > BSG_QUANT_MAX_ROWS || a.l < 1 || a.l > BSG_QUANT_MAX_BATCH) return false;
+  if (a.k < 16 || a.k % 16 != 0 || (swiglu && a.k > INT32_MAX / 2)) return false;
+  if (a.x == 0 || a.codes == 0 || a.scales == 0) return false;
+  if (swiglu && a.amax_slot != 0) return false;  // given scales only
+  if (moe && (a.l != 1 || a.experts < 1 || a.experts > BSG_MAX_GROUPS)) return false;
+  if (decoded && (moe || a.amax_slot != 0 || a.decoded_rows < a.m || a.decoded_rows > BSG_QUANT_MAX_ROWS + 128)) return false;
+  return true;
+}
+
 template <class T>
 bsg::KernelStatus run(const bsg::QuantizeArgs& a) {
   const auto stream = reinterpret_cast<cudaStream_t>(a.stream);
@@ -19,12 +36,7 @@ bsg::KernelStatus run(const bsg::QuantizeArgs& a) {
   auto* scales = reinterpret_cast<uint8_t*>(a.scales);
   auto* amax = reinterpret_cast<uint32_t*>(a.amax_slot);
   bsg::KernelStatus st{0, 0, 0};
-  if (a.transform != bsg::QuantTransform::None && a.transform != bsg::QuantTransform::SwigluHalves)
-    return bsg::KernelStatus{BSG_STATUS_INVALID_PROBLEM, 0, 0};
-  const bool swiglu = a.transform == bsg::QuantTransform::SwigluHalves;
-  if (swiglu && amax) return bsg::KernelStatus{BSG_STATUS_INVALID_PROBLEM, 0, 0};  // given scales only
-  const bool moe = a.offsets != 0, decoded = a.decoded != 0;
-  if (decoded && (moe || amax || a.decoded_rows < a.m)) return bsg::KernelStatus{BSG_STATUS_INVALID_PROBLEM, 0, 0};
+  const bool swiglu = a.transform == bsg::QuantTransform::SwigluHalves, moe = a.offsets != 0, decoded = a.decoded != 0;
   if (amax) {
     if (cudaError_t e = cudaMemsetAsync(amax, 0, sizeof(uint32_t), stream)) {
       st.cuda_error = e;
@@ -118,6 +130,7 @@ bsg::KernelStatus bsg_prepack_values(const uint8_t* src, uint8_t* dst, int32_t r
 }
 
 bsg::KernelStatus bsg_quantize(const bsg::QuantizeArgs& a) {
+  if (!can_quantize(a)) return bsg::KernelStatus{BSG_STATUS_INVALID_PROBLEM, 0, 0};
   switch (a.input) {
     case bsg::InKind::F32: return run<float>(a);
     case bsg::InKind::F16: return run<__half>(a);

@@ -19,6 +19,12 @@
 // multiples of their tiles (at most 256) in 32-bit signed integers.
 #define BSG_MAX_EXTENT (0x7FFFFFFF - 255)
 
+// The quantizer's largest row count (M, or T of the MoE form; a multiple of 128) and batch: its
+// row loop counts in 32-bit signed integers, striding by the grid, and L is grid.z. Its decode
+// (QuantizeArgs::decoded) may cover up to 128 rows more (rows rounded up to 256).
+#define BSG_QUANT_MAX_ROWS (65535 * 128)
+#define BSG_QUANT_MAX_BATCH 65535
+
 // The prepacked weight layout (WeightLayout::Prepacked): K in chunks of this many packed bytes
 // (256 values), each chunk of every row of a batch stored together: byte j of chunk c of row r of
 // batch l at ((l * chunks + c) * rows + r) * 128 + j, chunks = ceil(K / 256), the last chunk's
@@ -152,14 +158,16 @@ enum class InKind : int32_t { F32 = 0, F16 = 1, Bf16 = 2 };
 // (cpp/quant/swiglu.cuh: the arithmetic, shared bit for bit with src/swiglu.rs).
 enum class QuantTransform : int32_t { None = 0, SwigluHalves = 1 };
 
-// One quantizer call (cpp/quant/): x (L, M, K) row-major to packed e2m1 codes (L, M, K/2) and
-// ue4m3 scales in the 128x4 tiled layout, padding zeroed. amax_slot 0: global_scale is used;
-// else the 4 bytes there receive the amax and the global scale is derived from it on the device.
-// offsets non-zero (L = 1): the stacked activations of a mixture-of-experts layer, `experts`
-// + 1 int32 expert offsets on the device; the scales go to the grouped GEMM's layout (each
-// expert's rows from a multiple of 128, GroupedArgs::sfa): the whole buffer (floor((m + 127
-// experts) / 128) * 128 scale rows) is zeroed first, then the experts' rows written; codes of
-// rows no expert holds are not written.
+// One quantizer call (cpp/quant/), already validated by Rust; bsg_quantize repeats the size
+// limits (BSG_QUANT_MAX_ROWS, BSG_QUANT_MAX_BATCH, BSG_MAX_GROUPS) and launches nothing past
+// them. x (L, M, K) row-major to packed e2m1 codes (L, M, K/2) and ue4m3 scales in the 128x4
+// tiled layout, padding zeroed. amax_slot 0: global_scale is used; else the 4 bytes there
+// receive the amax and the global scale is derived from it on the device. offsets non-zero
+// (L = 1): the stacked activations of a mixture-of-experts layer, `experts` + 1 int32 expert
+// offsets on the device; the scales go to the grouped GEMM's layout (each expert's rows from a
+// multiple of 128, GroupedArgs::sfa): the scale rows the experts' blocks can reach
+// (floor((m + 127 min(experts, m)) / 128) * 128) are zeroed first, then the experts' rows
+// written; codes of rows no expert holds are not written.
 struct QuantizeArgs {
   int32_t m, k, l;
   InKind input;

@@ -29,6 +29,9 @@ pub(crate) const MAX_GROUPS: u32 = abi::root::BSG_MAX_GROUPS;
 pub(crate) const SM90_MAX_SPLIT_K: u32 = abi::root::BSG_SM90_MAX_SPLIT_K;
 /// The largest M, N or K of any launch (sizes rounded up to tiles stay in an i32).
 pub(crate) const MAX_EXTENT: usize = abi::root::BSG_MAX_EXTENT as usize;
+/// The quantizer's largest row count (its row loop counts in an i32) and batch (grid.z).
+pub(crate) const QUANT_MAX_ROWS: usize = abi::root::BSG_QUANT_MAX_ROWS as usize;
+pub(crate) const QUANT_MAX_BATCH: usize = abi::root::BSG_QUANT_MAX_BATCH as usize;
 
 // The ABI structs cxx passes by value (`bsg::` in C++).
 macro_rules! trivial_extern {
