@@ -11,7 +11,8 @@
 //!   (on Hopper, from 33 rows at most shapes: [`BlockScaledGemm::select_config`] says which), the
 //!   quantizer also writes the activations' decode, which the GEMM reads instead of a pre-pass
 //!   (as [`crate::Quantizer::quantize_decoded_into`] and [`BlockScaledGemm::gemm_decoded`] do).
-//!   Runs where [`BlockScaledGemm::gemm`] does (Hopper and Blackwell).
+//!   Runs where [`BlockScaledGemm::gemm`] does (Hopper; Blackwell compiled, not yet run on
+//!   hardware).
 //! - [`LinearMode::W4a16`]: the input as it is, the weights decoded to its type on chip
 //!   ([`BlockScaledGemm::gemm_w4a16`]): one launch (from 33 rows at most shapes, a pre-pass and
 //!   the GEMM), no activation quantization error, and no input scale needed. Hopper only.

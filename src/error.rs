@@ -126,6 +126,19 @@ pub enum Error {
         /// What this build supports.
         supported: &'static str,
     },
+    /// The device's architecture has kernels in this build, but none of this call's form for
+    /// this output type (f32 output is Hopper's only; `BSG_CONFIGS` may also have left some out).
+    #[error("no kernel of this call's form for {out} output on compute capability {major}.{minor} (device {ordinal}) in this build: f32 output runs on Hopper (9.0) only, and BSG_ARCHS / BSG_CONFIGS select what is built")]
+    OutputUnsupported {
+        /// The output type asked for.
+        out: OutType,
+        /// Device ordinal.
+        ordinal: usize,
+        /// Device major version.
+        major: i32,
+        /// Device minor version.
+        minor: i32,
+    },
     /// No kernel of this call's form (dense, W4A16, grouped, list) for (config, output) in this
     /// build: the config table (`cpp/configs.def`) has none, or `BSG_ARCHS` / `BSG_CONFIGS` left
     /// it out.

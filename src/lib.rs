@@ -5,7 +5,11 @@
 //! # The two architectures
 //! - **Blackwell** (B200, GB200; compute capability 10.0): CUTLASS's block-scaled UMMA kernels,
 //!   the path of CUTLASS examples 72a/72b, in 1-SM and 2-SM tile/cluster configs; the
-//!   mixture-of-experts GEMM as CUTLASS's pointer-array grouped kernel (example 75).
+//!   mixture-of-experts GEMM as CUTLASS's pointer-array grouped kernel (example 75). **Not yet
+//!   run on hardware:** no SM100 machine has been available to the project, so this path is
+//!   compiled (its SASS checked) and its host side tested on the CPU, but no result of it has
+//!   been checked on a B200. Check its first results against [`compare::verify`] before relying
+//!   on it. f32 output and W4A16 are Hopper only.
 //! - **Hopper** (H100, H200; 9.0), which has no FP4 tensor cores: our exact kernels decode NVFP4
 //!   on chip to FP16 (exact: every e2m1 value times a ue4m3 scale is an FP16 value) and run
 //!   `wgmma` or `mma.sync` with FP32 accumulation; small-M tiles for decode steps and MoE experts
@@ -155,6 +159,12 @@ pub mod swiglu;
 mod sys;
 mod tensor;
 pub mod w4a16;
+
+/// The cudarc this crate's API takes (its streams, buffers and `DevicePtr` traits): name it
+/// through here to be sure of the same version.
+pub use cudarc;
+/// The `half` whose `f16` and `bf16` the API takes.
+pub use half;
 
 pub use dispatch::{check_split_k, cluster_reduced, cluster_split, for_weights as dispatch_for_weights, select as select_config, split_k as config_split_k, ClusterCounts, Config, ConfigInfo, Schedule, ANY_CLUSTERS, SM90_MAX_CLUSTER_SPLIT, SM90_MAX_SPLIT_TILES};
 pub use error::{Error, Result};
