@@ -349,17 +349,24 @@ impl Checkpoint {
     /// global and input scales in this crate's convention.
     fn raw_layer(&self, prefix: &str) -> Result<RawLayer> {
         let convention = self.convention(prefix)?;
-        let name = |s: &str| format!("{prefix}.{s}");
-        let [w_name, g_name, in_name] = tensor_names(convention).map(name);
+        let w_name = format!("{prefix}.{}", tensor_names(convention)[0]);
         let (n, k) = self.weight_dims(&w_name)?;
         let data = self.read(&w_name, "U8", &[Some(n), Some(k / 2)], "the packed weight")?;
-        let s_name = name("weight_scale");
+        let s_name = format!("{prefix}.weight_scale");
         let scales = self.read(&s_name, "F8_E4M3", &[Some(n), Some(k / 16)], "the block scales, [N, K/16]")?;
         if let Some(i) = scales.iter().position(|&b| b & 0x80 != 0 || b == 0x7F) {
             let b = scales[i];
             let why = if b & 0x7F == 0x7F { "NaN" } else { "negative" };
             return Err(bad(&s_name, format!("element {i} (row {}, block {}) is {why} (byte 0x{b:02x}): block scales are finite and non-negative", i / (k / 16), i % (k / 16))));
         }
+        let (global, input_scale) = self.scalars(prefix, convention)?;
+        Ok(RawLayer { n, k, data, scales, global, input_scale, convention })
+    }
+
+    /// The layer's weight global scale and activations' scale (if the file has one) in this
+    /// crate's convention, checked: positive normal f32s.
+    fn scalars(&self, prefix: &str, convention: Convention) -> Result<(f32, Option<f32>)> {
+        let [_, g_name, in_name] = tensor_names(convention).map(|s| format!("{prefix}.{s}"));
         let to_ours = |v: f32, name: &str| -> Result<f32> {
             let g = match convention {
                 Convention::ModelOpt => v,
@@ -372,7 +379,17 @@ impl Checkpoint {
         };
         let global = to_ours(self.scalar(&g_name)?, &g_name)?;
         let input_scale = if self.tensors.contains_key(&in_name) { Some(to_ours(self.scalar(&in_name)?, &in_name)?) } else { None };
-        Ok(RawLayer { n, k, data, scales, global, input_scale, convention })
+        Ok((global, input_scale))
+    }
+
+    /// The layer `prefix`'s weight global scale and activations' scale (None where the file has
+    /// none), in this crate's convention, reading only those two scalars (and checking the
+    /// layer's names and weight shape from the header): to gather per-expert input scales
+    /// without reading the weights.
+    pub fn layer_scales(&self, prefix: &str) -> Result<(f32, Option<f32>)> {
+        let convention = self.convention(prefix)?;
+        self.weight_dims(&format!("{prefix}.{}", tensor_names(convention)[0]))?;
+        self.scalars(prefix, convention)
     }
 
     /// The linear layer `prefix` (e.g. `model.layers.0.mlp.down_proj`): its weight (1, N, K)
@@ -443,9 +460,23 @@ impl Checkpoint {
     /// example `|e| format!("model.layers.3.mlp.experts.{e}.down_proj")`) as one (E, N, K)
     /// matrix of global scale 1, and each expert's global scale: the B operand and the
     /// `expert_scales` of [`crate::BlockScaledGemm::moe_gemm`]. Every expert must have the same N
-    /// and K. The experts' input scales are not returned (`moe_gemm` takes one activation scale;
-    /// [`Self::layer`] gives each expert's).
-    pub fn experts(&self, experts: usize, prefix_of: impl Fn(usize) -> String) -> Result<(Nvfp4Matrix, Vec<f32>)> {
+    /// and K. An expert may be fused shards stacked along N, as [`Self::fused`] stacks them:
+    /// `prefix_of` then returns their prefixes, e.g. gate then up for the gate-up GEMM whose
+    /// output [`crate::Quantizer::quantize_moe_swiglu_into`] takes (gate in the first half of
+    /// each row):
+    ///
+    /// ```no_run
+    /// # fn main() -> blockscaled_gemm::Result<()> {
+    /// let ck = blockscaled_gemm::checkpoint::Checkpoint::open("model.safetensors")?;
+    /// let p = |e: usize, w: &str| format!("model.layers.3.mlp.experts.{e}.{w}");
+    /// let (gate_up, expert_scales) = ck.experts(256, |e| [p(e, "gate_proj"), p(e, "up_proj")])?;
+    /// // One activation scale for all experts' inputs: the largest of theirs.
+    /// let input_scale = ck.experts_input_scale(256, |e| p(e, "gate_proj"))?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// The experts' input scales are not read here ([`Self::experts_input_scale`]).
+    pub fn experts<P: ExpertShards>(&self, experts: usize, prefix_of: impl Fn(usize) -> P) -> Result<(Nvfp4Matrix, Vec<f32>)> {
         let x = self.experts_raw(experts, prefix_of)?;
         Ok((Nvfp4Matrix::from_parts(x.n, x.k, experts, x.data, to_tiled(&x.scales, x.n, x.k / 16, experts)?, None)?, x.globals))
     }
@@ -453,27 +484,58 @@ impl Checkpoint {
     /// [`Self::experts`] on the device: the experts' packed weights and row-major scales uploaded
     /// as stored, the scales re-tiled on the GPU into E batches. Returns the (E, N, K) tensor
     /// (global scale 1) and each expert's global scale. Not during CUDA graph capture.
-    pub fn experts_to_device(&self, experts: usize, prefix_of: impl Fn(usize) -> String, stream: &Arc<CudaStream>) -> Result<(Nvfp4Tensor, Vec<f32>)> {
+    pub fn experts_to_device<P: ExpertShards>(&self, experts: usize, prefix_of: impl Fn(usize) -> P, stream: &Arc<CudaStream>) -> Result<(Nvfp4Tensor, Vec<f32>)> {
         let x = self.experts_raw(experts, prefix_of)?;
         refuse_capture("Checkpoint::experts_to_device", stream)?;
         let (values, scales) = (stream.clone_htod(&x.data)?, stream.clone_htod(&x.scales)?);
         Ok((Nvfp4Tensor::from_row_major_scales(values, &scales, (experts, x.n, x.k), 1.0, stream)?, x.globals))
     }
 
-    /// The experts of [`Self::experts`], checked and stacked as stored.
-    fn experts_raw(&self, experts: usize, prefix_of: impl Fn(usize) -> String) -> Result<ExpertStack> {
-        if experts == 0 {
-            return Err(Error::InvalidData { what: "experts", detail: "0: an expert stack has at least one expert".into() });
+    /// The largest input scale (this crate's convention) of the experts' layers `prefix_of(e)`
+    /// (every shard of each), reading only their scalars ([`Self::layer_scales`]): the one
+    /// activation scale that [`crate::BlockScaledGemm::moe_gemm`] and the quantizer take for the
+    /// stacked activations of all experts. The largest, since with a smaller one the activations
+    /// calibrated to a larger scale would clip at FP4's largest value. None where no expert has
+    /// an input scale (weight-only exports); an error naming the first expert without one where
+    /// others have one.
+    pub fn experts_input_scale<P: ExpertShards>(&self, experts: usize, prefix_of: impl Fn(usize) -> P) -> Result<Option<f32>> {
+        check_experts(experts)?;
+        let mut found: Option<(f32, String)> = None;
+        let mut missing: Option<String> = None;
+        for e in 0..experts {
+            let p = prefix_of(e);
+            for prefix in p.shards() {
+                match self.layer_scales(prefix)?.1 {
+                    Some(v) => {
+                        if found.as_ref().is_none_or(|(m, _)| v > *m) {
+                            found = Some((v, prefix.to_string()));
+                        }
+                    }
+                    None => {
+                        missing.get_or_insert_with(|| prefix.to_string());
+                    }
+                }
+                if let (Some((_, with)), Some(without)) = (&found, &missing) {
+                    return Err(bad(without, format!("has no input scale, and {with} has one: an expert stack's layers all have one or none")));
+                }
+            }
         }
+        Ok(found.map(|(v, _)| v))
+    }
+
+    /// The experts of [`Self::experts`], checked and stacked as stored.
+    fn experts_raw<P: ExpertShards>(&self, experts: usize, prefix_of: impl Fn(usize) -> P) -> Result<ExpertStack> {
+        check_experts(experts)?;
         let (mut data, mut scales, mut globals) = (Vec::new(), Vec::new(), Vec::new());
         let mut nk = None;
         for e in 0..experts {
-            let prefix = prefix_of(e);
-            let l = self.raw_layer(&prefix)?;
+            let p = prefix_of(e);
+            let shards = p.shards();
+            let l = self.fused_raw(&shards)?;
             match nk {
                 None => nk = Some((l.n, l.k)),
                 Some(first) if first != (l.n, l.k) => {
-                    return Err(bad(format!("{prefix}.{}", tensor_names(l.convention)[0]), format!("(N, K) = {:?}: expert 0 has {first:?}; an expert stack shares N and K", (l.n, l.k))));
+                    return Err(bad(format!("{}.{}", shards[0], tensor_names(l.convention)[0]), format!("(N, K) = {:?}: expert 0 has {first:?}; an expert stack shares N and K", (l.n, l.k))));
                 }
                 _ => {}
             }
@@ -484,6 +546,46 @@ impl Checkpoint {
         let (n, k) = nk.expect("at least one expert");
         Ok(ExpertStack { n, k, data, scales, globals })
     }
+}
+
+/// The layer prefixes of one expert for [`Checkpoint::experts`]: one (`String`, `&str`), or
+/// fused shards stacked along N in order (an array, `Vec` or slice of `String` or `&str`).
+pub trait ExpertShards {
+    /// The prefixes, at least one.
+    fn shards(&self) -> Vec<&str>;
+}
+impl ExpertShards for String {
+    fn shards(&self) -> Vec<&str> {
+        vec![self.as_str()]
+    }
+}
+impl ExpertShards for &str {
+    fn shards(&self) -> Vec<&str> {
+        vec![*self]
+    }
+}
+impl<T: AsRef<str>, const S: usize> ExpertShards for [T; S] {
+    fn shards(&self) -> Vec<&str> {
+        self.iter().map(AsRef::as_ref).collect()
+    }
+}
+impl<T: AsRef<str>> ExpertShards for Vec<T> {
+    fn shards(&self) -> Vec<&str> {
+        self.iter().map(AsRef::as_ref).collect()
+    }
+}
+impl<T: AsRef<str>> ExpertShards for &[T] {
+    fn shards(&self) -> Vec<&str> {
+        self.iter().map(AsRef::as_ref).collect()
+    }
+}
+
+/// An expert stack has at least one expert.
+fn check_experts(experts: usize) -> Result<()> {
+    if experts == 0 {
+        return Err(Error::InvalidData { what: "experts", detail: "0: an expert stack has at least one expert".into() });
+    }
+    Ok(())
 }
 
 /// An expert stack as stored: N, K, the packed values, the row-major scales (E batches) and
@@ -845,6 +947,78 @@ mod tests {
         assert!(e.starts_with("mlp.experts.3.up_proj.weight: not in"), "{e}");
     }
 
+    /// Per expert, gate and up quantized as one tensor (one global scale), exported as two
+    /// layers: the stack of [gate; up] per expert is each expert's fused layer, in order.
+    fn gate_up_experts(experts: usize, conv: Convention, inputs: &dyn Fn(usize) -> Option<f32>) -> (Vec<Nvfp4Matrix>, Vec<Tensor>) {
+        let (n, k) = (32, 64);
+        let (mut whole, mut all) = (Vec::new(), Vec::new());
+        for e in 0..experts {
+            let (m, _) = layer_tensors("x", conv, 2 * n, k, 40 + e as u64, None);
+            for (i, w) in ["gate_proj", "up_proj"].into_iter().enumerate() {
+                let part = m.select_rows(&(i * n..(i + 1) * n).collect::<Vec<_>>()).unwrap();
+                let g = m.global_scale().unwrap();
+                let (wn, gs, inn, gv, iv) = match conv {
+                    Convention::ModelOpt => ("weight", "weight_scale_2", "input_scale", g, inputs(e)),
+                    Convention::CompressedTensors => ("weight_packed", "weight_global_scale", "input_global_scale", 1.0 / g, inputs(e).map(|v| 1.0 / v)),
+                };
+                let prefix = format!("mlp.experts.{e}.{w}");
+                all.push((format!("{prefix}.{wn}"), Dtype::U8, vec![n, k / 2], part.data().to_vec()));
+                all.push((format!("{prefix}.weight_scale"), Dtype::F8_E4M3, vec![n, k / 16], part.scales_row_major().unwrap()));
+                all.push((format!("{prefix}.{gs}"), Dtype::F32, vec![], f32s(gv)));
+                if let Some(v) = iv {
+                    all.push((format!("{prefix}.{inn}"), Dtype::F32, vec![1], f32s(v)));
+                }
+            }
+            whole.push(m);
+        }
+        (whole, all)
+    }
+
+    #[test]
+    fn expert_stacks_of_fused_gate_and_up() {
+        let p = |e: usize, w: &str| format!("mlp.experts.{e}.{w}");
+        for conv in [Convention::ModelOpt, Convention::CompressedTensors] {
+            let (whole, t) = gate_up_experts(3, conv, &|e| Some([0.5f32, 2.0, 1.0][e]));
+            let file = write(&format!("gate-up-{conv:?}"), &refs(&t));
+            let ck = Checkpoint::open(&file).unwrap();
+            let (w, scales) = ck.experts(3, |e| [p(e, "gate_proj"), p(e, "up_proj")]).unwrap();
+            assert_eq!((w.batch(), w.rows(), w.k(), w.global_scale()), (3, 64, 64, None));
+            for (e, m) in whole.iter().enumerate() {
+                let b = w.batch_slice(e).unwrap();
+                assert_eq!((b.data(), b.scales()), (m.data(), m.scales()), "expert {e}: [gate; up] as quantized whole");
+                let fused = ck.fused(&[&p(e, "gate_proj"), &p(e, "up_proj")]).unwrap();
+                assert_eq!((fused.weight.data(), Some(scales[e])), (b.data(), fused.weight.global_scale()));
+            }
+            // The other forms of the same shards agree.
+            let (v, _) = ck.experts(3, |e| vec![p(e, "gate_proj"), p(e, "up_proj")]).unwrap();
+            assert_eq!(v.data(), w.data());
+            // Input scales: the largest, read alone; and each layer's as `layer` reads it.
+            let want = |v: f32| if conv == Convention::ModelOpt { v } else { 1.0 / (1.0 / v) };
+            assert_eq!(ck.experts_input_scale(3, |e| [p(e, "gate_proj"), p(e, "up_proj")]).unwrap(), Some(want(2.0)));
+            let l = ck.layer(&p(1, "up_proj")).unwrap();
+            assert_eq!(ck.layer_scales(&p(1, "up_proj")).unwrap(), (l.weight.global_scale().unwrap(), l.input_scale));
+            assert!(ck.experts(0, |e| p(e, "up_proj")).is_err() && ck.experts_input_scale(0, |e| p(e, "up_proj")).is_err());
+        }
+        // No expert with an input scale: None. Some with and some without: the first without is named.
+        let (_, t) = gate_up_experts(2, Convention::ModelOpt, &|_| None);
+        let gate_up_none = write("gate-up-none", &refs(&t));
+        let ck = Checkpoint::open(&gate_up_none).unwrap();
+        assert_eq!(ck.experts_input_scale(2, |e| p(e, "up_proj")).unwrap(), None);
+        let (_, t) = gate_up_experts(3, Convention::ModelOpt, &|e| (e != 1).then_some(0.25));
+        let gate_up_mixed = write("gate-up-mixed", &refs(&t));
+        let ck = Checkpoint::open(&gate_up_mixed).unwrap();
+        let e = ck.experts_input_scale(3, |e| p(e, "up_proj")).unwrap_err().to_string();
+        assert!(e.starts_with("mlp.experts.1.up_proj: has no input scale, and mlp.experts.0.up_proj has one"), "{e}");
+        // An expert's shards with different global scales: refused as fused shards are.
+        let (_, mut t) = gate_up_experts(2, Convention::ModelOpt, &|_| None);
+        let i = t.iter().position(|x| x.0 == "mlp.experts.1.up_proj.weight_scale_2").unwrap();
+        t[i].3 = f32s(3.0);
+        let gate_up_globals = write("gate-up-globals", &refs(&t));
+        let ck = Checkpoint::open(&gate_up_globals).unwrap();
+        let e = ck.experts(2, |e| [p(e, "gate_proj"), p(e, "up_proj")]).unwrap_err().to_string();
+        assert!(e.starts_with("mlp.experts.1.up_proj.weight_scale_2: global scale"), "{e}");
+    }
+
     #[test]
     fn mutated_files_give_errors_never_panics() {
         // A valid file with random bytes changed (in the length prefix, the JSON header and the
@@ -882,6 +1056,9 @@ mod tests {
                     let _ = ck.layer_dims(p);
                     let _ = ck.fused(&[p, p]);
                     let _ = ck.experts(1, |e| format!("model.layers.0.mlp.experts.{e}.down_proj"));
+                    let _ = ck.layer_scales(p);
+                    let _ = ck.experts_input_scale(1, |_| p);
+                    let _ = ck.experts(1, |_| [p, p]);
                     if read { 2 } else { 1 }
                 }
                 Err(_) => 0,
