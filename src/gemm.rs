@@ -426,10 +426,53 @@ impl BlockScaledGemm {
         self.run(p, a.tensor(), Some(a.decoded()), b, None::<&CudaSlice<TO>>, d, config)
     }
 
-    /// [`Self::gemm`], or where `decoded` is given [`Self::gemm_decoded`], on the parts of
-    /// activations kept apart from [`Nvfp4Activations`] (the candle layer's buffers, used by
-    /// prefix): `a` the codes and scales, `decoded` exactly the decode [`crate::Quantizer`] wrote
-    /// beside them for `p`'s rows.
+    /// [`Self::gemm_decoded`] on activations kept in buffers of the caller's rather than an
+    /// [`Nvfp4Activations`]: `a` the codes and scales, and `decoded` exactly the decode that
+    /// [`crate::Quantizer::quantize_decoded_parts_into`] wrote beside them for `p`'s shape
+    /// ([`Nvfp4Activations::decoded_len`] FP16 values). The same bits as [`Self::gemm`] on `a`.
+    ///
+    /// At batch 1 one set of buffers sized for the largest batch serves every row count by
+    /// prefix, as a serving loop whose batch changes each step needs: the codes, tiled scales and
+    /// decode of `rows` rows are the first `rows * K / 2` bytes, [`crate::layout::sf_bytes`]`(rows,
+    /// K, 1)` bytes and [`Nvfp4Activations::decoded_len`]`((1, rows, K))` values of those of more
+    /// rows (the quantizer writes the decode's padding rows, so what a larger step left further on
+    /// is never read).
+    ///
+    /// ```no_run
+    /// use blockscaled_gemm::{BlockScaledGemm, Nvfp4Activations, Nvfp4Matrix, Nvfp4Tensor, Problem, Quantizer};
+    /// use blockscaled_gemm::layout::sf_bytes;
+    /// use cudarc::driver::CudaContext;
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let stream = CudaContext::new(0)?.new_stream()?;
+    /// let (max_rows, n, k) = (256, 4096, 7168);
+    /// let w = Nvfp4Tensor::upload(&Nvfp4Matrix::random_realistic(n, k, 1, 1)?, &stream)?;
+    /// // Made once, for the largest batch.
+    /// let mut codes = stream.alloc_zeros::<u8>(max_rows * k / 2)?;
+    /// let mut scales = stream.alloc_zeros::<u8>(sf_bytes(max_rows, k, 1))?;
+    /// let mut decoded = stream.alloc_zeros::<u16>(Nvfp4Activations::decoded_len((1, max_rows, k)))?;
+    /// let mut y = stream.alloc_zeros::<half::bf16>(max_rows * n)?;
+    /// let (quantizer, gemm) = (Quantizer::new(stream.clone()), BlockScaledGemm::new(stream.clone())?);
+    /// let g = 4.0 / 2688.0; // the layer's input scale
+    /// for rows in [3, 96, 256, 40] {
+    ///     let x = stream.clone_htod(&vec![half::bf16::from_f32(0.5); rows * k])?; // this step's input
+    ///     let (cb, sb, db) = (rows * k / 2, sf_bytes(rows, k, 1), Nvfp4Activations::decoded_len((1, rows, k)));
+    ///     let (mut c, mut s, mut d) = (codes.slice_mut(..cb), scales.slice_mut(..sb), decoded.slice_mut(..db));
+    ///     quantizer.quantize_decoded_parts_into(&x, (1, rows, k), g, &mut c, &mut s, &mut d)?;
+    ///     let a = Nvfp4Tensor::new(c, s, (1, rows, k), g)?;
+    ///     gemm.gemm_decoded_parts(&Problem::new(rows, n, k), &a, &d, &w, &mut y.slice_mut(..rows * n), None)?;
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub fn gemm_decoded_parts<VA, SA, DA, VB, SB, D, TV, TS, TO>(&self, p: &Problem, a: &Nvfp4Tensor<VA, SA>, decoded: &DA, b: &Nvfp4Tensor<VB, SB>, d: &mut D, config: Option<Config>) -> Result<Config>
+    where
+        VA: DevicePtr<TV>, SA: DevicePtr<TS>, DA: DevicePtr<u16>, VB: DevicePtr<TV>, SB: DevicePtr<TS>, D: DevicePtrMut<TO>,
+        TV: PackedFp4, TS: ScaleByte, TO: OutputElement,
+    {
+        self.run(p, a, Some(decoded), b, None::<&CudaSlice<TO>>, d, config)
+    }
+
+    /// [`Self::gemm`], or where `decoded` is given [`Self::gemm_decoded_parts`] (the candle
+    /// layer, which writes a decode only where the GEMM reads one).
     #[cfg(feature = "candle")]
     pub(crate) fn gemm_parts<VA, SA, DA, VB, SB, D, TV, TS, TO>(&self, p: &Problem, a: &Nvfp4Tensor<VA, SA>, decoded: Option<&DA>, b: &Nvfp4Tensor<VB, SB>, d: &mut D, config: Option<Config>) -> Result<Config>
     where

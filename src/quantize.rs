@@ -89,10 +89,22 @@ impl Quantizer {
         self.dense_into(x, shape, global_scale, codes, scales, QuantTransform::None, None::<&mut CudaSlice<u16>>)
     }
 
-    /// [`Self::quantize_into`], with the decode of [`Nvfp4Activations`] written too where
-    /// `decoded` is given (exactly `batch * Nvfp4Activations::decoded_rows(rows) * K rounded up
-    /// to 64` values): for buffers kept apart from that type (the candle layer's, which serve any
-    /// row count up to their capacity by prefix).
+    /// [`Self::quantize_decoded_into`] into buffers of the caller's rather than an
+    /// [`Nvfp4Activations`]: the codes and scales of [`Self::quantize_into`] for `shape`, and
+    /// beside them their decode (exactly [`Nvfp4Activations::decoded_len`]`(shape)` FP16 values,
+    /// its padding rows written as zeros), which
+    /// [`crate::BlockScaledGemm::gemm_decoded_parts`] reads. At batch 1, buffers sized for the
+    /// largest batch serve every row count by prefix (that function's example). One launch,
+    /// capturable.
+    pub fn quantize_decoded_parts_into<T, X, C, S, DD>(&self, x: &X, shape: (usize, usize, usize), global_scale: f32, codes: &mut C, scales: &mut S, decoded: &mut DD) -> Result<()>
+    where
+        T: QuantInput, X: DevicePtr<T>, C: DevicePtrMut<u8>, S: DevicePtrMut<u8>, DD: DevicePtrMut<u16>,
+    {
+        self.dense_into(x, shape, global_scale, codes, scales, QuantTransform::None, Some(decoded))
+    }
+
+    /// [`Self::quantize_into`], with the decode written too where `decoded` is given (the candle
+    /// layer, which writes one only where its GEMM reads it).
     #[cfg(feature = "candle")]
     pub(crate) fn quantize_parts_into<T, X, C, S, DD>(&self, x: &X, shape: (usize, usize, usize), global_scale: f32, codes: &mut C, scales: &mut S, decoded: Option<&mut DD>) -> Result<()>
     where

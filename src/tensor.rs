@@ -335,11 +335,11 @@ impl Nvfp4Activations {
     }
 
     /// FP16 values of the decode of (batch, rows, K) activations: batch times
-    /// [`Self::decoded_rows`] times K rounded up to 64. For shapes within the quantizer's limits
-    /// (its callers check them first, or [`Self::new`] its byte count): the product cannot
-    /// overflow there.
-    pub(crate) fn decoded_len((batch, rows, k): (usize, usize, usize)) -> usize {
-        batch * Self::decoded_rows(rows) * k.div_ceil(64) * 64
+    /// [`Self::decoded_rows`] times K rounded up to 64 (saturating at `usize::MAX`, which no
+    /// buffer holds). At batch 1 the decode of fewer rows is a prefix of that of more
+    /// ([`crate::BlockScaledGemm::gemm_decoded_parts`]).
+    pub fn decoded_len((batch, rows, k): (usize, usize, usize)) -> usize {
+        batch.saturating_mul(Self::decoded_rows(rows)).saturating_mul(k.div_ceil(64).saturating_mul(64))
     }
 
     /// Rows a batch of the decode holds for `rows` activation rows: rounded up to 64 up to 64
@@ -469,5 +469,20 @@ mod tests {
         for (rows, want) in [(usize::MAX - 300, usize::MAX - 255), (usize::MAX - 100, usize::MAX), (usize::MAX, usize::MAX)] {
             assert_eq!(Nvfp4Activations::decoded_rows(rows), want, "{rows} rows");
         }
+    }
+
+    /// The decode's length grows with the rows (so, at batch 1, fewer rows' decode is a prefix of
+    /// more rows'), and saturates where no buffer holds it.
+    #[test]
+    fn decoded_len_is_a_prefix_and_saturates() {
+        let mut last = 0;
+        for rows in 1..600 {
+            let len = Nvfp4Activations::decoded_len((1, rows, 1056));
+            assert!(len >= last && len == Nvfp4Activations::decoded_rows(rows) * 1088, "{rows} rows: {len}");
+            last = len;
+        }
+        assert_eq!(Nvfp4Activations::decoded_len((3, 130, 64)), 3 * 256 * 64);
+        assert_eq!(Nvfp4Activations::decoded_len((2, usize::MAX / 2, 64)), usize::MAX);
+        assert_eq!(Nvfp4Activations::decoded_len((1, 64, usize::MAX - 3)), usize::MAX);
     }
 }

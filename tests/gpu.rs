@@ -53,6 +53,7 @@ fn main() {
         ("grouped_moe_quantizer_matches_the_cpu", grouped_moe_quantizer_matches_the_cpu),
         ("swiglu_quantizer_matches_the_cpu", swiglu_quantizer_matches_the_cpu),
         ("decoded_activations_same_bits_as_gemm", decoded_activations_same_bits_as_gemm),
+        ("decoded_parts_serve_every_row_count_by_prefix", decoded_parts_serve_every_row_count_by_prefix),
         ("grouped_list_same_bits_as_gemm_per_group", grouped_list_same_bits_as_gemm_per_group),
         ("grouped_list_persistent_ctas_take_many_items", grouped_list_persistent_ctas_take_many_items),
         ("grouped_list_fp4_output_is_gemm_fp4_per_group", grouped_list_fp4_output_is_gemm_fp4_per_group),
@@ -2006,6 +2007,59 @@ fn decoded_activations_same_bits_as_gemm() -> Outcome {
     assert!(matches!(e, Error::OperandShape { name: "A", .. }), "{e}");
     assert!(s.clone_dtoh(&d).unwrap().iter().all(|v| v.to_f32() == -7.0), "a refused call wrote");
     println!("decoded activations: {runs} GEMMs bit-identical to gemm / gemm_fp4 on the same codes");
+    Ok(())
+}
+
+/// One set of activation buffers sized for 256 rows serves batches of 1 to 256 rows by prefix
+/// (`quantize_decoded_parts_into`, `gemm_decoded_parts`), larger and smaller steps in turn,
+/// buffers poisoned first: each step's codes and scales are `quantize_into`'s, its decode the
+/// host's, and its D (every config the rule takes at these sizes, the swapped tiles forced too)
+/// the bits of `gemm` on freshly quantized activations.
+fn decoded_parts_serve_every_row_count_by_prefix() -> Outcome {
+    use blockscaled_gemm::{Nvfp4Activations, Quantizer};
+    let g = hopper()?;
+    let s = g.stream().clone();
+    let q = Quantizer::new(s.clone());
+    let mut rng = blockscaled_gemm::SplitMix64::new(seed() ^ 0x9EF);
+    let (cap, n, k) = (256usize, 256usize, 1056usize);
+    let gs = 3.0 / 2688.0;
+    let wt = upload_weights(&general_weights(n, k, 1, 0.5, rng.next_u64()), &s);
+    let mut codes = s.clone_htod(&vec![0xEEu8; cap * k / 2]).unwrap();
+    let mut scales = s.clone_htod(&vec![0x7Fu8; layout::sf_bytes(cap, k, 1)]).unwrap();
+    let mut decoded = s.clone_htod(&vec![0x7E00u16; Nvfp4Activations::decoded_len((1, cap, k))]).unwrap();
+    let mut d = s.clone_htod(&vec![f16::NAN; cap * n]).unwrap();
+    let mut runs = 0;
+    for rows in [200usize, 3, 256, 64, 129, 40, 1, 96] {
+        let x: Vec<bf16> = quantizer_data(&mut rng, rows * k, 3, 8, 1e-6).iter().map(|&v| bf16::from_f32(v)).collect();
+        let xd = s.clone_htod(&x).unwrap();
+        let (cb, sb, db) = (rows * k / 2, layout::sf_bytes(rows, k, 1), Nvfp4Activations::decoded_len((1, rows, k)));
+        let (mut c, mut sc, mut dc) = (codes.slice_mut(..cb), scales.slice_mut(..sb), decoded.slice_mut(..db));
+        q.quantize_decoded_parts_into(&xd, (1, rows, k), gs, &mut c, &mut sc, &mut dc).unwrap();
+        let fresh = q.quantize(&xd, (1, rows, k), Some(gs)).unwrap();
+        let (hc, hs) = (s.clone_dtoh(&c).unwrap(), s.clone_dtoh(&sc).unwrap());
+        assert!(hc == s.clone_dtoh(fresh.values()).unwrap() && hs == s.clone_dtoh(fresh.scales()).unwrap(), "{rows} rows: codes or scales differ from quantize's");
+        assert!(s.clone_dtoh(&dc).unwrap() == host_decode(&hc, &hs, (1, rows, k)), "{rows} rows: the decode differs from the host's");
+        let a = Nvfp4Tensor::new(c.as_view(), sc.as_view(), (1, rows, k), gs).unwrap();
+        let p = Problem::new(rows, n, k);
+        let forced = [Config::Sm90_Swapped_64x128x64, Config::Sm90_Swapped_128x128x64].into_iter().map(Some);
+        for config in [None].into_iter().chain(forced).filter(|c| c.is_none_or(|c| c.is_built(OutType::F16))) {
+            let mut dv = d.slice_mut(..rows * n);
+            let ran = g.gemm_decoded_parts(&p, &a, &dc, &wt, &mut dv, config).unwrap();
+            let mut want = s.clone_htod(&vec![f16::from_f32(-7.0); rows * n]).unwrap();
+            g.gemm(&p, &fresh, &wt, &mut want, Some(ran)).unwrap();
+            let (got, want) = (s.clone_dtoh(&dv).unwrap(), s.clone_dtoh(&want).unwrap());
+            assert!(got.iter().map(|v| v.to_bits()).eq(want.iter().map(|v| v.to_bits())), "{rows} rows {ran}: D differs from gemm's");
+            runs += 1;
+        }
+    }
+    // A decode of another row count than the problem's is refused before anything runs.
+    let (c, sc) = (codes.slice(..40 * k / 2), scales.slice(..layout::sf_bytes(40, k, 1)));
+    let a = Nvfp4Tensor::new(c, sc, (1, 40, k), gs).unwrap();
+    let mut dv = s.clone_htod(&vec![f16::from_f32(-7.0); 40 * n]).unwrap();
+    let e = g.gemm_decoded_parts(&Problem::new(40, n, k), &a, &decoded.slice(..Nvfp4Activations::decoded_len((1, 200, k))), &wt, &mut dv, None).unwrap_err();
+    assert!(matches!(e, Error::BufferLength { .. }), "{e}");
+    assert!(s.clone_dtoh(&dv).unwrap().iter().all(|v| v.to_f32() == -7.0), "a refused call wrote");
+    println!("decoded parts: {runs} GEMMs over one set of 256-row buffers, bit-identical to gemm");
     Ok(())
 }
 
