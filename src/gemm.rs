@@ -203,7 +203,8 @@ pub(crate) fn resolve_config(device: &DeviceFacts, out: OutType, forced: Option<
 /// the activations decoded once per call to FP16: 2 * L * M * K bytes, M rounded up to the
 /// tile's rows, plus 256 KiB (4.3 MB at M = 128, K = 16384; 128 MiB at 8192^3), except where
 /// the quantizer wrote them ([`Self::gemm_decoded`]).
-/// [`Self::workspace_size`] tells a call's need, [`Self::reserve_workspace`] allocates ahead,
+/// [`Self::workspace_size`] tells a call's need ([`Self::workspace_size_decoded`] a decoded
+/// call's), [`Self::reserve_workspace`] allocates ahead,
 /// [`Self::set_workspace_limit`] bounds it. A call
 /// grows it when needed, except during CUDA graph capture, where it returns
 /// [`Error::WorkspaceDuringCapture`] instead of allocating. Memory it grew out of is kept until
@@ -687,10 +688,25 @@ impl BlockScaledGemm {
     /// depends on `out`, so ask with the output type of the calls to capture. A host-side query:
     /// nothing runs on the device.
     pub fn workspace_size(&self, p: &Problem, out: OutType, config: Option<Config>) -> Result<usize> {
+        self.workspace_for(p, out, config, false)
+    }
+
+    /// Workspace bytes a call of [`Self::gemm_decoded`] (or its FP4, `_with_c` and `_parts`
+    /// forms) on `p` needs: [`Self::workspace_size`]'s less the pre-pass's decoded activations,
+    /// which the quantizer wrote instead (the split-K sums' room only). Ask this one before
+    /// capturing decoded calls, so as not to reserve `2 * L * M * K` bytes for nothing.
+    pub fn workspace_size_decoded(&self, p: &Problem, out: OutType, config: Option<Config>) -> Result<usize> {
+        self.workspace_for(p, out, config, true)
+    }
+
+    fn workspace_for(&self, p: &Problem, out: OutType, config: Option<Config>, decoded: bool) -> Result<usize> {
         let lens = BufferLens::for_problem(p, out, p.beta != 0.0);
         let config = plan(p, out, &lens, &self.device, config, |c, o| c.is_built(o))?;
         let (split_k, split_global) = self.split_for(config, p, out)?;
-        let args = KernelArgs { split_k, split_global, sm_count: self.device.sm_count as i32, ..p.launch_args() };
+        // The adapters size the workspace without the pre-pass's output where a decode is given
+        // (its address is not read by the query; any non-zero one stands for it).
+        let (pre_a, pre_a_rows) = if decoded { Nvfp4Activations::launch_arg(Some(1), p.m) } else { (0, 0) };
+        let args = KernelArgs { split_k, split_global, sm_count: self.device.sm_count as i32, pre_a, pre_a_rows, ..p.launch_args() };
         Ok(sys::workspace_size(config.info().index, out.index(), &args))
     }
 

@@ -1965,6 +1965,10 @@ fn decoded_activations_same_bits_as_gemm() -> Outcome {
         fresh.gemm_decoded_with_c(&pc, &act, &wt, &cd, &mut d1, Some(config)).unwrap();
         let (used, plain_need) = (fresh.workspace_bytes(), fresh.workspace_size(&pc, OutType::F16, Some(config)).unwrap());
         assert!(used + 2 * l * m * k <= plain_need, "{l}x{m}x{n}x{k}: workspace {used} with the decode given, {plain_need} for the pre-pass");
+        // The decoded calls' own query answers what the call took (a fresh GEMM's workspace
+        // grows to exactly the need, from what it starts with).
+        let (initial, decoded_need) = (BlockScaledGemm::new(s.clone()).unwrap().workspace_bytes(), fresh.workspace_size_decoded(&pc, OutType::F16, Some(config)).unwrap());
+        assert_eq!(used, decoded_need.max(initial), "{l}x{m}x{n}x{k}: workspace_size_decoded");
         let plain = Nvfp4Tensor::new(act.tensor().values().as_view(), act.tensor().scales().as_view(), (l, m, k), gs).unwrap();
         g.gemm_with_c(&pc, &plain, &wt, &cd, &mut d2, Some(config)).unwrap();
         let (g1, g2) = (s.clone_dtoh(&d1).unwrap(), s.clone_dtoh(&d2).unwrap());
