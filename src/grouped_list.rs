@@ -15,7 +15,7 @@
 //! exact products over the whole K range, one rounding): the same bits as a `gemm` call on that
 //! group with the same tile. Layouts are those of `gemm` at L = 1.
 
-use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, SyncOnDrop};
+use cudarc::driver::{DevicePtr, DevicePtrMut, SyncOnDrop};
 
 use crate::dispatch::{self, Config};
 use crate::error::{check_len, product, within, Error, Result};
@@ -35,7 +35,9 @@ pub const SUPPORTED_GROUPED_LIST: &str = "compute capability 9.0 (H100, H200: sm
 pub struct ListProblem {
     /// G: groups (1 to [`MAX_EXPERTS`]).
     pub groups: usize,
-    /// Bounds on every group's M, N and K (M may be 0).
+    /// Bounds on every group's M, N and K. A group's M may be 0 in the device arrays of
+    /// [`BlockScaledGemm::grouped_list_raw`] (it is skipped); the safe forms take groups of at
+    /// least one row, so leave out a group with none (a group is only its place in the list).
     pub max_m: usize,
     /// See `max_m`.
     pub max_n: usize,
@@ -90,29 +92,47 @@ impl ListProblem {
 /// L = 1: A (M, K/2) and B (N, K/2) packed (B in [`ListProblem::weight_layout`]: prepacked, it
 /// holds ceil(K/256) * N * 128 bytes, [`crate::layout::prepacked_bytes`]), their scales tiled over
 /// (M, K/16) and (N, K/16), C and D (M, N) row-major (FP4 output: C f32, D (M, N/2) packed, SFD
-/// tiled over (M, N/16)).
-#[derive(Clone, Copy, Debug)]
+/// tiled over (M, N/16)). Each array is any device buffer (`CudaSlice`, `CudaView`, a
+/// [`crate::ForeignBuffer`] of an engine's arena).
+#[derive(Clone, Copy)]
 pub struct ListArrays<'a> {
     /// i32 \[G\]\[3\]: M, N, K.
-    pub problems: &'a CudaSlice<i32>,
+    pub problems: &'a dyn DevicePtr<i32>,
     /// A's packed values.
-    pub a: &'a CudaSlice<u64>,
+    pub a: &'a dyn DevicePtr<u64>,
     /// A's scales.
-    pub sfa: &'a CudaSlice<u64>,
+    pub sfa: &'a dyn DevicePtr<u64>,
     /// B's packed values.
-    pub b: &'a CudaSlice<u64>,
+    pub b: &'a dyn DevicePtr<u64>,
     /// B's scales.
-    pub sfb: &'a CudaSlice<u64>,
+    pub sfb: &'a dyn DevicePtr<u64>,
     /// D.
-    pub d: &'a CudaSlice<u64>,
+    pub d: &'a dyn DevicePtr<u64>,
     /// C, where beta is nonzero.
-    pub c: Option<&'a CudaSlice<u64>>,
+    pub c: Option<&'a dyn DevicePtr<u64>>,
     /// FP4 output: the generated scale factors.
-    pub sfd: Option<&'a CudaSlice<u64>>,
+    pub sfd: Option<&'a dyn DevicePtr<u64>>,
     /// Per-group factors of alpha (ones where absent), read by the kernel only: a non-finite one
     /// makes its group's D non-finite (FP4 output: its scale factors too) and touches nothing
     /// else.
-    pub alphas: Option<&'a CudaSlice<f32>>,
+    pub alphas: Option<&'a dyn DevicePtr<f32>>,
+}
+
+impl std::fmt::Debug for ListArrays<'_> {
+    /// The arrays' lengths (their addresses are the stream's to give).
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ListArrays")
+            .field("problems", &self.problems.len())
+            .field("a", &self.a.len())
+            .field("sfa", &self.sfa.len())
+            .field("b", &self.b.len())
+            .field("sfb", &self.sfb.len())
+            .field("d", &self.d.len())
+            .field("c", &self.c.map(|c| c.len()))
+            .field("sfd", &self.sfd.map(|c| c.len()))
+            .field("alphas", &self.alphas.map(|c| c.len()))
+            .finish()
+    }
 }
 
 /// One group of [`BlockScaledGemm::grouped_list`]: `d = alpha * gA * gB * dec(a) dec(b)ᵀ`
@@ -367,7 +387,7 @@ impl BlockScaledGemm {
         let [a, sfa, b, sfb, d, sfd] = host.ptrs.each_ref().map(|v| stream.clone_htod(v));
         let (a, sfa, b, sfb, d, sfd) = (a?, sfa?, b?, sfb?, d?, sfd?);
         let alphas = stream.clone_htod(&host.alphas)?;
-        let arrays = ListArrays { problems: &problems, a: &a, sfa: &sfa, b: &b, sfb: &sfb, d: &d, c: None, sfd: out.sfd().map(|_| &sfd), alphas: Some(&alphas) };
+        let arrays = ListArrays { problems: &problems, a: &a, sfa: &sfa, b: &b, sfb: &sfb, d: &d, c: None, sfd: out.sfd().map(|_| &sfd as &dyn DevicePtr<u64>), alphas: Some(&alphas) };
         // SAFETY: every address was taken from a checked tensor or output of this device, of the
         // lengths the group's sizes need, under guards the callers hold until this returns.
         unsafe { self.grouped_list_raw(&p, out, &arrays, config) }
