@@ -1516,7 +1516,9 @@ fn grouped_list_raw_captured_skips_bad_groups() -> Outcome {
         // max_rows 180: the swapped tile skips the groups whose rows end past it.
         let p = ListProblem::new(groups, max_m, max_n, max_k).max_rows(180).scalars(1.0, beta);
         g.reserve_workspace(g.grouped_list_workspace_size(&p, OutType::F32, Some(config)).unwrap()).unwrap();
-        let arrays = ListArrays { problems: &problems, a: &a, sfa: &sfa, b: &b, sfb: &sfb, d: &d, c: Some(&c), sfd: None, alphas: Some(&alphas) };
+        // Any device buffer serves: views here for B's arrays.
+        let (bv, sfbv) = (b.as_view(), sfb.as_view());
+        let arrays = ListArrays { problems: &problems, a: &a, sfa: &sfa, b: &bv, sfb: &sfbv, d: &d, c: Some(&c), sfd: None, alphas: Some(&alphas) };
         stream.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL).unwrap();
         // SAFETY: every address in the arrays is a live buffer of its group's sizes (the sizes
         // written below never exceed the shapes the buffers were made for).
