@@ -1,4 +1,8 @@
-//! Kernel configurations (generated from `cpp/configs.def`) and how one is chosen for a problem.
+//! Kernel configurations (generated from `cpp/configs.def`) and the rules that choose one for a
+//! problem, and its split-K: what [`crate::BlockScaledGemm::select_config`] and the calls apply
+//! on the device they run on, here as functions of the device's facts (SM count, cluster
+//! counts) for tools and tests. The types ([`Config`], [`ConfigInfo`], [`Schedule`]) are also at
+//! the crate root.
 
 use crate::error::{Error, Result};
 use crate::layout::WeightLayout;
@@ -440,7 +444,7 @@ const GROUPED_SWAPPED_MEAN: usize = 33;
 /// explicit entry of the shape table if it has one (SM100); else the largest tile that still
 /// gives every SM a tile (`sm_count`), else the config that occupies the most SMs (ties: the
 /// least padded work). `out` weighs the splits the swapped tiles' model compares
-/// ([`crate::config_split_k`]). `None` when no config of that architecture is available.
+/// ([`split_k`]). `None` when no config of that architecture is available.
 pub fn select(arch: u32, p: &Problem, out: OutType, sm_count: usize, max_clusters: &ClusterCounts, available: impl Fn(Config) -> bool) -> Option<Config> {
     let candidates: Vec<Config> = Config::ALL.iter().copied().filter(|c| c.info().arch == arch && available(*c)).collect();
     if arch == 100 {

@@ -287,8 +287,8 @@ impl BlockScaledGemm {
     }
 
     /// Forces the number of K ranges of the SM90 kernels (`None`: the heuristic of
-    /// [`crate::config_split_k`]). [`Self::gemm`] refuses values the rules of
-    /// [`crate::check_split_k`] exclude; SM100 configs ignore it (CUTLASS schedules them).
+    /// [`crate::dispatch::split_k`]). [`Self::gemm`] refuses values the rules of
+    /// [`crate::dispatch::check_split_k`] exclude; SM100 configs ignore it (CUTLASS schedules them).
     pub fn with_split_k(mut self, split_k: Option<u32>) -> Self {
         self.split_k = split_k;
         self
@@ -323,7 +323,7 @@ impl BlockScaledGemm {
     }
 
     /// [`Self::select_config`] for weights in `layout` (prepacked weights run some shapes in
-    /// other stages: [`crate::dispatch_for_weights`]).
+    /// other stages: [`crate::dispatch::for_weights`]).
     pub fn select_config_for(&self, p: &Problem, out: OutType, layout: WeightLayout) -> Result<Config> {
         let lens = BufferLens::for_problem(p, out, p.beta != 0.0);
         let config = plan(p, out, &lens, &self.device, None, |c, o| c.is_built(o))?;

@@ -395,8 +395,8 @@ impl BlockScaledGemm {
     /// nothing else. Experts without rows cost nothing.
     ///
     /// `config`: `None` picks, on SM90, the tile from the mean rows per expert (`ceil(T / min(E,
-    /// T))`: a stream tile below 33 rows, the swapped 128x128 tile from there; `select_grouped`
-    /// in `src/dispatch.rs` has the rule), on SM100 the config with grouped
+    /// T))`: a stream tile below 33 rows, the swapped 128x128 tile from there;
+    /// [`crate::dispatch::select_grouped`] has the rule), on SM100 the config with grouped
     /// kernels (`Sm100_1Sm_128x128x256`); a forced config must carry a grouped kernel for D's
     /// type (`ConfigInfo::grouped`). The workspace holds the swapped tiles' activations decoded
     /// once (as [`Self::gemm`]'s do), or on SM100 the experts' arguments and CUTLASS's own

@@ -207,8 +207,8 @@ impl BlockScaledGemm {
     /// The config a list-form call on `p` with output `out` runs when none is forced: on SM90 the
     /// rule of [`Self::select_grouped_config`] with the mean rows a group from the bounds,
     /// `ceil(max_rows / min(groups, max_rows))`: below 33 a stream tile (about the fewest rows
-    /// that hold it, short-K stages where K is short: the thresholds of `select_grouped` in
-    /// `src/dispatch.rs`), else the swapped 128x128 tile. Errors as the call would.
+    /// that hold it, short-K stages where K is short: the thresholds of
+    /// [`crate::dispatch::select_grouped`]), else the swapped 128x128 tile. Errors as the call would.
     pub fn select_list_config(&self, p: &ListProblem, out: OutType) -> Result<Config> {
         p.validate(out, p.beta != 0.0)?;
         self.list_config(p, out, None)

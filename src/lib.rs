@@ -143,7 +143,7 @@ pub mod checkpoint;
 mod clusters;
 pub mod compare;
 pub mod cutlass_host;
-mod dispatch;
+pub mod dispatch;
 mod error;
 pub mod formats;
 pub mod fp4_out;
@@ -166,7 +166,7 @@ pub use cudarc;
 /// The `half` whose `f16` and `bf16` the API takes.
 pub use half;
 
-pub use dispatch::{check_split_k, cluster_reduced, cluster_split, for_weights as dispatch_for_weights, select as select_config, split_k as config_split_k, ClusterCounts, Config, ConfigInfo, Schedule, ANY_CLUSTERS, SM90_MAX_CLUSTER_SPLIT, SM90_MAX_SPLIT_TILES};
+pub use dispatch::{ClusterCounts, Config, ConfigInfo, Schedule, ANY_CLUSTERS, SM90_MAX_CLUSTER_SPLIT, SM90_MAX_SPLIT_TILES};
 pub use error::{Error, Result};
 pub use formats::OutputElement;
 pub use gemm::{BlockScaledGemm, Nvfp4Output};

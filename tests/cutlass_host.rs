@@ -3,7 +3,8 @@
 use blockscaled_gemm::cutlass_host::{can_implement, can_implement_grouped, can_implement_split_k, describe_grouped, describe_grouped_list, sf_offsets, workspace_size, ListGroupAt};
 use blockscaled_gemm::grouped::{expert_offsets, moe_scale_starts};
 use blockscaled_gemm::layout::{padded_sf_cols, sf_bytes, sf_cols, sf_offset, sf_offset_elem};
-use blockscaled_gemm::{check_split_k, cluster_reduced, Config, ConfigInfo, ListProblem, MoeProblem, OutType, Problem};
+use blockscaled_gemm::dispatch::{check_split_k, cluster_reduced};
+use blockscaled_gemm::{Config, ConfigInfo, ListProblem, MoeProblem, OutType, Problem};
 use std::process::Command;
 
 fn built_configs() -> Vec<Config> {

@@ -368,9 +368,9 @@ fn sm90_small_m_every_output() -> Outcome {
             _ => Config::Sm90_Stream_32x128x64,
         };
         for c in std::iter::once(chosen).chain((wide != chosen && wide.is_built(OutType::F16)).then_some(wide)) {
-            let s = blockscaled_gemm::config_split_k(c, &p, OutType::F16, d.sm_count, &d.max_clusters);
+            let s = blockscaled_gemm::dispatch::split_k(c, &p, OutType::F16, d.sm_count, &d.max_clusters);
             run_sm90::<f16>(&g, &a, &b, 1.0, 0.0, c, true);
-            let path = if blockscaled_gemm::cluster_split(c, &p, s, &d.max_clusters) { "cluster" } else { "global" };
+            let path = if blockscaled_gemm::dispatch::cluster_split(c, &p, s, &d.max_clusters) { "cluster" } else { "global" };
             println!("  {m}x{n}x{k}: {c} split {s}, {path} sum, exact");
             runs += 1;
         }
@@ -404,7 +404,7 @@ fn sm90_contest_and_benchmark_shapes() -> Outcome {
         let (a, b) = contest(m, n, k, 1, 100 + i as u64);
         let p = Problem::new(m, n, k);
         let c = g.select_config(&p, OutType::F16).unwrap();
-        println!("  {m}x{n}x{k}: {c}, split_k {}", blockscaled_gemm::config_split_k(c, &p, OutType::F16, g.device().sm_count, &g.device().max_clusters));
+        println!("  {m}x{n}x{k}: {c}, split_k {}", blockscaled_gemm::dispatch::split_k(c, &p, OutType::F16, g.device().sm_count, &g.device().max_clusters));
         run_sm90::<f16>(&g, &a, &b, 1.0, 0.0, c, true);
     }
     Ok(())
@@ -425,14 +425,14 @@ fn sm90_split_k_clusters_fit_in_one_wave() -> Outcome {
     for (m, n, k) in [(1, 4096, 7168), (1, 7168, 16384), (64, 4096, 7168), (128, 7168, 16384), (128, 8192, 16384), (1024, 1024, 8192), (256, 7168, 7168), (128, 16384, 4096), (128, 4096, 7168), (128, 4096, 16384), (128, 2048, 7168), (512, 1536, 7168)] {
         let p = Problem::new(m, n, k);
         for c in Config::ALL.iter().copied().filter(|c| c.info().cluster_reduces()) {
-            let s = blockscaled_gemm::config_split_k(c, &p, OutType::F16, d.sm_count, &d.max_clusters);
+            let s = blockscaled_gemm::dispatch::split_k(c, &p, OutType::F16, d.sm_count, &d.max_clusters);
             let tiles = c.tiles(&p);
             // The small-M rule keeps a split whose clusters do not all fit and sums it in global
             // memory; the swapped rule lowers it until its clusters fit, or, for the tiles whose
             // global sum has a fitted cost, keeps it where its model says that sum is faster
             // (then its CTAs are one wave). 128x256 and 256x128 always fit.
-            let fits = blockscaled_gemm::cluster_reduced(c, s) && tiles <= d.max_clusters[s as usize - 2];
-            if c.info().swapped() && blockscaled_gemm::cluster_reduced(c, s) && !fits {
+            let fits = blockscaled_gemm::dispatch::cluster_reduced(c, s) && tiles <= d.max_clusters[s as usize - 2];
+            if c.info().swapped() && blockscaled_gemm::dispatch::cluster_reduced(c, s) && !fits {
                 let fitted = [Config::Sm90_Swapped_64x128x64, Config::Sm90_Swapped_64x256x64, Config::Sm90_Swapped_128x128x64];
                 assert!(fitted.contains(&c), "{m}x{n}x{k} {c}: {tiles} clusters of {s}");
                 assert!(tiles * s as usize <= d.sm_count, "{m}x{n}x{k} {c}: {tiles} tiles x {s} ranges");
@@ -455,7 +455,7 @@ fn sm90_workspace_reuse_across_shapes() -> Outcome {
     let c = Config::Sm90_128x128x64;
     for (i, (m, n, k, split)) in [(128, 1408, 16384, 12), (128, 8320, 512, 2), (128, 1408, 16384, 12), (128, 8320, 512, 2)].into_iter().enumerate() {
         let p = Problem::new(m, n, k);
-        assert_eq!(blockscaled_gemm::config_split_k(c, &p, OutType::F16, g.device().sm_count, &g.device().max_clusters), split, "{m}x{n}x{k}: the heuristic changed; pick shapes again");
+        assert_eq!(blockscaled_gemm::dispatch::split_k(c, &p, OutType::F16, g.device().sm_count, &g.device().max_clusters), split, "{m}x{n}x{k}: the heuristic changed; pick shapes again");
         let (a, b) = contest(m, n, k, 1, 60 + i as u64);
         run_sm90::<f16>(&g, &a, &b, 1.0, 0.0, c, true);
         let (a, b) = contest(128, 1024, 512, 1, 70 + i as u64);

@@ -4,7 +4,8 @@
 use blockscaled_gemm::compare::{compare, compare_fp4};
 use blockscaled_gemm::formats::pack_e2m1_slice;
 use blockscaled_gemm::layout::{from_tiled, prepack_values, prepacked_bytes, to_tiled, unpack_values};
-use blockscaled_gemm::{config_split_k, fp4_out, select_config, Config, Error, Nvfp4Matrix, OutType, Problem, SfdFormat, ANY_CLUSTERS};
+use blockscaled_gemm::dispatch::{select as select_config, split_k as config_split_k};
+use blockscaled_gemm::{fp4_out, Config, Error, Nvfp4Matrix, OutType, Problem, SfdFormat, ANY_CLUSTERS};
 
 #[test]
 fn scale_layouts_check_lengths_and_sizes() {

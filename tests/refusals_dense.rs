@@ -5,7 +5,8 @@
 use blockscaled_gemm::gemm::{plan, BufferLens, DeviceFacts};
 use blockscaled_gemm::layout::{self, prepack_values, unpack_values, to_tiled, from_tiled};
 use blockscaled_gemm::w4a16::{plan_w4a16, W4a16Lens};
-use blockscaled_gemm::{check_split_k, Config, Error, OutType, Problem, ANY_CLUSTERS};
+use blockscaled_gemm::dispatch::check_split_k;
+use blockscaled_gemm::{Config, Error, OutType, Problem, ANY_CLUSTERS};
 
 const H100: DeviceFacts = DeviceFacts { ordinal: 0, compute_capability: (9, 0), sm_count: 132, max_clusters: ANY_CLUSTERS };
 const B200: DeviceFacts = DeviceFacts { ordinal: 0, compute_capability: (10, 0), sm_count: 148, max_clusters: ANY_CLUSTERS };

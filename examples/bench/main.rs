@@ -516,7 +516,7 @@ fn bench_one(cli: &Cli, gemm: &BlockScaledGemm, stream: &Arc<CudaStream>, l2: us
         Some(c) => c,
         None => gemm.select_config(&p, out)?,
     };
-    let split = cli.split_k.unwrap_or_else(|| blockscaled_gemm::config_split_k(config, &p, out, gemm.device().sm_count, &gemm.device().max_clusters));
+    let split = cli.split_k.unwrap_or_else(|| blockscaled_gemm::dispatch::split_k(config, &p, out, gemm.device().sm_count, &gemm.device().max_clusters));
     // The host's planning alone (validation and the rule), without the launch: median of 1000.
     let mut plan = Vec::with_capacity(1000);
     for _ in 0..1000 {

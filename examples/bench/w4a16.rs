@@ -40,7 +40,7 @@ pub fn bench_shape<TA: Activation16>(cli: &Cli, gemm: &BlockScaledGemm, stream: 
         Some(c) => c,
         None => gemm.select_w4a16_config(&p, TA::OUT)?,
     };
-    let split = cli.split_k.unwrap_or_else(|| blockscaled_gemm::config_split_k(config, &p, TA::OUT, gemm.device().sm_count, &gemm.device().max_clusters));
+    let split = cli.split_k.unwrap_or_else(|| blockscaled_gemm::dispatch::split_k(config, &p, TA::OUT, gemm.device().sm_count, &gemm.device().max_clusters));
     let bytes = 2 * m * k + p.b_bytes() + p.sfb_bytes() + 2 * m * n;
     let rot = Rotation::new(cli.graph_calls, l2, bytes, false);
     let turns = Turns::new(rot);
