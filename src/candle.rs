@@ -349,8 +349,9 @@ impl Nvfp4Linear {
 /// (E, N, K) and the rows of x stacked by expert as an `i32` offsets tensor on the device says,
 /// x quantized to NVFP4 on the GPU or taken as it is (W4A16), as the layer's [`LinearMode`] says.
 /// One grouped GEMM for all experts (with its pre-pass from 33 rows an expert on average, as
-/// [`BlockScaledGemm::moe_gemm`] runs), after a memset of the output and, in `Nvfp4` mode, the
-/// quantizer; no host synchronisation.
+/// [`BlockScaledGemm::moe_gemm`] runs), which also zeroes the rows no expert covers
+/// ([`MoeProblem::zero_uncovered`]), after, in `Nvfp4` mode, the quantizer; no host
+/// synchronisation.
 ///
 /// ```no_run
 /// use blockscaled_gemm::candle::{LinearMode, Nvfp4Experts};
@@ -445,9 +446,11 @@ impl Nvfp4Experts {
     fn run<T: Activation16>(&self, x: &CudaView<'_, T>, offsets: &CudaView<'_, i32>, rows: usize) -> Result<CudaSlice<T>> {
         let lane = self.lanes.get()?;
         let (experts, n, k) = self.weight.shape();
-        let p = MoeProblem::new(rows, n, k, experts);
-        // Zeroed: the GEMM leaves rows no expert covers as they are.
-        let mut y = lane.gemm.stream().alloc_zeros::<T>(output_len(rows, n)?)?;
+        // The GEMM writes every row: the experts' and, as zeros, those no expert covers.
+        let p = MoeProblem::new(rows, n, k, experts).zero_uncovered(true);
+        // SAFETY: every element is written by the GEMM (above) before the tensor is handed out;
+        // on an error the buffer is dropped unread. T = 0 has no elements.
+        let mut y = unsafe { lane.gemm.stream().alloc::<T>(output_len(rows, n)?)? };
         match self.mode {
             LinearMode::W4a16 => {
                 lane.gemm.moe_gemm_w4a16(&p, x, &self.weight, offsets, &self.expert_scales, &mut y, None)?;

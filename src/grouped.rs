@@ -47,18 +47,26 @@ pub struct MoeProblem {
     /// FP4 output only: the normalization constant of the generated scale factors (as
     /// [`Problem::norm_constant`]).
     pub norm_constant: f32,
+    /// Whether D's rows no expert covers (before the first offset and from the last, as the
+    /// kernels read the offsets) are written as zeros (FP4 output: their packed values) or left
+    /// as they were (false, the default: a D shared with other calls keeps their rows). Hopper
+    /// writes them in the grouped kernel (no launch more); Blackwell zeroes all of D ahead of
+    /// CUTLASS's kernel.
+    pub zero_uncovered: bool,
 }
 
 impl MoeProblem {
     /// T stacked rows, N, K and E experts, alpha 1.
     pub const fn new(rows: usize, n: usize, k: usize, experts: usize) -> Self {
-        MoeProblem { rows, n, k, experts, alpha: 1.0, norm_constant: 1.0 }
+        MoeProblem { rows, n, k, experts, alpha: 1.0, norm_constant: 1.0, zero_uncovered: false }
     }
     setters! {
         /// With alpha.
         alpha: alpha: f32;
         /// With the FP4 output's normalization constant.
         norm_constant: norm_constant: f32;
+        /// With D's rows no expert covers written as zeros (true) or left as they were.
+        zero_uncovered: zero_uncovered: bool;
     }
     /// Bytes of the FP4 output's scale factors: the MoE layout over (T, N/16), as A's scales
     /// over (T, K/16), [`moe_sfa_bytes`]`(T, N, E)`.
@@ -203,7 +211,7 @@ fn check_moe_operands<VA: DevicePtr<TV>, SA: DevicePtr<TS>, VB: DevicePtr<TV>, S
 
 /// The launch arguments' sizes of a validated problem.
 pub(crate) fn grouped_args(p: &MoeProblem) -> sys::GroupedArgs {
-    sys::GroupedArgs { rows: p.rows as i32, n: p.n as i32, k: p.k as i32, experts: p.experts as i32, norm_constant: p.norm_constant, ..Default::default() }
+    sys::GroupedArgs { rows: p.rows as i32, n: p.n as i32, k: p.k as i32, experts: p.experts as i32, norm_constant: p.norm_constant, zero_uncovered: p.zero_uncovered as i32, ..Default::default() }
 }
 
 /// Expert offsets (E + 1 entries, 0 to T) of rows stacked by expert, `counts[e]` rows each.
@@ -387,7 +395,8 @@ impl BlockScaledGemm {
     /// the call can be captured in a CUDA graph with the routing decided at run time). Valid
     /// offsets run non-decreasing from 0 to T. Others are read as their running maximum clamped
     /// to [0, T]: each expert then covers a possibly empty part of the rows, no two share a row,
-    /// rows no expert covers are left as they were, and nothing outside D is written or outside
+    /// rows no expert covers are left as they were (or written as zeros:
+    /// [`MoeProblem::zero_uncovered`]), and nothing outside D is written or outside
     /// A, its scales, B or its scales read. [`check_offsets`] checks offsets the host holds.
     /// `expert_scales`: E `f32` on the device (the experts' weight global scales; ones where
     /// there are none), read by the kernel only, so the host cannot check them: a non-finite one

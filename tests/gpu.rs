@@ -49,6 +49,7 @@ fn main() {
         ("grouped_moe_same_bits_as_gemm_per_expert", grouped_moe_same_bits_as_gemm_per_expert),
         ("grouped_moe_fp4_output_is_gemm_fp4_per_expert", grouped_moe_fp4_output_is_gemm_fp4_per_expert),
         ("grouped_moe_bad_device_offsets_stay_inside_d", grouped_moe_bad_device_offsets_stay_inside_d),
+        ("grouped_moe_zero_uncovered_rows", grouped_moe_zero_uncovered_rows),
         ("grouped_moe_persistent_ctas_take_many_items", grouped_moe_persistent_ctas_take_many_items),
         ("grouped_moe_quantizer_matches_the_cpu", grouped_moe_quantizer_matches_the_cpu),
         ("swiglu_quantizer_matches_the_cpu", swiglu_quantizer_matches_the_cpu),
@@ -1620,6 +1621,79 @@ fn grouped_moe_bad_device_offsets_stay_inside_d() -> Outcome {
             }
         }
     }
+    Ok(())
+}
+
+/// `MoeProblem::zero_uncovered`: offsets that leave rows before the first expert and after the
+/// last, on a stream tile, the swapped tile (whose grid's spare CTAs write them) and the rule's
+/// pick, for f16, NVFP4 and W4A16 (bf16 in) output paths. Each call twice on poisoned D: without
+/// the flag the uncovered rows keep the poison; with it they are zeros and every other byte (D,
+/// and SFD for FP4) is the first call's.
+fn grouped_moe_zero_uncovered_rows() -> Outcome {
+    let g = hopper()?;
+    let s = g.stream();
+    let (t, n, k, experts) = (100usize, 256usize, 512usize, 4usize);
+    let x = Nvfp4Matrix::random_contest(t, k, 1, seed() ^ 50).unwrap();
+    let w = Nvfp4Matrix::random_contest(n, k, experts, seed() ^ 51).unwrap();
+    // Rows 10..90 covered (experts of 20, 0, 40 and 20 rows); 0..10 and 90..100 not.
+    let offsets = [10i32, 30, 30, 70, 90];
+    let (first, last) = (10usize, 90usize);
+    let relative: Vec<i32> = offsets.iter().map(|&o| o - first as i32).collect();
+    let sfa_inner = moe_scales(&x.select_rows(&(first..last).collect::<Vec<_>>()).unwrap(), &relative).unwrap();
+    let base = MoeProblem::new(t, n, k, experts).alpha(0.5).norm_constant(6.0 * 448.0 / 64.0);
+    let mut sfa = vec![0u8; base.sfa_bytes()];
+    sfa[..sfa_inner.len()].copy_from_slice(&sfa_inner);
+    let a = MoeActivations::new(s.clone_htod(x.data()).unwrap(), s.clone_htod(&sfa).unwrap(), (t, k), 1.0).unwrap();
+    let x16: Vec<bf16> = (0..t * k).map(|i| bf16::from_f32(x.value(0, i / k, i % k))).collect();
+    let x16 = s.clone_htod(&x16).unwrap();
+    let b = upload_weights(&w.clone().without_global_scale(), s);
+    let (o, e) = (s.clone_htod(&offsets).unwrap(), s.clone_htod(&[1.0f32, 2.0, 0.5, 4.0]).unwrap());
+    // D's bytes of rows r0..r1 for rows of `row_bytes`.
+    let rows_of = |v: &[u8], row_bytes: usize, r: std::ops::Range<usize>| v[r.start * row_bytes..r.end * row_bytes].to_vec();
+    let check = |what: String, plain: &[u8], zeroed: &[u8], poison: u8, row_bytes: usize| {
+        for r in [0..first, last..t] {
+            assert!(rows_of(plain, row_bytes, r.clone()).iter().all(|&v| v == poison), "{what}: rows {r:?} written without the flag");
+            assert!(rows_of(zeroed, row_bytes, r.clone()).iter().all(|&v| v == 0), "{what}: rows {r:?} not zeroed");
+        }
+        assert!(rows_of(plain, row_bytes, first..last) == rows_of(zeroed, row_bytes, first..last), "{what}: the experts' rows differ with the flag");
+    };
+    let bytes = |d: &CudaSlice<f16>| s.clone_dtoh(d).unwrap().iter().flat_map(|v| v.to_bits().to_le_bytes()).collect::<Vec<u8>>();
+    let bytes16 = |d: &CudaSlice<bf16>| s.clone_dtoh(d).unwrap().iter().flat_map(|v| v.to_bits().to_le_bytes()).collect::<Vec<u8>>();
+    let mut runs = 0;
+    for config in [Some(Config::Sm90_Stream_16x128x64), Some(Config::Sm90_Swapped_128x128x64), None] {
+        let mut out = Vec::new();
+        for zero in [false, true] {
+            let p = base.zero_uncovered(zero);
+            let mut d = s.clone_htod(&vec![f16::from_bits(0x7E7E); t * n]).unwrap();
+            let ran = g.moe_gemm(&p, &a, &b, &o, &e, &mut d, config).unwrap();
+            out.push((ran, bytes(&d)));
+        }
+        check(format!("{} f16", out[0].0), &out[0].1, &out[1].1, 0x7E, 2 * n);
+        runs += 2;
+        if config.is_none_or(|c| c.is_built_grouped(OutType::Nvfp4)) {
+            let mut fp4 = Vec::new();
+            for zero in [false, true] {
+                let p = base.zero_uncovered(zero);
+                let (mut dv, mut dsf) = (s.clone_htod(&vec![0xEEu8; t * n / 2]).unwrap(), s.clone_htod(&vec![0x7Fu8; p.sfd_bytes()]).unwrap());
+                g.moe_gemm_fp4(&p, OutType::Nvfp4, &a, &b, &o, &e, Nvfp4Output::new(&mut dv, &mut dsf), config).unwrap();
+                fp4.push((s.clone_dtoh(&dv).unwrap(), s.clone_dtoh(&dsf).unwrap()));
+            }
+            check(format!("{config:?} nvfp4"), &fp4[0].0, &fp4[1].0, 0xEE, n / 2);
+            assert!(fp4[0].1 == fp4[1].1, "{config:?} nvfp4: the scale factors differ with the flag");
+            runs += 2;
+        }
+        if config.is_none_or(|c| c.is_built_grouped_w4a16(OutType::Bf16)) {
+            let mut w16 = Vec::new();
+            for zero in [false, true] {
+                let mut d = s.clone_htod(&vec![bf16::from_bits(0x7E7E); t * n]).unwrap();
+                let ran = g.moe_gemm_w4a16(&base.zero_uncovered(zero), &x16, &b, &o, &e, &mut d, config).unwrap();
+                w16.push((ran, bytes16(&d)));
+            }
+            check(format!("{} w4a16", w16[0].0), &w16[0].1, &w16[1].1, 0x7E, 2 * n);
+            runs += 2;
+        }
+    }
+    println!("zero_uncovered: {runs} grouped calls");
     Ok(())
 }
 

@@ -186,6 +186,7 @@ struct GroupedGemm : Collectives<Sms, TileM, TileN, TileK, ClusterM, ClusterN, O
     if (p.rows < 1 || p.n < 1 || p.k < 32 || p.k % 32 != 0 || p.experts < 1 || p.experts > BSG_MAX_GROUPS) return false;
     if (p.rows > BSG_MAX_EXTENT || p.n > BSG_MAX_EXTENT || p.k > BSG_MAX_EXTENT) return false;
     if (p.b_layout != int32_t(WeightLayout::Standard)) return false;  // CUTLASS's K-major B only
+    if (p.zero_uncovered != 0 && p.zero_uncovered != 1) return false;
     if (p.n % kAlignD != 0 || p.sm_count < 0) return false;  // every expert's D rows start 16-byte aligned
     if (p.workspace % kArrayAlign != 0) return false;  // the per-expert arrays (and CUTLASS's tensor maps) are carved from it
     if (moe_sf_rows(p.rows, p.experts) > INT32_MAX) return false;  // scale rows are int
@@ -294,6 +295,13 @@ KernelStatus GroupedGemm<Sms, TileM, TileN, TileK, ClusterM, ClusterN, Out>::run
     // rest of the buffer, which no grouped GEMM of these offsets reads, is left as it was.
     const size_t bytes = size_t(moe_used_sf_rows(p.rows, p.experts)) * size_t(sf_cols_padded(p.n));
     if (const cudaError_t e = cudaMemsetAsync(reinterpret_cast<void*>(p.sfd), 0, bytes, stream); e != cudaSuccess)
+      return KernelStatus{int32_t(cutlass::Status::kErrorInternal), int32_t(e), 0};
+  }
+  if (p.zero_uncovered) {
+    // CUTLASS's kernel writes the experts' rows only: the rows no expert covers are zeros
+    // because all of D is, in stream order first.
+    const size_t bytes = size_t(p.rows) * size_t(p.n) * cutlass::sizeof_bits<ElementD>::value / 8;
+    if (const cudaError_t e = cudaMemsetAsync(reinterpret_cast<void*>(p.d), 0, bytes, stream); e != cudaSuccess)
       return KernelStatus{int32_t(cutlass::Status::kErrorInternal), int32_t(e), 0};
   }
   // Launched without programmatic dependence: CUTLASS's scheduler reads the shapes before its

@@ -41,7 +41,7 @@ struct GroupedGemm {
   static bool can_implement(const GroupedArgs& a) {
     if (a.rows < 1 || a.n < 1 || a.k < 1 || a.k % 32 != 0 || a.experts < 1 || a.experts > Sched::kMaxGroups) return false;
     if (a.rows > BSG_MAX_EXTENT || a.n > BSG_MAX_EXTENT || a.k > BSG_MAX_EXTENT) return false;
-    if (!is_weight_layout(a.b_layout)) return false;
+    if (!is_weight_layout(a.b_layout) || (a.zero_uncovered != 0 && a.zero_uncovered != 1)) return false;
     if (a.n % OutputInfo<OutT>::kNMultiple != 0) return false;
     if (kFp4Out && (a.sfd == 0 || !fp4_norm_constant_ok(a.norm_constant))) return false;
     // Items (the swapped tiles' grid: every possible one) and padded scale rows are int on the
@@ -82,6 +82,7 @@ struct GroupedGemm {
     gp.offsets = reinterpret_cast<const int32_t*>(a.offsets);
     gp.expert_alpha = reinterpret_cast<const float*>(a.expert_alpha);
     gp.experts = a.experts;
+    gp.zero_uncovered = a.zero_uncovered;
     gp.walk = T::kPreA ? reinterpret_cast<GroupedWalk*>(reinterpret_cast<uint8_t*>(a.workspace) + walk_offset(a)) : nullptr;
     if constexpr (T::kPreA) {
       const cudaError_t e = kDenseA ? launch_pre_pass<reorder_a_grouped<T>>(int64_t(a.rows) * (k_pad / kBK) * 8, a.sm_count, stream, gp,

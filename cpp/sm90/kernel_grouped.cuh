@@ -162,6 +162,8 @@ __global__ void __launch_bounds__(grouped_threads<T, Sched>(), 1) grouped_stream
       __syncthreads();
     }
   }
+  // The rows no item writes, where the launch asks (the compute threads of every CTA).
+  if (tid < kThreads) Sched::template zero_uncovered<OutT>(args, sched, int64_t(blockIdx.x) * kThreads + tid, int64_t(gridDim.x) * kThreads);
 }
 
 // The swapped tiles' pre-pass over the stacked rows: row r decoded with its scales at its
@@ -219,7 +221,14 @@ __global__ void __launch_bounds__(T::kLaunchThreads, T::kMinBlocks) grouped_gemm
   // before it's): wait for the pre-pass to complete before reading it.
   griddep_wait();
   Sched::prepare(args, sched, tid);
-  if (int(blockIdx.x) >= Sched::total(sched)) return;
+  if (int(blockIdx.x) >= Sched::total(sched)) {
+    // The CTAs past this routing's items write the rows no item covers, where the launch asks.
+    // Some are always there when such rows exist: the grid holds ceil(T / BM) + E m-tiles for
+    // every n-tile, and rows summing to less than T fill at most ceil(T / BM) + E - 1.
+    const int64_t spare = int64_t(blockIdx.x) - Sched::total(sched);
+    Sched::template zero_uncovered<OutT>(args, sched, spare * blockDim.x + tid, (int64_t(gridDim.x) - Sched::total(sched)) * blockDim.x);
+    return;
+  }
   const TileWork w = Sched::work(args, sched, int(blockIdx.x));
   const RawPipeline<T> pipe =
       start_pipeline<T>(Sched::load_params(args, sched, w), w, raw, decA, Sched::map_a(args, w), Sched::map_b(args, w), tid);

@@ -145,6 +145,11 @@ struct ListTileScheduler {
 
   __device__ __forceinline__ static int total(const Shared& s) { return s.total; }
 
+  // The grouped kernels' hook for the MoE form's uncovered rows: the groups' outputs are their
+  // own buffers, so there are none.
+  template <class OutT>
+  __device__ static void zero_uncovered(const Args&, const Shared&, int64_t, int64_t) {}
+
   // Item `item`'s tile: rows m0.. and columns n0.. of group g, its whole K (batch 0: each
   // descriptor covers its group alone).
   __device__ __forceinline__ static TileWork work(const Args& args, const Shared& s, int item) {

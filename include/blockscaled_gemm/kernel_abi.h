@@ -121,6 +121,10 @@ struct GroupedArgs {
   uint64_t sfd;
   float norm_constant;
   int32_t b_layout;  // the weights' values: a WeightLayout value (Prepacked: each expert's batch)
+  // 1 writes zeros into D's rows no expert covers, [0, row[0]) and [row[E], T) of the offsets as
+  // read above (FP4 output: their packed values; they have no scale factors): SM90 in the kernel,
+  // SM100 by a memset of D ahead of it. 0 leaves them as they were.
+  int32_t zero_uncovered;
 };
 
 // One grouped launch in list form: G independent GEMMs, for every group g with device sizes
