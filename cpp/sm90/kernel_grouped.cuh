@@ -113,6 +113,10 @@ __global__ void __launch_bounds__(grouped_threads<T, Sched>(), 1) grouped_stream
   // The offsets or sizes, like every operand, may be the previous kernel's output.
   griddep_wait();
   Sched::prepare(args, sched, tid);  // ends with a CTA barrier, which publishes the barriers too
+  // The rows no item writes, where the launch asks: the compute threads of every CTA, while the
+  // producer issues the first loads. Here rather than after the items, where it changed the item
+  // loop's code (bench/DESIGN.md §14).
+  if (tid < kThreads) Sched::template zero_uncovered<OutT>(args, sched, int64_t(blockIdx.x) * kThreads + tid, int64_t(gridDim.x) * kThreads);
   // Stages ahead of arrival: two where each CTA takes at most two items (few tokens: the first
   // stages' order decides), the ring full where CTAs stream item after item (bench/DESIGN.md §12).
   const int ahead = Sched::total(sched) <= 2 * int(gridDim.x) ? Mainloop::kLoadsAhead : T::kRawStages;
@@ -162,8 +166,6 @@ __global__ void __launch_bounds__(grouped_threads<T, Sched>(), 1) grouped_stream
       __syncthreads();
     }
   }
-  // The rows no item writes, where the launch asks (the compute threads of every CTA).
-  if (tid < kThreads) Sched::template zero_uncovered<OutT>(args, sched, int64_t(blockIdx.x) * kThreads + tid, int64_t(gridDim.x) * kThreads);
 }
 
 // The swapped tiles' pre-pass over the stacked rows: row r decoded with its scales at its
