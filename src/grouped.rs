@@ -50,8 +50,8 @@ pub struct MoeProblem {
     /// Whether D's rows no expert covers (before the first offset and from the last, as the
     /// kernels read the offsets) are written as zeros (FP4 output: their packed values) or left
     /// as they were (false, the default: a D shared with other calls keeps their rows). Hopper
-    /// writes them in the grouped kernel (no launch more); Blackwell zeroes all of D ahead of
-    /// CUTLASS's kernel.
+    /// writes them in the grouped launch (the stream tiles' kernel, the swapped tiles' pre-pass:
+    /// no launch more); Blackwell zeroes all of D ahead of CUTLASS's kernel.
     pub zero_uncovered: bool,
 }
 

@@ -82,7 +82,8 @@ struct GroupedGemm {
     gp.offsets = reinterpret_cast<const int32_t*>(a.offsets);
     gp.expert_alpha = reinterpret_cast<const float*>(a.expert_alpha);
     gp.experts = a.experts;
-    gp.zero_uncovered = a.zero_uncovered;
+    // Rows of D in 16-byte units (every row is a whole number of them: OutputInfo::kNMultiple).
+    gp.d_row_units = a.zero_uncovered ? (kFp4Out ? int64_t(a.n) / 2 : int64_t(a.n) * int64_t(sizeof(OutT))) / 16 : 0;
     gp.walk = T::kPreA ? reinterpret_cast<GroupedWalk*>(reinterpret_cast<uint8_t*>(a.workspace) + walk_offset(a)) : nullptr;
     if constexpr (T::kPreA) {
       const cudaError_t e = kDenseA ? launch_pre_pass<reorder_a_grouped<T>>(int64_t(a.rows) * (k_pad / kBK) * 8, a.sm_count, stream, gp,

@@ -116,7 +116,7 @@ __global__ void __launch_bounds__(grouped_threads<T, Sched>(), 1) grouped_stream
   // The rows no item writes, where the launch asks: the compute threads of every CTA, while the
   // producer issues the first loads. Here rather than after the items, where it changed the item
   // loop's code (bench/DESIGN.md §14).
-  if (tid < kThreads) Sched::template zero_uncovered<OutT>(args, sched, int64_t(blockIdx.x) * kThreads + tid, int64_t(gridDim.x) * kThreads);
+  if (tid < kThreads) Sched::zero_uncovered(args, sched, int64_t(blockIdx.x) * kThreads + tid, int64_t(gridDim.x) * kThreads);
   // Stages ahead of arrival: two where each CTA takes at most two items (few tokens: the first
   // stages' order decides), the ring full where CTAs stream item after item (bench/DESIGN.md §12).
   const int ahead = Sched::total(sched) <= 2 * int(gridDim.x) ? Mainloop::kLoadsAhead : T::kRawStages;
@@ -170,8 +170,8 @@ __global__ void __launch_bounds__(grouped_threads<T, Sched>(), 1) grouped_stream
 
 // The swapped tiles' pre-pass over the stacked rows: row r decoded with its scales at its
 // expert's place in the MoE scale layout; rows no expert holds decode to zeros (no tile reads
-// them into an output row). Its first CTA also stores the walk over the experts for the grouped
-// kernel's CTAs.
+// them into an output row), and where the launch asks their rows of D are written as zeros. Its
+// first CTA also stores the walk over the experts for the grouped kernel's CTAs.
 template <class T>
 __global__ void __launch_bounds__(kPreThreads) predecode_a_grouped(const __grid_constant__ GroupedParams gp, uint4* out) {
   using Sched = GroupedTileScheduler<T>;
@@ -191,21 +191,22 @@ __global__ void __launch_bounds__(kPreThreads) predecode_a_grouped(const __grid_
     const uint8_t* sf_rows = e < 0 ? nullptr : p.sfa + int64_t(sr / 128) * (sp / 4) * 512;
     predecode_item(p.a + int64_t(row) * (p.k / 2), sf_rows, sr % 128, out + int64_t(row) * kb_n * 8, int((idx / 2) % I(kb_n)), int(idx % 2), p.k);
   });
+  Sched::zero_uncovered(gp, sched, int64_t(blockIdx.x) * blockDim.x + threadIdx.x, int64_t(gridDim.x) * blockDim.x);
 }
 
 // W4A16's swapped tiles' pre-pass: the dense re-order of the T stacked rows (rows no expert holds
-// are re-ordered and never read), its first CTA also storing the walk over the experts.
+// are re-ordered and never read), its first CTA also storing the walk over the experts; where the
+// launch asks for D's rows no expert covers as zeros, every CTA walks the rows and writes a part.
 template <class T>
 __global__ void __launch_bounds__(kPreThreads) reorder_a_grouped(const __grid_constant__ GroupedParams gp, const uint16_t* a, uint4* out) {
   using Sched = GroupedTileScheduler<T>;
   __shared__ typename Sched::Shared sched;
   griddep_wait();
   griddep_launch_dependents();
-  if (blockIdx.x == 0) {
-    Sched::walk(gp, sched, threadIdx.x);
-    Sched::store_walk(gp, sched, threadIdx.x);
-  }
+  if (blockIdx.x == 0 || gp.d_row_units != 0) Sched::walk(gp, sched, threadIdx.x);
+  if (blockIdx.x == 0) Sched::store_walk(gp, sched, threadIdx.x);
   reorder_rows(a, out, gp.base.m, gp.base.m, gp.base.k, 1);
+  Sched::zero_uncovered(gp, sched, int64_t(blockIdx.x) * blockDim.x + threadIdx.x, int64_t(gridDim.x) * blockDim.x);
 }
 
 // The swapped tiles: CTA blockIdx.x takes item blockIdx.x (the grid holds any routing's items;
@@ -223,14 +224,7 @@ __global__ void __launch_bounds__(T::kLaunchThreads, T::kMinBlocks) grouped_gemm
   // before it's): wait for the pre-pass to complete before reading it.
   griddep_wait();
   Sched::prepare(args, sched, tid);
-  if (int(blockIdx.x) >= Sched::total(sched)) {
-    // The CTAs past this routing's items write the rows no item covers, where the launch asks.
-    // Some are always there when such rows exist: the grid holds ceil(T / BM) + E m-tiles for
-    // every n-tile, and rows summing to less than T fill at most ceil(T / BM) + E - 1.
-    const int64_t spare = int64_t(blockIdx.x) - Sched::total(sched);
-    Sched::template zero_uncovered<OutT>(args, sched, spare * blockDim.x + tid, (int64_t(gridDim.x) - Sched::total(sched)) * blockDim.x);
-    return;
-  }
+  if (int(blockIdx.x) >= Sched::total(sched)) return;
   const TileWork w = Sched::work(args, sched, int(blockIdx.x));
   const RawPipeline<T> pipe =
       start_pipeline<T>(Sched::load_params(args, sched, w), w, raw, decA, Sched::map_a(args, w), Sched::map_b(args, w), tid);

@@ -41,7 +41,7 @@ struct GroupedParams {
   const float* expert_alpha;   // [experts], or null
   int32_t experts;
   GroupedWalk* walk;           // the swapped tiles' (kPreA: their pre-pass stores it), else null
-  int32_t zero_uncovered;      // GroupedArgs::zero_uncovered
+  int64_t d_row_units;         // GroupedArgs::zero_uncovered: D's 16-byte units a row, else 0
 };
 
 template <class T>
@@ -144,20 +144,21 @@ struct GroupedTileScheduler {
   // The descriptors are kernel parameters: nothing to acquire.
   __device__ __forceinline__ static void acquire(const Args&, const TileWork&) {}
 
-  // Where the launch asks for it, D's rows no expert covers ([0, row[0]) and [row[E], T)) as
-  // zeros: part `part` of `parts` (threads, strided) of their 16-byte units. Every output row's
-  // bytes are a multiple of 16 (OutputInfo::kNMultiple) and D is 16-byte aligned, so the two
-  // ranges are whole units.
-  template <class OutT>
-  __device__ static void zero_uncovered(const Args& args, const Shared& s, int64_t part, int64_t parts) {
-    const GroupedParams& gp = args.gp;
-    if (!gp.zero_uncovered) return;
-    const int64_t row_units = (std::is_void_v<typename OutputInfo<OutT>::Sf> ? int64_t(gp.base.n) * sizeof(OutT) : gp.base.n / 2) / 16;
+  // Where the launch asks for it (d_row_units), D's rows no expert covers ([0, row[0]) and
+  // [row[E], T)) as zeros: part `part` of `parts` (threads, strided) of their 16-byte units. Every
+  // output row's bytes are a multiple of 16 (OutputInfo::kNMultiple) and D is 16-byte aligned, so
+  // the two ranges are whole units. The stream tiles' kernel writes them; for the swapped tiles
+  // their pre-pass, which walks the rows already (an early return in the GEMM's spare CTAs
+  // changed that kernel's code, bench/DESIGN.md §14).
+  __device__ static void zero_uncovered(const GroupedParams& gp, const Shared& s, int64_t part, int64_t parts) {
+    const int64_t row_units = gp.d_row_units;
+    if (row_units == 0) return;
     const int64_t head = s.rows.row[0] * row_units, tail = int64_t(gp.base.m - s.rows.row[gp.experts]) * row_units;
     uint4* const d = static_cast<uint4*>(gp.base.d);
     const int64_t tail_at = int64_t(s.rows.row[gp.experts]) * row_units;
     for (int64_t i = part; i < head + tail; i += parts) d[i < head ? i : tail_at + (i - head)] = make_uint4(0, 0, 0, 0);
   }
+  __device__ static void zero_uncovered(const Args& args, const Shared& s, int64_t part, int64_t parts) { zero_uncovered(args.gp, s, part, parts); }
 
   // ---- host side ----
 

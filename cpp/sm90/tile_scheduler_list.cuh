@@ -147,7 +147,6 @@ struct ListTileScheduler {
 
   // The grouped kernels' hook for the MoE form's uncovered rows: the groups' outputs are their
   // own buffers, so there are none.
-  template <class OutT>
   __device__ static void zero_uncovered(const Args&, const Shared&, int64_t, int64_t) {}
 
   // Item `item`'s tile: rows m0.. and columns n0.. of group g, its whole K (batch 0: each
