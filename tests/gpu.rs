@@ -1625,7 +1625,7 @@ fn grouped_moe_bad_device_offsets_stay_inside_d() -> Outcome {
 }
 
 /// `MoeProblem::zero_uncovered`: offsets that leave rows before the first expert and after the
-/// last, on a stream tile, the swapped tile (whose grid's spare CTAs write them) and the rule's
+/// last, on a stream tile, the swapped tile (whose pre-pass writes them) and the rule's
 /// pick, for f16, NVFP4 and W4A16 (bf16 in) output paths. Each call twice on poisoned D: without
 /// the flag the uncovered rows keep the poison; with it they are zeros and every other byte (D,
 /// and SFD for FP4) is the first call's.
