@@ -504,6 +504,9 @@ impl Checkpoint {
         let mut missing: Option<String> = None;
         for e in 0..experts {
             let p = prefix_of(e);
+            if p.shards().is_empty() {
+                return Err(Error::InvalidData { what: "prefixes", detail: format!("none for expert {e}: an expert's layer has at least one shard") });
+            }
             for prefix in p.shards() {
                 match self.layer_scales(prefix)?.1 {
                     Some(v) => {
@@ -998,6 +1001,10 @@ mod tests {
             let l = ck.layer(&p(1, "up_proj")).unwrap();
             assert_eq!(ck.layer_scales(&p(1, "up_proj")).unwrap(), (l.weight.global_scale().unwrap(), l.input_scale));
             assert!(ck.experts(0, |e| p(e, "up_proj")).is_err() && ck.experts_input_scale(0, |e| p(e, "up_proj")).is_err());
+            // An expert without shards: refused by both, as a fused layer without shards is.
+            assert!(ck.experts(1, |_| Vec::<String>::new()).is_err());
+            let e = ck.experts_input_scale(1, |_| Vec::<String>::new()).unwrap_err().to_string();
+            assert!(e.contains("at least one shard"), "{e}");
         }
         // No expert with an input scale: None. Some with and some without: the first without is named.
         let (_, t) = gate_up_experts(2, Convention::ModelOpt, &|_| None);

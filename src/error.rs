@@ -128,7 +128,7 @@ pub enum Error {
     },
     /// The device's architecture has kernels in this build, but none of this call's form for
     /// this output type (f32 output is Hopper's only; `BSG_CONFIGS` may also have left some out).
-    #[error("no kernel of this call's form for {out} output on compute capability {major}.{minor} (device {ordinal}) in this build: f32 output runs on Hopper (9.0) only, and BSG_ARCHS / BSG_CONFIGS select what is built")]
+    #[error("no kernel of this call's form for {out} output on compute capability {major}.{minor} (device {ordinal}) in this build{}: BSG_ARCHS / BSG_CONFIGS select what is built", if *out == OutType::F32 { " (f32 output runs on Hopper, 9.0, only)" } else { "" })]
     OutputUnsupported {
         /// The output type asked for.
         out: OutType,

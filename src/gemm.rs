@@ -625,7 +625,9 @@ impl BlockScaledGemm {
     /// unless FP4); the caller holds every buffer's guard across this call.
     pub(crate) fn launch(&self, p: &Problem, out: OutType, table: Table, config: Config, capturing: bool, mut args: KernelArgs) -> Result<Config> {
         let stream = &self.stream;
-        for (name, addr) in [("A", args.a), ("SFA", args.sfa), ("B", args.b), ("SFB", args.sfb), ("C", args.c), ("D", args.d), ("SFD", args.sfd)] {
+        // The decode (0 where none is given) is a TMA base as well: a view of a caller's buffer
+        // may start anywhere.
+        for (name, addr) in [("A", args.a), ("SFA", args.sfa), ("B", args.b), ("SFB", args.sfb), ("C", args.c), ("D", args.d), ("SFD", args.sfd), ("decoded A", args.pre_a)] {
             if !(name == "SFD" && out.sfd().is_none()) {
                 check_align(name, addr)?;
             }
@@ -971,6 +973,10 @@ mod tests {
         assert!(matches!(e, Error::OutputUnsupported { out: OutType::F32, major: 10, .. }), "{e}");
         assert!(e.to_string().contains("f32 output runs on Hopper"), "{e}");
         plan(&p, OutType::F32, &f32_lens, &H100, None, hopper_f32).unwrap();
+        // Another output left out of a build: named, without the f32 rule.
+        let no_bf16 = |_: Config, o: OutType| o != OutType::Bf16;
+        let e = plan(&p, OutType::Bf16, &BufferLens::for_problem(&p, OutType::Bf16, false), &H100, None, no_bf16).unwrap_err();
+        assert!(matches!(e, Error::OutputUnsupported { out: OutType::Bf16, major: 9, .. }) && !e.to_string().contains("f32"), "{e}");
         // Not built.
         let e = plan(&p, OutType::F16, &lens(&p), &B200, Some(Config::Sm100_1Sm_128x128x256), |_, _| false).unwrap_err().to_string();
         assert!(e.contains("has no kernel for f16 output") && e.contains("BSG_CONFIGS"), "{e}");

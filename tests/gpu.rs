@@ -2138,6 +2138,10 @@ fn decoded_parts_serve_every_row_count_by_prefix() -> Outcome {
     let mut dv = s.clone_htod(&vec![f16::from_f32(-7.0); 40 * n]).unwrap();
     let e = g.gemm_decoded_parts(&Problem::new(40, n, k), &a, &decoded.slice(..Nvfp4Activations::decoded_len((1, 200, k))), &wt, &mut dv, None).unwrap_err();
     assert!(matches!(e, Error::BufferLength { .. }), "{e}");
+    // A decode that starts off 16 bytes (a view of a caller's buffer may): a typed refusal.
+    let dl = Nvfp4Activations::decoded_len((1, 40, k));
+    let e = g.gemm_decoded_parts(&Problem::new(40, n, k), &a, &decoded.slice(1..dl + 1), &wt, &mut dv, None).unwrap_err();
+    assert!(matches!(e, Error::Misaligned { name: "decoded A", .. }), "{e}");
     assert!(s.clone_dtoh(&dv).unwrap().iter().all(|v| v.to_f32() == -7.0), "a refused call wrote");
     println!("decoded parts: {runs} GEMMs over one set of 256-row buffers, bit-identical to gemm");
     Ok(())

@@ -228,7 +228,7 @@ pub fn bench_case(cli: &Cli, gemm: &BlockScaledGemm, stream: &Arc<CudaStream>, l
     // the device has none (SM100).
     let w4a16_workspace = match gemm.moe_w4a16_workspace_size::<bf16>(&p, OutType::Bf16, w4a16_forced) {
         Ok(bytes) => Some(bytes),
-        Err(blockscaled_gemm::Error::UnsupportedDevice { .. }) => None,
+        Err(blockscaled_gemm::Error::UnsupportedDevice { .. } | blockscaled_gemm::Error::OutputUnsupported { .. }) => None,
         Err(e) => return Err(e.into()),
     };
     let x16: Vec<bf16> = if w4a16_workspace.is_some() { x.dequantize()?.iter().map(|&v| bf16::from_f32(v)).collect() } else { Vec::new() };
