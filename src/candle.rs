@@ -335,9 +335,16 @@ impl Nvfp4Linear {
                     (true, none) => Some(none.insert(stream.alloc_zeros::<u16>(Nvfp4Activations::decoded_len((1, *held, k)))?)),
                 }
                 .map(|d| d.slice_mut(..Nvfp4Activations::decoded_len((1, rows, k))));
-                lane.quantizer.quantize_parts_into(x, (1, rows, k), input_scale, &mut codes.slice_mut(..cb), &mut scales.slice_mut(..sb), dec.as_mut())?;
-                let xq = Nvfp4Tensor::new::<u8, u8>(codes.slice(..cb), scales.slice(..sb), (1, rows, k), input_scale)?;
-                lane.gemm.gemm_parts(&p, &xq, dec.as_ref(), &self.weight, &mut y, Some(config))?;
+                let (mut c, mut s) = (codes.slice_mut(..cb), scales.slice_mut(..sb));
+                match dec.as_mut() {
+                    Some(d) => lane.quantizer.quantize_decoded_parts_into(x, (1, rows, k), input_scale, &mut c, &mut s, d)?,
+                    None => lane.quantizer.quantize_into(x, (1, rows, k), input_scale, &mut c, &mut s)?,
+                }
+                let xq = Nvfp4Tensor::new::<u8, u8>(c, s, (1, rows, k), input_scale)?;
+                match dec.as_ref() {
+                    Some(d) => lane.gemm.gemm_decoded_parts(&p, &xq, d, &self.weight, &mut y, Some(config))?,
+                    None => lane.gemm.gemm(&p, &xq, &self.weight, &mut y, Some(config))?,
+                };
                 Ok(y)
             }
         }

@@ -504,10 +504,11 @@ impl Checkpoint {
         let mut missing: Option<String> = None;
         for e in 0..experts {
             let p = prefix_of(e);
-            if p.shards().is_empty() {
+            let shards = p.shards();
+            if shards.is_empty() {
                 return Err(Error::InvalidData { what: "prefixes", detail: format!("none for expert {e}: an expert's layer has at least one shard") });
             }
-            for prefix in p.shards() {
+            for prefix in shards {
                 match self.layer_scales(prefix)?.1 {
                     Some(v) => {
                         if found.as_ref().is_none_or(|(m, _)| v > *m) {

@@ -472,17 +472,6 @@ impl BlockScaledGemm {
         self.run(p, a, Some(decoded), b, None::<&CudaSlice<TO>>, d, config)
     }
 
-    /// [`Self::gemm`], or where `decoded` is given [`Self::gemm_decoded_parts`] (the candle
-    /// layer, which writes a decode only where the GEMM reads one).
-    #[cfg(feature = "candle")]
-    pub(crate) fn gemm_parts<VA, SA, DA, VB, SB, D, TV, TS, TO>(&self, p: &Problem, a: &Nvfp4Tensor<VA, SA>, decoded: Option<&DA>, b: &Nvfp4Tensor<VB, SB>, d: &mut D, config: Option<Config>) -> Result<Config>
-    where
-        VA: DevicePtr<TV>, SA: DevicePtr<TS>, DA: DevicePtr<u16>, VB: DevicePtr<TV>, SB: DevicePtr<TS>, D: DevicePtrMut<TO>,
-        TV: PackedFp4, TS: ScaleByte, TO: OutputElement,
-    {
-        self.run(p, a, decoded, b, None::<&CudaSlice<TO>>, d, config)
-    }
-
     /// [`Self::gemm_with_c`] with the activations of [`Self::gemm_decoded`].
     #[allow(clippy::too_many_arguments)]
     pub fn gemm_decoded_with_c<VB, SB, C, D, TV, TS, TO>(&self, p: &Problem, a: &Nvfp4Activations, b: &Nvfp4Tensor<VB, SB>, c: &C, d: &mut D, config: Option<Config>) -> Result<Config>

@@ -103,16 +103,6 @@ impl Quantizer {
         self.dense_into(x, shape, global_scale, codes, scales, QuantTransform::None, Some(decoded))
     }
 
-    /// [`Self::quantize_into`], with the decode written too where `decoded` is given (the candle
-    /// layer, which writes one only where its GEMM reads it).
-    #[cfg(feature = "candle")]
-    pub(crate) fn quantize_parts_into<T, X, C, S, DD>(&self, x: &X, shape: (usize, usize, usize), global_scale: f32, codes: &mut C, scales: &mut S, decoded: Option<&mut DD>) -> Result<()>
-    where
-        T: QuantInput, X: DevicePtr<T>, C: DevicePtrMut<u8>, S: DevicePtrMut<u8>, DD: DevicePtrMut<u16>,
-    {
-        self.dense_into(x, shape, global_scale, codes, scales, QuantTransform::None, decoded)
-    }
-
     /// Quantizes the SwiGLU of `x` (batch, rows, 2K), whose rows hold the gate projection in
     /// their first K values and the up projection in their last K (the two halves of a fused
     /// gate-up GEMM's output): `silu(gate) * up`, rounded to T as an unfused `silu_and_mul`
