@@ -80,7 +80,7 @@ fn run(cli: &Cli) -> Result<bool, Box<dyn Error>> {
         return Err(format!("--m {}: an even number of rows (two batches)", cli.m).into());
     }
     let device = Device::new_cuda(0)?;
-    let weight = Nvfp4Matrix::random_realistic(cli.n, cli.k, 1, 7)?;
+    let weight = Nvfp4Matrix::random_realistic((1, cli.n, cli.k), 7)?;
     let mode = match cli.mode {
         Mode::W4a16 => LinearMode::W4a16,
         // Activations from randn lie within about 6 sigma: this input scale keeps their block
@@ -214,7 +214,7 @@ fn experts(cli: &Cli, device: &Device, mode: LinearMode) -> Result<bool, Box<dyn
     let (m, n, k, e) = (cli.m, cli.n, cli.k, cli.experts);
     let counts: Vec<usize> = (0..e).map(|i| m / e + usize::from(i < m % e)).collect();
     let offsets = blockscaled_gemm::grouped::expert_offsets(&counts)?;
-    let weight = Nvfp4Matrix::random_realistic(n, k, e, 11)?;
+    let weight = Nvfp4Matrix::random_realistic((e, n, k), 11)?;
     let scales: Vec<f32> = (0..e).map(|i| [1.0, 0.5, 2.0, 0.25][i % 4]).collect();
     let cuda = device.as_cuda_device()?;
     let make = || -> Result<Nvfp4Experts, Box<dyn Error>> { Ok(Nvfp4Experts::new(Nvfp4Tensor::upload(&weight, &cuda.cuda_stream())?, &scales, mode, cuda)?) };

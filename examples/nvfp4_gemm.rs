@@ -608,9 +608,9 @@ fn run_fp4(cli: &Cli) -> Result<bool, Exit> {
     let c_rows = inputs.c.as_ref().map(|c| pick_rows(c, &rows, p.m, p.n, p.l));
     let (want_d, want_sfd) = fp4_out::epilogue(&pr, &acc, c_rows.as_deref(), format)?;
     let groups = p.n / 16;
-    let got_sf_rows = pick_rows(&from_tiled(&got_sfd, p.m, groups, p.l)?, &rows, p.m, groups, p.l);
+    let got_sf_rows = pick_rows(&from_tiled(&got_sfd, (p.l, p.m, groups))?, &rows, p.m, groups, p.l);
     let got_d_rows = pick_rows(&got_d, &rows, p.m, p.n / 2, p.l);
-    let cmp = compare_fp4(&got_d_rows, &got_sf_rows, &want_d, &from_tiled(&want_sfd, rows.len(), groups, p.l)?, p.n, format)?;
+    let cmp = compare_fp4(&got_d_rows, &got_sf_rows, &want_d, &from_tiled(&want_sfd, (p.l, rows.len(), groups))?, p.n, format)?;
     let exactly = if cmp.byte_equal() { "byte for byte" } else { "within one e2m1 step" };
     let check = Check { passed: cmp.within_one_step(), bad: cmp.sfd_far + cmp.codes_far + cmp.neighbour_codes_far, max_abs: None, worst_ratio: None, checked: cmp.codes + cmp.neighbour_codes, detail: format!("{} rows against the exact reference ({exactly}; norm constant {st}): {cmp}", rows.len()) };
     save(cli, &inputs, &p, None, fp4_tensors(got_d, got_sfd))?;
@@ -749,10 +749,10 @@ impl Cli {
 fn generate<T: OutputElement>(cli: &Cli) -> Result<Inputs<T>, Exit> {
     let (m, n, k, l) = (cli.m, cli.n, cli.k, cli.l);
     let (a, b) = match cli.data {
-        DataArg::Contest => (Nvfp4Matrix::random_contest(m, k, l, cli.seed)?, Nvfp4Matrix::random_contest(n, k, l, cli.seed.wrapping_add(1))?),
+        DataArg::Contest => (Nvfp4Matrix::random_contest((l, m, k), cli.seed)?, Nvfp4Matrix::random_contest((l, n, k), cli.seed.wrapping_add(1))?),
         // Global scale 1 (the block scales of N(0, 1) data stay well inside ue4m3): generated
         // operands carry no global scales, so --save writes none for them.
-        DataArg::Realistic => (Nvfp4Matrix::random_gaussian(m, k, l, cli.seed)?, Nvfp4Matrix::random_gaussian(n, k, l, cli.seed.wrapping_add(1))?),
+        DataArg::Realistic => (Nvfp4Matrix::random_gaussian((l, m, k), cli.seed)?, Nvfp4Matrix::random_gaussian((l, n, k), cli.seed.wrapping_add(1))?),
     };
     let c = (cli.beta != 0.0).then(|| {
         let mut rng = SplitMix64::new(cli.seed.wrapping_add(2));
@@ -826,8 +826,8 @@ fn load<T: OutputElement + safetensors_dtype::HasDtype>(path: &PathBuf, beta: f3
     let sfa = scales("sfa", &get("sfa")?, ma, ka, la)?;
     let sfb = scales("sfb", &get("sfb")?, nb, ka, la)?;
     let (ga, gb) = (global_scale(&st, "global_scale_a")?, global_scale(&st, "global_scale_b")?);
-    let am = matrix("sfa", Nvfp4Matrix::from_parts(ma, ka, la, a.data().to_vec(), sfa, ga))?;
-    let bm = matrix("sfb", Nvfp4Matrix::from_parts(nb, ka, la, b.data().to_vec(), sfb, gb))?;
+    let am = matrix("sfa", Nvfp4Matrix::from_parts((la, ma, ka), a.data().to_vec(), sfa, ga))?;
+    let bm = matrix("sfb", Nvfp4Matrix::from_parts((la, nb, ka), b.data().to_vec(), sfb, gb))?;
     let c = match st.tensor("c") {
         Ok(c) => {
             let want: Vec<usize> = if la == 1 && c.shape().len() == 2 { vec![ma, nb] } else { vec![la, ma, nb] };
@@ -890,7 +890,7 @@ fn scales(name: &str, t: &safetensors::tensor::TensorView<'_>, rows: usize, k: u
         return Err(bad(format!("{name}: dtype {:?}, expected F8_E4M3 or U8", t.dtype())));
     }
     let (rest, rest_k) = (padded_rows(rows) / 128, padded_sf_cols(sf_cols(k)) / 4);
-    let want = sf_bytes(rows, k, l);
+    let want = sf_bytes((l, rows, k));
     let s = t.shape();
     let ok = match s {
         [x] => *x == want,

@@ -12,8 +12,8 @@ fn main() -> Result<(), blockscaled_gemm::Error> {
     };
     println!("threads: {}", rayon::current_num_threads());
     for [m, n, k] in shapes {
-        let a = Nvfp4Matrix::random_contest(m, k, 1, 1)?;
-        let b = Nvfp4Matrix::random_contest(n, k, 1, 2)?;
+        let a = Nvfp4Matrix::random_contest((1, m, k), 1)?;
+        let b = Nvfp4Matrix::random_contest((1, n, k), 2)?;
         let t = Instant::now();
         let d: Vec<half::f16> = reference_gemm(&a, &b, 1.0, 0.0, None)?;
         let s = t.elapsed().as_secs_f64();

@@ -51,7 +51,7 @@
 //! let device = Device::new_cuda(0)?;
 //! let (n, k) = (4096, 7168);
 //! // A weight as a checkpoint holds it (here: random), and the activations' input scale.
-//! let w = Nvfp4Matrix::random_realistic(n, k, 1, 7)?;
+//! let w = Nvfp4Matrix::random_realistic((1, n, k), 7)?;
 //! let layer = Nvfp4Linear::from_matrix(&w, 1.0 / 448.0, device.as_cuda_device()?)?;
 //! let x = Tensor::randn(0f32, 1.0, (2, 16, k), &device)?.to_dtype(DType::BF16)?;
 //! let y = layer.forward(&x)?;
@@ -320,7 +320,7 @@ impl Nvfp4Linear {
                 // reads instead of launching its pre-pass (the same bits).
                 let config = lane.gemm.select_config_for(&p, T::OUT, self.weight.layout())?;
                 let mut slot = lane.acts.lock().unwrap_or_else(|e| e.into_inner());
-                let bytes = |r: usize| Some((r.checked_mul(k)? / 2, crate::layout::checked_sf_bytes(r, k, 1)?));
+                let bytes = |r: usize| Some((r.checked_mul(k)? / 2, crate::layout::checked_sf_bytes((1, r, k))?));
                 let (acts, (cb, sb)) = lane.reserve(&mut slot, rows, k, bytes)?;
                 // SAFETY: as above.
                 let mut y = unsafe { stream.alloc::<T>(out_len)? };
@@ -369,7 +369,7 @@ impl Nvfp4Linear {
 /// let cuda = device.as_cuda_device()?;
 /// let (experts, n, k) = (8, 2048, 7168);
 /// // A checkpoint's experts (here: random; `Checkpoint::experts_to_device` gives both parts).
-/// let w = Nvfp4Tensor::upload(&Nvfp4Matrix::random_realistic(n, k, experts, 7)?, &cuda.cuda_stream())?;
+/// let w = Nvfp4Tensor::upload(&Nvfp4Matrix::random_realistic((experts, n, k), 7)?, &cuda.cuda_stream())?;
 /// let layer = Nvfp4Experts::new(w, &[1.0; 8], LinearMode::W4a16, cuda)?;
 /// // 40 routed rows, stacked by expert (the router's output): expert e has rows offsets[e]..offsets[e + 1].
 /// let x = Tensor::randn(0f32, 1.0, (40, k), &device)?.to_dtype(DType::BF16)?;

@@ -397,7 +397,7 @@ impl Checkpoint {
     /// whichever convention its names follow.
     pub fn layer(&self, prefix: &str) -> Result<CheckpointLayer> {
         let r = self.raw_layer(prefix)?;
-        let weight = Nvfp4Matrix::from_parts(r.n, r.k, 1, r.data, to_tiled(&r.scales, r.n, r.k / 16, 1)?, Some(r.global))?;
+        let weight = Nvfp4Matrix::from_parts((1, r.n, r.k), r.data, to_tiled(&r.scales, (1, r.n, r.k / 16))?, Some(r.global))?;
         Ok(CheckpointLayer { weight, input_scale: r.input_scale, convention: r.convention })
     }
 
@@ -419,7 +419,7 @@ impl Checkpoint {
     /// scales, so they are an error naming both (run one GEMM per shard then).
     pub fn fused(&self, prefixes: &[&str]) -> Result<CheckpointLayer> {
         let r = self.fused_raw(prefixes)?;
-        let weight = Nvfp4Matrix::from_parts(r.n, r.k, 1, r.data, to_tiled(&r.scales, r.n, r.k / 16, 1)?, Some(r.global))?;
+        let weight = Nvfp4Matrix::from_parts((1, r.n, r.k), r.data, to_tiled(&r.scales, (1, r.n, r.k / 16))?, Some(r.global))?;
         Ok(CheckpointLayer { weight, input_scale: r.input_scale, convention: r.convention })
     }
 
@@ -478,7 +478,7 @@ impl Checkpoint {
     /// The experts' input scales are not read here ([`Self::experts_input_scale`]).
     pub fn experts<P: ExpertShards>(&self, experts: usize, prefix_of: impl Fn(usize) -> P) -> Result<(Nvfp4Matrix, Vec<f32>)> {
         let x = self.experts_raw(experts, prefix_of)?;
-        Ok((Nvfp4Matrix::from_parts(x.n, x.k, experts, x.data, to_tiled(&x.scales, x.n, x.k / 16, experts)?, None)?, x.globals))
+        Ok((Nvfp4Matrix::from_parts((experts, x.n, x.k), x.data, to_tiled(&x.scales, (experts, x.n, x.k / 16))?, None)?, x.globals))
     }
 
     /// [`Self::experts`] on the device: the experts' packed weights and row-major scales uploaded

@@ -700,8 +700,8 @@ mod verdict_tests {
             let p = Problem::new(1, 1, 32).scalars(alpha, beta);
             assert!(matches!(expected::<f32>(&p, &d, Some(&[0.0])), Err(Error::NonFiniteScalar { .. })), "{alpha} {beta}");
         }
-        let a = crate::Nvfp4Matrix::random_contest(2, 32, 1, 1).unwrap();
-        let b = crate::Nvfp4Matrix::random_contest(8, 32, 1, 2).unwrap();
+        let a = crate::Nvfp4Matrix::random_contest((1, 2, 32), 1).unwrap();
+        let b = crate::Nvfp4Matrix::random_contest((1, 8, 32), 2).unwrap();
         let c = [0.0f32; 16];
         let got = crate::reference_gemm(&a, &b, 1.0, 0.5, Some(&c[..])).unwrap();
         assert!(verify_matrices(&a, &b, 1.0, 0.5, Some(&c[..]), &got).unwrap().passed());

@@ -226,8 +226,8 @@ pub(crate) fn resolve_config(device: &DeviceFacts, out: OutType, forced: Option<
 /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// let stream = CudaContext::new(0)?.new_stream()?;
 /// let (m, n, k) = (128, 256, 512);
-/// let a = Nvfp4Matrix::random_contest(m, k, 1, 1)?;
-/// let b = Nvfp4Matrix::random_contest(n, k, 1, 2)?;
+/// let a = Nvfp4Matrix::random_contest((1, m, k), 1)?;
+/// let b = Nvfp4Matrix::random_contest((1, n, k), 2)?;
 /// let (a_dev, b_dev) = (Nvfp4Tensor::upload(&a, &stream)?, Nvfp4Tensor::upload(&b, &stream)?);
 /// let mut d = stream.alloc_zeros::<half::f16>(m * n)?;
 ///
@@ -379,9 +379,9 @@ impl BlockScaledGemm {
     /// let stream = CudaContext::new(0)?.new_stream()?;
     /// let gemm = BlockScaledGemm::new(stream.clone())?;
     /// let (m, n, k, n2) = (128, 4096, 7168, 2048);
-    /// let x = Nvfp4Tensor::upload(&Nvfp4Matrix::random_contest(m, k, 1, 1)?, &stream)?;
-    /// let w1 = Nvfp4Tensor::upload(&Nvfp4Matrix::random_contest(n, k, 1, 2)?, &stream)?;
-    /// let w2 = Nvfp4Tensor::upload(&Nvfp4Matrix::random_contest(n2, n, 1, 3)?, &stream)?;
+    /// let x = Nvfp4Tensor::upload(&Nvfp4Matrix::random_contest((1, m, k), 1)?, &stream)?;
+    /// let w1 = Nvfp4Tensor::upload(&Nvfp4Matrix::random_contest((1, n, k), 2)?, &stream)?;
+    /// let w2 = Nvfp4Tensor::upload(&Nvfp4Matrix::random_contest((1, n2, n), 3)?, &stream)?;
     /// // st = 6 * 448 / (a bound on |D|) keeps SFD inside ue4m3: these operands give |D| of
     /// // standard deviation about 2,500 (7168 products of 30), at most about 13,000 here.
     /// let st = 6.0 * 448.0 / 16384.0;
@@ -446,17 +446,17 @@ impl BlockScaledGemm {
     /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// let stream = CudaContext::new(0)?.new_stream()?;
     /// let (max_rows, n, k) = (256, 4096, 7168);
-    /// let w = Nvfp4Tensor::upload(&Nvfp4Matrix::random_realistic(n, k, 1, 1)?, &stream)?;
+    /// let w = Nvfp4Tensor::upload(&Nvfp4Matrix::random_realistic((1, n, k), 1)?, &stream)?;
     /// // Made once, for the largest batch.
     /// let mut codes = stream.alloc_zeros::<u8>(max_rows * k / 2)?;
-    /// let mut scales = stream.alloc_zeros::<u8>(sf_bytes(max_rows, k, 1))?;
+    /// let mut scales = stream.alloc_zeros::<u8>(sf_bytes((1, max_rows, k)))?;
     /// let mut decoded = stream.alloc_zeros::<u16>(Nvfp4Activations::decoded_len((1, max_rows, k)))?;
     /// let mut y = stream.alloc_zeros::<half::bf16>(max_rows * n)?;
     /// let (quantizer, gemm) = (Quantizer::new(stream.clone()), BlockScaledGemm::new(stream.clone())?);
     /// let g = 4.0 / 2688.0; // the layer's input scale
     /// for rows in [3, 96, 256, 40] {
     ///     let x = stream.clone_htod(&vec![half::bf16::from_f32(0.5); rows * k])?; // this step's input
-    ///     let (cb, sb, db) = (rows * k / 2, sf_bytes(rows, k, 1), Nvfp4Activations::decoded_len((1, rows, k)));
+    ///     let (cb, sb, db) = (rows * k / 2, sf_bytes((1, rows, k)), Nvfp4Activations::decoded_len((1, rows, k)));
     ///     let (mut c, mut s, mut d) = (codes.slice_mut(..cb), scales.slice_mut(..sb), decoded.slice_mut(..db));
     ///     quantizer.quantize_decoded_parts_into(&x, (1, rows, k), g, &mut c, &mut s, &mut d)?;
     ///     let a = Nvfp4Tensor::new(c, s, (1, rows, k), g)?;

@@ -92,7 +92,7 @@ impl MoeProblem {
     }
     /// Bytes of B's scales: E batches of the tiled layout over (N, K/16).
     pub const fn sfb_bytes(&self) -> usize {
-        sf_bytes(self.n, self.k, self.experts)
+        sf_bytes((self.experts, self.n, self.k))
     }
     /// Elements of D: T * N.
     pub const fn d_elems(&self) -> usize {
@@ -527,7 +527,7 @@ mod tests {
 
     #[test]
     fn moe_scales_place_each_expert_at_a_multiple_of_128() {
-        let x = Nvfp4Matrix::random_contest(300, 128, 1, 3).unwrap();
+        let x = Nvfp4Matrix::random_contest((1, 300, 128), 3).unwrap();
         let offsets = expert_offsets(&[130, 0, 1, 169]).unwrap();
         let s = moe_scales(&x, &offsets).unwrap();
         let p = MoeProblem::new(300, 32, 128, 4);
@@ -597,8 +597,8 @@ mod tests {
 
     #[test]
     fn reference_is_the_per_expert_gemm() {
-        let x = Nvfp4Matrix::random_contest(40, 128, 1, 11).unwrap();
-        let w = Nvfp4Matrix::random_contest(64, 128, 3, 12).unwrap();
+        let x = Nvfp4Matrix::random_contest((1, 40, 128), 11).unwrap();
+        let w = Nvfp4Matrix::random_contest((3, 64, 128), 12).unwrap();
         let offsets = expert_offsets(&[17, 0, 23]).unwrap();
         let scales = [0.5f32, 3.0, 0.25];
         let d: Vec<f32> = reference_moe(&x, &w, &offsets, &scales, 0.75).unwrap();

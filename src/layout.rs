@@ -53,8 +53,8 @@ pub const fn prepack_chunks(k: usize) -> usize {
     (k / 2).div_ceil(PREPACK_CHUNK_BYTES)
 }
 
-/// Bytes of `batch` prepacked value buffers of `rows` x `k` (saturating, as the scale sizes).
-pub const fn prepacked_bytes(rows: usize, k: usize, batch: usize) -> usize {
+/// Bytes of the prepacked values of `(batch, rows, k)` (saturating, as the scale sizes).
+pub const fn prepacked_bytes((batch, rows, k): (usize, usize, usize)) -> usize {
     prepack_chunks(k).saturating_mul(rows).saturating_mul(PREPACK_CHUNK_BYTES).saturating_mul(batch)
 }
 
@@ -89,7 +89,7 @@ fn value_sizes(rows: usize, k: usize, batch: usize) -> Result<(usize, usize)> {
 /// Packed values `(batch, rows, K/2)` into the prepacked layout (zeros past K), on the host: the
 /// GPU's transform ([`crate::Nvfp4Tensor::prepack`]) writes the same bytes. Fails where K is
 /// odd or `src` does not hold `batch * rows * K / 2` bytes.
-pub fn prepack_values(src: &[u8], rows: usize, k: usize, batch: usize) -> Result<Vec<u8>> {
+pub fn prepack_values(src: &[u8], (batch, rows, k): (usize, usize, usize)) -> Result<Vec<u8>> {
     let (standard, total) = value_sizes(rows, k, batch)?;
     check_len("values", src.len(), standard, STANDARD_RULE)?;
     if total == 0 {
@@ -103,8 +103,8 @@ pub fn prepack_values(src: &[u8], rows: usize, k: usize, batch: usize) -> Result
 }
 
 /// The prepacked layout back to `(batch, rows, K/2)` (the bytes past K are dropped). Fails where
-/// K is odd or `src` does not hold [`prepacked_bytes`]`(rows, k, batch)` bytes.
-pub fn unpack_values(src: &[u8], rows: usize, k: usize, batch: usize) -> Result<Vec<u8>> {
+/// K is odd or `src` does not hold [`prepacked_bytes`]`((batch, rows, k))` bytes.
+pub fn unpack_values(src: &[u8], (batch, rows, k): (usize, usize, usize)) -> Result<Vec<u8>> {
     let (total, prepacked) = value_sizes(rows, k, batch)?;
     check_len("values", src.len(), prepacked, PREPACKED_RULE)?;
     if total == 0 {
@@ -150,13 +150,14 @@ pub const fn sf_batch_bytes(rows: usize, k: usize) -> usize {
     padded_rows(rows).saturating_mul(padded_sf_cols(sf_cols(k)))
 }
 
-/// Bytes of all `batch` scale buffers for `rows` x `k` (saturating).
-pub const fn sf_bytes(rows: usize, k: usize, batch: usize) -> usize {
+/// Bytes of the tiled scales of `(batch, rows, k)`: `batch` buffers of [`sf_batch_bytes`]
+/// (saturating).
+pub const fn sf_bytes((batch, rows, k): (usize, usize, usize)) -> usize {
     sf_batch_bytes(rows, k).saturating_mul(batch)
 }
 
 /// [`sf_bytes`], or `None` where it does not fit in `usize`.
-pub const fn checked_sf_bytes(rows: usize, k: usize, batch: usize) -> Option<usize> {
+pub const fn checked_sf_bytes((batch, rows, k): (usize, usize, usize)) -> Option<usize> {
     if batch == 0 {
         return Some(0); // no batch: no bytes, however large one would be
     }
@@ -215,7 +216,7 @@ fn move_scales(src: &[u8], out_len: usize, what: &'static str, rows: usize, sf_c
 
 /// Converts row-major scales `(batch, rows, sf_cols)` into the tiled layout, zero padding. Fails
 /// where `src` does not hold `batch * rows * sf_cols` bytes or the tiled size does not fit.
-pub fn to_tiled(src: &[u8], rows: usize, sf_cols: usize, batch: usize) -> Result<Vec<u8>> {
+pub fn to_tiled(src: &[u8], (batch, rows, sf_cols): (usize, usize, usize)) -> Result<Vec<u8>> {
     let (row_major, tiled) = scale_sizes(rows, sf_cols, batch)?;
     check_len("row-major scales", src.len(), row_major, "batch * rows * scale columns")?;
     move_scales(src, tiled, "tiled scales", rows, sf_cols, batch, |rm, t| (t, rm))
@@ -223,7 +224,7 @@ pub fn to_tiled(src: &[u8], rows: usize, sf_cols: usize, batch: usize) -> Result
 
 /// Converts tiled scales back to row-major `(batch, rows, sf_cols)`, dropping the padding. Fails
 /// where `tiled` does not hold `batch * padded_rows(rows) * padded_sf_cols(sf_cols)` bytes.
-pub fn from_tiled(tiled: &[u8], rows: usize, sf_cols: usize, batch: usize) -> Result<Vec<u8>> {
+pub fn from_tiled(tiled: &[u8], (batch, rows, sf_cols): (usize, usize, usize)) -> Result<Vec<u8>> {
     let (row_major, tiled_len) = scale_sizes(rows, sf_cols, batch)?;
     check_len("tiled scales", tiled.len(), tiled_len, "batch * rows rounded up to 128 * scale columns rounded up to 4")?;
     move_scales(tiled, row_major, "row-major scales", rows, sf_cols, batch, |rm, t| (rm, t))
@@ -283,9 +284,9 @@ mod tests {
     fn round_trip_odd_shapes() {
         for &(rows, cols, batch) in &[(1, 1, 1), (127, 3, 2), (129, 5, 1), (33, 4, 3), (256, 8, 1), (1000, 17, 2)] {
             let src: Vec<u8> = (0..rows * cols * batch).map(|i| (i * 7 + 3) as u8 | 1).collect();
-            let tiled = to_tiled(&src, rows, cols, batch).unwrap();
+            let tiled = to_tiled(&src, (batch, rows, cols)).unwrap();
             assert_eq!(tiled.len(), batch * padded_rows(rows) * padded_sf_cols(cols));
-            assert_eq!(from_tiled(&tiled, rows, cols, batch).unwrap(), src);
+            assert_eq!(from_tiled(&tiled, (batch, rows, cols)).unwrap(), src);
             // Exactly the padding is zero (every source byte is odd, so nonzero).
             let nonzero = tiled.iter().filter(|&&b| b != 0).count();
             assert_eq!(nonzero, src.len());
@@ -297,9 +298,9 @@ mod tests {
         // K of whole chunks, a partial last chunk, and less than one chunk.
         for &(rows, k, batch) in &[(3, 512, 2), (5, 7168, 1), (130, 288, 3), (7, 32, 2), (1, 2080, 1)] {
             let src: Vec<u8> = (0..batch * rows * k / 2).map(|i| (i * 13 + 5) as u8 | 1).collect();
-            let packed = prepack_values(&src, rows, k, batch).unwrap();
+            let packed = prepack_values(&src, (batch, rows, k)).unwrap();
             assert_eq!(packed.len(), batch * (k / 2).div_ceil(128) * rows * 128);
-            assert_eq!(unpack_values(&packed, rows, k, batch).unwrap(), src, "{rows} {k} {batch}");
+            assert_eq!(unpack_values(&packed, (batch, rows, k)).unwrap(), src, "{rows} {k} {batch}");
             // Exactly the bytes past K are zero (every source byte is odd).
             assert_eq!(packed.iter().filter(|&&b| b != 0).count(), src.len());
             // Byte j of chunk c of row r of batch l, as the launch ABI states it.
@@ -309,7 +310,7 @@ mod tests {
                 assert_eq!(packed[((l * chunks + c) * rows + r) * 128 + j], src[(l * rows + r) * (k / 2) + kb]);
             }
         }
-        assert_eq!(prepacked_bytes(usize::MAX, 256, 1), usize::MAX);
+        assert_eq!(prepacked_bytes((1, usize::MAX, 256)), usize::MAX);
     }
 
     /// A review probe: outside its precondition the offset overflowed, a panic in builds with
@@ -326,15 +327,15 @@ mod tests {
     /// exact product everywhere.
     #[test]
     fn checked_sizes_are_the_exact_ones() {
-        assert_eq!(checked_sf_bytes(usize::MAX, usize::MAX, 0), Some(0));
+        assert_eq!(checked_sf_bytes((0, usize::MAX, usize::MAX)), Some(0));
         let vals = [0usize, 1, 2, 15, 16, 17, 127, 128, 129, 1 << 20, 1 << 32, 1 << 40, usize::MAX / 512, usize::MAX / 3, usize::MAX - 1, usize::MAX];
         for &rows in &vals {
             for &k in &vals {
                 for &batch in &vals {
                     let exact = (rows.div_ceil(128) as u128 * 128).saturating_mul(sf_cols(k).div_ceil(4) as u128 * 4).saturating_mul(batch as u128);
                     let want = usize::try_from(exact).ok();
-                    assert_eq!(checked_sf_bytes(rows, k, batch), want, "{rows} {k} {batch}");
-                    assert_eq!(sf_bytes(rows, k, batch), want.unwrap_or(usize::MAX), "{rows} {k} {batch}");
+                    assert_eq!(checked_sf_bytes((batch, rows, k)), want, "{rows} {k} {batch}");
+                    assert_eq!(sf_bytes((batch, rows, k)), want.unwrap_or(usize::MAX), "{rows} {k} {batch}");
                 }
             }
         }
@@ -345,12 +346,12 @@ mod tests {
         assert_eq!(sf_batch_bytes(128, 256), 128 * 16);
         assert_eq!(sf_batch_bytes(1, 32), 128 * 4);
         assert_eq!(sf_batch_bytes(129, 80), 256 * 8);
-        assert_eq!(sf_bytes(129, 80, 3), 3 * 256 * 8);
-        assert_eq!(checked_sf_bytes(129, 80, 3), Some(3 * 256 * 8));
+        assert_eq!(sf_bytes((3, 129, 80)), 3 * 256 * 8);
+        assert_eq!(checked_sf_bytes((3, 129, 80)), Some(3 * 256 * 8));
         // Beyond usize: saturated, and None from the checked form (issue 25, finding 5).
         for (rows, k, batch) in [(1, (1 << 31) - 32, 1 << 30), (usize::MAX, 16, 1), (1, usize::MAX, 1), (1, 16, usize::MAX)] {
-            assert_eq!(checked_sf_bytes(rows, k, batch), None, "{rows} {k} {batch}");
-            assert_eq!(sf_bytes(rows, k, batch), usize::MAX, "{rows} {k} {batch}");
+            assert_eq!(checked_sf_bytes((batch, rows, k)), None, "{rows} {k} {batch}");
+            assert_eq!(sf_bytes((batch, rows, k)), usize::MAX, "{rows} {k} {batch}");
         }
         assert_eq!(padded_rows(usize::MAX), usize::MAX);
     }

@@ -97,8 +97,8 @@
 //! let stream = ctx.new_stream()?;
 //! let gemm = BlockScaledGemm::new(stream.clone())?;
 //! let (m, n, k) = (1, 7168, 16384);
-//! let x = Nvfp4Tensor::upload(&Nvfp4Matrix::random_realistic(m, k, 1, 1)?, &stream)?;
-//! let w = Nvfp4Tensor::upload(&Nvfp4Matrix::random_realistic(n, k, 1, 2)?, &stream)?;
+//! let x = Nvfp4Tensor::upload(&Nvfp4Matrix::random_realistic((1, m, k), 1)?, &stream)?;
+//! let w = Nvfp4Tensor::upload(&Nvfp4Matrix::random_realistic((1, n, k), 2)?, &stream)?;
 //! let mut y = stream.alloc_zeros::<half::bf16>(m * n)?;
 //! let p = Problem::new(m, n, k);
 //! gemm.reserve_workspace(gemm.workspace_size(&p, OutType::Bf16, None)?)?;

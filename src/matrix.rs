@@ -63,10 +63,11 @@ impl SplitMix64 {
 impl Nvfp4Matrix {
     /// Builds a matrix from its parts, checking every length and every scale byte.
     ///
-    /// `data` holds `batch * rows * k / 2` bytes, `scales` `batch * sf_batch_bytes(rows, k)`
-    /// bytes in the tiled layout. Scale bytes must be ue4m3 (sign bit clear); 0x7F (NaN) is
+    /// `shape` is `(batch, rows, k)`, as everywhere in this crate. `data` holds
+    /// `batch * rows * k / 2` bytes, `scales` `batch * sf_batch_bytes(rows, k)` bytes in the tiled
+    /// layout. Scale bytes must be ue4m3 (sign bit clear); 0x7F (NaN) is
     /// allowed for real scales but not in the padding, where it would poison valid outputs.
-    pub fn from_parts(rows: usize, k: usize, batch: usize, data: Vec<u8>, scales: Vec<u8>, global_scale: Option<f32>) -> Result<Self> {
+    pub fn from_parts((batch, rows, k): (usize, usize, usize), data: Vec<u8>, scales: Vec<u8>, global_scale: Option<f32>) -> Result<Self> {
         check_shape(rows, k, batch)?;
         check_lens(("data", data.len()), scales.len(), (batch, rows, k))?;
         let m = Nvfp4Matrix { rows, k, batch, data, scales, global_scale };
@@ -99,14 +100,14 @@ impl Nvfp4Matrix {
 
     /// Contest-style random data: random bytes for the values, scales the integers 0..=3 as
     /// e4m3 (zeros included), zero padding. Deterministic in `seed`.
-    pub fn random_contest(rows: usize, k: usize, batch: usize, seed: u64) -> Result<Self> {
+    pub fn random_contest((batch, rows, k): (usize, usize, usize), seed: u64) -> Result<Self> {
         const SCALES: [u8; 4] = [0x00, 0x38, 0x40, 0x44]; // 0, 1, 2, 3
         Self::random_with(rows, k, batch, seed, |rng| SCALES[rng.below(4) as usize])
     }
 
     /// Realistic random data: random bytes for the values, scales spread log-uniformly over
     /// the e4m3 values in 2^-4 ..= 2^4. Deterministic in `seed`.
-    pub fn random_realistic(rows: usize, k: usize, batch: usize, seed: u64) -> Result<Self> {
+    pub fn random_realistic((batch, rows, k): (usize, usize, usize), seed: u64) -> Result<Self> {
         let (lo, hi) = (e4m3_from_f32(0.0625), e4m3_from_f32(16.0)); // 0x18 ..= 0x58
         Self::random_with(rows, k, batch, seed, |rng| lo + rng.below((hi - lo + 1) as u64) as u8)
     }
@@ -115,7 +116,7 @@ impl Nvfp4Matrix {
     /// weights or activations arrives: no block is all zeros, the block scales sit near
     /// max|x| / 6. The benchmarks run on this data: the GPU's clock under load depends on the
     /// operands' bits (bench/DESIGN.md, "Data and power"). Deterministic in `seed`.
-    pub fn random_gaussian(rows: usize, k: usize, batch: usize, seed: u64) -> Result<Self> {
+    pub fn random_gaussian((batch, rows, k): (usize, usize, usize), seed: u64) -> Result<Self> {
         check_shape(rows, k, batch)?;
         let mut rng = SplitMix64::new(seed);
         let mut x = try_vec::<f32>("generated values", batch * rows * k)?;
@@ -134,7 +135,7 @@ impl Nvfp4Matrix {
         }
         let mut row_major = try_vec::<u8>("generated scales", batch * rows * sf_cols(k))?;
         row_major.extend((0..batch * rows * sf_cols(k)).map(|_| scale(&mut rng)));
-        let scales = crate::layout::to_tiled(&row_major, rows, sf_cols(k), batch)?;
+        let scales = crate::layout::to_tiled(&row_major, (batch, rows, sf_cols(k)))?;
         Ok(Nvfp4Matrix { rows, k, batch, data, scales, global_scale: None })
     }
 
@@ -214,7 +215,7 @@ impl Nvfp4Matrix {
                 *c = if s > 0.0 { e2m1_from_f32(x / s) } else { 0 };
             }
         }
-        let scales = crate::layout::to_tiled(&sf_row_major, rows, kb, batch)?;
+        let scales = crate::layout::to_tiled(&sf_row_major, (batch, rows, kb))?;
         Ok(Nvfp4Matrix { rows, k, batch, data: crate::formats::pack_e2m1_slice(&codes)?, scales, global_scale: Some(g) })
     }
 
@@ -237,7 +238,7 @@ impl Nvfp4Matrix {
                 sf.extend((0..kb).map(|s| self.scale(l, r, s)));
             }
         }
-        let scales = crate::layout::to_tiled(&sf, rows.len(), kb, self.batch)?;
+        let scales = crate::layout::to_tiled(&sf, (self.batch, rows.len(), kb))?;
         Ok(Nvfp4Matrix { rows: rows.len(), k: self.k, batch: self.batch, data, scales, global_scale: self.global_scale })
     }
 
@@ -355,7 +356,7 @@ impl Nvfp4Matrix {
     /// Scales as a row-major (batch, rows, k/16) matrix; fails only where the host cannot
     /// allocate it.
     pub fn scales_row_major(&self) -> Result<Vec<u8>> {
-        crate::layout::from_tiled(&self.scales, self.rows, sf_cols(self.k), self.batch)
+        crate::layout::from_tiled(&self.scales, (self.batch, self.rows, sf_cols(self.k)))
     }
     /// Padded rows of the scale layout.
     pub fn padded_rows(&self) -> usize {
@@ -503,31 +504,31 @@ mod tests {
 
     #[test]
     fn from_parts_checks_everything() {
-        let ok = Nvfp4Matrix::from_parts(3, 32, 1, vec![0; 48], vec![0; 512], None);
+        let ok = Nvfp4Matrix::from_parts((1, 3, 32), vec![0; 48], vec![0; 512], None);
         assert!(ok.is_ok());
-        let e = Nvfp4Matrix::from_parts(3, 32, 1, vec![0; 47], vec![0; 512], None).unwrap_err();
+        let e = Nvfp4Matrix::from_parts((1, 3, 32), vec![0; 47], vec![0; 512], None).unwrap_err();
         assert!(e.to_string().contains("data: holds 47"), "{e}");
-        let e = Nvfp4Matrix::from_parts(3, 32, 1, vec![0; 48], vec![0; 500], None).unwrap_err();
+        let e = Nvfp4Matrix::from_parts((1, 3, 32), vec![0; 48], vec![0; 500], None).unwrap_err();
         assert!(e.to_string().contains("scales: holds 500"), "{e}");
-        let e = Nvfp4Matrix::from_parts(3, 24, 1, vec![0; 36], vec![0; 512], None).unwrap_err();
+        let e = Nvfp4Matrix::from_parts((1, 3, 24), vec![0; 36], vec![0; 512], None).unwrap_err();
         assert!(e.to_string().contains("multiple of 16"), "{e}");
         let mut s = vec![0u8; 512];
         s[0] = 0x80;
-        let e = Nvfp4Matrix::from_parts(3, 32, 1, vec![0; 48], s, None).unwrap_err();
+        let e = Nvfp4Matrix::from_parts((1, 3, 32), vec![0; 48], s, None).unwrap_err();
         assert!(e.to_string().contains("sign bit"), "{e}");
         let mut s = vec![0u8; 512];
         s[0] = 0x7F; // row 0, column 0: a real scale, NaN allowed
-        assert!(Nvfp4Matrix::from_parts(3, 32, 1, vec![0; 48], s.clone(), None).is_ok());
+        assert!(Nvfp4Matrix::from_parts((1, 3, 32), vec![0; 48], s.clone(), None).is_ok());
         s[3] = 0x7F; // column 3 is padding (K/16 = 2)
-        let e = Nvfp4Matrix::from_parts(3, 32, 1, vec![0; 48], s, None).unwrap_err();
+        let e = Nvfp4Matrix::from_parts((1, 3, 32), vec![0; 48], s, None).unwrap_err();
         assert!(e.to_string().contains("padding"), "{e}");
-        let e = Nvfp4Matrix::from_parts(3, 32, 1, vec![0; 48], vec![0; 512], Some(f32::INFINITY)).unwrap_err();
+        let e = Nvfp4Matrix::from_parts((1, 3, 32), vec![0; 48], vec![0; 512], Some(f32::INFINITY)).unwrap_err();
         assert!(e.to_string().contains("global scale"), "{e}");
     }
 
     #[test]
     fn select_rows_keeps_values_and_scales() {
-        let m = Nvfp4Matrix::random_realistic(300, 64, 2, 4).unwrap();
+        let m = Nvfp4Matrix::random_realistic((2, 300, 64), 4).unwrap();
         let s = m.select_rows(&[299, 0, 130]).unwrap();
         for l in 0..2 {
             for (i, &r) in [299, 0, 130].iter().enumerate() {
@@ -540,7 +541,7 @@ mod tests {
 
     #[test]
     fn contest_generator_style() {
-        let m = Nvfp4Matrix::random_contest(130, 64, 2, 7).unwrap();
+        let m = Nvfp4Matrix::random_contest((2, 130, 64), 7).unwrap();
         let sf = m.scales_row_major().unwrap();
         assert!(sf.iter().all(|b| [0x00, 0x38, 0x40, 0x44].contains(b)));
         for want in [0x00, 0x38, 0x40, 0x44] {
@@ -549,15 +550,15 @@ mod tests {
         // Padding is zero: rows 130..256 and nothing else.
         let nonzero_pad = (0..2).any(|l| (130..256).any(|r| (0..4).any(|s| m.scales[l * 256 * 4 + sf_offset(r, s, 4)] != 0)));
         assert!(!nonzero_pad);
-        assert_eq!(m, Nvfp4Matrix::random_contest(130, 64, 2, 7).unwrap(), "deterministic in the seed");
-        assert_ne!(m, Nvfp4Matrix::random_contest(130, 64, 2, 8).unwrap());
-        let r = Nvfp4Matrix::random_realistic(64, 64, 1, 1).unwrap();
+        assert_eq!(m, Nvfp4Matrix::random_contest((2, 130, 64), 7).unwrap(), "deterministic in the seed");
+        assert_ne!(m, Nvfp4Matrix::random_contest((2, 130, 64), 8).unwrap());
+        let r = Nvfp4Matrix::random_realistic((1, 64, 64), 1).unwrap();
         assert!(r.scales_row_major().unwrap().iter().all(|&b| (0.0625..=16.0).contains(&ue4m3_to_f32(b))));
     }
 
     #[test]
     fn gaussian_generator_style() {
-        let m = Nvfp4Matrix::random_gaussian(130, 64, 2, 7).unwrap();
+        let m = Nvfp4Matrix::random_gaussian((2, 130, 64), 7).unwrap();
         let mut rng = SplitMix64::new(7);
         let x: Vec<f32> = (0..2 * 130 * 64).map(|_| rng.normal() as f32).collect();
         assert_eq!(m, Nvfp4Matrix::quantize(&x, (2, 130, 64), Some(1.0)).unwrap(), "N(0, 1) of the seed, quantized at g = 1");
@@ -567,7 +568,7 @@ mod tests {
         let d = m.dequantize().unwrap();
         let mean_sq = d.iter().map(|v| f64::from(*v).powi(2)).sum::<f64>() / d.len() as f64;
         assert!((0.8..1.2).contains(&mean_sq), "{mean_sq}");
-        assert_ne!(m, Nvfp4Matrix::random_gaussian(130, 64, 2, 8).unwrap());
+        assert_ne!(m, Nvfp4Matrix::random_gaussian((2, 130, 64), 8).unwrap());
     }
 
     #[test]
@@ -660,13 +661,13 @@ mod tests {
         assert!(e.to_string().contains("rows = 4294967296, K = 4294967296, batch = 1"), "{e}");
         let e = Nvfp4Matrix::quantize::<f32>(&[], (usize::MAX, usize::MAX, 1 << 32), None).unwrap_err();
         assert!(matches!(e, Error::SizeLimit { what: "elements", .. }), "{e}");
-        let e = Nvfp4Matrix::random_contest(1, 1 << 40, 1 << 24, 1).unwrap_err();
+        let e = Nvfp4Matrix::random_contest((1 << 24, 1, 1 << 40), 1).unwrap_err();
         assert!(matches!(e, Error::SizeLimit { what: "elements", .. }), "{e}");
         // Elements fit, the padded scales do not: 128 padded rows per row.
-        let e = Nvfp4Matrix::from_parts(1, 16, 1 << 56, vec![], vec![], None).unwrap_err();
+        let e = Nvfp4Matrix::from_parts((1 << 56, 1, 16), vec![], vec![], None).unwrap_err();
         assert!(matches!(e, Error::SizeLimit { what: "tiled scale bytes", .. }), "{e}");
         // Counts that fit but memory that is not there: a typed error, not an abort.
-        let e = Nvfp4Matrix::random_contest(1 << 20, 1 << 40, 1, 1).unwrap_err();
+        let e = Nvfp4Matrix::random_contest((1, 1 << 20, 1 << 40), 1).unwrap_err();
         assert!(matches!(e, Error::HostMemory { bytes, .. } if bytes == 1 << 59), "{e}");
     }
 

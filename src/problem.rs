@@ -171,11 +171,11 @@ impl Problem {
     }
     /// Bytes of SFA in the tiled layout.
     pub const fn sfa_bytes(&self) -> usize {
-        layout::sf_bytes(self.m, self.k, self.l)
+        layout::sf_bytes((self.l, self.m, self.k))
     }
     /// Bytes of SFB in the tiled layout.
     pub const fn sfb_bytes(&self) -> usize {
-        layout::sf_bytes(self.n, self.k, self.l)
+        layout::sf_bytes((self.l, self.n, self.k))
     }
     /// Elements of C and D: `L * M * N`.
     pub const fn cd_elems(&self) -> usize {
@@ -183,7 +183,7 @@ impl Problem {
     }
     /// Bytes of the generated scale factors of an FP4 output (tiled over (M, N/16)).
     pub const fn sfd_bytes(&self) -> usize {
-        layout::sf_bytes(self.m, self.n, self.l)
+        layout::sf_bytes((self.l, self.m, self.n))
     }
     /// 2 * M * N * K * L.
     pub fn flops(&self) -> f64 {

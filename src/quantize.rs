@@ -54,7 +54,7 @@ impl QuantInput for half::bf16 {
 /// let stream = CudaContext::new(0)?.new_stream()?;
 /// let (m, n, k) = (16, 4096, 7168);
 /// let x = stream.clone_htod(&vec![half::bf16::from_f32(0.5); m * k])?; // activations on the GPU
-/// let w = Nvfp4Tensor::upload(&Nvfp4Matrix::random_realistic(n, k, 1, 1)?, &stream)?;
+/// let w = Nvfp4Tensor::upload(&Nvfp4Matrix::random_realistic((1, n, k), 1)?, &stream)?;
 /// let xq = Quantizer::new(stream.clone()).quantize(&x, (1, m, k), Some(0.5 / 2688.0))?;
 /// let mut y = stream.alloc_zeros::<half::bf16>(m * n)?;
 /// BlockScaledGemm::new(stream.clone())?.gemm(&Problem::new(m, n, k), &xq, &w, &mut y, None)?;
@@ -125,10 +125,10 @@ impl Quantizer {
     /// let gate_up = stream.clone_htod(&vec![half::bf16::from_f32(0.5); m * 2 * inter])?;
     /// let g = 4.0 / 2688.0; // the down projection's input scale
     /// let mut codes = stream.alloc_zeros::<u8>(m * inter / 2)?;
-    /// let mut scales = stream.alloc_zeros::<u8>(blockscaled_gemm::layout::sf_bytes(m, inter, 1))?;
+    /// let mut scales = stream.alloc_zeros::<u8>(blockscaled_gemm::layout::sf_bytes((1, m, inter)))?;
     /// Quantizer::new(stream.clone()).quantize_swiglu_into(&gate_up, (1, m, inter), g, &mut codes, &mut scales)?;
     /// let h = Nvfp4Tensor::new(codes.as_view(), scales.as_view(), (1, m, inter), g)?;
-    /// let down = Nvfp4Tensor::upload(&Nvfp4Matrix::random_realistic(hidden, inter, 1, 1)?, &stream)?;
+    /// let down = Nvfp4Tensor::upload(&Nvfp4Matrix::random_realistic((1, hidden, inter), 1)?, &stream)?;
     /// let mut y = stream.alloc_zeros::<half::bf16>(m * hidden)?;
     /// BlockScaledGemm::new(stream.clone())?.gemm(&Problem::new(m, hidden, inter), &h, &down, &mut y, None)?;
     /// # Ok(()) }

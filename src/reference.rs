@@ -419,7 +419,7 @@ mod tests {
             assert_eq!(e2m1_to_f32(*c), *v, "test value must be exact e2m1");
         }
         let sf: Vec<u8> = scales.iter().map(|&s| e4m3_from_f32(s)).collect();
-        (crate::formats::pack_e2m1_slice(&codes).unwrap(), to_tiled(&sf, rows, k / 16, 1).unwrap())
+        (crate::formats::pack_e2m1_slice(&codes).unwrap(), to_tiled(&sf, (1, rows, k / 16)).unwrap())
     }
 
     #[test]

@@ -83,7 +83,7 @@ impl<V, S> Nvfp4Tensor<V, S> {
         check_shape(rows, k, batch)?;
         check_global_scale(global_scale)?;
         if layout == WeightLayout::Prepacked {
-            check_len("values", values.len(), prepacked_bytes(rows, k, batch), "batch * ceil(K/256) * rows * 128 prepacked bytes")?;
+            check_len("values", values.len(), prepacked_bytes((batch, rows, k)), "batch * ceil(K/256) * rows * 128 prepacked bytes")?;
         }
         let standard_len = if layout == WeightLayout::Standard { values.len() } else { batch * rows * k / 2 };
         check_lens(("values", standard_len), scales.len(), shape)?;
@@ -128,7 +128,7 @@ impl<V, S> Nvfp4Tensor<V, S> {
     /// use cudarc::driver::CudaContext;
     /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// let stream = CudaContext::new(0)?.new_stream()?;
-    /// let w = Nvfp4Tensor::upload(&Nvfp4Matrix::random_contest(4096, 7168, 1, 7)?, &stream)?;
+    /// let w = Nvfp4Tensor::upload(&Nvfp4Matrix::random_contest((1, 4096, 7168), 7)?, &stream)?;
     /// let packed = w.prepack(&stream)?;
     /// drop(w);
     /// assert_eq!(packed.layout(), WeightLayout::Prepacked);
@@ -168,7 +168,7 @@ impl<V, S> Nvfp4Tensor<V, S> {
             }
         }
         let out_len = match to {
-            WeightLayout::Prepacked => prepacked_bytes(rows, k, batch),
+            WeightLayout::Prepacked => prepacked_bytes((batch, rows, k)),
             WeightLayout::Standard => batch * rows * k / 2,
         };
         crate::gemm::check_devices(stream.context().ordinal(), [("values", self.values.stream()), ("scales", self.scales.stream())])?;
@@ -299,7 +299,7 @@ impl Nvfp4Tensor {
 /// let stream = CudaContext::new(0)?.new_stream()?;
 /// let (m, n, k) = (64, 4096, 7168);
 /// let x = stream.clone_htod(&vec![half::bf16::from_f32(0.5); m * k])?; // activations on the GPU
-/// let w = Nvfp4Tensor::upload(&Nvfp4Matrix::random_realistic(n, k, 1, 1)?, &stream)?;
+/// let w = Nvfp4Tensor::upload(&Nvfp4Matrix::random_realistic((1, n, k), 1)?, &stream)?;
 /// let mut xq = Nvfp4Activations::new(&stream, (1, m, k))?; // allocated once, reused every step
 /// let mut y = stream.alloc_zeros::<half::bf16>(m * n)?;
 /// let (quantizer, gemm) = (Quantizer::new(stream.clone()), BlockScaledGemm::new(stream.clone())?);

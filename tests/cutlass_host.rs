@@ -32,7 +32,7 @@ fn cutlass_scale_layout_equals_rust_layout() {
             let p = Problem::new(m, n, k).batch(l);
             for (operand_b, rows) in [(false, m), (true, n)] {
                 let (offs, cosize) = sf_offsets(c, &p, operand_b).unwrap();
-                assert_eq!(cosize as usize, sf_bytes(rows, k, l), "{c} {m}x{n}x{k}x{l} B={operand_b}: cosize");
+                assert_eq!(cosize as usize, sf_bytes((l, rows, k)), "{c} {m}x{n}x{k}x{l} B={operand_b}: cosize");
                 let mut i = 0;
                 for li in 0..l {
                     for s in 0..k / 16 {
@@ -443,7 +443,7 @@ fn sm100_grouped_arguments_follow_the_moe_layout() {
             let what = format!("{c} {out} expert {e}");
             assert_eq!(g.shape, [m, n, k], "{what}");
             assert_eq!((g.a, g.b, g.d), ((r0 * k / 2) as u64, (e * n * k / 2) as u64, (r0 * n * out.bits() / 8) as u64), "{what}: A, B, D");
-            assert_eq!((g.sfa, g.sfb), ((starts[e] * sp) as u64, (e * sf_bytes(n, k, 1)) as u64), "{what}: SFA, SFB");
+            assert_eq!((g.sfa, g.sfb), ((starts[e] * sp) as u64, (e * sf_bytes((1, n, k))) as u64), "{what}: SFA, SFB");
             assert_eq!(g.alpha.to_bits(), (0.75f32 * scales[e]).to_bits(), "{what}: alpha");
             assert_eq!(g.ld, [k, k, n], "{what}: leading dimensions");
             assert_eq!((g.sfa_offsets.len(), g.sfb_offsets.len()), (m * k / 16, n * k / 16), "{what}");
@@ -465,7 +465,7 @@ fn sm100_grouped_arguments_follow_the_moe_layout() {
                     assert_eq!(g.sfa_offsets[s * m + r], sf_offset(starts[e] + r, s, sp) as u64, "{what}: SFA row {r} col {s}");
                 }
                 for r in 0..n {
-                    assert_eq!(g.sfb_offsets[s * n + r], (e * sf_bytes(n, k, 1) + sf_offset(r, s, sp)) as u64, "{what}: SFB row {r} col {s}");
+                    assert_eq!(g.sfb_offsets[s * n + r], (e * sf_bytes((1, n, k)) + sf_offset(r, s, sp)) as u64, "{what}: SFB row {r} col {s}");
                 }
             }
         }
@@ -625,7 +625,7 @@ fn cutlass_sfd_layout_spans_the_rust_buffer() {
 fn operand(rows: usize, k: usize, l: usize, rng: &mut SplitMix64, scales: &[u8]) -> Nvfp4Matrix {
     let data = rng.bytes(l * rows * k / 2).unwrap();
     let sf: Vec<u8> = (0..l * rows * k / 16).map(|_| scales[rng.below(scales.len() as u64) as usize]).collect();
-    Nvfp4Matrix::from_parts(rows, k, l, data, to_tiled(&sf, rows, k / 16, l).unwrap(), None).unwrap()
+    Nvfp4Matrix::from_parts((l, rows, k), data, to_tiled(&sf, (l, rows, k / 16)).unwrap(), None).unwrap()
 }
 
 /// The scale factor of output row `row` (stacked over the l batches of m rows) and 16-column group

@@ -105,7 +105,7 @@ fn upload_b(g: &BlockScaledGemm, m: &Nvfp4Matrix) -> (CudaSlice<u8>, CudaSlice<u
         return upload(g, m);
     }
     let s = g.stream();
-    (s.clone_htod(&layout::prepack_values(m.data(), m.rows(), m.k(), m.batch()).unwrap()).unwrap(), s.clone_htod(m.scales()).unwrap())
+    (s.clone_htod(&layout::prepack_values(m.data(), (m.batch(), m.rows(), m.k())).unwrap()).unwrap(), s.clone_htod(m.scales()).unwrap())
 }
 
 /// A weight tensor on the device (global scale as the matrix's), in the layout of `with_b_layout`.
@@ -115,7 +115,7 @@ fn upload_weights(m: &Nvfp4Matrix, s: &Arc<CudaStream>) -> Nvfp4Tensor {
         return t;
     }
     let (_, scales) = t.into_parts();
-    let values = s.clone_htod(&layout::prepack_values(m.data(), m.rows(), m.k(), m.batch()).unwrap()).unwrap();
+    let values = s.clone_htod(&layout::prepack_values(m.data(), (m.batch(), m.rows(), m.k())).unwrap()).unwrap();
     Nvfp4Tensor::new_prepacked(values, scales, (m.batch(), m.rows(), m.k()), m.global_scale().unwrap_or(1.0)).unwrap()
 }
 
@@ -159,8 +159,8 @@ fn run_poisoned<T: OutputElement + cudarc::driver::DeviceRepr>(g: &BlockScaledGe
 /// Runs one problem on the device with a NaN-poisoned D and judges every element against the
 /// exact reference by the verdict (contest data sums exactly in FP32: every element is exact).
 fn check<T: OutputElement + cudarc::driver::DeviceRepr>(g: &BlockScaledGemm, m: usize, n: usize, k: usize, l: usize, alpha: f32, beta: f32, config: Option<Config>, seed: u64) {
-    let a = Nvfp4Matrix::random_contest(m, k, l, seed).unwrap();
-    let b = Nvfp4Matrix::random_contest(n, k, l, seed + 1).unwrap();
+    let a = Nvfp4Matrix::random_contest((l, m, k), seed).unwrap();
+    let b = Nvfp4Matrix::random_contest((l, n, k), seed + 1).unwrap();
     let c: Vec<T> = (0..l * m * n).map(|i| T::from_f64(((i * 7919) % 17) as f64 - 8.0)).collect();
     let (ran, got) = run_poisoned(g, &a, &b, alpha, beta, &c, config);
     let v = verify_matrices(&a, &b, alpha, beta, (beta != 0.0).then_some(&c[..]), &got).unwrap();
@@ -219,7 +219,7 @@ fn run_sm90<T: OutputElement + cudarc::driver::DeviceRepr>(g: &BlockScaledGemm, 
 }
 
 fn contest(m: usize, n: usize, k: usize, l: usize, salt: u64) -> (Nvfp4Matrix, Nvfp4Matrix) {
-    (Nvfp4Matrix::random_contest(m, k, l, seed() ^ salt).unwrap(), Nvfp4Matrix::random_contest(n, k, l, seed() ^ salt ^ 0xB).unwrap())
+    (Nvfp4Matrix::random_contest((l, m, k), seed() ^ salt).unwrap(), Nvfp4Matrix::random_contest((l, n, k), seed() ^ salt ^ 0xB).unwrap())
 }
 
 fn sm90_every_config_and_output() -> Outcome {
@@ -230,7 +230,7 @@ fn sm90_every_config_and_output() -> Outcome {
         run_sm90::<f16>(&g, &a, &b, 1.0, 0.0, c, true);
         run_sm90::<bf16>(&g, &a, &b, 0.5, 2.0, c, true);
         run_sm90::<f32>(&g, &a, &b, 0.75, -1.5, c, false);
-        let (a, b) = (Nvfp4Matrix::random_realistic(130, 512, 1, seed() ^ 20).unwrap(), Nvfp4Matrix::random_realistic(264, 512, 1, seed() ^ 21).unwrap());
+        let (a, b) = (Nvfp4Matrix::random_realistic((1, 130, 512), seed() ^ 20).unwrap(), Nvfp4Matrix::random_realistic((1, 264, 512), seed() ^ 21).unwrap());
         run_sm90::<f32>(&g, &a, &b, 1.0, 0.0, c, false);
         // 1 to 7 k-tiles of 64: fewer than the k-tiles decoded ahead, a raw stage (128 K) cut
         // short, ranges that end inside a raw stage.
@@ -250,7 +250,7 @@ fn sm90_split_k_values_and_determinism() -> Outcome {
     // the workspace). At 32 every config's FP4 output too: the swapped tiles' global sum feeds
     // the FP4 epilogue wherever the rule keeps a split its clusters would not fit.
     let (ae, be) = contest(130, 264, 2048, 2, 33);
-    let (ar, br) = (Nvfp4Matrix::random_realistic(128, 2048, 1, seed() ^ 31).unwrap(), Nvfp4Matrix::random_realistic(512, 2048, 1, seed() ^ 32).unwrap());
+    let (ar, br) = (Nvfp4Matrix::random_realistic((1, 128, 2048), seed() ^ 31).unwrap(), Nvfp4Matrix::random_realistic((1, 512, 2048), seed() ^ 32).unwrap());
     let (af, bf) = contest(130, 160, 2048, 2, 34);
     for split in [1u32, 2, 3, 4, 7, 32] {
         let g = BlockScaledGemm::new(base.stream().clone()).unwrap().with_split_k(Some(split));
@@ -388,7 +388,7 @@ fn sm90_extreme_scales() -> Outcome {
         let mut rng = blockscaled_gemm::SplitMix64::new(seed() ^ salt);
         let data: Vec<u8> = (0..rows * k / 2).map(|_| if rng.below(4) == 0 { 0x77 } else { rng.next_u64() as u8 }).collect();
         let sf: Vec<u8> = (0..rows * k / 16).map(|_| [0x00, 0x7E, 0x01, 0x38][rng.below(4) as usize]).collect();
-        Nvfp4Matrix::from_parts(rows, k, 1, data, blockscaled_gemm::layout::to_tiled(&sf, rows, k / 16, 1).unwrap(), None).unwrap()
+        Nvfp4Matrix::from_parts((1, rows, k), data, blockscaled_gemm::layout::to_tiled(&sf, (1, rows, k / 16)).unwrap(), None).unwrap()
     };
     let (a, b) = (mk(m, 40), mk(n, 41));
     for c in Config::ALL.iter().copied().filter(|c| c.info().arch == 90) {
@@ -527,7 +527,7 @@ fn wrong_architecture_is_refused_and_nothing_is_written() -> Outcome {
     let g = device()?;
     let cc = g.device().compute_capability;
     let (m, n, k) = (128, 128, 256);
-    let a = Nvfp4Matrix::random_contest(m, k, 1, 3).unwrap();
+    let a = Nvfp4Matrix::random_contest((1, m, k), 3).unwrap();
     let (av, asf) = upload(&g, &a);
     let s = g.stream().clone();
     let poison = vec![f16::from_f32(-7.0); m * n];
@@ -644,10 +644,10 @@ fn fp4_output_realistic_data_within_one_step() -> Outcome {
     let g = fp4_device()?;
     let cc = g.device().compute_capability;
     let (m, n, k) = (256, 512, 2048);
-    let a = Nvfp4Matrix::random_realistic(m, k, 1, seed() ^ 80).unwrap();
-    let b = Nvfp4Matrix::random_realistic(n, k, 1, seed() ^ 81).unwrap();
+    let a = Nvfp4Matrix::random_realistic((1, m, k), seed() ^ 80).unwrap();
+    let b = Nvfp4Matrix::random_realistic((1, n, k), seed() ^ 81).unwrap();
     let acc = reference::accumulators(&Problem::new(m, n, k), a.data(), a.scales(), b.data(), b.scales(), Accumulation::Exact).unwrap();
-    let row_major = |t: &[u8]| blockscaled_gemm::layout::from_tiled(t, m, n / 16, 1).unwrap();
+    let row_major = |t: &[u8]| blockscaled_gemm::layout::from_tiled(t, (1, m, n / 16)).unwrap();
     for config in Config::ALL.iter().copied().filter(|c| c.compute_capability() == cc && c.is_built(OutType::Nvfp4)) {
         for out in [OutType::Nvfp4, OutType::Nvfp4Ue8m0] {
             let format = out.sfd().unwrap();
@@ -696,11 +696,11 @@ fn fp4_output_chains_into_the_next_gemm() -> Outcome {
     let p1 = Problem::new(m, n, k).norm_constant(st);
     let (av, asf) = upload(&g, &a);
     let (bv, bsf) = upload(&g, &b);
-    let b2 = Nvfp4Matrix::random_realistic(n2, n, 1, seed() ^ 91).unwrap();
+    let b2 = Nvfp4Matrix::random_realistic((1, n2, n), seed() ^ 91).unwrap();
     let (b2v, b2s) = upload(&g, &b2);
     let p2 = Problem::new(m, n2, n).scalars(1.0 / st, 0.0);
     let (want_d1, want_sfd1) = reference::gemm_fp4(&p1, a.data(), a.scales(), b.data(), b.scales(), None, blockscaled_gemm::SfdFormat::Ue4m3, Accumulation::Exact).unwrap();
-    let m1 = Nvfp4Matrix::from_parts(m, n, 1, want_d1.clone(), want_sfd1.clone(), None).unwrap();
+    let m1 = Nvfp4Matrix::from_parts((1, m, n), want_d1.clone(), want_sfd1.clone(), None).unwrap();
     // The configs the rule picks, then (SM90) the swapped tiles forced for both calls: there GEMM
     // 1 lets the next launch be scheduled after its main loop, and GEMM 2's pre-pass, launched
     // programmatically, must still read all of D1 (the pre-pass waits for GEMM 1's completion).
@@ -792,7 +792,7 @@ fn general_data_passes_the_verdict() -> Outcome {
         let mut rng = blockscaled_gemm::SplitMix64::new(seed() ^ salt);
         let data = rng.bytes(l * rows * k / 2).unwrap();
         let sf: Vec<u8> = (0..l * rows * k / 16).map(|_| 0x10 + rng.below(0x49) as u8).collect();
-        Nvfp4Matrix::from_parts(rows, k, l, data, blockscaled_gemm::layout::to_tiled(&sf, rows, k / 16, l).unwrap(), None).unwrap()
+        Nvfp4Matrix::from_parts((l, rows, k), data, blockscaled_gemm::layout::to_tiled(&sf, (l, rows, k / 16)).unwrap(), None).unwrap()
     };
     fn auto<T: OutputElement + cudarc::driver::DeviceRepr>(g: &BlockScaledGemm, a: &Nvfp4Matrix, b: &Nvfp4Matrix, alpha: f32, beta: f32) {
         let (m, n, k, l) = (a.rows(), b.rows(), a.k(), a.batch());
@@ -1161,7 +1161,7 @@ fn graph_capture_replays_with_new_data() -> Outcome {
                 _ => {
                     let acc = reference::accumulators(p, a.data(), a.scales(), b.data(), b.scales(), Accumulation::Exact).unwrap();
                     let (wd, wsf) = blockscaled_gemm::fp4_out::epilogue(p, &acc, None, c.out.sfd().unwrap()).unwrap();
-                    let tiled = |x: &[u8]| blockscaled_gemm::layout::from_tiled(x, c.m, c.n / 16, 1).unwrap();
+                    let tiled = |x: &[u8]| blockscaled_gemm::layout::from_tiled(x, (1, c.m, c.n / 16)).unwrap();
                     got == wd && tiled(&stream.clone_dtoh(sfd).unwrap()) == tiled(&wsf)
                 }
             };
@@ -1189,8 +1189,8 @@ fn moe_on_device<T: OutputElement + cudarc::driver::DeviceRepr>(g: &BlockScaledG
 /// Contest data routed by `counts`: bit for bit against the per-expert reference.
 fn check_moe<T: OutputElement + cudarc::driver::DeviceRepr>(g: &BlockScaledGemm, counts: &[usize], n: usize, k: usize, config: Option<Config>, salt: u64) -> Config {
     let t: usize = counts.iter().sum();
-    let x = Nvfp4Matrix::random_contest(t, k, 1, seed() ^ salt).unwrap();
-    let w = Nvfp4Matrix::random_contest(n, k, counts.len(), seed() ^ salt ^ 0xE).unwrap();
+    let x = Nvfp4Matrix::random_contest((1, t, k), seed() ^ salt).unwrap();
+    let w = Nvfp4Matrix::random_contest((counts.len(), n, k), seed() ^ salt ^ 0xE).unwrap();
     let offsets = expert_offsets(counts).unwrap();
     let es: Vec<f32> = (0..counts.len()).map(|e| [1.0, 0.5, 2.0, 0.25][e % 4]).collect();
     let (ran, got) = moe_on_device::<T>(g, &x, &w, &moe_scales(&x, &offsets).unwrap(), &offsets, &es, 0.5, config).unwrap();
@@ -1214,8 +1214,8 @@ fn grouped_moe_every_config_and_output() -> Outcome {
     }
     check_moe::<bf16>(&g, &counts, 256, 512, None, 4);
     // A config without a grouped kernel is refused before anything runs.
-    let x = Nvfp4Matrix::random_contest(8, 256, 1, 5).unwrap();
-    let w = Nvfp4Matrix::random_contest(128, 256, 2, 6).unwrap();
+    let x = Nvfp4Matrix::random_contest((1, 8, 256), 5).unwrap();
+    let w = Nvfp4Matrix::random_contest((2, 128, 256), 6).unwrap();
     let offsets = expert_offsets(&[3, 5]).unwrap();
     let e = moe_on_device::<f16>(&g, &x, &w, &moe_scales(&x, &offsets).unwrap(), &offsets, &[1.0, 1.0], 1.0, Some(Config::Sm90_128x128x64)).unwrap_err();
     assert!(matches!(e, Error::NotBuilt { .. }), "{e}");
@@ -1257,8 +1257,8 @@ fn grouped_moe_same_bits_as_gemm_per_expert() -> Outcome {
     let counts = [33, 0, 7, 64, 100];
     let (n, k) = (384, 1024);
     let t: usize = counts.iter().sum();
-    let x = Nvfp4Matrix::random_realistic(t, k, 1, seed() ^ 20).unwrap();
-    let w = Nvfp4Matrix::random_realistic(n, k, counts.len(), seed() ^ 21).unwrap();
+    let x = Nvfp4Matrix::random_realistic((1, t, k), seed() ^ 20).unwrap();
+    let w = Nvfp4Matrix::random_realistic((counts.len(), n, k), seed() ^ 21).unwrap();
     let offsets = expert_offsets(&counts).unwrap();
     let es = [0.75f32, 1.0, 3.0e-3, 1.5, 0.1];
     let sfa = moe_scales(&x, &offsets).unwrap();
@@ -1296,11 +1296,11 @@ fn grouped_moe_fp4_output_is_gemm_fp4_per_expert() -> Outcome {
     let counts = [33usize, 0, 7, 64, 130, 1];
     let (k, experts) = (1024, counts.len());
     let t: usize = counts.iter().sum();
-    let x = Nvfp4Matrix::random_contest(t, k, 1, seed() ^ 70).unwrap();
+    let x = Nvfp4Matrix::random_contest((1, t, k), seed() ^ 70).unwrap();
     let mut runs = 0;
     // N = 160: a partial last N tile, and scale columns padded (10 -> 12).
     for n in [256usize, 160] {
-    let w = Nvfp4Matrix::random_contest(n, k, experts, seed() ^ 71).unwrap();
+    let w = Nvfp4Matrix::random_contest((experts, n, k), seed() ^ 71).unwrap();
     let offsets = expert_offsets(&counts).unwrap();
     let starts = moe_scale_starts(&offsets).unwrap();
     let es = [0.75f32, 1.0, 0.5, 1.5, 0.25, 2.0];
@@ -1337,7 +1337,7 @@ fn grouped_moe_fp4_output_is_gemm_fp4_per_expert() -> Outcome {
             // offsets, global scale 1 / st, against the reference on the decoded values.
             if out == OutType::Nvfp4 {
                 let n2 = 128;
-                let w2 = Nvfp4Matrix::random_contest(n2, n, experts, seed() ^ 72).unwrap();
+                let w2 = Nvfp4Matrix::random_contest((experts, n2, n), seed() ^ 72).unwrap();
                 // The host matrix of D: its codes, and each row's scales read back from the MoE layout.
                 let mut rm = vec![0u8; t * n / 16];
                 for e in 0..experts {
@@ -1347,7 +1347,7 @@ fn grouped_moe_fp4_output_is_gemm_fp4_per_expert() -> Outcome {
                         }
                     }
                 }
-                let h = Nvfp4Matrix::from_parts(t, n, 1, d.clone(), blockscaled_gemm::layout::to_tiled(&rm, t, n / 16, 1).unwrap(), None).unwrap();
+                let h = Nvfp4Matrix::from_parts((1, t, n), d.clone(), blockscaled_gemm::layout::to_tiled(&rm, (1, t, n / 16)).unwrap(), None).unwrap();
                 let (_, got) = moe_on_device::<f32>(&g, &h, &w2, &sfd, &offsets, &[1.0; 6], 1.0 / st, None).unwrap();
                 for e in (0..experts).filter(|&e| offsets[e] < offsets[e + 1]) {
                     let rows: Vec<usize> = (offsets[e] as usize..offsets[e + 1] as usize).collect();
@@ -1358,7 +1358,7 @@ fn grouped_moe_fp4_output_is_gemm_fp4_per_expert() -> Outcome {
     }
     // Refused before anything is written: SFD of the dense layout's length.
     let mut d = s.clone_htod(&vec![0xEEu8; t * n / 2]).unwrap();
-    let mut dense_sfd = s.clone_htod(&vec![0x7Fu8; blockscaled_gemm::layout::sf_bytes(t, n, 1)]).unwrap();
+    let mut dense_sfd = s.clone_htod(&vec![0x7Fu8; blockscaled_gemm::layout::sf_bytes((1, t, n))]).unwrap();
     let e = g.moe_gemm_fp4(&p, OutType::Nvfp4, &a, &b, &od, &esd, Nvfp4Output::new(&mut d, &mut dense_sfd), None).unwrap_err();
     assert!(e.to_string().starts_with("SFD: holds"), "{e}");
     assert!(s.clone_dtoh(&d).unwrap().iter().all(|&v| v == 0xEE), "a refused call wrote D");
@@ -1375,8 +1375,8 @@ const LIST_SHAPES: [(usize, usize, usize); 5] = [(33, 256, 1024), (1, 128, 512),
 
 fn list_operands(shapes: &[(usize, usize, usize)], salt: u64) -> Vec<(Nvfp4Matrix, Nvfp4Matrix, f32)> {
     shapes.iter().enumerate().map(|(i, &(m, n, k))| {
-        let a = Nvfp4Matrix::random_realistic(m, k, 1, seed() ^ salt ^ (2 * i as u64)).unwrap();
-        let b = Nvfp4Matrix::random_realistic(n, k, 1, seed() ^ salt ^ (2 * i as u64 + 1)).unwrap();
+        let a = Nvfp4Matrix::random_realistic((1, m, k), seed() ^ salt ^ (2 * i as u64)).unwrap();
+        let b = Nvfp4Matrix::random_realistic((1, n, k), seed() ^ salt ^ (2 * i as u64 + 1)).unwrap();
         (a, b, [0.75f32, 1.0, 3.0e-3, 1.5, 0.1][i % 5])
     }).collect()
 }
@@ -1586,8 +1586,8 @@ fn grouped_list_raw_captured_skips_bad_groups() -> Outcome {
 fn grouped_moe_bad_device_offsets_stay_inside_d() -> Outcome {
     let g = hopper()?;
     let (t, n, k) = (100, 256, 512);
-    let x = Nvfp4Matrix::random_contest(t, k, 1, seed() ^ 30).unwrap();
-    let w = Nvfp4Matrix::random_contest(n, k, 4, seed() ^ 31).unwrap();
+    let x = Nvfp4Matrix::random_contest((1, t, k), seed() ^ 30).unwrap();
+    let w = Nvfp4Matrix::random_contest((4, n, k), seed() ^ 31).unwrap();
     // Device offsets that decrease, start below 0, pass T or end below it: read as their running
     // maximum clamped to [0, T]. Each case: the offsets, the ranges they give (expert, rows), and
     // the rows no expert holds, which keep the poison; on a stream tile and on the swapped tile
@@ -1633,8 +1633,8 @@ fn grouped_moe_zero_uncovered_rows() -> Outcome {
     let g = hopper()?;
     let s = g.stream();
     let (t, n, k, experts) = (100usize, 256usize, 512usize, 4usize);
-    let x = Nvfp4Matrix::random_contest(t, k, 1, seed() ^ 50).unwrap();
-    let w = Nvfp4Matrix::random_contest(n, k, experts, seed() ^ 51).unwrap();
+    let x = Nvfp4Matrix::random_contest((1, t, k), seed() ^ 50).unwrap();
+    let w = Nvfp4Matrix::random_contest((experts, n, k), seed() ^ 51).unwrap();
     // Rows 10..90 covered (experts of 20, 0, 40 and 20 rows); 0..10 and 90..100 not.
     let offsets = [10i32, 30, 30, 70, 90];
     let (first, last) = (10usize, 90usize);
@@ -1726,7 +1726,7 @@ fn grouped_moe_captured_follows_device_routing() -> Outcome {
     unsafe { ctx.disable_event_tracking() };
     let (t, n, k, experts) = (96, 256, 1024, 16);
     let p = MoeProblem::new(t, n, k, experts);
-    let w = Nvfp4Matrix::random_contest(n, k, experts, seed() ^ 40).unwrap();
+    let w = Nvfp4Matrix::random_contest((experts, n, k), seed() ^ 40).unwrap();
     let b = Nvfp4Tensor::upload(&w, &stream).unwrap();
     let mut av = stream.alloc_zeros::<u8>(p.a_bytes()).unwrap();
     let mut asf = stream.alloc_zeros::<u8>(p.sfa_bytes()).unwrap();
@@ -1747,7 +1747,7 @@ fn grouped_moe_captured_follows_device_routing() -> Outcome {
             counts[rng.below(if replay == 2 { 2 } else { experts as u64 }) as usize] += 1;
         }
         let o = expert_offsets(&counts).unwrap();
-        let x = Nvfp4Matrix::random_contest(t, k, 1, seed() ^ (50 + replay)).unwrap();
+        let x = Nvfp4Matrix::random_contest((1, t, k), seed() ^ (50 + replay)).unwrap();
         stream.memcpy_htod(x.data(), &mut av).unwrap();
         stream.memcpy_htod(&moe_scales(&x, &o).unwrap(), &mut asf).unwrap();
         stream.memcpy_htod(&o, &mut offsets).unwrap();
@@ -1805,7 +1805,7 @@ fn grouped_moe_quantizer_matches_the_cpu() -> Outcome {
         assert!(got[used..reach].iter().all(|&b| b == 0) && got[reach..].iter().all(|&b| b == 0x7F), "scale rows past the experts' blocks, {counts:?} K={k}");
         // The GEMM on the GPU-quantized operand gives the bits it gives on the CPU's.
         let n = 256;
-        let w = Nvfp4Matrix::random_contest(n, k, experts, seed() ^ 61).unwrap();
+        let w = Nvfp4Matrix::random_contest((experts, n, k), seed() ^ 61).unwrap();
         let es = vec![1.0f32; experts];
         let (_, want) = moe_on_device::<f32>(&g, &cpu.clone().without_global_scale(), &w, &moe_scales(&cpu, &offsets).unwrap(), &offsets, &es, gs, None).unwrap();
         let p = MoeProblem::new(t, n, k, experts).alpha(gs);
@@ -1830,7 +1830,7 @@ fn grouped_moe_quantizer_matches_the_cpu() -> Outcome {
     // Refused before anything is written: no experts; scales of the dense layout's length.
     let e = q.quantize_moe_into(&xd, (t, k), &s.clone_htod(&[0i32]).unwrap(), 1.0, &mut codes, &mut scales).unwrap_err();
     assert!(matches!(e, Error::Dimension { value: 0, .. }), "{e}");
-    let mut dense = s.alloc_zeros::<u8>(blockscaled_gemm::layout::sf_bytes(t, k, 1)).unwrap();
+    let mut dense = s.alloc_zeros::<u8>(blockscaled_gemm::layout::sf_bytes((1, t, k))).unwrap();
     let e = q.quantize_moe_into(&xd, (t, k), &od, 1.0, &mut codes, &mut dense).unwrap_err();
     assert!(e.to_string().starts_with("scales: holds"), "{e}");
     // T = 0, as moe_gemm takes it: accepted, nothing written.
@@ -1925,7 +1925,7 @@ fn swiglu_quantizer_matches_the_cpu() -> Outcome {
     let (m, k) = (4, 64);
     let x: Vec<bf16> = (0..m * k).map(|i| bf16::from_f32(i as f32)).collect();
     let mut codes = s.clone_htod(&vec![0xEEu8; m * k / 2]).unwrap();
-    let mut scales = s.clone_htod(&vec![0x7Fu8; blockscaled_gemm::layout::sf_bytes(m, k, 1)]).unwrap();
+    let mut scales = s.clone_htod(&vec![0x7Fu8; blockscaled_gemm::layout::sf_bytes((1, m, k))]).unwrap();
     let e = q.quantize_swiglu_into(&s.clone_htod(&x).unwrap(), (1, m, k), 1.0, &mut codes, &mut scales).unwrap_err();
     assert!(e.to_string().contains("2K"), "{e}");
     assert!(s.clone_dtoh(&codes).unwrap().iter().all(|&b| b == 0xEE) && s.clone_dtoh(&scales).unwrap().iter().all(|&b| b == 0x7F), "a refused call wrote");
@@ -1937,7 +1937,7 @@ fn swiglu_quantizer_matches_the_cpu() -> Outcome {
 /// tiled scales of (l, m, k) activations: FP16 bits of e2m1 * ue4m3 (exact in FP16).
 fn host_decode(codes: &[u8], tiled: &[u8], (l, m, k): (usize, usize, usize)) -> Vec<u16> {
     use blockscaled_gemm::formats::{e2m1_to_f32, ue4m3_to_f32};
-    let scales = layout::from_tiled(tiled, m, k / 16, l).unwrap();
+    let scales = layout::from_tiled(tiled, (l, m, k / 16)).unwrap();
     let (rows, k_pad) = (blockscaled_gemm::Nvfp4Activations::decoded_rows(m), k.div_ceil(64) * 64);
     let mut out = vec![0u16; l * rows * k_pad];
     for b in 0..l {
@@ -1985,7 +1985,7 @@ fn decoded_activations_same_bits_as_gemm() -> Outcome {
                 let width = if swiglu { 2 * k } else { k };
                 let x: Vec<bf16> = quantizer_data(&mut rng, l * m * width, 3, 8, 1e-6).iter().map(|&v| bf16::from_f32(v)).collect();
                 let xd = s.clone_htod(&x).unwrap();
-                let (mut codes, mut scales) = (s.clone_htod(&vec![0xEEu8; l * m * k / 2]).unwrap(), s.clone_htod(&vec![0x7Fu8; layout::sf_bytes(m, k, l)]).unwrap());
+                let (mut codes, mut scales) = (s.clone_htod(&vec![0xEEu8; l * m * k / 2]).unwrap(), s.clone_htod(&vec![0x7Fu8; layout::sf_bytes((l, m, k))]).unwrap());
                 if swiglu {
                     q.quantize_swiglu_decoded_into(&xd, gs, &mut act).unwrap();
                     q.quantize_swiglu_into(&xd, (l, m, k), gs, &mut codes, &mut scales).unwrap();
@@ -2060,7 +2060,7 @@ fn decoded_activations_same_bits_as_gemm() -> Outcome {
         let xs: Vec<_> = (0..steps).map(|_| s.clone_htod(&quantizer_data(&mut rng, m * k, 3, 8, 1e-6).iter().map(|&v| bf16::from_f32(v)).collect::<Vec<_>>()).unwrap()).collect();
         let ws: Vec<_> = (0..steps).map(|_| s.clone_htod(&quantizer_data(&mut rng, n * k, 3, 8, 1e-6).iter().map(|&v| bf16::from_f32(v)).collect::<Vec<_>>()).unwrap()).collect();
         let mut act = Nvfp4Activations::new(&s, (1, m, k)).unwrap();
-        let (mut wc, mut wsf) = (s.alloc_zeros::<u8>(n * k / 2).unwrap(), s.alloc_zeros::<u8>(layout::sf_bytes(n, k, 1)).unwrap());
+        let (mut wc, mut wsf) = (s.alloc_zeros::<u8>(n * k / 2).unwrap(), s.alloc_zeros::<u8>(layout::sf_bytes((1, n, k))).unwrap());
         let mut ds: Vec<CudaSlice<f16>> = (0..steps).map(|_| s.clone_htod(&vec![f16::NAN; m * n]).unwrap()).collect();
         let p = Problem::new(m, n, k);
         let config = Config::Sm90_Swapped_64x128x64;
@@ -2105,14 +2105,14 @@ fn decoded_parts_serve_every_row_count_by_prefix() -> Outcome {
     let gs = 3.0 / 2688.0;
     let wt = upload_weights(&general_weights(n, k, 1, 0.5, rng.next_u64()), &s);
     let mut codes = s.clone_htod(&vec![0xEEu8; cap * k / 2]).unwrap();
-    let mut scales = s.clone_htod(&vec![0x7Fu8; layout::sf_bytes(cap, k, 1)]).unwrap();
+    let mut scales = s.clone_htod(&vec![0x7Fu8; layout::sf_bytes((1, cap, k))]).unwrap();
     let mut decoded = s.clone_htod(&vec![0x7E00u16; Nvfp4Activations::decoded_len((1, cap, k))]).unwrap();
     let mut d = s.clone_htod(&vec![f16::NAN; cap * n]).unwrap();
     let mut runs = 0;
     for rows in [200usize, 3, 256, 64, 129, 40, 1, 96] {
         let x: Vec<bf16> = quantizer_data(&mut rng, rows * k, 3, 8, 1e-6).iter().map(|&v| bf16::from_f32(v)).collect();
         let xd = s.clone_htod(&x).unwrap();
-        let (cb, sb, db) = (rows * k / 2, layout::sf_bytes(rows, k, 1), Nvfp4Activations::decoded_len((1, rows, k)));
+        let (cb, sb, db) = (rows * k / 2, layout::sf_bytes((1, rows, k)), Nvfp4Activations::decoded_len((1, rows, k)));
         let (mut c, mut sc, mut dc) = (codes.slice_mut(..cb), scales.slice_mut(..sb), decoded.slice_mut(..db));
         q.quantize_decoded_parts_into(&xd, (1, rows, k), gs, &mut c, &mut sc, &mut dc).unwrap();
         let fresh = q.quantize(&xd, (1, rows, k), Some(gs)).unwrap();
@@ -2133,7 +2133,7 @@ fn decoded_parts_serve_every_row_count_by_prefix() -> Outcome {
         }
     }
     // A decode of another row count than the problem's is refused before anything runs.
-    let (c, sc) = (codes.slice(..40 * k / 2), scales.slice(..layout::sf_bytes(40, k, 1)));
+    let (c, sc) = (codes.slice(..40 * k / 2), scales.slice(..layout::sf_bytes((1, 40, k))));
     let a = Nvfp4Tensor::new(c, sc, (1, 40, k), gs).unwrap();
     let mut dv = s.clone_htod(&vec![f16::from_f32(-7.0); 40 * n]).unwrap();
     let e = g.gemm_decoded_parts(&Problem::new(40, n, k), &a, &decoded.slice(..Nvfp4Activations::decoded_len((1, 200, k))), &wt, &mut dv, None).unwrap_err();
@@ -2152,7 +2152,7 @@ fn general_weights(rows: usize, k: usize, l: usize, g: f32, salt: u64) -> Nvfp4M
     let mut rng = blockscaled_gemm::SplitMix64::new(seed() ^ salt);
     let data = rng.bytes(l * rows * k / 2).unwrap();
     let sf: Vec<u8> = (0..l * rows * k / 16).map(|_| 0x10 + rng.below(0x49) as u8).collect();
-    Nvfp4Matrix::from_parts(rows, k, l, data, blockscaled_gemm::layout::to_tiled(&sf, rows, k / 16, l).unwrap(), Some(g)).unwrap()
+    Nvfp4Matrix::from_parts((l, rows, k), data, blockscaled_gemm::layout::to_tiled(&sf, (l, rows, k / 16)).unwrap(), Some(g)).unwrap()
 }
 
 /// One W4A16 GEMM, D poisoned with NaN first (C given where beta != 0): the config that ran and D.
@@ -2233,7 +2233,7 @@ fn w4a16_bf16_in_and_out_of_f16_range_exact() -> Outcome {
     let (l, n, k) = (2, 256, 1024);
     let mut rng = blockscaled_gemm::SplitMix64::new(seed() ^ 0x4A17);
     // Codes of every kind, scales 1.0 (ue4m3 0x38), no global scale: weights in {0, +-0.5 .. +-6}.
-    let w = Nvfp4Matrix::from_parts(n, k, l, rng.bytes(l * n * k / 2).unwrap(), blockscaled_gemm::layout::to_tiled(&vec![0x38u8; l * n * k / 16], n, k / 16, l).unwrap(), None).unwrap();
+    let w = Nvfp4Matrix::from_parts((l, n, k), rng.bytes(l * n * k / 2).unwrap(), blockscaled_gemm::layout::to_tiled(&vec![0x38u8; l * n * k / 16], (l, n, k / 16)).unwrap(), None).unwrap();
     let small_m: Vec<Config> = Config::ALL.iter().copied().filter(|c| c.is_built_w4a16(OutType::F32) && c.info().streams() && c.info().tile[0] <= 16).collect();
     if small_m.is_empty() {
         return Err("no W4A16 stream config of at most 16 rows in this build".into());
@@ -2442,7 +2442,7 @@ fn row_major_scales_tiled_on_the_gpu() -> Outcome {
     for &(batch, rows, k) in &[(1usize, 1usize, 16usize), (2, 200, 112), (1, 128, 7168), (3, 129, 48)] {
         let mut rng = blockscaled_gemm::SplitMix64::new(seed() ^ (rows * 31 + k) as u64);
         let rm: Vec<u8> = (0..batch * rows * k / 16).map(|_| rng.below(0x7F) as u8).collect();
-        let want = blockscaled_gemm::layout::to_tiled(&rm, rows, k / 16, batch).unwrap();
+        let want = blockscaled_gemm::layout::to_tiled(&rm, (batch, rows, k / 16)).unwrap();
         let values = s.clone_htod(&vec![0x21u8; batch * rows * k / 2]).unwrap();
         let t = Nvfp4Tensor::from_row_major_scales(values, &s.clone_htod(&rm).unwrap(), (batch, rows, k), 0.5, &s).unwrap();
         assert_eq!(s.clone_dtoh(t.scales()).unwrap(), want, "{batch}x{rows}x{k}");
@@ -2450,9 +2450,9 @@ fn row_major_scales_tiled_on_the_gpu() -> Outcome {
     // Through a GEMM: a host-quantized weight, its scales handed over row-major.
     if g.device().arch() == Some(90) {
         let (m, n, k) = (16, 256, 1024);
-        let a = Nvfp4Matrix::random_contest(m, k, 1, seed() ^ 0x51).unwrap();
+        let a = Nvfp4Matrix::random_contest((1, m, k), seed() ^ 0x51).unwrap();
         let b = general_weights(n, k, 1, 0.25, 0x52);
-        let rm = blockscaled_gemm::layout::from_tiled(b.scales(), n, k / 16, 1).unwrap();
+        let rm = blockscaled_gemm::layout::from_tiled(b.scales(), (1, n, k / 16)).unwrap();
         let bt = Nvfp4Tensor::from_row_major_scales(s.clone_htod(b.data()).unwrap(), &s.clone_htod(&rm).unwrap(), (1, n, k), 0.25, &s).unwrap();
         let at = Nvfp4Tensor::upload(&a, &s).unwrap();
         let mut d = s.clone_htod(&vec![f32::NAN; m * n]).unwrap();
@@ -2464,7 +2464,7 @@ fn row_major_scales_tiled_on_the_gpu() -> Outcome {
     // A checkpoint layer converted on the device equals the host conversion, byte for byte.
     let (n, k) = (200, 112);
     let w = general_weights(n, k, 1, 1.0, 0x53);
-    let rm = blockscaled_gemm::layout::from_tiled(w.scales(), n, k / 16, 1).unwrap();
+    let rm = blockscaled_gemm::layout::from_tiled(w.scales(), (1, n, k / 16)).unwrap();
     let path = std::env::temp_dir().join(format!("bsg-gpu-ck-{}.safetensors", std::process::id()));
     let scale2 = 0.01f32.to_le_bytes();
     let tensors = [("l.weight", safetensors::Dtype::U8, vec![n, k / 2], w.data()), ("l.weight_scale", safetensors::Dtype::F8_E4M3, vec![n, k / 16], &rm[..]), ("l.weight_scale_2", safetensors::Dtype::F32, vec![], &scale2[..])];
@@ -2479,9 +2479,9 @@ fn row_major_scales_tiled_on_the_gpu() -> Outcome {
     // Fused shards and an expert stack converted on the device equal the host conversions.
     let (n2, experts) = (72, 3);
     let shard2 = general_weights(n2, k, 1, 1.0, 0x54);
-    let rm2 = blockscaled_gemm::layout::from_tiled(shard2.scales(), n2, k / 16, 1).unwrap();
+    let rm2 = blockscaled_gemm::layout::from_tiled(shard2.scales(), (1, n2, k / 16)).unwrap();
     let ex: Vec<Nvfp4Matrix> = (0..experts).map(|e| general_weights(n2, k, 1, 1.0, 0x60 + e as u64)).collect();
-    let ex_rm: Vec<Vec<u8>> = ex.iter().map(|w| blockscaled_gemm::layout::from_tiled(w.scales(), n2, k / 16, 1).unwrap()).collect();
+    let ex_rm: Vec<Vec<u8>> = ex.iter().map(|w| blockscaled_gemm::layout::from_tiled(w.scales(), (1, n2, k / 16)).unwrap()).collect();
     let ex_g: Vec<[u8; 4]> = (0..experts).map(|e| (0.5f32 + e as f32).to_le_bytes()).collect();
     let mut tensors: Vec<(String, safetensors::Dtype, Vec<usize>, &[u8])> = vec![
         ("gate.weight".into(), safetensors::Dtype::U8, vec![n, k / 2], w.data()), ("gate.weight_scale".into(), safetensors::Dtype::F8_E4M3, vec![n, k / 16], &rm[..]), ("gate.weight_scale_2".into(), safetensors::Dtype::F32, vec![], &scale2[..]),
@@ -2521,10 +2521,10 @@ fn prepacked_weights_transforms_and_refusals() -> Outcome {
     let g = hopper()?;
     let s = g.stream().clone();
     for (i, &(rows, k, l)) in [(352usize, 1088usize, 2usize), (130, 512, 1), (7, 32, 3), (64, 2080, 1)].iter().enumerate() {
-        let w = Nvfp4Matrix::random_contest(rows, k, l, seed() ^ (0x77 + i as u64)).unwrap();
+        let w = Nvfp4Matrix::random_contest((l, rows, k), seed() ^ (0x77 + i as u64)).unwrap();
         let packed = Nvfp4Tensor::upload(&w, &s).unwrap().prepack(&s).unwrap();
         assert_eq!(packed.layout(), WeightLayout::Prepacked);
-        assert_eq!(s.clone_dtoh(packed.values()).unwrap(), layout::prepack_values(w.data(), rows, k, l).unwrap(), "prepack {rows}x{k}x{l}");
+        assert_eq!(s.clone_dtoh(packed.values()).unwrap(), layout::prepack_values(w.data(), (l, rows, k)).unwrap(), "prepack {rows}x{k}x{l}");
         let err = Nvfp4Tensor::new_prepacked(s.clone_htod(&[0u8; 16]).unwrap(), s.clone_htod(w.scales()).unwrap(), (l, rows, k), 1.0).unwrap_err();
         assert!(matches!(err, Error::BufferLength { .. }), "{err}");
         let back = packed.unpack(&s).unwrap();

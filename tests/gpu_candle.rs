@@ -101,7 +101,7 @@ fn assert_same_bits(a: &Tensor, b: &Tensor, what: &str) {
 
 /// A random (N, K) weight and a layer over it on `d` taking its input as `mode` says.
 fn make_layer(d: &Device, n: usize, k: usize, seed: u64, mode: LinearMode) -> (Nvfp4Matrix, Nvfp4Linear) {
-    let w = Nvfp4Matrix::random_realistic(n, k, 1, seed).unwrap();
+    let w = Nvfp4Matrix::random_realistic((1, n, k), seed).unwrap();
     let cd = d.as_cuda_device().unwrap();
     let layer = Nvfp4Linear::with_mode(Nvfp4Tensor::upload(&w, &cd.cuda_stream()).unwrap(), mode, cd).unwrap();
     (w, layer)
@@ -166,7 +166,7 @@ fn candle_forward_model_shape() -> Outcome {
 fn candle_forward_prepacked_weight() -> Outcome {
     let d = device(false)?;
     let (n, k) = (512, 2048);
-    let w = Nvfp4Matrix::random_realistic(n, k, 1, 33).unwrap();
+    let w = Nvfp4Matrix::random_realistic((1, n, k), 33).unwrap();
     let cd = d.as_cuda_device().unwrap();
     let stream = cd.cuda_stream();
     for mode in MODES {
@@ -329,11 +329,11 @@ fn candle_forward_refusals() -> Outcome {
 fn candle_new_refusals() -> Outcome {
     let d = device(false)?;
     let cd = d.as_cuda_device().unwrap();
-    let w = Nvfp4Matrix::random_realistic(128, 256, 1, 39).unwrap();
+    let w = Nvfp4Matrix::random_realistic((1, 128, 256), 39).unwrap();
     for s in [f32::NAN, 0.0, -1.0, f32::INFINITY] {
         refused(Nvfp4Linear::from_matrix(&w, s, cd), &format!("input scale {s}"), "global scale");
     }
-    let w2 = Nvfp4Matrix::random_realistic(128, 256, 2, 40).unwrap();
+    let w2 = Nvfp4Matrix::random_realistic((2, 128, 256), 40).unwrap();
     refused(Nvfp4Linear::from_matrix(&w2, INPUT_SCALE, cd), "a batch-2 weight", "weight");
     refused(Nvfp4Linear::w4a16(Nvfp4Tensor::upload(&w2, &cd.cuda_stream()).unwrap(), cd), "a batch-2 weight, W4A16", "weight");
     // The weight's global scale times the input scale (the GEMM's alpha) out of f32's range.
@@ -406,8 +406,8 @@ fn candle_forward_from_checkpoint() -> Outcome {
     let d = device(false)?;
     let cd = d.as_cuda_device().unwrap();
     let (n, k) = (320, 1024);
-    let w = Nvfp4Matrix::random_realistic(n, k, 1, 46).unwrap();
-    let rm = blockscaled_gemm::layout::from_tiled(w.scales(), n, k / 16, 1).unwrap();
+    let w = Nvfp4Matrix::random_realistic((1, n, k), 46).unwrap();
+    let rm = blockscaled_gemm::layout::from_tiled(w.scales(), (1, n, k / 16)).unwrap();
     let prefix = "model.layers.0.mlp.down_proj";
     // (names, weight scale, input scale as stored): ModelOpt multiplies by them, compressed-tensors
     // divides; the last file has no input scale, as a W4A16 export need not.
@@ -452,7 +452,7 @@ const EXPERT_SCALES: [f32; 4] = [1.0, 0.5, 2.0, 0.25];
 
 /// An (E, N, K) weight of `EXPERT_SCALES.len()` experts and an experts layer over it on `d`.
 fn make_experts(d: &Device, n: usize, k: usize, seed: u64, mode: LinearMode) -> (Nvfp4Matrix, Nvfp4Experts) {
-    let w = Nvfp4Matrix::random_realistic(n, k, EXPERT_SCALES.len(), seed).unwrap();
+    let w = Nvfp4Matrix::random_realistic((EXPERT_SCALES.len(), n, k), seed).unwrap();
     let cd = d.as_cuda_device().unwrap();
     let layer = Nvfp4Experts::new(Nvfp4Tensor::upload(&w, &cd.cuda_stream()).unwrap(), &EXPERT_SCALES, mode, cd).unwrap();
     (w, layer)
@@ -617,7 +617,7 @@ fn candle_experts_refusals() -> Outcome {
     let d = device(false)?;
     let cd = d.as_cuda_device().unwrap();
     let (n, k) = (128, 256);
-    let w = Nvfp4Matrix::random_realistic(n, k, 4, 53).unwrap();
+    let w = Nvfp4Matrix::random_realistic((4, n, k), 53).unwrap();
     let up = || Nvfp4Tensor::upload(&w, &cd.cuda_stream()).unwrap();
     for mode in MODES {
         refused(Nvfp4Experts::new(up(), &[1.0; 3], mode, cd), "three scales for four experts", "one each");

@@ -108,8 +108,8 @@ mod bytemuck_like {
 }
 
 fn operands(s: &Arc<CudaStream>, m: usize, n: usize, k: usize, l: usize) -> (Nvfp4Tensor, Nvfp4Tensor) {
-    let a = Nvfp4Matrix::random_contest(m, k, l, 11).unwrap();
-    let b = Nvfp4Matrix::random_contest(n, k, l, 12).unwrap();
+    let a = Nvfp4Matrix::random_contest((l, m, k), 11).unwrap();
+    let b = Nvfp4Matrix::random_contest((l, n, k), 12).unwrap();
     (Nvfp4Tensor::upload(&a, s).unwrap(), Nvfp4Tensor::upload(&b, s).unwrap())
 }
 
@@ -266,9 +266,9 @@ fn gpu_bad_global_scales_are_refused() -> Outcome {
     let s = g.stream().clone();
     let (rows, k) = (16, 64);
     let v = s.alloc_zeros::<u8>(rows * k / 2).unwrap();
-    let sf = s.alloc_zeros::<u8>(layout::sf_bytes(rows, k, 1)).unwrap();
+    let sf = s.alloc_zeros::<u8>(layout::sf_bytes((1, rows, k))).unwrap();
     let x = s.clone_htod(&vec![f16::from_f32(1.0); rows * k]).unwrap();
-    let (mut codes, mut scales) = (poison::<u8>(&s, rows * k / 2), poison::<u8>(&s, layout::sf_bytes(rows, k, 1)));
+    let (mut codes, mut scales) = (poison::<u8>(&s, rows * k / 2), poison::<u8>(&s, layout::sf_bytes((1, rows, k))));
     let q = Quantizer::new(s.clone());
     for gs in [0.0, -0.0, -1.0, f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
         assert!(matches!(Nvfp4Tensor::new(v.as_view(), sf.as_view(), (1, rows, k), gs), Err(Error::InvalidData { .. })), "{gs}");
@@ -375,25 +375,25 @@ fn gpu_prepack_odd_shapes() -> Outcome {
     let g = gpu()?;
     let s = g.stream().clone();
     for (rows, k, batch) in [(1, 32, 3), (129, 288, 2), (7, 2080, 1)] {
-        let m = Nvfp4Matrix::random_contest(rows, k, batch, 5).unwrap();
+        let m = Nvfp4Matrix::random_contest((batch, rows, k), 5).unwrap();
         let t = Nvfp4Tensor::upload(&m, &s).unwrap();
         let p = t.prepack::<u8, u8>(&s).unwrap();
-        let want = layout::prepack_values(m.data(), rows, k, batch).unwrap();
+        let want = layout::prepack_values(m.data(), (batch, rows, k)).unwrap();
         assert_eq!(s.clone_dtoh(p.values()).unwrap(), want, "{rows} {k} {batch}");
         assert!(matches!(p.prepack::<u8, u8>(&s), Err(Error::Layout { .. })));
         let u = p.unpack::<u8, u8>(&s).unwrap();
         assert_eq!(s.clone_dtoh(u.values()).unwrap(), m.data(), "{rows} {k} {batch}");
     }
     let (rows, k) = (5, 48);
-    let v = s.alloc_zeros::<u8>(layout::prepacked_bytes(rows, k, 1)).unwrap();
-    let sf = s.alloc_zeros::<u8>(layout::sf_bytes(rows, k, 1)).unwrap();
+    let v = s.alloc_zeros::<u8>(layout::prepacked_bytes((1, rows, k))).unwrap();
+    let sf = s.alloc_zeros::<u8>(layout::sf_bytes((1, rows, k))).unwrap();
     let t = Nvfp4Tensor::new_prepacked(v.as_view(), sf.as_view(), (1, rows, k), 1.0).unwrap();
     assert!(matches!(t.unpack::<u8, u8>(&s), Err(Error::KMultiple { .. })));
     // A standard-length buffer passed as prepacked (and the other way) is a length error.
     let std_v = s.alloc_zeros::<u8>(rows * 64 / 2).unwrap();
-    let sf64 = s.alloc_zeros::<u8>(layout::sf_bytes(rows, 64, 1)).unwrap();
+    let sf64 = s.alloc_zeros::<u8>(layout::sf_bytes((1, rows, 64))).unwrap();
     assert!(matches!(Nvfp4Tensor::new_prepacked(std_v.as_view(), sf64.as_view(), (1, rows, 64), 1.0), Err(Error::BufferLength { .. })));
-    let pk_v = s.alloc_zeros::<u8>(layout::prepacked_bytes(rows, 64, 1)).unwrap();
+    let pk_v = s.alloc_zeros::<u8>(layout::prepacked_bytes((1, rows, 64))).unwrap();
     assert!(matches!(Nvfp4Tensor::new(pk_v.as_view(), sf64.as_view(), (1, rows, 64), 1.0), Err(Error::BufferLength { .. })));
     Ok(())
 }
@@ -412,8 +412,8 @@ struct Moe {
 
 fn moe(s: &Arc<CudaStream>) -> Moe {
     let (t, n, k, e) = (100, 256, 512, 4);
-    let x = Nvfp4Matrix::random_contest(t, k, 1, 1).unwrap();
-    let w = Nvfp4Matrix::random_contest(n, k, e, 2).unwrap();
+    let x = Nvfp4Matrix::random_contest((1, t, k), 1).unwrap();
+    let w = Nvfp4Matrix::random_contest((e, n, k), 2).unwrap();
     let offsets = expert_offsets(&[30, 0, 50, 20]).unwrap();
     let sfa = moe_scales(&x, &offsets).unwrap();
     let a = MoeActivations::new(s.clone_htod(x.data()).unwrap(), s.clone_htod(&sfa).unwrap(), (t, k), 1.0).unwrap();
@@ -499,7 +499,7 @@ fn gpu_moe_gemm_bad_scalars_alignment_and_configs_write_nothing() -> Outcome {
         assert!(matches!(e, Error::NormConstant { .. }), "{nc}: {e:?}");
     }
     // SFD in the dense layout.
-    let mut sfd_dense = poison::<u8>(&s, blockscaled_gemm::layout::sf_bytes(m.p.rows, m.p.n, 1));
+    let mut sfd_dense = poison::<u8>(&s, blockscaled_gemm::layout::sf_bytes((1, m.p.rows, m.p.n)));
     let e = g.moe_gemm_fp4(&m.p, OutType::Nvfp4, &m.a, &m.b, &m.o, &m.es, Nvfp4Output::new(&mut dv, &mut sfd_dense), None).unwrap_err();
     assert!(matches!(e, Error::BufferLength { name: "SFD", .. }), "{e:?}");
     assert_poisoned(&s, &d, "bad scalars");
@@ -567,7 +567,7 @@ fn gpu_moe_gemm_zero_rows() -> Outcome {
     let s = g.stream().clone();
     let p = MoeProblem::new(0, 256, 512, 4);
     let a = MoeActivations::new(s.alloc_zeros::<u8>(0).unwrap(), poison::<u8>(&s, p.sfa_bytes()), (0, 512), 1.0).unwrap();
-    let w = Nvfp4Matrix::random_contest(256, 512, 4, 3).unwrap();
+    let w = Nvfp4Matrix::random_contest((4, 256, 512), 3).unwrap();
     let b = Nvfp4Tensor::upload(&w, &s).unwrap();
     let mut d = s.alloc_zeros::<f16>(0).unwrap();
     g.moe_gemm(&p, &a, &b, &s.clone_htod(&[0i32; 5]).unwrap(), &s.clone_htod(&[1.0f32; 4]).unwrap(), &mut d, None).unwrap();
@@ -636,10 +636,10 @@ fn gpu_grouped_list_bad_groups_write_nothing() -> Outcome {
     let g = gpu()?;
     let s = g.stream().clone();
     let up = |m: &Nvfp4Matrix| Nvfp4Tensor::upload(m, &s).unwrap();
-    let a0 = up(&Nvfp4Matrix::random_contest(16, 256, 1, 4).unwrap());
-    let b0 = up(&Nvfp4Matrix::random_contest(128, 256, 1, 5).unwrap());
-    let b_other_k = up(&Nvfp4Matrix::random_contest(128, 512, 1, 6).unwrap());
-    let b_batched = up(&Nvfp4Matrix::random_contest(128, 256, 2, 7).unwrap());
+    let a0 = up(&Nvfp4Matrix::random_contest((1, 16, 256), 4).unwrap());
+    let b0 = up(&Nvfp4Matrix::random_contest((1, 128, 256), 5).unwrap());
+    let b_other_k = up(&Nvfp4Matrix::random_contest((1, 128, 512), 6).unwrap());
+    let b_batched = up(&Nvfp4Matrix::random_contest((2, 128, 256), 7).unwrap());
     let mut d0 = poison::<f16>(&s, 16 * 128);
     let mut d1 = poison::<f16>(&s, 16 * 128);
     // Empty list.

@@ -41,8 +41,8 @@ fn gpu() -> Result<(Arc<CudaContext>, Arc<CudaStream>, BlockScaledGemm), String>
 }
 
 fn operands(s: &Arc<CudaStream>, m: usize, n: usize, k: usize) -> (Nvfp4Matrix, Nvfp4Matrix, Nvfp4Tensor, Nvfp4Tensor) {
-    let a = Nvfp4Matrix::random_contest(m, k, 1, 21).unwrap();
-    let b = Nvfp4Matrix::random_contest(n, k, 1, 22).unwrap();
+    let a = Nvfp4Matrix::random_contest((1, m, k), 21).unwrap();
+    let b = Nvfp4Matrix::random_contest((1, n, k), 22).unwrap();
     let (ad, bd) = (Nvfp4Tensor::upload(&a, s).unwrap(), Nvfp4Tensor::upload(&b, s).unwrap());
     (a, b, ad, bd)
 }

@@ -9,42 +9,42 @@ use blockscaled_gemm::{fp4_out, Config, Error, Nvfp4Matrix, OutType, Problem, Sf
 
 #[test]
 fn scale_layouts_check_lengths_and_sizes() {
-    let e = to_tiled(&[1; 5], 2, 3, 1).unwrap_err();
+    let e = to_tiled(&[1; 5], (1, 2, 3)).unwrap_err();
     assert!(matches!(e, Error::BufferLength { name: "row-major scales", got: 5, want: 6, .. }), "{e}");
-    let e = to_tiled(&[], usize::MAX, 2, 2).unwrap_err();
+    let e = to_tiled(&[], (2, usize::MAX, 2)).unwrap_err();
     assert!(matches!(e, Error::SizeLimit { what: "row-major scales", .. }), "{e}");
-    let e = to_tiled(&[], 1, 1, usize::MAX).unwrap_err();
+    let e = to_tiled(&[], (usize::MAX, 1, 1)).unwrap_err();
     assert!(matches!(e, Error::SizeLimit { what: "tiled scale bytes", .. }), "{e}");
-    let e = from_tiled(&[0; 511], 1, 1, 1).unwrap_err();
+    let e = from_tiled(&[0; 511], (1, 1, 1)).unwrap_err();
     assert!(matches!(e, Error::BufferLength { name: "tiled scales", got: 511, want: 512, .. }), "{e}");
-    let e = from_tiled(&[], usize::MAX / 64, 1, 64).unwrap_err();
+    let e = from_tiled(&[], (64, usize::MAX / 64, 1)).unwrap_err();
     assert!(matches!(e, Error::SizeLimit { what: "tiled scale bytes", .. }), "{e}");
     // No scale columns: nothing to move, however many rows (no loop over them, no overflow).
-    assert_eq!(to_tiled(&[], usize::MAX, 0, 2).unwrap(), Vec::<u8>::new());
-    assert_eq!(from_tiled(&[], usize::MAX, 0, 2).unwrap(), Vec::<u8>::new());
+    assert_eq!(to_tiled(&[], (2, usize::MAX, 0)).unwrap(), Vec::<u8>::new());
+    assert_eq!(from_tiled(&[], (2, usize::MAX, 0)).unwrap(), Vec::<u8>::new());
     // And the round trip where the lengths are right.
     let sf: Vec<u8> = (0..2 * 3 * 5).map(|i| i as u8).collect();
-    assert_eq!(from_tiled(&to_tiled(&sf, 3, 5, 2).unwrap(), 3, 5, 2).unwrap(), sf);
+    assert_eq!(from_tiled(&to_tiled(&sf, (2, 3, 5)).unwrap(), (2, 3, 5)).unwrap(), sf);
 }
 
 #[test]
 fn value_layouts_check_k_and_lengths() {
-    let e = prepack_values(&[0; 3], 2, 3, 1).unwrap_err();
+    let e = prepack_values(&[0; 3], (1, 2, 3)).unwrap_err();
     assert!(matches!(e, Error::KMultiple { k: 3, multiple: 2, .. }), "{e}");
-    let e = prepack_values(&[0; 7], 2, 8, 1).unwrap_err();
+    let e = prepack_values(&[0; 7], (1, 2, 8)).unwrap_err();
     assert!(matches!(e, Error::BufferLength { name: "values", got: 7, want: 8, .. }), "{e}");
     // A product that wraps in usize is a size error, not a length that happens to match.
-    let e = prepack_values(&[], 1 << 62, 8, 4).unwrap_err();
+    let e = prepack_values(&[], (4, 1 << 62, 8)).unwrap_err();
     assert!(matches!(e, Error::SizeLimit { .. }), "{e}");
     // K = 0: no values, however many rows.
-    assert_eq!(prepack_values(&[], usize::MAX, 0, 2).unwrap(), Vec::<u8>::new());
-    assert_eq!(unpack_values(&[], usize::MAX, 0, 2).unwrap(), Vec::<u8>::new());
-    let e = unpack_values(&[0; 100], 2, 8, 1).unwrap_err();
+    assert_eq!(prepack_values(&[], (2, usize::MAX, 0)).unwrap(), Vec::<u8>::new());
+    assert_eq!(unpack_values(&[], (2, usize::MAX, 0)).unwrap(), Vec::<u8>::new());
+    let e = unpack_values(&[0; 100], (1, 2, 8)).unwrap_err();
     assert!(matches!(e, Error::BufferLength { name: "values", got: 100, .. }), "{e}");
     let values: Vec<u8> = (0..3 * 300).map(|i| (i * 7) as u8).collect();
-    let packed = prepack_values(&values, 3, 600, 1).unwrap();
-    assert_eq!(packed.len(), prepacked_bytes(3, 600, 1));
-    assert_eq!(unpack_values(&packed, 3, 600, 1).unwrap(), values);
+    let packed = prepack_values(&values, (1, 3, 600)).unwrap();
+    assert_eq!(packed.len(), prepacked_bytes((1, 3, 600)));
+    assert_eq!(unpack_values(&packed, (1, 3, 600)).unwrap(), values);
 }
 
 #[test]
@@ -56,7 +56,7 @@ fn packing_odd_codes_is_an_error() {
 
 #[test]
 fn row_and_batch_selection_check_their_indexes() {
-    let m = Nvfp4Matrix::random_contest(5, 32, 2, 7).unwrap();
+    let m = Nvfp4Matrix::random_contest((2, 5, 32), 7).unwrap();
     let e = m.select_rows(&[0, 5]).unwrap_err();
     assert!(matches!(e, Error::Index { what: "row", index: 5, len: 5 }), "{e}");
     let e = m.select_rows(&[]).unwrap_err();
@@ -73,7 +73,7 @@ fn element_accessors_refuse_indexes_past_their_extent() {
     // Unchecked, each of these reads another element's bytes: (row 0, K index 32) of a 32-wide
     // matrix is row 1's first code, row 2 of a 2-row batch is the next batch's first row, row 2's
     // scales are the tile's padding.
-    let m = Nvfp4Matrix::random_contest(2, 32, 2, 3).unwrap();
+    let m = Nvfp4Matrix::random_contest((2, 2, 32), 3).unwrap();
     assert!(std::panic::catch_unwind(|| m.code(0, 0, 32)).is_err());
     assert!(std::panic::catch_unwind(|| m.value(0, 2, 0)).is_err());
     assert!(std::panic::catch_unwind(|| m.scale(0, 2, 0)).is_err());

@@ -19,12 +19,12 @@ fn tiled_round_trips_on_many_shapes() {
         for cols in [1usize, 2, 3, 4, 5, 7, 8, 9, 16, 17] {
             for batch in [1usize, 2, 3] {
                 let src = odd_bytes(rows * cols * batch, rows + cols);
-                let t = to_tiled(&src, rows, cols, batch).unwrap();
+                let t = to_tiled(&src, (batch, rows, cols)).unwrap();
                 assert_eq!(t.len(), batch * padded_rows(rows) * padded_sf_cols(cols));
-                assert_eq!(t.len(), sf_bytes(rows, cols * 16, batch));
-                assert_eq!(Some(t.len()), checked_sf_bytes(rows, cols * 16, batch));
+                assert_eq!(t.len(), sf_bytes((batch, rows, cols * 16)));
+                assert_eq!(Some(t.len()), checked_sf_bytes((batch, rows, cols * 16)));
                 assert_eq!(t.iter().filter(|&&b| b != 0).count(), src.len(), "padding is zero");
-                assert_eq!(from_tiled(&t, rows, cols, batch).unwrap(), src);
+                assert_eq!(from_tiled(&t, (batch, rows, cols)).unwrap(), src);
                 // Every position through sf_offset_elem.
                 for l in 0..batch {
                     for r in (0..rows).step_by(7) {
@@ -42,34 +42,34 @@ fn tiled_round_trips_on_many_shapes() {
 fn tiled_zero_sizes_and_bad_lengths() {
     for (rows, cols, batch) in [(0, 5, 2), (5, 0, 2), (5, 5, 0), (0, 0, 0), (usize::MAX, 0, 1), (0, usize::MAX, 1), (usize::MAX, usize::MAX, 0)] {
         let t = Instant::now();
-        assert_eq!(to_tiled(&[], rows, cols, batch).unwrap(), Vec::<u8>::new(), "{rows} {cols} {batch}");
-        assert_eq!(from_tiled(&[], rows, cols, batch).unwrap(), Vec::<u8>::new(), "{rows} {cols} {batch}");
+        assert_eq!(to_tiled(&[], (batch, rows, cols)).unwrap(), Vec::<u8>::new(), "{rows} {cols} {batch}");
+        assert_eq!(from_tiled(&[], (batch, rows, cols)).unwrap(), Vec::<u8>::new(), "{rows} {cols} {batch}");
         assert!(t.elapsed().as_millis() < 100);
     }
-    assert!(matches!(to_tiled(&[1, 2, 3], 1, 2, 1), Err(Error::BufferLength { got: 3, want: 2, .. })));
-    assert!(matches!(from_tiled(&[0; 511], 1, 1, 1), Err(Error::BufferLength { got: 511, want: 512, .. })));
-    assert!(matches!(from_tiled(&[0; 513], 1, 1, 1), Err(Error::BufferLength { got: 513, want: 512, .. })));
+    assert!(matches!(to_tiled(&[1, 2, 3], (1, 1, 2)), Err(Error::BufferLength { got: 3, want: 2, .. })));
+    assert!(matches!(from_tiled(&[0; 511], (1, 1, 1)), Err(Error::BufferLength { got: 511, want: 512, .. })));
+    assert!(matches!(from_tiled(&[0; 513], (1, 1, 1)), Err(Error::BufferLength { got: 513, want: 512, .. })));
     // Sizes beyond usize: typed errors, at once.
     let t = Instant::now();
     for (rows, cols, batch) in [(usize::MAX, 1, 1), (1, usize::MAX, 1), (1, 1, usize::MAX), (1 << 40, 1 << 30, 1), (usize::MAX - 100, 3, 1), (3, usize::MAX - 2, 1)] {
-        assert!(matches!(to_tiled(&[1], rows, cols, batch), Err(Error::SizeLimit { .. })), "{rows} {cols} {batch}");
-        assert!(matches!(from_tiled(&[1], rows, cols, batch), Err(Error::SizeLimit { .. })), "{rows} {cols} {batch}");
+        assert!(matches!(to_tiled(&[1], (batch, rows, cols)), Err(Error::SizeLimit { .. })), "{rows} {cols} {batch}");
+        assert!(matches!(from_tiled(&[1], (batch, rows, cols)), Err(Error::SizeLimit { .. })), "{rows} {cols} {batch}");
     }
     // Row-major fits, tiled does not (padding of scale columns to 4).
     let rows = usize::MAX / 3;
-    assert!(matches!(to_tiled(&[1], rows, 1, 1), Err(Error::SizeLimit { what: "tiled scale bytes", .. })));
+    assert!(matches!(to_tiled(&[1], (1, rows, 1)), Err(Error::SizeLimit { what: "tiled scale bytes", .. })));
     // Tiled fits, the allocation is just too large: HostMemory, not an abort.
-    let r = to_tiled(&[], 0, 1, 1);
+    let r = to_tiled(&[], (1, 0, 1));
     assert!(r.is_ok());
     assert!(t.elapsed().as_millis() < 100);
     // Padded sizes saturate.
     assert_eq!(padded_sf_cols(usize::MAX), usize::MAX);
     assert_eq!(padded_rows(0), 0);
     assert_eq!(padded_sf_cols(0), 0);
-    assert_eq!(sf_bytes(usize::MAX, usize::MAX, usize::MAX), usize::MAX);
+    assert_eq!(sf_bytes((usize::MAX, usize::MAX, usize::MAX)), usize::MAX);
     assert_eq!(sf_batch_bytes(0, 16), 0);
     assert_eq!(sf_batch_bytes(1, 15), 0, "K below 16 has no scale column");
-    assert_eq!(checked_sf_bytes(0, 0, usize::MAX), Some(0));
+    assert_eq!(checked_sf_bytes((usize::MAX, 0, 0)), Some(0));
 }
 
 #[test]
@@ -78,37 +78,37 @@ fn prepack_round_trips_and_refusals() {
         for rows in [1usize, 2, 3, 17] {
             for batch in [1usize, 2] {
                 let src = odd_bytes(batch * rows * k / 2, k);
-                let p = prepack_values(&src, rows, k, batch).unwrap();
-                assert_eq!(p.len(), prepacked_bytes(rows, k, batch));
+                let p = prepack_values(&src, (batch, rows, k)).unwrap();
+                assert_eq!(p.len(), prepacked_bytes((batch, rows, k)));
                 assert_eq!(p.len(), batch * prepack_chunks(k) * rows * PREPACK_CHUNK_BYTES);
                 assert_eq!(p.iter().filter(|&&b| b != 0).count(), src.len());
-                assert_eq!(unpack_values(&p, rows, k, batch).unwrap(), src, "{rows} {k} {batch}");
+                assert_eq!(unpack_values(&p, (batch, rows, k)).unwrap(), src, "{rows} {k} {batch}");
             }
         }
     }
     for k in [1usize, 3, 17, usize::MAX] {
-        assert!(matches!(prepack_values(&[], 1, k, 1), Err(Error::KMultiple { multiple: 2, .. })), "{k}");
-        assert!(matches!(unpack_values(&[], 1, k, 1), Err(Error::KMultiple { multiple: 2, .. })), "{k}");
+        assert!(matches!(prepack_values(&[], (1, 1, k)), Err(Error::KMultiple { multiple: 2, .. })), "{k}");
+        assert!(matches!(unpack_values(&[], (1, 1, k)), Err(Error::KMultiple { multiple: 2, .. })), "{k}");
     }
     let t = Instant::now();
     for (rows, k, batch) in [(0, 32, 1), (usize::MAX, 0, 1), (1, 0, usize::MAX), (usize::MAX, 32, 0), (0, usize::MAX - 1, usize::MAX)] {
-        assert_eq!(prepack_values(&[], rows, k, batch).unwrap(), Vec::<u8>::new(), "{rows} {k} {batch}");
-        assert_eq!(unpack_values(&[], rows, k, batch).unwrap(), Vec::<u8>::new(), "{rows} {k} {batch}");
+        assert_eq!(prepack_values(&[], (batch, rows, k)).unwrap(), Vec::<u8>::new(), "{rows} {k} {batch}");
+        assert_eq!(unpack_values(&[], (batch, rows, k)).unwrap(), Vec::<u8>::new(), "{rows} {k} {batch}");
     }
     for (rows, k, batch) in [(usize::MAX, 32, 1), (1, usize::MAX - 1, 2), (1 << 40, 1 << 30, 1), (1, 2, usize::MAX)] {
-        assert!(matches!(prepack_values(&[1], rows, k, batch), Err(Error::SizeLimit { .. })), "{rows} {k} {batch}");
-        assert!(matches!(unpack_values(&[1], rows, k, batch), Err(Error::SizeLimit { .. })), "{rows} {k} {batch}");
+        assert!(matches!(prepack_values(&[1], (batch, rows, k)), Err(Error::SizeLimit { .. })), "{rows} {k} {batch}");
+        assert!(matches!(unpack_values(&[1], (batch, rows, k)), Err(Error::SizeLimit { .. })), "{rows} {k} {batch}");
     }
     // Standard fits, prepacked (K rounded up to 256) does not.
     let (rows, k) = (usize::MAX / 64, 2);
-    assert!(matches!(prepack_values(&[1], rows, k, 1), Err(Error::SizeLimit { .. })));
+    assert!(matches!(prepack_values(&[1], (1, rows, k)), Err(Error::SizeLimit { .. })));
     assert!(t.elapsed().as_millis() < 100);
-    assert!(matches!(prepack_values(&[1; 15], 1, 32, 1), Err(Error::BufferLength { got: 15, want: 16, .. })));
-    assert!(matches!(unpack_values(&[1; 16], 1, 32, 1), Err(Error::BufferLength { got: 16, want: 128, .. })));
+    assert!(matches!(prepack_values(&[1; 15], (1, 1, 32)), Err(Error::BufferLength { got: 15, want: 16, .. })));
+    assert!(matches!(unpack_values(&[1; 16], (1, 1, 32)), Err(Error::BufferLength { got: 16, want: 128, .. })));
     // Prepacked bytes past K that are not zero are dropped by unpack.
-    let mut p = prepack_values(&[7; 16], 1, 32, 1).unwrap();
+    let mut p = prepack_values(&[7; 16], (1, 1, 32)).unwrap();
     p[100] = 9;
-    assert_eq!(unpack_values(&p, 1, 32, 1).unwrap(), vec![7; 16]);
+    assert_eq!(unpack_values(&p, (1, 1, 32)).unwrap(), vec![7; 16]);
 }
 
 #[test]
@@ -162,7 +162,7 @@ fn epilogue_matches_groups_and_refuses() {
         let (d, sfd) = epilogue(&p, &acc, Some(&c), format).unwrap();
         assert_eq!(d.len(), l * m * n / 2);
         assert_eq!(sfd.len(), p.sfd_bytes());
-        let rm = from_tiled(&sfd, m, n / 16, l).unwrap();
+        let rm = from_tiled(&sfd, (l, m, n / 16)).unwrap();
         assert_eq!(sfd.iter().filter(|&&b| b != 0).count(), rm.iter().filter(|&&b| b != 0).count(), "padding zero");
         for li in 0..l {
             for r in 0..m {
@@ -302,8 +302,8 @@ fn compare_odd_tolerances() {
 #[test]
 fn verify_matrices_passes_right_and_fails_wrong() {
     for (m, n, k, l) in [(5usize, 24usize, 64usize, 2usize), (1, 8, 32, 1), (130, 16, 96, 1)] {
-        let a = Nvfp4Matrix::random_contest(m, k, l, 3).unwrap();
-        let b = Nvfp4Matrix::random_contest(n, k, l, 4).unwrap();
+        let a = Nvfp4Matrix::random_contest((l, m, k), 3).unwrap();
+        let b = Nvfp4Matrix::random_contest((l, n, k), 4).unwrap();
         let c: Vec<half::bf16> = (0..l * m * n).map(|i| half::bf16::from_f32(i as f32 * 0.01)).collect();
         let d = reference_gemm(&a, &b, 0.5, 0.25, Some(&c)).unwrap();
         let v = verify_matrices(&a, &b, 0.5, 0.25, Some(&c), &d).unwrap();
@@ -329,8 +329,8 @@ fn verify_matrices_passes_right_and_fails_wrong() {
             assert!(matches!(r, Err(Error::NonFiniteScalar { .. }) | Err(Error::InvalidData { what: "alpha", .. })), "{al} {be}: {r:?}");
         }
     }
-    let a = Nvfp4Matrix::random_contest(4, 64, 1, 3).unwrap();
-    let b = Nvfp4Matrix::random_contest(4, 32, 1, 4).unwrap();
+    let a = Nvfp4Matrix::random_contest((1, 4, 64), 3).unwrap();
+    let b = Nvfp4Matrix::random_contest((1, 4, 32), 4).unwrap();
     assert!(verify_matrices::<f32>(&a, &b, 1.0, 0.0, None, &[0.0; 16]).is_err());
 }
 
@@ -387,9 +387,9 @@ fn verify_matrices_passes_simulated_fp32_gemms() {
     for (m, n, k, l, seed) in [(4usize, 16usize, 256usize, 1usize, 1u64), (3, 8, 2048, 2, 2), (2, 8, 7168, 1, 3)] {
         for kind in 0..3 {
             let (a, b) = match kind {
-                0 => (Nvfp4Matrix::random_contest(m, k, l, seed).unwrap(), Nvfp4Matrix::random_contest(n, k, l, seed + 9).unwrap()),
-                1 => (Nvfp4Matrix::random_realistic(m, k, l, seed).unwrap(), Nvfp4Matrix::random_realistic(n, k, l, seed + 9).unwrap()),
-                _ => (Nvfp4Matrix::random_gaussian(m, k, l, seed).unwrap(), Nvfp4Matrix::random_gaussian(n, k, l, seed + 9).unwrap()),
+                0 => (Nvfp4Matrix::random_contest((l, m, k), seed).unwrap(), Nvfp4Matrix::random_contest((l, n, k), seed + 9).unwrap()),
+                1 => (Nvfp4Matrix::random_realistic((l, m, k), seed).unwrap(), Nvfp4Matrix::random_realistic((l, n, k), seed + 9).unwrap()),
+                _ => (Nvfp4Matrix::random_gaussian((l, m, k), seed).unwrap(), Nvfp4Matrix::random_gaussian((l, n, k), seed + 9).unwrap()),
             };
             for t in [1usize, 4, 16, 64] {
                 let cf: Vec<f32> = (0..l * m * n).map(|i| (i as f32 - 7.0) * 0.37).collect();
@@ -463,7 +463,7 @@ fn verify_w4a16_passes_simulated_fp32_gemms() {
     use blockscaled_gemm::compare::verify_w4a16;
     use half::{bf16, f16};
     let (m, n, k, l) = (3usize, 8usize, 4096usize, 2usize);
-    let b = Nvfp4Matrix::random_realistic(n, k, l, 11).unwrap();
+    let b = Nvfp4Matrix::random_realistic((l, n, k), 11).unwrap();
     let mut rng = blockscaled_gemm::SplitMix64::new(12);
     let af: Vec<f32> = (0..l * m * k).map(|_| (rng.normal() * 2f64.powi(rng.below(12) as i32 - 10)) as f32).collect();
     let a: Vec<bf16> = af.iter().map(|&x| bf16::from_f32(x)).collect();

@@ -47,8 +47,8 @@ fn bits_equal<T: OutputElement>(got: &[T], want: &[T], what: &str) {
 fn contest_data_matches_naive_bit_for_bit() {
     // Odd shapes (M, N not multiples of 128), zero scales included, batch 2, alpha and beta.
     for (seed, &(m, n, k, l)) in [(3usize, 5usize, 64usize, 1usize), (130, 72, 256, 2), (257, 16, 96, 1)].iter().enumerate() {
-        let a = Nvfp4Matrix::random_contest(m, k, l, 10 + seed as u64).unwrap();
-        let b = Nvfp4Matrix::random_contest(n, k, l, 20 + seed as u64).unwrap();
+        let a = Nvfp4Matrix::random_contest((l, m, k), 10 + seed as u64).unwrap();
+        let b = Nvfp4Matrix::random_contest((l, n, k), 20 + seed as u64).unwrap();
         let c: Vec<f16> = (0..l * m * n).map(|i| f16::from_f32((i % 13) as f32 - 6.0)).collect();
         let got: Vec<f16> = reference_gemm(&a, &b, 0.75, -1.5, Some(&c)).unwrap();
         bits_equal(&got, &naive(&a, &b, 0.75, -1.5, Some(&c)), "f16 with C");
@@ -61,16 +61,16 @@ fn contest_data_matches_naive_bit_for_bit() {
 
 #[test]
 fn realistic_data_matches_naive_bit_for_bit() {
-    let a = Nvfp4Matrix::random_realistic(40, 512, 1, 1).unwrap();
-    let b = Nvfp4Matrix::random_realistic(24, 512, 1, 2).unwrap();
+    let a = Nvfp4Matrix::random_realistic((1, 40, 512), 1).unwrap();
+    let b = Nvfp4Matrix::random_realistic((1, 24, 512), 2).unwrap();
     let got: Vec<f32> = reference_gemm(&a, &b, 1.0, 0.0, None).unwrap();
     bits_equal(&got, &naive::<f32>(&a, &b, 1.0, 0.0, None), "realistic f32");
 }
 
 #[test]
 fn swapping_a_and_b_transposes_d() {
-    let a = Nvfp4Matrix::random_realistic(33, 128, 2, 5).unwrap();
-    let b = Nvfp4Matrix::random_realistic(17, 128, 2, 6).unwrap();
+    let a = Nvfp4Matrix::random_realistic((2, 33, 128), 5).unwrap();
+    let b = Nvfp4Matrix::random_realistic((2, 17, 128), 6).unwrap();
     let ab: Vec<f32> = reference_gemm(&a, &b, 1.0, 0.0, None).unwrap();
     let ba: Vec<f32> = reference_gemm(&b, &a, 1.0, 0.0, None).unwrap();
     for l in 0..2 {
@@ -84,15 +84,15 @@ fn swapping_a_and_b_transposes_d() {
 
 #[test]
 fn alpha_scales_exactly_and_zero_scales_give_zero() {
-    let a = Nvfp4Matrix::random_contest(20, 64, 1, 8).unwrap();
-    let b = Nvfp4Matrix::random_contest(24, 64, 1, 9).unwrap();
+    let a = Nvfp4Matrix::random_contest((1, 20, 64), 8).unwrap();
+    let b = Nvfp4Matrix::random_contest((1, 24, 64), 9).unwrap();
     let one: Vec<f32> = reference_gemm(&a, &b, 1.0, 0.0, None).unwrap();
     let four: Vec<f32> = reference_gemm(&a, &b, 4.0, 0.0, None).unwrap();
     assert!(one.iter().any(|&x| x != 0.0), "data must not be trivially zero");
     for (x, y) in one.iter().zip(&four) {
         assert_eq!(4.0 * x, *y);
     }
-    let zero_sf = Nvfp4Matrix::from_parts(20, 64, 1, a.data().to_vec(), vec![0; a.scales().len()], None).unwrap();
+    let zero_sf = Nvfp4Matrix::from_parts((1, 20, 64), a.data().to_vec(), vec![0; a.scales().len()], None).unwrap();
     let z: Vec<f32> = reference_gemm(&zero_sf, &b, 1.0, 0.0, None).unwrap();
     assert!(z.iter().all(|&x| x == 0.0));
 }
@@ -104,16 +104,16 @@ fn extreme_scales_448_are_exact() {
     // which f32 holds exactly: the largest products neither overflow nor lose a bit.
     let k = 4096;
     let data = vec![0x77u8; k / 2];
-    let scales = blockscaled_gemm::layout::to_tiled(&vec![0x7E; k / 16], 1, k / 16, 1).unwrap();
-    let a = Nvfp4Matrix::from_parts(1, k, 1, data, scales, None).unwrap();
+    let scales = blockscaled_gemm::layout::to_tiled(&vec![0x7E; k / 16], (1, 1, k / 16)).unwrap();
+    let a = Nvfp4Matrix::from_parts((1, 1, k), data, scales, None).unwrap();
     let d: Vec<f32> = reference_gemm(&a, &a, 1.0, 0.0, None).unwrap();
     assert_eq!(d[0] as f64, 4096.0 * (6.0f64 * 448.0).powi(2));
 }
 
 #[test]
 fn mismatched_operands_are_typed_errors() {
-    let a = Nvfp4Matrix::random_contest(4, 64, 1, 1).unwrap();
-    let b = Nvfp4Matrix::random_contest(4, 32, 1, 1).unwrap();
+    let a = Nvfp4Matrix::random_contest((1, 4, 64), 1).unwrap();
+    let b = Nvfp4Matrix::random_contest((1, 4, 32), 1).unwrap();
     let e = reference_gemm::<f32>(&a, &b, 1.0, 0.0, None).unwrap_err();
     assert!(e.to_string().contains("K and L must agree"), "{e}");
     let e = reference_gemm::<f32>(&a, &a, 1.0, 1.0, None).unwrap_err();

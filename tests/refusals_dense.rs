@@ -132,28 +132,28 @@ fn forced_split_k_and_configs() {
 #[test]
 fn host_layout_functions_take_odd_and_empty_shapes() {
     // Zero extents give empty outputs without looping over the others, however large.
-    assert!(prepack_values(&[], 0, 256, usize::MAX).unwrap().is_empty());
-    assert!(prepack_values(&[], usize::MAX, 0, 1).unwrap().is_empty());
-    assert!(unpack_values(&[], usize::MAX, 0, usize::MAX).unwrap().is_empty());
-    assert!(to_tiled(&[], usize::MAX, 0, 3).unwrap().is_empty());
-    assert!(from_tiled(&[], 0, usize::MAX, usize::MAX).unwrap().is_empty());
+    assert!(prepack_values(&[], (usize::MAX, 0, 256)).unwrap().is_empty());
+    assert!(prepack_values(&[], (1, usize::MAX, 0)).unwrap().is_empty());
+    assert!(unpack_values(&[], (usize::MAX, usize::MAX, 0)).unwrap().is_empty());
+    assert!(to_tiled(&[], (3, usize::MAX, 0)).unwrap().is_empty());
+    assert!(from_tiled(&[], (usize::MAX, 0, usize::MAX)).unwrap().is_empty());
     // Odd K is an error; sizes beyond usize are SizeLimit, not a wrap or an abort.
-    assert!(matches!(prepack_values(&[0; 3], 1, 7, 1), Err(Error::KMultiple { .. })));
-    assert!(matches!(prepack_values(&[], usize::MAX, 256, 2), Err(Error::SizeLimit { .. })));
-    assert!(matches!(to_tiled(&[], usize::MAX, 5, 2), Err(Error::SizeLimit { .. })));
+    assert!(matches!(prepack_values(&[0; 3], (1, 1, 7)), Err(Error::KMultiple { .. })));
+    assert!(matches!(prepack_values(&[], (2, usize::MAX, 256)), Err(Error::SizeLimit { .. })));
+    assert!(matches!(to_tiled(&[], (2, usize::MAX, 5)), Err(Error::SizeLimit { .. })));
     // Huge but representable: the length check fails before any allocation.
-    assert!(matches!(prepack_values(&[0; 16], 1 << 40, 32, 1), Err(Error::BufferLength { .. })));
-    assert!(matches!(from_tiled(&[0; 512], 1 << 50, 4, 1), Err(Error::BufferLength { .. })));
+    assert!(matches!(prepack_values(&[0; 16], (1, 1 << 40, 32)), Err(Error::BufferLength { .. })));
+    assert!(matches!(from_tiled(&[0; 512], (1, 1 << 50, 4)), Err(Error::BufferLength { .. })));
     // K of 2 and of 2 + 256 (a partial first and last chunk) round-trip.
     for (rows, k, batch) in [(3, 2, 2), (1, 258, 1), (129, 30, 3)] {
         let src: Vec<u8> = (0..batch * rows * k / 2).map(|i| (i * 31 + 7) as u8).collect();
-        let p = prepack_values(&src, rows, k, batch).unwrap();
-        assert_eq!(p.len(), layout::prepacked_bytes(rows, k, batch));
-        assert_eq!(unpack_values(&p, rows, k, batch).unwrap(), src);
+        let p = prepack_values(&src, (batch, rows, k)).unwrap();
+        assert_eq!(p.len(), layout::prepacked_bytes((batch, rows, k)));
+        assert_eq!(unpack_values(&p, (batch, rows, k)).unwrap(), src);
     }
     // Saturating sizes never wrap.
-    assert_eq!(layout::prepacked_bytes(usize::MAX, usize::MAX, usize::MAX), usize::MAX);
-    assert_eq!(layout::sf_bytes(usize::MAX, usize::MAX, usize::MAX), usize::MAX);
+    assert_eq!(layout::prepacked_bytes((usize::MAX, usize::MAX, usize::MAX)), usize::MAX);
+    assert_eq!(layout::sf_bytes((usize::MAX, usize::MAX, usize::MAX)), usize::MAX);
 }
 
 #[test]

@@ -53,16 +53,16 @@ fn cpu_offsets_edges() {
     assert!(matches!(expert_offsets(&[usize::MAX, usize::MAX]), Err(Error::InvalidData { .. })));
     assert_eq!(expert_offsets(&[]).unwrap(), vec![0]);
     // Zero-row experts and every expert empty but one.
-    let x = Nvfp4Matrix::random_contest(3, 64, 1, 9).unwrap();
+    let x = Nvfp4Matrix::random_contest((1, 3, 64), 9).unwrap();
     let s = moe_scales(&x, &[0, 0, 3, 3]).unwrap();
     assert_eq!(s.len(), MoeProblem::new(3, 32, 64, 3).sfa_bytes());
     // x batched: refused by both host helpers (typed).
-    let xb = Nvfp4Matrix::random_contest(3, 64, 2, 9).unwrap();
+    let xb = Nvfp4Matrix::random_contest((2, 3, 64), 9).unwrap();
     assert!(matches!(moe_scales(&xb, &[0, 3]), Err(Error::InvalidData { what: "x", .. })));
-    let w = Nvfp4Matrix::random_contest(32, 64, 1, 10).unwrap();
+    let w = Nvfp4Matrix::random_contest((1, 32, 64), 10).unwrap();
     assert!(reference_moe::<f32>(&xb, &w, &[0, 3], &[1.0], 1.0).is_err());
     // Expert scales of the wrong count, and w of the wrong K.
     assert!(reference_moe::<f32>(&x, &w, &[0, 3], &[1.0, 1.0], 1.0).is_err());
-    let wk = Nvfp4Matrix::random_contest(32, 128, 1, 10).unwrap();
+    let wk = Nvfp4Matrix::random_contest((1, 32, 128), 10).unwrap();
     assert!(reference_moe::<f32>(&x, &wk, &[0, 3], &[1.0], 1.0).is_err());
 }

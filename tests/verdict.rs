@@ -14,7 +14,7 @@ fn general(rows: usize, k: usize, l: usize, seed: u64) -> Nvfp4Matrix {
     let mut rng = SplitMix64::new(seed);
     let data = rng.bytes(l * rows * k / 2).unwrap();
     let sf: Vec<u8> = (0..l * rows * k / 16).map(|_| 0x10 + rng.below(0x49) as u8).collect();
-    Nvfp4Matrix::from_parts(rows, k, l, data, to_tiled(&sf, rows, k / 16, l).unwrap(), None).unwrap()
+    Nvfp4Matrix::from_parts((l, rows, k), data, to_tiled(&sf, (l, rows, k / 16)).unwrap(), None).unwrap()
 }
 
 /// A with row 0 of batch 0 repeating its first half in its second, and B with row 0 of batch 0
@@ -36,7 +36,7 @@ fn with_cancellation(a: &Nvfp4Matrix, b: &Nvfp4Matrix) -> (Nvfp4Matrix, Nvfp4Mat
     asf[kb / 2..kb].copy_from_slice(&first_sf);
     bsf[..kb / 2].copy_from_slice(&first_sf);
     bsf[kb / 2..kb].copy_from_slice(&first_sf);
-    let rebuild = |m: &Nvfp4Matrix, d: Vec<u8>, sf: Vec<u8>| Nvfp4Matrix::from_parts(m.rows(), k, m.batch(), d, to_tiled(&sf, m.rows(), kb, m.batch()).unwrap(), None).unwrap();
+    let rebuild = |m: &Nvfp4Matrix, d: Vec<u8>, sf: Vec<u8>| Nvfp4Matrix::from_parts((m.batch(), m.rows(), k), d, to_tiled(&sf, (m.batch(), m.rows(), kb)).unwrap(), None).unwrap();
     (rebuild(a, ad, asf), rebuild(b, bd, bsf))
 }
 
@@ -174,7 +174,7 @@ fn wrong_results_fail_the_verdict() {
     // A lost K half: the result of K / 2.
     let short = |x: &Nvfp4Matrix| {
         let rows: Vec<u8> = x.data().chunks(k / 2).flat_map(|r| r.iter().enumerate().map(|(i, &v)| if i < k / 4 { v } else { 0 })).collect();
-        Nvfp4Matrix::from_parts(x.rows(), k, l, rows, x.scales().to_vec(), None).unwrap()
+        Nvfp4Matrix::from_parts((l, x.rows(), k), rows, x.scales().to_vec(), None).unwrap()
     };
     let half_k = gpu_model::<bf16>(&short(&a), &b, 0.75, 0.0, None, Order::Forward);
     assert!(!verify_matrices(&a, &b, 0.75, 0.0, None, &half_k).unwrap().passed());
@@ -202,7 +202,7 @@ fn dots_are_the_exact_sums_and_magnitudes() {
     let p = Problem::new(m, n, k).batch(l);
     let d = dots(&p, a.data(), a.scales(), b.data(), b.scales()).unwrap();
     let exact = reference::accumulators(&p, a.data(), a.scales(), b.data(), b.scales(), reference::Accumulation::Exact).unwrap();
-    let abs = |x: &Nvfp4Matrix| Nvfp4Matrix::from_parts(x.rows(), k, l, x.data().iter().map(|v| v & 0x77).collect(), x.scales().to_vec(), None).unwrap();
+    let abs = |x: &Nvfp4Matrix| Nvfp4Matrix::from_parts((l, x.rows(), k), x.data().iter().map(|v| v & 0x77).collect(), x.scales().to_vec(), None).unwrap();
     let abs_sum: Vec<f64> = reference_gemm::<f32>(&abs(&a), &abs(&b), 1.0, 0.0, None).unwrap().iter().map(|&x| x as f64).collect();
     for i in 0..d.len() {
         assert_eq!(d[i].sum as f32, exact[i], "element {i}");
@@ -216,7 +216,7 @@ fn dots_are_the_exact_sums_and_magnitudes() {
     // A NaN scale makes both NaN, and the verdict then wants NaN.
     let mut sf = a.scales().to_vec();
     sf[0] = 0x7F;
-    let an = Nvfp4Matrix::from_parts(m, k, l, a.data().to_vec(), sf, None).unwrap();
+    let an = Nvfp4Matrix::from_parts((l, m, k), a.data().to_vec(), sf, None).unwrap();
     let d = dots(&p, an.data(), an.scales(), b.data(), b.scales()).unwrap();
     assert!(d[0].sum.is_nan() && d[0].abs_sum.is_nan() && !d[n].sum.is_nan());
     let want: Vec<f32> = reference_gemm(&an, &b, 1.0, 0.0, None).unwrap();

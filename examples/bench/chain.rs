@@ -35,7 +35,7 @@ pub fn bench_chain(cli: &crate::Cli, gemm: &BlockScaledGemm, stream: &Arc<CudaSt
     let x = stream.clone_htod(&x)?;
     let weights: Vec<Nvfp4Tensor> = (0..n_sets).map(|i| Nvfp4Tensor::upload(&crate::operand(cli, n, k, 1, 100 + i as u64)?, stream)).collect::<Result<_, _>>()?;
     let p = Problem::new(m, n, k);
-    let (mut codes, mut scales): (CudaSlice<u8>, CudaSlice<u8>) = (stream.alloc_zeros(m * k / 2)?, stream.alloc_zeros(blockscaled_gemm::layout::sf_bytes(m, k, 1))?);
+    let (mut codes, mut scales): (CudaSlice<u8>, CudaSlice<u8>) = (stream.alloc_zeros(m * k / 2)?, stream.alloc_zeros(blockscaled_gemm::layout::sf_bytes((1, m, k)))?);
     let mut act = Nvfp4Activations::new(stream, (1, m, k))?;
     let (mut d1, mut d2): (CudaSlice<f16>, CudaSlice<f16>) = (stream.alloc_zeros(m * n)?, stream.alloc_zeros(m * n)?);
     let xs = |s: usize| x.slice(s * m * k..(s + 1) * m * k);

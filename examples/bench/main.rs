@@ -205,8 +205,8 @@ impl Data {
 /// An NVFP4 operand (batch, rows, K) of the `--data` kind.
 fn operand(cli: &Cli, rows: usize, k: usize, batch: usize, seed: u64) -> blockscaled_gemm::Result<Nvfp4Matrix> {
     match cli.data {
-        Data::Gaussian => Nvfp4Matrix::random_gaussian(rows, k, batch, seed),
-        Data::Contest => Nvfp4Matrix::random_contest(rows, k, batch, seed),
+        Data::Gaussian => Nvfp4Matrix::random_gaussian((batch, rows, k), seed),
+        Data::Contest => Nvfp4Matrix::random_contest((batch, rows, k), seed),
     }
 }
 
@@ -567,10 +567,10 @@ fn bench_one(cli: &Cli, gemm: &BlockScaledGemm, stream: &Arc<CudaStream>, l2: us
             Some(format) => {
                 let pr = Problem::new(rows.len(), n, k).norm_constant(st);
                 let (want_d, want_sfd) = fp4_out::epilogue(&pr, acc.as_deref().expect("computed for FP4"), None, format)?;
-                let got_sfd = from_tiled(all_sfd.get(latest), m, n / 16, 1)?;
+                let got_sfd = from_tiled(all_sfd.get(latest), (1, m, n / 16))?;
                 let got_d: Vec<u8> = rows.iter().flat_map(|&r| got[r * n / 2..][..n / 2].iter().copied()).collect();
                 let got_sf: Vec<u8> = rows.iter().flat_map(|&r| got_sfd[r * n / 16..][..n / 16].iter().copied()).collect();
-                let cmp = compare_fp4(&got_d, &got_sf, &want_d, &from_tiled(&want_sfd, rows.len(), n / 16, 1)?, n, format)?;
+                let cmp = compare_fp4(&got_d, &got_sf, &want_d, &from_tiled(&want_sfd, (1, rows.len(), n / 16))?, n, format)?;
                 if !cmp.within_one_step() {
                     eprintln!("{m}x{n}x{k} {out}: verification failed: {cmp}");
                 }
