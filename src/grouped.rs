@@ -14,13 +14,13 @@
 
 use std::sync::Arc;
 
-use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
+use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut, DeviceSlice};
 
 use crate::dispatch::{self, Config};
 use crate::error::{check_len, product, within, Error, Result};
 use crate::formats::{OutputElement, PackedFp4, ScaleByte};
 use crate::gemm::{check_devices, resolve_config, status_result, BlockScaledGemm, Nvfp4Output, Table, SUPPORTED_GROUPED};
-use crate::layout::{padded_sf_cols, sf_bytes, sf_cols, sf_offset};
+use crate::layout::{padded_sf_cols, sf_bytes, sf_cols, sf_offset, SF_VEC};
 use crate::matrix::Nvfp4Matrix;
 use crate::problem::{check_align, check_align_to, folded_alpha, setters, OutType, Problem};
 use crate::sys;
@@ -164,11 +164,27 @@ pub struct MoeActivations<V = CudaSlice<u8>, S = CudaSlice<u8>> {
 }
 
 impl<V, S> MoeActivations<V, S> {
-    /// Activations of shape (T, K) over device buffers; the lengths are checked against the
-    /// problem by [`BlockScaledGemm::moe_gemm`]. `global_scale`: finite and positive.
-    pub fn new(values: V, scales: S, shape: (usize, usize), global_scale: f32) -> Result<Self> {
+    /// Activations of shape (T, K) over device buffers (`u8` or `float4::F4E2M1x2` values, `u8`
+    /// or `float8::F8E4M3` scales): K a positive multiple of 16, `values` exactly `T * K / 2`
+    /// bytes, `scales` at least the MoE layout's size for one expert
+    /// ([`moe_sfa_bytes`]`(T, K, 1)`; the size for E experts, which the activations do not know,
+    /// is checked against the problem by [`BlockScaledGemm::moe_gemm`]). T may be 0.
+    /// `global_scale`: finite and positive.
+    pub fn new<TV: PackedFp4, TS: ScaleByte>(values: V, scales: S, (rows, k): (usize, usize), global_scale: f32) -> Result<Self>
+    where
+        V: DeviceSlice<TV>, S: DeviceSlice<TS>,
+    {
+        if k == 0 || !k.is_multiple_of(SF_VEC) {
+            return Err(Error::KMultiple { k, multiple: SF_VEC, why: "one scale per 16 elements of K (and K > 0)" });
+        }
         crate::matrix::check_global_scale(global_scale)?;
-        Ok(MoeActivations { values, scales, rows: shape.0, k: shape.1, global_scale })
+        let values_want = rows.checked_mul(k / 2).ok_or(Error::Dimension { dim: "rows", value: rows, max: usize::MAX / (k / 2) })?;
+        check_len("A", values.len(), values_want, "T * K / 2 packed bytes")?;
+        let sf_min = moe_sfa_bytes(rows, k, 1);
+        if scales.len() < sf_min {
+            return Err(Error::InvalidData { what: "SFA", detail: format!("holds {} elements where at least {sf_min} are needed (the MoE layout for one expert, floor((T + 127) / 128) * 128 * ceil(K/64)*4 scale bytes; E experts take floor((T + 127 E) / 128) * 128 rows)", scales.len()) });
+        }
+        Ok(MoeActivations { values, scales, rows, k, global_scale })
     }
     /// (T, K).
     pub fn shape(&self) -> (usize, usize) {

@@ -443,7 +443,23 @@ fn gpu_moe_gemm_bad_lengths_and_shapes_write_nothing() -> Outcome {
     // D one element short (a view of the poisoned buffer).
     let e = g.moe_gemm(&m.p, &m.a, &m.b, &m.o, &m.es, &mut d.slice_mut(0..m.p.d_elems() - 1), None).unwrap_err();
     assert!(matches!(e, Error::BufferLength { name: "D", .. }), "{e:?}");
-    // A's scales in the dense layout (T rows padded once) instead of the MoE one.
+    // Activations whose own lengths are wrong are refused when made: values one byte short or
+    // long, K off 16 (and 0), scales short of one expert's MoE layout.
+    let (t, k) = (m.p.rows, m.p.k);
+    let (x, sfa) = (s.clone_htod(m.x.data()).unwrap(), s.clone_htod(&moe_scales(&m.x, &m.offsets).unwrap()).unwrap());
+    let long = s.alloc_zeros::<u8>(t * k / 2 + 1).unwrap();
+    for values in [x.slice(..t * k / 2 - 1), long.as_view()] {
+        let e = MoeActivations::new(values, sfa.as_view(), (t, k), 1.0).unwrap_err();
+        assert!(matches!(e, Error::BufferLength { name: "A", .. }), "{e:?}");
+    }
+    for bad_k in [0, 8, 520] {
+        let e = MoeActivations::new(x.as_view(), sfa.as_view(), (t, bad_k), 1.0).unwrap_err();
+        assert!(matches!(e, Error::KMultiple { .. }), "{e:?}");
+    }
+    let e = MoeActivations::new(x.as_view(), sfa.slice(..m.p.k / 16 * 128 - 1), (t, k), 1.0).unwrap_err();
+    assert!(matches!(e, Error::InvalidData { what: "SFA", .. }), "{e:?}");
+    // A's scales in the dense layout (T rows padded once) instead of the MoE one: enough for one
+    // expert, so made, and refused by the call that knows E.
     let dense = MoeActivations::new(s.clone_htod(m.x.data()).unwrap(), s.clone_htod(m.x.scales()).unwrap(), (m.p.rows, m.p.k), 1.0).unwrap();
     let e = g.moe_gemm(&m.p, &dense, &m.b, &m.o, &m.es, &mut d, None).unwrap_err();
     assert!(matches!(e, Error::BufferLength { name: "SFA", .. }), "{e:?}");
