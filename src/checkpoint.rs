@@ -319,9 +319,12 @@ impl Checkpoint {
         Ok((n, k))
     }
 
-    /// Which names the layer `prefix` uses, after the checks that refuse the layer whatever its
-    /// tensors hold (its `quant_algo`, an AWQ scale).
-    fn convention(&self, prefix: &str) -> Result<Convention> {
+    /// Which exporter's names the layer `prefix` uses, from the header alone, after the checks
+    /// that refuse the layer whatever its tensors hold (its `quant_algo`, an AWQ scale). Every
+    /// scale this module returns is already in this crate's convention whichever it is; this
+    /// says which one the file was read under (what [`CheckpointLayer::convention`] holds, for
+    /// the device loaders, which return only the operands).
+    pub fn convention(&self, prefix: &str) -> Result<Convention> {
         let has = |s: &str| self.tensors.contains_key(&format!("{prefix}.{s}"));
         let convention = if has("weight_packed") {
             Convention::CompressedTensors
@@ -404,7 +407,8 @@ impl Checkpoint {
     /// [`Self::layer`] on the device: the packed weight and its row-major block scales are
     /// uploaded as the file holds them (after the same checks) and the scales re-tiled on the GPU
     /// ([`Nvfp4Tensor::from_row_major_scales`]), in `stream`'s order. Returns the weight and the
-    /// activations' scale. Not during CUDA graph capture (it allocates and copies).
+    /// activations' scale, both in this crate's convention ([`Self::convention`] says which names
+    /// the file used). Not during CUDA graph capture (it allocates and copies).
     pub fn layer_to_device(&self, prefix: &str, stream: &Arc<CudaStream>) -> Result<(Nvfp4Tensor, Option<f32>)> {
         let r = self.raw_layer(prefix)?;
         refuse_capture("Checkpoint::layer_to_device", stream)?;
@@ -850,6 +854,8 @@ mod tests {
             let ck = Checkpoint::open(&file).unwrap();
             let l = ck.layer("model.layers.0.mlp.down_proj").unwrap();
             assert_eq!(l.convention, conv);
+            assert_eq!(ck.convention("model.layers.0.mlp.down_proj").unwrap(), conv, "from the header alone");
+            assert!(ck.convention("model.layers.0.mlp.up_proj").is_err(), "a layer the file lacks");
             assert_eq!(l.weight.data(), m.data());
             assert_eq!(l.weight.scales(), m.scales(), "tiled as the quantizer tiles them");
             let want_g = match conv {
