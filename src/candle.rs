@@ -429,6 +429,12 @@ impl Nvfp4Experts {
         Ok(Nvfp4Experts { lanes, weight, expert_scales, mode, device: device.clone() })
     }
 
+    /// [`Self::new`] on host weights (`(E, N, K)`, with their global scale where they have one)
+    /// uploaded onto `device`'s stream: `Checkpoint::experts` returns both parts.
+    pub fn from_matrix(weight: &Nvfp4Matrix, expert_scales: &[f32], mode: LinearMode, device: &CudaDevice) -> Result<Self> {
+        Self::new(Nvfp4Tensor::upload(weight, &device.cuda_stream())?, expert_scales, mode, device)
+    }
+
     /// The experts' weights.
     pub fn weight(&self) -> &Nvfp4Tensor {
         &self.weight

@@ -454,17 +454,35 @@ const EXPERT_SCALES: [f32; 4] = [1.0, 0.5, 2.0, 0.25];
 fn make_experts(d: &Device, n: usize, k: usize, seed: u64, mode: LinearMode) -> (Nvfp4Matrix, Nvfp4Experts) {
     let w = Nvfp4Matrix::random_realistic((EXPERT_SCALES.len(), n, k), seed).unwrap();
     let cd = d.as_cuda_device().unwrap();
-    let layer = Nvfp4Experts::new(Nvfp4Tensor::upload(&w, &cd.cuda_stream()).unwrap(), &EXPERT_SCALES, mode, cd).unwrap();
+    let layer = Nvfp4Experts::from_matrix(&w, &EXPERT_SCALES, mode, cd).unwrap();
     (w, layer)
+}
+
+/// The device address of a contiguous tensor's first element.
+fn address<T: candle_core::cuda::CudaDType>(t: &Tensor) -> u64 {
+    use blockscaled_gemm::cudarc::driver::DevicePtr;
+    let (storage, layout) = t.storage_and_layout();
+    let candle_core::Storage::Cuda(c) = &*storage else { panic!("not a CUDA tensor") };
+    let slice = c.as_cuda_slice::<T>().unwrap();
+    let (at, _guard) = slice.device_ptr(slice.stream());
+    at + (layout.start_offset() * std::mem::size_of::<T>()) as u64
 }
 
 /// `layer.forward(x, offsets)` judged expert by expert, as [`check`] judges a dense forward (each
 /// expert's rows against the reference of the mode with that expert's weight and factor), and
-/// the rows no expert covers (offsets short of T) 0.
-fn check_experts<T: Activation16 + WithDType + HostFloat>(d: &Device, layer: &Nvfp4Experts, w: &Nvfp4Matrix, x: &Tensor, offsets: &[i32], what: &str) {
+/// the rows no expert covers (offsets short of T) 0. The forward's output is allocated
+/// uninitialised: just before it a tensor of the output's size filled with ones is dropped, so
+/// that the output most likely takes that memory (candle's stream-ordered allocator hands a
+/// freed block back to the next allocation of its size). Returns whether it did: the zeros of
+/// uncovered rows were then written over ones, not found in fresh memory.
+fn check_experts<T: Activation16 + WithDType + HostFloat + candle_core::cuda::CudaDType>(d: &Device, layer: &Nvfp4Experts, w: &Nvfp4Matrix, x: &Tensor, offsets: &[i32], what: &str) -> bool {
     let what = &format!("{:?}: {what}", layer.mode());
     let o = Tensor::new(offsets, d).unwrap();
+    let mut out_dims = x.dims().to_vec();
+    *out_dims.last_mut().unwrap() = w.rows();
+    let poisoned_at = address::<T>(&Tensor::ones(out_dims, x.dtype(), d).unwrap());
     let y = layer.forward(x, &o).unwrap_or_else(|e| panic!("{what}: forward: {e}"));
+    let on_poison = address::<T>(&y) == poisoned_at;
     let (n, k) = (w.rows(), w.k());
     let mut want = x.dims().to_vec();
     *want.last_mut().unwrap() = n;
@@ -487,6 +505,7 @@ fn check_experts<T: Activation16 + WithDType + HostFloat>(d: &Device, layer: &Nv
     for (r, _) in covered.iter().enumerate().filter(|(_, c)| !**c) {
         assert!(got[r * n..(r + 1) * n].iter().all(|&v| WithDType::to_f64(v) == 0.0), "{what}: row {r}, which no expert covers, is not 0");
     }
+    on_poison
 }
 
 /// Offsets of `counts` rows an expert, as i32.
@@ -593,14 +612,23 @@ fn candle_experts_uncovered_rows() -> Outcome {
     let (n, k, t) = (128, 256, 30);
     for mode in MODES {
         let (w, layer) = make_experts(&d, n, k, 52, mode);
-        // Rows 20..30 in no expert.
-        check_experts::<half::bf16>(&d, &layer, &w, &randn(&d, &[t, k], DType::BF16), &[0, 3, 3, 10, 20], "rows 20.. uncovered");
-        // Rows 0..4 in none (the first offset 4), expert 1 empty.
-        check_experts::<half::bf16>(&d, &layer, &w, &randn(&d, &[t, k], DType::BF16), &[4, 8, 8, 12, 30], "rows ..4 uncovered");
-        // The swapped tiles (50 rows an expert on average) with rows 180..200 uncovered, then rows
-        // ..20 (the first offset 20).
-        check_experts::<half::bf16>(&d, &layer, &w, &randn(&d, &[200, k], DType::BF16), &[0, 50, 100, 150, 180], "200 rows, 180.. uncovered");
-        check_experts::<half::bf16>(&d, &layer, &w, &randn(&d, &[200, k], DType::BF16), &[20, 70, 120, 170, 200], "200 rows, ..20 uncovered");
+        // Each routing twice: the first forward of a size may grow the layer's buffers (taking
+        // the poisoned block); the second finds them grown.
+        let mut on_poison = [false; 4];
+        for _ in 0..2 {
+            // Rows 20..30 in no expert.
+            on_poison[0] |= check_experts::<half::bf16>(&d, &layer, &w, &randn(&d, &[t, k], DType::BF16), &[0, 3, 3, 10, 20], "rows 20.. uncovered");
+            // Rows 0..4 in none (the first offset 4), expert 1 empty.
+            on_poison[1] |= check_experts::<half::bf16>(&d, &layer, &w, &randn(&d, &[t, k], DType::BF16), &[4, 8, 8, 12, 30], "rows ..4 uncovered");
+            // The swapped tiles (50 rows an expert on average) with rows 180..200 uncovered, then
+            // rows ..20 (the first offset 20).
+            on_poison[2] |= check_experts::<half::bf16>(&d, &layer, &w, &randn(&d, &[200, k], DType::BF16), &[0, 50, 100, 150, 180], "200 rows, 180.. uncovered");
+            on_poison[3] |= check_experts::<half::bf16>(&d, &layer, &w, &randn(&d, &[200, k], DType::BF16), &[20, 70, 120, 170, 200], "200 rows, ..20 uncovered");
+        }
+        // The zeros must have been written over ones at least once per tile family, else the
+        // check above could pass on fresh memory that happened to be zero.
+        assert!(on_poison[0] || on_poison[1], "{mode:?}: no stream-tile forward's output took the poisoned block: the allocator's reuse assumed here does not hold");
+        assert!(on_poison[2] || on_poison[3], "{mode:?}: no swapped-tile forward's output took the poisoned block: the allocator's reuse assumed here does not hold");
         // Offsets out of order and past T, as the device reads them.
         let x = randn(&d, &[t, k], DType::BF16);
         let y = layer.forward(&x, &Tensor::new(&[0i32, 12, 5, 99, 40], &d).unwrap()).unwrap();
