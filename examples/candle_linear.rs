@@ -217,7 +217,7 @@ fn experts(cli: &Cli, device: &Device, mode: LinearMode) -> Result<bool, Box<dyn
     let weight = Nvfp4Matrix::random_realistic((e, n, k), 11)?;
     let scales: Vec<f32> = (0..e).map(|i| [1.0, 0.5, 2.0, 0.25][i % 4]).collect();
     let cuda = device.as_cuda_device()?;
-    let make = || -> Result<Nvfp4Experts, Box<dyn Error>> { Ok(Nvfp4Experts::new(Nvfp4Tensor::upload(&weight, &cuda.cuda_stream())?, &scales, mode, cuda)?) };
+    let make = || -> Result<Nvfp4Experts, Box<dyn Error>> { Ok(Nvfp4Experts::from_matrix(&weight, &scales, mode, cuda)?) };
     let layer = make()?;
     let x = Tensor::randn(0f32, 1.0, (m, k), device)?.to_dtype(DType::BF16)?;
     let o = Tensor::new(offsets.as_slice(), device)?;

@@ -362,15 +362,16 @@ impl Nvfp4Linear {
 ///
 /// ```no_run
 /// use blockscaled_gemm::candle::{LinearMode, Nvfp4Experts};
-/// use blockscaled_gemm::{Nvfp4Matrix, Nvfp4Tensor};
+/// use blockscaled_gemm::Nvfp4Matrix;
 /// use candle_core::{DType, Device, Tensor};
 /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// let device = Device::new_cuda(0)?;
 /// let cuda = device.as_cuda_device()?;
 /// let (experts, n, k) = (8, 2048, 7168);
-/// // A checkpoint's experts (here: random; `Checkpoint::experts_to_device` gives both parts).
-/// let w = Nvfp4Tensor::upload(&Nvfp4Matrix::random_realistic((experts, n, k), 7)?, &cuda.cuda_stream())?;
-/// let layer = Nvfp4Experts::new(w, &[1.0; 8], LinearMode::W4a16, cuda)?;
+/// // A checkpoint's experts (here: random; `Checkpoint::experts` gives both parts, and
+/// // `experts_to_device` the weights on the device for `Nvfp4Experts::new`).
+/// let w = Nvfp4Matrix::random_realistic((experts, n, k), 7)?;
+/// let layer = Nvfp4Experts::from_matrix(&w, &[1.0; 8], LinearMode::W4a16, cuda)?;
 /// // 40 routed rows, stacked by expert (the router's output): expert e has rows offsets[e]..offsets[e + 1].
 /// let x = Tensor::randn(0f32, 1.0, (40, k), &device)?.to_dtype(DType::BF16)?;
 /// let offsets = Tensor::new(&[0i32, 5, 5, 12, 20, 21, 30, 38, 40], &device)?;

@@ -434,8 +434,8 @@ impl BlockScaledGemm {
     ///
     /// At batch 1 one set of buffers sized for the largest batch serves every row count by
     /// prefix, as a serving loop whose batch changes each step needs: the codes, tiled scales and
-    /// decode of `rows` rows are the first `rows * K / 2` bytes, [`crate::layout::sf_bytes`]`(rows,
-    /// K, 1)` bytes and [`Nvfp4Activations::decoded_len`]`((1, rows, K))` values of those of more
+    /// decode of `rows` rows are the first `rows * K / 2` bytes, [`crate::layout::sf_bytes`]`((1,
+    /// rows, K))` bytes and [`Nvfp4Activations::decoded_len`]`((1, rows, K))` values of those of more
     /// rows (the quantizer writes the decode's padding rows, so what a larger step left further on
     /// is never read).
     ///

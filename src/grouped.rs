@@ -17,7 +17,7 @@ use std::sync::Arc;
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut, DeviceSlice};
 
 use crate::dispatch::{self, Config};
-use crate::error::{check_len, product, within, Error, Result};
+use crate::error::{check_len, checked_product, product, within, Error, Result};
 use crate::formats::{OutputElement, PackedFp4, ScaleByte};
 use crate::gemm::{check_devices, resolve_config, status_result, BlockScaledGemm, Nvfp4Output, Table, SUPPORTED_GROUPED};
 use crate::layout::{padded_sf_cols, sf_bytes, sf_cols, sf_offset, SF_VEC};
@@ -174,11 +174,14 @@ impl<V, S> MoeActivations<V, S> {
     where
         V: DeviceSlice<TV>, S: DeviceSlice<TS>,
     {
-        if k == 0 || !k.is_multiple_of(SF_VEC) {
-            return Err(Error::KMultiple { k, multiple: SF_VEC, why: "one scale per 16 elements of K (and K > 0)" });
+        if k == 0 {
+            return Err(Error::Dimension { dim: "K", value: k, max: usize::MAX });
+        }
+        if !k.is_multiple_of(SF_VEC) {
+            return Err(Error::KMultiple { k, multiple: SF_VEC, why: "one scale per 16 elements of K" });
         }
         crate::matrix::check_global_scale(global_scale)?;
-        let values_want = rows.checked_mul(k / 2).ok_or(Error::Dimension { dim: "rows", value: rows, max: usize::MAX / (k / 2) })?;
+        let values_want = checked_product("A", "T * K / 2 packed bytes", &[("T", rows), ("K / 2", k / 2)])?;
         check_len("A", values.len(), values_want, "T * K / 2 packed bytes")?;
         let sf_min = moe_sfa_bytes(rows, k, 1);
         if scales.len() < sf_min {

@@ -472,8 +472,9 @@ fn address<T: candle_core::cuda::CudaDType>(t: &Tensor) -> u64 {
 /// expert's rows against the reference of the mode with that expert's weight and factor), and
 /// the rows no expert covers (offsets short of T) 0. The forward's output is allocated
 /// uninitialised: just before it a tensor of the output's size filled with ones is dropped, so
-/// that the output most likely takes that memory (candle's stream-ordered allocator hands a
-/// freed block back to the next allocation of its size). Returns whether it did: the zeros of
+/// that the output, the forward's first allocation, most likely takes that memory (cudarc
+/// allocates from CUDA's stream-ordered memory pool, which hands a freed block back to the next
+/// allocation of its size on the stream). Returns whether it did: the zeros of
 /// uncovered rows were then written over ones, not found in fresh memory.
 fn check_experts<T: Activation16 + WithDType + HostFloat + candle_core::cuda::CudaDType>(d: &Device, layer: &Nvfp4Experts, w: &Nvfp4Matrix, x: &Tensor, offsets: &[i32], what: &str) -> bool {
     let what = &format!("{:?}: {what}", layer.mode());
@@ -612,8 +613,7 @@ fn candle_experts_uncovered_rows() -> Outcome {
     let (n, k, t) = (128, 256, 30);
     for mode in MODES {
         let (w, layer) = make_experts(&d, n, k, 52, mode);
-        // Each routing twice: the first forward of a size may grow the layer's buffers (taking
-        // the poisoned block); the second finds them grown.
+        // Each routing twice: a margin against the pool handing out another block once.
         let mut on_poison = [false; 4];
         for _ in 0..2 {
             // Rows 20..30 in no expert.

@@ -4,7 +4,7 @@
 //! tests/gpu.rs) so that a case without a suitable device is counted as skipped, with its reason,
 //! never as passed. The host-only halves are tests/refusals_dense.rs and tests/refusals_grouped.rs.
 #![allow(clippy::too_many_arguments, clippy::type_complexity)]
-use blockscaled_gemm::grouped::{expert_offsets, moe_scales, reference_moe, MAX_EXPERTS};
+use blockscaled_gemm::grouped::{expert_offsets, moe_scales, moe_sfa_bytes, reference_moe, MAX_EXPERTS};
 use blockscaled_gemm::layout;
 use blockscaled_gemm::{BlockScaledGemm, Config, Error, ListArrays, ListGroup, ListProblem, MoeActivations, MoeProblem, Nvfp4Activations, Nvfp4Matrix, Nvfp4Output, Nvfp4Tensor, OutType, Problem, Quantizer};
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DeviceRepr};
@@ -452,11 +452,13 @@ fn gpu_moe_gemm_bad_lengths_and_shapes_write_nothing() -> Outcome {
         let e = MoeActivations::new(values, sfa.as_view(), (t, k), 1.0).unwrap_err();
         assert!(matches!(e, Error::BufferLength { name: "A", .. }), "{e:?}");
     }
-    for bad_k in [0, 8, 520] {
+    for bad_k in [8, 520] {
         let e = MoeActivations::new(x.as_view(), sfa.as_view(), (t, bad_k), 1.0).unwrap_err();
         assert!(matches!(e, Error::KMultiple { .. }), "{e:?}");
     }
-    let e = MoeActivations::new(x.as_view(), sfa.slice(..m.p.k / 16 * 128 - 1), (t, k), 1.0).unwrap_err();
+    let e = MoeActivations::new(x.as_view(), sfa.as_view(), (t, 0), 1.0).unwrap_err();
+    assert!(matches!(e, Error::Dimension { dim: "K", .. }), "{e:?}");
+    let e = MoeActivations::new(x.as_view(), sfa.slice(..moe_sfa_bytes(t, k, 1) - 1), (t, k), 1.0).unwrap_err();
     assert!(matches!(e, Error::InvalidData { what: "SFA", .. }), "{e:?}");
     // A's scales in the dense layout (T rows padded once) instead of the MoE one: enough for one
     // expert, so made, and refused by the call that knows E.

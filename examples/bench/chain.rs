@@ -33,7 +33,7 @@ pub fn bench_chain(cli: &crate::Cli, gemm: &BlockScaledGemm, stream: &Arc<CudaSt
     let mut rng = SplitMix64::new(11);
     let x: Vec<bf16> = (0..n_sets * m * k).map(|_| bf16::from_f32(rng.normal() as f32)).collect();
     let x = stream.clone_htod(&x)?;
-    let weights: Vec<Nvfp4Tensor> = (0..n_sets).map(|i| Nvfp4Tensor::upload(&crate::operand(cli, n, k, 1, 100 + i as u64)?, stream)).collect::<Result<_, _>>()?;
+    let weights: Vec<Nvfp4Tensor> = (0..n_sets).map(|i| Nvfp4Tensor::upload(&crate::operand(cli, (1, n, k), 100 + i as u64)?, stream)).collect::<Result<_, _>>()?;
     let p = Problem::new(m, n, k);
     let (mut codes, mut scales): (CudaSlice<u8>, CudaSlice<u8>) = (stream.alloc_zeros(m * k / 2)?, stream.alloc_zeros(blockscaled_gemm::layout::sf_bytes((1, m, k)))?);
     let mut act = Nvfp4Activations::new(stream, (1, m, k))?;

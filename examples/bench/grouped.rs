@@ -164,9 +164,9 @@ pub fn bench_case(cli: &Cli, gemm: &BlockScaledGemm, stream: &Arc<CudaStream>, l
     let (n, k, experts) = (case.n, case.k, case.counts.len());
     let t: usize = case.counts.iter().sum();
     let p = MoeProblem::new(t, n, k, experts);
-    let x = crate::operand(cli, t, k, 1, 1)?;
+    let x = crate::operand(cli, (1, t, k), 1)?;
     let unique = experts.min(8);
-    let w8 = crate::operand(cli, n, k, unique, 2)?;
+    let w8 = crate::operand(cli, (unique, n, k), 2)?;
     let offsets = expert_offsets(&case.counts)?;
     let sfa_host = moe_scales(&x, &offsets)?;
     let hit: Vec<usize> = (0..experts).filter(|&e| case.counts[e] > 0).collect();

@@ -203,10 +203,10 @@ impl Data {
 }
 
 /// An NVFP4 operand (batch, rows, K) of the `--data` kind.
-fn operand(cli: &Cli, rows: usize, k: usize, batch: usize, seed: u64) -> blockscaled_gemm::Result<Nvfp4Matrix> {
+fn operand(cli: &Cli, shape: (usize, usize, usize), seed: u64) -> blockscaled_gemm::Result<Nvfp4Matrix> {
     match cli.data {
-        Data::Gaussian => Nvfp4Matrix::random_gaussian((batch, rows, k), seed),
-        Data::Contest => Nvfp4Matrix::random_contest((batch, rows, k), seed),
+        Data::Gaussian => Nvfp4Matrix::random_gaussian(shape, seed),
+        Data::Contest => Nvfp4Matrix::random_contest(shape, seed),
     }
 }
 
@@ -504,8 +504,8 @@ impl Check {
 
 #[allow(clippy::too_many_arguments)]
 fn bench_one(cli: &Cli, gemm: &BlockScaledGemm, stream: &Arc<CudaStream>, l2: usize, floor_gbps: f64, (m, n, k): (usize, usize, usize), out: OutType) -> Result<Result1, Box<dyn std::error::Error>> {
-    let a = operand(cli, m, k, 1, 1)?;
-    let b = operand(cli, n, k, 1, 2)?;
+    let a = operand(cli, (1, m, k), 1)?;
+    let b = operand(cli, (1, n, k), 2)?;
     // Verified rows; for FP4 outputs they also set the norm constant (top scale near 448).
     let rows: Vec<usize> = (0..m.min(64)).map(|i| i * (m - 1) / (m.min(64) - 1).max(1)).collect();
     let a_rows = a.select_rows(&rows)?;

@@ -34,7 +34,7 @@ pub struct W4a16Result {
 pub fn bench_shape<TA: Activation16>(cli: &Cli, gemm: &BlockScaledGemm, stream: &Arc<CudaStream>, l2: usize, floor_gbps: f64, (m, n, k): (usize, usize, usize)) -> Result<W4a16Result, Box<dyn std::error::Error>> {
     let mut rng = SplitMix64::new(3);
     let x: Vec<TA> = (0..m * k).map(|_| TA::from_f64(rng.normal())).collect();
-    let w = crate::operand(cli, n, k, 1, 2)?;
+    let w = crate::operand(cli, (1, n, k), 2)?;
     let p = Problem::new(m, n, k);
     let config = match cli.config {
         Some(c) => c,
