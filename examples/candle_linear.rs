@@ -246,7 +246,7 @@ fn experts(cli: &Cli, device: &Device, mode: LinearMode) -> Result<bool, Box<dyn
         Ok(())
     })?;
     // The grouped GEMM the layer runs, on buffers made once and the same rotated weights: what
-    // the layer's output allocation, memset and checks cost.
+    // the layer's output allocation and checks cost.
     let stream = cuda.cuda_stream();
     let (g, q) = (BlockScaledGemm::new(stream.clone())?, Quantizer::new(stream.clone()));
     let (xd, od, sd) = (stream.clone_htod(&xs)?, stream.clone_htod(&offsets)?, stream.clone_htod(&scales)?);
