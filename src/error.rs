@@ -7,9 +7,10 @@ use crate::{Config, OutType};
 #[non_exhaustive]
 pub enum Error {
     /// A problem dimension is zero or does not fit the kernels' 32-bit extents.
-    #[error("{dim} = {value}: must be at least 1 and at most {max}")]
+    #[error("{dim} = {value}: must be at least 1{}", if *max == usize::MAX { String::new() } else { format!(" and at most {max}") })]
     Dimension {
-        /// "M", "N", "K" or "L".
+        /// The dimension as the call's rules name it: "M", "N", "K" or "L" for a GEMM; "T" or
+        /// "E" for the MoE form; "groups", "rows", "batch" and the like elsewhere.
         dim: &'static str,
         /// The value given.
         value: usize,

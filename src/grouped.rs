@@ -107,8 +107,14 @@ impl MoeProblem {
         if self.experts == 0 || self.experts > MAX_EXPERTS {
             return Err(Error::Dimension { dim: "experts", value: self.experts, max: MAX_EXPERTS });
         }
-        Problem::new(self.rows.max(1), self.n, self.k).scalars(self.alpha, 0.0).norm_constant(self.norm_constant).validate(out, false)?;
-        Problem::new(1, self.n, self.k).batch(self.experts).validate(out, false)?;
+        // The dense rules name the stacked rows M and the experts L: say T and E.
+        let moe_names = |e: Error| match e {
+            Error::Dimension { dim: "M", value, max } => Error::Dimension { dim: "T", value, max },
+            Error::Dimension { dim: "L", value, max } => Error::Dimension { dim: "E", value, max },
+            e => e,
+        };
+        Problem::new(self.rows.max(1), self.n, self.k).scalars(self.alpha, 0.0).norm_constant(self.norm_constant).validate(out, false).map_err(moe_names)?;
+        Problem::new(1, self.n, self.k).batch(self.experts).validate(out, false).map_err(moe_names)?;
         let dims = || format!("T = {}, N = {}, E = {}", self.rows, self.n, self.experts);
         let sf_rows = product(&[self.experts, 127]) + self.rows as u128;
         let items = (self.rows.div_ceil(8) as u128 + self.experts as u128) * self.n.div_ceil(128) as u128;
@@ -154,6 +160,13 @@ pub const fn moe_sfa_bytes(rows: usize, k: usize, experts: usize) -> usize {
 /// Stacked activations of a mixture-of-experts layer on the device: packed e2m1 values (T, K/2),
 /// their scales in the MoE layout of this module (each expert's rows padded to 128;
 /// [`MoeProblem::sfa_bytes`] bytes) and the per-tensor global scale.
+///
+/// One pair of buffers sized for the largest T serves every step by prefix, as a decode loop
+/// whose token count changes needs (and a CUDA graph per T captures): for T rows over E experts
+/// [`crate::Quantizer::quantize_moe_into`] writes the first `T * K / 2` bytes of the values and
+/// the first [`moe_sfa_bytes`]`(T, K, E)` bytes of the scales, and the GEMM reads those; pass
+/// views of that length (`values.slice(..t * k / 2)`, `scales.slice(..moe_sfa_bytes(t, k, e))`),
+/// with the global scale given to the quantizer.
 #[derive(Debug)]
 pub struct MoeActivations<V = CudaSlice<u8>, S = CudaSlice<u8>> {
     values: V,
@@ -196,6 +209,18 @@ impl<V, S> MoeActivations<V, S> {
     /// The global scale the GEMM folds into alpha.
     pub fn global_scale(&self) -> f32 {
         self.global_scale
+    }
+    /// The packed values.
+    pub fn values(&self) -> &V {
+        &self.values
+    }
+    /// The scales in the MoE layout.
+    pub fn scales(&self) -> &S {
+        &self.scales
+    }
+    /// The buffers back, e.g. to quantize the next step's activations into them.
+    pub fn into_parts(self) -> (V, S) {
+        (self.values, self.scales)
     }
 }
 

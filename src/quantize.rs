@@ -6,7 +6,7 @@ use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut, DeviceRepr}
 
 use crate::error::{check_len, Error, Result};
 use crate::gemm::{capture_check, check_devices, launch_status};
-use crate::grouped::{moe_sfa_bytes, moe_sfa_rows, MAX_EXPERTS};
+use crate::grouped::{moe_sfa_bytes, MAX_EXPERTS};
 use crate::layout::sf_batch_bytes;
 use crate::matrix::{check_global_scale, check_lens, check_quantizer_dims as check_dims, computed_global_scale, HostFloat};
 use crate::problem::{check_align, check_align_to};
@@ -249,11 +249,10 @@ impl Quantizer {
         }
         // The kernel's shared table counts the padded scale rows in 32-bit signed integers (T
         // itself is bounded by check_input).
-        if moe_sfa_rows(rows, experts) > i32::MAX as usize {
-            return Err(Error::Dimension { dim: "T + 127 * experts", value: rows + 127 * experts, max: i32::MAX as usize });
-        }
+        let sf_rows = rows as u128 + 127 * experts as u128;
+        crate::error::within(i32::MAX as u128, "the quantizer's shared table counts them in 32-bit signed integers", || format!("T = {rows}, E = {experts}"), [("padded scale rows", "T + 127 * E", sf_rows)])?;
         check_len("codes", codes.len(), rows * k / 2, "T * K / 2 packed bytes")?;
-        check_len("scales", scales.len(), moe_sfa_bytes(rows, k, experts), "floor((T + 127 E) / 128) * 128 * ceil(K/64)*4 scale bytes (each expert padded to 128 rows)")?;
+        check_len("scales", scales.len(), moe_sfa_bytes(rows, k, experts), "floor((T + 127 E) / 128) * 128 * ceil(K/64)*4 scale bytes, each expert padded to 128 rows, E = offsets.len() - 1")?;
         check_devices(self.stream.context().ordinal(), [("x", x.stream()), ("codes", codes.stream()), ("scales", scales.stream()), ("offsets", offsets.stream())])?;
         capture_check(&self.stream)?;
         if rows == 0 {
@@ -324,7 +323,7 @@ impl Quantizer {
             if k > i32::MAX as usize / 2 {
                 return Err(Error::Dimension { dim: "2K (SwiGLU input row)", value: k.saturating_mul(2), max: i32::MAX as usize });
             }
-            check_len("x", x.len(), (batch * rows * k).saturating_mul(2), "batch * rows * 2K (gate and up halves)")?;
+            check_len("x", x.len(), (batch * rows * k).saturating_mul(2), "batch * rows * 2K (gate and up halves; the shape given is the SwiGLU output's, K its width)")?;
         } else {
             check_len("x", x.len(), batch * rows * k, "batch * rows * K")?;
         }

@@ -66,3 +66,16 @@ fn cpu_offsets_edges() {
     let wk = Nvfp4Matrix::random_contest((1, 32, 128), 10).unwrap();
     assert!(reference_moe::<f32>(&x, &wk, &[0, 3], &[1.0], 1.0).is_err());
 }
+
+/// MoE problems name their own dimensions in errors (T, E), never the dense rules' M and L, and a
+/// dimension with no upper bound says only that it must be at least 1.
+#[test]
+fn cpu_moe_errors_name_t_and_e() {
+    let e = MoeProblem::new(1usize << 31, 128, 256, 4).validate(OutType::F16).unwrap_err();
+    assert!(matches!(e, Error::Dimension { dim: "T", .. }), "{e:?}");
+    assert!(e.to_string().starts_with("T = 2147483648: must be at least 1 and at most "), "{e}");
+    let e = MoeProblem::new(8, 0, 256, 4).validate(OutType::F16).unwrap_err();
+    assert!(matches!(e, Error::Dimension { dim: "N", .. }), "{e:?}");
+    let e = Error::Dimension { dim: "K", value: 0, max: usize::MAX };
+    assert_eq!(e.to_string(), "K = 0: must be at least 1");
+}
