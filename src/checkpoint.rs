@@ -246,6 +246,24 @@ impl Checkpoint {
         v
     }
 
+    /// Tensor `name`'s dtype as the header writes it (`"BF16"`, `"F32"`, `"U8"`, `"F8_E4M3"`, ...)
+    /// and its shape, from the header alone.
+    pub fn tensor_info(&self, name: &str) -> Result<(&str, &[usize])> {
+        let e = self.entry(name)?;
+        Ok((e.dtype.as_str(), e.shape.as_slice()))
+    }
+
+    /// Tensor `name`'s bytes as the file stores them (row-major, little-endian elements), after
+    /// checking that its byte range holds its shape in its dtype: the checkpoint's other tensors
+    /// (the router, norms, embeddings, layers left unquantized) through the same reader, so an
+    /// engine parses the headers once. Refused for a dtype whose element size this reader does
+    /// not know.
+    pub fn tensor_bytes(&self, name: &str) -> Result<Vec<u8>> {
+        let e = self.entry(name)?;
+        let shape: Vec<Option<usize>> = e.shape.iter().map(|&d| Some(d)).collect();
+        self.read(name, &e.dtype, &shape, "its dtype")
+    }
+
     fn entry(&self, name: &str) -> Result<&TensorEntry> {
         self.tensors.get(name).ok_or_else(|| bad(name, format!("not in {}", self.path.display())))
     }
@@ -262,11 +280,14 @@ impl Checkpoint {
             let want: Vec<String> = shape.iter().map(|d| d.map_or("_".into(), |d| d.to_string())).collect();
             return Err(bad(name, format!("shape {:?}: {what} is [{}]", e.shape, want.join(", "))));
         }
-        let elem = match dtype {
-            "F32" => 4,
-            _ => 1,
+        let elem: u64 = match dtype {
+            "BOOL" | "U8" | "I8" | "F8_E4M3" | "F8_E5M2" | "F8_E8M0" => 1,
+            "BF16" | "F16" | "I16" | "U16" => 2,
+            "F32" | "I32" | "U32" => 4,
+            "F64" | "I64" | "U64" => 8,
+            other => return Err(bad(name, format!("dtype {other}: its element size is not known to this reader"))),
         };
-        let want_bytes = e.shape.iter().try_fold(elem as u64, |acc, &d| acc.checked_mul(d as u64));
+        let want_bytes = e.shape.iter().try_fold(elem, |acc, &d| acc.checked_mul(d as u64));
         if want_bytes != Some(e.range.1 - e.range.0) {
             return Err(bad(name, format!("holds {} bytes, its dtype and shape {:?} make {want_bytes:?}", e.range.1 - e.range.0, e.shape)));
         }
@@ -410,8 +431,9 @@ impl Checkpoint {
     /// activations' scale, both in this crate's convention ([`Self::convention`] says which names
     /// the file used). Not during CUDA graph capture (it allocates and copies).
     pub fn layer_to_device(&self, prefix: &str, stream: &Arc<CudaStream>) -> Result<(Nvfp4Tensor, Option<f32>)> {
-        let r = self.raw_layer(prefix)?;
+        // Refused before the file is read: a layer can be large.
         refuse_capture("Checkpoint::layer_to_device", stream)?;
+        let r = self.raw_layer(prefix)?;
         let (values, scales) = (stream.clone_htod(&r.data)?, stream.clone_htod(&r.scales)?);
         Ok((Nvfp4Tensor::from_row_major_scales(values, &scales, (1, r.n, r.k), r.global, stream)?, r.input_scale))
     }
@@ -431,8 +453,8 @@ impl Checkpoint {
     /// stored, the scales re-tiled on the GPU (as [`Self::layer_to_device`]). Returns the weight
     /// and the activations' scale. Not during CUDA graph capture.
     pub fn fused_to_device(&self, prefixes: &[&str], stream: &Arc<CudaStream>) -> Result<(Nvfp4Tensor, Option<f32>)> {
-        let r = self.fused_raw(prefixes)?;
         refuse_capture("Checkpoint::fused_to_device", stream)?;
+        let r = self.fused_raw(prefixes)?;
         let (values, scales) = (stream.clone_htod(&r.data)?, stream.clone_htod(&r.scales)?);
         Ok((Nvfp4Tensor::from_row_major_scales(values, &scales, (1, r.n, r.k), r.global, stream)?, r.input_scale))
     }
@@ -489,8 +511,10 @@ impl Checkpoint {
     /// as stored, the scales re-tiled on the GPU into E batches. Returns the (E, N, K) tensor
     /// (global scale 1) and each expert's global scale. Not during CUDA graph capture.
     pub fn experts_to_device<P: ExpertShards>(&self, experts: usize, prefix_of: impl Fn(usize) -> P, stream: &Arc<CudaStream>) -> Result<(Nvfp4Tensor, Vec<f32>)> {
-        let x = self.experts_raw(experts, prefix_of)?;
+        // Refused before the files are read: a stack is several GB of host memory (DeepSeek-V3's
+        // gate-up experts of one layer: about 4.2 GB).
         refuse_capture("Checkpoint::experts_to_device", stream)?;
+        let x = self.experts_raw(experts, prefix_of)?;
         let (values, scales) = (stream.clone_htod(&x.data)?, stream.clone_htod(&x.scales)?);
         Ok((Nvfp4Tensor::from_row_major_scales(values, &scales, (experts, x.n, x.k), 1.0, stream)?, x.globals))
     }
@@ -539,6 +563,19 @@ impl Checkpoint {
         for e in 0..experts {
             let p = prefix_of(e);
             let shards = p.shards();
+            // Shards of one expert under different global scales (gate and up exported apart) are
+            // named here, before their weights are read, with what can be done: the grouped GEMM
+            // takes one factor an expert, and this loader does not re-round block scales.
+            if let [first, rest @ ..] = &shards[..] {
+                let g0 = self.layer_scales(first)?.0;
+                for s in rest {
+                    let g = self.layer_scales(s)?.0;
+                    if g != g0 {
+                        let name = format!("{s}.{}", tensor_names(self.convention(s)?)[1]);
+                        return Err(bad(name, format!("global scale {g:?}, {first} has {g0:?}: expert {e}'s fused shards need one global scale (the grouped GEMM takes one factor an expert, and this loader does not re-round block scales to a common one); load the shards as separate expert stacks, one grouped GEMM each")));
+                    }
+                }
+            }
             let l = self.fused_raw(&shards)?;
             match nk {
                 None => nk = Some((l.n, l.k)),
@@ -847,6 +884,23 @@ mod tests {
     }
 
     #[test]
+    fn other_tensors_read_through_the_same_headers() {
+        let (_, mut t) = layer_tensors("l", Convention::ModelOpt, 32, 64, 5, None);
+        let router: Vec<u8> = (0..2 * 3 * 2).map(|i| i as u8).collect();
+        t.push(("gate.weight".into(), Dtype::BF16, vec![2, 3], router.clone()));
+        t.push(("bias".into(), Dtype::F32, vec![3], f32s(1.5).repeat(3)));
+        let file = write("other-tensors", &refs(&t));
+        let ck = Checkpoint::open(&file).unwrap();
+        assert_eq!(ck.tensor_info("gate.weight").unwrap(), ("BF16", &[2usize, 3][..]));
+        assert_eq!(ck.tensor_bytes("gate.weight").unwrap(), router);
+        assert_eq!(ck.tensor_bytes("bias").unwrap(), f32s(1.5).repeat(3));
+        assert_eq!(ck.tensor_info("l.weight").unwrap(), ("U8", &[32usize, 32][..]));
+        assert_eq!(ck.tensor_bytes("l.weight").unwrap(), t[0].3);
+        let e = ck.tensor_bytes("gate.bias").unwrap_err().to_string();
+        assert!(e.starts_with("gate.bias: not in"), "{e}");
+    }
+
+    #[test]
     fn both_conventions_give_the_quantized_matrix() {
         for (conv, tag) in [(Convention::ModelOpt, "modelopt"), (Convention::CompressedTensors, "ct")] {
             let (m, t) = layer_tensors("model.layers.0.mlp.down_proj", conv, 130, 96, 1, Some(0.0123));
@@ -1030,7 +1084,10 @@ mod tests {
         let gate_up_globals = write("gate-up-globals", &refs(&t));
         let ck = Checkpoint::open(&gate_up_globals).unwrap();
         let e = ck.experts(2, |e| [p(e, "gate_proj"), p(e, "up_proj")]).unwrap_err().to_string();
-        assert!(e.starts_with("mlp.experts.1.up_proj.weight_scale_2: global scale"), "{e}");
+        assert!(e.starts_with("mlp.experts.1.up_proj.weight_scale_2: global scale 3.0") && e.contains("expert 1's fused shards") && e.contains("separate expert stacks"), "{e}");
+        // ... and the separate stacks load.
+        let (_, up_scales) = ck.experts(2, |e| p(e, "up_proj")).unwrap();
+        assert_eq!(up_scales[1], 3.0);
     }
 
     #[test]
