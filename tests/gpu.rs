@@ -69,6 +69,7 @@ fn main() {
         // Last: they turn cudarc's event tracking off for the buffers made after them.
         ("graph_capture_replays_with_new_data", graph_capture_replays_with_new_data),
         ("grouped_moe_captured_follows_device_routing", grouped_moe_captured_follows_device_routing),
+        ("moe_layer_captured_matches_the_cpu_stage_by_stage", moe_layer_captured_matches_the_cpu_stage_by_stage),
         ("grouped_list_raw_captured_skips_bad_groups", grouped_list_raw_captured_skips_bad_groups),
         // Last of all: it resets device 0's primary context.
         ("gemms_run_after_a_context_reset", gemms_run_after_a_context_reset),
@@ -1757,6 +1758,85 @@ fn grouped_moe_captured_follows_device_routing() -> Outcome {
         let cmp = compare(&stream.clone_dtoh(&d).unwrap(), &want, 0.0, 0.0).unwrap();
         assert!(cmp.passed(), "replay {replay} ({counts:?}): {cmp}");
     }
+    Ok(())
+}
+
+/// A whole expert layer in one CUDA graph, as the README shows it: the routed bf16 rows quantized
+/// into the MoE layout, the gate-up GEMM, SwiGLU fused into the second quantizer, the down GEMM.
+/// Replayed with new rows and routings written on the device (experts left empty, one expert with
+/// every row), every stage's output poisoned first and checked against the CPU: the quantizers'
+/// codes and scales bit for bit (the second on the GPU's own gate-up output), each GEMM expert by
+/// expert against the exact reference within FP32's bound.
+fn moe_layer_captured_matches_the_cpu_stage_by_stage() -> Outcome {
+    use blockscaled_gemm::swiglu::swiglu_rows;
+    use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
+    let g0 = hopper()?;
+    let ctx = g0.stream().context().clone();
+    let stream = ctx.new_stream().unwrap();
+    let (gemm, quant) = (BlockScaledGemm::new(stream.clone()).unwrap(), blockscaled_gemm::Quantizer::new(stream.clone()));
+    // SAFETY: every buffer below is used on `stream` alone.
+    unsafe { ctx.disable_event_tracking() };
+    let (e, t, h, w) = (6, 80, 512, 256);
+    let (s_in, s_mid) = (0.03f32, 512.0f32);
+    let w_up = Nvfp4Matrix::random_contest((e, 2 * w, h), seed() ^ 60).unwrap();
+    let w_down = Nvfp4Matrix::random_contest((e, h, w), seed() ^ 61).unwrap();
+    let (gate_up, down) = (Nvfp4Tensor::upload(&w_up, &stream).unwrap(), Nvfp4Tensor::upload(&w_down, &stream).unwrap());
+    let es_host = [1.0f32, 0.5, 2.0, 0.25, 1.5, 1.0];
+    let es = stream.clone_htod(&es_host).unwrap();
+    let (up, dn) = (MoeProblem::new(t, 2 * w, h, e), MoeProblem::new(t, h, w, e));
+    let mut x = stream.alloc_zeros::<bf16>(t * h).unwrap();
+    let mut offsets = stream.alloc_zeros::<i32>(e + 1).unwrap();
+    let (mut a1, mut s1) = (stream.alloc_zeros::<u8>(t * h / 2).unwrap(), stream.alloc_zeros::<u8>(moe_sfa_bytes(t, h, e)).unwrap());
+    let (mut a2, mut s2) = (stream.alloc_zeros::<u8>(t * w / 2).unwrap(), stream.alloc_zeros::<u8>(moe_sfa_bytes(t, w, e)).unwrap());
+    let (mut y1, mut y2) = (stream.alloc_zeros::<bf16>(t * 2 * w).unwrap(), stream.alloc_zeros::<bf16>(t * h).unwrap());
+    gemm.reserve_workspace(gemm.moe_workspace_size(&up, OutType::Bf16, None).unwrap().max(gemm.moe_workspace_size(&dn, OutType::Bf16, None).unwrap())).unwrap();
+    stream.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL).unwrap();
+    quant.quantize_moe_into(&x, (t, h), &offsets, s_in, &mut a1, &mut s1).unwrap();
+    gemm.moe_gemm(&up, &MoeActivations::new(a1.as_view(), s1.as_view(), (t, h), s_in).unwrap(), &gate_up, &offsets, &es, &mut y1, None).unwrap();
+    quant.quantize_moe_swiglu_into(&y1, (t, w), &offsets, s_mid, &mut a2, &mut s2).unwrap();
+    gemm.moe_gemm(&dn, &MoeActivations::new(a2.as_view(), s2.as_view(), (t, w), s_mid).unwrap(), &down, &offsets, &es, &mut y2, None).unwrap();
+    let graph = stream.end_capture(CUgraphInstantiate_flags(0)).unwrap().expect("a graph");
+    let mut rng = blockscaled_gemm::SplitMix64::new(seed() ^ 62);
+    // The scale rows a routing can use: the quantizers write those and leave the rest as it was.
+    let used = |k: usize| blockscaled_gemm::grouped::moe_sfa_used_rows(t, e) * layout::padded_sf_cols(layout::sf_cols(k));
+    for (replay, counts) in [[10usize, 0, 30, 5, 0, 35], [0, 0, 80, 0, 0, 0], [1, 79, 0, 0, 0, 0]].into_iter().enumerate() {
+        let o = expert_offsets(&counts).unwrap();
+        let xs: Vec<bf16> = (0..t * h).map(|_| bf16::from_f64(rng.normal() * 4.0)).collect();
+        stream.memcpy_htod(&xs, &mut x).unwrap();
+        stream.memcpy_htod(&o, &mut offsets).unwrap();
+        for buf in [&mut a1, &mut s1, &mut a2, &mut s2] {
+            let len = buf.len();
+            stream.memcpy_htod(&vec![0x7Fu8; len], buf).unwrap();
+        }
+        stream.memcpy_htod(&vec![bf16::NAN; t * 2 * w], &mut y1).unwrap();
+        stream.memcpy_htod(&vec![bf16::NAN; t * h], &mut y2).unwrap();
+        graph.launch().unwrap();
+        let what = |stage: &str| format!("replay {replay} {counts:?}: {stage}");
+        // Stage 1: the quantizer, against the CPU's on the same rows and placement.
+        let xq = Nvfp4Matrix::quantize_unchecked(&xs, (1, t, h), Some(s_in)).unwrap();
+        assert_eq!(stream.clone_dtoh(&a1).unwrap(), xq.data(), "{}", what("codes of x"));
+        assert_eq!(stream.clone_dtoh(&s1).unwrap()[..used(h)], moe_scales(&xq, &o).unwrap()[..used(h)], "{}", what("scales of x"));
+        // Stages 2 and 4: each expert's rows against the exact reference.
+        let judge_gemm = |a: &Nvfp4Matrix, wm: &Nvfp4Matrix, got: &[bf16], n: usize, stage: &str| {
+            for ex in 0..e {
+                let (r0, r1) = (o[ex] as usize, o[ex + 1] as usize);
+                if r0 == r1 {
+                    continue;
+                }
+                let rows = a.select_rows(&(r0..r1).collect::<Vec<_>>()).unwrap();
+                let v = verify_matrices(&rows, &wm.batch_slice(ex).unwrap(), es_host[ex], 0.0, None, &got[r0 * n..r1 * n]).unwrap();
+                assert!(v.passed(), "{}: {v}", what(&format!("{stage}, expert {ex} (rows {r0}..{r1})")));
+            }
+        };
+        let y1h = stream.clone_dtoh(&y1).unwrap();
+        judge_gemm(&xq, &w_up, &y1h, 2 * w, "gate-up GEMM");
+        // Stage 3: SwiGLU and the quantizer on the GPU's gate-up output.
+        let mq = Nvfp4Matrix::quantize_unchecked(&swiglu_rows(&y1h, (1, t, w)).unwrap(), (1, t, w), Some(s_mid)).unwrap();
+        assert_eq!(stream.clone_dtoh(&a2).unwrap(), mq.data(), "{}", what("codes of SwiGLU"));
+        assert_eq!(stream.clone_dtoh(&s2).unwrap()[..used(w)], moe_scales(&mq, &o).unwrap()[..used(w)], "{}", what("scales of SwiGLU"));
+        judge_gemm(&mq, &w_down, &stream.clone_dtoh(&y2).unwrap(), h, "down GEMM");
+    }
+    println!("MoE layer in one graph: 3 replays, every stage checked");
     Ok(())
 }
 
