@@ -242,39 +242,58 @@ impl Nvfp4Tensor {
     /// buffer given by value is dropped when the call fails, so pass a view to keep it). Scale
     /// bytes are moved, not checked (a NaN scale stays NaN: [`crate::checkpoint`] checks them on
     /// the host). It allocates, so it is refused during CUDA graph capture
-    /// ([`Error::NotCapturable`]): convert at load time.
+    /// ([`Error::NotCapturable`]): convert at load time, or tile into memory of your own with
+    /// [`Self::tile_scales_into`].
     pub fn from_row_major_scales<V: DeviceSlice<u8>, S: DevicePtr<u8>>(values: V, row_major: &S, shape: (usize, usize, usize), global_scale: f32, stream: &Arc<CudaStream>) -> Result<Nvfp4Tensor<V>> {
         let (batch, rows, k) = shape;
-        check_shape(rows, k, batch)?;
+        check_tiling(row_major, shape)?;
         check_global_scale(global_scale)?;
-        for (dim, value) in [("rows", rows), ("K / 16", k / 16), ("batch", batch)] {
-            if value > i32::MAX as usize {
-                return Err(Error::Dimension { dim, value, max: i32::MAX as usize });
-            }
-        }
-        // check_shape bounds every count below: the products fit.
-        let cols = k / 16;
+        // check_tiling bounds every count below: the products fit.
         check_len("values", values.len(), batch * rows * k / 2, "batch * rows * K / 2 packed bytes")?;
-        check_len("scales", row_major.len(), batch * rows * cols, "batch * rows * K/16 row-major scale bytes")?;
-        let tiled_len = batch * sf_batch_bytes(rows, k);
-        crate::gemm::check_devices(stream.context().ordinal(), [("values", values.stream()), ("scales", row_major.stream())])?;
+        crate::gemm::check_devices(stream.context().ordinal(), [("values", values.stream())])?;
         if crate::gemm::capture_check(stream)? {
-            return Err(Error::NotCapturable { call: "Nvfp4Tensor::from_row_major_scales", why: "it allocates the tiled scales", fix: "convert when loading the weights, before capturing" });
+            return Err(Error::NotCapturable { call: "Nvfp4Tensor::from_row_major_scales", why: "it allocates the tiled scales", fix: "convert when loading the weights, before capturing, or tile into your own buffer (Nvfp4Tensor::tile_scales_into)" });
         }
-        // SAFETY: every byte is written by the kernel below (padding included) before any read.
-        let mut tiled = unsafe { stream.alloc::<u8>(tiled_len) }?;
-        {
-            let (src, _gs) = row_major.device_ptr(stream);
-            let (dst, _gd) = tiled.device_ptr_mut(stream);
-            // SAFETY: src holds batch * rows * K/16 bytes and dst the tiled layout's bytes on this
-            // stream's device (checked above); the guards live until the launch is queued.
-            let st = unsafe { sys::tile_scales(src, dst, rows as i32, cols as i32, batch as i32, stream.cu_stream() as u64) };
-            if st.cuda_error != 0 {
-                return Err(Error::CudaRuntime { code: st.cuda_error, name: sys::cuda_error_name(st.cuda_error) });
-            }
-        }
+        // SAFETY: every byte is written by tile_scales_into (padding included) before any read;
+        // on its error the buffer is dropped unread.
+        let mut tiled = unsafe { stream.alloc::<u8>(batch * sf_batch_bytes(rows, k)) }?;
+        Self::tile_scales_into(row_major, &mut tiled, shape, stream)?;
         Nvfp4Tensor::new(values, tiled, shape, global_scale)
     }
+
+    /// Row-major ue4m3 block scales `(batch, rows, K/16)` (as checkpoints store them) re-tiled
+    /// on the GPU into `tiled`, a buffer of the caller's (an engine's arena: a view or a
+    /// [`ForeignBuffer`]) of exactly `batch * layout::sf_batch_bytes(rows, k)` bytes, padding
+    /// zeroed, in `stream`'s order (make the tensor with [`Self::new`] over it). One launch, no
+    /// allocation: it can be captured. Bytes are moved, not checked (as [`Self::from_row_major_scales`]).
+    pub fn tile_scales_into<S: DevicePtr<u8>, D: DevicePtrMut<u8>>(row_major: &S, tiled: &mut D, shape: (usize, usize, usize), stream: &Arc<CudaStream>) -> Result<()> {
+        let (batch, rows, k) = shape;
+        check_tiling(row_major, shape)?;
+        check_len("tiled", tiled.len(), batch * sf_batch_bytes(rows, k), "batch * ceil(rows/128)*128 * ceil(K/64)*4 tiled bytes")?;
+        crate::gemm::check_devices(stream.context().ordinal(), [("scales", row_major.stream()), ("tiled", tiled.stream())])?;
+        crate::gemm::capture_check(stream)?;
+        let (src, _gs) = row_major.device_ptr(stream);
+        let (dst, _gd) = tiled.device_ptr_mut(stream);
+        // SAFETY: src holds batch * rows * K/16 bytes and dst the tiled layout's bytes on this
+        // stream's device (checked above); the guards live until the launch is queued.
+        let st = unsafe { sys::tile_scales(src, dst, rows as i32, (k / 16) as i32, batch as i32, stream.cu_stream() as u64) };
+        if st.cuda_error != 0 {
+            return Err(Error::CudaRuntime { code: st.cuda_error, name: sys::cuda_error_name(st.cuda_error) });
+        }
+        Ok(())
+    }
+}
+
+/// The rules of the scale tiling's launch: a valid shape, each count within its 32-bit
+/// arguments, and `row_major` holding `batch * rows * K/16` bytes.
+fn check_tiling<S: DevicePtr<u8>>(row_major: &S, (batch, rows, k): (usize, usize, usize)) -> Result<()> {
+    check_shape(rows, k, batch)?;
+    for (dim, value) in [("rows", rows), ("K / 16", k / 16), ("batch", batch)] {
+        if value > i32::MAX as usize {
+            return Err(Error::Dimension { dim, value, max: i32::MAX as usize });
+        }
+    }
+    check_len("scales", row_major.len(), batch * rows * (k / 16), "batch * rows * K/16 row-major scale bytes")
 }
 
 /// NVFP4 activations with their decode beside them: the codes and tiled scales of an

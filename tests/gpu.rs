@@ -2524,8 +2524,16 @@ fn row_major_scales_tiled_on_the_gpu() -> Outcome {
         let rm: Vec<u8> = (0..batch * rows * k / 16).map(|_| rng.below(0x7F) as u8).collect();
         let want = blockscaled_gemm::layout::to_tiled(&rm, (batch, rows, k / 16)).unwrap();
         let values = s.clone_htod(&vec![0x21u8; batch * rows * k / 2]).unwrap();
-        let t = Nvfp4Tensor::from_row_major_scales(values, &s.clone_htod(&rm).unwrap(), (batch, rows, k), 0.5, &s).unwrap();
+        let rm_d = s.clone_htod(&rm).unwrap();
+        let t = Nvfp4Tensor::from_row_major_scales(values, &rm_d, (batch, rows, k), 0.5, &s).unwrap();
         assert_eq!(s.clone_dtoh(t.scales()).unwrap(), want, "{batch}x{rows}x{k}");
+        // Into a poisoned buffer of the caller's (a view one byte short is refused, untouched).
+        let mut own = s.clone_htod(&vec![0xEEu8; want.len()]).unwrap();
+        let e = Nvfp4Tensor::tile_scales_into(&rm_d, &mut own.slice_mut(..want.len() - 1), (batch, rows, k), &s).unwrap_err();
+        assert!(matches!(e, Error::BufferLength { name: "tiled", .. }), "{e:?}");
+        assert!(s.clone_dtoh(&own).unwrap().iter().all(|&b| b == 0xEE), "{batch}x{rows}x{k}: a refused call wrote");
+        Nvfp4Tensor::tile_scales_into(&rm_d, &mut own, (batch, rows, k), &s).unwrap();
+        assert_eq!(s.clone_dtoh(&own).unwrap(), want, "{batch}x{rows}x{k}: into the caller's buffer");
     }
     // Through a GEMM: a host-quantized weight, its scales handed over row-major.
     if g.device().arch() == Some(90) {
