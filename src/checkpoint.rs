@@ -78,7 +78,7 @@ pub struct Checkpoint {
     shards: Vec<Shard>,
     tensors: HashMap<String, TensorEntry>,
     /// A MIXED_PRECISION `hf_quant_config.json`'s `quant_algo` per layer prefix.
-    layer_algos: Option<HashMap<String, String>>,
+    quant: QuantConfig,
 }
 
 /// One safetensors file of a checkpoint: where its data starts, and its length when opened.
@@ -179,16 +179,16 @@ impl Checkpoint {
         Ok((if is_index { Self::open_index(path) } else { Self::open_file(path) })?.with_algos(algos))
     }
 
-    /// The per-layer algorithms of a MIXED_PRECISION quant config, checked as each layer is read.
-    fn with_algos(mut self, algos: Option<HashMap<String, String>>) -> Self {
-        self.layer_algos = algos;
+    /// What the quant config says per layer, checked as each layer is read.
+    fn with_algos(mut self, quant: QuantConfig) -> Self {
+        self.quant = quant;
         self
     }
 
     /// One safetensors file.
     fn open_file(file: &Path) -> Result<Self> {
         let (shard, tensors) = read_header(file, 0)?;
-        Ok(Checkpoint { path: file.to_path_buf(), shards: vec![shard], tensors, layer_algos: None })
+        Ok(Checkpoint { path: file.to_path_buf(), shards: vec![shard], tensors, quant: QuantConfig::default() })
     }
 
     /// An index and the shards its `weight_map` names, in its directory.
@@ -230,7 +230,7 @@ impl Checkpoint {
                 .ok_or_else(|| bad(name.clone(), format!("{idx} maps it to shard {file}, whose header does not hold it")))?;
             tensors.insert(name.clone(), entry.clone());
         }
-        Ok(Checkpoint { path: index.to_path_buf(), shards, tensors, layer_algos: None })
+        Ok(Checkpoint { path: index.to_path_buf(), shards, tensors, quant: QuantConfig::default() })
     }
 
     /// The safetensors files whose headers were read: the one file, or the index's shards in
@@ -354,7 +354,14 @@ impl Checkpoint {
         } else {
             return Err(bad(format!("{prefix}.weight"), format!("not in {}, nor {prefix}.weight_packed (compressed-tensors)", self.path.display())));
         };
-        if let Some(algo) = self.layer_algos.as_ref().and_then(|m| m.get(prefix)) {
+        if let Some(pattern) = self.quant.exclude.iter().find(|p| glob_match(p, prefix)) {
+            // An excluded module keeps its unquantized weight under the ModelOpt name; say so
+            // rather than "dtype BF16" (a U8 weight loads: the tensors decide).
+            if let Some(e) = self.tensors.get(&format!("{prefix}.weight")).filter(|e| e.dtype != "U8") {
+                return Err(bad(prefix, format!("excluded from quantization by {QUANT_CONFIG} (exclude_modules \"{pattern}\"): its weight is {} {:?}, not NVFP4; read it with Checkpoint::tensor_bytes", e.dtype, e.shape)));
+            }
+        }
+        if let Some(algo) = self.quant.algos.as_ref().and_then(|m| m.get(prefix)) {
             if !weights_are_nvfp4(algo) {
                 return Err(bad(prefix, format!("{QUANT_CONFIG} gives this layer quant_algo {algo}: only NVFP4 (or W4A16_NVFP4) weights load here")));
             }
@@ -735,36 +742,73 @@ fn weights_are_nvfp4(algo: &str) -> bool {
     algo.eq_ignore_ascii_case("NVFP4") || algo.eq_ignore_ascii_case("W4A16_NVFP4")
 }
 
+/// What a ModelOpt quant config says of the layers: MIXED_PRECISION's per-layer algorithms, and
+/// the modules left unquantized (`exclude_modules`, fnmatch patterns).
+#[derive(Debug, Default)]
+struct QuantConfig {
+    algos: Option<HashMap<String, String>>,
+    exclude: Vec<String>,
+}
+
+/// `name` against an fnmatch pattern of `*` (any run) and `?` (one character), as ModelOpt's
+/// `exclude_modules` are written; other characters match themselves.
+fn glob_match(pattern: &str, name: &str) -> bool {
+    let (p, n): (Vec<char>, Vec<char>) = (pattern.chars().collect(), name.chars().collect());
+    let (mut pi, mut ni, mut star, mut mark) = (0, 0, None, 0);
+    while ni < n.len() {
+        if pi < p.len() && (p[pi] == '?' || p[pi] == n[ni]) {
+            pi += 1;
+            ni += 1;
+        } else if pi < p.len() && p[pi] == '*' {
+            star = Some(pi);
+            mark = ni;
+            pi += 1;
+        } else if let Some(s) = star {
+            pi = s + 1;
+            mark += 1;
+            ni = mark;
+        } else {
+            return false;
+        }
+    }
+    p[pi..].iter().all(|&c| c == '*')
+}
+
 /// ModelOpt's `hf_quant_config.json` in `dir`, if there is one: its `quant_algo`
 /// (`quantization.quant_algo`, or `quant_algo` at the top level) must be NVFP4, or
 /// MIXED_PRECISION, whose `quantized_layers` map each layer prefix to its own `quant_algo`
-/// (returned, and checked per layer when it is read). No file, or no such key: nothing to check.
-fn check_quant_config(dir: &Path) -> Result<Option<HashMap<String, String>>> {
+/// (returned, and checked per layer when it is read); its `exclude_modules` are returned too. No
+/// file, or no such key: nothing to check.
+fn check_quant_config(dir: &Path) -> Result<QuantConfig> {
     let path = dir.join(QUANT_CONFIG);
     let file = path.display().to_string();
     match std::fs::metadata(&path) {
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(QuantConfig::default()),
         _ => regular_file(&path)?,
     }
     let text = read_json_file(&path)?;
     let json: serde_json::Value = serde_json::from_slice(&text).map_err(|e| bad(file.clone(), format!("not JSON: {e}")))?;
     let q = json.get("quantization").filter(|q| q.get("quant_algo").is_some()).unwrap_or(&json);
-    match q.get("quant_algo") {
-        None | Some(serde_json::Value::Null) => Ok(None),
-        Some(serde_json::Value::String(a)) if weights_are_nvfp4(a) => Ok(None),
+    let exclude = q.get("exclude_modules").and_then(|e| e.as_array()).map(|a| a.iter().filter_map(|p| p.as_str().map(String::from)).collect()).unwrap_or_default();
+    let algos = match q.get("quant_algo") {
+        None | Some(serde_json::Value::Null) => None,
+        Some(serde_json::Value::String(a)) if weights_are_nvfp4(a) => None,
         Some(serde_json::Value::String(a)) if a.eq_ignore_ascii_case("MIXED_PRECISION") => {
             let layers = q.get("quantized_layers").and_then(|l| l.as_object()).ok_or_else(|| bad(file.clone(), "quant_algo MIXED_PRECISION needs a \"quantized_layers\" object"))?;
             let algos = layers
                 .iter()
                 .map(|(prefix, cfg)| (prefix.clone(), cfg.get("quant_algo").and_then(|a| a.as_str()).unwrap_or("(none)").to_string()))
                 .collect();
-            Ok(Some(algos))
+            Some(algos)
         }
-        Some(a) => Err(bad(
-            file,
-            format!("quant_algo {a}: only NVFP4 (also W4A16_NVFP4, or MIXED_PRECISION per layer) is supported (weight_scale_2 multiplying, input_scale = activation amax / (6 * 448)); this algorithm's tensors would load with the wrong meaning"),
-        )),
-    }
+        Some(a) => {
+            return Err(bad(
+                file,
+                format!("quant_algo {a}: only NVFP4 (also W4A16_NVFP4, or MIXED_PRECISION per layer) is supported (weight_scale_2 multiplying, input_scale = activation amax / (6 * 448)); this algorithm's tensors would load with the wrong meaning"),
+            ))
+        }
+    };
+    Ok(QuantConfig { algos, exclude })
 }
 
 /// The name of a layer's packed weight in a convention.
@@ -1426,6 +1470,26 @@ mod tests {
         // The weight's shape from the header alone, after the same checks as `layer`.
         assert_eq!(Checkpoint::open(&index).unwrap().layer_dims("l").unwrap(), (32, 64));
         assert!(matches!(Checkpoint::open(&index).unwrap().layer_dims("other").unwrap_err(), Error::Checkpoint { .. }));
+    }
+
+    #[test]
+    fn excluded_modules_are_named() {
+        let (_, mut t) = layer_tensors("model.layers.0.mlp.down_proj", Convention::ModelOpt, 32, 64, 74, None);
+        t.push(("lm_head.weight".into(), Dtype::BF16, vec![4, 64], vec![0x3f; 4 * 64 * 2]));
+        t.push(("model.layers.0.mlp.gate.weight".into(), Dtype::BF16, vec![2, 64], vec![0x3f; 2 * 64 * 2]));
+        let file = write("excluded", &refs(&t));
+        let dir = file.parent().unwrap().to_path_buf();
+        std::fs::write(dir.join("hf_quant_config.json"), br#"{"quantization": {"quant_algo": "NVFP4", "exclude_modules": ["lm_head", "*.mlp.gate", "model.layers.0.mlp.down_pro?"]}}"#).unwrap();
+        let ck = Checkpoint::open(&dir).unwrap();
+        for (name, pattern) in [("lm_head", "lm_head"), ("model.layers.0.mlp.gate", "*.mlp.gate")] {
+            let e = ck.layer(name).unwrap_err().to_string();
+            assert!(e.contains(&format!("exclude_modules \"{pattern}\"")) && e.contains("BF16") && e.contains("tensor_bytes"), "{e}");
+        }
+        // A pattern that matches an NVFP4 layer: its tensors decide, and it loads.
+        ck.layer("model.layers.0.mlp.down_proj").unwrap();
+        for (p, n, want) in [("*", "", true), ("a*b", "ab", true), ("a*b", "axxb", true), ("a*b", "axxbc", false), ("?", "", false), ("a?c", "abc", true), ("*.x", "y.x", true), ("*.x", "y.xz", false), ("**a", "ba", true)] {
+            assert_eq!(glob_match(p, n), want, "{p} ~ {n}");
+        }
     }
 
     #[test]
