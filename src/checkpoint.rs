@@ -573,13 +573,13 @@ impl Checkpoint {
             // Shards of one expert under different global scales (gate and up exported apart) are
             // named here, before their weights are read, with what can be done: the grouped GEMM
             // takes one factor an expert, and this loader does not re-round block scales.
-            if let [first, rest @ ..] = &shards[..] {
-                let g0 = self.layer_scales(first)?.0;
-                for s in rest {
+            if shards.len() > 1 {
+                let (first, g0) = (shards[0], self.layer_scales(shards[0])?.0);
+                for &s in &shards[1..] {
                     let g = self.layer_scales(s)?.0;
                     if g != g0 {
                         let name = format!("{s}.{}", tensor_names(self.convention(s)?)[1]);
-                        return Err(bad(name, format!("global scale {g:?}, {first} has {g0:?}: expert {e}'s fused shards need one global scale (the grouped GEMM takes one factor an expert, and this loader does not re-round block scales to a common one); load the shards as separate expert stacks, one grouped GEMM each")));
+                        return Err(bad(name, format!("global scale {g:?}, {first} has {g0:?} (this crate's convention): expert {e}'s fused shards need one global scale (the grouped GEMM takes one factor an expert, and this loader does not re-round block scales to a common one); load the shards as separate expert stacks, one grouped GEMM each")));
                     }
                 }
             }

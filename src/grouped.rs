@@ -107,10 +107,9 @@ impl MoeProblem {
         if self.experts == 0 || self.experts > MAX_EXPERTS {
             return Err(Error::Dimension { dim: "experts", value: self.experts, max: MAX_EXPERTS });
         }
-        // The dense rules name the stacked rows M and the experts L: say T and E.
+        // The dense rules name the stacked rows M: say T (E is checked above, so never L there).
         let moe_names = |e: Error| match e {
             Error::Dimension { dim: "M", value, max } => Error::Dimension { dim: "T", value, max },
-            Error::Dimension { dim: "L", value, max } => Error::Dimension { dim: "E", value, max },
             e => e,
         };
         Problem::new(self.rows.max(1), self.n, self.k).scalars(self.alpha, 0.0).norm_constant(self.norm_constant).validate(out, false).map_err(moe_names)?;
@@ -163,10 +162,11 @@ pub const fn moe_sfa_bytes(rows: usize, k: usize, experts: usize) -> usize {
 ///
 /// One pair of buffers sized for the largest T serves every step by prefix, as a decode loop
 /// whose token count changes needs (and a CUDA graph per T captures): for T rows over E experts
-/// [`crate::Quantizer::quantize_moe_into`] writes the first `T * K / 2` bytes of the values and
-/// the first [`moe_sfa_bytes`]`(T, K, E)` bytes of the scales, and the GEMM reads those; pass
-/// views of that length (`values.slice(..t * k / 2)`, `scales.slice(..moe_sfa_bytes(t, k, e))`),
-/// with the global scale given to the quantizer.
+/// [`crate::Quantizer::quantize_moe_into`] takes the first `T * K / 2` bytes of the values and
+/// the first [`moe_sfa_bytes`]`(T, K, E)` bytes of the scales (writing the values and the
+/// scales' first [`moe_sfa_used_rows`] rows, all that the GEMM reads), and the GEMM the same;
+/// pass views of that length (`values.slice(..t * k / 2)`, `scales.slice(..moe_sfa_bytes(t, k,
+/// e))`), with the global scale given to the quantizer.
 #[derive(Debug)]
 pub struct MoeActivations<V = CudaSlice<u8>, S = CudaSlice<u8>> {
     values: V,

@@ -250,7 +250,7 @@ impl Nvfp4Tensor {
         check_global_scale(global_scale)?;
         // check_tiling bounds every count below: the products fit.
         check_len("values", values.len(), batch * rows * k / 2, "batch * rows * K / 2 packed bytes")?;
-        crate::gemm::check_devices(stream.context().ordinal(), [("values", values.stream())])?;
+        crate::gemm::check_devices(stream.context().ordinal(), [("values", values.stream()), ("scales", row_major.stream())])?;
         if crate::gemm::capture_check(stream)? {
             return Err(Error::NotCapturable { call: "Nvfp4Tensor::from_row_major_scales", why: "it allocates the tiled scales", fix: "convert when loading the weights, before capturing, or tile into your own buffer (Nvfp4Tensor::tile_scales_into)" });
         }
@@ -274,8 +274,10 @@ impl Nvfp4Tensor {
         crate::gemm::capture_check(stream)?;
         let (src, _gs) = row_major.device_ptr(stream);
         let (dst, _gd) = tiled.device_ptr_mut(stream);
-        // SAFETY: src holds batch * rows * K/16 bytes and dst the tiled layout's bytes on this
-        // stream's device (checked above); the guards live until the launch is queued.
+        crate::problem::check_align_to("tiled", dst, 4)?; // the kernel stores 32-bit words (the GEMMs want 16)
+        // SAFETY: src holds batch * rows * K/16 bytes (read bytewise) and dst, 4-byte aligned,
+        // the tiled layout's bytes on this stream's device (checked above); the guards live until
+        // the launch is queued.
         let st = unsafe { sys::tile_scales(src, dst, rows as i32, (k / 16) as i32, batch as i32, stream.cu_stream() as u64) };
         if st.cuda_error != 0 {
             return Err(Error::CudaRuntime { code: st.cuda_error, name: sys::cuda_error_name(st.cuda_error) });

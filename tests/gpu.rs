@@ -2532,6 +2532,9 @@ fn row_major_scales_tiled_on_the_gpu() -> Outcome {
         let e = Nvfp4Tensor::tile_scales_into(&rm_d, &mut own.slice_mut(..want.len() - 1), (batch, rows, k), &s).unwrap_err();
         assert!(matches!(e, Error::BufferLength { name: "tiled", .. }), "{e:?}");
         assert!(s.clone_dtoh(&own).unwrap().iter().all(|&b| b == 0xEE), "{batch}x{rows}x{k}: a refused call wrote");
+        let mut off = s.clone_htod(&vec![0xEEu8; want.len() + 2]).unwrap();
+        let e = Nvfp4Tensor::tile_scales_into(&rm_d, &mut off.slice_mut(2..), (batch, rows, k), &s).unwrap_err();
+        assert!(matches!(e, Error::Misaligned { name: "tiled", align: 4, .. }), "{e:?}");
         Nvfp4Tensor::tile_scales_into(&rm_d, &mut own, (batch, rows, k), &s).unwrap();
         assert_eq!(s.clone_dtoh(&own).unwrap(), want, "{batch}x{rows}x{k}: into the caller's buffer");
     }

@@ -67,8 +67,9 @@ fn cpu_offsets_edges() {
     assert!(reference_moe::<f32>(&x, &wk, &[0, 3], &[1.0], 1.0).is_err());
 }
 
-/// MoE problems name their own dimensions in errors (T, E), never the dense rules' M and L, and a
-/// dimension with no upper bound says only that it must be at least 1.
+/// A MoE problem's dimension errors name T where the dense rules they reuse say M (the size-limit
+/// errors still print the dense problem they checked), and a dimension with no upper bound says
+/// only that it must be at least 1.
 #[test]
 fn cpu_moe_errors_name_t_and_e() {
     let e = MoeProblem::new(1usize << 31, 128, 256, 4).validate(OutType::F16).unwrap_err();
