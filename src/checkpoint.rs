@@ -432,6 +432,30 @@ impl Checkpoint {
         Ok(CheckpointLayer { weight, input_scale: r.input_scale, convention: r.convention })
     }
 
+    /// A tensor-parallel shard of the layer `prefix`: its weight rows `rows` (output features,
+    /// as a column-parallel split cuts q/k/v or gate/up) and its input features `k` (as a
+    /// row-parallel split cuts o_proj or down_proj), as one layer of shape (1, rows.len(),
+    /// k.len()) with the layer's global and input scales, which are per tensor and so shared by
+    /// every shard. `k` starts and ends on a multiple of 16 (whole scale blocks); the GEMMs add
+    /// their own rules (K a multiple of 32). The layer is read whole, then cut.
+    pub fn layer_shard(&self, prefix: &str, rows: std::ops::Range<usize>, k: std::ops::Range<usize>) -> Result<CheckpointLayer> {
+        let r = self.raw_layer(prefix)?;
+        if rows.is_empty() || rows.end > r.n {
+            return Err(bad(prefix, format!("rows {rows:?}: a non-empty range within the weight's {} rows", r.n)));
+        }
+        if k.is_empty() || k.end > r.k || !k.start.is_multiple_of(16) || !k.end.is_multiple_of(16) {
+            return Err(bad(prefix, format!("K range {k:?}: a non-empty range within K = {} that starts and ends on a multiple of 16 (whole scale blocks)", r.k)));
+        }
+        let (n, kk) = (rows.len(), k.len());
+        let (mut data, mut scales) = (crate::error::try_vec::<u8>("a layer shard's packed weight", n * kk / 2)?, crate::error::try_vec::<u8>("a layer shard's block scales", n * kk / 16)?);
+        for row in rows {
+            data.extend_from_slice(&r.data[row * r.k / 2 + k.start / 2..row * r.k / 2 + k.end / 2]);
+            scales.extend_from_slice(&r.scales[row * r.k / 16 + k.start / 16..row * r.k / 16 + k.end / 16]);
+        }
+        let weight = Nvfp4Matrix::from_parts((1, n, kk), data, to_tiled(&scales, (1, n, kk / 16))?, Some(r.global))?;
+        Ok(CheckpointLayer { weight, input_scale: r.input_scale, convention: r.convention })
+    }
+
     /// [`Self::layer`] on the device: the packed weight and its row-major block scales are
     /// uploaded as the file holds them (after the same checks) and the scales re-tiled on the GPU
     /// ([`Nvfp4Tensor::from_row_major_scales`]), in `stream`'s order. Returns the weight and the
@@ -925,6 +949,29 @@ mod tests {
 
     fn refs(t: &[Tensor]) -> Vec<(&str, Dtype, Vec<usize>, Vec<u8>)> {
         t.iter().map(|(a, b, c, d)| (a.as_str(), *b, c.clone(), d.clone())).collect()
+    }
+
+    #[test]
+    fn tensor_parallel_shards_cut_rows_and_k() {
+        let (m, t) = layer_tensors("l", Convention::CompressedTensors, 48, 96, 6, Some(0.01));
+        let file = write("shards", &refs(&t));
+        let ck = Checkpoint::open(&file).unwrap();
+        let whole = ck.layer("l").unwrap();
+        let rm = m.scales_row_major().unwrap();
+        for (rows, k) in [(8..24, 16..80), (0..48, 0..96), (47..48, 80..96), (0..1, 0..16)] {
+            let s = ck.layer_shard("l", rows.clone(), k.clone()).unwrap();
+            assert_eq!((s.weight.batch(), s.weight.rows(), s.weight.k()), (1, rows.len(), k.len()));
+            let want_data: Vec<u8> = rows.clone().flat_map(|r| m.data()[r * 48 + k.start / 2..r * 48 + k.end / 2].to_vec()).collect();
+            let want_sf: Vec<u8> = rows.clone().flat_map(|r| rm[r * 6 + k.start / 16..r * 6 + k.end / 16].to_vec()).collect();
+            assert_eq!(s.weight.data(), &want_data[..], "{rows:?} {k:?}");
+            assert_eq!(s.weight.scales_row_major().unwrap(), want_sf, "{rows:?} {k:?}");
+            assert_eq!((s.weight.global_scale(), s.input_scale, s.convention), (whole.weight.global_scale(), whole.input_scale, whole.convention));
+        }
+        assert_eq!(ck.layer_shard("l", 0..48, 0..96).unwrap().weight.scales(), whole.weight.scales());
+        for (rows, k) in [(0..0, 0..96), (40..49, 0..96), (0..48, 8..40), (0..48, 16..40), (0..48, 0..112), (0..48, 32..32)] {
+            let e = ck.layer_shard("l", rows.clone(), k.clone()).unwrap_err().to_string();
+            assert!(e.starts_with("l: "), "{rows:?} {k:?}: {e}");
+        }
     }
 
     #[test]
