@@ -357,8 +357,8 @@ impl Nvfp4Linear {
 /// x quantized to NVFP4 on the GPU or taken as it is (W4A16), as the layer's [`LinearMode`] says.
 /// One grouped GEMM for all experts (with its pre-pass from 33 rows an expert on average, as
 /// [`BlockScaledGemm::moe_gemm`] runs), which also zeroes the rows no expert covers
-/// ([`MoeProblem::zero_uncovered`]), after, in `Nvfp4` mode, the quantizer; no host
-/// synchronisation.
+/// ([`MoeProblem::zero_uncovered`]: on Hopper in the same launch, on Blackwell by a memset of
+/// the output ahead of it), after, in `Nvfp4` mode, the quantizer; no host synchronisation.
 ///
 /// ```no_run
 /// use blockscaled_gemm::candle::{LinearMode, Nvfp4Experts};

@@ -49,7 +49,7 @@ pub fn can_implement_grouped(config: Config, out: OutType, p: &crate::grouped::M
     }
     let dim = |dim: &'static str, v: usize| i32::try_from(v).map_err(|_| Error::Dimension { dim, value: v, max: i32::MAX as usize });
     // SFD at a stand-in address, never dereferenced (FP4 outputs require one).
-    let args = bridge::GroupedArgs { rows: dim("T", p.rows)?, n: dim("N", p.n)?, k: dim("K", p.k)?, experts: dim("experts", p.experts)?, sfd: 1 << 20, norm_constant: p.norm_constant, ..Default::default() };
+    let args = bridge::GroupedArgs { rows: dim("T", p.rows)?, n: dim("N", p.n)?, k: dim("K", p.k)?, experts: dim("experts", p.experts)?, sfd: 1 << 20, norm_constant: p.norm_constant, zero_uncovered: p.zero_uncovered as i32, ..Default::default() };
     Ok(bridge::can_implement_grouped(config.info().index, out.index(), &args))
 }
 

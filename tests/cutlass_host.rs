@@ -197,6 +197,11 @@ fn kernels_refuse_extents_past_the_limit_themselves() {
             }
             let grouped = c.is_built_grouped(out);
             if grouped {
+                // Either value of the uncovered-rows flag reaches the kernel's check, and both pass.
+                for zero in [false, true] {
+                    let p = MoeProblem::new(100, 256, 256, 4).zero_uncovered(zero);
+                    assert!(can_implement_grouped(c, out, &p).unwrap(), "{c} {out} {p:?}");
+                }
                 for p in [MoeProblem::new(Problem::MAX_EXTENT + 1, nm, 32, 1), MoeProblem::new(1, past / nm * nm, 32, 1), MoeProblem::new(1, nm, past, 1)] {
                     assert!(!can_implement_grouped(c, out, &p).unwrap(), "{c} {out} {p:?}");
                 }

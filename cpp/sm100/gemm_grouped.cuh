@@ -200,8 +200,10 @@ struct GroupedGemm : Collectives<Sms, TileM, TileN, TileK, ClusterM, ClusterN, O
     return arrays_bytes(p.experts) + Adapter::get_workspace_size(query_arguments(p));
   }
 
-  // Every check comes before the first launch, so a refused call leaves memory as it was; the
-  // builder writes only the workspace.
+  // Every check comes before the first launch, so a refused call leaves memory as it was. The
+  // launches then are: the SFD padding memset (FP4), D's memset (zero_uncovered), the builder
+  // (the workspace only) and the GEMM; should a later one fail to launch, the memsets' zeros
+  // stay.
   static KernelStatus run(const GroupedArgs& p);
 
   // Group e's built entry flattened, for the host tests: m, n, k, the addresses of A, B, SFA, SFB
