@@ -77,7 +77,8 @@ pub struct Checkpoint {
     path: PathBuf,
     shards: Vec<Shard>,
     tensors: HashMap<String, TensorEntry>,
-    /// A MIXED_PRECISION `hf_quant_config.json`'s `quant_algo` per layer prefix.
+    /// What `hf_quant_config.json` says per layer: MIXED_PRECISION's `quant_algo` per layer
+    /// prefix, and the modules it leaves unquantized.
     quant: QuantConfig,
 }
 
@@ -147,7 +148,7 @@ impl Checkpoint {
     /// names a `quant_algo` other than NVFP4 (or W4A16_NVFP4, the same weights), the checkpoint is
     /// refused: the scales of other algorithms (NVFP4_AWQ, W4A8_NVFP4_FP8, ...) mean something this
     /// loader does not implement; MIXED_PRECISION's `quantized_layers` are checked per layer, as
-    /// each is read.
+    /// each is read, and a layer its `exclude_modules` leaves unquantized is named as such.
     pub fn open(path: impl AsRef<Path>) -> Result<Self> {
         let path = path.as_ref();
         let io = |source: std::io::Error| Error::Io { path: path.display().to_string(), source };
@@ -156,7 +157,7 @@ impl Checkpoint {
             let algos = check_quant_config(path)?;
             let index = path.join(INDEX);
             if index.is_file() {
-                return Ok(Self::open_index(&index)?.with_algos(algos));
+                return Ok(Self::open_index(&index)?.with_quant_config(algos));
             }
             let mut files = Vec::new();
             for entry in std::fs::read_dir(path).map_err(io)? {
@@ -169,18 +170,18 @@ impl Checkpoint {
             let dir = path.display().to_string();
             return match files.as_slice() {
                 [] => Err(bad(dir, format!("holds no *.safetensors file and no {INDEX}"))),
-                [one] => Ok(Self::open_file(one)?.with_algos(algos)),
+                [one] => Ok(Self::open_file(one)?.with_quant_config(algos)),
                 several => Err(bad(dir, format!("holds {} *.safetensors files and no {INDEX}: open their index, or one file", several.len()))),
             };
         }
         let algos = check_quant_config(path.parent().unwrap_or(Path::new("")))?;
         // open_index and read_header refuse a path that is not a regular file.
         let is_index = path.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.ends_with(".index.json"));
-        Ok((if is_index { Self::open_index(path) } else { Self::open_file(path) })?.with_algos(algos))
+        Ok((if is_index { Self::open_index(path) } else { Self::open_file(path) })?.with_quant_config(algos))
     }
 
     /// What the quant config says per layer, checked as each layer is read.
-    fn with_algos(mut self, quant: QuantConfig) -> Self {
+    fn with_quant_config(mut self, quant: QuantConfig) -> Self {
         self.quant = quant;
         self
     }
@@ -439,13 +440,15 @@ impl Checkpoint {
     /// every shard. `k` starts and ends on a multiple of 16 (whole scale blocks); the GEMMs add
     /// their own rules (K a multiple of 32). The layer is read whole, then cut.
     pub fn layer_shard(&self, prefix: &str, rows: std::ops::Range<usize>, k: std::ops::Range<usize>) -> Result<CheckpointLayer> {
+        // The ranges against the header first: a bad one reads nothing.
+        let (n, k_all) = self.layer_dims(prefix)?;
+        if rows.is_empty() || rows.end > n {
+            return Err(bad(prefix, format!("rows {rows:?}: a non-empty range within the weight's {n} rows")));
+        }
+        if k.is_empty() || k.end > k_all || !k.start.is_multiple_of(16) || !k.end.is_multiple_of(16) {
+            return Err(bad(prefix, format!("K range {k:?}: a non-empty range within K = {k_all} that starts and ends on a multiple of 16 (whole scale blocks)")));
+        }
         let r = self.raw_layer(prefix)?;
-        if rows.is_empty() || rows.end > r.n {
-            return Err(bad(prefix, format!("rows {rows:?}: a non-empty range within the weight's {} rows", r.n)));
-        }
-        if k.is_empty() || k.end > r.k || !k.start.is_multiple_of(16) || !k.end.is_multiple_of(16) {
-            return Err(bad(prefix, format!("K range {k:?}: a non-empty range within K = {} that starts and ends on a multiple of 16 (whole scale blocks)", r.k)));
-        }
         let (n, kk) = (rows.len(), k.len());
         let (mut data, mut scales) = (crate::error::try_vec::<u8>("a layer shard's packed weight", n * kk / 2)?, crate::error::try_vec::<u8>("a layer shard's block scales", n * kk / 16)?);
         for row in rows {
@@ -775,18 +778,18 @@ struct QuantConfig {
 }
 
 /// `name` against an fnmatch pattern of `*` (any run) and `?` (one character), as ModelOpt's
-/// `exclude_modules` are written; other characters match themselves.
+/// `exclude_modules` are written; other characters (`[` included: no classes) match themselves.
 fn glob_match(pattern: &str, name: &str) -> bool {
     let (p, n): (Vec<char>, Vec<char>) = (pattern.chars().collect(), name.chars().collect());
     let (mut pi, mut ni, mut star, mut mark) = (0, 0, None, 0);
     while ni < n.len() {
-        if pi < p.len() && (p[pi] == '?' || p[pi] == n[ni]) {
-            pi += 1;
-            ni += 1;
-        } else if pi < p.len() && p[pi] == '*' {
+        if pi < p.len() && p[pi] == '*' {
             star = Some(pi);
             mark = ni;
             pi += 1;
+        } else if pi < p.len() && (p[pi] == '?' || p[pi] == n[ni]) {
+            pi += 1;
+            ni += 1;
         } else if let Some(s) = star {
             pi = s + 1;
             mark += 1;
@@ -1534,7 +1537,7 @@ mod tests {
         }
         // A pattern that matches an NVFP4 layer: its tensors decide, and it loads.
         ck.layer("model.layers.0.mlp.down_proj").unwrap();
-        for (p, n, want) in [("*", "", true), ("a*b", "ab", true), ("a*b", "axxb", true), ("a*b", "axxbc", false), ("?", "", false), ("a?c", "abc", true), ("*.x", "y.x", true), ("*.x", "y.xz", false), ("**a", "ba", true)] {
+        for (p, n, want) in [("*", "", true), ("a*b", "ab", true), ("a*b", "axxb", true), ("a*b", "axxbc", false), ("?", "", false), ("a?c", "abc", true), ("*.x", "y.x", true), ("*.x", "y.xz", false), ("**a", "ba", true), ("*", "*x", true), ("a*", "a*", true), ("*b", "*", false)] {
             assert_eq!(glob_match(p, n), want, "{p} ~ {n}");
         }
     }
