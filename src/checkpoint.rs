@@ -478,7 +478,7 @@ impl Checkpoint {
     /// equal): different global scales cannot share one tensor without re-rounding the block
     /// scales, so they are an error naming both (run one GEMM per shard then).
     pub fn fused(&self, prefixes: &[&str]) -> Result<CheckpointLayer> {
-        let r = self.fused_raw(prefixes)?;
+        let r = self.fused_raw(prefixes, &|| DENSE_UNEQUAL_GLOBALS.to_string())?;
         let weight = Nvfp4Matrix::from_parts((1, r.n, r.k), r.data, to_tiled(&r.scales, (1, r.n, r.k / 16))?, Some(r.global))?;
         Ok(CheckpointLayer { weight, input_scale: r.input_scale, convention: r.convention })
     }
@@ -488,13 +488,13 @@ impl Checkpoint {
     /// and the activations' scale. Not during CUDA graph capture.
     pub fn fused_to_device(&self, prefixes: &[&str], stream: &Arc<CudaStream>) -> Result<(Nvfp4Tensor, Option<f32>)> {
         refuse_capture("Checkpoint::fused_to_device", stream)?;
-        let r = self.fused_raw(prefixes)?;
+        let r = self.fused_raw(prefixes, &|| DENSE_UNEQUAL_GLOBALS.to_string())?;
         let (values, scales) = (stream.clone_htod(&r.data)?, stream.clone_htod(&r.scales)?);
         Ok((Nvfp4Tensor::from_row_major_scales(values, &scales, (1, r.n, r.k), r.global, stream)?, r.input_scale))
     }
 
     /// The shards of [`Self::fused`], checked and stacked as stored (scales row-major).
-    fn fused_raw(&self, prefixes: &[&str]) -> Result<RawLayer> {
+    fn fused_raw(&self, prefixes: &[&str], unequal_globals: &dyn Fn() -> String) -> Result<RawLayer> {
         let (first, rest) = prefixes.split_first().ok_or_else(|| Error::InvalidData { what: "prefixes", detail: "none: a fused layer has at least one shard".into() })?;
         let mut base = self.raw_layer(first)?;
         let name = |c: Convention, p: &str, i: usize| format!("{p}.{}", tensor_names(c)[i]);
@@ -504,7 +504,7 @@ impl Checkpoint {
                 return Err(bad(name(l.convention, p, 0), format!("K = {}: {first} has K = {}; fused shards share K", l.k, base.k)));
             }
             if l.global != base.global {
-                return Err(bad(name(l.convention, p, 1), format!("global scale {:?}, {} has {:?}: fused shards need one global scale (run a GEMM per shard)", Some(l.global), name(base.convention, first, 1), Some(base.global))));
+                return Err(bad(name(l.convention, p, 1), format!("global scale {:?}, {} has {:?} (this crate's convention): {}", l.global, name(base.convention, first, 1), base.global, unequal_globals())));
             }
             if l.input_scale != base.input_scale {
                 return Err(bad(name(l.convention, p, 2), format!("{:?}, {first} has {:?}: fused shards share the activations' scale", l.input_scale, base.input_scale)));
@@ -597,20 +597,10 @@ impl Checkpoint {
         for e in 0..experts {
             let p = prefix_of(e);
             let shards = p.shards();
-            // Shards of one expert under different global scales (gate and up exported apart) are
-            // named here, before their weights are read, with what can be done: the grouped GEMM
-            // takes one factor an expert, and this loader does not re-round block scales.
-            if shards.len() > 1 {
-                let (first, g0) = (shards[0], self.layer_scales(shards[0])?.0);
-                for &s in &shards[1..] {
-                    let g = self.layer_scales(s)?.0;
-                    if g != g0 {
-                        let name = format!("{s}.{}", tensor_names(self.convention(s)?)[1]);
-                        return Err(bad(name, format!("global scale {g:?}, {first} has {g0:?} (this crate's convention): expert {e}'s fused shards need one global scale (the grouped GEMM takes one factor an expert, and this loader does not re-round block scales to a common one); load the shards as separate expert stacks, one grouped GEMM each")));
-                    }
-                }
-            }
-            let l = self.fused_raw(&shards)?;
+            // Shards of one expert under different global scales (gate and up exported apart): the
+            // grouped GEMM takes one factor an expert, and this loader does not re-round block
+            // scales, so the advice differs from a dense fused layer's.
+            let l = self.fused_raw(&shards, &|| format!("expert {e}'s fused shards need one global scale (the grouped GEMM takes one factor an expert, and this loader does not re-round block scales to a common one); load the shards as separate expert stacks, one grouped GEMM each"))?;
             match nk {
                 None => nk = Some((l.n, l.k)),
                 Some(first) if first != (l.n, l.k) => {
@@ -658,6 +648,9 @@ impl<T: AsRef<str>> ExpertShards for &[T] {
         self.iter().map(AsRef::as_ref).collect()
     }
 }
+
+/// What a dense fused layer whose shards have different global scales can do instead.
+const DENSE_UNEQUAL_GLOBALS: &str = "fused shards need one global scale (run a GEMM per shard)";
 
 /// An expert stack has at least one expert.
 fn check_experts(experts: usize) -> Result<()> {
