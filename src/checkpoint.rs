@@ -25,6 +25,7 @@
 use std::collections::HashMap;
 use std::fs::File;
 use std::io::{Read, Seek, SeekFrom};
+use std::ops::Range;
 use std::path::{Path, PathBuf};
 
 use std::sync::Arc;
@@ -62,6 +63,8 @@ pub struct CheckpointLayer {
 struct RawLayer {
     n: usize,
     k: usize,
+    /// The (N, K) of the whole layer, where `n` and `k` are a part's (fused: the N summed).
+    whole: (usize, usize),
     data: Vec<u8>,
     scales: Vec<u8>,
     global: f32,
@@ -272,6 +275,14 @@ impl Checkpoint {
     /// The bytes of tensor `name`, checked to be `dtype` with `shape` (`None` in `shape`: any
     /// extent there).
     fn read(&self, name: &str, dtype: &str, shape: &[Option<usize>], what: &str) -> Result<Vec<u8>> {
+        self.read_region(name, dtype, shape, what, None)
+    }
+
+    /// [`Self::read`], of only `region` where given: rows `region.0` of a 2-D tensor of 1-byte
+    /// elements and bytes `region.1` of each, row after row. The whole tensor's dtype, shape and
+    /// byte count are checked first; only the region's bytes are read (a row at a time where it
+    /// cuts the rows).
+    fn read_region(&self, name: &str, dtype: &str, shape: &[Option<usize>], what: &str, region: Option<(&Range<usize>, &Range<usize>)>) -> Result<Vec<u8>> {
         let e = self.entry(name)?;
         if e.dtype != dtype {
             return Err(bad(name, format!("dtype {}: {what} is {dtype}", e.dtype)));
@@ -298,10 +309,31 @@ impl Checkpoint {
         if f.metadata().map_err(io)?.len() != shard.file_len {
             return Err(bad(shard.path.display().to_string(), "the file changed since it was opened"));
         }
-        f.seek(SeekFrom::Start(shard.data_start + e.range.0)).map_err(io)?;
+        let start = shard.data_start + e.range.0;
         let len = usize::try_from(e.range.1 - e.range.0).map_err(|_| bad(name, format!("{} bytes: more than this host addresses", e.range.1 - e.range.0)))?;
-        let mut bytes = crate::error::try_zeros::<u8>("a checkpoint tensor", len)?;
-        f.read_exact(&mut bytes).map_err(io)?;
+        let Some((rows, cols)) = region else {
+            let mut bytes = crate::error::try_zeros::<u8>("a checkpoint tensor", len)?;
+            f.seek(SeekFrom::Start(start)).map_err(io)?;
+            f.read_exact(&mut bytes).map_err(io)?;
+            return Ok(bytes);
+        };
+        // The callers check their ranges against the header with their own rule; this guards
+        // the arithmetic below whatever they pass.
+        let row_bytes = match e.shape[..] {
+            [r, c] if elem == 1 && !rows.is_empty() && !cols.is_empty() && rows.end <= r && cols.end <= c => c,
+            _ => return Err(bad(name, format!("rows {rows:?}, bytes {cols:?} of each: a non-empty region of a 2-D tensor of 1-byte elements, shape {:?} {}", e.shape, e.dtype))),
+        };
+        // Within the tensor's `len` bytes, so none of this overflows.
+        let mut bytes = crate::error::try_zeros::<u8>("a checkpoint tensor's region", rows.len() * cols.len())?;
+        if cols.len() == row_bytes {
+            f.seek(SeekFrom::Start(start + (rows.start * row_bytes) as u64)).map_err(io)?;
+            f.read_exact(&mut bytes).map_err(io)?;
+        } else {
+            for (row, out) in rows.clone().zip(bytes.chunks_exact_mut(cols.len())) {
+                f.seek(SeekFrom::Start(start + (row * row_bytes + cols.start) as u64)).map_err(io)?;
+                f.read_exact(out).map_err(io)?;
+            }
+        }
         Ok(bytes)
     }
 
@@ -378,21 +410,34 @@ impl Checkpoint {
     }
 
     /// A layer's tensors as the file holds them, checked: packed codes, row-major scales, the
-    /// global and input scales in this crate's convention.
-    fn raw_layer(&self, prefix: &str) -> Result<RawLayer> {
+    /// global and input scales in this crate's convention. With `part`, only its rows and K
+    /// range (checked against the header before anything is read), and only their bytes read.
+    fn raw_layer(&self, prefix: &str, part: Option<&Part>) -> Result<RawLayer> {
         let convention = self.convention(prefix)?;
         let w_name = format!("{prefix}.{}", tensor_names(convention)[0]);
-        let (n, k) = self.weight_dims(&w_name)?;
-        let data = self.read(&w_name, "U8", &[Some(n), Some(k / 2)], "the packed weight")?;
+        let (n_all, k_all) = self.weight_dims(&w_name)?;
+        let (rows, k) = match part {
+            Some(p) => (p.rows.clone(), p.k.clone()),
+            None => (0..n_all, 0..k_all),
+        };
+        if rows.is_empty() || rows.end > n_all {
+            return Err(bad(prefix, format!("rows {rows:?}: a non-empty range within the weight's {n_all} rows")));
+        }
+        if k.is_empty() || k.end > k_all || !k.start.is_multiple_of(16) || !k.end.is_multiple_of(16) {
+            return Err(bad(prefix, format!("K range {k:?}: a non-empty range within K = {k_all} that starts and ends on a multiple of 16 (whole scale blocks)")));
+        }
+        let data = self.read_region(&w_name, "U8", &[Some(n_all), Some(k_all / 2)], "the packed weight", Some((&rows, &(k.start / 2..k.end / 2))))?;
         let s_name = format!("{prefix}.weight_scale");
-        let scales = self.read(&s_name, "F8_E4M3", &[Some(n), Some(k / 16)], "the block scales, [N, K/16]")?;
+        let blocks = k.start / 16..k.end / 16;
+        let scales = self.read_region(&s_name, "F8_E4M3", &[Some(n_all), Some(k_all / 16)], "the block scales, [N, K/16]", Some((&rows, &blocks)))?;
         if let Some(i) = scales.iter().position(|&b| b & 0x80 != 0 || b == 0x7F) {
             let b = scales[i];
             let why = if b & 0x7F == 0x7F { "NaN" } else { "negative" };
-            return Err(bad(&s_name, format!("element {i} (row {}, block {}) is {why} (byte 0x{b:02x}): block scales are finite and non-negative", i / (k / 16), i % (k / 16))));
+            let (row, block) = (rows.start + i / blocks.len(), blocks.start + i % blocks.len());
+            return Err(bad(&s_name, format!("element {} (row {row}, block {block}) is {why} (byte 0x{b:02x}): block scales are finite and non-negative", row * (k_all / 16) + block)));
         }
         let (global, input_scale) = self.scalars(prefix, convention)?;
-        Ok(RawLayer { n, k, data, scales, global, input_scale, convention })
+        Ok(RawLayer { n: rows.len(), k: k.len(), whole: (n_all, k_all), data, scales, global, input_scale, convention })
     }
 
     /// The layer's weight global scale and activations' scale (if the file has one) in this
@@ -428,35 +473,7 @@ impl Checkpoint {
     /// with tiled scales and global scale, and the activations' scale if the file has one, in
     /// whichever convention its names follow.
     pub fn layer(&self, prefix: &str) -> Result<CheckpointLayer> {
-        let r = self.raw_layer(prefix)?;
-        let weight = Nvfp4Matrix::from_parts((1, r.n, r.k), r.data, to_tiled(&r.scales, (1, r.n, r.k / 16))?, Some(r.global))?;
-        Ok(CheckpointLayer { weight, input_scale: r.input_scale, convention: r.convention })
-    }
-
-    /// A tensor-parallel shard of the layer `prefix`: its weight rows `rows` (output features,
-    /// as a column-parallel split cuts q/k/v or gate/up) and its input features `k` (as a
-    /// row-parallel split cuts o_proj or down_proj), as one layer of shape (1, rows.len(),
-    /// k.len()) with the layer's global and input scales, which are per tensor and so shared by
-    /// every shard. `k` starts and ends on a multiple of 16 (whole scale blocks); the GEMMs add
-    /// their own rules (K a multiple of 32). The layer is read whole, then cut.
-    pub fn layer_shard(&self, prefix: &str, rows: std::ops::Range<usize>, k: std::ops::Range<usize>) -> Result<CheckpointLayer> {
-        // The ranges against the header first: a bad one reads nothing.
-        let (n, k_all) = self.layer_dims(prefix)?;
-        if rows.is_empty() || rows.end > n {
-            return Err(bad(prefix, format!("rows {rows:?}: a non-empty range within the weight's {n} rows")));
-        }
-        if k.is_empty() || k.end > k_all || !k.start.is_multiple_of(16) || !k.end.is_multiple_of(16) {
-            return Err(bad(prefix, format!("K range {k:?}: a non-empty range within K = {k_all} that starts and ends on a multiple of 16 (whole scale blocks)")));
-        }
-        let r = self.raw_layer(prefix)?;
-        let (n, kk) = (rows.len(), k.len());
-        let (mut data, mut scales) = (crate::error::try_vec::<u8>("a layer shard's packed weight", n * kk / 2)?, crate::error::try_vec::<u8>("a layer shard's block scales", n * kk / 16)?);
-        for row in rows {
-            data.extend_from_slice(&r.data[row * r.k / 2 + k.start / 2..row * r.k / 2 + k.end / 2]);
-            scales.extend_from_slice(&r.scales[row * r.k / 16 + k.start / 16..row * r.k / 16 + k.end / 16]);
-        }
-        let weight = Nvfp4Matrix::from_parts((1, n, kk), data, to_tiled(&scales, (1, n, kk / 16))?, Some(r.global))?;
-        Ok(CheckpointLayer { weight, input_scale: r.input_scale, convention: r.convention })
+        self.raw_layer(prefix, None)?.into_layer()
     }
 
     /// [`Self::layer`] on the device: the packed weight and its row-major block scales are
@@ -467,9 +484,35 @@ impl Checkpoint {
     pub fn layer_to_device(&self, prefix: &str, stream: &Arc<CudaStream>) -> Result<(Nvfp4Tensor, Option<f32>)> {
         // Refused before the file is read: a layer can be large.
         refuse_capture("Checkpoint::layer_to_device", stream)?;
-        let r = self.raw_layer(prefix)?;
-        let (values, scales) = (stream.clone_htod(&r.data)?, stream.clone_htod(&r.scales)?);
-        Ok((Nvfp4Tensor::from_row_major_scales(values, &scales, (1, r.n, r.k), r.global, stream)?, r.input_scale))
+        self.raw_layer(prefix, None)?.to_device(stream)
+    }
+
+    /// A tensor-parallel shard of the layer `prefix`: its weight rows `rows` (output features,
+    /// as a column-parallel split cuts q/k/v or gate/up) and its input features `k` (as a
+    /// row-parallel split cuts o_proj or down_proj), as one layer of shape (1, rows.len(),
+    /// k.len()) with the layer's global and input scales, which are per tensor and so shared by
+    /// every shard. `k` starts and ends on a multiple of 16 (whole scale blocks); the GEMMs add
+    /// their own rules (K a multiple of 32). The ranges are checked against the header before
+    /// anything is read, and only the shard's bytes are read.
+    ///
+    /// ```no_run
+    /// # fn main() -> blockscaled_gemm::Result<()> {
+    /// let ck = blockscaled_gemm::checkpoint::Checkpoint::open("model.safetensors")?;
+    /// let (rank, ranks) = (1, 4);
+    /// let (n, k) = ck.layer_dims("model.layers.0.mlp.down_proj")?;
+    /// // down_proj is row-parallel: each rank takes a quarter of K and sums its partial outputs.
+    /// let part = ck.layer_shard("model.layers.0.mlp.down_proj", 0..n, k / ranks * rank..k / ranks * (rank + 1))?;
+    /// # Ok(()) }
+    /// ```
+    pub fn layer_shard(&self, prefix: &str, rows: Range<usize>, k: Range<usize>) -> Result<CheckpointLayer> {
+        self.raw_layer(prefix, Some(&Part { rows, k }))?.into_layer()
+    }
+
+    /// [`Self::layer_shard`] on the device, as [`Self::layer_to_device`] uploads a whole layer.
+    /// Not during CUDA graph capture.
+    pub fn layer_shard_to_device(&self, prefix: &str, rows: Range<usize>, k: Range<usize>, stream: &Arc<CudaStream>) -> Result<(Nvfp4Tensor, Option<f32>)> {
+        refuse_capture("Checkpoint::layer_shard_to_device", stream)?;
+        self.raw_layer(prefix, Some(&Part { rows, k }))?.to_device(stream)
     }
 
     /// Fused shards (q/k/v, gate/up): the layers `prefixes` stacked along N in that order, as
@@ -478,9 +521,7 @@ impl Checkpoint {
     /// equal): different global scales cannot share one tensor without re-rounding the block
     /// scales, so they are an error naming both (run one GEMM per shard then).
     pub fn fused(&self, prefixes: &[&str]) -> Result<CheckpointLayer> {
-        let r = self.fused_raw(prefixes, &|| DENSE_UNEQUAL_GLOBALS.to_string())?;
-        let weight = Nvfp4Matrix::from_parts((1, r.n, r.k), r.data, to_tiled(&r.scales, (1, r.n, r.k / 16))?, Some(r.global))?;
-        Ok(CheckpointLayer { weight, input_scale: r.input_scale, convention: r.convention })
+        self.fused_raw(prefixes, &|| DENSE_UNEQUAL_GLOBALS.to_string(), None)?.into_layer()
     }
 
     /// [`Self::fused`] on the device: the shards' packed weights and row-major scales uploaded as
@@ -488,20 +529,19 @@ impl Checkpoint {
     /// and the activations' scale. Not during CUDA graph capture.
     pub fn fused_to_device(&self, prefixes: &[&str], stream: &Arc<CudaStream>) -> Result<(Nvfp4Tensor, Option<f32>)> {
         refuse_capture("Checkpoint::fused_to_device", stream)?;
-        let r = self.fused_raw(prefixes, &|| DENSE_UNEQUAL_GLOBALS.to_string())?;
-        let (values, scales) = (stream.clone_htod(&r.data)?, stream.clone_htod(&r.scales)?);
-        Ok((Nvfp4Tensor::from_row_major_scales(values, &scales, (1, r.n, r.k), r.global, stream)?, r.input_scale))
+        self.fused_raw(prefixes, &|| DENSE_UNEQUAL_GLOBALS.to_string(), None)?.to_device(stream)
     }
 
-    /// The shards of [`Self::fused`], checked and stacked as stored (scales row-major).
-    fn fused_raw(&self, prefixes: &[&str], unequal_globals: &dyn Fn() -> String) -> Result<RawLayer> {
+    /// The shards of [`Self::fused`], checked and stacked as stored (scales row-major); with
+    /// `part`, the same part of each.
+    fn fused_raw(&self, prefixes: &[&str], unequal_globals: &dyn Fn() -> String, part: Option<&Part>) -> Result<RawLayer> {
         let (first, rest) = prefixes.split_first().ok_or_else(|| Error::InvalidData { what: "prefixes", detail: "none: a fused layer has at least one shard".into() })?;
-        let mut base = self.raw_layer(first)?;
+        let mut base = self.raw_layer(first, part)?;
         let name = |c: Convention, p: &str, i: usize| format!("{p}.{}", tensor_names(c)[i]);
         for p in rest {
-            let l = self.raw_layer(p)?;
-            if l.k != base.k {
-                return Err(bad(name(l.convention, p, 0), format!("K = {}: {first} has K = {}; fused shards share K", l.k, base.k)));
+            let l = self.raw_layer(p, part)?;
+            if l.whole.1 != base.whole.1 {
+                return Err(bad(name(l.convention, p, 0), format!("K = {}: {first} has K = {}; fused shards share K", l.whole.1, base.whole.1)));
             }
             if l.global != base.global {
                 return Err(bad(name(l.convention, p, 1), format!("global scale {:?}, {} has {:?} (this crate's convention): {}", l.global, name(base.convention, first, 1), base.global, unequal_globals())));
@@ -512,6 +552,7 @@ impl Checkpoint {
             append(&mut base.data, &l.data, "fused shards' packed weights")?;
             append(&mut base.scales, &l.scales, "fused shards' block scales")?;
             base.n += l.n;
+            base.whole.0 += l.whole.0;
         }
         Ok(base)
     }
@@ -537,8 +578,7 @@ impl Checkpoint {
     ///
     /// The experts' input scales are not read here ([`Self::experts_input_scale`]).
     pub fn experts<P: ExpertShards>(&self, experts: usize, prefix_of: impl Fn(usize) -> P) -> Result<(Nvfp4Matrix, Vec<f32>)> {
-        let x = self.experts_raw(experts, prefix_of)?;
-        Ok((Nvfp4Matrix::from_parts((experts, x.n, x.k), x.data, to_tiled(&x.scales, (experts, x.n, x.k / 16))?, None)?, x.globals))
+        self.experts_raw(experts, prefix_of, None)?.into_matrix()
     }
 
     /// [`Self::experts`] on the device: the experts' packed weights and row-major scales uploaded
@@ -548,9 +588,35 @@ impl Checkpoint {
         // Refused before the files are read: a stack is several GB of host memory (DeepSeek-V3's
         // gate-up experts of one layer: about 4.2 GB).
         refuse_capture("Checkpoint::experts_to_device", stream)?;
-        let x = self.experts_raw(experts, prefix_of)?;
-        let (values, scales) = (stream.clone_htod(&x.data)?, stream.clone_htod(&x.scales)?);
-        Ok((Nvfp4Tensor::from_row_major_scales(values, &scales, (experts, x.n, x.k), 1.0, stream)?, x.globals))
+        self.experts_raw(experts, prefix_of, None)?.to_device(stream)
+    }
+
+    /// A tensor-parallel shard of [`Self::experts`]: of every expert's layer (of each of its
+    /// fused shards) the weight rows `rows` and the input features `k`, as
+    /// [`Self::layer_shard`] cuts one layer, stacked into (E, S * rows.len(), k.len()) for S
+    /// shards an expert. So a gate-up stack cut at `rows` keeps each expert's gate rows, then its
+    /// up rows, as the SwiGLU quantizer wants them; a down stack is cut along `k`. Only the
+    /// shards' bytes are read. Every expert's whole layer must still share N and K.
+    ///
+    /// ```no_run
+    /// # fn main() -> blockscaled_gemm::Result<()> {
+    /// let ck = blockscaled_gemm::checkpoint::Checkpoint::open("model.safetensors")?;
+    /// let p = |e: usize, w: &str| format!("model.layers.3.mlp.experts.{e}.{w}");
+    /// let (rank, ranks, width, hidden) = (1, 8, 2048, 7168);
+    /// let cut = width / ranks * rank..width / ranks * (rank + 1);
+    /// let (gate_up, gate_up_scales) = ck.experts_shard(256, |e| [p(e, "gate_proj"), p(e, "up_proj")], cut.clone(), 0..hidden)?;
+    /// let (down, down_scales) = ck.experts_shard(256, |e| p(e, "down_proj"), 0..hidden, cut)?;
+    /// # Ok(()) }
+    /// ```
+    pub fn experts_shard<P: ExpertShards>(&self, experts: usize, prefix_of: impl Fn(usize) -> P, rows: Range<usize>, k: Range<usize>) -> Result<(Nvfp4Matrix, Vec<f32>)> {
+        self.experts_raw(experts, prefix_of, Some(&Part { rows, k }))?.into_matrix()
+    }
+
+    /// [`Self::experts_shard`] on the device, as [`Self::experts_to_device`] uploads a whole
+    /// stack. Not during CUDA graph capture.
+    pub fn experts_shard_to_device<P: ExpertShards>(&self, experts: usize, prefix_of: impl Fn(usize) -> P, rows: Range<usize>, k: Range<usize>, stream: &Arc<CudaStream>) -> Result<(Nvfp4Tensor, Vec<f32>)> {
+        refuse_capture("Checkpoint::experts_shard_to_device", stream)?;
+        self.experts_raw(experts, prefix_of, Some(&Part { rows, k }))?.to_device(stream)
     }
 
     /// The largest input scale (this crate's convention) of the experts' layers `prefix_of(e)`
@@ -590,7 +656,7 @@ impl Checkpoint {
     }
 
     /// The experts of [`Self::experts`], checked and stacked as stored.
-    fn experts_raw<P: ExpertShards>(&self, experts: usize, prefix_of: impl Fn(usize) -> P) -> Result<ExpertStack> {
+    fn experts_raw<P: ExpertShards>(&self, experts: usize, prefix_of: impl Fn(usize) -> P, part: Option<&Part>) -> Result<ExpertStack> {
         check_experts(experts)?;
         let (mut data, mut scales, mut globals) = (Vec::new(), Vec::new(), Vec::new());
         let mut nk = None;
@@ -600,11 +666,13 @@ impl Checkpoint {
             // Shards of one expert under different global scales (gate and up exported apart): the
             // grouped GEMM takes one factor an expert, and this loader does not re-round block
             // scales, so the advice differs from a dense fused layer's.
-            let l = self.fused_raw(&shards, &|| format!("expert {e}'s fused shards need one global scale (the grouped GEMM takes one factor an expert, and this loader does not re-round block scales to a common one); load the shards as separate expert stacks, one grouped GEMM each"))?;
+            let l = self.fused_raw(&shards, &|| format!("expert {e}'s fused shards need one global scale (the grouped GEMM takes one factor an expert, and this loader does not re-round block scales to a common one); load the shards as separate expert stacks, one grouped GEMM each"), part)?;
+            // The whole layers compared, not only the parts: a part that fits two different
+            // experts would otherwise stack them silently.
             match nk {
-                None => nk = Some((l.n, l.k)),
-                Some(first) if first != (l.n, l.k) => {
-                    return Err(bad(format!("{}.{}", shards[0], tensor_names(l.convention)[0]), format!("(N, K) = {:?}: expert 0 has {first:?}; an expert stack shares N and K", (l.n, l.k))));
+                None => nk = Some((l.n, l.k, l.whole)),
+                Some((_, _, first)) if first != l.whole => {
+                    return Err(bad(format!("{}.{}", shards[0], tensor_names(l.convention)[0]), format!("(N, K) = {:?}: expert 0 has {first:?}; an expert stack shares N and K", l.whole)));
                 }
                 _ => {}
             }
@@ -612,7 +680,7 @@ impl Checkpoint {
             append(&mut scales, &l.scales, "an expert stack's block scales")?;
             globals.push(l.global);
         }
-        let (n, k) = nk.expect("at least one expert");
+        let (n, k, _) = nk.expect("at least one expert");
         Ok(ExpertStack { n, k, data, scales, globals })
     }
 }
@@ -668,6 +736,40 @@ struct ExpertStack {
     data: Vec<u8>,
     scales: Vec<u8>,
     globals: Vec<f32>,
+}
+
+impl ExpertStack {
+    /// The (E, N, K) matrix of global scale 1 (scales tiled on the host), and each expert's scale.
+    fn into_matrix(self) -> Result<(Nvfp4Matrix, Vec<f32>)> {
+        let shape = (self.globals.len(), self.n, self.k);
+        Ok((Nvfp4Matrix::from_parts(shape, self.data, to_tiled(&self.scales, (shape.0, shape.1, shape.2 / 16))?, None)?, self.globals))
+    }
+
+    /// Uploaded as stored, the scales tiled on the GPU.
+    fn to_device(&self, stream: &Arc<CudaStream>) -> Result<(Nvfp4Tensor, Vec<f32>)> {
+        let (values, scales) = (stream.clone_htod(&self.data)?, stream.clone_htod(&self.scales)?);
+        Ok((Nvfp4Tensor::from_row_major_scales(values, &scales, (self.globals.len(), self.n, self.k), 1.0, stream)?, self.globals.clone()))
+    }
+}
+
+/// Which part of a layer a tensor-parallel rank reads: weight rows, and K in whole scale blocks.
+struct Part {
+    rows: Range<usize>,
+    k: Range<usize>,
+}
+
+impl RawLayer {
+    /// The layer as a (1, N, K) matrix, scales tiled on the host.
+    fn into_layer(self) -> Result<CheckpointLayer> {
+        let weight = Nvfp4Matrix::from_parts((1, self.n, self.k), self.data, to_tiled(&self.scales, (1, self.n, self.k / 16))?, Some(self.global))?;
+        Ok(CheckpointLayer { weight, input_scale: self.input_scale, convention: self.convention })
+    }
+
+    /// Uploaded as stored, the scales tiled on the GPU; with the activations' scale.
+    fn to_device(&self, stream: &Arc<CudaStream>) -> Result<(Nvfp4Tensor, Option<f32>)> {
+        let (values, scales) = (stream.clone_htod(&self.data)?, stream.clone_htod(&self.scales)?);
+        Ok((Nvfp4Tensor::from_row_major_scales(values, &scales, (1, self.n, self.k), self.global, stream)?, self.input_scale))
+    }
 }
 
 /// The device conversions upload and allocate: not during CUDA graph capture (a typed error
@@ -968,6 +1070,69 @@ mod tests {
             let e = ck.layer_shard("l", rows.clone(), k.clone()).unwrap_err().to_string();
             assert!(e.starts_with("l: "), "{rows:?} {k:?}: {e}");
         }
+    }
+
+    /// A shard reads only its own bytes: a NaN scale outside it does not refuse it, one inside
+    /// is named at its place in the whole tensor; and stacking a part of two layers of different
+    /// K (or of experts of different N) is refused although the part fits both.
+    #[test]
+    fn shards_read_their_own_bytes_and_compare_whole_layers() {
+        let (_, mut t) = layer_tensors("l", Convention::ModelOpt, 48, 96, 7, None);
+        t[1].3[40 * 6 + 2] = 0x7F; // row 40, block 2
+        let file = write("shard-nan", &refs(&t));
+        let ck = Checkpoint::open(&file).unwrap();
+        let e = ck.layer("l").unwrap_err().to_string();
+        assert!(e.contains("element 242 (row 40, block 2) is NaN"), "{e}");
+        assert!(ck.layer_shard("l", 0..40, 0..96).is_ok() && ck.layer_shard("l", 0..48, 48..96).is_ok());
+        let e = ck.layer_shard("l", 8..48, 32..96).unwrap_err().to_string();
+        assert!(e.contains("element 242 (row 40, block 2) is NaN"), "{e}");
+
+        let (_, a) = layer_tensors("a", Convention::ModelOpt, 32, 64, 8, None);
+        let (_, mut b) = layer_tensors("b", Convention::ModelOpt, 32, 96, 9, None);
+        b[2].3 = a[2].3.clone(); // one global scale, as fused shards have
+        let file = write("shard-k", &refs(&[a, b].concat()));
+        let ck = Checkpoint::open(&file).unwrap();
+        let e = ck.fused_raw(&["a", "b"], &|| String::new(), Some(&Part { rows: 0..32, k: 0..64 })).err().unwrap().to_string();
+        assert!(e.starts_with("b.weight: K = 96: a has K = 64"), "{e}");
+
+        let (_, e0) = layer_tensors("x.0", Convention::ModelOpt, 32, 64, 10, None);
+        let (_, e1) = layer_tensors("x.1", Convention::ModelOpt, 48, 64, 11, None);
+        let file = write("shard-n", &refs(&[e0, e1].concat()));
+        let ck = Checkpoint::open(&file).unwrap();
+        let e = ck.experts_shard(2, |e| format!("x.{e}"), 0..16, 0..64).unwrap_err().to_string();
+        assert!(e.starts_with("x.1.weight: (N, K) = (48, 64): expert 0 has (32, 64)"), "{e}");
+    }
+
+    /// An expert stack's tensor-parallel shard is each expert's fused shards cut alike: gate
+    /// rows then up rows for a column-parallel gate-up, a K range for a row-parallel down.
+    #[test]
+    fn expert_stacks_shard_every_expert_alike() {
+        let p = |e: usize, w: &str| format!("mlp.experts.{e}.{w}");
+        let (_, t) = gate_up_experts(3, Convention::CompressedTensors, &|_| None);
+        let file = write("gate-up-shard", &refs(&t));
+        let ck = Checkpoint::open(&file).unwrap();
+        let (whole, scales) = ck.experts(3, |e| [p(e, "gate_proj"), p(e, "up_proj")]).unwrap();
+        for (rows, k) in [(8..24, 0..64), (0..32, 16..48), (31..32, 48..64)] {
+            let (w, s) = ck.experts_shard(3, |e| [p(e, "gate_proj"), p(e, "up_proj")], rows.clone(), k.clone()).unwrap();
+            assert_eq!((w.batch(), w.rows(), w.k(), w.global_scale(), &s), (3, 2 * rows.len(), k.len(), None, &scales));
+            for e in 0..3 {
+                let (gate, up) = (ck.layer_shard(&p(e, "gate_proj"), rows.clone(), k.clone()).unwrap(), ck.layer_shard(&p(e, "up_proj"), rows.clone(), k.clone()).unwrap());
+                let b = w.batch_slice(e).unwrap();
+                assert_eq!(b.data(), [gate.weight.data(), up.weight.data()].concat(), "{rows:?} {k:?} expert {e}");
+                assert_eq!(b.scales_row_major().unwrap(), [gate.weight.scales_row_major().unwrap(), up.weight.scales_row_major().unwrap()].concat());
+                // The whole stack's rows, cut on the host, agree.
+                let wb = whole.batch_slice(e).unwrap();
+                let want: Vec<usize> = rows.clone().chain(rows.clone().map(|r| r + 32)).collect();
+                let cut = wb.select_rows(&want).unwrap();
+                let kb = (k.start / 2..k.end / 2, 32);
+                let want_data: Vec<u8> = cut.data().chunks(kb.1).flat_map(|r| r[kb.0.clone()].to_vec()).collect();
+                assert_eq!(b.data(), &want_data[..]);
+            }
+        }
+        let e = ck.experts_shard(3, |e| p(e, "down_proj"), 0..8, 0..64).unwrap_err().to_string();
+        assert!(e.starts_with("mlp.experts.0.down_proj.weight: not in"), "{e}");
+        let e = ck.experts_shard(3, |e| p(e, "up_proj"), 0..33, 0..64).unwrap_err().to_string();
+        assert!(e.starts_with("mlp.experts.0.up_proj: rows 0..33"), "{e}");
     }
 
     #[test]

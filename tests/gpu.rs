@@ -2523,7 +2523,9 @@ fn gemms_run_after_a_context_reset() -> Outcome {
 
 /// Issue 26: row-major block scales (as checkpoints store them) re-tiled on the GPU equal the host
 /// layout's bytes, padding zero, for shapes with rows and scale columns off the 128 x 4 grid and
-/// two batches; the tensor made so multiplies as the uploaded host matrix does.
+/// two batches; the tensor made so multiplies as the uploaded host matrix does; and the
+/// checkpoint's device loaders (a layer, fused shards, an expert stack, and tensor-parallel
+/// shards of a layer and of a stack) give the host loaders' bytes.
 fn row_major_scales_tiled_on_the_gpu() -> Outcome {
     let g = device()?;
     let s = g.stream().clone();
@@ -2602,6 +2604,15 @@ fn row_major_scales_tiled_on_the_gpu() -> Outcome {
     let (host, host_g) = ck.experts(experts, |e| format!("x.{e}")).unwrap();
     assert_eq!((s.clone_dtoh(dev.values()).unwrap(), s.clone_dtoh(dev.scales()).unwrap()), (host.data().to_vec(), host.scales().to_vec()), "expert stack");
     assert_eq!((dev.shape(), dev.global_scale(), &dev_g), ((experts, n2, k), 1.0, &host_g));
+    // Tensor-parallel shards on the device equal the host's: a layer's, an expert stack's.
+    let (dev, _) = ck.layer_shard_to_device("gate", 24..136, 32..96, &s).unwrap();
+    let host = ck.layer_shard("gate", 24..136, 32..96).unwrap();
+    assert_eq!((s.clone_dtoh(dev.values()).unwrap(), s.clone_dtoh(dev.scales()).unwrap()), (host.weight.data().to_vec(), host.weight.scales().to_vec()), "layer shard");
+    assert_eq!((dev.shape(), dev.global_scale()), ((1, 112, 64), 0.01));
+    let (dev, dev_g) = ck.experts_shard_to_device(experts, |e| format!("x.{e}"), 8..40, 16..k, &s).unwrap();
+    let (host, host_g) = ck.experts_shard(experts, |e| format!("x.{e}"), 8..40, 16..k).unwrap();
+    assert_eq!((s.clone_dtoh(dev.values()).unwrap(), s.clone_dtoh(dev.scales()).unwrap()), (host.data().to_vec(), host.scales().to_vec()), "expert stack shard");
+    assert_eq!((dev.shape(), &dev_g), ((experts, 32, k - 16), &host_g));
     std::fs::remove_file(&path).ok();
     // A wrong row-major length is a typed error.
     let e = Nvfp4Tensor::from_row_major_scales(s.clone_htod(&[0u8; 64]).unwrap(), &s.clone_htod(&[0u8; 7]).unwrap(), (1, 8, 16), 1.0, &s).unwrap_err();
