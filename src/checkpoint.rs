@@ -127,11 +127,19 @@ fn regular_file(path: &Path) -> Result<()> {
 fn read_json_file(path: &Path) -> Result<Vec<u8>> {
     regular_file(path)?;
     let io = |source: std::io::Error| Error::Io { path: path.display().to_string(), source };
-    let len = std::fs::metadata(path).map_err(io)?.len();
+    let f = File::open(path).map_err(io)?;
+    let len = f.metadata().map_err(io)?.len();
+    let too_long = |len| bad(path.display().to_string(), format!("{len} bytes: a JSON file beside the shards has at most {MAX_HEADER}"));
     if len > MAX_HEADER {
-        return Err(bad(path.display().to_string(), format!("{len} bytes: a JSON file beside the shards has at most {MAX_HEADER}")));
+        return Err(too_long(len));
     }
-    std::fs::read(path).map_err(io)
+    // Bounded however the file grows after the check.
+    let mut bytes = Vec::new();
+    f.take(MAX_HEADER + 1).read_to_end(&mut bytes).map_err(io)?;
+    if bytes.len() as u64 > MAX_HEADER {
+        return Err(too_long(bytes.len() as u64));
+    }
+    Ok(bytes)
 }
 
 /// `extra` appended to `v`, or [`Error::HostMemory`] where the host cannot hold the result.
@@ -208,6 +216,9 @@ impl Checkpoint {
         let mut shards: Vec<Shard> = Vec::new();
         let mut headers: Vec<HashMap<String, TensorEntry>> = Vec::new();
         let mut ids: HashMap<&str, usize> = HashMap::new();
+        // One file under several spellings (`a`, `./a`, a link to it) is one shard, its header
+        // read once.
+        let mut by_file: HashMap<PathBuf, usize> = HashMap::new();
         let mut tensors = HashMap::with_capacity(map.len());
         for (name, file) in map {
             let file = file.as_str().ok_or_else(|| bad(name.clone(), format!("{idx} maps it to {file}: a shard is a file name (a JSON string)")))?;
@@ -220,10 +231,19 @@ impl Checkpoint {
                             format!("{idx} maps it to shard {file:?}: shards are relative names inside {} (no absolute path, no ..)", dir.display()),
                         ));
                     }
-                    let id = shards.len();
-                    let (shard, header) = read_header(&dir.join(file), id)?;
-                    shards.push(shard);
-                    headers.push(header);
+                    let path = dir.join(file);
+                    let canonical = std::fs::canonicalize(&path).map_err(|source| Error::Io { path: path.display().to_string(), source })?;
+                    let id = match by_file.get(&canonical) {
+                        Some(&id) => id,
+                        None => {
+                            let id = shards.len();
+                            let (shard, header) = read_header(&path, id)?;
+                            shards.push(shard);
+                            headers.push(header);
+                            by_file.insert(canonical, id);
+                            id
+                        }
+                    };
                     ids.insert(file, id);
                     id
                 }
@@ -278,11 +298,9 @@ impl Checkpoint {
         self.read_region(name, dtype, shape, what, None)
     }
 
-    /// [`Self::read`], of only `region` where given: rows `region.0` of a 2-D tensor of 1-byte
-    /// elements and bytes `region.1` of each, row after row. The whole tensor's dtype, shape and
-    /// byte count are checked first; only the region's bytes are read (a row at a time where it
-    /// cuts the rows).
-    fn read_region(&self, name: &str, dtype: &str, shape: &[Option<usize>], what: &str, region: Option<(&Range<usize>, &Range<usize>)>) -> Result<Vec<u8>> {
+    /// Tensor `name`'s header entry, checked to be `dtype` with `shape` (`None`: any extent) and
+    /// to hold the bytes they make; with its element size.
+    fn checked_entry(&self, name: &str, dtype: &str, shape: &[Option<usize>], what: &str) -> Result<(&TensorEntry, u64)> {
         let e = self.entry(name)?;
         if e.dtype != dtype {
             return Err(bad(name, format!("dtype {}: {what} is {dtype}", e.dtype)));
@@ -303,6 +321,15 @@ impl Checkpoint {
         if want_bytes != Some(e.range.1 - e.range.0) {
             return Err(bad(name, format!("holds {} bytes, its dtype and shape {:?} make {want_bytes:?}", e.range.1 - e.range.0, e.shape)));
         }
+        Ok((e, elem))
+    }
+
+    /// [`Self::read`], of only `region` where given: rows `region.0` of a 2-D tensor of 1-byte
+    /// elements and bytes `region.1` of each, row after row. The whole tensor's dtype, shape and
+    /// byte count are checked first; only the region's bytes are read (a row at a time where it
+    /// cuts the rows).
+    fn read_region(&self, name: &str, dtype: &str, shape: &[Option<usize>], what: &str, region: Option<(&Range<usize>, &Range<usize>)>) -> Result<Vec<u8>> {
+        let (e, elem) = self.checked_entry(name, dtype, shape, what)?;
         let shard = self.shards.get(e.shard).ok_or_else(|| bad(name, format!("shard {} of {} files", e.shard, self.shards.len())))?;
         let io = |source: std::io::Error| Error::Io { path: shard.path.display().to_string(), source };
         let mut f = File::open(&shard.path).map_err(io)?;
@@ -353,13 +380,15 @@ impl Checkpoint {
     /// a layer that may be large.
     pub fn layer_dims(&self, prefix: &str) -> Result<(usize, usize)> {
         let convention = self.convention(prefix)?;
-        self.weight_dims(&format!("{prefix}.{}", tensor_names(convention)[0]))
+        self.weight_dims(prefix, convention)
     }
 
-    /// The packed weight `w_name`'s (N, K), checked: U8, [N, K/2], N >= 1, K a positive multiple
-    /// of 16.
-    fn weight_dims(&self, w_name: &str) -> Result<(usize, usize)> {
-        let we = self.entry(w_name)?;
+    /// The layer's (N, K) from the header, checked: the packed weight U8 [N, K/2], N >= 1, K a
+    /// positive multiple of 16, and the block scales F8_E4M3 [N, K/16], each holding the bytes
+    /// its shape makes.
+    fn weight_dims(&self, prefix: &str, convention: Convention) -> Result<(usize, usize)> {
+        let w_name = format!("{prefix}.{}", tensor_names(convention)[0]);
+        let we = self.entry(&w_name)?;
         if we.dtype != "U8" {
             return Err(bad(w_name, format!("dtype {}: the packed weight is U8 (two e2m1 codes a byte)", we.dtype)));
         }
@@ -370,6 +399,8 @@ impl Checkpoint {
         if n == 0 || k == 0 || k % 16 != 0 {
             return Err(bad(w_name, format!("shape {:?}: N >= 1 and K = 2 * {} must be a positive multiple of 16 (one scale per 16 values)", we.shape, we.shape[1])));
         }
+        self.checked_entry(&w_name, "U8", &[Some(n), Some(k / 2)], "the packed weight")?;
+        self.checked_entry(&format!("{prefix}.weight_scale"), "F8_E4M3", &[Some(n), Some(k / 16)], "the block scales, [N, K/16]")?;
         Ok((n, k))
     }
 
@@ -415,7 +446,7 @@ impl Checkpoint {
     fn raw_layer(&self, prefix: &str, part: Option<&Part>) -> Result<RawLayer> {
         let convention = self.convention(prefix)?;
         let w_name = format!("{prefix}.{}", tensor_names(convention)[0]);
-        let (n_all, k_all) = self.weight_dims(&w_name)?;
+        let (n_all, k_all) = self.weight_dims(prefix, convention)?;
         let (rows, k) = match part {
             Some(p) => (p.rows.clone(), p.k.clone()),
             None => (0..n_all, 0..k_all),
@@ -465,7 +496,7 @@ impl Checkpoint {
     /// without reading the weights.
     pub fn layer_scales(&self, prefix: &str) -> Result<(f32, Option<f32>)> {
         let convention = self.convention(prefix)?;
-        self.weight_dims(&format!("{prefix}.{}", tensor_names(convention)[0]))?;
+        self.weight_dims(prefix, convention)?;
         self.scalars(prefix, convention)
     }
 
@@ -552,7 +583,8 @@ impl Checkpoint {
             append(&mut base.data, &l.data, "fused shards' packed weights")?;
             append(&mut base.scales, &l.scales, "fused shards' block scales")?;
             base.n += l.n;
-            base.whole.0 += l.whole.0;
+            // Parts are read, not wholes: the wholes' sum is bounded only by the files' sizes.
+            base.whole.0 = base.whole.0.checked_add(l.whole.0).ok_or_else(|| bad(p.to_string(), "the fused shards' rows overflow usize"))?;
         }
         Ok(base)
     }
@@ -670,9 +702,24 @@ impl Checkpoint {
             // The whole layers compared, not only the parts: a part that fits two different
             // experts would otherwise stack them silently.
             match nk {
-                None => nk = Some((l.n, l.k, l.whole)),
-                Some((_, _, first)) if first != l.whole => {
-                    return Err(bad(format!("{}.{}", shards[0], tensor_names(l.convention)[0]), format!("(N, K) = {:?}: expert 0 has {first:?}; an expert stack shares N and K", l.whole)));
+                None => {
+                    nk = Some((l.n, l.k, l.whole));
+                    // The stack's size once, from the first expert: a typed error now for a count
+                    // the host cannot hold, and no regrowth per expert.
+                    let reserve = |v: &mut Vec<u8>, each: usize, what: &'static str| {
+                        let bytes = each.checked_mul(experts).ok_or(Error::HostMemory { what, bytes: usize::MAX })?;
+                        v.try_reserve_exact(bytes).map_err(|_| Error::HostMemory { what, bytes })
+                    };
+                    reserve(&mut data, l.data.len(), "an expert stack's packed weights")?;
+                    reserve(&mut scales, l.scales.len(), "an expert stack's block scales")?;
+                }
+                // The part and the whole: experts of different shard counts can have equal
+                // wholes and unequal parts, and the reverse.
+                Some((n, k, first)) if (n, k, first) != (l.n, l.k, l.whole) => {
+                    return Err(bad(
+                        format!("{}.{}", shards[0], tensor_names(l.convention)[0]),
+                        format!("(N, K) = {:?}, {:?} of them read: expert 0 has {first:?}, {:?} read; an expert stack shares N and K", l.whole, (l.n, l.k), (n, k)),
+                    ));
                 }
                 _ => {}
             }
@@ -810,7 +857,7 @@ fn read_header(path: &Path, id: usize) -> Result<(Shard, HashMap<String, TensorE
         }
         let entry = (|| {
             let dtype = v.get("dtype")?.as_str()?.to_string();
-            let shape = v.get("shape")?.as_array()?.iter().map(|d| d.as_u64().map(|d| d as usize)).collect::<Option<Vec<_>>>()?;
+            let shape = v.get("shape")?.as_array()?.iter().map(|d| d.as_u64().and_then(|d| usize::try_from(d).ok())).collect::<Option<Vec<_>>>()?;
             let offs = v.get("data_offsets")?.as_array()?;
             let (a, b) = (offs.first()?.as_u64()?, offs.get(1)?.as_u64()?);
             Some(TensorEntry { dtype, shape, range: (a, b), shard: id })
@@ -1100,7 +1147,21 @@ mod tests {
         let file = write("shard-n", &refs(&[e0, e1].concat()));
         let ck = Checkpoint::open(&file).unwrap();
         let e = ck.experts_shard(2, |e| format!("x.{e}"), 0..16, 0..64).unwrap_err().to_string();
-        assert!(e.starts_with("x.1.weight: (N, K) = (48, 64): expert 0 has (32, 64)"), "{e}");
+        assert!(e.starts_with("x.1.weight: (N, K) = (48, 64), (16, 64) of them read: expert 0 has (32, 64)"), "{e}");
+        // Experts of equal wholes and different shard counts: [a; b] against [c], all 32 rows.
+        let (_, a) = layer_tensors("y.0a", Convention::ModelOpt, 16, 64, 12, None);
+        let (_, mut b) = layer_tensors("y.0b", Convention::ModelOpt, 16, 64, 13, None);
+        let (_, mut c) = layer_tensors("y.1", Convention::ModelOpt, 32, 64, 14, None);
+        (b[2].3, c[2].3) = (a[2].3.clone(), a[2].3.clone());
+        let file = write("shard-count", &refs(&[a, b, c].concat()));
+        let ck = Checkpoint::open(&file).unwrap();
+        let two = |e: usize| if e == 0 { vec!["y.0a".to_string(), "y.0b".into()] } else { vec!["y.1".to_string()] };
+        assert_eq!(ck.experts(2, two).unwrap().0.rows(), 32, "the wholes stack");
+        let e = ck.experts_shard(2, two, 0..8, 0..64).unwrap_err().to_string();
+        assert!(e.starts_with("y.1.weight: (N, K) = (32, 64), (8, 64) of them read: expert 0 has (32, 64), (16, 64) read"), "{e}");
+        // A count of experts no host holds: a typed error after the first expert, not a regrowth per expert.
+        let e = ck.experts(usize::MAX, |_| "y.1").unwrap_err();
+        assert!(matches!(e, Error::HostMemory { .. }), "{e:?}");
     }
 
     /// An expert stack's tensor-parallel shard is each expert's fused shards cut alike: gate
@@ -1470,7 +1531,8 @@ mod tests {
         let header: serde_json::Value = serde_json::from_slice(&bytes[8..8 + n]).unwrap();
         let data = &bytes[8 + n..];
         // The file as written with its header edited by `edit`, and `extra` bytes after the data.
-        let check = |tag: &str, edit: &dyn Fn(&mut serde_json::Value), extra: &[u8], want: &[&str]| {
+        // The error of opening the edited file and reading the layer, and the file's path.
+        let run = |tag: &str, edit: &dyn Fn(&mut serde_json::Value), extra: &[u8]| -> (String, String) {
             let mut h = header.clone();
             edit(&mut h);
             let hj = serde_json::to_vec(&h).unwrap();
@@ -1478,11 +1540,15 @@ mod tests {
             let dir = fresh_dir(tag);
             let path = dir.join("model.safetensors");
             std::fs::write(&path, out).unwrap();
-            let e = Checkpoint::open(&path).and_then(|c| c.layer(p)).unwrap_err().to_string();
+            // layer_dims makes the header's checks layer makes before reading.
+            (Checkpoint::open(&path).and_then(|c| c.layer_dims(p).and_then(|_| c.layer(p))).unwrap_err().to_string(), path.display().to_string())
+        };
+        let check = |tag: &str, edit: &dyn Fn(&mut serde_json::Value), extra: &[u8], want: &[&str]| {
+            let (e, path) = run(tag, edit, extra);
             for w in want {
                 assert!(e.contains(w), "{tag}: {e}");
             }
-            assert!(e.contains(&path.display().to_string()), "{tag}: the file is named: {e}");
+            assert!(e.contains(&path), "{tag}: the file is named: {e}");
         };
         let offs = |h: &serde_json::Value, t: &str| -> (u64, u64) {
             let o = &h[t]["data_offsets"];
@@ -1499,6 +1565,11 @@ mod tests {
         check("hole", &|h| h["l.weight_scale"]["data_offsets"] = serde_json::json!([s0 + 1, s1]), b"", &["l.weight_scale: data_offsets", "unused"]);
         check("trailing", &|_| {}, b"garbage!", &["8 bytes of data follow the tensors"]);
         check("reversed", &|h| h["l.weight_scale"]["data_offsets"] = serde_json::json!([s1, s0]), b"", &["l.weight_scale: data_offsets", "the begin is past the end"]);
+        // Shapes that do not make the bytes the ranges hold: refused from the header alone.
+        let (e, _) = run("wbytes", &|h| h["l.weight"]["shape"] = serde_json::json!([32, 64]), b"");
+        assert!(e.starts_with("l.weight: holds 1024 bytes, its dtype and shape [32, 64] make Some(2048)"), "{e}");
+        let (e, _) = run("sbytes", &|h| h["l.weight_scale"]["shape"] = serde_json::json!([32, 2]), b"");
+        assert!(e.starts_with("l.weight_scale: shape [32, 2]: the block scales"), "{e}");
         // A file too short to hold the header's length.
         let dir = fresh_dir("short");
         let short = dir.join("model.safetensors");
@@ -1534,6 +1605,14 @@ mod tests {
                 assert_eq!(ck.names(), one.names(), "{tag}");
                 assert_eq!(layer_parts(&ck, p), want, "{tag}");
             }
+            // One shard under several spellings is one file, its header read once.
+            let spelled = ["model-00001-of-00002.safetensors", "./model-00001-of-00002.safetensors", ".//./model-00001-of-00002.safetensors"];
+            let map: Vec<(&str, &str)> = t.iter().enumerate().map(|(i, x)| (x.0.as_str(), if x.0.ends_with(".weight_scale") || x.0.contains("input") { "model-00002-of-00002.safetensors" } else { spelled[i % 3] })).collect();
+            let alias = dir.join("alias.index.json");
+            write_index(&alias, &map);
+            let ck = Checkpoint::open(&alias).unwrap();
+            assert_eq!(ck.files().len(), 2, "{tag}: {:?}", ck.files());
+            assert_eq!(layer_parts(&ck, p), want, "{tag}");
         }
     }
 
