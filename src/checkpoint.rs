@@ -418,10 +418,11 @@ impl Checkpoint {
         } else {
             return Err(bad(format!("{prefix}.weight"), format!("not in {}, nor {prefix}.weight_packed (compressed-tensors)", self.path.display())));
         };
-        if let Some(pattern) = self.quant.exclude.iter().find(|p| glob_match(p, prefix)) {
-            // An excluded module keeps its unquantized weight under the ModelOpt name; say so
-            // rather than "dtype BF16" (a U8 weight loads: the tensors decide).
-            if let Some(e) = self.tensors.get(&format!("{prefix}.weight")).filter(|e| e.dtype != "U8") {
+        // An excluded module keeps its unquantized weight under the ModelOpt name; say so rather
+        // than "dtype BF16" (a U8 weight loads: the tensors decide, so the patterns are matched
+        // only for a weight that will not load, not on every layer's read).
+        if let Some(e) = self.tensors.get(&format!("{prefix}.weight")).filter(|e| e.dtype != "U8") {
+            if let Some(pattern) = self.quant.exclude.iter().find(|p| glob_match(p, prefix)) {
                 return Err(bad(prefix, format!("excluded from quantization by {QUANT_CONFIG} (exclude_modules \"{pattern}\"): its weight is {} {:?}, not NVFP4; read it with Checkpoint::tensor_bytes", e.dtype, e.shape)));
             }
         }
