@@ -108,6 +108,13 @@ const MAX_HEADER: u64 = 100_000_000;
 /// The index a sharded checkpoint's directory holds (Hugging Face's name).
 const INDEX: &str = "model.safetensors.index.json";
 
+/// A region's rows are read apart where the bytes between them reach this (a seek is cheaper
+/// than reading them), and as whole rows otherwise.
+const SKIP_BYTES: usize = 64 << 10;
+
+/// How many bytes of whole rows a region's read takes at a time.
+const SPAN_BYTES: usize = 8 << 20;
+
 /// ModelOpt's quantization config, beside the weights.
 const QUANT_CONFIG: &str = "hf_quant_config.json";
 
@@ -216,8 +223,8 @@ impl Checkpoint {
         let mut shards: Vec<Shard> = Vec::new();
         let mut headers: Vec<HashMap<String, TensorEntry>> = Vec::new();
         let mut ids: HashMap<&str, usize> = HashMap::new();
-        // One file under several spellings (`a`, `./a`, a link to it) is one shard, its header
-        // read once.
+        // One file under several spellings (`a`, `./a`, a symbolic link to it) is one shard, its
+        // header read once. (Hard links to one file stay apart: a second header read, no harm.)
         let mut by_file: HashMap<PathBuf, usize> = HashMap::new();
         let mut tensors = HashMap::with_capacity(map.len());
         for (name, file) in map {
@@ -258,7 +265,8 @@ impl Checkpoint {
     }
 
     /// The safetensors files whose headers were read: the one file, or the index's shards in
-    /// the order they were first named.
+    /// the order they were first named, each once, under the first name the index gave it
+    /// (joined to the index's directory).
     pub fn files(&self) -> Vec<&Path> {
         self.shards.iter().map(|s| s.path.as_path()).collect()
     }
@@ -355,10 +363,26 @@ impl Checkpoint {
         if cols.len() == row_bytes {
             f.seek(SeekFrom::Start(start + (rows.start * row_bytes) as u64)).map_err(io)?;
             f.read_exact(&mut bytes).map_err(io)?;
-        } else {
+        } else if row_bytes - cols.len() >= SKIP_BYTES {
+            // Gaps worth a seek: each row's columns alone.
             for (row, out) in rows.clone().zip(bytes.chunks_exact_mut(cols.len())) {
                 f.seek(SeekFrom::Start(start + (row * row_bytes + cols.start) as u64)).map_err(io)?;
                 f.read_exact(out).map_err(io)?;
+            }
+        } else {
+            // Short gaps (a K cut of a row of a few KB): the disk reads their pages anyway, so
+            // whole rows in spans of about SPAN_BYTES, the columns kept; a read call a span, not
+            // two a row.
+            let per_span = (SPAN_BYTES / row_bytes).max(1);
+            let mut span = crate::error::try_zeros::<u8>("a checkpoint read's span", per_span.min(rows.len()) * row_bytes)?;
+            f.seek(SeekFrom::Start(start + (rows.start * row_bytes) as u64)).map_err(io)?;
+            for out in bytes.chunks_mut(per_span * cols.len()) {
+                let n = out.len() / cols.len();
+                let span = &mut span[..n * row_bytes];
+                f.read_exact(span).map_err(io)?;
+                for (row, o) in span.chunks_exact(row_bytes).zip(out.chunks_exact_mut(cols.len())) {
+                    o.copy_from_slice(&row[cols.clone()]);
+                }
             }
         }
         Ok(bytes)
@@ -492,8 +516,9 @@ impl Checkpoint {
     }
 
     /// The layer `prefix`'s weight global scale and activations' scale (None where the file has
-    /// none), in this crate's convention, reading only those two scalars (and checking the
-    /// layer's names and weight shape from the header): to gather per-expert input scales
+    /// none), in this crate's convention, reading only those two scalars (after the header checks
+    /// of [`Self::layer_dims`]: names, and the weight's and block scales' dtypes, shapes and
+    /// byte counts): to gather per-expert input scales
     /// without reading the weights.
     pub fn layer_scales(&self, prefix: &str) -> Result<(f32, Option<f32>)> {
         let convention = self.convention(prefix)?;
@@ -525,7 +550,8 @@ impl Checkpoint {
     /// k.len()) with the layer's global and input scales, which are per tensor and so shared by
     /// every shard. `k` starts and ends on a multiple of 16 (whole scale blocks); the GEMMs add
     /// their own rules (K a multiple of 32). The ranges are checked against the header before
-    /// anything is read, and only the shard's bytes are read.
+    /// anything is read, and only the shard's rows are read (a K cut of rows of a few KB reads
+    /// them whole, as the disk would, and keeps its columns; of longer rows, only its columns).
     ///
     /// ```no_run
     /// # fn main() -> blockscaled_gemm::Result<()> {
@@ -569,11 +595,17 @@ impl Checkpoint {
     fn fused_raw(&self, prefixes: &[&str], unequal_globals: &dyn Fn() -> String, part: Option<&Part>) -> Result<RawLayer> {
         let (first, rest) = prefixes.split_first().ok_or_else(|| Error::InvalidData { what: "prefixes", detail: "none: a fused layer has at least one shard".into() })?;
         let mut base = self.raw_layer(first, part)?;
+        let first_n = base.whole.0;
         let name = |c: Convention, p: &str, i: usize| format!("{p}.{}", tensor_names(c)[i]);
         for p in rest {
             let l = self.raw_layer(p, part)?;
             if l.whole.1 != base.whole.1 {
                 return Err(bad(name(l.convention, p, 0), format!("K = {}: {first} has K = {}; fused shards share K", l.whole.1, base.whole.1)));
+            }
+            // One rows range cuts each shard at the same rows: a tensor-parallel split only where
+            // the shards have equal N (gate and up), not q/k/v's or a fused gate_up's halves.
+            if part.is_some() && l.whole.0 != first_n {
+                return Err(bad(name(l.convention, p, 0), format!("N = {}: {first} has N = {first_n}; shards cut at the same rows have equal N (cut shards of different N one by one, with layer_shard)", l.whole.0)));
             }
             if l.global != base.global {
                 return Err(bad(name(l.convention, p, 1), format!("global scale {:?}, {} has {:?} (this crate's convention): {}", l.global, name(base.convention, first, 1), base.global, unequal_globals())));
@@ -627,9 +659,15 @@ impl Checkpoint {
     /// A tensor-parallel shard of [`Self::experts`]: of every expert's layer (of each of its
     /// fused shards) the weight rows `rows` and the input features `k`, as
     /// [`Self::layer_shard`] cuts one layer, stacked into (E, S * rows.len(), k.len()) for S
-    /// shards an expert. So a gate-up stack cut at `rows` keeps each expert's gate rows, then its
-    /// up rows, as the SwiGLU quantizer wants them; a down stack is cut along `k`. Only the
-    /// shards' bytes are read. Every expert's whole layer must still share N and K.
+    /// shards an expert. So a gate-up stack given as gate and up shards and cut at `rows` keeps
+    /// each expert's gate rows, then its up rows, as the SwiGLU quantizer wants them; a down
+    /// stack is cut along `k`. An expert's shards must have equal N (one range cuts each at the
+    /// same rows), and every expert the same number of shards and the same whole N and K. A
+    /// checkpoint that stores one fused `gate_up_proj` an expert holds gate and up in one
+    /// tensor: a rows cut of it would keep gate rows only, so cut such a stack along `k` alone.
+    /// The ranges are checked against each layer's header before its bytes are read, and only
+    /// the shards' rows are read (a K cut of rows of a few KB reads whole rows, as the disk
+    /// does, and keeps its columns).
     ///
     /// ```no_run
     /// # fn main() -> blockscaled_gemm::Result<()> {
@@ -1160,9 +1198,47 @@ mod tests {
         assert_eq!(ck.experts(2, two).unwrap().0.rows(), 32, "the wholes stack");
         let e = ck.experts_shard(2, two, 0..8, 0..64).unwrap_err().to_string();
         assert!(e.starts_with("y.1.weight: (N, K) = (32, 64), (8, 64) of them read: expert 0 has (32, 64), (16, 64) read"), "{e}");
+        // Shards of different N cut at one rows range: refused (not a tensor-parallel split);
+        // whole, they fuse.
+        let (_, q) = layer_tensors("q", Convention::ModelOpt, 32, 64, 15, None);
+        let (_, mut kv) = layer_tensors("kv", Convention::ModelOpt, 16, 64, 16, None);
+        kv[2].3 = q[2].3.clone();
+        let file = write("shard-qkv", &refs(&[q, kv].concat()));
+        let qkv = Checkpoint::open(&file).unwrap();
+        assert_eq!(qkv.fused(&["q", "kv"]).unwrap().weight.rows(), 48);
+        let e = qkv.fused_raw(&["q", "kv"], &|| String::new(), Some(&Part { rows: 0..8, k: 0..64 })).err().unwrap().to_string();
+        assert!(e.starts_with("kv.weight: N = 16: q has N = 32; shards cut at the same rows have equal N"), "{e}");
         // A count of experts no host holds: a typed error after the first expert, not a regrowth per expert.
         let e = ck.experts(usize::MAX, |_| "y.1").unwrap_err();
         assert!(matches!(e, Error::HostMemory { .. }), "{e:?}");
+    }
+
+    /// A region reads the bytes a whole read would give there, by each of its three ways: whole
+    /// rows at once, rows in spans of SPAN_BYTES (two spans here), and a seek a row (gaps of
+    /// SKIP_BYTES or more).
+    #[test]
+    fn region_reads_agree_with_whole_reads() {
+        let bytes = |n: usize, seed: u64| -> Vec<u8> { (0..n as u64).map(|i| (i.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ seed).wrapping_shr(29) as u8).collect() };
+        let (tall, wide) = ((SPAN_BYTES / 2048 + 104, 2048), (3, SKIP_BYTES + 64));
+        let file = write("regions", &[("tall", Dtype::U8, vec![tall.0, tall.1], bytes(tall.0 * tall.1, 1)), ("wide", Dtype::U8, vec![wide.0, wide.1], bytes(wide.0 * wide.1, 2))]);
+        let ck = Checkpoint::open(&file).unwrap();
+        for (name, (r, c), rows, cols) in [
+            ("tall", tall, 0..tall.0, 100..612),
+            ("tall", tall, 5..tall.0 - 1, 0..2048),
+            ("tall", tall, 4095..4097, 2047..2048),
+            ("tall", tall, 17..4113, 1..2047),
+            ("wide", wide, 0..3, 16..48),
+            ("wide", wide, 1..3, 0..wide.1 - 1),
+        ] {
+            let whole = ck.read(name, "U8", &[Some(r), Some(c)], "t").unwrap();
+            let want: Vec<u8> = rows.clone().flat_map(|row| whole[row * c + cols.start..row * c + cols.end].to_vec()).collect();
+            let got = ck.read_region(name, "U8", &[Some(r), Some(c)], "t", Some((&rows, &cols))).unwrap();
+            assert!(got == want, "{name} {rows:?} {cols:?}");
+        }
+        for (rows, cols) in [(0..0, 0..8), (0..3, 8..8), (0..4, 0..8), (0..3, 0..wide.1 + 1)] {
+            let e = ck.read_region("wide", "U8", &[Some(3), Some(wide.1)], "t", Some((&rows, &cols))).unwrap_err().to_string();
+            assert!(e.starts_with("wide: rows"), "{rows:?} {cols:?}: {e}");
+        }
     }
 
     /// An expert stack's tensor-parallel shard is each expert's fused shards cut alike: gate
