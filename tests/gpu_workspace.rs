@@ -21,6 +21,7 @@ fn main() {
         ("gpu_limit_below_current_workspace_keeps_it", gpu_limit_below_current_workspace_keeps_it),
         ("gpu_growth_during_global_capture_elsewhere", gpu_growth_during_global_capture_elsewhere),
         ("gpu_two_gemms_on_one_stream_captured", gpu_two_gemms_on_one_stream_captured),
+        ("gpu_checkpoint_loaders_refuse_capture_before_reading", gpu_checkpoint_loaders_refuse_capture_before_reading),
     ];
     harness::run("gpu_workspace", tests);
 }
@@ -217,5 +218,50 @@ fn gpu_two_gemms_on_one_stream_captured() -> Outcome {
         let got = s.clone_dtoh(d).unwrap();
         assert!(blockscaled_gemm::compare::compare(&got, &want, 0.0, 0.0).unwrap().passed(), "{what}: replay after growth");
     }
+    Ok(())
+}
+
+/// Every device loader of a checkpoint during capture: `NotCapturable` naming the call, the
+/// capture still valid, and nothing read (the file is removed after its header was: a loader
+/// that read would give an I/O error instead). Eager after the capture, with the file back, each
+/// loads.
+fn gpu_checkpoint_loaders_refuse_capture_before_reading() -> Outcome {
+    use blockscaled_gemm::checkpoint::Checkpoint;
+    use safetensors::{tensor::TensorView, Dtype};
+    let (_ctx, s, _g) = gpu()?;
+    let (n, k) = (64, 128);
+    let w = Nvfp4Matrix::random_contest((1, n, k), 23).unwrap();
+    let rm = blockscaled_gemm::layout::from_tiled(w.scales(), (1, n, k / 16)).unwrap();
+    let g2 = 0.5f32.to_le_bytes();
+    let mut t: Vec<(String, Dtype, Vec<usize>, &[u8])> = Vec::new();
+    for p in ["x.0", "x.1"] {
+        t.push((format!("{p}.weight"), Dtype::U8, vec![n, k / 2], w.data()));
+        t.push((format!("{p}.weight_scale"), Dtype::F8_E4M3, vec![n, k / 16], &rm[..]));
+        t.push((format!("{p}.weight_scale_2"), Dtype::F32, vec![], &g2[..]));
+    }
+    let views: Vec<(String, TensorView<'_>)> = t.iter().map(|(name, d, shape, b)| (name.clone(), TensorView::new(*d, shape.clone(), b).unwrap())).collect();
+    let bytes = safetensors::serialize(views, None).unwrap();
+    let path = std::env::temp_dir().join(format!("bsg-gpu-ws-ck-{}.safetensors", std::process::id()));
+    std::fs::write(&path, &bytes).unwrap();
+    let ck = Checkpoint::open(&path).unwrap();
+    std::fs::remove_file(&path).unwrap();
+    let calls: [(&str, &dyn Fn() -> blockscaled_gemm::Result<()>); 5] = [
+        ("Checkpoint::layer_to_device", &|| ck.layer_to_device("x.0", &s).map(drop)),
+        ("Checkpoint::layer_shard_to_device", &|| ck.layer_shard_to_device("x.0", 0..32, 0..k, &s).map(drop)),
+        ("Checkpoint::fused_to_device", &|| ck.fused_to_device(&["x.0", "x.1"], &s).map(drop)),
+        ("Checkpoint::experts_to_device", &|| ck.experts_to_device(2, |e| format!("x.{e}"), &s).map(drop)),
+        ("Checkpoint::experts_shard_to_device", &|| ck.experts_shard_to_device(2, |e| format!("x.{e}"), 0..n, 32..k, &s).map(drop)),
+    ];
+    for (name, call) in &calls {
+        begin(&s, CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL);
+        let r = call();
+        end_valid(&s, name);
+        assert!(matches!(&r, Err(Error::NotCapturable { call, .. }) if call == name), "{name} during capture: {r:?}");
+    }
+    std::fs::write(&path, &bytes).unwrap();
+    for (name, call) in &calls {
+        call().unwrap_or_else(|e| panic!("{name} eager: {e}"));
+    }
+    std::fs::remove_file(&path).ok();
     Ok(())
 }
