@@ -33,6 +33,8 @@ use std::sync::Arc;
 use cudarc::driver::CudaStream;
 
 use crate::error::{Error, Result};
+
+mod header;
 use crate::layout::to_tiled;
 use crate::matrix::Nvfp4Matrix;
 use crate::tensor::Nvfp4Tensor;
@@ -886,29 +888,21 @@ fn read_header(path: &Path, id: usize) -> Result<(Shard, HashMap<String, TensorE
     }
     let mut header = vec![0u8; n as usize];
     f.read_exact(&mut header).map_err(io)?;
-    let json: serde_json::Value = serde_json::from_slice(&header).map_err(|e| bad(file.clone(), format!("header is not JSON: {e}")))?;
-    let obj = json.as_object().ok_or_else(|| bad(file.clone(), "header is not a JSON object"))?;
+    let entries = header::parse(&header).map_err(|e| match e {
+        header::HeaderError::NotJson(e) => bad(file.clone(), format!("header is not a JSON object of tensor entries: {e}")),
+        header::HeaderError::Entry { name, rule } => bad(name, format!("in the header of {file}: {rule}")),
+    })?;
     let data_start = 8 + n;
-    let mut tensors = HashMap::new();
-    for (name, v) in obj {
-        if name == "__metadata__" {
-            continue;
-        }
-        let entry = (|| {
-            let dtype = v.get("dtype")?.as_str()?.to_string();
-            let shape = v.get("shape")?.as_array()?.iter().map(|d| d.as_u64().and_then(|d| usize::try_from(d).ok())).collect::<Option<Vec<_>>>()?;
-            let offs = v.get("data_offsets")?.as_array()?;
-            let (a, b) = (offs.first()?.as_u64()?, offs.get(1)?.as_u64()?);
-            Some(TensorEntry { dtype, shape, range: (a, b), shard: id })
-        })()
-        .ok_or_else(|| bad(name.clone(), "header entry needs dtype, shape and data_offsets"))?;
+    let mut tensors = HashMap::with_capacity(entries.len());
+    for header::Entry { name, dtype, shape, offsets } in entries {
+        let entry = TensorEntry { dtype, shape, range: offsets, shard: id };
         if entry.range.0 > entry.range.1 {
-            return Err(bad(name.clone(), format!("data_offsets {:?} in {file}: the begin is past the end", entry.range)));
+            return Err(bad(name, format!("data_offsets {:?} in {file}: the begin is past the end", entry.range)));
         }
         if data_start.checked_add(entry.range.1).is_none_or(|end| end > file_len) {
-            return Err(bad(name.clone(), format!("data_offsets {:?} lie outside the {} data bytes of {file}", entry.range, file_len - data_start)));
+            return Err(bad(name, format!("data_offsets {:?} lie outside the {} data bytes of {file}", entry.range, file_len - data_start)));
         }
-        tensors.insert(name.clone(), entry);
+        tensors.insert(name, entry);
     }
     check_fully_indexed(&tensors, file_len - data_start, &file)?;
     Ok((Shard { path: path.to_path_buf(), data_start, file_len }, tensors))
@@ -1520,6 +1514,8 @@ mod tests {
                     let _ = ck.layer_scales(p);
                     let _ = ck.experts_input_scale(1, |_| p);
                     let _ = ck.experts(1, |_| [p, p]);
+                    let _ = ck.layer_shard(p, 3..20, 16..48);
+                    let _ = ck.experts_shard(2, |_| [p, p], 0..32, 32..64);
                     if read { 2 } else { 1 }
                 }
                 Err(_) => 0,
