@@ -1,8 +1,10 @@
 //! The JSON header of a safetensors file, read as a stream into its tensor entries: memory in
 //! proportion to the entries kept (no JSON tree of the whole header), a shape of at most
-//! [`MAX_RANK`] extents, `__metadata__` skipped unread, a tensor named twice refused.
+//! [`MAX_RANK`] extents, the rules of the safetensors crate otherwise (UTF-8 throughout,
+//! `__metadata__` a map of strings, no field given twice). A tensor named twice is the caller's
+//! to refuse, as it keeps the entries by name.
 
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::fmt;
 
 use serde::de::{self, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
@@ -31,12 +33,16 @@ pub(super) enum HeaderError {
 
 /// The entries of the header `json`, in the order written.
 pub(super) fn parse(json: &[u8]) -> Result<Vec<Entry>, HeaderError> {
+    // Whole first: the parser does not look into the strings it skips.
+    std::str::from_utf8(json).map_err(|e| HeaderError::NotJson(format!("not UTF-8: {e}")))?;
     let mut failed = None;
     let mut de = serde_json::Deserializer::from_slice(json);
     let entries = de.deserialize_map(Header { failed: &mut failed }).and_then(|v| de.end().map(|()| v));
     match (entries, failed) {
-        (_, Some((name, rule))) => Err(HeaderError::Entry { name, rule }),
-        (Ok(v), None) => Ok(v),
+        (Ok(v), _) => Ok(v),
+        // Broken JSON is the file's fault, wherever it breaks: said as such, with the entry.
+        (Err(e), Some((name, _))) if matches!(e.classify(), serde_json::error::Category::Syntax | serde_json::error::Category::Eof) => Err(HeaderError::NotJson(format!("{e} (in the entry of {name})"))),
+        (Err(_), Some((name, rule))) => Err(HeaderError::Entry { name, rule }),
         (Err(e), None) => Err(HeaderError::NotJson(e.to_string())),
     }
 }
@@ -54,10 +60,14 @@ impl<'de> Visitor<'de> for Header<'_> {
     }
 
     fn visit_map<M: MapAccess<'de>>(self, mut map: M) -> Result<Vec<Entry>, M::Error> {
-        let (mut entries, mut seen) = (Vec::new(), HashSet::new());
+        let mut entries = Vec::new();
         while let Some(name) = map.next_key::<String>()? {
             if name == "__metadata__" {
-                map.next_value::<IgnoredAny>()?;
+                // As safetensors reads it: strings to strings, or null.
+                if let Err(e) = map.next_value::<Option<HashMap<String, String>>>() {
+                    *self.failed = Some((name, e.to_string()));
+                    return Err(e);
+                }
                 continue;
             }
             let (dtype, shape, offsets) = match map.next_value_seed(Fields) {
@@ -67,10 +77,6 @@ impl<'de> Visitor<'de> for Header<'_> {
                     return Err(e);
                 }
             };
-            if !seen.insert(name.clone()) {
-                *self.failed = Some((name, "named twice in the header".into()));
-                return Err(de::Error::custom("a tensor named twice"));
-            }
             entries.push(Entry { name, dtype, shape, offsets });
         }
         Ok(entries)
@@ -97,8 +103,12 @@ impl<'de> Visitor<'de> for Fields {
 
     fn visit_map<M: MapAccess<'de>>(self, mut map: M) -> Result<Self::Value, M::Error> {
         let (mut dtype, mut shape, mut offsets) = (None, None, None);
+        let twice = |key: &str| de::Error::custom(format!("{key} given twice"));
         while let Some(key) = map.next_key::<String>()? {
             match key.as_str() {
+                "dtype" if dtype.is_some() => return Err(twice(&key)),
+                "shape" if shape.is_some() => return Err(twice(&key)),
+                "data_offsets" if offsets.is_some() => return Err(twice(&key)),
                 "dtype" => dtype = Some(map.next_value::<String>()?),
                 "shape" => shape = Some(map.next_value_seed(Shape)?),
                 "data_offsets" => offsets = Some(map.next_value_seed(Offsets)?),
@@ -185,10 +195,13 @@ mod tests {
 
     #[test]
     fn entries_come_in_order_and_metadata_is_skipped() {
-        let e = parse(br#"{"b": {"dtype": "U8", "shape": [2, 3], "data_offsets": [0, 6], "x": [1, {"y": 2}]}, "__metadata__": {"format": "pt", "n": [1, [2]]}, "a": {"shape": [], "data_offsets": [6, 10], "dtype": "F32"}}"#).ok().unwrap();
+        let e = parse(br#"{"b": {"dtype": "U8", "shape": [2, 3], "data_offsets": [0, 6], "x": [1, {"y": 2}]}, "__metadata__": {"format": "pt"}, "a": {"shape": [], "data_offsets": [6, 10], "dtype": "F32"}}"#).ok().unwrap();
         let got: Vec<_> = e.iter().map(|e| (e.name.as_str(), e.dtype.as_str(), e.shape.clone(), e.offsets)).collect();
         assert_eq!(got, [("b", "U8", vec![2, 3], (0, 6)), ("a", "F32", vec![], (6, 10))]);
-        assert!(parse(b"{}").ok().unwrap().is_empty());
+        // Empty, padded with spaces to 8 bytes as writers do, metadata null; MAX_RANK extents.
+        assert!(parse(b"{}").ok().unwrap().is_empty() && parse(b"{\"__metadata__\": null}   \n").ok().unwrap().is_empty());
+        let rank = format!("{{\"t\": {{\"dtype\": \"U8\", \"shape\": [{}], \"data_offsets\": [0, 1]}}}}", vec!["1"; MAX_RANK].join(", "));
+        assert_eq!(parse(rank.as_bytes()).ok().unwrap()[0].shape.len(), MAX_RANK);
     }
 
     #[test]
@@ -203,14 +216,18 @@ mod tests {
             (r#"{"t": {"dtype": "U8", "shape": [1], "data_offsets": [0]}}"#, "t: data_offsets holds exactly [begin, end]"),
             (r#"{"t": 3}"#, "t: invalid type: integer `3`, expected a tensor entry"),
             (&deep, "t: a shape of more than 16 extents"),
-            (r#"{"t": {"dtype": "U8", "shape": [1], "data_offsets": [0, 1]}, "t": {"dtype": "U8", "shape": [1], "data_offsets": [1, 2]}}"#, "t: named twice in the header"),
+            (r#"{"t": {"dtype": "U8", "shape": [1], "data_offsets": [0, 1], "dtype": "U8"}}"#, "t: dtype given twice"),
+            (r#"{"a": {"dtype": "U8", "shape": [1], "data_offsets": [0, 1]}, "b": {"dtype": "U8", "shape": [1]}}"#, "b: header entry needs"),
+            (r#"{"__metadata__": {"n": 1}}"#, "__metadata__: invalid type: integer `1`, expected a string"),
             ("[1, 2]", "json: invalid type: sequence, expected a JSON object of tensor entries"),
             (r#"{"t": {"dtype": "U8", "shape": [1], "data_offsets": [0, 1]}} x"#, "json: trailing characters"),
-            (r#"{"t": "#, "t: EOF while parsing"),
-            (r#"{"t": {"dtype": "U8""#, "t: EOF while parsing"),
+            (r#"{"t": "#, "json: EOF while parsing a value at line 1 column 6 (in the entry of t)"),
+            (r#"{"t": {"dtype" "U8"}}"#, "json: expected `:` at line 1 column 16 (in the entry of t)"),
         ] {
             let e = refused(json);
             assert!(e.starts_with(want), "{json}: {e}");
         }
+        // A byte that is not UTF-8 in a string the parser would skip.
+        assert!(matches!(parse(b"{\"t\": {\"x\": \"\xff\"}}"), Err(HeaderError::NotJson(e)) if e.starts_with("not UTF-8")));
     }
 }

@@ -111,7 +111,7 @@ const MAX_HEADER: u64 = 100_000_000;
 const INDEX: &str = "model.safetensors.index.json";
 
 /// A region's rows are read apart where the bytes between them reach this (a seek is cheaper
-/// than reading them), and as whole rows otherwise.
+/// than reading them), or a page and eight times the bytes kept; as whole rows otherwise.
 const SKIP_BYTES: usize = 64 << 10;
 
 /// How many bytes of whole rows a region's read takes at a time.
@@ -365,8 +365,9 @@ impl Checkpoint {
         if cols.len() == row_bytes {
             f.seek(SeekFrom::Start(start + (rows.start * row_bytes) as u64)).map_err(io)?;
             f.read_exact(&mut bytes).map_err(io)?;
-        } else if row_bytes - cols.len() >= SKIP_BYTES {
-            // Gaps worth a seek: each row's columns alone.
+        } else if row_bytes - cols.len() >= SKIP_BYTES || (row_bytes - cols.len() >= 4096 && row_bytes - cols.len() > 8 * cols.len()) {
+            // Gaps worth a seek (long, or pages mostly of bytes not kept): each row's columns
+            // alone.
             for (row, out) in rows.clone().zip(bytes.chunks_exact_mut(cols.len())) {
                 f.seek(SeekFrom::Start(start + (row * row_bytes + cols.start) as u64)).map_err(io)?;
                 f.read_exact(out).map_err(io)?;
@@ -902,6 +903,9 @@ fn read_header(path: &Path, id: usize) -> Result<(Shard, HashMap<String, TensorE
         if data_start.checked_add(entry.range.1).is_none_or(|end| end > file_len) {
             return Err(bad(name, format!("data_offsets {:?} lie outside the {} data bytes of {file}", entry.range, file_len - data_start)));
         }
+        if tensors.contains_key(&name) {
+            return Err(bad(name, format!("named twice in the header of {file}")));
+        }
         tensors.insert(name, entry);
     }
     check_fully_indexed(&tensors, file_len - data_start, &file)?;
@@ -1209,12 +1213,12 @@ mod tests {
 
     /// A region reads the bytes a whole read would give there, by each of its three ways: whole
     /// rows at once, rows in spans of SPAN_BYTES (two spans here), and a seek a row (gaps of
-    /// SKIP_BYTES or more).
+    /// SKIP_BYTES or more, or of a page and more than eight times the bytes kept).
     #[test]
     fn region_reads_agree_with_whole_reads() {
         let bytes = |n: usize, seed: u64| -> Vec<u8> { (0..n as u64).map(|i| (i.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ seed).wrapping_shr(29) as u8).collect() };
-        let (tall, wide) = ((SPAN_BYTES / 2048 + 104, 2048), (3, SKIP_BYTES + 64));
-        let file = write("regions", &[("tall", Dtype::U8, vec![tall.0, tall.1], bytes(tall.0 * tall.1, 1)), ("wide", Dtype::U8, vec![wide.0, wide.1], bytes(wide.0 * wide.1, 2))]);
+        let (tall, wide, mid) = ((SPAN_BYTES / 2048 + 104, 2048), (3, SKIP_BYTES + 64), (4, 8192));
+        let file = write("regions", &[("tall", Dtype::U8, vec![tall.0, tall.1], bytes(tall.0 * tall.1, 1)), ("wide", Dtype::U8, vec![wide.0, wide.1], bytes(wide.0 * wide.1, 2)), ("mid", Dtype::U8, vec![mid.0, mid.1], bytes(mid.0 * mid.1, 3))]);
         let ck = Checkpoint::open(&file).unwrap();
         for (name, (r, c), rows, cols) in [
             ("tall", tall, 0..tall.0, 100..612),
@@ -1223,6 +1227,8 @@ mod tests {
             ("tall", tall, 17..4113, 1..2047),
             ("wide", wide, 0..3, 16..48),
             ("wide", wide, 1..3, 0..wide.1 - 1),
+            ("mid", mid, 1..4, 16..32),
+            ("mid", mid, 0..4, 0..4096),
         ] {
             let whole = ck.read(name, "U8", &[Some(r), Some(c)], "t").unwrap();
             let want: Vec<u8> = rows.clone().flat_map(|row| whole[row * c + cols.start..row * c + cols.end].to_vec()).collect();
@@ -1643,6 +1649,13 @@ mod tests {
         assert!(e.starts_with("l.weight: holds 1024 bytes, its dtype and shape [32, 64] make Some(2048)"), "{e}");
         let (e, _) = run("sbytes", &|h| h["l.weight_scale"]["shape"] = serde_json::json!([32, 2]), b"");
         assert!(e.starts_with("l.weight_scale: shape [32, 2]: the block scales"), "{e}");
+        // A tensor named twice (the second entry would have replaced the first).
+        let dir = fresh_dir("twice");
+        let twice = dir.join("model.safetensors");
+        let h = br#"{"t":{"dtype":"U8","shape":[1],"data_offsets":[0,1]},"t":{"dtype":"U8","shape":[1],"data_offsets":[0,1]}}"#;
+        std::fs::write(&twice, [&(h.len() as u64).to_le_bytes()[..], h, &[7]].concat()).unwrap();
+        let e = Checkpoint::open(&twice).unwrap_err().to_string();
+        assert!(e.starts_with("t: named twice in the header of"), "{e}");
         // A file too short to hold the header's length.
         let dir = fresh_dir("short");
         let short = dir.join("model.safetensors");
