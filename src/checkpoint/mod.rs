@@ -362,10 +362,11 @@ impl Checkpoint {
         };
         // Within the tensor's `len` bytes, so none of this overflows.
         let mut bytes = crate::error::try_zeros::<u8>("a checkpoint tensor's region", rows.len() * cols.len())?;
-        if cols.len() == row_bytes {
+        let gap = row_bytes - cols.len();
+        if gap == 0 {
             f.seek(SeekFrom::Start(start + (rows.start * row_bytes) as u64)).map_err(io)?;
             f.read_exact(&mut bytes).map_err(io)?;
-        } else if row_bytes - cols.len() >= SKIP_BYTES || (row_bytes - cols.len() >= 4096 && row_bytes - cols.len() > 8 * cols.len()) {
+        } else if gap >= SKIP_BYTES || (gap >= 4096 && gap > 8 * cols.len()) {
             // Gaps worth a seek (long, or pages mostly of bytes not kept): each row's columns
             // alone.
             for (row, out) in rows.clone().zip(bytes.chunks_exact_mut(cols.len())) {
@@ -544,7 +545,7 @@ impl Checkpoint {
     pub fn layer_to_device(&self, prefix: &str, stream: &Arc<CudaStream>) -> Result<(Nvfp4Tensor, Option<f32>)> {
         // Refused before the file is read: a layer can be large.
         refuse_capture("Checkpoint::layer_to_device", stream)?;
-        self.raw_layer(prefix, None)?.to_device(stream)
+        self.raw_layer(prefix, None)?.into_device(stream)
     }
 
     /// A tensor-parallel shard of the layer `prefix`: its weight rows `rows` (output features,
@@ -573,7 +574,7 @@ impl Checkpoint {
     /// Not during CUDA graph capture.
     pub fn layer_shard_to_device(&self, prefix: &str, rows: Range<usize>, k: Range<usize>, stream: &Arc<CudaStream>) -> Result<(Nvfp4Tensor, Option<f32>)> {
         refuse_capture("Checkpoint::layer_shard_to_device", stream)?;
-        self.raw_layer(prefix, Some(&Part { rows, k }))?.to_device(stream)
+        self.raw_layer(prefix, Some(&Part { rows, k }))?.into_device(stream)
     }
 
     /// Fused shards (q/k/v, gate/up): the layers `prefixes` stacked along N in that order, as
@@ -590,7 +591,7 @@ impl Checkpoint {
     /// and the activations' scale. Not during CUDA graph capture.
     pub fn fused_to_device(&self, prefixes: &[&str], stream: &Arc<CudaStream>) -> Result<(Nvfp4Tensor, Option<f32>)> {
         refuse_capture("Checkpoint::fused_to_device", stream)?;
-        self.fused_raw(prefixes, &|| DENSE_UNEQUAL_GLOBALS.to_string(), None)?.to_device(stream)
+        self.fused_raw(prefixes, &|| DENSE_UNEQUAL_GLOBALS.to_string(), None)?.into_device(stream)
     }
 
     /// The shards of [`Self::fused`], checked and stacked as stored (scales row-major); with
@@ -656,7 +657,7 @@ impl Checkpoint {
         // Refused before the files are read: a stack is several GB of host memory (DeepSeek-V3's
         // gate-up experts of one layer: about 4.2 GB).
         refuse_capture("Checkpoint::experts_to_device", stream)?;
-        self.experts_raw(experts, prefix_of, None)?.to_device(stream)
+        self.experts_raw(experts, prefix_of, None)?.into_device(stream)
     }
 
     /// A tensor-parallel shard of [`Self::experts`]: of every expert's layer (of each of its
@@ -690,7 +691,7 @@ impl Checkpoint {
     /// stack. Not during CUDA graph capture.
     pub fn experts_shard_to_device<P: ExpertShards>(&self, experts: usize, prefix_of: impl Fn(usize) -> P, rows: Range<usize>, k: Range<usize>, stream: &Arc<CudaStream>) -> Result<(Nvfp4Tensor, Vec<f32>)> {
         refuse_capture("Checkpoint::experts_shard_to_device", stream)?;
-        self.experts_raw(experts, prefix_of, Some(&Part { rows, k }))?.to_device(stream)
+        self.experts_raw(experts, prefix_of, Some(&Part { rows, k }))?.into_device(stream)
     }
 
     /// The largest input scale (this crate's convention) of the experts' layers `prefix_of(e)`
@@ -835,9 +836,9 @@ impl ExpertStack {
     }
 
     /// Uploaded as stored, the scales tiled on the GPU.
-    fn to_device(&self, stream: &Arc<CudaStream>) -> Result<(Nvfp4Tensor, Vec<f32>)> {
+    fn into_device(self, stream: &Arc<CudaStream>) -> Result<(Nvfp4Tensor, Vec<f32>)> {
         let (values, scales) = (stream.clone_htod(&self.data)?, stream.clone_htod(&self.scales)?);
-        Ok((Nvfp4Tensor::from_row_major_scales(values, &scales, (self.globals.len(), self.n, self.k), 1.0, stream)?, self.globals.clone()))
+        Ok((Nvfp4Tensor::from_row_major_scales(values, &scales, (self.globals.len(), self.n, self.k), 1.0, stream)?, self.globals))
     }
 }
 
@@ -855,7 +856,7 @@ impl RawLayer {
     }
 
     /// Uploaded as stored, the scales tiled on the GPU; with the activations' scale.
-    fn to_device(&self, stream: &Arc<CudaStream>) -> Result<(Nvfp4Tensor, Option<f32>)> {
+    fn into_device(self, stream: &Arc<CudaStream>) -> Result<(Nvfp4Tensor, Option<f32>)> {
         let (values, scales) = (stream.clone_htod(&self.data)?, stream.clone_htod(&self.scales)?);
         Ok((Nvfp4Tensor::from_row_major_scales(values, &scales, (1, self.n, self.k), self.global, stream)?, self.input_scale))
     }
